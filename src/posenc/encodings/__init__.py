@@ -1,0 +1,1 @@
+"""Position encodings as small ``nn.Module`` shells over ``posenc.functional``."""

@@ -1,0 +1,194 @@
+"""``RotaryEmbedding``: RoPE for attention queries and keys, with every context-extension scaling.
+
+Paper: Su et al. 2021, "RoFormer" (arXiv:2104.09864); scalings in ``posenc.functional.rope_scaling``.
+Reference implementation: Hugging Face transformers ``LlamaRotaryEmbedding`` + ``apply_rotary_pos_emb`` (half
+layout) and GPT-J ``apply_rotary_pos_emb`` / ``rotate_every_two`` (interleaved layout).
+
+Shapes:
+    q (B, H, S, D), k (B, Hkv, T, D); positions (S,) or (B, S), integer or float. With ``k_positions`` omitted,
+    keys use the query positions (T == S).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from posenc._checks import check_choice, check_number, fail
+from posenc.functional.rope import LAYOUTS, apply_rotary, rope_cos_sin
+from posenc.scalings import RopeScaling, parse_scaling, rope_frequencies, rotary_dim
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RotaryConfig:
+    """Everything that defines a RoPE: validated on construction, round-trips through ``to_dict``/``from_dict``."""
+
+    head_dim: int
+    base: float = 10000.0
+    scaling: RopeScaling | None = None
+    layout: str = "half"
+    partial_rotary_factor: float = 1.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "scaling", parse_scaling(self.scaling))
+        check_choice("layout", self.layout, LAYOUTS)
+        check_number("base", self.base, above=1.0)
+        dim = rotary_dim(self.head_dim, self.partial_rotary_factor)
+        if self.scaling is not None:
+            self.scaling.check_dim(dim)
+
+    @property
+    def rotary_dim(self) -> int:
+        return rotary_dim(self.head_dim, self.partial_rotary_factor)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        out["scaling"] = None if self.scaling is None else self.scaling.to_dict()
+        return out
+
+    @classmethod
+    def from_dict(cls, config: Mapping[str, Any]) -> RotaryConfig:
+        unknown = sorted(set(config) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            fail(f"config[{unknown[0]!r}]", config[unknown[0]], f"only the keys {[f.name for f in dataclasses.fields(cls)]}")
+        return cls(**config)
+
+
+def check_positions(positions: torch.Tensor, x: torch.Tensor, name: str = "positions") -> torch.Tensor:
+    """Positions must be ``(S,)`` or ``(B, S)`` (``B`` may be 1) for ``x`` of shape ``(B, H, S, D)``."""
+    if not isinstance(positions, torch.Tensor):
+        fail(name, type(positions).__name__, "a torch.Tensor of shape (S,) or (B, S)")
+    s, b = x.shape[-2], x.shape[0] if x.dim() >= 4 else None
+    ok = positions.dim() == 1 and positions.shape[0] == s
+    ok = ok or (positions.dim() == 2 and positions.shape[1] == s and b is not None and positions.shape[0] in (1, b))
+    if not ok:
+        fail(f"{name}.shape", tuple(positions.shape), f"({s},) or ({b}, {s}) to match x of shape {tuple(x.shape)}")
+    return positions
+
+
+class RotaryEmbedding(nn.Module):
+    """Rotary position embedding applied to queries and keys.
+
+    Args:
+        head_dim: channels per head ``D``.
+        base: RoPE base (HF ``rope_theta``).
+        scaling: None, a ``posenc`` scaling config, or an HF ``rope_scaling`` / ``rope_parameters`` dict.
+        layout: ``"half"`` (GPT-NeoX / HF) pairs channel i with i + F; ``"interleaved"`` (GPT-J / Meta llama)
+            pairs 2i with 2i + 1.
+        partial_rotary_factor: fraction of ``head_dim`` that rotates; the trailing channels pass through.
+
+    Shapes:
+        q (B, H, S, D), k (B, Hkv, T, D), positions (S,) or (B, S) -> q, k of the same shapes and dtypes.
+
+    Frequencies are a pure function of the config and, for ``dynamic``/``longrope``, of the current length
+    ``max(positions) + 1``: nothing is cached or mutated in ``forward``.
+    """
+
+    inv_freq: torch.Tensor
+
+    def __init__(
+        self,
+        head_dim: int,
+        *,
+        base: float = 10000.0,
+        scaling: RopeScaling | Mapping[str, Any] | None = None,
+        layout: str = "half",
+        partial_rotary_factor: float = 1.0,
+    ) -> None:
+        super().__init__()
+        self.config = RotaryConfig(
+            head_dim=head_dim, base=base, scaling=scaling, layout=layout, partial_rotary_factor=partial_rotary_factor
+        )
+        inv_freq, self.attention_factor = self._frequencies(None, device=None)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    @classmethod
+    def from_config(cls, config: RotaryConfig | Mapping[str, Any]) -> RotaryEmbedding:
+        if isinstance(config, Mapping):
+            config = RotaryConfig.from_dict(config)
+        return cls(**{f.name: getattr(config, f.name) for f in dataclasses.fields(config)})
+
+    @classmethod
+    def from_hf(cls, config: Any) -> RotaryEmbedding:
+        """Build from a Hugging Face model config (``PretrainedConfig`` or its dict); see ``posenc.hf``."""
+        from posenc.hf import rotary_config_from_hf
+
+        return cls.from_config(rotary_config_from_hf(config))
+
+    def to_hf(self) -> dict[str, Any]:
+        """The Hugging Face config keys that describe this RoPE; see ``posenc.hf``."""
+        from posenc.hf import rotary_config_to_hf
+
+        return rotary_config_to_hf(self.config)
+
+    def _frequencies(self, seq_len, device) -> tuple[torch.Tensor, float]:
+        c = self.config
+        return rope_frequencies(
+            c.head_dim, base=c.base, scaling=c.scaling, partial_rotary_factor=c.partial_rotary_factor,
+            seq_len=seq_len, device=device,
+        )
+
+    def cos_sin(
+        self,
+        positions: torch.Tensor,
+        *,
+        seq_len: int | torch.Tensor | None = None,
+        dtype: torch.dtype = torch.float32,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Cos/sin tables (attention factor included) for ``positions``: ``(S, F)`` or ``(B, S, F)``.
+
+        ``seq_len`` is the current length for ``dynamic``/``longrope``; default ``positions.max() + 1``.
+        """
+        inv_freq, factor = self.inv_freq, self.attention_factor
+        scaling = self.config.scaling
+        if scaling is not None and scaling.depends_on_length:
+            # The current length stays a tensor: no host sync, no graph break.
+            length = positions.max() + 1 if seq_len is None else seq_len
+            inv_freq, factor = self._frequencies(length, device=positions.device)
+        return rope_cos_sin(positions, inv_freq.to(positions.device), attention_factor=factor, dtype=dtype)
+
+    def rotate_one(
+        self, x: torch.Tensor, positions: torch.Tensor, *, seq_len: int | torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Rotate one tensor ``x (B, H, S, D)`` (or ``(S, D)``, ``(H, S, D)``) at ``positions``."""
+        if x.shape[-1] != self.config.head_dim:
+            fail("x.shape[-1]", x.shape[-1], f"head_dim = {self.config.head_dim}")
+        check_positions(positions, x)
+        dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
+        cos, sin = self.cos_sin(positions, seq_len=seq_len, dtype=dtype)
+        if positions.dim() == 2:
+            cos, sin = cos.unsqueeze(-3), sin.unsqueeze(-3)  # (B, S, F) -> (B, 1, S, F), broadcast over heads
+        return apply_rotary(x, cos, sin, layout=self.config.layout)
+
+    def rotate(
+        self, q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The ``Encoding`` hook: rotate queries at ``q_pos`` and keys at ``k_pos``."""
+        for name, t in (("q", q), ("k", k)):
+            if t.dim() != 4:
+                fail(f"{name}.dim()", t.dim(), "4, a tensor of shape (B, heads, S, head_dim)")
+        if q.shape[0] != k.shape[0]:
+            fail("k.shape[0]", k.shape[0], f"the batch size of q, {q.shape[0]}")
+        check_positions(q_pos, q, "positions")
+        check_positions(k_pos, k, "k_positions")
+        seq_len = None
+        if self.config.scaling is not None and self.config.scaling.depends_on_length and q_pos is not k_pos:
+            # One length for both, so q.k stays a function of distance (decoding passes fewer queries).
+            seq_len = torch.maximum(q_pos.max(), k_pos.max().to(q_pos.dtype)) + 1
+        return self.rotate_one(q, q_pos, seq_len=seq_len), self.rotate_one(k, k_pos, seq_len=seq_len)
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, k_positions: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotate ``q`` and ``k``; keys use ``k_positions`` if given, else ``positions``."""
+        return self.rotate(q, k, positions, positions if k_positions is None else k_positions)
+
+    def extra_repr(self) -> str:
+        c = self.config
+        scaling = "None" if c.scaling is None else c.scaling.rope_type
+        return f"head_dim={c.head_dim}, base={c.base}, layout={c.layout!r}, rotary_dim={c.rotary_dim}, scaling={scaling}"

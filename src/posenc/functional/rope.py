@@ -1,0 +1,182 @@
+"""Rotary position embedding (RoPE) as pure functions of tensors.
+
+Paper: Su et al. 2021, "RoFormer: Enhanced Transformer with Rotary Position Embedding" (arXiv:2104.09864).
+Reference implementations checked against: Hugging Face transformers ``apply_rotary_pos_emb`` (``layout="half"``,
+GPT-NeoX / Llama-HF channel order) and GPT-J's ``rotate_every_two`` (``layout="interleaved"``, equal to Meta
+llama's complex-number form).
+
+Shapes:
+    B batch, H heads, S positions, D head dim, F = rotary dims / 2.
+    inv_freq  (F,)                  float32
+    positions (S,) or (B, S)        integer or floating point
+    cos, sin  (S, F) or (B, S, F)   float32 (float64 for float64 inputs)
+    x         (..., S, D)           any floating dtype; the first 2F channels rotate, the rest pass through
+
+Numerics: angles are computed in float64 where the device has it (float32 on MPS) and cos/sin are kept in
+float32, so a bf16 model at position 1e6 is rotated by the right angle; the result is cast to ``x.dtype``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from posenc._checks import check_choice, check_positive_int, fail
+
+LAYOUTS = ("half", "interleaved")
+
+
+def default_inv_freq(dim: int, *, base: float = 10000.0, device: torch.device | str | None = None) -> torch.Tensor:
+    """The RoPE frequencies ``base ** (-2i / dim)`` for ``i < dim // 2``, as float32.
+
+    Computed in float64 and rounded once, so they agree with every float32 implementation to an ulp.
+
+    Shapes:
+        returns (dim // 2,)
+    """
+    check_positive_int("dim", dim)
+    exponent = torch.arange(0, dim, 2, dtype=torch.float64, device=device) / dim
+    return (1.0 / (float(base) ** exponent)).to(torch.float32)
+
+
+def _angle_dtype(device: torch.device, requested: torch.dtype) -> torch.dtype:
+    if requested == torch.float64 or device.type != "mps":
+        return torch.float64
+    return torch.float32
+
+
+def rope_angles(positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
+    """Angles ``positions * inv_freq``, in float64 (float32 on devices without float64).
+
+    Shapes:
+        positions (S,) or (B, S); inv_freq (F,) -> (S, F) or (B, S, F)
+    """
+    if positions.dtype == torch.bool or positions.is_complex():
+        fail("positions.dtype", positions.dtype, "an integer or real floating point dtype")
+    dtype = _angle_dtype(positions.device, inv_freq.dtype)
+    return positions.to(dtype).unsqueeze(-1) * inv_freq.to(device=positions.device, dtype=dtype)  # (..., S, F)
+
+
+def rope_cos_sin(
+    positions: torch.Tensor,
+    inv_freq: torch.Tensor,
+    *,
+    attention_factor: float | torch.Tensor = 1.0,
+    dtype: torch.dtype = torch.float32,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cosine and sine tables for ``positions``, scaled by ``attention_factor`` (HF's convention).
+
+    ``dtype`` is float32 (the default) or float64: trig tables are never kept in half precision.
+
+    Shapes:
+        positions (S,) or (B, S); inv_freq (F,) -> cos, sin (S, F) or (B, S, F)
+    """
+    if dtype not in (torch.float32, torch.float64):
+        fail("dtype", dtype, "torch.float32 or torch.float64 (trig tables are never kept in half precision)")
+    angles = rope_angles(positions, inv_freq)
+    out_dtype = dtype
+    cos, sin = angles.cos(), angles.sin()
+    if not (isinstance(attention_factor, float) and attention_factor == 1.0):
+        cos, sin = cos * attention_factor, sin * attention_factor
+    return cos.to(out_dtype), sin.to(out_dtype)
+
+
+def _pair_views(x: torch.Tensor, layout: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The two members of each rotated pair: ``(x[i], x[i + F])`` for half, ``(x[2i], x[2i + 1])`` interleaved."""
+    if layout == "half":
+        f = x.shape[-1] // 2
+        return x[..., :f], x[..., f:]
+    return x[..., 0::2], x[..., 1::2]
+
+
+def _spread(t: torch.Tensor, layout: str) -> torch.Tensor:
+    """Lay a per-pair table ``(..., F)`` out over the rotated channels ``(..., 2F)``; small, never x-sized."""
+    return torch.cat((t, t), dim=-1) if layout == "half" else t.repeat_interleave(2, dim=-1)
+
+
+def _rotate_expr(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str) -> torch.Tensor:
+    """Differentiable, traceable form (autograd through cos/sin, ``torch.compile`` fuses it to one loop)."""
+    a, b = _pair_views(x, layout)
+    ra, rb = a * cos - b * sin, b * cos + a * sin
+    if layout == "half":
+        return torch.cat((ra, rb), dim=-1)
+    return torch.stack((ra, rb), dim=-1).flatten(-2)  # (..., F, 2) -> (..., 2F)
+
+
+def _rotate_into(out: torch.Tensor, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str) -> None:
+    """Write the rotation of ``x`` into ``out`` with no x-sized temporaries (eager fast path, float32/64 only).
+
+    Interleaved pairs are adjacent in memory, so the rotation is one complex multiply. Half-layout pairs are F
+    apart: one multiply by the spread cosine, then two in-place multiply-adds on the halves.
+    """
+    f = cos.shape[-1]
+    if layout == "interleaved" and _complex_viewable(x) and _complex_viewable(out):
+        cis = torch.complex(cos, sin)  # (..., S, F), small
+        torch.mul(torch.view_as_complex(x.unflatten(-1, (f, 2))), cis, out=torch.view_as_complex(out.unflatten(-1, (f, 2))))
+        return
+    torch.mul(x, _spread(cos, layout), out=out)
+    out_a, out_b = _pair_views(out, layout)
+    x_a, x_b = _pair_views(x, layout)
+    out_a.addcmul_(x_b, sin, value=-1.0)
+    out_b.addcmul_(x_a, sin)
+
+
+def _complex_viewable(t: torch.Tensor) -> bool:
+    return t.stride(-1) == 1 and t.storage_offset() % 2 == 0 and all(s % 2 == 0 for s in t.stride()[:-1])
+
+
+class _Rotate(torch.autograd.Function):
+    """Fast-path rotation whose backward is the inverse rotation (cos, -sin): no saved activations."""
+
+    @staticmethod
+    def forward(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str) -> torch.Tensor:
+        return _rotate_fast(x, cos, sin, layout)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):  # noqa: ANN001
+        _, cos, sin, layout = inputs
+        ctx.save_for_backward(cos, sin)
+        ctx.layout = layout
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # noqa: ANN001
+        cos, sin = ctx.saved_tensors
+        return _rotate_fast(grad, cos, -sin, ctx.layout), None, None, None
+
+
+def _rotate_fast(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str) -> torch.Tensor:
+    rd = 2 * cos.shape[-1]
+    out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    if rd < x.shape[-1]:
+        out[..., rd:].copy_(x[..., rd:])
+    if x.dtype in (torch.float32, torch.float64):
+        _rotate_into(out[..., :rd], x[..., :rd], cos.to(x.dtype), sin.to(x.dtype), layout)
+    else:  # low precision: rotate in float32, round once at the end
+        out[..., :rd].copy_(_rotate_expr(x[..., :rd].float(), cos.float(), sin.float(), layout))
+    return out
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, layout: str = "half") -> torch.Tensor:
+    """Rotate the first ``2F`` channels of ``x`` by the angles whose cosine and sine are given.
+
+    Channel pairs are ``(i, i + F)`` for ``layout="half"`` (GPT-NeoX, HF Llama) and ``(2i, 2i + 1)`` for
+    ``layout="interleaved"`` (GPT-J, Meta llama). Channels past ``2F`` are returned unchanged (partial rotary).
+
+    Shapes:
+        x (..., S, D); cos, sin broadcastable to (..., S, F) with 2F <= D -> (..., S, D), dtype of x
+    """
+    check_choice("layout", layout, LAYOUTS)
+    if cos.shape != sin.shape:
+        fail("sin.shape", tuple(sin.shape), f"the shape of cos, {tuple(cos.shape)}")
+    f = cos.shape[-1]
+    if 2 * f > x.shape[-1]:
+        fail("x.shape[-1]", x.shape[-1], f">= 2 * cos.shape[-1] = {2 * f} (the rotated channels)")
+    if not x.is_floating_point():
+        fail("x.dtype", x.dtype, "a floating point dtype")
+    if torch.compiler.is_compiling() or (torch.is_grad_enabled() and (cos.requires_grad or sin.requires_grad)):
+        rd = 2 * f
+        compute = torch.promote_types(x.dtype, torch.float32)
+        rotated = _rotate_expr(x[..., :rd].to(compute), cos.to(compute), sin.to(compute), layout).to(x.dtype)
+        return torch.cat((rotated, x[..., rd:]), dim=-1) if rd < x.shape[-1] else rotated
+    if torch.is_grad_enabled() and x.requires_grad:
+        return _Rotate.apply(x, cos, sin, layout)
+    return _rotate_fast(x, cos, sin, layout)

@@ -1,0 +1,187 @@
+"""Context-extension frequency transforms for RoPE: one pure function per method.
+
+Every function takes the rotary dimension ``dim`` (= 2F) and keyword-only scalars, and returns
+``(inv_freq, attention_factor)``: float32 frequencies of shape ``(dim // 2,)`` and the multiplier that Hugging Face
+applies to both cos and sin. Arithmetic is float64, rounded to float32 once at the end. ``seq_len`` may be an int, a
+0-d tensor (so a module can pass ``positions.max() + 1`` without a host sync or a graph break) or None.
+
+Reference implementation: ``transformers.modeling_rope_utils.ROPE_INIT_FUNCTIONS`` (tested to 1e-6 relative).
+
+Papers:
+    linear    Chen et al. 2023, "Extending Context Window of LLMs via Positional Interpolation" (arXiv:2306.15595)
+    ntk       bloc97 2023, "NTK-Aware Scaled RoPE" (r/LocalLLaMA); base * factor ** (dim / (dim - 2))
+    dynamic   emozilla 2023, "Dynamically Scaled RoPE"; the NTK base grown with the current length
+    yarn      Peng et al. 2023, "YaRN: Efficient Context Window Extension of LLMs" (arXiv:2309.00071)
+    longrope  Ding et al. 2024, "LongRoPE: Extending LLM Context Window Beyond 2 Million Tokens" (arXiv:2402.13753)
+    llama3    Meta 2024, "The Llama 3 Herd of Models" (arXiv:2407.21783), rope scaling of Llama 3.1
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+
+SeqLen = int | torch.Tensor | None
+
+
+def _exponents(dim: int, device: torch.device | str | None) -> torch.Tensor:
+    return torch.arange(0, dim, 2, dtype=torch.float64, device=device) / dim  # (F,)
+
+
+def _base_inv_freq(dim: int, base: float | torch.Tensor, device: torch.device | str | None) -> torch.Tensor:
+    return 1.0 / (base ** _exponents(dim, device))  # (F,) float64
+
+
+def _out(inv_freq: torch.Tensor, attention_factor: float) -> tuple[torch.Tensor, float]:
+    return inv_freq.to(torch.float32), float(attention_factor)
+
+
+def default_frequencies(dim: int, *, base: float, device=None) -> tuple[torch.Tensor, float]:
+    """Unscaled RoPE: ``base ** (-2i / dim)``."""
+    return _out(_base_inv_freq(dim, base, device), 1.0)
+
+
+def linear_frequencies(dim: int, *, base: float, factor: float, device=None) -> tuple[torch.Tensor, float]:
+    """Position Interpolation: every frequency divided by ``factor`` (positions squeezed into the trained range)."""
+    return _out(_base_inv_freq(dim, base, device) / factor, 1.0)
+
+
+def ntk_frequencies(dim: int, *, base: float, factor: float, device=None) -> tuple[torch.Tensor, float]:
+    """Static NTK-aware scaling: the base raised to ``base * factor ** (dim / (dim - 2))``.
+
+    The lowest frequency is interpolated by exactly ``factor``; the highest is untouched.
+    """
+    return _out(_base_inv_freq(dim, base * factor ** (dim / (dim - 2)), device), 1.0)
+
+
+def dynamic_ntk_frequencies(
+    dim: int, *, base: float, factor: float, max_position_embeddings: int, seq_len: SeqLen = None, device=None
+) -> tuple[torch.Tensor, float]:
+    """Dynamic NTK: the NTK base for the current length, unscaled up to ``max_position_embeddings``.
+
+    ``base * (factor * L / max_position_embeddings - (factor - 1)) ** (dim / (dim - 2))`` with
+    ``L = max(seq_len, max_position_embeddings)``.
+    """
+    if seq_len is None:
+        length = torch.tensor(float(max_position_embeddings), dtype=torch.float64, device=device)
+    else:
+        length = torch.as_tensor(seq_len, device=device).to(torch.float64).clamp(min=max_position_embeddings)
+        device = length.device
+    new_base = base * (factor * length / max_position_embeddings - (factor - 1)) ** (dim / (dim - 2))
+    return _out(_base_inv_freq(dim, new_base, device), 1.0)
+
+
+def yarn_get_mscale(scale: float, mscale: float = 1.0) -> float:
+    """YaRN's attention temperature ``0.1 * mscale * ln(scale) + 1`` (1 for ``scale <= 1``)."""
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+def yarn_correction_range(
+    dim: int, *, base: float, original_max_position_embeddings: int, beta_fast: float, beta_slow: float, truncate: bool
+) -> tuple[float, float]:
+    """Dimension indices where frequencies complete ``beta_fast`` and ``beta_slow`` turns over the original length."""
+
+    def correction_dim(rotations: float) -> float:
+        return dim * math.log(original_max_position_embeddings / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if truncate:
+        low, high = math.floor(low), math.ceil(high)
+    return max(low, 0), min(high, dim - 1)
+
+
+def yarn_frequencies(
+    dim: int,
+    *,
+    base: float,
+    factor: float,
+    original_max_position_embeddings: int,
+    beta_fast: float = 32.0,
+    beta_slow: float = 1.0,
+    truncate: bool = True,
+    mscale: float | None = None,
+    mscale_all_dim: float | None = None,
+    attention_factor: float | None = None,
+    device=None,
+) -> tuple[torch.Tensor, float]:
+    """YaRN "NTK-by-parts": high frequencies kept, low frequencies interpolated, a linear ramp in between.
+
+    The attention factor defaults to ``yarn_get_mscale(factor)``, or the DeepSeek form
+    ``mscale(factor, mscale) / mscale(factor, mscale_all_dim)`` when both are set.
+    """
+    if attention_factor is None:
+        if mscale and mscale_all_dim:
+            attention_factor = yarn_get_mscale(factor, mscale) / yarn_get_mscale(factor, mscale_all_dim)
+        else:
+            attention_factor = yarn_get_mscale(factor)
+    low, high = yarn_correction_range(
+        dim,
+        base=base,
+        original_max_position_embeddings=original_max_position_embeddings,
+        beta_fast=beta_fast,
+        beta_slow=beta_slow,
+        truncate=truncate,
+    )
+    if low == high:
+        high += 0.001  # a zero-width ramp would divide by zero
+    ramp = ((torch.arange(dim // 2, dtype=torch.float64, device=device) - low) / (high - low)).clamp(0, 1)
+    extrapolated = _base_inv_freq(dim, base, device)
+    return _out(extrapolated / factor * ramp + extrapolated * (1 - ramp), attention_factor)
+
+
+def longrope_attention_factor(factor: float, original_max_position_embeddings: int) -> float:
+    """LongRoPE's default ``sqrt(1 + ln(factor) / ln(original_max_position_embeddings))`` (1 for factor <= 1)."""
+    if factor <= 1.0:
+        return 1.0
+    return math.sqrt(1 + math.log(factor) / math.log(original_max_position_embeddings))
+
+
+def longrope_frequencies(
+    dim: int,
+    *,
+    base: float,
+    short_factor: Sequence[float],
+    long_factor: Sequence[float],
+    original_max_position_embeddings: int,
+    factor: float,
+    attention_factor: float | None = None,
+    seq_len: SeqLen = None,
+    device=None,
+) -> tuple[torch.Tensor, float]:
+    """LongRoPE: per-frequency rescale factors, ``long_factor`` beyond the original length, ``short_factor`` within."""
+    if attention_factor is None:
+        attention_factor = longrope_attention_factor(factor, original_max_position_embeddings)
+    short = torch.tensor(short_factor, dtype=torch.float64, device=device)
+    long = torch.tensor(long_factor, dtype=torch.float64, device=device)
+    if seq_len is None:
+        ext = short
+    elif isinstance(seq_len, torch.Tensor):
+        ext = torch.where(seq_len.to(short.device) > original_max_position_embeddings, long, short)
+    else:
+        ext = long if seq_len > original_max_position_embeddings else short
+    return _out(_base_inv_freq(dim, base, device) / ext, attention_factor)
+
+
+def llama3_frequencies(
+    dim: int,
+    *,
+    base: float,
+    factor: float,
+    low_freq_factor: float,
+    high_freq_factor: float,
+    original_max_position_embeddings: int,
+    device=None,
+) -> tuple[torch.Tensor, float]:
+    """Llama 3.1: wavelengths above ``L / low_freq_factor`` divided by ``factor``, below ``L / high_freq_factor``
+    kept, and a smooth blend in between (``L`` the original context length)."""
+    inv_freq = _base_inv_freq(dim, base, device)
+    wavelen = 2 * math.pi / inv_freq
+    low_wavelen = original_max_position_embeddings / low_freq_factor
+    high_wavelen = original_max_position_embeddings / high_freq_factor
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+    smooth = (original_max_position_embeddings / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return _out(torch.where(medium, smoothed, scaled), 1.0)

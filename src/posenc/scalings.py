@@ -1,0 +1,345 @@
+"""Rope scaling configs: frozen, validated, round-trippable to Hugging Face ``rope_scaling`` dicts.
+
+Each config is a thin shell over one pure function of ``posenc.functional.rope_scaling``; see there for the papers.
+Keys and defaults are Hugging Face's, so a dict pasted from a model's ``config.json`` works as it is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+
+from posenc._checks import check_number, check_positive_int, fail
+from posenc.functional import rope_scaling as F
+from posenc.registry import available_scalings, register_scaling, scaling_class
+
+# Keys of an HF rope dict that configure the rotary embedding itself, not the scaling.
+_ROTARY_KEYS = ("rope_theta", "partial_rotary_factor")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RopeScaling:
+    """Base class: a frequency transform ``(dim, base, seq_len) -> (inv_freq, attention_factor)``."""
+
+    rope_type: ClassVar[str]
+    #: True where the frequencies depend on the current sequence length (dynamic NTK, LongRoPE).
+    depends_on_length: ClassVar[bool] = False
+
+    def frequencies(
+        self, dim: int, *, base: float, seq_len: int | torch.Tensor | None = None, device=None
+    ) -> tuple[torch.Tensor, float]:
+        """Float32 ``inv_freq`` of shape ``(dim // 2,)`` and the attention factor."""
+        raise NotImplementedError
+
+    def check_dim(self, dim: int) -> None:
+        """Raise ``ValueError`` if this scaling cannot serve rotary dimension ``dim``."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """HF-style dict: ``rope_type`` plus every field that is set."""
+        out: dict[str, Any] = {"rope_type": self.rope_type}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if value is not None:
+                out[f.name] = list(value) if isinstance(value, tuple) else value
+        return out
+
+    @classmethod
+    def from_dict(cls, config: Mapping[str, Any]) -> RopeScaling:
+        """Build from an HF-style dict; ``rope_type`` / ``type`` may be present and must match."""
+        return parse_scaling(config) if cls is RopeScaling else _from_dict(cls, config)
+
+
+def _from_dict(cls: type[RopeScaling], config: Mapping[str, Any]) -> RopeScaling:
+    names = {f.name for f in dataclasses.fields(cls)}
+    required = {f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
+    values = {k: v for k, v in config.items() if k not in ("rope_type", "type", *_ROTARY_KEYS) and v is not None}
+    # HF fills original_max_position_embeddings from the model's max_position_embeddings when it is absent.
+    if "original_max_position_embeddings" in names and "original_max_position_embeddings" not in values:
+        if "max_position_embeddings" in values:
+            values["original_max_position_embeddings"] = values["max_position_embeddings"]
+    if "max_position_embeddings" not in names:
+        values.pop("max_position_embeddings", None)
+    unknown = sorted(set(values) - names)
+    if unknown:
+        fail(f"rope_scaling[{unknown[0]!r}]", values[unknown[0]], f"only the keys {sorted(names)} for rope_type {cls.rope_type!r}")
+    missing = sorted(required - set(values))
+    if missing:
+        fail("rope_scaling", dict(config), f"the key(s) {missing} for rope_type {cls.rope_type!r}")
+    return cls(**values)
+
+
+def parse_scaling(scaling: RopeScaling | Mapping[str, Any] | None) -> RopeScaling | None:
+    """Normalise ``None``, a config object or an HF ``rope_scaling`` / ``rope_parameters`` dict.
+
+    ``rope_type="default"`` (or a dict without a type) means no scaling and returns ``None``.
+    """
+    if scaling is None or isinstance(scaling, RopeScaling):
+        return scaling
+    if not isinstance(scaling, Mapping):
+        fail("scaling", scaling, "None, a posenc RopeScaling config, or a Hugging Face rope_scaling dict")
+    rope_type, legacy = scaling.get("rope_type"), scaling.get("type")
+    if rope_type is not None and legacy is not None and rope_type != legacy:
+        fail("rope_scaling['type']", legacy, f"the same value as rope_scaling['rope_type'] ({rope_type!r})")
+    rope_type = rope_type or legacy or "default"
+    if rope_type == "default":
+        extra = sorted(set(scaling) - {"rope_type", "type", *_ROTARY_KEYS, "max_position_embeddings"})
+        if extra:
+            fail(f"rope_scaling[{extra[0]!r}]", scaling[extra[0]], "no scaling keys for rope_type 'default'")
+        return None
+    if rope_type not in available_scalings():
+        fail("rope_type", rope_type, f"one of {available_scalings()}")
+    return _from_dict(scaling_class(rope_type), scaling)
+
+
+def _check_factor(value: float) -> float:
+    return check_number("factor", value, minimum=1.0)
+
+
+def _check_rotary_dim_for_ntk(dim: int) -> None:
+    if dim <= 2:
+        fail("rotary dim", dim, "> 2 for NTK scaling (its exponent is dim / (dim - 2))")
+
+
+@register_scaling
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LinearScaling(RopeScaling):
+    """Position Interpolation (Chen et al. 2023): positions divided by ``factor``."""
+
+    rope_type: ClassVar[str] = "linear"
+    factor: float
+
+    def __post_init__(self) -> None:
+        _check_factor(self.factor)
+
+    def frequencies(self, dim, *, base, seq_len=None, device=None):
+        return F.linear_frequencies(dim, base=base, factor=self.factor, device=device)
+
+
+@register_scaling
+@dataclass(frozen=True, kw_only=True, slots=True)
+class NTKScaling(RopeScaling):
+    """Static NTK-aware scaling: ``base * factor ** (dim / (dim - 2))``. Not in Hugging Face."""
+
+    rope_type: ClassVar[str] = "ntk"
+    factor: float
+
+    def __post_init__(self) -> None:
+        _check_factor(self.factor)
+
+    def check_dim(self, dim: int) -> None:
+        _check_rotary_dim_for_ntk(dim)
+
+    def frequencies(self, dim, *, base, seq_len=None, device=None):
+        self.check_dim(dim)
+        return F.ntk_frequencies(dim, base=base, factor=self.factor, device=device)
+
+
+@register_scaling
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DynamicNTKScaling(RopeScaling):
+    """Dynamic NTK: the NTK base recomputed from the current length past ``max_position_embeddings``."""
+
+    rope_type: ClassVar[str] = "dynamic"
+    depends_on_length: ClassVar[bool] = True
+    factor: float
+    max_position_embeddings: int
+
+    def __post_init__(self) -> None:
+        _check_factor(self.factor)
+        check_positive_int("max_position_embeddings", self.max_position_embeddings)
+
+    def check_dim(self, dim: int) -> None:
+        _check_rotary_dim_for_ntk(dim)
+
+    def frequencies(self, dim, *, base, seq_len=None, device=None):
+        self.check_dim(dim)
+        return F.dynamic_ntk_frequencies(
+            dim, base=base, factor=self.factor, max_position_embeddings=self.max_position_embeddings,
+            seq_len=seq_len, device=device,
+        )
+
+
+@register_scaling
+@dataclass(frozen=True, kw_only=True, slots=True)
+class YaRNScaling(RopeScaling):
+    """YaRN (Peng et al. 2023). ``factor`` defaults to ``max_position_embeddings / original_max_position_embeddings``."""
+
+    rope_type: ClassVar[str] = "yarn"
+    original_max_position_embeddings: int
+    factor: float | None = None
+    max_position_embeddings: int | None = None
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    truncate: bool = True
+    mscale: float | None = None
+    mscale_all_dim: float | None = None
+    attention_factor: float | None = None
+
+    def __post_init__(self) -> None:
+        check_positive_int("original_max_position_embeddings", self.original_max_position_embeddings)
+        if self.factor is None:
+            if self.max_position_embeddings is None:
+                fail("factor", None, "a number >= 1, or max_position_embeddings to derive it from")
+            check_positive_int("max_position_embeddings", self.max_position_embeddings)
+        _check_factor(self.effective_factor)
+        check_number("beta_slow", self.beta_slow, above=0.0)
+        if check_number("beta_fast", self.beta_fast) <= self.beta_slow:
+            fail("beta_fast", self.beta_fast, f"a number > beta_slow = {self.beta_slow}")
+        if not isinstance(self.truncate, bool):
+            fail("truncate", self.truncate, "True or False")
+        for name in ("mscale", "mscale_all_dim"):
+            if getattr(self, name) is not None:
+                check_number(name, getattr(self, name))
+        if self.attention_factor is not None:
+            check_number("attention_factor", self.attention_factor, above=0.0)
+
+    @property
+    def effective_factor(self) -> float:
+        if self.factor is not None:
+            return self.factor
+        return self.max_position_embeddings / self.original_max_position_embeddings
+
+    def frequencies(self, dim, *, base, seq_len=None, device=None):
+        return F.yarn_frequencies(
+            dim, base=base, factor=self.effective_factor,
+            original_max_position_embeddings=self.original_max_position_embeddings,
+            beta_fast=self.beta_fast, beta_slow=self.beta_slow, truncate=self.truncate,
+            mscale=self.mscale, mscale_all_dim=self.mscale_all_dim, attention_factor=self.attention_factor,
+            device=device,
+        )
+
+
+@register_scaling
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LongRoPEScaling(RopeScaling):
+    """LongRoPE (Ding et al. 2024), as in Phi-3: ``long_factor`` once the length passes the original one."""
+
+    rope_type: ClassVar[str] = "longrope"
+    depends_on_length: ClassVar[bool] = True
+    short_factor: tuple[float, ...]
+    long_factor: tuple[float, ...]
+    original_max_position_embeddings: int
+    factor: float | None = None
+    max_position_embeddings: int | None = None
+    attention_factor: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("short_factor", "long_factor"):
+            value = getattr(self, name)
+            if isinstance(value, (str, bytes)) or not hasattr(value, "__len__"):
+                fail(name, value, "a list of positive numbers, one per rotary frequency")
+            value = tuple(check_number(f"{name}[{i}]", v, above=0.0) for i, v in enumerate(value))
+            object.__setattr__(self, name, value)
+        check_positive_int("original_max_position_embeddings", self.original_max_position_embeddings)
+        if self.max_position_embeddings is not None:
+            check_positive_int("max_position_embeddings", self.max_position_embeddings)
+        if self.factor is not None:
+            check_number("factor", self.factor, above=0.0)
+        if self.attention_factor is not None:
+            check_number("attention_factor", self.attention_factor, above=0.0)
+        elif self.factor is None and self.max_position_embeddings is None:
+            fail("factor", None, "a number, max_position_embeddings or attention_factor (to set the attention factor)")
+
+    @property
+    def effective_factor(self) -> float:
+        if self.factor is not None:
+            return self.factor
+        if self.max_position_embeddings is not None:
+            return self.max_position_embeddings / self.original_max_position_embeddings
+        return 1.0  # only reached with an explicit attention_factor, which then overrides it
+
+    def check_dim(self, dim: int) -> None:
+        for name in ("short_factor", "long_factor"):
+            if len(getattr(self, name)) != dim // 2:
+                fail(f"len({name})", len(getattr(self, name)), f"rotary dim // 2 = {dim // 2}")
+
+    def frequencies(self, dim, *, base, seq_len=None, device=None):
+        self.check_dim(dim)
+        return F.longrope_frequencies(
+            dim, base=base, short_factor=self.short_factor, long_factor=self.long_factor,
+            original_max_position_embeddings=self.original_max_position_embeddings, factor=self.effective_factor,
+            attention_factor=self.attention_factor, seq_len=seq_len, device=device,
+        )
+
+
+@register_scaling
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Llama3Scaling(RopeScaling):
+    """Llama 3.1's frequency-dependent interpolation (Meta 2024)."""
+
+    rope_type: ClassVar[str] = "llama3"
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_position_embeddings: int
+
+    def __post_init__(self) -> None:
+        _check_factor(self.factor)
+        check_number("low_freq_factor", self.low_freq_factor, above=0.0)
+        if check_number("high_freq_factor", self.high_freq_factor) <= self.low_freq_factor:
+            fail("high_freq_factor", self.high_freq_factor, f"a number > low_freq_factor = {self.low_freq_factor}")
+        check_positive_int("original_max_position_embeddings", self.original_max_position_embeddings)
+
+    def frequencies(self, dim, *, base, seq_len=None, device=None):
+        return F.llama3_frequencies(
+            dim, base=base, factor=self.factor, low_freq_factor=self.low_freq_factor,
+            high_freq_factor=self.high_freq_factor,
+            original_max_position_embeddings=self.original_max_position_embeddings, device=device,
+        )
+
+
+__all__ = [
+    "RopeScaling", "LinearScaling", "NTKScaling", "DynamicNTKScaling", "YaRNScaling", "LongRoPEScaling",
+    "Llama3Scaling", "parse_scaling",
+]
+
+
+def rotary_dim(head_dim: int, partial_rotary_factor: float = 1.0) -> int:
+    """Channels that rotate: ``int(head_dim * partial_rotary_factor)``, which must be even and >= 2."""
+    check_positive_int("head_dim", head_dim)
+    check_number("partial_rotary_factor", partial_rotary_factor, above=0.0)
+    if partial_rotary_factor > 1.0:
+        fail("partial_rotary_factor", partial_rotary_factor, "a number in (0, 1]")
+    dim = int(head_dim * partial_rotary_factor)
+    if dim < 2 or dim % 2:
+        fail(
+            "rotary dim", dim,
+            f"an even number >= 2 (int(head_dim={head_dim} * partial_rotary_factor={partial_rotary_factor}))",
+        )
+    return dim
+
+
+def rope_frequencies(
+    head_dim: int,
+    *,
+    base: float = 10000.0,
+    scaling: RopeScaling | Mapping[str, Any] | None = None,
+    partial_rotary_factor: float = 1.0,
+    seq_len: int | torch.Tensor | None = None,
+    device: torch.device | str | None = None,
+) -> tuple[torch.Tensor, float]:
+    """RoPE inverse frequencies and attention factor, with any context-extension scaling.
+
+    Args:
+        head_dim: channels per attention head.
+        base: the RoPE base (HF ``rope_theta``).
+        scaling: None, a ``RopeScaling`` config, or an HF ``rope_scaling`` / ``rope_parameters`` dict.
+        partial_rotary_factor: fraction of ``head_dim`` that rotates.
+        seq_len: current length, read by ``dynamic`` and ``longrope`` (int or 0-d tensor).
+
+    Returns:
+        ``inv_freq`` float32 of shape ``(int(head_dim * partial_rotary_factor) // 2,)`` and the attention factor,
+        a multiplier for both cos and sin (Hugging Face's convention).
+
+    Reference implementation: ``transformers.modeling_rope_utils.ROPE_INIT_FUNCTIONS``.
+    """
+    dim = rotary_dim(head_dim, partial_rotary_factor)
+    check_number("base", base, above=1.0)
+    scaling = parse_scaling(scaling)
+    if scaling is None:
+        return F.default_frequencies(dim, base=base, device=device)
+    return scaling.frequencies(dim, base=base, seq_len=seq_len, device=device)
