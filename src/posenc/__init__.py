@@ -18,7 +18,21 @@ from posenc.scalings import (
 __version__ = "0.1.0"
 
 __all__ = [
-    "RotaryConfig", "RotaryEmbedding", "apply_rotary", "default_inv_freq", "rope_angles", "rope_cos_sin",
-    "available_scalings", "register_scaling", "DynamicNTKScaling", "LinearScaling", "Llama3Scaling",
-    "LongRoPEScaling", "NTKScaling", "RopeScaling", "YaRNScaling", "parse_scaling", "rope_frequencies",
+    "RotaryConfig",
+    "RotaryEmbedding",
+    "apply_rotary",
+    "default_inv_freq",
+    "rope_angles",
+    "rope_cos_sin",
+    "available_scalings",
+    "register_scaling",
+    "DynamicNTKScaling",
+    "LinearScaling",
+    "Llama3Scaling",
+    "LongRoPEScaling",
+    "NTKScaling",
+    "RopeScaling",
+    "YaRNScaling",
+    "parse_scaling",
+    "rope_frequencies",
 ]

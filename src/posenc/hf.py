@@ -54,7 +54,9 @@ def rotary_config_from_hf(config: Any, *, layer_type: str | None = None) -> Rota
         fail("layer_type", layer_type, "None: this config has one rope_parameters for every layer")
     params = dict(params)
     base = params.pop("rope_theta", None) or cfg.get("rope_theta") or 10000.0
-    partial = params.pop("partial_rotary_factor", None) or cfg.get("partial_rotary_factor") or cfg.get("rotary_pct") or 1.0
+    partial = (
+        params.pop("partial_rotary_factor", None) or cfg.get("partial_rotary_factor") or cfg.get("rotary_pct") or 1.0
+    )
     rope_type = params.get("rope_type") or params.get("type") or "default"
     if rope_type in _NEEDS_MAX_POS and "max_position_embeddings" not in params and cfg.get("max_position_embeddings"):
         params["max_position_embeddings"] = cfg["max_position_embeddings"]
@@ -66,7 +68,10 @@ def rotary_config_from_hf(config: Any, *, layer_type: str | None = None) -> Rota
     if rope_type == "default":
         params = {}
     return RotaryConfig(
-        head_dim=int(head_dim), base=float(base), scaling=parse_scaling(params or None), layout="half",
+        head_dim=int(head_dim),
+        base=float(base),
+        scaling=parse_scaling(params or None),
+        layout="half",
         partial_rotary_factor=float(partial),
     )
 
@@ -80,7 +85,8 @@ def rotary_config_to_hf(config: RotaryConfig, *, legacy: bool = False) -> dict[s
     """
     if config.layout != "half":
         fail(
-            "layout", config.layout,
+            "layout",
+            config.layout,
             "'half' for Hugging Face (HF models use the half layout; permute q/k projection weights to convert)",
         )
     base, scaling = config.base, config.scaling

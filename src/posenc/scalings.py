@@ -55,17 +55,25 @@ class RopeScaling:
 
 def _from_dict(cls: type[RopeScaling], config: Mapping[str, Any]) -> RopeScaling:
     names = {f.name for f in dataclasses.fields(cls)}
-    required = {f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
+    required = {
+        f.name
+        for f in dataclasses.fields(cls)
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    }
     values = {k: v for k, v in config.items() if k not in ("rope_type", "type", *_ROTARY_KEYS) and v is not None}
     # HF fills original_max_position_embeddings from the model's max_position_embeddings when it is absent.
-    if "original_max_position_embeddings" in names and "original_max_position_embeddings" not in values:
-        if "max_position_embeddings" in values:
-            values["original_max_position_embeddings"] = values["max_position_embeddings"]
+    absent = "original_max_position_embeddings" in names and "original_max_position_embeddings" not in values
+    if absent and "max_position_embeddings" in values:
+        values["original_max_position_embeddings"] = values["max_position_embeddings"]
     if "max_position_embeddings" not in names:
         values.pop("max_position_embeddings", None)
     unknown = sorted(set(values) - names)
     if unknown:
-        fail(f"rope_scaling[{unknown[0]!r}]", values[unknown[0]], f"only the keys {sorted(names)} for rope_type {cls.rope_type!r}")
+        fail(
+            f"rope_scaling[{unknown[0]!r}]",
+            values[unknown[0]],
+            f"only the keys {sorted(names)} for rope_type {cls.rope_type!r}",
+        )
     missing = sorted(required - set(values))
     if missing:
         fail("rope_scaling", dict(config), f"the key(s) {missing} for rope_type {cls.rope_type!r}")
@@ -158,15 +166,19 @@ class DynamicNTKScaling(RopeScaling):
     def frequencies(self, dim, *, base, seq_len=None, device=None):
         self.check_dim(dim)
         return F.dynamic_ntk_frequencies(
-            dim, base=base, factor=self.factor, max_position_embeddings=self.max_position_embeddings,
-            seq_len=seq_len, device=device,
+            dim,
+            base=base,
+            factor=self.factor,
+            max_position_embeddings=self.max_position_embeddings,
+            seq_len=seq_len,
+            device=device,
         )
 
 
 @register_scaling
 @dataclass(frozen=True, kw_only=True, slots=True)
 class YaRNScaling(RopeScaling):
-    """YaRN (Peng et al. 2023). ``factor`` defaults to ``max_position_embeddings / original_max_position_embeddings``."""
+    """YaRN (Peng et al. 2023); ``factor`` defaults to max_position_embeddings / original_max_position_embeddings."""
 
     rope_type: ClassVar[str] = "yarn"
     original_max_position_embeddings: int
@@ -205,10 +217,16 @@ class YaRNScaling(RopeScaling):
 
     def frequencies(self, dim, *, base, seq_len=None, device=None):
         return F.yarn_frequencies(
-            dim, base=base, factor=self.effective_factor,
+            dim,
+            base=base,
+            factor=self.effective_factor,
             original_max_position_embeddings=self.original_max_position_embeddings,
-            beta_fast=self.beta_fast, beta_slow=self.beta_slow, truncate=self.truncate,
-            mscale=self.mscale, mscale_all_dim=self.mscale_all_dim, attention_factor=self.attention_factor,
+            beta_fast=self.beta_fast,
+            beta_slow=self.beta_slow,
+            truncate=self.truncate,
+            mscale=self.mscale,
+            mscale_all_dim=self.mscale_all_dim,
+            attention_factor=self.attention_factor,
             device=device,
         )
 
@@ -260,9 +278,15 @@ class LongRoPEScaling(RopeScaling):
     def frequencies(self, dim, *, base, seq_len=None, device=None):
         self.check_dim(dim)
         return F.longrope_frequencies(
-            dim, base=base, short_factor=self.short_factor, long_factor=self.long_factor,
-            original_max_position_embeddings=self.original_max_position_embeddings, factor=self.effective_factor,
-            attention_factor=self.attention_factor, seq_len=seq_len, device=device,
+            dim,
+            base=base,
+            short_factor=self.short_factor,
+            long_factor=self.long_factor,
+            original_max_position_embeddings=self.original_max_position_embeddings,
+            factor=self.effective_factor,
+            attention_factor=self.attention_factor,
+            seq_len=seq_len,
+            device=device,
         )
 
 
@@ -286,15 +310,25 @@ class Llama3Scaling(RopeScaling):
 
     def frequencies(self, dim, *, base, seq_len=None, device=None):
         return F.llama3_frequencies(
-            dim, base=base, factor=self.factor, low_freq_factor=self.low_freq_factor,
+            dim,
+            base=base,
+            factor=self.factor,
+            low_freq_factor=self.low_freq_factor,
             high_freq_factor=self.high_freq_factor,
-            original_max_position_embeddings=self.original_max_position_embeddings, device=device,
+            original_max_position_embeddings=self.original_max_position_embeddings,
+            device=device,
         )
 
 
 __all__ = [
-    "RopeScaling", "LinearScaling", "NTKScaling", "DynamicNTKScaling", "YaRNScaling", "LongRoPEScaling",
-    "Llama3Scaling", "parse_scaling",
+    "RopeScaling",
+    "LinearScaling",
+    "NTKScaling",
+    "DynamicNTKScaling",
+    "YaRNScaling",
+    "LongRoPEScaling",
+    "Llama3Scaling",
+    "parse_scaling",
 ]
 
 
@@ -307,7 +341,8 @@ def rotary_dim(head_dim: int, partial_rotary_factor: float = 1.0) -> int:
     dim = int(head_dim * partial_rotary_factor)
     if dim < 2 or dim % 2:
         fail(
-            "rotary dim", dim,
+            "rotary dim",
+            dim,
             f"an even number >= 2 (int(head_dim={head_dim} * partial_rotary_factor={partial_rotary_factor}))",
         )
     return dim

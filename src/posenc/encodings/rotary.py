@@ -55,7 +55,11 @@ class RotaryConfig:
     def from_dict(cls, config: Mapping[str, Any]) -> RotaryConfig:
         unknown = sorted(set(config) - {f.name for f in dataclasses.fields(cls)})
         if unknown:
-            fail(f"config[{unknown[0]!r}]", config[unknown[0]], f"only the keys {[f.name for f in dataclasses.fields(cls)]}")
+            fail(
+                f"config[{unknown[0]!r}]",
+                config[unknown[0]],
+                f"only the keys {[f.name for f in dataclasses.fields(cls)]}",
+            )
         return cls(**config)
 
 
@@ -129,8 +133,12 @@ class RotaryEmbedding(nn.Module):
     def _frequencies(self, seq_len, device) -> tuple[torch.Tensor, float]:
         c = self.config
         return rope_frequencies(
-            c.head_dim, base=c.base, scaling=c.scaling, partial_rotary_factor=c.partial_rotary_factor,
-            seq_len=seq_len, device=device,
+            c.head_dim,
+            base=c.base,
+            scaling=c.scaling,
+            partial_rotary_factor=c.partial_rotary_factor,
+            seq_len=seq_len,
+            device=device,
         )
 
     def cos_sin(
@@ -191,4 +199,6 @@ class RotaryEmbedding(nn.Module):
     def extra_repr(self) -> str:
         c = self.config
         scaling = "None" if c.scaling is None else c.scaling.rope_type
-        return f"head_dim={c.head_dim}, base={c.base}, layout={c.layout!r}, rotary_dim={c.rotary_dim}, scaling={scaling}"
+        return (
+            f"head_dim={c.head_dim}, base={c.base}, layout={c.layout!r}, rotary_dim={c.rotary_dim}, scaling={scaling}"
+        )

@@ -11,6 +11,14 @@ from posenc.functional.rope_scaling import (
 )
 
 __all__ = [
-    "apply_rotary", "default_inv_freq", "rope_angles", "rope_cos_sin", "dynamic_ntk_frequencies",
-    "linear_frequencies", "llama3_frequencies", "longrope_frequencies", "ntk_frequencies", "yarn_frequencies",
+    "apply_rotary",
+    "default_inv_freq",
+    "rope_angles",
+    "rope_cos_sin",
+    "dynamic_ntk_frequencies",
+    "linear_frequencies",
+    "llama3_frequencies",
+    "longrope_frequencies",
+    "ntk_frequencies",
+    "yarn_frequencies",
 ]

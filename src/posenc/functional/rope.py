@@ -111,7 +111,9 @@ def _rotate_into(out: torch.Tensor, x: torch.Tensor, cos: torch.Tensor, sin: tor
     f = cos.shape[-1]
     if layout == "interleaved" and _complex_viewable(x) and _complex_viewable(out):
         cis = torch.complex(cos, sin)  # (..., S, F), small
-        torch.mul(torch.view_as_complex(x.unflatten(-1, (f, 2))), cis, out=torch.view_as_complex(out.unflatten(-1, (f, 2))))
+        torch.mul(
+            torch.view_as_complex(x.unflatten(-1, (f, 2))), cis, out=torch.view_as_complex(out.unflatten(-1, (f, 2)))
+        )
         return
     torch.mul(x, _spread(cos, layout), out=out)
     out_a, out_b = _pair_views(out, layout)
