@@ -1,7 +1,7 @@
 """Hugging Face interop: read RoPE settings from a transformers model config, write posenc's back.
 
 Handles both config generations: transformers >= 5 ``rope_parameters`` (with ``rope_theta`` inside) and the
-older ``rope_theta`` + ``rope_scaling`` (legacy ``type`` key), GPT-NeoX's ``rotary_pct``, Phi-3's top-level
+older ``rope_theta`` + ``rope_scaling`` (legacy ``type`` key), GPT-NeoX's ``rotary_pct`` / ``rotary_emb_base``, Phi-3's top-level
 ``original_max_position_embeddings``, and per-layer-type nested ``rope_parameters`` (pick one with ``layer_type``).
 Hugging Face models always use the ``"half"`` channel layout (weights from Meta checkpoints are permuted on
 conversion), so configs read from HF get ``layout="half"``.
@@ -53,7 +53,7 @@ def rotary_config_from_hf(config: Any, *, layer_type: str | None = None) -> Rota
     elif layer_type is not None:
         fail("layer_type", layer_type, "None: this config has one rope_parameters for every layer")
     params = dict(params)
-    base = params.pop("rope_theta", None) or cfg.get("rope_theta") or 10000.0
+    base = params.pop("rope_theta", None) or cfg.get("rope_theta") or cfg.get("rotary_emb_base") or 10000.0
     partial = (
         params.pop("partial_rotary_factor", None) or cfg.get("partial_rotary_factor") or cfg.get("rotary_pct") or 1.0
     )

@@ -175,8 +175,13 @@ def llama3_frequencies(
     device=None,
 ) -> tuple[torch.Tensor, float]:
     """Llama 3.1: wavelengths above ``L / low_freq_factor`` divided by ``factor``, below ``L / high_freq_factor``
-    kept, and a smooth blend in between (``L`` the original context length)."""
-    inv_freq = _base_inv_freq(dim, base, device)
+    kept, and a smooth blend in between (``L`` the original context length).
+
+    Unlike the other transforms this one runs in float32, in the reference's order of operations: the blend
+    cancels, and float32 rounding moves band frequencies by ~1e-6 relative. Pretrained Llama 3.x checkpoints were
+    trained with exactly those rounded values, so we reproduce them rather than the exact ones.
+    """
+    inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, device=device).float() / dim))  # float32 pow, as Meta/HF
     wavelen = 2 * math.pi / inv_freq
     low_wavelen = original_max_position_embeddings / low_freq_factor
     high_wavelen = original_max_position_embeddings / high_freq_factor

@@ -1,0 +1,85 @@
+"""RoPE on q and k, CPU: posenc vs copying the same bytes vs Hugging Face transformers' eager path.
+
+Prints medians from torch.utils.benchmark and ratios measured in this one run. Not a test: numbers depend on the
+machine. Usage: python bench/rope_cpu.py [--seq 4096] [--heads 32] [--head-dim 128] [--threads N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import platform
+
+import torch
+import torch.utils.benchmark as tb
+
+import posenc
+
+
+def median_ms(fn, min_run_time: float) -> float:
+    fn()  # warm-up: allocator, first-call paths
+    return tb.Timer(stmt="fn()", globals={"fn": fn}).blocked_autorange(min_run_time=min_run_time).median * 1e3
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--heads", type=int, default=32)
+    p.add_argument("--seq", type=int, default=4096)
+    p.add_argument("--head-dim", type=int, default=128)
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--min-run-time", type=float, default=2.0)
+    args = p.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    shape = (args.batch, args.heads, args.seq, args.head_dim)
+    print(
+        f"# RoPE on q and k of shape {shape}, {datetime.date.today()}, {platform.processor() or platform.machine()}, "
+        f"{torch.get_num_threads()} threads, torch {torch.__version__}"
+    )
+    rows = []
+    for dtype in (torch.float32, torch.bfloat16):
+        q, k = torch.randn(shape, dtype=dtype), torch.randn(shape, dtype=dtype)
+        positions = torch.arange(args.seq)
+        copy = median_ms(lambda: (q.clone(), k.clone()), args.min_run_time)
+        cases = {}
+        for layout in ("half", "interleaved"):
+            rope = posenc.RotaryEmbedding(args.head_dim, layout=layout)
+            cases[f"posenc {layout}"] = lambda rope=rope: rope(q, k, positions)
+            cos, sin = rope.cos_sin(positions)
+            cases[f"posenc {layout}, cos/sin given"] = lambda cos=cos, sin=sin, layout=layout: (
+                posenc.apply_rotary(q, cos, sin, layout=layout),
+                posenc.apply_rotary(k, cos, sin, layout=layout),
+            )
+        hf = _hf_eager(args.head_dim, q, k, positions)
+        hf_ms = median_ms(hf, args.min_run_time) if hf else float("nan")
+        for name, fn in cases.items():
+            ms = median_ms(fn, args.min_run_time)
+            rows.append((str(dtype).removeprefix("torch."), name, ms, ms / copy, hf_ms / ms))
+        rows.append((str(dtype).removeprefix("torch."), "clone q, k (memory-bound floor)", copy, 1.0, hf_ms / copy))
+        rows.append((str(dtype).removeprefix("torch."), "HF transformers eager (Llama)", hf_ms, hf_ms / copy, 1.0))
+    print("| dtype | method | median ms | × clone | HF eager ÷ this |")
+    print("|---|---|---:|---:|---:|")
+    for dtype, name, ms, vs_copy, speedup in rows:
+        print(f"| {dtype} | {name} | {ms:.1f} | {vs_copy:.2f} | {speedup:.2f} |")
+
+
+def _hf_eager(head_dim, q, k, positions):
+    """LlamaRotaryEmbedding + apply_rotary_pos_emb, as a Llama layer runs them (cos/sin from positions each call)."""
+    try:
+        from transformers import LlamaConfig
+        from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
+    except ImportError:
+        return None
+    config = LlamaConfig(hidden_size=head_dim * q.shape[1], num_attention_heads=q.shape[1], head_dim=head_dim)
+    rotary, position_ids = LlamaRotaryEmbedding(config), positions[None]
+
+    def run():
+        cos, sin = rotary(q, position_ids)
+        return apply_rotary_pos_emb(q, k, cos, sin)
+
+    return run
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,95 @@
+"""``posenc`` command line. ``posenc demo``: what the library computes, checked live on this machine."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+
+import torch
+
+import posenc
+
+
+def _demo_scalings(head_dim: int, base: float, trained: int, factor: float) -> dict[str, dict]:
+    long_factor = [1.0 + (factor - 1.0) * i / (head_dim // 2 - 1) for i in range(head_dim // 2)]
+    return {
+        "default": {},
+        "linear": {"rope_type": "linear", "factor": factor},
+        "ntk": {"rope_type": "ntk", "factor": factor},
+        "dynamic": {"rope_type": "dynamic", "factor": factor, "max_position_embeddings": trained},
+        "yarn": {"rope_type": "yarn", "factor": factor, "original_max_position_embeddings": trained},
+        "longrope": {
+            "rope_type": "longrope",
+            "short_factor": [1.0] * (head_dim // 2),
+            "long_factor": long_factor,
+            "original_max_position_embeddings": trained,
+            "factor": factor,
+        },
+        "llama3": {
+            "rope_type": "llama3",
+            "factor": factor,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": trained,
+        },
+    }
+
+
+def demo(args: argparse.Namespace) -> int:
+    head_dim, base, trained, factor = args.head_dim, args.base, args.trained_length, args.factor
+    target = int(trained * factor)
+    print(f"posenc {posenc.__version__} on torch {torch.__version__} ({torch.get_num_threads()} threads)\n")
+    print(f"RoPE for head_dim={head_dim}, base={base:g}, trained on {trained} tokens, extended {factor:g}x to {target}")
+    print("Wavelength = tokens per full turn of a channel pair; extension methods stretch the long ones.\n")
+    print(f"{'rope_type':<10} {'attn factor':>11} {'shortest λ':>11} {'longest λ':>13} {'pairs scaled':>13}")
+    plain, _ = posenc.rope_frequencies(head_dim, base=base)
+    for name, scaling in _demo_scalings(head_dim, base, trained, factor).items():
+        inv_freq, attention_factor = posenc.rope_frequencies(head_dim, base=base, scaling=scaling, seq_len=target)
+        wavelength = 2 * math.pi / inv_freq
+        scaled = int((~torch.isclose(inv_freq, plain, rtol=1e-6)).sum())
+        print(
+            f"{name:<10} {attention_factor:>11.4f} {wavelength.min():>11.1f} {wavelength.max():>13.4g}"
+            f" {scaled:>7}/{head_dim // 2}"
+        )
+
+    print("\nChecks (float32, this machine):")
+    q, k = torch.randn(1, 8, 256, head_dim), torch.randn(1, 8, 256, head_dim)
+    rope = posenc.RotaryEmbedding(head_dim, base=base)
+    near = torch.einsum("bhsd,bhtd->bhst", *rope(q, k, torch.arange(256)))
+    far = torch.einsum("bhsd,bhtd->bhst", *rope(q, k, torch.arange(256) + 100_000))
+    print(f"  q·k depends only on distance: max |Δ| after shifting 100k positions = {(near - far).abs().max():.2e}")
+    half = posenc.RotaryEmbedding(head_dim, base=base)(q, k, torch.arange(256))[0]
+    print(f"  rotation keeps norms: max |‖Rq‖ - ‖q‖| = {(half.norm(dim=-1) - q.norm(dim=-1)).abs().max():.2e}")
+    big_q, big_k = torch.randn(1, 32, 4096, 128), torch.randn(1, 32, 4096, 128)
+    big = posenc.RotaryEmbedding(128)
+    positions = torch.arange(4096)
+    big(big_q, big_k, positions)
+    t0 = time.perf_counter()
+    big(big_q, big_k, positions)
+    t1 = time.perf_counter()
+    big_q.clone(), big_k.clone()
+    t2 = time.perf_counter()
+    print(
+        f"  RoPE on q, k (1, 32, 4096, 128) float32: {1e3 * (t1 - t0):.1f} ms = "
+        f"{(t1 - t0) / (t2 - t1):.2f}x the time of copying them (see bench/ for careful numbers)"
+    )
+    print("\nNext: python -m pytest (the reference tests against Hugging Face transformers).")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="posenc", description="Positional encodings for PyTorch transformers.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("demo", help="print what each RoPE scaling does, with live checks")
+    p.add_argument("--head-dim", type=int, default=128)
+    p.add_argument("--base", type=float, default=500000.0)
+    p.add_argument("--trained-length", type=int, default=8192)
+    p.add_argument("--factor", type=float, default=4.0)
+    p.set_defaults(func=demo)
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,155 @@
+"""``XPos``: rotary position embedding with an exponential decay of ``q . k`` with distance.
+
+Paper: Sun et al. 2022, "A Length-Extrapolatable Transformer" (arXiv:2212.10554).
+Reference implementation: torchscale ``XPOS`` (``torchscale/component/xpos_relative_position.py``), interleaved
+layout; the formula-level reference the tests compare against is ``tests/reference/xpos.py``.
+
+Shapes:
+    q (B, H, S, D), k (B, Hkv, T, D); positions (S,) or (B, S), integer or float. With ``k_positions`` omitted,
+    keys use the query positions (T == S).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from posenc._checks import check_choice, check_number, check_positive_int, fail
+from posenc.encodings.rotary import check_positions
+from posenc.functional.rope import LAYOUTS, apply_rotary, default_inv_freq
+from posenc.functional.xpos import xpos_cos_sin
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class XPosConfig:
+    """Everything that defines an xPos: validated on construction, round-trips through ``to_dict``/``from_dict``."""
+
+    head_dim: int
+    base: float = 10000.0
+    scale_base: float = 512.0
+    layout: str = "interleaved"
+    center: float = 0.0
+
+    def __post_init__(self) -> None:
+        check_positive_int("head_dim", self.head_dim)
+        if self.head_dim % 2:
+            fail("head_dim", self.head_dim, "an even number (xPos rotates and scales channel pairs)")
+        check_number("base", self.base, above=1.0)
+        check_number("scale_base", self.scale_base, above=0.0)
+        check_number("center", self.center)
+        check_choice("layout", self.layout, LAYOUTS)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    @classmethod
+    def from_dict(cls, config: Mapping[str, Any]) -> XPosConfig:
+        unknown = sorted(set(config) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            fail(
+                f"config[{unknown[0]!r}]",
+                config[unknown[0]],
+                f"only the keys {[f.name for f in dataclasses.fields(cls)]}",
+            )
+        return cls(**config)
+
+
+class XPos(nn.Module):
+    """xPos: RoPE whose pair ``i`` is also scaled by ``zeta_i ** ((m - center) / scale_base)`` for queries and by
+    its inverse at the key position, with ``zeta_i = (2i + 0.4 D) / (1.4 D)``.
+
+    ``<q_m, k_n>`` then depends on ``m - n`` only and decays as ``zeta_i ** ((m - n) / scale_base)``.
+
+    Args:
+        head_dim: channels per head ``D`` (even); all of them rotate.
+        base: RoPE base for the rotation frequencies.
+        scale_base: distance over which the factors change by ``zeta_i``; larger means slower decay.
+        layout: ``"interleaved"`` (torchscale, GPT-J) pairs 2i with 2i + 1; ``"half"`` (GPT-NeoX / HF) pairs i with
+            i + D/2. Pair ``i`` has frequency ``base ** (-2i / D)`` and decay base ``zeta_i`` in both layouts.
+        center: position at which both factors are 1. It cancels in ``q . k``; it only keeps the factors of
+            positions far from 0 inside the float range (float32: ``|p - center| <~ 69 * scale_base``, float16:
+            ``<~ 7 * scale_base``; see ``posenc.functional.xpos``). torchscale centres at half the length.
+
+    Shapes:
+        q (B, H, S, D), k (B, Hkv, T, D), positions (S,) or (B, S) -> q, k of the same shapes and dtypes.
+    """
+
+    inv_freq: torch.Tensor
+
+    def __init__(
+        self,
+        head_dim: int,
+        *,
+        base: float = 10000.0,
+        scale_base: float = 512.0,
+        layout: str = "interleaved",
+        center: float = 0.0,
+    ) -> None:
+        super().__init__()
+        self.config = XPosConfig(head_dim=head_dim, base=base, scale_base=scale_base, layout=layout, center=center)
+        self.register_buffer("inv_freq", default_inv_freq(head_dim, base=base), persistent=False)
+
+    @classmethod
+    def from_config(cls, config: XPosConfig | Mapping[str, Any]) -> XPos:
+        if isinstance(config, Mapping):
+            config = XPosConfig.from_dict(config)
+        return cls(**{f.name: getattr(config, f.name) for f in dataclasses.fields(config)})
+
+    def cos_sin(
+        self, positions: torch.Tensor, *, downscale: bool = False, dtype: torch.dtype = torch.float32
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Cos/sin tables with the xPos factor folded in: ``(S, F)`` or ``(B, S, F)``; keys use ``downscale``."""
+        c = self.config
+        return xpos_cos_sin(
+            positions,
+            self.inv_freq.to(positions.device),
+            scale_base=c.scale_base,
+            center=c.center,
+            downscale=downscale,
+            dtype=dtype,
+        )
+
+    def rotate_one(self, x: torch.Tensor, positions: torch.Tensor, *, downscale: bool = False) -> torch.Tensor:
+        """Rotate and scale one tensor ``x (B, H, S, D)`` (or ``(S, D)``, ``(H, S, D)``) at ``positions``.
+
+        Queries use ``downscale=False``, keys ``downscale=True``.
+        """
+        if x.shape[-1] != self.config.head_dim:
+            fail("x.shape[-1]", x.shape[-1], f"head_dim = {self.config.head_dim}")
+        check_positions(positions, x)
+        dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
+        cos, sin = self.cos_sin(positions, downscale=downscale, dtype=dtype)
+        if positions.dim() == 2:
+            cos, sin = cos.unsqueeze(-3), sin.unsqueeze(-3)  # (B, S, F) -> (B, 1, S, F), broadcast over heads
+        return apply_rotary(x, cos, sin, layout=self.config.layout)
+
+    def rotate(
+        self, q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The ``Encoding`` hook: queries rotated and scaled up at ``q_pos``, keys rotated and scaled down at
+        ``k_pos``."""
+        for name, t in (("q", q), ("k", k)):
+            if t.dim() != 4:
+                fail(f"{name}.dim()", t.dim(), "4, a tensor of shape (B, heads, S, head_dim)")
+        if q.shape[0] != k.shape[0]:
+            fail("k.shape[0]", k.shape[0], f"the batch size of q, {q.shape[0]}")
+        check_positions(q_pos, q, "positions")
+        check_positions(k_pos, k, "k_positions")
+        return self.rotate_one(q, q_pos), self.rotate_one(k, k_pos, downscale=True)
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, k_positions: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotate and scale ``q`` and ``k``; keys use ``k_positions`` if given, else ``positions``."""
+        return self.rotate(q, k, positions, positions if k_positions is None else k_positions)
+
+    def extra_repr(self) -> str:
+        c = self.config
+        return (
+            f"head_dim={c.head_dim}, base={c.base}, scale_base={c.scale_base}, layout={c.layout!r}, center={c.center}"
+        )
