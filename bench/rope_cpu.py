@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import platform
+from functools import partial
 
 import torch
 import torch.utils.benchmark as tb
@@ -39,29 +40,38 @@ def main() -> None:
     )
     rows = []
     for dtype in (torch.float32, torch.bfloat16):
-        q, k = torch.randn(shape, dtype=dtype), torch.randn(shape, dtype=dtype)
-        positions = torch.arange(args.seq)
-        copy = median_ms(lambda: (q.clone(), k.clone()), args.min_run_time)
-        cases = {}
-        for layout in ("half", "interleaved"):
-            rope = posenc.RotaryEmbedding(args.head_dim, layout=layout)
-            cases[f"posenc {layout}"] = lambda rope=rope: rope(q, k, positions)
-            cos, sin = rope.cos_sin(positions)
-            cases[f"posenc {layout}, cos/sin given"] = lambda cos=cos, sin=sin, layout=layout: (
-                posenc.apply_rotary(q, cos, sin, layout=layout),
-                posenc.apply_rotary(k, cos, sin, layout=layout),
-            )
-        hf = _hf_eager(args.head_dim, q, k, positions)
-        hf_ms = median_ms(hf, args.min_run_time) if hf else float("nan")
-        for name, fn in cases.items():
-            ms = median_ms(fn, args.min_run_time)
-            rows.append((str(dtype).removeprefix("torch."), name, ms, ms / copy, hf_ms / ms))
-        rows.append((str(dtype).removeprefix("torch."), "clone q, k (memory-bound floor)", copy, 1.0, hf_ms / copy))
-        rows.append((str(dtype).removeprefix("torch."), "HF transformers eager (Llama)", hf_ms, hf_ms / copy, 1.0))
+        rows += measure(dtype, shape, args.min_run_time)
     print("| dtype | method | median ms | × clone | HF eager ÷ this |")
     print("|---|---|---:|---:|---:|")
     for dtype, name, ms, vs_copy, speedup in rows:
         print(f"| {dtype} | {name} | {ms:.1f} | {vs_copy:.2f} | {speedup:.2f} |")
+
+
+def measure(dtype: torch.dtype, shape: tuple[int, ...], min_run_time: float) -> list[tuple]:
+    q, k = torch.randn(shape, dtype=dtype), torch.randn(shape, dtype=dtype)
+    positions = torch.arange(shape[2])
+    head_dim = shape[3]
+    copy = median_ms(lambda: (q.clone(), k.clone()), min_run_time)
+    cases = {}
+    for layout in ("half", "interleaved"):
+        rope = posenc.RotaryEmbedding(head_dim, layout=layout)
+        cos, sin = rope.cos_sin(positions)
+        cases[f"posenc {layout}"] = partial(rope, q, k, positions)
+        cases[f"posenc {layout}, cos/sin given"] = partial(_apply_both, q, k, cos, sin, layout)
+    hf = _hf_eager(head_dim, q, k, positions)
+    hf_ms = median_ms(hf, min_run_time) if hf else float("nan")
+    name = str(dtype).removeprefix("torch.")
+    rows = []
+    for label, fn in cases.items():
+        ms = median_ms(fn, min_run_time)
+        rows.append((name, label, ms, ms / copy, hf_ms / ms))
+    rows.append((name, "clone q, k (memory-bound floor)", copy, 1.0, hf_ms / copy))
+    rows.append((name, "HF transformers eager (Llama)", hf_ms, hf_ms / copy, 1.0))
+    return rows
+
+
+def _apply_both(q, k, cos, sin, layout):
+    return posenc.apply_rotary(q, cos, sin, layout=layout), posenc.apply_rotary(k, cos, sin, layout=layout)
 
 
 def _hf_eager(head_dim, q, k, positions):

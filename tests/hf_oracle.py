@@ -15,13 +15,20 @@ logging.getLogger("transformers").setLevel(logging.ERROR)  # HF warns on unusual
 __all__ = ["hf_config", "hf_frequencies", "hf_rotary", "neox_apply", "angle_atol"]
 
 
-def hf_config(head_dim, *, base, rope_parameters=None, partial_rotary_factor=1.0, max_position_embeddings=2048, **extra):
+def hf_config(
+    head_dim, *, base, rope_parameters=None, partial_rotary_factor=1.0, max_position_embeddings=2048, **extra
+):
     params = {"rope_type": "default", **(rope_parameters or {}), "rope_theta": base}
     if partial_rotary_factor != 1.0:
         params["partial_rotary_factor"] = partial_rotary_factor
     return LlamaConfig(
-        hidden_size=head_dim * 4, num_attention_heads=4, num_key_value_heads=4, head_dim=head_dim,
-        max_position_embeddings=max_position_embeddings, rope_parameters=params, **extra,
+        hidden_size=head_dim * 4,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        head_dim=head_dim,
+        max_position_embeddings=max_position_embeddings,
+        rope_parameters=params,
+        **extra,
     )
 
 

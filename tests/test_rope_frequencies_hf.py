@@ -32,18 +32,54 @@ def _cases():
     yield "yarn-mscale", {**yarn, "factor": 40.0, "mscale": 1.0, "mscale_all_dim": 1.0}, 2048
     yield "yarn-mscale-0707", {**yarn, "factor": 40.0, "mscale": 0.707, "mscale_all_dim": 1.0}, 2048
     yield "yarn-attention-factor", {**yarn, "factor": 4.0, "attention_factor": 0.9}, 2048
-    yield "yarn-factor-from-max-pos", {"rope_type": "yarn", "factor": None, "original_max_position_embeddings": 1024}, 8192
-    yield "llama3.1", {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                       "original_max_position_embeddings": 8192}, 131072
-    yield "llama3.2", {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                       "original_max_position_embeddings": 8192}, 131072
-    yield "llama3-small", {"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 2.0, "high_freq_factor": 8.0,
-                           "original_max_position_embeddings": 256}, 2048
+    yield (
+        "yarn-factor-from-max-pos",
+        {"rope_type": "yarn", "factor": None, "original_max_position_embeddings": 1024},
+        8192,
+    )
+    yield (
+        "llama3.1",
+        {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
+        131072,
+    )
+    yield (
+        "llama3.2",
+        {
+            "rope_type": "llama3",
+            "factor": 32.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
+        131072,
+    )
+    yield (
+        "llama3-small",
+        {
+            "rope_type": "llama3",
+            "factor": 4.0,
+            "low_freq_factor": 2.0,
+            "high_freq_factor": 8.0,
+            "original_max_position_embeddings": 256,
+        },
+        2048,
+    )
 
 
 def _longrope_cases(dim):
     short, long = _long_short(dim, 1), _long_short(dim, 2)
-    base = {"rope_type": "longrope", "short_factor": short, "long_factor": long, "original_max_position_embeddings": 4096}
+    base = {
+        "rope_type": "longrope",
+        "short_factor": short,
+        "long_factor": long,
+        "original_max_position_embeddings": 4096,
+    }
     yield "longrope-factor-from-max-pos", base, 131072
     yield "longrope-factor", {**base, "factor": 8.0}, 4096
     yield "longrope-attention-factor", {**base, "attention_factor": 1.2}, 131072
@@ -58,11 +94,19 @@ def _posenc_dict(rope_parameters, max_pos):
 
 
 def _check(head_dim, base, partial, rope_parameters, max_pos, seq_len=None):
-    config = hf_config(head_dim, base=base, rope_parameters=rope_parameters, partial_rotary_factor=partial,
-                       max_position_embeddings=max_pos)
+    config = hf_config(
+        head_dim,
+        base=base,
+        rope_parameters=rope_parameters,
+        partial_rotary_factor=partial,
+        max_position_embeddings=max_pos,
+    )
     want, want_factor = hf_frequencies(config, seq_len=seq_len)
     got, got_factor = posenc.rope_frequencies(
-        head_dim, base=base, scaling=_posenc_dict(rope_parameters, max_pos), partial_rotary_factor=partial,
+        head_dim,
+        base=base,
+        scaling=_posenc_dict(rope_parameters, max_pos),
+        partial_rotary_factor=partial,
         seq_len=seq_len,
     )
     assert got.dtype == torch.float32
@@ -99,12 +143,15 @@ def test_dynamic_matches_hf(seq_len, factor, partial):
 def test_length_dependent_accept_tensor_seq_len(seq_len):
     """A module passes max(positions) + 1 as a 0-d tensor; HF's module does the same."""
     dim = 64
-    for rope_parameters, max_pos in [({"rope_type": "dynamic", "factor": 4.0}, 256), *[
-        (p, m) for _, p, m in _longrope_cases(dim)
-    ]]:
+    for rope_parameters, max_pos in [
+        ({"rope_type": "dynamic", "factor": 4.0}, 256),
+        *[(p, m) for _, p, m in _longrope_cases(dim)],
+    ]:
         config = hf_config(dim, base=10000.0, rope_parameters=rope_parameters, max_position_embeddings=max_pos)
         want, _ = hf_frequencies(config, seq_len=torch.tensor(seq_len))
-        got, _ = posenc.rope_frequencies(dim, scaling=_posenc_dict(rope_parameters, max_pos), seq_len=torch.tensor(seq_len))
+        got, _ = posenc.rope_frequencies(
+            dim, scaling=_posenc_dict(rope_parameters, max_pos), seq_len=torch.tensor(seq_len)
+        )
         torch.testing.assert_close(got, want.float(), rtol=1e-6, atol=0)
 
 
@@ -116,8 +163,9 @@ def test_ntk_is_default_rope_with_enlarged_base(head_dim, factor, partial):
     d = int(head_dim * partial)
     config = hf_config(head_dim, base=10000.0 * factor ** (d / (d - 2)), partial_rotary_factor=partial)
     want, _ = hf_frequencies(config)
-    got, af = posenc.rope_frequencies(head_dim, scaling={"rope_type": "ntk", "factor": factor},
-                                      partial_rotary_factor=partial)
+    got, af = posenc.rope_frequencies(
+        head_dim, scaling={"rope_type": "ntk", "factor": factor}, partial_rotary_factor=partial
+    )
     torch.testing.assert_close(got, want.float(), rtol=1e-6, atol=0)
     assert af == 1.0
     # The defining property: the lowest frequency is interpolated by exactly `factor`, the highest untouched.

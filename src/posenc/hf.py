@@ -1,8 +1,9 @@
 """Hugging Face interop: read RoPE settings from a transformers model config, write posenc's back.
 
 Handles both config generations: transformers >= 5 ``rope_parameters`` (with ``rope_theta`` inside) and the
-older ``rope_theta`` + ``rope_scaling`` (legacy ``type`` key), GPT-NeoX's ``rotary_pct`` / ``rotary_emb_base``, Phi-3's top-level
-``original_max_position_embeddings``, and per-layer-type nested ``rope_parameters`` (pick one with ``layer_type``).
+older ``rope_theta`` + ``rope_scaling`` (legacy ``type`` key), GPT-NeoX's ``rotary_pct`` / ``rotary_emb_base``,
+Phi-3's top-level ``original_max_position_embeddings``, and per-layer-type nested ``rope_parameters`` (pick one
+with ``layer_type``).
 Hugging Face models always use the ``"half"`` channel layout (weights from Meta checkpoints are permuted on
 conversion), so configs read from HF get ``layout="half"``.
 """

@@ -15,10 +15,26 @@ SCALINGS = {
     "linear": ({"rope_type": "linear", "factor": 4.0}, 2048),
     "dynamic": ({"rope_type": "dynamic", "factor": 4.0}, 64),
     "yarn": ({"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 64, "beta_fast": 16}, 512),
-    "yarn-deepseek": ({"rope_type": "yarn", "factor": 40.0, "mscale": 0.707, "mscale_all_dim": 0.707,
-                       "original_max_position_embeddings": 64}, 2560),
-    "llama3": ({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                "original_max_position_embeddings": 64}, 512),
+    "yarn-deepseek": (
+        {
+            "rope_type": "yarn",
+            "factor": 40.0,
+            "mscale": 0.707,
+            "mscale_all_dim": 0.707,
+            "original_max_position_embeddings": 64,
+        },
+        2560,
+    ),
+    "llama3": (
+        {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+        },
+        512,
+    ),
 }
 
 
@@ -59,13 +75,12 @@ def test_half_layout_matches_hf_module(case, partial, batched, length):
     head_dim = 64
     if params is None:
         params = _longrope(int(head_dim * partial))
-    config = hf_config(head_dim, base=10000.0, rope_parameters=params, partial_rotary_factor=partial,
-                       max_position_embeddings=max_pos)
+    config = hf_config(
+        head_dim, base=10000.0, rope_parameters=params, partial_rotary_factor=partial, max_position_embeddings=max_pos
+    )
     q, k = _qk(2, length, head_dim)
-    if batched:  # per-row positions, e.g. left padding or packed documents
-        positions = torch.stack([torch.arange(length), torch.arange(length) + 7])
-    else:
-        positions = torch.arange(length)
+    # batched: per-row positions, as with left padding or packed documents
+    positions = torch.stack([torch.arange(length), torch.arange(length) + 7]) if batched else torch.arange(length)
     want_q, want_k = _hf_rotate(config, q, k, positions if batched else positions[None].expand(2, -1))
     rope = posenc.RotaryEmbedding(head_dim, scaling=_dict_for_posenc(params, max_pos), partial_rotary_factor=partial)
     got_q, got_k = rope(q, k, positions)
@@ -132,8 +147,9 @@ def test_bf16_matches_hf_within_bf16_tolerance():
 
 def test_dynamic_decode_uses_one_length_for_q_and_k():
     """Decoding one token past the original length: q and k share the frequencies of the full length."""
-    config = hf_config(64, base=10000.0, rope_parameters={"rope_type": "dynamic", "factor": 4.0},
-                       max_position_embeddings=64)
+    config = hf_config(
+        64, base=10000.0, rope_parameters={"rope_type": "dynamic", "factor": 4.0}, max_position_embeddings=64
+    )
     rope = posenc.RotaryEmbedding(64, scaling={"rope_type": "dynamic", "factor": 4.0, "max_position_embeddings": 64})
     q, k = _qk(1, 100, 64)
     full_q, full_k = rope(q, k, torch.arange(100))
@@ -151,8 +167,9 @@ def test_dynamic_decode_uses_one_length_for_q_and_k():
 def test_from_hf_config_object_matches_hf_module(name):
     params, max_pos = SCALINGS.get(name, (None, 1024))
     params = _longrope(32) if params is None else params
-    config = hf_config(64, base=50000.0, rope_parameters=params, partial_rotary_factor=0.5,
-                       max_position_embeddings=max_pos)
+    config = hf_config(
+        64, base=50000.0, rope_parameters=params, partial_rotary_factor=0.5, max_position_embeddings=max_pos
+    )
     rope = posenc.RotaryEmbedding.from_hf(config)
     assert rope.config.partial_rotary_factor == 0.5 and rope.config.base == 50000.0
     q, k = _qk(1, 150, 64)
@@ -166,35 +183,68 @@ def test_from_hf_config_object_matches_hf_module(name):
 def test_from_legacy_config_json_dicts():
     """Older config.json files: top-level rope_theta, rope_scaling with the legacy 'type' key."""
     llama31 = {
-        "hidden_size": 4096, "num_attention_heads": 32, "max_position_embeddings": 131072, "rope_theta": 500000.0,
-        "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                         "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+        "hidden_size": 4096,
+        "num_attention_heads": 32,
+        "max_position_embeddings": 131072,
+        "rope_theta": 500000.0,
+        "rope_scaling": {
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+            "rope_type": "llama3",
+        },
     }
     c = rotary_config_from_hf(llama31)
-    assert c.head_dim == 128 and c.base == 500000.0 and c.scaling == posenc.Llama3Scaling(
-        factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=8192)
+    assert (
+        c.head_dim == 128
+        and c.base == 500000.0
+        and c.scaling
+        == posenc.Llama3Scaling(
+            factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=8192
+        )
+    )
     phi3 = {  # Phi-3: top-level original_max_position_embeddings wins, attention factor from the two lengths
-        "hidden_size": 3072, "num_attention_heads": 32, "max_position_embeddings": 131072,
-        "original_max_position_embeddings": 4096, "rope_theta": 10000.0,
+        "hidden_size": 3072,
+        "num_attention_heads": 32,
+        "max_position_embeddings": 131072,
+        "original_max_position_embeddings": 4096,
+        "rope_theta": 10000.0,
         "rope_scaling": {"type": "longrope", "short_factor": [1.0] * 48, "long_factor": [2.0] * 48},
     }
     rope = posenc.RotaryEmbedding.from_hf(phi3)
     assert rope.config.scaling.original_max_position_embeddings == 4096
-    assert rope.attention_factor == pytest.approx((1 + torch.log(torch.tensor(32.0)).item() / torch.log(
-        torch.tensor(4096.0)).item()) ** 0.5)
+    assert rope.attention_factor == pytest.approx(
+        (1 + torch.log(torch.tensor(32.0)).item() / torch.log(torch.tensor(4096.0)).item()) ** 0.5
+    )
     neox = {"hidden_size": 512, "num_attention_heads": 8, "rotary_pct": 0.25, "rotary_emb_base": 20000}
     neox_config = posenc.RotaryEmbedding.from_hf(neox).config
     assert neox_config.rotary_dim == 16 and neox_config.base == 20000.0
-    deepseek = {"head_dim": 64, "max_position_embeddings": 163840, "rope_theta": 10000.0,
-                "rope_scaling": {"type": "yarn", "factor": 40, "beta_fast": 32, "beta_slow": 1, "mscale": 1.0,
-                                 "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096}}
+    deepseek = {
+        "head_dim": 64,
+        "max_position_embeddings": 163840,
+        "rope_theta": 10000.0,
+        "rope_scaling": {
+            "type": "yarn",
+            "factor": 40,
+            "beta_fast": 32,
+            "beta_slow": 1,
+            "mscale": 1.0,
+            "mscale_all_dim": 1.0,
+            "original_max_position_embeddings": 4096,
+        },
+    }
     assert rotary_config_from_hf(deepseek).scaling.mscale_all_dim == 1.0
 
 
 def test_nested_per_layer_rope_parameters_need_layer_type():
-    gemma3 = {"head_dim": 256, "rope_parameters": {
-        "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
-        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}}
+    gemma3 = {
+        "head_dim": 256,
+        "rope_parameters": {
+            "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        },
+    }
     with pytest.raises(ValueError, match="layer_type"):
         rotary_config_from_hf(gemma3)
     full = rotary_config_from_hf(gemma3, layer_type="full_attention")
