@@ -1,6 +1,12 @@
 """posenc: positional encodings for PyTorch transformers, each verified against its reference implementation."""
 
+from posenc import functional, hf
+from posenc.encodings.axial_rope import AxialRoPE, AxialRoPEConfig
+from posenc.encodings.mrope import MRoPE, MRoPEConfig
+from posenc.encodings.rope_mixed import RoPEMixed, RoPEMixedConfig
 from posenc.encodings.rotary import RotaryConfig, RotaryEmbedding
+from posenc.encodings.xpos import XPos, XPosConfig
+from posenc.functional.axial_rope import grid_positions
 from posenc.functional.rope import apply_rotary, default_inv_freq, rope_angles, rope_cos_sin
 from posenc.registry import available_scalings, register_scaling
 from posenc.scalings import (
@@ -18,21 +24,9 @@ from posenc.scalings import (
 __version__ = "0.1.0"
 
 __all__ = [
-    "RotaryConfig",
-    "RotaryEmbedding",
-    "apply_rotary",
-    "default_inv_freq",
-    "rope_angles",
-    "rope_cos_sin",
-    "available_scalings",
-    "register_scaling",
-    "DynamicNTKScaling",
-    "LinearScaling",
-    "Llama3Scaling",
-    "LongRoPEScaling",
-    "NTKScaling",
-    "RopeScaling",
-    "YaRNScaling",
-    "parse_scaling",
+    "AxialRoPE", "AxialRoPEConfig", "DynamicNTKScaling", "LinearScaling", "Llama3Scaling", "LongRoPEScaling",
+    "MRoPE", "MRoPEConfig", "NTKScaling", "RoPEMixed", "RoPEMixedConfig", "RopeScaling", "RotaryConfig",
+    "RotaryEmbedding", "XPos", "XPosConfig", "YaRNScaling", "apply_rotary", "available_scalings", "default_inv_freq",
+    "functional", "grid_positions", "hf", "parse_scaling", "register_scaling", "rope_angles", "rope_cos_sin",
     "rope_frequencies",
 ]

@@ -50,7 +50,12 @@ class RopeScaling:
     @classmethod
     def from_dict(cls, config: Mapping[str, Any]) -> RopeScaling:
         """Build from an HF-style dict; ``rope_type`` / ``type`` may be present and must match."""
-        return parse_scaling(config) if cls is RopeScaling else _from_dict(cls, config)
+        if cls is RopeScaling:
+            return parse_scaling(config)
+        given = config.get("rope_type") or config.get("type")
+        if given is not None and given != cls.rope_type:
+            fail("rope_type", given, f"{cls.rope_type!r} for {cls.__name__} (or use RopeScaling.from_dict)")
+        return _from_dict(cls, config)
 
 
 def _from_dict(cls: type[RopeScaling], config: Mapping[str, Any]) -> RopeScaling:
@@ -252,7 +257,8 @@ class LongRoPEScaling(RopeScaling):
                 fail(name, value, "a list of positive numbers, one per rotary frequency")
             value = tuple(check_number(f"{name}[{i}]", v, above=0.0) for i, v in enumerate(value))
             object.__setattr__(self, name, value)
-        check_positive_int("original_max_position_embeddings", self.original_max_position_embeddings)
+        if check_positive_int("original_max_position_embeddings", self.original_max_position_embeddings) < 2:
+            fail("original_max_position_embeddings", self.original_max_position_embeddings, "an integer >= 2")
         if self.max_position_embeddings is not None:
             check_positive_int("max_position_embeddings", self.max_position_embeddings)
         if self.factor is not None:
@@ -332,6 +338,24 @@ __all__ = [
 ]
 
 
+def check_rotary_keys(scaling: object, *, base: float, partial_rotary_factor: float) -> None:
+    """An HF ``rope_parameters`` dict passed as ``scaling`` may carry ``rope_theta`` / ``partial_rotary_factor``;
+    they must agree with the explicit arguments, never be silently overridden by them."""
+    if not isinstance(scaling, Mapping):
+        return
+    for key, name, value in (
+        ("rope_theta", "base", base),
+        ("partial_rotary_factor", "partial_rotary_factor", partial_rotary_factor),
+    ):
+        if key in scaling and scaling[key] is not None and float(scaling[key]) != float(value):
+            fail(
+                f"scaling[{key!r}]",
+                scaling[key],
+                f"the same value as {name}={value!r}: pass {name}={scaling[key]!r}"
+                " (or build from the whole HF config with RotaryEmbedding.from_hf)",
+            )
+
+
 def rotary_dim(head_dim: int, partial_rotary_factor: float = 1.0) -> int:
     """Channels that rotate: ``int(head_dim * partial_rotary_factor)``, which must be even and >= 2."""
     check_positive_int("head_dim", head_dim)
@@ -374,6 +398,7 @@ def rope_frequencies(
     """
     dim = rotary_dim(head_dim, partial_rotary_factor)
     check_number("base", base, above=1.0)
+    check_rotary_keys(scaling, base=base, partial_rotary_factor=partial_rotary_factor)
     scaling = parse_scaling(scaling)
     if scaling is None:
         return F.default_frequencies(dim, base=base, device=device)

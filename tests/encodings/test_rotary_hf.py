@@ -250,6 +250,7 @@ def test_nested_per_layer_rope_parameters_need_layer_type():
     full = rotary_config_from_hf(gemma3, layer_type="full_attention")
     assert full.base == 1000000.0 and full.scaling == posenc.LinearScaling(factor=8.0)
     assert rotary_config_from_hf(gemma3, layer_type="sliding_attention").scaling is None
+    assert posenc.RotaryEmbedding.from_hf(gemma3, layer_type="full_attention").config == full
 
 
 @pytest.mark.parametrize("name", [*SCALINGS, "longrope"])

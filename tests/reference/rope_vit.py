@@ -64,10 +64,8 @@ def init_random_2d_freqs(
     freqs_x, freqs_y = [], []
     mag = 1.0 / (theta ** (torch.arange(0, dim, 4, dtype=dtype)[: dim // 4] / dim))
     for _ in range(num_heads):
-        if rotate:
-            angles = torch.rand(1, generator=generator).to(dtype) * 2 * torch.pi
-        else:
-            angles = torch.zeros(1, dtype=dtype)
+        # One uniform draw per head, in head order: the stream a torch.Generator reproduces.
+        angles = torch.rand(1, generator=generator).to(dtype) * 2 * torch.pi if rotate else torch.zeros(1, dtype=dtype)
         freqs_x.append(torch.cat([mag * torch.cos(angles), mag * torch.cos(torch.pi / 2 + angles)], dim=-1))
         freqs_y.append(torch.cat([mag * torch.sin(angles), mag * torch.sin(torch.pi / 2 + angles)], dim=-1))
     return torch.stack([torch.stack(freqs_x, dim=0), torch.stack(freqs_y, dim=0)], dim=0)
@@ -82,9 +80,7 @@ def compute_mixed_cis(freqs: torch.Tensor, t_x: torch.Tensor, t_y: torch.Tensor,
     return torch.polar(torch.ones_like(ang_x), ang_x + ang_y)
 
 
-def apply_rotary_emb(
-    xq: torch.Tensor, xk: torch.Tensor, freqs_cis: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
+def apply_rotary_emb(xq: torch.Tensor, xk: torch.Tensor, freqs_cis: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Multiply channel pairs ``(2i, 2i + 1)`` of ``xq``/``xk`` (..., N, D) by ``freqs_cis`` (…, N, D/2)."""
     real = torch.float64 if xq.dtype == torch.float64 else torch.float32
     xq_ = torch.view_as_complex(xq.to(real).reshape(*xq.shape[:-1], -1, 2))  # (..., N, D/2) complex

@@ -63,16 +63,40 @@ def xpos(
     Queries: ``downscale=False``; keys: ``downscale=True``.
     """
     d = x.shape[-1]
-    pos = positions.to(torch.float64)
-    if pos.dim() == 2:
-        pos = pos[:, None, :]  # (B, S) -> (B, 1, S): broadcast over heads
-    pos = pos[..., None]  # (..., S, 1)
-    scale = zeta(d) ** ((pos - center) / scale_base)  # (..., S, D/2)
-    if downscale:
-        scale = 1.0 / scale
+    pos = _broadcast_positions(positions)  # (..., S, 1)
+    scale = _scale(pos, d, scale_base=scale_base, center=center, downscale=downscale)  # (..., S, D/2)
     angles = pos * inv_freq(d, base)  # (..., S, D/2)
     sin, cos = torch.sin(angles), torch.cos(angles)
-    spread, rotate = (duplicate_interleave, rotate_every_two) if layout == "interleaved" else (duplicate_half, rotate_half)
+    spread, rotate = (
+        (duplicate_interleave, rotate_every_two) if layout == "interleaved" else (duplicate_half, rotate_half)
+    )
     cos, sin = spread(cos * scale), spread(sin * scale)  # (..., S, D)
     x64 = x.to(torch.float64)
     return x64 * cos + rotate(x64) * sin
+
+
+def xpos_factor(
+    positions: torch.Tensor,
+    head_dim: int,
+    *,
+    scale_base: float = 512.0,
+    center: float = 0.0,
+    downscale: bool = False,
+    layout: str = "interleaved",
+) -> torch.Tensor:
+    """The xPos factor of every channel, ``(S, D)`` or ``(B, 1, S, D)``: what the rotated ``x`` is multiplied by."""
+    pos = _broadcast_positions(positions)  # (..., S, 1)
+    scale = _scale(pos, head_dim, scale_base=scale_base, center=center, downscale=downscale)  # (..., S, D/2)
+    return (duplicate_interleave if layout == "interleaved" else duplicate_half)(scale)  # (..., S, D)
+
+
+def _broadcast_positions(positions: torch.Tensor) -> torch.Tensor:
+    pos = positions.to(torch.float64)
+    if pos.dim() == 2:
+        pos = pos[:, None, :]  # (B, S) -> (B, 1, S): broadcast over heads
+    return pos[..., None]  # (..., S) -> (..., S, 1)
+
+
+def _scale(pos: torch.Tensor, head_dim: int, *, scale_base: float, center: float, downscale: bool) -> torch.Tensor:
+    scale = zeta(head_dim) ** ((pos - center) / scale_base)  # (..., S, D/2)
+    return 1.0 / scale if downscale else scale

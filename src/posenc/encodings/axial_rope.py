@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import nn
 
 from posenc._checks import check_choice, check_number, check_positive_int, fail
+from posenc.encodings._frequencies import FrequencyModule
 from posenc.functional.axial_rope import axial_cos_sin, axial_inv_freq
 from posenc.functional.rope import LAYOUTS, apply_rotary
 
@@ -93,7 +93,7 @@ def check_qk(q: torch.Tensor, k: torch.Tensor) -> None:
         fail("k.shape[0]", k.shape[0], f"the batch size of q, {q.shape[0]}")
 
 
-class AxialRoPE(nn.Module):
+class AxialRoPE(FrequencyModule):
     """Rotary position embedding over ``n_axes`` spatial axes, channels split evenly between the axes.
 
     Axis ``a`` rotates the ``a``-th block of ``head_dim / (2 * n_axes)`` channel pairs by ``positions[..., a]``
@@ -116,7 +116,11 @@ class AxialRoPE(nn.Module):
     def __init__(self, head_dim: int, *, n_axes: int = 2, base: float = 100.0, layout: str = "interleaved") -> None:
         super().__init__()
         self.config = AxialRoPEConfig(head_dim=head_dim, n_axes=n_axes, base=base, layout=layout)
-        self.register_buffer("inv_freq", axial_inv_freq(head_dim, n_axes=n_axes, base=base), persistent=False)
+        self.register_buffer("inv_freq", self.build_inv_freq(), persistent=False)
+
+    def build_inv_freq(self) -> torch.Tensor:
+        c = self.config
+        return axial_inv_freq(c.head_dim, n_axes=c.n_axes, base=c.base)
 
     @classmethod
     def from_config(cls, config: AxialRoPEConfig | Mapping[str, Any]) -> AxialRoPE:
@@ -131,10 +135,10 @@ class AxialRoPE(nn.Module):
         """Cos/sin tables for ``positions (S, N)`` or ``(B, S, N)``: ``(S, F)`` or ``(B, S, F)``."""
         return axial_cos_sin(positions, self.inv_freq.to(positions.device), dtype=dtype)
 
-    def rotate_one(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Rotate one tensor ``x (B, H, S, D)`` (or ``(S, D)``, ``(H, S, D)``) at ``positions (S, N)`` or ``(B, S, N)``."""
+    def rotate_one(self, x: torch.Tensor, positions: torch.Tensor, name: str = "x") -> torch.Tensor:
+        """Rotate ``x (B, H, S, D)`` (or ``(S, D)``, ``(H, S, D)``) at ``positions (S, N)`` or ``(B, S, N)``."""
         if x.shape[-1] != self.config.head_dim:
-            fail("x.shape[-1]", x.shape[-1], f"head_dim = {self.config.head_dim}")
+            fail(f"{name}.shape[-1]", x.shape[-1], f"head_dim = {self.config.head_dim}")
         check_grid_positions(positions, x, self.config.n_axes)
         dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
         cos, sin = self.cos_sin(positions, dtype=dtype)
@@ -149,7 +153,7 @@ class AxialRoPE(nn.Module):
         check_qk(q, k)
         check_grid_positions(q_pos, q, self.config.n_axes, "positions")
         check_grid_positions(k_pos, k, self.config.n_axes, "k_positions")
-        return self.rotate_one(q, q_pos), self.rotate_one(k, k_pos)
+        return self.rotate_one(q, q_pos, "q"), self.rotate_one(k, k_pos, "k")
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, k_positions: torch.Tensor | None = None

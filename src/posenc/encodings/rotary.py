@@ -17,11 +17,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import nn
 
 from posenc._checks import check_choice, check_number, fail
+from posenc.encodings._frequencies import FrequencyModule
 from posenc.functional.rope import LAYOUTS, apply_rotary, rope_cos_sin
-from posenc.scalings import RopeScaling, parse_scaling, rope_frequencies, rotary_dim
+from posenc.scalings import RopeScaling, check_rotary_keys, parse_scaling, rope_frequencies, rotary_dim
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -35,6 +35,7 @@ class RotaryConfig:
     partial_rotary_factor: float = 1.0
 
     def __post_init__(self) -> None:
+        check_rotary_keys(self.scaling, base=self.base, partial_rotary_factor=self.partial_rotary_factor)
         object.__setattr__(self, "scaling", parse_scaling(self.scaling))
         check_choice("layout", self.layout, LAYOUTS)
         check_number("base", self.base, above=1.0)
@@ -75,7 +76,7 @@ def check_positions(positions: torch.Tensor, x: torch.Tensor, name: str = "posit
     return positions
 
 
-class RotaryEmbedding(nn.Module):
+class RotaryEmbedding(FrequencyModule):
     """Rotary position embedding applied to queries and keys.
 
     Args:
@@ -118,17 +119,20 @@ class RotaryEmbedding(nn.Module):
         return cls(**{f.name: getattr(config, f.name) for f in dataclasses.fields(config)})
 
     @classmethod
-    def from_hf(cls, config: Any) -> RotaryEmbedding:
+    def from_hf(cls, config: Any, *, layer_type: str | None = None) -> RotaryEmbedding:
         """Build from a Hugging Face model config (``PretrainedConfig`` or its dict); see ``posenc.hf``."""
         from posenc.hf import rotary_config_from_hf
 
-        return cls.from_config(rotary_config_from_hf(config))
+        return cls.from_config(rotary_config_from_hf(config, layer_type=layer_type))
 
     def to_hf(self) -> dict[str, Any]:
         """The Hugging Face config keys that describe this RoPE; see ``posenc.hf``."""
         from posenc.hf import rotary_config_to_hf
 
         return rotary_config_to_hf(self.config)
+
+    def build_inv_freq(self) -> torch.Tensor:
+        return self._frequencies(None, device=None)[0]
 
     def _frequencies(self, seq_len, device) -> tuple[torch.Tensor, float]:
         c = self.config
@@ -180,6 +184,8 @@ class RotaryEmbedding(nn.Module):
         for name, t in (("q", q), ("k", k)):
             if t.dim() != 4:
                 fail(f"{name}.dim()", t.dim(), "4, a tensor of shape (B, heads, S, head_dim)")
+            if t.shape[-1] != self.config.head_dim:
+                fail(f"{name}.shape[-1]", t.shape[-1], f"head_dim = {self.config.head_dim}")
         if q.shape[0] != k.shape[0]:
             fail("k.shape[0]", k.shape[0], f"the batch size of q, {q.shape[0]}")
         check_positions(q_pos, q, "positions")
@@ -187,13 +193,15 @@ class RotaryEmbedding(nn.Module):
         seq_len = None
         if self.config.scaling is not None and self.config.scaling.depends_on_length and q_pos is not k_pos:
             # One length for both, so q.k stays a function of distance (decoding passes fewer queries).
-            seq_len = torch.maximum(q_pos.max(), k_pos.max().to(q_pos.dtype)) + 1
+            seq_len = torch.maximum(q_pos.max().double(), k_pos.max().to(device=q_pos.device).double()) + 1
         return self.rotate_one(q, q_pos, seq_len=seq_len), self.rotate_one(k, k_pos, seq_len=seq_len)
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, k_positions: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Rotate ``q`` and ``k``; keys use ``k_positions`` if given, else ``positions``."""
+        if k_positions is None and k.dim() >= 2 and q.dim() >= 2 and k.shape[-2] != q.shape[-2]:
+            fail("k_positions", None, f"the keys' positions, since k has {k.shape[-2]} positions and q {q.shape[-2]}")
         return self.rotate(q, k, positions, positions if k_positions is None else k_positions)
 
     def extra_repr(self) -> str:

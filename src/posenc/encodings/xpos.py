@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import nn
 
 from posenc._checks import check_choice, check_number, check_positive_int, fail
+from posenc.encodings._frequencies import FrequencyModule
 from posenc.encodings.rotary import check_positions
 from posenc.functional.rope import LAYOUTS, apply_rotary, default_inv_freq
 from posenc.functional.xpos import xpos_cos_sin
@@ -59,7 +59,7 @@ class XPosConfig:
         return cls(**config)
 
 
-class XPos(nn.Module):
+class XPos(FrequencyModule):
     """xPos: RoPE whose pair ``i`` is also scaled by ``zeta_i ** ((m - center) / scale_base)`` for queries and by
     its inverse at the key position, with ``zeta_i = (2i + 0.4 D) / (1.4 D)``.
 
@@ -92,7 +92,10 @@ class XPos(nn.Module):
     ) -> None:
         super().__init__()
         self.config = XPosConfig(head_dim=head_dim, base=base, scale_base=scale_base, layout=layout, center=center)
-        self.register_buffer("inv_freq", default_inv_freq(head_dim, base=base), persistent=False)
+        self.register_buffer("inv_freq", self.build_inv_freq(), persistent=False)
+
+    def build_inv_freq(self) -> torch.Tensor:
+        return default_inv_freq(self.config.head_dim, base=self.config.base)
 
     @classmethod
     def from_config(cls, config: XPosConfig | Mapping[str, Any]) -> XPos:

@@ -1,7 +1,11 @@
 """Pure functions of tensors and keyword-only scalars. Imports only torch."""
 
-from posenc.functional.rope import apply_rotary, default_inv_freq, rope_angles, rope_cos_sin
+from posenc.functional.axial_rope import axial_angles, axial_cos_sin, axial_inv_freq, grid_positions
+from posenc.functional.mrope import mrope_angles, mrope_cos_sin, mrope_streams
+from posenc.functional.rope import angle_dtype, apply_rotary, default_inv_freq, rope_angles, rope_cos_sin
+from posenc.functional.rope_mixed import init_mixed_freqs, mixed_angles, mixed_cos_sin
 from posenc.functional.rope_scaling import (
+    default_frequencies,
     dynamic_ntk_frequencies,
     linear_frequencies,
     llama3_frequencies,
@@ -9,16 +13,12 @@ from posenc.functional.rope_scaling import (
     ntk_frequencies,
     yarn_frequencies,
 )
+from posenc.functional.xpos import xpos_cos_sin, xpos_scale, xpos_zeta
 
 __all__ = [
-    "apply_rotary",
-    "default_inv_freq",
-    "rope_angles",
-    "rope_cos_sin",
-    "dynamic_ntk_frequencies",
-    "linear_frequencies",
-    "llama3_frequencies",
-    "longrope_frequencies",
-    "ntk_frequencies",
+    "angle_dtype", "apply_rotary", "axial_angles", "axial_cos_sin", "axial_inv_freq", "default_frequencies",
+    "default_inv_freq", "dynamic_ntk_frequencies", "grid_positions", "init_mixed_freqs", "linear_frequencies",
+    "llama3_frequencies", "longrope_frequencies", "mixed_angles", "mixed_cos_sin", "mrope_angles", "mrope_cos_sin",
+    "mrope_streams", "ntk_frequencies", "rope_angles", "rope_cos_sin", "xpos_cos_sin", "xpos_scale", "xpos_zeta",
     "yarn_frequencies",
 ]

@@ -38,7 +38,8 @@ def default_inv_freq(dim: int, *, base: float = 10000.0, device: torch.device | 
     return (1.0 / (float(base) ** exponent)).to(torch.float32)
 
 
-def _angle_dtype(device: torch.device, requested: torch.dtype) -> torch.dtype:
+def angle_dtype(device: torch.device, requested: torch.dtype) -> torch.dtype:
+    """The dtype angles are computed in: float64, except float32 on devices without float64 (Apple MPS)."""
     if requested == torch.float64 or device.type != "mps":
         return torch.float64
     return torch.float32
@@ -52,7 +53,7 @@ def rope_angles(positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor
     """
     if positions.dtype == torch.bool or positions.is_complex():
         fail("positions.dtype", positions.dtype, "an integer or real floating point dtype")
-    dtype = _angle_dtype(positions.device, inv_freq.dtype)
+    dtype = angle_dtype(positions.device, inv_freq.dtype)
     return positions.to(dtype).unsqueeze(-1) * inv_freq.to(device=positions.device, dtype=dtype)  # (..., S, F)
 
 
@@ -142,7 +143,8 @@ class _Rotate(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor):  # noqa: ANN001
         cos, sin = ctx.saved_tensors
-        return _rotate_fast(grad, cos, -sin, ctx.layout), None, None, None
+        # The inverse rotation, through the dispatching entry so double backward (create_graph) stays differentiable.
+        return _rotate(grad, cos, -sin, ctx.layout), None, None, None
 
 
 def _rotate_fast(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str) -> torch.Tensor:
@@ -174,8 +176,20 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, layou
         fail("x.shape[-1]", x.shape[-1], f">= 2 * cos.shape[-1] = {2 * f} (the rotated channels)")
     if not x.is_floating_point():
         fail("x.dtype", x.dtype, "a floating point dtype")
+    pairs = (*x.shape[:-1], f)
+    try:
+        fits = torch.broadcast_shapes(pairs, cos.shape) == pairs
+    except RuntimeError:
+        fits = False
+    if not fits:
+        fail("cos.shape", tuple(cos.shape), f"broadcastable to x's pairs {pairs} without enlarging them")
+    return _rotate(x, cos, sin, layout)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str) -> torch.Tensor:
+    """Pick the path: traced/differentiable-in-cos expression, fast path with autograd, or plain fast path."""
     if torch.compiler.is_compiling() or (torch.is_grad_enabled() and (cos.requires_grad or sin.requires_grad)):
-        rd = 2 * f
+        rd = 2 * cos.shape[-1]
         compute = torch.promote_types(x.dtype, torch.float32)
         rotated = _rotate_expr(x[..., :rd].to(compute), cos.to(compute), sin.to(compute), layout).to(x.dtype)
         return torch.cat((rotated, x[..., rd:]), dim=-1) if rd < x.shape[-1] else rotated

@@ -23,7 +23,7 @@ import math
 import torch
 
 from posenc._checks import check_number, check_positive_int, fail
-from posenc.functional.rope import _angle_dtype
+from posenc.functional.rope import angle_dtype
 
 
 def init_mixed_freqs(
@@ -88,7 +88,7 @@ def mixed_angles(positions: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
         positions (S, 2) or (B, S, 2); freqs (2, H, F) -> (H, S, F) or (B, H, S, F)
     """
     _check_mixed(positions, freqs)
-    dtype = _angle_dtype(positions.device, freqs.dtype)
+    dtype = angle_dtype(positions.device, freqs.dtype)
     pos = positions.to(dtype).unsqueeze(-3).unsqueeze(-1)  # (..., S, 2) -> (..., 1, S, 2, 1)
     f = freqs.to(device=positions.device, dtype=dtype)
     fx, fy = f[0].unsqueeze(-2), f[1].unsqueeze(-2)  # (H, F) -> (H, 1, F)

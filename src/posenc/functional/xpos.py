@@ -33,7 +33,7 @@ from __future__ import annotations
 import torch
 
 from posenc._checks import check_number, check_positive_int, fail
-from posenc.functional.rope import _angle_dtype, rope_angles, rope_cos_sin
+from posenc.functional.rope import angle_dtype, rope_angles, rope_cos_sin
 
 
 def xpos_zeta(dim: int, *, device: torch.device | str | None = None) -> torch.Tensor:
@@ -58,15 +58,15 @@ def xpos_scale(
 ) -> torch.Tensor:
     """Per-pair factors ``zeta_i ** ((p - center) / scale_base)``, inverted for keys (``downscale=True``).
 
-    Computed as ``exp(((p - center) / scale_base) * ln zeta_i)`` in float64 (float32 on MPS); ``p`` is promoted
-    to float64 before ``center`` is subtracted, so integer positions beyond 2**24 lose nothing.
+    Computed as ``exp(p * r_i - center * r_i)`` with ``r_i = ln(zeta_i) / scale_base``, in float64 (float32 on MPS):
+    ``rope_angles`` promotes ``p`` to float64 first, so integer positions beyond 2**24 lose nothing.
 
     Shapes:
         positions (S,) or (B, S) -> (S, F) or (B, S, F), F = dim // 2
     """
     check_number("scale_base", scale_base, above=0.0)
     check_number("center", center)
-    dtype = _angle_dtype(positions.device, torch.float32)
+    dtype = angle_dtype(positions.device, torch.float32)
     rate = (xpos_zeta(dim).log() / float(scale_base)).to(dtype)  # (F,): d(log scale) / d(position)
     exponent = rope_angles(positions, rate)  # (..., S, F): p * ln(zeta) / scale_base
     if center != 0.0:

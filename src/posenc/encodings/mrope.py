@@ -1,0 +1,183 @@
+"""``MRoPE``: multimodal rotary position embedding, one position stream per group of frequencies (Qwen2-VL).
+
+Paper: Wang et al. 2024, "Qwen2-VL" (arXiv:2409.12191), section 2.1; interleaved sections: Qwen3-VL.
+Reference implementation: Hugging Face transformers ``Qwen2VLRotaryEmbedding`` + ``apply_rotary_pos_emb``
+(``transformers/models/qwen2_vl/modeling_qwen2_vl.py``) and, for ``interleaved_sections=True``,
+``Qwen3VLTextRotaryEmbedding`` (``transformers/models/qwen3_vl/modeling_qwen3_vl.py``).
+
+Shapes:
+    q (B, H, S, D), k (B, Hkv, T, D); positions (3, S) or (3, B, S), rows [temporal, height, width], as Hugging
+    Face's Qwen2-VL ``position_ids``. With ``k_positions`` omitted, keys use the query positions (T == S).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from posenc._checks import check_choice, check_number, check_positive_int, fail
+from posenc.encodings._frequencies import FrequencyModule
+from posenc.functional.mrope import check_mrope_section, mrope_cos_sin
+from posenc.functional.rope import LAYOUTS, apply_rotary, default_inv_freq
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MRoPEConfig:
+    """Everything that defines an M-RoPE: validated on construction, round-trips through ``to_dict``/``from_dict``.
+
+    ``mrope_section`` is stored as a tuple and written out as a list, as in Hugging Face's ``rope_parameters``.
+    """
+
+    head_dim: int
+    base: float = 10000.0
+    mrope_section: tuple[int, int, int] = (16, 24, 24)
+    layout: str = "half"
+    interleaved_sections: bool = False
+
+    def __post_init__(self) -> None:
+        check_positive_int("head_dim", self.head_dim)
+        if self.head_dim % 2:
+            fail("head_dim", self.head_dim, "an even number (M-RoPE rotates channel pairs)")
+        check_number("base", self.base, above=1.0)
+        check_choice("layout", self.layout, LAYOUTS)
+        if not isinstance(self.interleaved_sections, bool):
+            fail("interleaved_sections", self.interleaved_sections, "True or False")
+        section = check_mrope_section(self.mrope_section, self.head_dim // 2, interleaved=self.interleaved_sections)
+        object.__setattr__(self, "mrope_section", section)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        out["mrope_section"] = list(self.mrope_section)
+        return out
+
+    @classmethod
+    def from_dict(cls, config: Mapping[str, Any]) -> MRoPEConfig:
+        unknown = sorted(set(config) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            fail(
+                f"config[{unknown[0]!r}]",
+                config[unknown[0]],
+                f"only the keys {[f.name for f in dataclasses.fields(cls)]}",
+            )
+        return cls(**config)
+
+
+def check_mrope_positions(positions: torch.Tensor, x: torch.Tensor, name: str = "positions") -> torch.Tensor:
+    """Positions must be ``(3, S)`` or ``(3, B, S)`` (``B`` may be 1) for ``x`` of shape ``(B, H, S, D)``."""
+    if not isinstance(positions, torch.Tensor):
+        fail(name, type(positions).__name__, "a torch.Tensor of shape (3, S) or (3, B, S)")
+    s, b = x.shape[-2], x.shape[0] if x.dim() >= 4 else None
+    ok = positions.dim() == 2 and positions.shape == (3, s)
+    ok = ok or (
+        positions.dim() == 3 and positions.shape[0] == 3 and positions.shape[2] == s and positions.shape[1] in (1, b)
+    )
+    if not ok:
+        fail(
+            f"{name}.shape",
+            tuple(positions.shape),
+            f"(3, {s}) or (3, {b}, {s}) [temporal, height, width] to match x of shape {tuple(x.shape)}",
+        )
+    return positions
+
+
+class MRoPE(FrequencyModule):
+    """Multimodal RoPE: frequency ``f`` of section ``j`` rotates by position stream ``j`` (temporal, height, width).
+
+    With three equal streams (text tokens) it is exactly ``RotaryEmbedding(head_dim, base=base, layout=layout)``.
+
+    Args:
+        head_dim: channels per head ``D`` (even); all of them rotate.
+        base: RoPE base (HF ``rope_theta``; Qwen2-VL uses 1e6).
+        mrope_section: frequencies per stream ``(temporal, height, width)``, summing to ``head_dim // 2``
+            (HF ``rope_parameters["mrope_section"]``; Qwen2-VL: ``(16, 24, 24)`` for ``head_dim=128``).
+        layout: ``"half"`` (HF, Qwen) pairs channel i with i + F; ``"interleaved"`` pairs 2i with 2i + 1.
+        interleaved_sections: False: contiguous sections ``[t..t h..h w..w]`` (Qwen2-VL, Qwen2.5-VL); True: the
+            streams take turns ``[t h w t h w ... t]`` (Qwen3-VL, HF ``mrope_interleaved``; e.g. ``(24, 20, 20)``).
+
+    Shapes:
+        q (B, H, S, D), k (B, Hkv, T, D), positions (3, S) or (3, B, S) -> q, k of the same shapes and dtypes.
+    """
+
+    inv_freq: torch.Tensor
+
+    def __init__(
+        self,
+        head_dim: int,
+        *,
+        base: float = 10000.0,
+        mrope_section: Sequence[int] = (16, 24, 24),
+        layout: str = "half",
+        interleaved_sections: bool = False,
+    ) -> None:
+        super().__init__()
+        self.config = MRoPEConfig(
+            head_dim=head_dim,
+            base=base,
+            mrope_section=mrope_section,
+            layout=layout,
+            interleaved_sections=interleaved_sections,
+        )
+        self.register_buffer("inv_freq", self.build_inv_freq(), persistent=False)
+
+    def build_inv_freq(self) -> torch.Tensor:
+        return default_inv_freq(self.config.head_dim, base=self.config.base)
+
+    @classmethod
+    def from_config(cls, config: MRoPEConfig | Mapping[str, Any]) -> MRoPE:
+        if isinstance(config, Mapping):
+            config = MRoPEConfig.from_dict(config)
+        return cls(**{f.name: getattr(config, f.name) for f in dataclasses.fields(config)})
+
+    def cos_sin(
+        self, positions: torch.Tensor, *, dtype: torch.dtype = torch.float32
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Cos/sin tables for three-stream ``positions``: ``(S, F)`` or ``(B, S, F)``."""
+        c = self.config
+        return mrope_cos_sin(
+            positions,
+            self.inv_freq.to(positions.device),
+            mrope_section=c.mrope_section,
+            interleaved=c.interleaved_sections,
+            dtype=dtype,
+        )
+
+    def rotate_one(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Rotate one tensor ``x (B, H, S, D)`` (or ``(S, D)``, ``(H, S, D)``) at three-stream ``positions``."""
+        if x.shape[-1] != self.config.head_dim:
+            fail("x.shape[-1]", x.shape[-1], f"head_dim = {self.config.head_dim}")
+        check_mrope_positions(positions, x)
+        dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
+        cos, sin = self.cos_sin(positions, dtype=dtype)
+        if positions.dim() == 3:
+            cos, sin = cos.unsqueeze(-3), sin.unsqueeze(-3)  # (B, S, F) -> (B, 1, S, F), broadcast over heads
+        return apply_rotary(x, cos, sin, layout=self.config.layout)
+
+    def rotate(
+        self, q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The ``Encoding`` hook: rotate queries at ``q_pos`` and keys at ``k_pos`` (both three-stream)."""
+        for name, t in (("q", q), ("k", k)):
+            if t.dim() != 4:
+                fail(f"{name}.dim()", t.dim(), "4, a tensor of shape (B, heads, S, head_dim)")
+        if q.shape[0] != k.shape[0]:
+            fail("k.shape[0]", k.shape[0], f"the batch size of q, {q.shape[0]}")
+        check_mrope_positions(q_pos, q, "positions")
+        check_mrope_positions(k_pos, k, "k_positions")
+        return self.rotate_one(q, q_pos), self.rotate_one(k, k_pos)
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, k_positions: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotate ``q`` and ``k``; keys use ``k_positions`` if given, else ``positions``."""
+        return self.rotate(q, k, positions, positions if k_positions is None else k_positions)
+
+    def extra_repr(self) -> str:
+        c = self.config
+        return (
+            f"head_dim={c.head_dim}, base={c.base}, mrope_section={c.mrope_section}, layout={c.layout!r}, "
+            f"interleaved_sections={c.interleaved_sections}"
+        )
