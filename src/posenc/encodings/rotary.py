@@ -171,10 +171,17 @@ class RotaryEmbedding(FrequencyModule):
         if x.shape[-1] != self.config.head_dim:
             fail("x.shape[-1]", x.shape[-1], f"head_dim = {self.config.head_dim}")
         check_positions(positions, x)
-        dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
-        cos, sin = self.cos_sin(positions, seq_len=seq_len, dtype=dtype)
+        return self._apply_tables(x, *self._tables(positions, x.dtype, seq_len))
+
+    def _tables(self, positions, dtype, seq_len) -> tuple[torch.Tensor, torch.Tensor]:
+        cos, sin = self.cos_sin(
+            positions, seq_len=seq_len, dtype=torch.float64 if dtype == torch.float64 else torch.float32
+        )
         if positions.dim() == 2:
             cos, sin = cos.unsqueeze(-3), sin.unsqueeze(-3)  # (B, S, F) -> (B, 1, S, F), broadcast over heads
+        return cos, sin
+
+    def _apply_tables(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         return apply_rotary(x, cos, sin, layout=self.config.layout)
 
     def rotate(
@@ -194,7 +201,10 @@ class RotaryEmbedding(FrequencyModule):
         if self.config.scaling is not None and self.config.scaling.depends_on_length and q_pos is not k_pos:
             # One length for both, so q.k stays a function of distance (decoding passes fewer queries).
             seq_len = torch.maximum(q_pos.max().double(), k_pos.max().to(device=q_pos.device).double()) + 1
-        return self.rotate_one(q, q_pos, seq_len=seq_len), self.rotate_one(k, k_pos, seq_len=seq_len)
+        q_tables = self._tables(q_pos, q.dtype, seq_len)
+        shared = k_pos is q_pos and (k.dtype == torch.float64) == (q.dtype == torch.float64)
+        k_tables = q_tables if shared else self._tables(k_pos, k.dtype, seq_len)  # one table when positions are shared
+        return self._apply_tables(q, *q_tables), self._apply_tables(k, *k_tables)
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, k_positions: torch.Tensor | None = None

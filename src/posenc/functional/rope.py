@@ -147,6 +147,10 @@ class _Rotate(torch.autograd.Function):
         return _rotate(grad, cos, -sin, ctx.layout), None, None, None
 
 
+# Low-precision inputs are rotated in float32 one cache-sized piece at a time: no x-sized float32 copy.
+_CHUNK_BYTES = 4 << 20
+
+
 def _rotate_fast(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str) -> torch.Tensor:
     rd = 2 * cos.shape[-1]
     out = torch.empty_like(x, memory_format=torch.contiguous_format)
@@ -154,9 +158,43 @@ def _rotate_fast(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: 
         out[..., rd:].copy_(x[..., rd:])
     if x.dtype in (torch.float32, torch.float64):
         _rotate_into(out[..., :rd], x[..., :rd], cos.to(x.dtype), sin.to(x.dtype), layout)
-    else:  # low precision: rotate in float32, round once at the end
-        out[..., :rd].copy_(_rotate_expr(x[..., :rd].float(), cos.float(), sin.float(), layout))
+        return out
+    cos, sin = cos.float(), sin.float()
+    pieces = list(_pieces(x[..., :rd], out[..., :rd], cos, sin))
+    largest = max(piece[0].numel() for piece in pieces)
+    buf_in, buf_out = torch.empty(2, largest, dtype=torch.float32, device=x.device)
+    for xs, outs, cs, ss in pieces:
+        xin, xout = buf_in[: xs.numel()].view(xs.shape), buf_out[: xs.numel()].view(xs.shape)
+        xin.copy_(xs)
+        _rotate_into(xout, xin, cs, ss, layout)
+        outs.copy_(xout)
     return out
+
+
+def _pieces(x: torch.Tensor, out: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    """Split ``x``/``out`` (..., S, 2F) along their leading dims into pieces of about ``_CHUNK_BYTES`` in float32,
+    each with its cos/sin. Falls back to one piece where the tables or strides don't allow views."""
+    s, d = x.shape[-2], x.shape[-1]
+    if x.dim() <= 2 or x.numel() * 4 <= _CHUNK_BYTES:
+        yield x, out, cos, sin
+        return
+    if cos.dim() > 2 and any(n != 1 for n in cos.shape[:-2]):  # per-row tables, e.g. (B, 1, S, F)
+        if cos.dim() == x.dim():
+            for b in range(x.shape[0]):
+                i = b if cos.shape[0] > 1 else 0
+                yield from _pieces(x[b], out[b], cos[i], sin[i])
+        else:
+            yield x, out, cos, sin
+        return
+    try:
+        xv, outv = x.view(-1, s, d), out.view(-1, s, d)  # (N, S, 2F) views, no copy
+    except RuntimeError:
+        yield x, out, cos, sin
+        return
+    cos2, sin2 = cos.reshape(cos.shape[-2:]), sin.reshape(sin.shape[-2:])  # leading dims are all 1
+    rows = max(1, _CHUNK_BYTES // (s * d * 4))
+    for i in range(0, xv.shape[0], rows):
+        yield xv[i : i + rows], outv[i : i + rows], cos2, sin2
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, layout: str = "half") -> torch.Tensor:
