@@ -222,9 +222,9 @@ def test_bad_inputs():
         enc(q, k, torch.zeros(3, 5, dtype=torch.long), k_pos)
     with pytest.raises(ValueError, match=r"^k_positions\.shape"):
         enc(q, k, pos, torch.arange(5))
-    with pytest.raises(ValueError, match=r"^k_positions\.shape"):
+    with pytest.raises(ValueError, match=r"^k_positions=None .*6 positions and q 5"):
         enc(q, k, pos)  # T = 6 keys, but positions has 5 entries
-    with pytest.raises(ValueError, match=r"^x\.shape\[-1\]"):
+    with pytest.raises(ValueError, match=r"^q\.shape\[-1\]=16 .*head_dim = 8"):
         enc(torch.randn(2, 4, 5, 16), torch.randn(2, 2, 6, 16), pos, k_pos)
     with pytest.raises(ValueError, match=r"^q\.dim\(\)"):
         enc(q[0], k, pos, k_pos)

@@ -15,21 +15,19 @@ tokens, e.g. ``rope(q[:, :, 1:], k[:, :, 1:], grid_positions(W, H))``, and conca
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
 from posenc._checks import check_choice, check_number, check_positive_int, fail
-from posenc.encodings._frequencies import FrequencyModule
+from posenc._config import DictConfig
+from posenc.encodings._base import FrequencyModule, check_qk
 from posenc.functional.axial_rope import axial_cos_sin, axial_inv_freq
-from posenc.functional.rope import LAYOUTS, apply_rotary
+from posenc.functional.rope import LAYOUTS
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class AxialRoPEConfig:
+class AxialRoPEConfig(DictConfig):
     """Everything that defines a RoPE-Axial: validated on construction, round-trips through ``to_dict``/``from_dict``.
 
     ``base`` defaults to 100, RoPE-ViT's ``rope_theta`` for the axial variant; ``layout`` to ``"interleaved"``,
@@ -48,20 +46,6 @@ class AxialRoPEConfig:
             fail("head_dim", self.head_dim, f"a multiple of 2 * n_axes = {2 * self.n_axes} (whole pairs per axis)")
         check_number("base", self.base, above=1.0)
         check_choice("layout", self.layout, LAYOUTS)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-
-    @classmethod
-    def from_dict(cls, config: Mapping[str, Any]) -> AxialRoPEConfig:
-        unknown = sorted(set(config) - {f.name for f in dataclasses.fields(cls)})
-        if unknown:
-            fail(
-                f"config[{unknown[0]!r}]",
-                config[unknown[0]],
-                f"only the keys {[f.name for f in dataclasses.fields(cls)]}",
-            )
-        return cls(**config)
 
 
 def check_grid_positions(positions: torch.Tensor, x: torch.Tensor, n_axes: int, name: str = "positions") -> None:
@@ -84,15 +68,6 @@ def check_grid_positions(positions: torch.Tensor, x: torch.Tensor, n_axes: int, 
         )
 
 
-def check_qk(q: torch.Tensor, k: torch.Tensor) -> None:
-    """``q`` and ``k`` must be 4-D ``(B, heads, S, head_dim)`` with the same batch size."""
-    for name, t in (("q", q), ("k", k)):
-        if t.dim() != 4:
-            fail(f"{name}.dim()", t.dim(), "4, a tensor of shape (B, heads, S, head_dim)")
-    if q.shape[0] != k.shape[0]:
-        fail("k.shape[0]", k.shape[0], f"the batch size of q, {q.shape[0]}")
-
-
 class AxialRoPE(FrequencyModule):
     """Rotary position embedding over ``n_axes`` spatial axes, channels split evenly between the axes.
 
@@ -113,6 +88,8 @@ class AxialRoPE(FrequencyModule):
 
     inv_freq: torch.Tensor
 
+    config_class = AxialRoPEConfig
+
     def __init__(self, head_dim: int, *, n_axes: int = 2, base: float = 100.0, layout: str = "interleaved") -> None:
         super().__init__()
         self.config = AxialRoPEConfig(head_dim=head_dim, n_axes=n_axes, base=base, layout=layout)
@@ -121,13 +98,6 @@ class AxialRoPE(FrequencyModule):
     def build_inv_freq(self) -> torch.Tensor:
         c = self.config
         return axial_inv_freq(c.head_dim, n_axes=c.n_axes, base=c.base)
-
-    @classmethod
-    def from_config(cls, config: AxialRoPEConfig | Mapping[str, Any]) -> AxialRoPE:
-        if isinstance(config, Mapping):
-            config = AxialRoPEConfig.from_dict(config)
-        c = config.to_dict()
-        return cls(c.pop("head_dim"), **c)
 
     def cos_sin(
         self, positions: torch.Tensor, *, dtype: torch.dtype = torch.float32
@@ -142,24 +112,16 @@ class AxialRoPE(FrequencyModule):
         check_grid_positions(positions, x, self.config.n_axes)
         dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
         cos, sin = self.cos_sin(positions, dtype=dtype)
-        if positions.dim() == 3:
-            cos, sin = cos.unsqueeze(-3), sin.unsqueeze(-3)  # (B, S, F) -> (B, 1, S, F), broadcast over heads
-        return apply_rotary(x, cos, sin, layout=self.config.layout)
+        return self._apply_tables(x, cos, sin, batched=positions.dim() == 3)
 
     def rotate(
         self, q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The ``Encoding`` hook: rotate queries at ``q_pos`` and keys at ``k_pos``."""
-        check_qk(q, k)
+        check_qk(q, k, self.config.head_dim)
         check_grid_positions(q_pos, q, self.config.n_axes, "positions")
         check_grid_positions(k_pos, k, self.config.n_axes, "k_positions")
         return self.rotate_one(q, q_pos, "q"), self.rotate_one(k, k_pos, "k")
-
-    def forward(
-        self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, k_positions: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rotate ``q`` and ``k``; keys use ``k_positions`` if given, else ``positions``."""
-        return self.rotate(q, k, positions, positions if k_positions is None else k_positions)
 
     def extra_repr(self) -> str:
         c = self.config

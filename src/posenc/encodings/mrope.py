@@ -12,21 +12,20 @@ Shapes:
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
 from posenc._checks import check_choice, check_number, check_positive_int, fail
-from posenc.encodings._frequencies import FrequencyModule
+from posenc._config import DictConfig
+from posenc.encodings._base import FrequencyModule, check_qk
 from posenc.functional.mrope import check_mrope_section, mrope_cos_sin
-from posenc.functional.rope import LAYOUTS, apply_rotary, default_inv_freq
+from posenc.functional.rope import LAYOUTS, default_inv_freq
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class MRoPEConfig:
+class MRoPEConfig(DictConfig):
     """Everything that defines an M-RoPE: validated on construction, round-trips through ``to_dict``/``from_dict``.
 
     ``mrope_section`` is stored as a tuple and written out as a list, as in Hugging Face's ``rope_parameters``.
@@ -48,22 +47,6 @@ class MRoPEConfig:
             fail("interleaved_sections", self.interleaved_sections, "True or False")
         section = check_mrope_section(self.mrope_section, self.head_dim // 2, interleaved=self.interleaved_sections)
         object.__setattr__(self, "mrope_section", section)
-
-    def to_dict(self) -> dict[str, Any]:
-        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        out["mrope_section"] = list(self.mrope_section)
-        return out
-
-    @classmethod
-    def from_dict(cls, config: Mapping[str, Any]) -> MRoPEConfig:
-        unknown = sorted(set(config) - {f.name for f in dataclasses.fields(cls)})
-        if unknown:
-            fail(
-                f"config[{unknown[0]!r}]",
-                config[unknown[0]],
-                f"only the keys {[f.name for f in dataclasses.fields(cls)]}",
-            )
-        return cls(**config)
 
 
 def check_mrope_positions(positions: torch.Tensor, x: torch.Tensor, name: str = "positions") -> torch.Tensor:
@@ -104,6 +87,8 @@ class MRoPE(FrequencyModule):
 
     inv_freq: torch.Tensor
 
+    config_class = MRoPEConfig
+
     def __init__(
         self,
         head_dim: int,
@@ -126,12 +111,6 @@ class MRoPE(FrequencyModule):
     def build_inv_freq(self) -> torch.Tensor:
         return default_inv_freq(self.config.head_dim, base=self.config.base)
 
-    @classmethod
-    def from_config(cls, config: MRoPEConfig | Mapping[str, Any]) -> MRoPE:
-        if isinstance(config, Mapping):
-            config = MRoPEConfig.from_dict(config)
-        return cls(**{f.name: getattr(config, f.name) for f in dataclasses.fields(config)})
-
     def cos_sin(
         self, positions: torch.Tensor, *, dtype: torch.dtype = torch.float32
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -152,28 +131,16 @@ class MRoPE(FrequencyModule):
         check_mrope_positions(positions, x)
         dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
         cos, sin = self.cos_sin(positions, dtype=dtype)
-        if positions.dim() == 3:
-            cos, sin = cos.unsqueeze(-3), sin.unsqueeze(-3)  # (B, S, F) -> (B, 1, S, F), broadcast over heads
-        return apply_rotary(x, cos, sin, layout=self.config.layout)
+        return self._apply_tables(x, cos, sin, batched=positions.dim() == 3)
 
     def rotate(
         self, q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The ``Encoding`` hook: rotate queries at ``q_pos`` and keys at ``k_pos`` (both three-stream)."""
-        for name, t in (("q", q), ("k", k)):
-            if t.dim() != 4:
-                fail(f"{name}.dim()", t.dim(), "4, a tensor of shape (B, heads, S, head_dim)")
-        if q.shape[0] != k.shape[0]:
-            fail("k.shape[0]", k.shape[0], f"the batch size of q, {q.shape[0]}")
+        check_qk(q, k, self.config.head_dim)
         check_mrope_positions(q_pos, q, "positions")
         check_mrope_positions(k_pos, k, "k_positions")
         return self.rotate_one(q, q_pos), self.rotate_one(k, k_pos)
-
-    def forward(
-        self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, k_positions: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rotate ``q`` and ``k``; keys use ``k_positions`` if given, else ``positions``."""
-        return self.rotate(q, k, positions, positions if k_positions is None else k_positions)
 
     def extra_repr(self) -> str:
         c = self.config

@@ -18,22 +18,21 @@ token) are not rotated, as in RoPE-ViT: pass only the patch tokens, e.g. ``q[:, 
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import nn
 
 from posenc._checks import check_number, check_positive_int, fail
-from posenc.encodings.axial_rope import check_grid_positions, check_qk
+from posenc._config import DictConfig
+from posenc.encodings._base import RotaryModule, check_qk
+from posenc.encodings.axial_rope import check_grid_positions
 from posenc.functional.rope import apply_rotary
 from posenc.functional.rope_mixed import init_mixed_freqs, mixed_cos_sin
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class RoPEMixedConfig:
+class RoPEMixedConfig(DictConfig):
     """Everything that defines a RoPE-Mixed: validated on construction, round-trips through ``to_dict``/``from_dict``.
 
     ``base`` defaults to 10, RoPE-ViT's ``rope_theta`` for the mixed variant. ``rotate=False`` starts every head
@@ -54,22 +53,8 @@ class RoPEMixedConfig:
         if not isinstance(self.rotate, bool):
             fail("rotate", self.rotate, "True or False")
 
-    def to_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
-    @classmethod
-    def from_dict(cls, config: Mapping[str, Any]) -> RoPEMixedConfig:
-        unknown = sorted(set(config) - {f.name for f in dataclasses.fields(cls)})
-        if unknown:
-            fail(
-                f"config[{unknown[0]!r}]",
-                config[unknown[0]],
-                f"only the keys {[f.name for f in dataclasses.fields(cls)]}",
-            )
-        return cls(**config)
-
-
-class RoPEMixed(nn.Module):
+class RoPEMixed(RotaryModule):
     """Rotary embedding whose pair ``f`` of head ``h`` turns by ``x * freqs[0, h, f] + y * freqs[1, h, f]``.
 
     The frequencies are an ``nn.Parameter`` trained with the model (the paper's RoPE-Mixed); ``<q, k>`` still
@@ -86,6 +71,8 @@ class RoPEMixed(nn.Module):
         freqs (2, H, D/2); q (B, H, S, D), k (B, H, T, D), positions (S, 2) or (B, S, 2) -> q, k, same shapes/dtypes.
     """
 
+    config_class = RoPEMixedConfig
+
     def __init__(
         self,
         head_dim: int,
@@ -101,15 +88,6 @@ class RoPEMixed(nn.Module):
         self.freqs = nn.Parameter(
             init_mixed_freqs(c.head_dim, c.num_heads, base=c.base, rotate=c.rotate, generator=generator)
         )
-
-    @classmethod
-    def from_config(
-        cls, config: RoPEMixedConfig | Mapping[str, Any], *, generator: torch.Generator | None = None
-    ) -> RoPEMixed:
-        if isinstance(config, Mapping):
-            config = RoPEMixedConfig.from_dict(config)
-        c = config.to_dict()
-        return cls(c.pop("head_dim"), c.pop("num_heads"), generator=generator, **c)
 
     @torch.no_grad()
     def reset_parameters(self, generator: torch.Generator | None = None) -> None:
@@ -148,16 +126,10 @@ class RoPEMixed(nn.Module):
         self, q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The ``Encoding`` hook: rotate queries at ``q_pos`` and keys at ``k_pos``."""
-        check_qk(q, k)
+        check_qk(q, k, self.config.head_dim)
         check_grid_positions(q_pos, q, 2, "positions")
         check_grid_positions(k_pos, k, 2, "k_positions")
         return self.rotate_one(q, q_pos, "q"), self.rotate_one(k, k_pos, "k")
-
-    def forward(
-        self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, k_positions: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rotate ``q`` and ``k``; keys use ``k_positions`` if given, else ``positions``."""
-        return self.rotate(q, k, positions, positions if k_positions is None else k_positions)
 
     def extra_repr(self) -> str:
         c = self.config

@@ -11,7 +11,6 @@ Shapes:
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -19,13 +18,14 @@ from typing import Any
 import torch
 
 from posenc._checks import check_choice, check_number, fail
-from posenc.encodings._frequencies import FrequencyModule
-from posenc.functional.rope import LAYOUTS, apply_rotary, rope_cos_sin
+from posenc._config import DictConfig
+from posenc.encodings._base import FrequencyModule, check_qk
+from posenc.functional.rope import LAYOUTS, rope_cos_sin
 from posenc.scalings import RopeScaling, check_rotary_keys, parse_scaling, rope_frequencies, rotary_dim
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class RotaryConfig:
+class RotaryConfig(DictConfig):
     """Everything that defines a RoPE: validated on construction, round-trips through ``to_dict``/``from_dict``."""
 
     head_dim: int
@@ -48,20 +48,9 @@ class RotaryConfig:
         return rotary_dim(self.head_dim, self.partial_rotary_factor)
 
     def to_dict(self) -> dict[str, Any]:
-        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        out = DictConfig.to_dict(self)
         out["scaling"] = None if self.scaling is None else self.scaling.to_dict()
         return out
-
-    @classmethod
-    def from_dict(cls, config: Mapping[str, Any]) -> RotaryConfig:
-        unknown = sorted(set(config) - {f.name for f in dataclasses.fields(cls)})
-        if unknown:
-            fail(
-                f"config[{unknown[0]!r}]",
-                config[unknown[0]],
-                f"only the keys {[f.name for f in dataclasses.fields(cls)]}",
-            )
-        return cls(**config)
 
 
 def check_positions(positions: torch.Tensor, x: torch.Tensor, name: str = "positions") -> torch.Tensor:
@@ -96,6 +85,8 @@ class RotaryEmbedding(FrequencyModule):
 
     inv_freq: torch.Tensor
 
+    config_class = RotaryConfig
+
     def __init__(
         self,
         head_dim: int,
@@ -111,12 +102,6 @@ class RotaryEmbedding(FrequencyModule):
         )
         inv_freq, self.attention_factor = self._frequencies(None, device=None)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
-
-    @classmethod
-    def from_config(cls, config: RotaryConfig | Mapping[str, Any]) -> RotaryEmbedding:
-        if isinstance(config, Mapping):
-            config = RotaryConfig.from_dict(config)
-        return cls(**{f.name: getattr(config, f.name) for f in dataclasses.fields(config)})
 
     @classmethod
     def from_hf(cls, config: Any, *, layer_type: str | None = None) -> RotaryEmbedding:
@@ -171,30 +156,17 @@ class RotaryEmbedding(FrequencyModule):
         if x.shape[-1] != self.config.head_dim:
             fail("x.shape[-1]", x.shape[-1], f"head_dim = {self.config.head_dim}")
         check_positions(positions, x)
-        return self._apply_tables(x, *self._tables(positions, x.dtype, seq_len))
+        return self._apply_tables(x, *self._tables(positions, x.dtype, seq_len), batched=positions.dim() == 2)
 
     def _tables(self, positions, dtype, seq_len) -> tuple[torch.Tensor, torch.Tensor]:
-        cos, sin = self.cos_sin(
-            positions, seq_len=seq_len, dtype=torch.float64 if dtype == torch.float64 else torch.float32
-        )
-        if positions.dim() == 2:
-            cos, sin = cos.unsqueeze(-3), sin.unsqueeze(-3)  # (B, S, F) -> (B, 1, S, F), broadcast over heads
-        return cos, sin
-
-    def _apply_tables(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        return apply_rotary(x, cos, sin, layout=self.config.layout)
+        table_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+        return self.cos_sin(positions, seq_len=seq_len, dtype=table_dtype)
 
     def rotate(
         self, q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The ``Encoding`` hook: rotate queries at ``q_pos`` and keys at ``k_pos``."""
-        for name, t in (("q", q), ("k", k)):
-            if t.dim() != 4:
-                fail(f"{name}.dim()", t.dim(), "4, a tensor of shape (B, heads, S, head_dim)")
-            if t.shape[-1] != self.config.head_dim:
-                fail(f"{name}.shape[-1]", t.shape[-1], f"head_dim = {self.config.head_dim}")
-        if q.shape[0] != k.shape[0]:
-            fail("k.shape[0]", k.shape[0], f"the batch size of q, {q.shape[0]}")
+        check_qk(q, k, self.config.head_dim)
         check_positions(q_pos, q, "positions")
         check_positions(k_pos, k, "k_positions")
         seq_len = None
@@ -204,15 +176,10 @@ class RotaryEmbedding(FrequencyModule):
         q_tables = self._tables(q_pos, q.dtype, seq_len)
         shared = k_pos is q_pos and (k.dtype == torch.float64) == (q.dtype == torch.float64)
         k_tables = q_tables if shared else self._tables(k_pos, k.dtype, seq_len)  # one table when positions are shared
-        return self._apply_tables(q, *q_tables), self._apply_tables(k, *k_tables)
-
-    def forward(
-        self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, k_positions: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rotate ``q`` and ``k``; keys use ``k_positions`` if given, else ``positions``."""
-        if k_positions is None and k.dim() >= 2 and q.dim() >= 2 and k.shape[-2] != q.shape[-2]:
-            fail("k_positions", None, f"the keys' positions, since k has {k.shape[-2]} positions and q {q.shape[-2]}")
-        return self.rotate(q, k, positions, positions if k_positions is None else k_positions)
+        return (
+            self._apply_tables(q, *q_tables, batched=q_pos.dim() == 2),
+            self._apply_tables(k, *k_tables, batched=k_pos.dim() == 2),
+        )
 
     def extra_repr(self) -> str:
         c = self.config

@@ -11,22 +11,20 @@ Shapes:
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
 from posenc._checks import check_choice, check_number, check_positive_int, fail
-from posenc.encodings._frequencies import FrequencyModule
+from posenc._config import DictConfig
+from posenc.encodings._base import FrequencyModule, check_qk
 from posenc.encodings.rotary import check_positions
-from posenc.functional.rope import LAYOUTS, apply_rotary, default_inv_freq
+from posenc.functional.rope import LAYOUTS, default_inv_freq
 from posenc.functional.xpos import xpos_cos_sin
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class XPosConfig:
+class XPosConfig(DictConfig):
     """Everything that defines an xPos: validated on construction, round-trips through ``to_dict``/``from_dict``."""
 
     head_dim: int
@@ -43,20 +41,6 @@ class XPosConfig:
         check_number("scale_base", self.scale_base, above=0.0)
         check_number("center", self.center)
         check_choice("layout", self.layout, LAYOUTS)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-
-    @classmethod
-    def from_dict(cls, config: Mapping[str, Any]) -> XPosConfig:
-        unknown = sorted(set(config) - {f.name for f in dataclasses.fields(cls)})
-        if unknown:
-            fail(
-                f"config[{unknown[0]!r}]",
-                config[unknown[0]],
-                f"only the keys {[f.name for f in dataclasses.fields(cls)]}",
-            )
-        return cls(**config)
 
 
 class XPos(FrequencyModule):
@@ -81,6 +65,8 @@ class XPos(FrequencyModule):
 
     inv_freq: torch.Tensor
 
+    config_class = XPosConfig
+
     def __init__(
         self,
         head_dim: int,
@@ -96,12 +82,6 @@ class XPos(FrequencyModule):
 
     def build_inv_freq(self) -> torch.Tensor:
         return default_inv_freq(self.config.head_dim, base=self.config.base)
-
-    @classmethod
-    def from_config(cls, config: XPosConfig | Mapping[str, Any]) -> XPos:
-        if isinstance(config, Mapping):
-            config = XPosConfig.from_dict(config)
-        return cls(**{f.name: getattr(config, f.name) for f in dataclasses.fields(config)})
 
     def cos_sin(
         self, positions: torch.Tensor, *, downscale: bool = False, dtype: torch.dtype = torch.float32
@@ -127,29 +107,17 @@ class XPos(FrequencyModule):
         check_positions(positions, x)
         dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
         cos, sin = self.cos_sin(positions, downscale=downscale, dtype=dtype)
-        if positions.dim() == 2:
-            cos, sin = cos.unsqueeze(-3), sin.unsqueeze(-3)  # (B, S, F) -> (B, 1, S, F), broadcast over heads
-        return apply_rotary(x, cos, sin, layout=self.config.layout)
+        return self._apply_tables(x, cos, sin, batched=positions.dim() == 2)
 
     def rotate(
         self, q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The ``Encoding`` hook: queries rotated and scaled up at ``q_pos``, keys rotated and scaled down at
         ``k_pos``."""
-        for name, t in (("q", q), ("k", k)):
-            if t.dim() != 4:
-                fail(f"{name}.dim()", t.dim(), "4, a tensor of shape (B, heads, S, head_dim)")
-        if q.shape[0] != k.shape[0]:
-            fail("k.shape[0]", k.shape[0], f"the batch size of q, {q.shape[0]}")
+        check_qk(q, k, self.config.head_dim)
         check_positions(q_pos, q, "positions")
         check_positions(k_pos, k, "k_positions")
         return self.rotate_one(q, q_pos), self.rotate_one(k, k_pos, downscale=True)
-
-    def forward(
-        self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, k_positions: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rotate and scale ``q`` and ``k``; keys use ``k_positions`` if given, else ``positions``."""
-        return self.rotate(q, k, positions, positions if k_positions is None else k_positions)
 
     def extra_repr(self) -> str:
         c = self.config

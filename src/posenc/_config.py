@@ -1,0 +1,29 @@
+"""Shared behaviour of posenc's frozen config dataclasses."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from posenc._checks import fail
+
+
+class DictConfig:
+    """Mixin for ``@dataclass(frozen=True, kw_only=True, slots=True)`` configs: strict dict round trips."""
+
+    __slots__ = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field by name; tuples become lists (JSON-friendly)."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in out.items()}
+
+    @classmethod
+    def from_dict(cls, config: Mapping[str, Any]):  # noqa: ANN206 - returns cls
+        """Build from a dict; an unknown key is an error, never silently dropped."""
+        names = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(config) - set(names))
+        if unknown:
+            fail(f"config[{unknown[0]!r}]", config[unknown[0]], f"only the keys {names}")
+        return cls(**config)
