@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from posenc._checks import fail
-from posenc.functional.rope import apply_rotary
+from posenc.functional.rope import apply_rotary, table_dtype
 
 
 class ConfiguredModule(nn.Module):
@@ -52,6 +52,13 @@ class RotaryModule(ConfiguredModule):
         if k_positions is None and k.dim() >= 2 and q.dim() >= 2 and k.shape[-2] != q.shape[-2]:
             fail("k_positions", None, f"the keys' positions, since k has {k.shape[-2]} positions and q {q.shape[-2]}")
         return self.rotate(q, k, positions, positions if k_positions is None else k_positions)
+
+    def _table_pair(self, q, k, q_pos, k_pos, tables):  # noqa: ANN001, ANN202
+        """``tables(positions, dtype)`` for q and for k, built once when they share positions and table dtype."""
+        q_tables = tables(q_pos, table_dtype(q.dtype))
+        if k_pos is q_pos and table_dtype(k.dtype) == table_dtype(q.dtype):
+            return q_tables, q_tables
+        return q_tables, tables(k_pos, table_dtype(k.dtype))
 
     def _apply_tables(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batched: bool) -> torch.Tensor:
         """Rotate ``x (..., S, D)`` by tables ``(S, F)``, or ``(B, S, F)`` for per-row positions."""

@@ -21,7 +21,7 @@ from posenc._checks import check_choice, check_number, check_positive_int, fail
 from posenc._config import DictConfig
 from posenc.encodings._base import FrequencyModule, check_qk
 from posenc.functional.mrope import check_mrope_section, mrope_cos_sin
-from posenc.functional.rope import LAYOUTS, default_inv_freq
+from posenc.functional.rope import LAYOUTS, default_inv_freq, table_dtype
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -129,8 +129,7 @@ class MRoPE(FrequencyModule):
         if x.shape[-1] != self.config.head_dim:
             fail("x.shape[-1]", x.shape[-1], f"head_dim = {self.config.head_dim}")
         check_mrope_positions(positions, x)
-        dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
-        cos, sin = self.cos_sin(positions, dtype=dtype)
+        cos, sin = self.cos_sin(positions, dtype=table_dtype(x.dtype))
         return self._apply_tables(x, cos, sin, batched=positions.dim() == 3)
 
     def rotate(
@@ -140,7 +139,11 @@ class MRoPE(FrequencyModule):
         check_qk(q, k, self.config.head_dim)
         check_mrope_positions(q_pos, q, "positions")
         check_mrope_positions(k_pos, k, "k_positions")
-        return self.rotate_one(q, q_pos), self.rotate_one(k, k_pos)
+        q_tables, k_tables = self._table_pair(q, k, q_pos, k_pos, lambda pos, dtype: self.cos_sin(pos, dtype=dtype))
+        return (
+            self._apply_tables(q, *q_tables, batched=q_pos.dim() == 3),
+            self._apply_tables(k, *k_tables, batched=k_pos.dim() == 3),
+        )
 
     def extra_repr(self) -> str:
         c = self.config

@@ -27,7 +27,7 @@ from posenc._checks import check_number, check_positive_int, fail
 from posenc._config import DictConfig
 from posenc.encodings._base import RotaryModule, check_qk
 from posenc.encodings.axial_rope import check_grid_positions
-from posenc.functional.rope import apply_rotary
+from posenc.functional.rope import apply_rotary, table_dtype
 from posenc.functional.rope_mixed import init_mixed_freqs, mixed_cos_sin
 
 
@@ -110,6 +110,13 @@ class RoPEMixed(RotaryModule):
         c = self.config
         if x.shape[-1] != c.head_dim:
             fail(f"{name}.shape[-1]", x.shape[-1], f"head_dim = {c.head_dim}")
+        self._check_heads(x, name)
+        check_grid_positions(positions, x, 2)
+        cos, sin = self.cos_sin(positions, dtype=table_dtype(x.dtype))  # (H, S, F) or (B, H, S, F): already per head
+        return apply_rotary(x, cos, sin, layout="interleaved")
+
+    def _check_heads(self, x: torch.Tensor, name: str) -> None:
+        c = self.config
         if x.dim() not in (3, 4) or x.shape[-3] != c.num_heads:
             fail(
                 f"{name}.shape",
@@ -117,10 +124,6 @@ class RoPEMixed(RotaryModule):
                 f"(B, {c.num_heads}, S, {c.head_dim}) or ({c.num_heads}, S, {c.head_dim}): one head per frequency "
                 "set (for GQA, repeat the key heads to num_heads before rotating)",
             )
-        check_grid_positions(positions, x, 2)
-        dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
-        cos, sin = self.cos_sin(positions, dtype=dtype)  # (H, S, F) or (B, H, S, F): already per head
-        return apply_rotary(x, cos, sin, layout="interleaved")
 
     def rotate(
         self, q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor
@@ -129,7 +132,10 @@ class RoPEMixed(RotaryModule):
         check_qk(q, k, self.config.head_dim)
         check_grid_positions(q_pos, q, 2, "positions")
         check_grid_positions(k_pos, k, 2, "k_positions")
-        return self.rotate_one(q, q_pos, "q"), self.rotate_one(k, k_pos, "k")
+        self._check_heads(q, "q")
+        self._check_heads(k, "k")
+        q_tables, k_tables = self._table_pair(q, k, q_pos, k_pos, lambda pos, dtype: self.cos_sin(pos, dtype=dtype))
+        return apply_rotary(q, *q_tables, layout="interleaved"), apply_rotary(k, *k_tables, layout="interleaved")
 
     def extra_repr(self) -> str:
         c = self.config

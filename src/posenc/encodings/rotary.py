@@ -20,7 +20,7 @@ import torch
 from posenc._checks import check_choice, check_number, fail
 from posenc._config import DictConfig
 from posenc.encodings._base import FrequencyModule, check_qk
-from posenc.functional.rope import LAYOUTS, rope_cos_sin
+from posenc.functional.rope import LAYOUTS, rope_cos_sin, table_dtype
 from posenc.scalings import RopeScaling, check_rotary_keys, parse_scaling, rope_frequencies, rotary_dim
 
 
@@ -156,11 +156,8 @@ class RotaryEmbedding(FrequencyModule):
         if x.shape[-1] != self.config.head_dim:
             fail("x.shape[-1]", x.shape[-1], f"head_dim = {self.config.head_dim}")
         check_positions(positions, x)
-        return self._apply_tables(x, *self._tables(positions, x.dtype, seq_len), batched=positions.dim() == 2)
-
-    def _tables(self, positions, dtype, seq_len) -> tuple[torch.Tensor, torch.Tensor]:
-        table_dtype = torch.float64 if dtype == torch.float64 else torch.float32
-        return self.cos_sin(positions, seq_len=seq_len, dtype=table_dtype)
+        cos, sin = self.cos_sin(positions, seq_len=seq_len, dtype=table_dtype(x.dtype))
+        return self._apply_tables(x, cos, sin, batched=positions.dim() == 2)
 
     def rotate(
         self, q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor
@@ -173,9 +170,9 @@ class RotaryEmbedding(FrequencyModule):
         if self.config.scaling is not None and self.config.scaling.depends_on_length and q_pos is not k_pos:
             # One length for both, so q.k stays a function of distance (decoding passes fewer queries).
             seq_len = torch.maximum(q_pos.max().double(), k_pos.max().to(device=q_pos.device).double()) + 1
-        q_tables = self._tables(q_pos, q.dtype, seq_len)
-        shared = k_pos is q_pos and (k.dtype == torch.float64) == (q.dtype == torch.float64)
-        k_tables = q_tables if shared else self._tables(k_pos, k.dtype, seq_len)  # one table when positions are shared
+        q_tables, k_tables = self._table_pair(
+            q, k, q_pos, k_pos, lambda pos, dtype: self.cos_sin(pos, seq_len=seq_len, dtype=dtype)
+        )
         return (
             self._apply_tables(q, *q_tables, batched=q_pos.dim() == 2),
             self._apply_tables(k, *k_tables, batched=k_pos.dim() == 2),

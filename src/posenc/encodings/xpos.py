@@ -19,7 +19,7 @@ from posenc._checks import check_choice, check_number, check_positive_int, fail
 from posenc._config import DictConfig
 from posenc.encodings._base import FrequencyModule, check_qk
 from posenc.encodings.rotary import check_positions
-from posenc.functional.rope import LAYOUTS, default_inv_freq
+from posenc.functional.rope import LAYOUTS, default_inv_freq, table_dtype
 from posenc.functional.xpos import xpos_cos_sin
 
 
@@ -105,8 +105,7 @@ class XPos(FrequencyModule):
         if x.shape[-1] != self.config.head_dim:
             fail("x.shape[-1]", x.shape[-1], f"head_dim = {self.config.head_dim}")
         check_positions(positions, x)
-        dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
-        cos, sin = self.cos_sin(positions, downscale=downscale, dtype=dtype)
+        cos, sin = self.cos_sin(positions, downscale=downscale, dtype=table_dtype(x.dtype))
         return self._apply_tables(x, cos, sin, batched=positions.dim() == 2)
 
     def rotate(

@@ -2,7 +2,7 @@
 
 from posenc.functional.axial_rope import axial_angles, axial_cos_sin, axial_inv_freq, grid_positions
 from posenc.functional.mrope import mrope_angles, mrope_cos_sin, mrope_streams
-from posenc.functional.rope import angle_dtype, apply_rotary, default_inv_freq, rope_angles, rope_cos_sin
+from posenc.functional.rope import angle_dtype, apply_rotary, default_inv_freq, rope_angles, rope_cos_sin, table_dtype
 from posenc.functional.rope_mixed import init_mixed_freqs, mixed_angles, mixed_cos_sin
 from posenc.functional.rope_scaling import (
     default_frequencies,
@@ -37,6 +37,7 @@ __all__ = [
     "ntk_frequencies",
     "rope_angles",
     "rope_cos_sin",
+    "table_dtype",
     "xpos_cos_sin",
     "xpos_scale",
     "xpos_zeta",

@@ -45,6 +45,11 @@ def angle_dtype(device: torch.device, requested: torch.dtype) -> torch.dtype:
     return torch.float32
 
 
+def table_dtype(x_dtype: torch.dtype) -> torch.dtype:
+    """The dtype of cos/sin tables for inputs of ``x_dtype``: float64 for float64, else float32 (never half)."""
+    return torch.float64 if x_dtype == torch.float64 else torch.float32
+
+
 def rope_angles(positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
     """Angles ``positions * inv_freq``, in float64 (float32 on devices without float64).
 
