@@ -1,8 +1,10 @@
-"""Name -> class registries, so configs can be written as plain dicts (and Hugging Face ``rope_type`` strings)."""
+"""Name registries: encodings (``posenc.build``) and RoPE scalings (plain dicts, Hugging Face ``rope_type`` strings)."""
 
 from __future__ import annotations
 
-from typing import TypeVar
+import inspect
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from posenc._checks import fail
 
@@ -30,3 +32,66 @@ def scaling_class(rope_type: str) -> type:
 def available_scalings() -> list[str]:
     """Registered rope scaling types, ``"default"`` (no scaling) first."""
     return ["default", *sorted(_ROPE_SCALINGS)]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Encodings by name: ``posenc.build("alibi", num_heads=8)``.
+
+_ENCODINGS: dict[str, Callable[..., Any]] = {}
+
+#: Facts about the model, not the encoding: ``build`` passes each to the encodings that take it and drops it for
+#: the rest, so one call ``build(name, dim=..., num_heads=..., head_dim=..., max_len=...)`` serves every name.
+MODEL_KEYS = ("dim", "num_heads", "head_dim", "max_len", "grid_size")
+
+
+def register(name: str, factory: Callable[..., Any] | None = None):  # noqa: ANN201 - decorator or factory
+    """Make an encoding buildable by name: ``register("mine", MyEncoding)`` or ``@register("mine")`` on a class.
+
+    ``factory`` is an ``Encoding`` subclass (or any callable returning one) taking keyword arguments. Registering
+    a taken name for a different factory is an error.
+    """
+    if not isinstance(name, str) or not name.isidentifier():
+        fail("name", name, "an identifier-like string such as 'my_bias'")
+
+    def add(f: Callable[..., Any]) -> Callable[..., Any]:
+        if not callable(f):
+            fail("factory", f, "an Encoding subclass or a callable returning an Encoding")
+        if name in _ENCODINGS and _ENCODINGS[name] is not f:
+            fail("name", name, f"a name not already registered (taken by {_ENCODINGS[name]!r})")
+        _ENCODINGS[name] = f
+        return f
+
+    return add if factory is None else add(factory)
+
+
+def available() -> list[str]:
+    """Names ``build`` accepts, sorted."""
+    return sorted(_ENCODINGS)
+
+
+def _parameters(factory: Callable[..., Any]) -> tuple[set[str], set[str], bool]:
+    """(accepted keywords, required keywords, takes **kwargs) of ``factory``'s signature."""
+    params = inspect.signature(factory).parameters.values()
+    accepted = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    required = {p.name for p in params if p.name in accepted and p.default is p.empty}
+    return accepted, required, any(p.kind is p.VAR_KEYWORD for p in params)
+
+
+def build(name: str, /, **config: Any):  # noqa: ANN201 - returns an Encoding
+    """The encoding registered as ``name``, built from keyword ``config``.
+
+    Keys in ``MODEL_KEYS`` that the encoding does not use are dropped; any other unknown key is an error.
+    """
+    if name not in _ENCODINGS:
+        fail("name", name, f"one of {available()} (or register your own with posenc.register)")
+    factory = _ENCODINGS[name]
+    accepted, required, var_kw = _parameters(factory)
+    if not var_kw:
+        unknown = sorted(set(config) - accepted - set(MODEL_KEYS))
+        if unknown:
+            fail(f"{name}: {unknown[0]}", config[unknown[0]], f"only the keys {sorted(accepted)}")
+        config = {k: v for k, v in config.items() if k in accepted}
+    missing = sorted(required - set(config))
+    if missing:
+        fail(f"{name}: {missing[0]}", None, f"a value: build({name!r}, ...) needs {missing}")
+    return factory(**config)

@@ -1,9 +1,24 @@
-"""Base classes for the encoding modules: built from their config, frequencies kept exact."""
+"""``Encoding``, the one interface every positional encoding implements, and the shared base classes.
+
+A model is written once against four hooks and works with every encoding (``posenc.available()``):
+
+- ``embed(x, positions)``: absolute encodings add to the token embeddings (sinusoidal, learned);
+- ``rotate(q, k, q_pos, k_pos)``: the rotary family turns queries and keys;
+- ``bias(q_pos, k_pos, q=, scale=)``: relative encodings add ``(B|1, H, S, T)`` to the attention scores (ALiBi,
+  T5, Shaw) -- the materialised reference form;
+- ``score_mod(q_pos, k_pos, q=, scale=)``: the same bias as a FlexAttention ``score_mod`` closure, so attention
+  never builds the L x L matrix;
+- ``value_term(weights, q_pos, k_pos)``: the rare encoding that also adds to the values (Shaw et al.).
+
+Positions are explicit tensors: ``(S,)`` or ``(B, S)`` for sequences, ``(S, n)`` or ``(B, S, n)`` for grids,
+``(3, S)`` for M-RoPE. Nothing is cached or mutated in a hook, so KV-cache decoding (cached keys with their
+positions), packing (per-document positions) and context parallelism (a shard's positions) need no special mode.
+"""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 import torch
@@ -12,9 +27,103 @@ from torch import nn
 from posenc._checks import fail
 from posenc.functional.rope import apply_rotary, table_dtype
 
+ScoreMod = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
-class ConfiguredModule(nn.Module):
-    """A module whose constructor arguments are exactly the fields of ``config_class``."""
+
+class Encoding(nn.Module):
+    """A positional encoding: every hook defaults to "no positional information" (NoPE).
+
+    Subclasses override the hooks they need. ``bias`` and ``score_mod`` must describe the same bias: attention's
+    ``eager``/``sdpa`` backends use ``bias``, ``flex`` uses ``score_mod``, and the tests check they agree.
+
+    Class attributes read by ``posenc.attention``:
+        has_bias: the encoding adds to the scores (``bias``/``score_mod`` return non-None).
+        has_value_term: the encoding adds to the values (``value_term``); only the ``eager`` backend runs it.
+        per_head_keys: keys need one head per query head (per-head rotations); attention repeats GQA key heads.
+
+    Shapes:
+        x (B, S, Dm); q (B, H, S, D), k (B, Hkv, T, D); bias (B|1, H, S, T) float32;
+        score_mod(score, b, h, q_idx, kv_idx) -> score (FlexAttention's signature, scalars per element).
+    """
+
+    has_bias: ClassVar[bool] = False
+    has_value_term: ClassVar[bool] = False
+    per_head_keys: ClassVar[bool] = False
+
+    def embed(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Token embeddings with absolute position information added: ``(B, S, Dm) -> (B, S, Dm)``."""
+        return x
+
+    def rotate(
+        self, q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Queries at ``q_pos`` and keys at ``k_pos``, rotated (the rotary family); identity otherwise."""
+        return q, k
+
+    def bias(
+        self,
+        q_pos: torch.Tensor,
+        k_pos: torch.Tensor,
+        *,
+        q: torch.Tensor | None = None,
+        scale: float | None = None,
+    ) -> torch.Tensor | None:
+        """Additive score bias ``(B|1, H, S, T)`` in float32, or None. ``q``/``scale`` are for content terms."""
+        return None
+
+    def score_mod(
+        self,
+        q_pos: torch.Tensor,
+        k_pos: torch.Tensor,
+        *,
+        q: torch.Tensor | None = None,
+        scale: float | None = None,
+    ) -> ScoreMod | None:
+        """FlexAttention ``score_mod`` adding ``bias(q_pos, k_pos)[b, h, q_idx, kv_idx]``, or None."""
+        return None
+
+    def value_term(
+        self, weights: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor
+    ) -> torch.Tensor | None:
+        """Extra attention output from the weights ``(B, H, S, T)``: ``(B, H, S, Dv)``, or None."""
+        return None
+
+    def check_positions(self, positions: torch.Tensor, length: int, batch: int, name: str = "positions") -> None:
+        """Positions for ``length`` tokens of a batch of ``batch``: ``(length,)`` or ``(1|batch, length)``."""
+        check_sequence_positions(positions, length, batch, name)
+
+
+def shape_stub(batch: int, length: int) -> torch.Tensor:
+    """A storage-free ``(batch, 1, length, 1)`` tensor, to reuse the checks written against ``q``/``k``."""
+    return torch.empty(batch, 1, length, 1, device="meta")
+
+
+def check_sequence_positions(positions: object, length: int, batch: int, name: str = "positions") -> torch.Tensor:
+    """One position per token: a tensor ``(length,)`` or ``(1|batch, length)``."""
+    if not isinstance(positions, torch.Tensor):
+        fail(name, type(positions).__name__, f"a torch.Tensor of shape ({length},) or ({batch}, {length})")
+    ok = positions.dim() == 1 and positions.shape[0] == length
+    ok = ok or (positions.dim() == 2 and positions.shape[1] == length and positions.shape[0] in (1, batch))
+    if not ok:
+        fail(f"{name}.shape", tuple(positions.shape), f"({length},) or ({batch}, {length}), one position per token")
+    return positions
+
+
+def position_reader(positions: torch.Tensor) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """``read(b, i)`` -> the position of token ``i`` of batch row ``b``, for use inside a ``score_mod``.
+
+    ``positions`` is ``(S,)`` (shared by every row), ``(1, S)`` or ``(B, S)``.
+    """
+    if positions.dim() == 1:
+        return lambda b, i: positions[i]
+    if positions.shape[0] == 1:
+        row = positions[0]
+        return lambda b, i: row[i]
+    return lambda b, i: positions[b, i]
+
+
+class ConfiguredModule(Encoding):
+    """An encoding whose constructor arguments are exactly the fields of ``config_class``."""
 
     config_class: ClassVar[type]
 

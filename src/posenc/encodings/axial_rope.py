@@ -21,9 +21,10 @@ import torch
 
 from posenc._checks import check_choice, check_number, check_positive_int, fail
 from posenc._config import DictConfig
-from posenc.encodings._base import FrequencyModule, check_qk
+from posenc.encodings._base import FrequencyModule, check_qk, shape_stub
 from posenc.functional.axial_rope import axial_cos_sin, axial_inv_freq
 from posenc.functional.rope import LAYOUTS, table_dtype
+from posenc.registry import register
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -68,6 +69,7 @@ def check_grid_positions(positions: torch.Tensor, x: torch.Tensor, n_axes: int, 
         )
 
 
+@register("rope_axial")
 class AxialRoPE(FrequencyModule):
     """Rotary position embedding over ``n_axes`` spatial axes, channels split evenly between the axes.
 
@@ -112,6 +114,9 @@ class AxialRoPE(FrequencyModule):
         check_grid_positions(positions, x, self.config.n_axes)
         cos, sin = self.cos_sin(positions, dtype=table_dtype(x.dtype))
         return self._apply_tables(x, cos, sin, batched=positions.dim() == 3)
+
+    def check_positions(self, positions: torch.Tensor, length: int, batch: int, name: str = "positions") -> None:
+        check_grid_positions(positions, shape_stub(batch, length), self.config.n_axes, name)
 
     def rotate(
         self, q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor

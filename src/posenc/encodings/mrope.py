@@ -19,9 +19,10 @@ import torch
 
 from posenc._checks import check_choice, check_number, check_positive_int, fail
 from posenc._config import DictConfig
-from posenc.encodings._base import FrequencyModule, check_qk
+from posenc.encodings._base import FrequencyModule, check_qk, shape_stub
 from posenc.functional.mrope import check_mrope_section, mrope_cos_sin
 from posenc.functional.rope import LAYOUTS, default_inv_freq, table_dtype
+from posenc.registry import register
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -67,6 +68,7 @@ def check_mrope_positions(positions: torch.Tensor, x: torch.Tensor, name: str = 
     return positions
 
 
+@register("mrope")
 class MRoPE(FrequencyModule):
     """Multimodal RoPE: frequency ``f`` of section ``j`` rotates by position stream ``j`` (temporal, height, width).
 
@@ -131,6 +133,9 @@ class MRoPE(FrequencyModule):
         check_mrope_positions(positions, x)
         cos, sin = self.cos_sin(positions, dtype=table_dtype(x.dtype))
         return self._apply_tables(x, cos, sin, batched=positions.dim() == 3)
+
+    def check_positions(self, positions: torch.Tensor, length: int, batch: int, name: str = "positions") -> None:
+        check_mrope_positions(positions, shape_stub(batch, length), name)
 
     def rotate(
         self, q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor

@@ -25,10 +25,11 @@ from torch import nn
 
 from posenc._checks import check_number, check_positive_int, fail
 from posenc._config import DictConfig
-from posenc.encodings._base import RotaryModule, check_qk
+from posenc.encodings._base import RotaryModule, check_qk, shape_stub
 from posenc.encodings.axial_rope import check_grid_positions
 from posenc.functional.rope import apply_rotary, table_dtype
 from posenc.functional.rope_mixed import init_mixed_freqs, mixed_cos_sin
+from posenc.registry import register
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -54,6 +55,7 @@ class RoPEMixedConfig(DictConfig):
             fail("rotate", self.rotate, "True or False")
 
 
+@register("rope_mixed")
 class RoPEMixed(RotaryModule):
     """Rotary embedding whose pair ``f`` of head ``h`` turns by ``x * freqs[0, h, f] + y * freqs[1, h, f]``.
 
@@ -72,6 +74,7 @@ class RoPEMixed(RotaryModule):
     """
 
     config_class = RoPEMixedConfig
+    per_head_keys = True
 
     def __init__(
         self,
@@ -124,6 +127,9 @@ class RoPEMixed(RotaryModule):
                 f"(B, {c.num_heads}, S, {c.head_dim}) or ({c.num_heads}, S, {c.head_dim}): one head per frequency "
                 "set (for GQA, repeat the key heads to num_heads before rotating)",
             )
+
+    def check_positions(self, positions: torch.Tensor, length: int, batch: int, name: str = "positions") -> None:
+        check_grid_positions(positions, shape_stub(batch, length), 2, name)
 
     def rotate(
         self, q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor

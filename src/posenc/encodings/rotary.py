@@ -21,6 +21,7 @@ from posenc._checks import check_choice, check_number, fail
 from posenc._config import DictConfig
 from posenc.encodings._base import FrequencyModule, check_qk
 from posenc.functional.rope import LAYOUTS, rope_cos_sin, table_dtype
+from posenc.registry import register
 from posenc.scalings import RopeScaling, check_rotary_keys, parse_scaling, rope_frequencies, rotary_dim
 
 
@@ -65,6 +66,7 @@ def check_positions(positions: torch.Tensor, x: torch.Tensor, name: str = "posit
     return positions
 
 
+@register("rope")
 class RotaryEmbedding(FrequencyModule):
     """Rotary position embedding applied to queries and keys.
 

@@ -21,6 +21,7 @@ from posenc.encodings._base import FrequencyModule, check_qk
 from posenc.encodings.rotary import check_positions
 from posenc.functional.rope import LAYOUTS, default_inv_freq, table_dtype
 from posenc.functional.xpos import xpos_cos_sin
+from posenc.registry import register
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -43,6 +44,7 @@ class XPosConfig(DictConfig):
         check_choice("layout", self.layout, LAYOUTS)
 
 
+@register("xpos")
 class XPos(FrequencyModule):
     """xPos: RoPE whose pair ``i`` is also scaled by ``zeta_i ** ((m - center) / scale_base)`` for queries and by
     its inverse at the key position, with ``zeta_i = (2i + 0.4 D) / (1.4 D)``.
