@@ -17,6 +17,3 @@ from posenc.registry import register
 @register("nope")
 class NoPE(Encoding):
     """No positional encoding: attention sees positions only through its mask (causal or document)."""
-
-    def to_dict(self) -> dict:
-        return {}
