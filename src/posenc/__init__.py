@@ -1,14 +1,17 @@
 """posenc: positional encodings for PyTorch transformers, each verified against its reference implementation."""
 
 from posenc import functional, hf
+from posenc.attention import attention
+from posenc.encodings._base import Encoding
 from posenc.encodings.axial_rope import AxialRoPE, AxialRoPEConfig
 from posenc.encodings.mrope import MRoPE, MRoPEConfig
+from posenc.encodings.nope import NoPE
 from posenc.encodings.rope_mixed import RoPEMixed, RoPEMixedConfig
 from posenc.encodings.rotary import RotaryConfig, RotaryEmbedding
 from posenc.encodings.xpos import XPos, XPosConfig
 from posenc.functional.axial_rope import grid_positions
 from posenc.functional.rope import apply_rotary, default_inv_freq, rope_angles, rope_cos_sin
-from posenc.registry import available_scalings, register_scaling
+from posenc.registry import available, available_scalings, build, register, register_scaling
 from posenc.scalings import (
     DynamicNTKScaling,
     LinearScaling,
@@ -25,6 +28,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AxialRoPE",
+    "Encoding",
+    "NoPE",
     "AxialRoPEConfig",
     "DynamicNTKScaling",
     "LinearScaling",
@@ -42,6 +47,10 @@ __all__ = [
     "XPosConfig",
     "YaRNScaling",
     "apply_rotary",
+    "attention",
+    "available",
+    "build",
+    "register",
     "available_scalings",
     "default_inv_freq",
     "functional",

@@ -6,6 +6,8 @@ import inspect
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+import torch
+
 from posenc._checks import fail
 
 T = TypeVar("T", bound=type)
@@ -71,6 +73,8 @@ def available() -> list[str]:
 
 def _parameters(factory: Callable[..., Any]) -> tuple[set[str], set[str], bool]:
     """(accepted keywords, required keywords, takes **kwargs) of ``factory``'s signature."""
+    if isinstance(factory, type) and factory.__init__ is torch.nn.Module.__init__:
+        return set(), set(), False  # a module without its own constructor takes no configuration
     params = inspect.signature(factory).parameters.values()
     accepted = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
     required = {p.name for p in params if p.name in accepted and p.default is p.empty}

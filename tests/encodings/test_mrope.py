@@ -202,7 +202,7 @@ def test_config_round_trip():
     [
         (dict(head_dim=127), "head_dim"),
         (dict(head_dim=-2), "head_dim"),
-        (dict(head_dim=64), "mrope_section"),  # default (16, 24, 24) sums to 64, not 32
+        (dict(head_dim=64, mrope_section=(16, 24, 24)), "mrope_section"),  # sums to 64, not 32
         (dict(head_dim=16, mrope_section=(2, 3, 4)), "mrope_section"),
         (dict(head_dim=16, mrope_section=(8,)), "mrope_section"),
         (dict(head_dim=16, mrope_section=(2, 3, 3, 0)), "mrope_section"),
@@ -274,3 +274,10 @@ def test_compiles_without_graph_breaks(interleaved_sections):
     want_q, want_k = enc(q, k, pos)
     assert_close(got_q, want_q)
     assert_close(got_k, want_k)
+
+
+@pytest.mark.parametrize(
+    ("head_dim", "section"), [(128, (16, 24, 24)), (64, (8, 12, 12)), (16, (2, 3, 3)), (8, (2, 1, 1))]
+)
+def test_default_section_takes_qwen2_vl_proportions(head_dim, section):
+    assert MRoPE(head_dim).config.mrope_section == section

@@ -40,6 +40,8 @@ class Encoding(nn.Module):
         has_bias: the encoding adds to the scores (``bias``/``score_mod`` return non-None).
         has_value_term: the encoding adds to the values (``value_term``); only the ``eager`` backend runs it.
         per_head_keys: keys need one head per query head (per-head rotations); attention repeats GQA key heads.
+        position_kind: what positions look like: ``"sequence"`` ``(S,)``/``(B, S)``, ``"grid"`` ``(S, n)``/
+            ``(B, S, n)`` coordinates (``grid_positions``), ``"mrope"`` ``(3, S)``/``(3, B, S)`` streams.
 
     Shapes:
         x (B, S, Dm); q (B, H, S, D), k (B, Hkv, T, D); bias (B|1, H, S, T) float32;
@@ -49,6 +51,7 @@ class Encoding(nn.Module):
     has_bias: ClassVar[bool] = False
     has_value_term: ClassVar[bool] = False
     per_head_keys: ClassVar[bool] = False
+    position_kind: ClassVar[str] = "sequence"
 
     def embed(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Token embeddings with absolute position information added: ``(B, S, Dm) -> (B, S, Dm)``."""

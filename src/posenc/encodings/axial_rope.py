@@ -91,6 +91,7 @@ class AxialRoPE(FrequencyModule):
     inv_freq: torch.Tensor
 
     config_class = AxialRoPEConfig
+    position_kind = "grid"
 
     def __init__(self, head_dim: int, *, n_axes: int = 2, base: float = 100.0, layout: str = "interleaved") -> None:
         super().__init__()

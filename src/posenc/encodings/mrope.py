@@ -30,11 +30,13 @@ class MRoPEConfig(DictConfig):
     """Everything that defines an M-RoPE: validated on construction, round-trips through ``to_dict``/``from_dict``.
 
     ``mrope_section`` is stored as a tuple and written out as a list, as in Hugging Face's ``rope_parameters``.
+    None takes Qwen2-VL's proportions, a quarter of the frequencies temporal and 3/8 for each spatial axis
+    (``(16, 24, 24)`` at ``head_dim=128``), rounded with the remainder temporal.
     """
 
     head_dim: int
     base: float = 10000.0
-    mrope_section: tuple[int, int, int] = (16, 24, 24)
+    mrope_section: tuple[int, int, int] | None = None
     layout: str = "half"
     interleaved_sections: bool = False
 
@@ -46,7 +48,11 @@ class MRoPEConfig(DictConfig):
         check_choice("layout", self.layout, LAYOUTS)
         if not isinstance(self.interleaved_sections, bool):
             fail("interleaved_sections", self.interleaved_sections, "True or False")
-        section = check_mrope_section(self.mrope_section, self.head_dim // 2, interleaved=self.interleaved_sections)
+        section = self.mrope_section
+        if section is None:
+            spatial = 3 * (self.head_dim // 2) // 8
+            section = (self.head_dim // 2 - 2 * spatial, spatial, spatial)
+        section = check_mrope_section(section, self.head_dim // 2, interleaved=self.interleaved_sections)
         object.__setattr__(self, "mrope_section", section)
 
 
@@ -78,7 +84,8 @@ class MRoPE(FrequencyModule):
         head_dim: channels per head ``D`` (even); all of them rotate.
         base: RoPE base (HF ``rope_theta``; Qwen2-VL uses 1e6).
         mrope_section: frequencies per stream ``(temporal, height, width)``, summing to ``head_dim // 2``
-            (HF ``rope_parameters["mrope_section"]``; Qwen2-VL: ``(16, 24, 24)`` for ``head_dim=128``).
+            (HF ``rope_parameters["mrope_section"]``; Qwen2-VL: ``(16, 24, 24)`` for ``head_dim=128``). None:
+            Qwen2-VL's proportions for this ``head_dim``.
         layout: ``"half"`` (HF, Qwen) pairs channel i with i + F; ``"interleaved"`` pairs 2i with 2i + 1.
         interleaved_sections: False: contiguous sections ``[t..t h..h w..w]`` (Qwen2-VL, Qwen2.5-VL); True: the
             streams take turns ``[t h w t h w ... t]`` (Qwen3-VL, HF ``mrope_interleaved``; e.g. ``(24, 20, 20)``).
@@ -90,13 +97,14 @@ class MRoPE(FrequencyModule):
     inv_freq: torch.Tensor
 
     config_class = MRoPEConfig
+    position_kind = "mrope"
 
     def __init__(
         self,
         head_dim: int,
         *,
         base: float = 10000.0,
-        mrope_section: Sequence[int] = (16, 24, 24),
+        mrope_section: Sequence[int] | None = None,
         layout: str = "half",
         interleaved_sections: bool = False,
     ) -> None:

@@ -74,6 +74,7 @@ class RoPEMixed(RotaryModule):
     """
 
     config_class = RoPEMixedConfig
+    position_kind = "grid"
     per_head_keys = True
 
     def __init__(

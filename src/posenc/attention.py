@@ -1,0 +1,344 @@
+"""One attention for every encoding: ``eager`` (the reference), ``sdpa`` and ``flex`` backends.
+
+``attention(q, k, v, encoding=...)`` applies the encoding's hooks in one place -- ``rotate`` before the scores,
+``bias``/``score_mod`` on the scores, ``value_term`` on the output -- so a model is written once for every
+encoding. Masks are built from indices, never from positions: queries are the *last* ``S`` of the ``T`` keys
+(bottom-right alignment, as in KV-cache decoding and chunked prefill), so positions are free to be anything an
+encoding accepts (per-document resets, a shard's offsets, 2-D grid coordinates, M-RoPE streams).
+
+Backends:
+    eager: explicit ``softmax(q k^T * scale + bias + mask) v`` in float32 (float64 for float64 inputs); runs every
+        encoding, including Shaw et al.'s value term. The reference the other backends are tested against.
+    sdpa: ``torch.nn.functional.scaled_dot_product_attention``. The fused causal kernels when there is no bias;
+        otherwise the bias is materialised ``(B|1, H, S, T)`` and rounded to the input dtype (as Hugging Face's
+        ALiBi models do).
+    flex: FlexAttention (Dong et al. 2024, "Flex Attention: A Programming Model for Generating Optimized Attention
+        Kernels", arXiv:2412.05496) with the encoding's ``score_mod`` and a block-sparse mask, compiled: memory
+        linear in length, the bias kept in float32. No backward on CPU in current PyTorch; no float64 on CPU.
+    auto: ``eager`` for value terms; ``sdpa`` without a bias; with a bias, ``flex`` where it can run (CUDA, or CPU
+        without gradients) once the materialised bias would exceed ``FLEX_MIN_BIAS_BYTES``; ``sdpa`` otherwise.
+
+Shapes:
+    q (B, H, S, D), k (B, Hkv, T, D), v (B, Hkv, T, Dv) with Hkv dividing H (grouped-query attention: query head
+    h reads key head h // (H / Hkv)); positions as the encoding takes them (``(S,)``/``(B, S)`` for sequences);
+    document_ids (T,) or (B, T) -> output (B, H, S, Dv) in q's dtype.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from posenc._checks import check_choice, fail
+from posenc.encodings._base import Encoding, check_sequence_positions
+from posenc.encodings.nope import NoPE
+
+BACKENDS = ("auto", "eager", "sdpa", "flex")
+
+#: ``auto`` moves a bias encoding to ``flex`` once the materialised bias ``B*H*S*T*4`` bytes would exceed this:
+#: below it, SDPA with the bias is fast and needs no compilation (FlexAttention compiles once per shape).
+FLEX_MIN_BIAS_BYTES = 32 * 2**20
+
+#: FlexAttention's block size: the block mask has one entry per 128 x 128 tile.
+FLEX_BLOCK = 128
+
+
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    encoding: Encoding | None = None,
+    q_positions: torch.Tensor | None = None,
+    k_positions: torch.Tensor | None = None,
+    causal: bool = True,
+    document_ids: torch.Tensor | None = None,
+    scale: float | None = None,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """Scaled dot-product attention with a positional encoding.
+
+    Args:
+        q, k, v: queries, keys, values; see Shapes. Same dtype and device.
+        encoding: any ``posenc.Encoding`` (``posenc.build(name, ...)``); None is NoPE. Its ``embed`` hook is not
+            applied here: absolute encodings act on the token embeddings before the projections.
+        q_positions, k_positions: the tokens' positions. Defaults: keys ``arange(T)``, queries the last ``S`` of
+            them; one given and ``S == T`` -> the other is the same.
+        causal: query ``i`` sees keys ``j <= i + T - S`` (queries are the last ``S`` keys).
+        document_ids: packed sequences: a document id per key; a query sees only keys of its own document (queries
+            take the ids of the last ``S`` keys). Positions reset per document are the caller's to pass.
+        scale: score scale; default ``1 / sqrt(D)``.
+        backend: one of ``BACKENDS``; see the module docstring.
+
+    Shapes:
+        q (B, H, S, D), k (B, Hkv, T, D), v (B, Hkv, T, Dv) -> (B, H, S, Dv).
+    """
+    _check_qkv(q, k, v)
+    check_choice("backend", backend, BACKENDS)
+    if encoding is None:
+        encoding = NoPE()
+    if not isinstance(encoding, Encoding):
+        fail("encoding", type(encoding).__name__, "a posenc.Encoding (posenc.build(name, ...)) or None")
+    b, _, s, _ = q.shape
+    t = k.shape[2]
+    if causal and s > t:
+        fail("q.shape[2]", s, f"at most the number of keys, {t}, with causal=True (queries are the last keys)")
+    q_pos, k_pos = _positions(q_positions, k_positions, s, t, q.device)
+    encoding.check_positions(q_pos, s, b, "q_positions")
+    encoding.check_positions(k_pos, t, b, "k_positions")
+    docs = None if document_ids is None else _check_documents(document_ids, b, t, q.device)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+
+    if encoding.per_head_keys and k.shape[1] != q.shape[1]:
+        k, v = _repeat_kv(k, q.shape[1]), _repeat_kv(v, q.shape[1])
+    q, k = encoding.rotate(q, k, q_pos, k_pos)
+    backend = _resolve_backend(backend, encoding, q, k, v)
+    mask = _Mask(causal=causal, offset=t - s, docs=docs, s=s, t=t)
+    if backend == "eager":
+        return _eager(q, k, v, encoding, q_pos, k_pos, mask, scale)
+    if backend == "sdpa":
+        return _sdpa(q, k, v, encoding, q_pos, k_pos, mask, scale)
+    return _flex(q, k, v, encoding, q_pos, k_pos, mask, scale)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Validation
+
+
+def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(x, torch.Tensor):
+            fail(name, type(x).__name__, "a torch.Tensor")
+        if x.dim() != 4:
+            fail(f"{name}.shape", tuple(x.shape), "4 dimensions (B, heads, length, head_dim)")
+        if not x.is_floating_point():
+            fail(f"{name}.dtype", x.dtype, "a floating-point dtype")
+    for name, x in (("k", k), ("v", v)):
+        if x.dtype != q.dtype:
+            fail(f"{name}.dtype", x.dtype, f"q's dtype, {q.dtype}")
+        if x.device != q.device:
+            fail(f"{name}.device", x.device, f"q's device, {q.device}")
+        if x.shape[0] != q.shape[0]:
+            fail(f"{name}.shape[0]", x.shape[0], f"q's batch size, {q.shape[0]}")
+    if k.shape[-1] != q.shape[-1]:
+        fail("k.shape[-1]", k.shape[-1], f"q's head_dim, {q.shape[-1]}")
+    if v.shape[1:3] != k.shape[1:3]:
+        fail("v.shape", tuple(v.shape), f"k's heads and length, (B, {k.shape[1]}, {k.shape[2]}, Dv)")
+    h, hkv = q.shape[1], k.shape[1]
+    if hkv == 0 or h % hkv != 0:
+        fail("k.shape[1]", hkv, f"a number of key/value heads that divides the {h} query heads")
+
+
+def _positions(
+    q_pos: torch.Tensor | None, k_pos: torch.Tensor | None, s: int, t: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    if q_pos is None and k_pos is None:
+        k_pos = torch.arange(t, device=device)
+        return k_pos[t - s :], k_pos
+    if k_pos is None or q_pos is None:
+        if s != t:
+            missing = "k_positions" if k_pos is None else "q_positions"
+            fail(missing, None, f"the positions of all {t if k_pos is None else s} tokens, since S={s} != T={t}")
+        return (k_pos, k_pos) if q_pos is None else (q_pos, q_pos)
+    return q_pos, k_pos
+
+
+def _check_documents(docs: torch.Tensor, b: int, t: int, device: torch.device) -> torch.Tensor:
+    check_sequence_positions(docs, t, b, "document_ids")
+    if docs.is_floating_point() or docs.is_complex() or docs.dtype == torch.bool:
+        fail("document_ids.dtype", docs.dtype, "an integer dtype (one id per key)")
+    if docs.device != device:
+        fail("document_ids.device", docs.device, f"q's device, {device}")
+    return docs if docs.dim() == 2 else docs.unsqueeze(0)  # (B|1, T)
+
+
+def _needs_grad(encoding: Encoding, *tensors: torch.Tensor) -> bool:
+    if not torch.is_grad_enabled():
+        return False
+    return any(x.requires_grad for x in tensors) or any(p.requires_grad for p in encoding.parameters())
+
+
+def _resolve_backend(backend: str, encoding: Encoding, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str:
+    value_term = encoding.has_value_term
+    flex_ok, why = _flex_can_run(encoding, q, k, v)
+    if backend == "auto":
+        if value_term:
+            return "eager"
+        if not encoding.has_bias:
+            return "sdpa"
+        b, h, s, _ = q.shape
+        big = b * h * s * k.shape[2] * 4 >= FLEX_MIN_BIAS_BYTES
+        return "flex" if flex_ok and (big or torch.compiler.is_compiling()) else "sdpa"
+    if value_term and backend != "eager":
+        fail("backend", backend, f"'eager' or 'auto': {type(encoding).__name__} adds a value term only eager runs")
+    if backend == "flex" and not flex_ok:
+        fail("backend", backend, f"'eager', 'sdpa' or 'auto' here: {why}")
+    return backend
+
+
+def _flex_can_run(encoding: Encoding, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[bool, str]:
+    if q.device.type == "cpu":
+        if _needs_grad(encoding, q, k, v):
+            return False, f"FlexAttention has no backward on CPU in torch {torch.__version__} (use torch.no_grad())"
+        if q.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+            return False, f"FlexAttention on CPU takes float32, bfloat16 or float16, not {q.dtype}"
+    return True, ""
+
+
+def _repeat_kv(x: torch.Tensor, heads: int) -> torch.Tensor:
+    """Key/value head ``g`` serves query heads ``g * r ... g * r + r - 1`` (Hugging Face's ``repeat_kv`` order)."""
+    return x.repeat_interleave(heads // x.shape[1], dim=1)  # (B, Hkv, T, D) -> (B, H, T, D)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Masks: causal (bottom-right aligned) and document masks, as a dense boolean or a FlexAttention block mask.
+
+
+class _Mask:
+    """Which keys each query sees: ``j <= i + offset`` when causal, and equal document ids."""
+
+    def __init__(self, *, causal: bool, offset: int, docs: torch.Tensor | None, s: int, t: int) -> None:
+        self.causal, self.offset, self.docs, self.s, self.t = causal, offset, docs, s, t
+
+    @property
+    def trivial(self) -> bool:
+        return not self.causal and self.docs is None
+
+    def dense(self, device: torch.device) -> torch.Tensor | None:
+        """``(B|1, 1, S, T)`` boolean, True where attention is allowed; None when everything is."""
+        if self.trivial:
+            return None
+        i = torch.arange(self.s, device=device)[:, None]
+        j = torch.arange(self.t, device=device)[None, :]
+        allowed = torch.ones(1, self.s, self.t, dtype=torch.bool, device=device)
+        if self.causal:
+            allowed = allowed & (j <= i + self.offset)
+        if self.docs is not None:
+            q_docs = self.docs[:, self.t - self.s :]
+            allowed = allowed & (q_docs[:, :, None] == self.docs[:, None, :])  # (B|1, S, T)
+        return allowed.unsqueeze(1)  # (B|1, 1, S, T)
+
+    def mask_mod(self):  # noqa: ANN201 - FlexAttention mask_mod
+        causal, offset, docs, start = self.causal, self.offset, self.docs, self.t - self.s
+        if docs is not None and docs.shape[0] == 1:
+            row = docs[0]
+
+            def same_doc(b, q_idx, kv_idx):  # noqa: ANN001, ANN202
+                return row[q_idx + start] == row[kv_idx]
+        elif docs is not None:
+
+            def same_doc(b, q_idx, kv_idx):  # noqa: ANN001, ANN202
+                return docs[b, q_idx + start] == docs[b, kv_idx]
+
+        def mask_mod(b, h, q_idx, kv_idx):  # noqa: ANN001, ANN202
+            ok = kv_idx <= q_idx + offset if causal else kv_idx >= 0
+            return ok & same_doc(b, q_idx, kv_idx) if docs is not None else ok
+
+        return mask_mod
+
+    def block_mask(self, device: torch.device):  # noqa: ANN201 - BlockMask | None
+        """FlexAttention block mask built from per-tile bounds: O((S/128) * (T/128)), never an S x T tensor."""
+        from torch.nn.attention.flex_attention import BlockMask
+
+        if self.trivial:
+            return None
+        n_q, n_k = -(-self.s // FLEX_BLOCK), -(-self.t // FLEX_BLOCK)
+        q_lo = torch.arange(n_q, device=device) * FLEX_BLOCK
+        q_hi = torch.clamp(q_lo + FLEX_BLOCK, max=self.s) - 1
+        k_lo = torch.arange(n_k, device=device) * FLEX_BLOCK
+        k_hi = torch.clamp(k_lo + FLEX_BLOCK, max=self.t) - 1
+        some = torch.ones(1, n_q, n_k, dtype=torch.bool, device=device)
+        every = some.clone()
+        if self.causal:
+            some = some & (k_lo[None, :] <= q_hi[:, None] + self.offset)
+            every = every & (k_hi[None, :] <= q_lo[:, None] + self.offset)
+        if self.docs is not None:
+            q_min, q_max = _tile_range(self.docs[:, self.t - self.s :], n_q)  # (B|1, n_q)
+            k_min, k_max = _tile_range(self.docs, n_k)  # (B|1, n_k)
+            some = some & (q_min[:, :, None] <= k_max[:, None, :]) & (k_min[:, None, :] <= q_max[:, :, None])
+            every = every & (q_min == q_max)[:, :, None] & (k_min == k_max)[:, None, :]
+            every = every & (q_min[:, :, None] == k_min[:, None, :])
+        partial = some & ~every  # (B|1, n_q, n_k)
+        return BlockMask.from_kv_blocks(
+            *_kv_blocks(partial),
+            *_kv_blocks(every),
+            BLOCK_SIZE=FLEX_BLOCK,
+            mask_mod=self.mask_mod(),
+            seq_lengths=(self.s, self.t),
+        )
+
+
+def _tile_range(docs: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Min and max document id of each 128-token tile: ``(B, L) -> (B, n), (B, n)``."""
+    pad = n * FLEX_BLOCK - docs.shape[1]
+    padded = torch.cat([docs, docs[:, -1:].expand(-1, pad)], dim=1)  # (B, n * 128): the last id repeated
+    tiles = padded.view(docs.shape[0], n, FLEX_BLOCK)  # (B, n, 128)
+    return tiles.amin(-1), tiles.amax(-1)
+
+
+def _kv_blocks(tiles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(B, n_q, n_k)`` selected tiles -> FlexAttention's counts ``(B, 1, n_q)`` and indices ``(B, 1, n_q, n_k)``."""
+    counts = tiles.sum(-1, dtype=torch.int32)
+    order = torch.argsort((~tiles).to(torch.int8), dim=-1, stable=True).to(torch.int32)  # selected tiles first
+    return counts[:, None], order[:, None]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Backends
+
+
+def _eager(q, k, v, encoding, q_pos, k_pos, mask, scale):  # noqa: ANN001, ANN202
+    dtype = torch.promote_types(q.dtype, torch.float32)
+    heads = q.shape[1]
+    kf, vf = _repeat_kv(k, heads).to(dtype), _repeat_kv(v, heads).to(dtype)
+    scores = (q.to(dtype) @ kf.transpose(-1, -2)) * scale  # (B, H, S, T)
+    bias = encoding.bias(q_pos, k_pos, q=q, scale=scale)
+    if bias is not None:
+        scores = scores + bias.to(dtype)
+    allowed = mask.dense(q.device)
+    if allowed is not None:
+        scores = scores.masked_fill(~allowed, float("-inf"))
+    weights = torch.softmax(scores, dim=-1)
+    out = weights @ vf  # (B, H, S, Dv)
+    extra = encoding.value_term(weights, q_pos, k_pos)
+    if extra is not None:
+        out = out + extra.to(dtype)
+    return out.to(q.dtype)
+
+
+def _sdpa(q, k, v, encoding, q_pos, k_pos, mask, scale):  # noqa: ANN001, ANN202
+    gqa = k.shape[1] != q.shape[1]
+    bias = encoding.bias(q_pos, k_pos, q=q, scale=scale)
+    if bias is None and mask.causal and mask.docs is None and mask.s == mask.t:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
+    allowed = mask.dense(q.device)
+    attn_mask = allowed
+    if bias is not None:
+        attn_mask = bias.to(q.dtype)
+        if allowed is not None:
+            attn_mask = attn_mask.masked_fill(~allowed, float("-inf"))
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=scale, enable_gqa=gqa)
+
+
+_COMPILED_FLEX = None
+
+
+def _flex(q, k, v, encoding, q_pos, k_pos, mask, scale):  # noqa: ANN001, ANN202
+    global _COMPILED_FLEX
+    from torch.nn.attention.flex_attention import flex_attention
+
+    score_mod = encoding.score_mod(q_pos, k_pos, q=q, scale=scale)
+    if score_mod is None and type(encoding).bias is not Encoding.bias:
+        fail("backend", "flex", f"'eager' or 'sdpa': {type(encoding).__name__} defines bias() but no score_mod()")
+    block_mask = mask.block_mask(q.device)
+    kwargs = {"score_mod": score_mod, "block_mask": block_mask, "scale": scale, "enable_gqa": k.shape[1] != q.shape[1]}
+    if torch.compiler.is_compiling():
+        return flex_attention(q, k, v, **kwargs)
+    if _COMPILED_FLEX is None:
+        # Static shapes: one kernel per shape. Dynamic-shape CPU kernels fail to build in torch 2.13 (inductor
+        # emits an undeclared split-size variable), and the fixed shapes of training/evaluation compile once.
+        _COMPILED_FLEX = torch.compile(flex_attention, dynamic=False)
+    with torch._dynamo.config.patch(recompile_limit=64):
+        return _COMPILED_FLEX(q, k, v, **kwargs)

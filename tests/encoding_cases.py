@@ -1,0 +1,53 @@
+"""Every registered encoding built the same way, with positions of the kind it takes: for registry-wide tests."""
+
+from __future__ import annotations
+
+import torch
+
+import posenc
+from posenc.functional.axial_rope import grid_positions
+
+#: One set of model facts for every encoding; ``posenc.build`` drops what an encoding does not use.
+MODEL = {"dim": 32, "num_heads": 4, "head_dim": 16, "max_len": 512, "grid_size": (16, 16)}
+GRID_SIDE = 16
+
+
+def build(name: str, **overrides) -> posenc.Encoding:
+    encoding = posenc.build(name, **{**MODEL, **overrides})
+    _randomize(encoding)
+    return encoding
+
+
+@torch.no_grad()
+def _randomize(encoding: torch.nn.Module) -> None:
+    """Learned tables start at zeros or tiny values in some inits; make them large enough to matter in a test."""
+    for p in encoding.parameters():
+        if p.dim() >= 2 and p.abs().max() < 0.5:
+            p.normal_(0.0, 1.0)
+
+
+def positions(encoding: posenc.Encoding, length: int, *, start: int = 0, batch: int | None = None) -> torch.Tensor:
+    """Positions ``start .. start + length - 1`` in the form ``encoding`` takes; ``batch`` adds a batch axis."""
+    kind = encoding.position_kind
+    if kind == "grid":
+        n_axes = getattr(getattr(encoding, "config", None), "n_axes", 2)
+        pos = grid_positions(*([GRID_SIDE] * n_axes))[start : start + length]  # (length, n_axes)
+    elif kind == "mrope":
+        t = torch.arange(start, start + length)
+        pos = torch.stack([t, t // 3, t % 5])  # (3, length): three position streams
+    else:
+        pos = torch.arange(start, start + length)
+    if batch is None:
+        return pos
+    if kind == "mrope":
+        return torch.stack([pos + 7 * r for r in range(batch)], dim=1)  # (3, B, length)
+    return torch.stack([pos + 7 * r for r in range(batch)])  # (B, length, ...): rows differ by a shift
+
+
+def shard(encoding: posenc.Encoding, pos: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+    """Tokens ``start:stop`` of ``pos`` (the sequence axis depends on the position kind)."""
+    if encoding.position_kind == "mrope":
+        return pos[..., start:stop]
+    if encoding.position_kind == "grid":
+        return pos[..., start:stop, :]
+    return pos[..., start:stop]

@@ -1,0 +1,363 @@
+"""``posenc.attention``: the eager reference vs the written-out formula, and every backend vs eager for every
+registered encoding -- forward, backward, KV-cache decoding, chunking, packing and grouped-query attention."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from encoding_cases import build, positions, shard
+from hypothesis import given
+from hypothesis import strategies as st
+from reference.attention import naive_attention
+from torch.testing import assert_close
+
+import posenc
+from posenc.attention import FLEX_MIN_BIAS_BYTES, _resolve_backend
+
+B, H, HKV, D, DV = 2, 4, 2, 16, 8
+TOL = {"atol": 2e-5, "rtol": 2e-5}
+
+
+def qkv(s, t, *, h=H, hkv=HKV, b=B, requires_grad=False, dtype=torch.float32):
+    q = torch.randn(b, h, s, D, dtype=dtype)
+    k = torch.randn(b, hkv, t, D, dtype=dtype)
+    v = torch.randn(b, hkv, t, DV, dtype=dtype)
+    return [x.requires_grad_(requires_grad) for x in (q, k, v)]
+
+
+class _Bias(posenc.Encoding):
+    """A toy bias that depends on everything it is given: head, absolute query and key positions."""
+
+    has_bias = True
+
+    def bias(self, q_pos, k_pos, *, q=None, scale=None):
+        h = torch.arange(H, dtype=torch.float32)[:, None, None]
+        return (torch.sin(q_pos[:, None] * 0.3 + h) * torch.cos(k_pos[None, :] * 0.7 - h)).unsqueeze(0)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The eager backend is the formula
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize(("s", "t"), [(6, 6), (1, 9), (4, 9)])
+@pytest.mark.parametrize("docs", [False, True])
+@pytest.mark.parametrize("hkv", [1, 2, 4])
+def test_eager_is_the_formula(causal, s, t, docs, hkv):
+    if not causal and docs and s != t:
+        pytest.skip("covered by the causal case")
+    q, k, v = qkv(s, t, hkv=hkv)
+    document_ids = torch.tensor([0, 0, 0, 1, 1, 2, 2, 2, 2])[:t] if docs else None
+    enc = _Bias()
+    q_pos, k_pos = torch.arange(t - s, t) + 3, torch.arange(t) + 3
+    out = posenc.attention(
+        q,
+        k,
+        v,
+        encoding=enc,
+        q_positions=q_pos,
+        k_positions=k_pos,
+        causal=causal,
+        document_ids=document_ids,
+        backend="eager",
+        scale=0.37,
+    )
+    ref = naive_attention(q, k, v, bias=enc.bias(q_pos, k_pos), causal=causal, document_ids=document_ids, scale=0.37)
+    assert_close(out, ref.float(), **TOL)
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "flex"])
+@pytest.mark.parametrize(
+    ("causal", "docs", "s", "t"),
+    [(True, False, 6, 6), (True, True, 200, 200), (False, True, 150, 150), (True, False, 3, 260)],
+)
+def test_backends_follow_the_masks(backend, causal, docs, s, t):
+    """Masks straddling FlexAttention's 128-token tiles: partial and full tiles, documents across tiles."""
+    q, k, v = qkv(s, t)
+    document_ids = (torch.arange(t) * 7 // t) if docs else None
+    kw = {"encoding": _Bias(), "causal": causal, "document_ids": document_ids}
+    if backend == "flex":
+        kw["encoding"] = posenc.build("alibi", num_heads=H)
+    with torch.no_grad():
+        ref = posenc.attention(q, k, v, backend="eager", **kw)
+        out = posenc.attention(q, k, v, backend=backend, **kw)
+    assert_close(out, ref, **TOL)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Every registered encoding, every backend
+
+
+def _inputs(name, s=24, t=24, *, batched=False, requires_grad=False):
+    enc = build(name)
+    hkv = H if enc.per_head_keys else HKV
+    q, k, v = qkv(s, t, hkv=hkv, requires_grad=requires_grad)
+    k_pos = positions(enc, t, start=2, batch=B if batched else None)
+    q_pos = shard(enc, k_pos, t - s, t)
+    return enc, (q, k, v), {"q_positions": q_pos, "k_positions": k_pos}
+
+
+def _backends(enc):
+    return ["sdpa", "flex"] if not enc.has_value_term else []
+
+
+@pytest.mark.parametrize("name", posenc.available())
+@pytest.mark.parametrize("causal", [True, False])
+def test_every_backend_matches_eager_forward(name, causal):
+    enc, (q, k, v), pos = _inputs(name, batched=True)
+    with torch.no_grad():
+        ref = posenc.attention(q, k, v, encoding=enc, causal=causal, backend="eager", **pos)
+        for backend in _backends(enc):
+            out = posenc.attention(q, k, v, encoding=enc, causal=causal, backend=backend, **pos)
+            assert_close(out, ref, **TOL, msg=lambda m, b=backend: f"{name} / {b}: {m}")
+
+
+@pytest.mark.parametrize("name", posenc.available())
+def test_sdpa_matches_eager_backward(name):
+    enc, (q, k, v), pos = _inputs(name, requires_grad=True)
+    if enc.has_value_term:
+        pytest.skip("only eager runs a value term")
+    params = [p for p in enc.parameters() if p.requires_grad]
+    grads = []
+    for backend in ("eager", "sdpa"):
+        out = posenc.attention(q, k, v, encoding=enc, backend=backend, **pos)
+        grads.append(
+            torch.autograd.grad((out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum(), [q, k, v, *params])
+        )
+    for g_ref, g in zip(*grads, strict=True):
+        assert_close(g, g_ref, **TOL)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", posenc.available())
+def test_flex_matches_eager_on_cuda_forward_and_backward(name):
+    enc, (q, k, v), pos = _inputs(name, s=200, t=200, requires_grad=True)
+    if enc.has_value_term:
+        pytest.skip("only eager runs a value term")
+    enc = enc.cuda()
+    q, k, v = (x.detach().cuda().requires_grad_() for x in (q, k, v))
+    pos = {key: p.cuda() for key, p in pos.items()}
+    params = [p for p in enc.parameters() if p.requires_grad]
+    results = []
+    for backend in ("eager", "flex"):
+        out = posenc.attention(q, k, v, encoding=enc, backend=backend, **pos)
+        results.append((out, torch.autograd.grad(out.square().sum(), [q, k, v, *params])))
+    assert_close(results[1][0], results[0][0], atol=1e-4, rtol=1e-4)
+    for g_ref, g in zip(results[0][1], results[1][1], strict=True):
+        assert_close(g, g_ref, atol=1e-3, rtol=1e-3)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# KV cache, chunking, packing, GQA: each equals the plain full forward
+
+
+@pytest.mark.parametrize("name", posenc.available())
+@pytest.mark.parametrize("backend", ["eager", "sdpa"])
+def test_decode_equals_full_forward(name, backend):
+    """Prefill 10 tokens, then decode one token at a time and a chunk of 3: each query against the cached keys."""
+    enc, (q, k, v), pos = _inputs(name, s=16, t=16, batched=True)
+    if backend == "sdpa" and enc.has_value_term:
+        backend = "eager"
+    kp = pos["k_positions"]
+    with torch.no_grad():
+        full = posenc.attention(q, k, v, encoding=enc, backend=backend, **pos)
+        steps = []
+        for a, b in [(0, 10), (10, 11), (11, 12), (12, 15), (15, 16)]:
+            steps.append(
+                posenc.attention(
+                    q[:, :, a:b],
+                    k[:, :, :b],
+                    v[:, :, :b],
+                    encoding=enc,
+                    backend=backend,
+                    q_positions=shard(enc, kp, a, b),
+                    k_positions=shard(enc, kp, 0, b),
+                )
+            )
+    assert_close(torch.cat(steps, dim=2), full, **TOL)
+
+
+@pytest.mark.parametrize("name", [n for n in posenc.available() if build(n).has_bias])
+def test_flex_decode_equals_full_forward(name):
+    enc, (q, k, v), pos = _inputs(name, s=150, t=150)
+    if enc.has_value_term:
+        pytest.skip("only eager runs a value term")
+    kp = pos["k_positions"]
+    with torch.no_grad():
+        full = posenc.attention(q, k, v, encoding=enc, backend="eager", **pos)
+        step = posenc.attention(
+            q[:, :, 140:], k, v, encoding=enc, backend="flex", q_positions=shard(enc, kp, 140, 150), k_positions=kp
+        )
+    assert_close(step, full[:, :, 140:], **TOL)
+
+
+@given(
+    cuts=st.lists(st.integers(1, 19), max_size=4, unique=True),
+    causal=st.booleans(),
+    name=st.sampled_from(posenc.available()),
+)
+def test_query_chunks_equal_full(cuts, causal, name):
+    """Context parallelism: shards of queries, each against all keys with its own positions, equal the whole."""
+    enc, (q, k, v), pos = _inputs(name, s=20, t=20)
+    kp = pos["k_positions"]
+    bounds = [0, *sorted(cuts), 20]
+    with torch.no_grad():
+        full = posenc.attention(q, k, v, encoding=enc, causal=causal, backend="eager", **pos)
+        parts = [
+            posenc.attention(
+                q[:, :, a:b],
+                k[:, :, : (b if causal else 20)],
+                v[:, :, : (b if causal else 20)],
+                encoding=enc,
+                causal=causal,
+                backend="eager",
+                q_positions=shard(enc, kp, a, b),
+                k_positions=shard(enc, kp, 0, b if causal else 20),
+            )
+            for a, b in zip(bounds, bounds[1:], strict=False)
+        ]
+    assert_close(torch.cat(parts, dim=2), full, **TOL)
+
+
+@pytest.mark.parametrize("name", posenc.available())
+@pytest.mark.parametrize("causal", [True, False])
+def test_packed_documents_equal_separate_sequences(name, causal):
+    """Two documents packed into one row with per-document positions == each document on its own."""
+    enc = build(name)
+    hkv = H if enc.per_head_keys else HKV
+    lengths = (9, 14)
+    q, k, v = qkv(sum(lengths), sum(lengths), hkv=hkv, b=1)
+    pos = torch.cat([positions(enc, n) for n in lengths], dim=0 if enc.position_kind != "mrope" else -1)
+    docs = torch.repeat_interleave(torch.arange(2), torch.tensor(lengths))
+    backend = "eager" if enc.has_value_term else "sdpa"
+    with torch.no_grad():
+        packed = posenc.attention(
+            q, k, v, encoding=enc, q_positions=pos, causal=causal, document_ids=docs, backend=backend
+        )
+        a = lengths[0]
+        first = posenc.attention(
+            q[:, :, :a],
+            k[:, :, :a],
+            v[:, :, :a],
+            encoding=enc,
+            causal=causal,
+            q_positions=positions(enc, a),
+            backend=backend,
+        )
+        second = posenc.attention(
+            q[:, :, a:],
+            k[:, :, a:],
+            v[:, :, a:],
+            encoding=enc,
+            causal=causal,
+            q_positions=positions(enc, lengths[1]),
+            backend=backend,
+        )
+    assert_close(packed, torch.cat([first, second], dim=2), **TOL)
+
+
+@pytest.mark.parametrize("name", posenc.available())
+@pytest.mark.parametrize("backend", ["eager", "sdpa"])
+def test_gqa_equals_repeated_heads(name, backend):
+    enc, (q, k, v), pos = _inputs(name)
+    if k.shape[1] == H:
+        pytest.skip("this encoding needs one key head per query head")
+    backend = "eager" if enc.has_value_term else backend
+    with torch.no_grad():
+        grouped = posenc.attention(q, k, v, encoding=enc, backend=backend, **pos)
+        r = H // k.shape[1]
+        full = posenc.attention(
+            q, k.repeat_interleave(r, 1), v.repeat_interleave(r, 1), encoding=enc, backend=backend, **pos
+        )
+    assert_close(grouped, full, **TOL)
+
+
+def test_default_positions_are_the_last_keys():
+    enc = posenc.build("rope", head_dim=D)
+    q, k, v = qkv(3, 11)
+    with torch.no_grad():
+        implicit = posenc.attention(q, k, v, encoding=enc)
+        explicit = posenc.attention(
+            q, k, v, encoding=enc, q_positions=torch.arange(8, 11), k_positions=torch.arange(11)
+        )
+    assert_close(implicit, explicit, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_low_precision_flex_and_sdpa_near_float32(dtype):
+    enc = posenc.build("alibi", num_heads=H)
+    q, k, v = qkv(64, 64)
+    with torch.no_grad():
+        ref = posenc.attention(q, k, v, encoding=enc, backend="eager")
+        for backend in ("sdpa", "flex", "eager"):
+            out = posenc.attention(*(x.to(dtype) for x in (q, k, v)), encoding=enc, backend=backend)
+            assert out.dtype == dtype
+            assert_close(out.float(), ref, atol=3e-2, rtol=3e-2)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# backend="auto"
+
+
+def test_auto_backend_choice():
+    alibi, rope = posenc.build("alibi", num_heads=H), posenc.build("rope", head_dim=D)
+    shaw = posenc.build("shaw", head_dim=D)
+    small = qkv(8, 8)
+    big_len = int((FLEX_MIN_BIAS_BYTES / (B * H * 4)) ** 0.5) + 1
+    big = [torch.empty(B, h, big_len, D, device="meta") for h in (H, HKV, HKV)]
+    assert _resolve_backend("auto", rope, *small) == "sdpa"
+    assert _resolve_backend("auto", alibi, *small) == "sdpa"
+    assert _resolve_backend("auto", shaw, *small) == "eager"
+    with torch.no_grad():
+        assert _resolve_backend("auto", alibi, *big) == "flex"
+    assert _resolve_backend("auto", alibi, *[x.requires_grad_() for x in big]) == "sdpa"  # no CPU backward
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Bad input: a ValueError naming the parameter
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        (lambda q, k, v: (q, k[:, :1].expand(-1, 3, -1, -1), v[:, :1].expand(-1, 3, -1, -1)), r"k\.shape\[1\]=3"),
+        (lambda q, k, v: (q, k.double(), v), r"k\.dtype"),
+        (lambda q, k, v: (q, k, v.half()), r"v\.dtype"),
+        (lambda q, k, v: (q, k[..., :8], v), r"k\.shape\[-1\]=8"),
+        (lambda q, k, v: (q, k, v[:, :, :5]), r"v\.shape"),
+        (lambda q, k, v: (q, k[:1], v[:1]), r"k\.shape\[0\]=1"),
+        (lambda q, k, v: (q[0], k, v), r"q\.shape"),
+        (lambda q, k, v: (q.long(), k, v), r"q\.dtype"),
+    ],
+)
+def test_bad_tensors(change, match):
+    q, k, v = change(*qkv(6, 6))
+    with pytest.raises(ValueError, match=match):
+        posenc.attention(q, k, v)
+
+
+def test_bad_arguments():
+    q, k, v = qkv(6, 6)
+    alibi = posenc.build("alibi", num_heads=H)
+    with pytest.raises(ValueError, match=r"backend='fast'.*'auto', 'eager', 'sdpa', 'flex'"):
+        posenc.attention(q, k, v, backend="fast")
+    with pytest.raises(ValueError, match=r"q_positions\.shape=\(5,\)"):
+        posenc.attention(q, k, v, encoding=alibi, q_positions=torch.arange(5), k_positions=torch.arange(6))
+    with pytest.raises(ValueError, match=r"k_positions\.shape=\(3, 6\)"):
+        posenc.attention(q, k, v, encoding=alibi, k_positions=torch.zeros(3, 6), q_positions=torch.arange(6))
+    with pytest.raises(ValueError, match=r"k_positions=None.*S=2 != T=6"):
+        posenc.attention(q[:, :, :2], k, v, encoding=alibi, q_positions=torch.arange(4, 6))
+    with pytest.raises(ValueError, match=r"q\.shape\[2\]=6.*causal=True"):
+        posenc.attention(q, k[:, :, :4], v[:, :, :4])
+    with pytest.raises(ValueError, match=r"document_ids\.dtype"):
+        posenc.attention(q, k, v, document_ids=torch.zeros(6))
+    with pytest.raises(ValueError, match=r"document_ids\.shape"):
+        posenc.attention(q, k, v, document_ids=torch.zeros(5, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"encoding='str'"):
+        posenc.attention(q, k, v, encoding="alibi")
+    with pytest.raises(ValueError, match=r"backend='sdpa'.*value term"):
+        posenc.attention(q, k, v, encoding=posenc.build("shaw", head_dim=D), backend="sdpa")
+    with pytest.raises(ValueError, match=r"backend='flex'.*no backward on CPU"):
+        posenc.attention(*[x.requires_grad_() for x in (q, k, v)], encoding=alibi, backend="flex")
+    with pytest.raises(ValueError, match=r"backend='flex'.*float64"):
+        posenc.attention(*[x.detach().double() for x in (q, k, v)], encoding=alibi, backend="flex")
