@@ -5,23 +5,23 @@ from __future__ import annotations
 
 import pytest
 import torch
-from encoding_cases import build, positions, shard
 from hypothesis import given
 from hypothesis import strategies as st
-from reference.attention import naive_attention
 from torch.testing import assert_close
 
 import posenc
+from encoding_cases import build, positions, shard
 from posenc.attention import FLEX_MIN_BIAS_BYTES, _resolve_backend
+from reference.attention import naive_attention
 
 B, H, HKV, D, DV = 2, 4, 2, 16, 8
 TOL = {"atol": 2e-5, "rtol": 2e-5}
 
 
-def qkv(s, t, *, h=H, hkv=HKV, b=B, requires_grad=False, dtype=torch.float32):
+def qkv(s, t, *, h=H, hkv=HKV, b=B, dv=DV, requires_grad=False, dtype=torch.float32):
     q = torch.randn(b, h, s, D, dtype=dtype)
     k = torch.randn(b, hkv, t, D, dtype=dtype)
-    v = torch.randn(b, hkv, t, DV, dtype=dtype)
+    v = torch.randn(b, hkv, t, dv, dtype=dtype)
     return [x.requires_grad_(requires_grad) for x in (q, k, v)]
 
 
@@ -91,7 +91,8 @@ def test_backends_follow_the_masks(backend, causal, docs, s, t):
 def _inputs(name, s=24, t=24, *, batched=False, requires_grad=False):
     enc = build(name)
     hkv = H if enc.per_head_keys else HKV
-    q, k, v = qkv(s, t, hkv=hkv, requires_grad=requires_grad)
+    dv = D if enc.has_value_term else DV  # Shaw's value embeddings are head_dim wide
+    q, k, v = qkv(s, t, hkv=hkv, dv=dv, requires_grad=requires_grad)
     k_pos = positions(enc, t, start=2, batch=B if batched else None)
     q_pos = shard(enc, k_pos, t - s, t)
     return enc, (q, k, v), {"q_positions": q_pos, "k_positions": k_pos}
@@ -122,7 +123,11 @@ def test_sdpa_matches_eager_backward(name):
     for backend in ("eager", "sdpa"):
         out = posenc.attention(q, k, v, encoding=enc, backend=backend, **pos)
         grads.append(
-            torch.autograd.grad((out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum(), [q, k, v, *params])
+            torch.autograd.grad(
+                (out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum(),
+                [q, k, v, *params],
+                materialize_grads=True,
+            )
         )
     for g_ref, g in zip(*grads, strict=True):
         assert_close(g, g_ref, **TOL)
@@ -141,7 +146,7 @@ def test_flex_matches_eager_on_cuda_forward_and_backward(name):
     results = []
     for backend in ("eager", "flex"):
         out = posenc.attention(q, k, v, encoding=enc, backend=backend, **pos)
-        results.append((out, torch.autograd.grad(out.square().sum(), [q, k, v, *params])))
+        results.append((out, torch.autograd.grad(out.square().sum(), [q, k, v, *params], materialize_grads=True)))
     assert_close(results[1][0], results[0][0], atol=1e-4, rtol=1e-4)
     for g_ref, g in zip(results[0][1], results[1][1], strict=True):
         assert_close(g, g_ref, atol=1e-3, rtol=1e-3)
@@ -226,7 +231,7 @@ def test_packed_documents_equal_separate_sequences(name, causal):
     enc = build(name)
     hkv = H if enc.per_head_keys else HKV
     lengths = (9, 14)
-    q, k, v = qkv(sum(lengths), sum(lengths), hkv=hkv, b=1)
+    q, k, v = qkv(sum(lengths), sum(lengths), hkv=hkv, b=1, dv=D if enc.has_value_term else DV)
     pos = torch.cat([positions(enc, n) for n in lengths], dim=0 if enc.position_kind != "mrope" else -1)
     docs = torch.repeat_interleave(torch.arange(2), torch.tensor(lengths))
     backend = "eager" if enc.has_value_term else "sdpa"
@@ -304,13 +309,20 @@ def test_auto_backend_choice():
     shaw = posenc.build("shaw", head_dim=D)
     small = qkv(8, 8)
     big_len = int((FLEX_MIN_BIAS_BYTES / (B * H * 4)) ** 0.5) + 1
-    big = [torch.empty(B, h, big_len, D, device="meta") for h in (H, HKV, HKV)]
+
+    def big(grad=False):  # CPU tensors of a large shape with no storage behind them
+        return [torch.zeros((), requires_grad=grad).expand(B, h, big_len, D) for h in (H, HKV, HKV)]
+
     assert _resolve_backend("auto", rope, *small) == "sdpa"
     assert _resolve_backend("auto", alibi, *small) == "sdpa"
     assert _resolve_backend("auto", shaw, *small) == "eager"
+    assert _resolve_backend("auto", alibi, *big()) == "flex"
+    assert _resolve_backend("auto", alibi, *big(grad=True)) == "sdpa"  # FlexAttention has no CPU backward
     with torch.no_grad():
-        assert _resolve_backend("auto", alibi, *big) == "flex"
-    assert _resolve_backend("auto", alibi, *[x.requires_grad_() for x in big]) == "sdpa"  # no CPU backward
+        assert _resolve_backend("auto", alibi, *big(grad=True)) == "flex"
+    assert _resolve_backend("auto", posenc.build("t5", num_heads=H), *big()) == "sdpa"  # its table needs grads
+    with torch.no_grad():
+        assert _resolve_backend("auto", alibi, *(x.double() for x in big())) == "sdpa"  # no CPU float64
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -359,5 +371,7 @@ def test_bad_arguments():
         posenc.attention(q, k, v, encoding=posenc.build("shaw", head_dim=D), backend="sdpa")
     with pytest.raises(ValueError, match=r"backend='flex'.*no backward on CPU"):
         posenc.attention(*[x.requires_grad_() for x in (q, k, v)], encoding=alibi, backend="flex")
+    with pytest.raises(ValueError, match=r"v\.shape\[-1\]=8.*value term"):
+        posenc.attention(q, k, v[..., :8], encoding=posenc.build("shaw", head_dim=D))
     with pytest.raises(ValueError, match=r"backend='flex'.*float64"):
         posenc.attention(*[x.detach().double() for x in (q, k, v)], encoding=alibi, backend="flex")

@@ -3,13 +3,20 @@
 from posenc import functional, hf
 from posenc.attention import attention
 from posenc.encodings._base import Encoding
+from posenc.encodings.alibi import ALiBi, ALiBi2D, ALiBi2DConfig, ALiBiConfig
 from posenc.encodings.axial_rope import AxialRoPE, AxialRoPEConfig
+from posenc.encodings.learned import Learned2DConfig, LearnedConfig, LearnedPositions, LearnedPositions2D
 from posenc.encodings.mrope import MRoPE, MRoPEConfig
 from posenc.encodings.nope import NoPE
 from posenc.encodings.rope_mixed import RoPEMixed, RoPEMixedConfig
 from posenc.encodings.rotary import RotaryConfig, RotaryEmbedding
+from posenc.encodings.shaw import ShawRelative, ShawRelativeConfig
+from posenc.encodings.sinusoidal import Sinusoidal, Sinusoidal2D, Sinusoidal2DConfig, SinusoidalConfig
+from posenc.encodings.t5 import T5Bias, T5BiasConfig
 from posenc.encodings.xpos import XPos, XPosConfig
+from posenc.functional.alibi import alibi_slopes
 from posenc.functional.axial_rope import grid_positions
+from posenc.functional.relative import t5_relative_position_bucket
 from posenc.functional.rope import apply_rotary, default_inv_freq, rope_angles, rope_cos_sin
 from posenc.registry import available, available_scalings, build, register, register_scaling
 from posenc.scalings import (
@@ -27,38 +34,56 @@ from posenc.scalings import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "ALiBi",
+    "ALiBi2D",
+    "ALiBi2DConfig",
+    "ALiBiConfig",
     "AxialRoPE",
-    "Encoding",
-    "NoPE",
     "AxialRoPEConfig",
     "DynamicNTKScaling",
+    "Encoding",
+    "Learned2DConfig",
+    "LearnedConfig",
+    "LearnedPositions",
+    "LearnedPositions2D",
     "LinearScaling",
     "Llama3Scaling",
     "LongRoPEScaling",
     "MRoPE",
     "MRoPEConfig",
     "NTKScaling",
+    "NoPE",
     "RoPEMixed",
     "RoPEMixedConfig",
     "RopeScaling",
     "RotaryConfig",
     "RotaryEmbedding",
+    "ShawRelative",
+    "ShawRelativeConfig",
+    "Sinusoidal",
+    "Sinusoidal2D",
+    "Sinusoidal2DConfig",
+    "SinusoidalConfig",
+    "T5Bias",
+    "T5BiasConfig",
     "XPos",
     "XPosConfig",
     "YaRNScaling",
+    "alibi_slopes",
     "apply_rotary",
     "attention",
     "available",
-    "build",
-    "register",
     "available_scalings",
+    "build",
     "default_inv_freq",
     "functional",
     "grid_positions",
     "hf",
     "parse_scaling",
+    "register",
     "register_scaling",
     "rope_angles",
     "rope_cos_sin",
     "rope_frequencies",
+    "t5_relative_position_bucket",
 ]

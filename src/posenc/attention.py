@@ -304,6 +304,8 @@ def _eager(q, k, v, encoding, q_pos, k_pos, mask, scale):  # noqa: ANN001, ANN20
     out = weights @ vf  # (B, H, S, Dv)
     extra = encoding.value_term(weights, q_pos, k_pos)
     if extra is not None:
+        if extra.shape[-1] != out.shape[-1]:
+            fail("v.shape[-1]", v.shape[-1], f"{extra.shape[-1]}, the width of {type(encoding).__name__}'s value term")
         out = out + extra.to(dtype)
     return out.to(q.dtype)
 

@@ -1,7 +1,10 @@
 """Pure functions of tensors and keyword-only scalars. Imports only torch."""
 
+from posenc.functional.alibi import alibi_2d_bias, alibi_bias, alibi_slopes, interpolated_slopes
 from posenc.functional.axial_rope import axial_angles, axial_cos_sin, axial_inv_freq, grid_positions
+from posenc.functional.learned import resize_table_1d, resize_table_2d
 from posenc.functional.mrope import mrope_angles, mrope_cos_sin, mrope_streams
+from posenc.functional.relative import shaw_bias, shaw_value_term, t5_bias, t5_relative_position_bucket
 from posenc.functional.rope import angle_dtype, apply_rotary, default_inv_freq, rope_angles, rope_cos_sin, table_dtype
 from posenc.functional.rope_mixed import init_mixed_freqs, mixed_angles, mixed_cos_sin
 from posenc.functional.rope_scaling import (
@@ -13,9 +16,13 @@ from posenc.functional.rope_scaling import (
     ntk_frequencies,
     yarn_frequencies,
 )
+from posenc.functional.sinusoidal import sinusoidal_2d_encoding, sinusoidal_encoding
 from posenc.functional.xpos import xpos_cos_sin, xpos_scale, xpos_zeta
 
 __all__ = [
+    "alibi_2d_bias",
+    "alibi_bias",
+    "alibi_slopes",
     "angle_dtype",
     "apply_rotary",
     "axial_angles",
@@ -26,6 +33,7 @@ __all__ = [
     "dynamic_ntk_frequencies",
     "grid_positions",
     "init_mixed_freqs",
+    "interpolated_slopes",
     "linear_frequencies",
     "llama3_frequencies",
     "longrope_frequencies",
@@ -35,8 +43,16 @@ __all__ = [
     "mrope_cos_sin",
     "mrope_streams",
     "ntk_frequencies",
+    "resize_table_1d",
+    "resize_table_2d",
     "rope_angles",
     "rope_cos_sin",
+    "shaw_bias",
+    "shaw_value_term",
+    "sinusoidal_2d_encoding",
+    "sinusoidal_encoding",
+    "t5_bias",
+    "t5_relative_position_bucket",
     "table_dtype",
     "xpos_cos_sin",
     "xpos_scale",
