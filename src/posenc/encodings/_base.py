@@ -85,9 +85,7 @@ class Encoding(nn.Module):
         """FlexAttention ``score_mod`` adding ``bias(q_pos, k_pos)[b, h, q_idx, kv_idx]``, or None."""
         return None
 
-    def value_term(
-        self, weights: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor
-    ) -> torch.Tensor | None:
+    def value_term(self, weights: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor | None:
         """Extra attention output from the weights ``(B, H, S, T)``: ``(B, H, S, Dv)``, or None."""
         return None
 
@@ -110,6 +108,41 @@ def check_sequence_positions(positions: object, length: int, batch: int, name: s
     if not ok:
         fail(f"{name}.shape", tuple(positions.shape), f"({length},) or ({batch}, {length}), one position per token")
     return positions
+
+
+def check_grid_positions(positions: torch.Tensor, x: torch.Tensor, n_axes: int, name: str = "positions") -> None:
+    """Positions must be ``(S, n_axes)`` or ``(B, S, n_axes)`` (``B`` may be 1) for ``x`` of shape ``(B, H, S, D)``.
+
+    Batched positions need a 4-D ``x``; an unbatched ``x`` (``(S, D)`` or ``(H, S, D)``) takes ``(S, n_axes)``.
+    """
+    if not isinstance(positions, torch.Tensor):
+        fail(name, type(positions).__name__, f"a torch.Tensor of shape (S, {n_axes}) or (B, S, {n_axes})")
+    s, b = x.shape[-2], x.shape[0] if x.dim() >= 4 else None
+    ok = positions.dim() == 2 and positions.shape == (s, n_axes)
+    ok = ok or (
+        positions.dim() == 3 and positions.shape[1:] == (s, n_axes) and b is not None and positions.shape[0] in (1, b)
+    )
+    if not ok:
+        fail(
+            f"{name}.shape",
+            tuple(positions.shape),
+            f"({s}, {n_axes}) or ({b}, {s}, {n_axes}) to match x of shape {tuple(x.shape)} and n_axes={n_axes}",
+        )
+
+
+def check_tokens(x: object, dim: int, name: str = "x") -> None:
+    """``x`` must be a floating point ``(B, S, dim)`` tensor of token embeddings."""
+    if not isinstance(x, torch.Tensor) or x.dim() != 3:
+        fail(f"{name}.shape", getattr(x, "shape", type(x).__name__), f"(B, S, {dim}): token embeddings")
+    if x.shape[-1] != dim:
+        fail(f"{name}.shape[-1]", x.shape[-1], f"dim = {dim}")
+    if not x.is_floating_point():
+        fail(f"{name}.dtype", x.dtype, "a floating point dtype")
+
+
+def check_grid(positions: torch.Tensor, length: int, batch: int, name: str = "positions") -> None:
+    """Grid positions for ``length`` tokens of a batch of ``batch``: ``(length, 2)`` or ``(1|batch, length, 2)``."""
+    check_grid_positions(positions, shape_stub(batch, length), 2, name)
 
 
 def position_reader(positions: torch.Tensor) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:

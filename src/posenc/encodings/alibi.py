@@ -20,8 +20,7 @@ import torch
 
 from posenc._checks import check_positive_int, fail
 from posenc._config import DictConfig
-from posenc.encodings._base import ConfiguredModule, ScoreMod, position_reader, shape_stub
-from posenc.encodings.axial_rope import check_grid_positions
+from posenc.encodings._base import ConfiguredModule, ScoreMod, check_grid_positions, position_reader, shape_stub
 from posenc.functional.alibi import (
     alibi_2d_bias,
     alibi_2d_distance,

@@ -21,7 +21,7 @@ import torch
 
 from posenc._checks import check_choice, check_number, check_positive_int, fail
 from posenc._config import DictConfig
-from posenc.encodings._base import FrequencyModule, check_qk, shape_stub
+from posenc.encodings._base import FrequencyModule, check_grid_positions, check_qk, shape_stub
 from posenc.functional.axial_rope import axial_cos_sin, axial_inv_freq
 from posenc.functional.rope import LAYOUTS, table_dtype
 from posenc.registry import register
@@ -47,26 +47,6 @@ class AxialRoPEConfig(DictConfig):
             fail("head_dim", self.head_dim, f"a multiple of 2 * n_axes = {2 * self.n_axes} (whole pairs per axis)")
         check_number("base", self.base, above=1.0)
         check_choice("layout", self.layout, LAYOUTS)
-
-
-def check_grid_positions(positions: torch.Tensor, x: torch.Tensor, n_axes: int, name: str = "positions") -> None:
-    """Positions must be ``(S, n_axes)`` or ``(B, S, n_axes)`` (``B`` may be 1) for ``x`` of shape ``(B, H, S, D)``.
-
-    Batched positions need a 4-D ``x``; an unbatched ``x`` (``(S, D)`` or ``(H, S, D)``) takes ``(S, n_axes)``.
-    """
-    if not isinstance(positions, torch.Tensor):
-        fail(name, type(positions).__name__, f"a torch.Tensor of shape (S, {n_axes}) or (B, S, {n_axes})")
-    s, b = x.shape[-2], x.shape[0] if x.dim() >= 4 else None
-    ok = positions.dim() == 2 and positions.shape == (s, n_axes)
-    ok = ok or (
-        positions.dim() == 3 and positions.shape[1:] == (s, n_axes) and b is not None and positions.shape[0] in (1, b)
-    )
-    if not ok:
-        fail(
-            f"{name}.shape",
-            tuple(positions.shape),
-            f"({s}, {n_axes}) or ({b}, {s}, {n_axes}) to match x of shape {tuple(x.shape)} and n_axes={n_axes}",
-        )
 
 
 @register("rope_axial")

@@ -26,8 +26,7 @@ from torch import nn
 
 from posenc._checks import check_number, check_positive_int, fail
 from posenc._config import DictConfig
-from posenc.encodings._base import ConfiguredModule
-from posenc.encodings.sinusoidal import check_grid, check_tokens
+from posenc.encodings._base import ConfiguredModule, check_grid, check_tokens
 from posenc.functional.learned import check_grid_size, resize_table_1d, resize_table_2d
 from posenc.registry import register
 

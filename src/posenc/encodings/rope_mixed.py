@@ -25,8 +25,7 @@ from torch import nn
 
 from posenc._checks import check_number, check_positive_int, fail
 from posenc._config import DictConfig
-from posenc.encodings._base import RotaryModule, check_qk, shape_stub
-from posenc.encodings.axial_rope import check_grid_positions
+from posenc.encodings._base import RotaryModule, check_grid_positions, check_qk, shape_stub
 from posenc.functional.rope import apply_rotary, table_dtype
 from posenc.functional.rope_mixed import init_mixed_freqs, mixed_cos_sin
 from posenc.registry import register

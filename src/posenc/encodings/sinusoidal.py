@@ -21,25 +21,9 @@ import torch
 
 from posenc._checks import check_number, check_positive_int, fail
 from posenc._config import DictConfig
-from posenc.encodings._base import ConfiguredModule, shape_stub
-from posenc.encodings.axial_rope import check_grid_positions
+from posenc.encodings._base import ConfiguredModule, check_grid, check_tokens
 from posenc.functional.sinusoidal import sinusoidal_2d_encoding, sinusoidal_encoding
 from posenc.registry import register
-
-
-def check_tokens(x: object, dim: int, name: str = "x") -> None:
-    """``x`` must be a floating point ``(B, S, dim)`` tensor of token embeddings."""
-    if not isinstance(x, torch.Tensor) or x.dim() != 3:
-        fail(f"{name}.shape", getattr(x, "shape", type(x).__name__), f"(B, S, {dim}): token embeddings")
-    if x.shape[-1] != dim:
-        fail(f"{name}.shape[-1]", x.shape[-1], f"dim = {dim}")
-    if not x.is_floating_point():
-        fail(f"{name}.dtype", x.dtype, "a floating point dtype")
-
-
-def check_grid(positions: torch.Tensor, length: int, batch: int, name: str = "positions") -> None:
-    """Grid positions for ``length`` tokens of a batch of ``batch``: ``(length, 2)`` or ``(1|batch, length, 2)``."""
-    check_grid_positions(positions, shape_stub(batch, length), 2, name)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
