@@ -27,8 +27,8 @@ from posenc._config import DictConfig
 from posenc.encodings._base import ConfiguredModule, ScoreMod, position_reader
 from posenc.functional.relative import (
     check_integer_positions,
+    check_position_pair,
     check_t5_buckets,
-    relative_positions,
     t5_bias,
     t5_relative_position_bucket,
 )
@@ -116,7 +116,7 @@ class T5Bias(ConfiguredModule):
     ) -> ScoreMod:
         """FlexAttention ``score_mod`` adding ``bias(q_pos, k_pos)[b, h, q_idx, kv_idx]``; captures only the
         ``(H, num_buckets)`` table and the positions."""
-        relative_positions(q_pos, k_pos)  # validates dtypes, ranks and batch sizes
+        check_position_pair(q_pos, k_pos)  # validates dtypes, ranks and batch sizes without an S x T tensor
         c = self.config
         per_head = self.relative_attention_bias.weight.t()  # (H, num_buckets)
         q_at, k_at = position_reader(q_pos.long()), position_reader(k_pos.long())
