@@ -375,3 +375,15 @@ def test_bad_arguments():
         posenc.attention(q, k, v[..., :8], encoding=posenc.build("shaw", head_dim=D))
     with pytest.raises(ValueError, match=r"backend='flex'.*float64"):
         posenc.attention(*[x.detach().double() for x in (q, k, v)], encoding=alibi, backend="flex")
+
+
+@pytest.mark.parametrize(("name", "backend"), [("alibi", "sdpa"), ("t5", "sdpa"), ("rope", "sdpa"), ("alibi", "flex")])
+def test_compiles_without_graph_breaks(name, backend):
+    enc, (q, k, v), pos = _inputs(name, s=32, t=32)
+
+    def step(q, k, v):
+        return posenc.attention(q, k, v, encoding=enc, backend=backend, **pos)
+
+    with torch.no_grad():
+        compiled = torch.compile(step, fullgraph=True, dynamic=False)
+        assert_close(compiled(q, k, v), step(q, k, v), **TOL)

@@ -222,21 +222,21 @@ class _Mask:
 
     def mask_mod(self):  # noqa: ANN201 - FlexAttention mask_mod
         causal, offset, docs, start = self.causal, self.offset, self.docs, self.t - self.s
-        if docs is not None and docs.shape[0] == 1:
-            row = docs[0]
 
-            def same_doc(b, q_idx, kv_idx):  # noqa: ANN001, ANN202
-                return row[q_idx + start] == row[kv_idx]
-        elif docs is not None:
+        def causal_mod(b, h, q_idx, kv_idx):  # noqa: ANN001, ANN202
+            return kv_idx <= q_idx + offset
 
-            def same_doc(b, q_idx, kv_idx):  # noqa: ANN001, ANN202
-                return docs[b, q_idx + start] == docs[b, kv_idx]
+        if docs is None:
+            return causal_mod
+        docs = docs.expand(-1, self.t)  # (B|1, T)
+        one_row = docs.shape[0] == 1
 
-        def mask_mod(b, h, q_idx, kv_idx):  # noqa: ANN001, ANN202
-            ok = kv_idx <= q_idx + offset if causal else kv_idx >= 0
-            return ok & same_doc(b, q_idx, kv_idx) if docs is not None else ok
+        def doc_mod(b, h, q_idx, kv_idx):  # noqa: ANN001, ANN202
+            row = 0 if one_row else b
+            same = docs[row, q_idx + start] == docs[row, kv_idx]
+            return same & (kv_idx <= q_idx + offset) if causal else same
 
-        return mask_mod
+        return doc_mod
 
     def block_mask(self, device: torch.device):  # noqa: ANN201 - BlockMask | None
         """FlexAttention block mask built from per-tile bounds: O((S/128) * (T/128)), never an S x T tensor."""
