@@ -226,8 +226,11 @@ class _Mask:
         def causal_mod(b, h, q_idx, kv_idx):  # noqa: ANN001, ANN202
             return kv_idx <= q_idx + offset
 
+        def everything(b, h, q_idx, kv_idx):  # noqa: ANN001, ANN202
+            return kv_idx >= 0
+
         if docs is None:
-            return causal_mod
+            return causal_mod if causal else everything
         docs = docs.expand(-1, self.t)  # (B|1, T)
         one_row = docs.shape[0] == 1
 
@@ -239,11 +242,11 @@ class _Mask:
         return doc_mod
 
     def block_mask(self, device: torch.device):  # noqa: ANN201 - BlockMask | None
-        """FlexAttention block mask built from per-tile bounds: O((S/128) * (T/128)), never an S x T tensor."""
-        from torch.nn.attention.flex_attention import BlockMask
+        """FlexAttention block mask built from per-tile bounds: O((S/128) * (T/128)), never an S x T tensor.
 
-        if self.trivial:
-            return None
+        Built even when every key is visible: without one, FlexAttention on CPU materialises an S x T mask.
+        """
+        from torch.nn.attention.flex_attention import BlockMask
         n_q, n_k = -(-self.s // FLEX_BLOCK), -(-self.t // FLEX_BLOCK)
         q_lo = torch.arange(n_q, device=device) * FLEX_BLOCK
         q_hi = torch.clamp(q_lo + FLEX_BLOCK, max=self.s) - 1
