@@ -387,3 +387,11 @@ def test_compiles_without_graph_breaks(name, backend):
     with torch.no_grad():
         compiled = torch.compile(step, fullgraph=True, dynamic=False)
         assert_close(compiled(q, k, v), step(q, k, v), **TOL)
+
+
+def test_packed_positions():
+    pos, ids = posenc.packed_positions([3, 1, 2])
+    assert pos.tolist() == [0, 1, 2, 0, 0, 1] and ids.tolist() == [0, 0, 0, 1, 2, 2]
+    for bad in ([], [3, 0], [[2]], [1.5]):
+        with pytest.raises(ValueError, match=r"lengths="):
+            posenc.packed_positions(bad)

@@ -1,7 +1,7 @@
 """posenc: positional encodings for PyTorch transformers, each verified against its reference implementation."""
 
 from posenc import functional, hf
-from posenc.attention import attention
+from posenc.attention import attention, packed_positions
 from posenc.encodings._base import Encoding
 from posenc.encodings.alibi import ALiBi, ALiBi2D, ALiBi2DConfig, ALiBiConfig
 from posenc.encodings.axial_rope import AxialRoPE, AxialRoPEConfig
@@ -79,6 +79,7 @@ __all__ = [
     "functional",
     "grid_positions",
     "hf",
+    "packed_positions",
     "parse_scaling",
     "register",
     "register_scaling",

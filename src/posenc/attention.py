@@ -27,6 +27,7 @@ Shapes:
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -101,6 +102,24 @@ def attention(
     if backend == "sdpa":
         return _sdpa(q, k, v, encoding, q_pos, k_pos, mask, scale)
     return _flex(q, k, v, encoding, q_pos, k_pos, mask, scale)
+
+
+def packed_positions(
+    lengths: Sequence[int] | torch.Tensor, *, device: torch.device | str | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Positions restarting at 0 per document, and the document ids, for documents packed back to back.
+
+    ``attention(..., q_positions=positions, document_ids=ids)`` then equals running each document alone.
+
+    Shapes:
+        lengths (N,) -> positions (sum(lengths),) int64, document_ids (sum(lengths),) int64
+    """
+    lengths = torch.as_tensor(lengths, device=device)
+    if lengths.dim() != 1 or lengths.numel() == 0 or lengths.is_floating_point() or bool((lengths <= 0).any()):
+        fail("lengths", lengths.tolist(), "a non-empty sequence of positive document lengths")
+    ids = torch.repeat_interleave(torch.arange(lengths.numel(), device=lengths.device), lengths)
+    starts = torch.cumsum(lengths, 0) - lengths  # (N,) first token of each document
+    return torch.arange(ids.numel(), device=lengths.device) - starts[ids], ids
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -247,6 +266,7 @@ class _Mask:
         Built even when every key is visible: without one, FlexAttention on CPU materialises an S x T mask.
         """
         from torch.nn.attention.flex_attention import BlockMask
+
         n_q, n_k = -(-self.s // FLEX_BLOCK), -(-self.t // FLEX_BLOCK)
         q_lo = torch.arange(n_q, device=device) * FLEX_BLOCK
         q_hi = torch.clamp(q_lo + FLEX_BLOCK, max=self.s) - 1
