@@ -1,4 +1,9 @@
-"""``posenc`` command line. ``posenc demo``: what the library computes, checked live on this machine."""
+"""``posenc`` command line.
+
+- ``posenc lab``: the length-extrapolation study (``posenc.lab.study``): train per encoding, evaluate past L.
+- ``posenc figures``: explanatory pictures of the encodings.
+- ``posenc demo``: what the RoPE scalings compute, checked live on this machine.
+"""
 
 from __future__ import annotations
 
@@ -83,9 +88,94 @@ def _best_of(n: int, fn) -> float:
     return min(times)
 
 
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(n for n in text.replace(",", " ").split() if n)
+
+
+def _lengths(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(n) for n in _names(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--eval-lens={text!r}: expected integers, e.g. 64,128,256") from None
+
+
+def lab(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from posenc.lab.study import StudyConfig, run_study
+
+    try:
+        cfg = StudyConfig(
+            task=args.task,
+            encodings=args.encodings,
+            train_len=args.train_len,
+            eval_lens=args.eval_lens,
+            steps=args.steps,
+            batch_size=args.batch_size,
+            dim=args.dim,
+            n_layers=args.layers,
+            n_heads=args.heads,
+            lr=args.lr,
+            seed=args.seed,
+            stride=args.stride,
+            finetune_steps=args.finetune_steps,
+            eval_tokens=args.eval_tokens,
+            corpus=None if args.corpus is None else str(Path(args.corpus).resolve()),
+            device=args.device,
+        )
+        out = Path(args.out) if args.out else Path("runs") / time.strftime("lab-%Y%m%d-%H%M%S")
+        run_study(cfg, out, resume=args.resume, progress=not args.quiet)
+    except ValueError as err:
+        print(f"posenc lab: {err}")
+        return 2
+    return 0
+
+
+def figures(args: argparse.Namespace) -> int:
+    from posenc.lab.figures import draw_figures
+
+    for path in draw_figures(args.out):
+        print(path)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
+    from posenc.lab.study import DEFAULT_ENCODINGS, StudyConfig
+
+    d = StudyConfig()
     parser = argparse.ArgumentParser(prog="posenc", description="Positional encodings for PyTorch transformers.")
     sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("lab", help="which encoding extrapolates? train at length L, evaluate at L..16L")
+    p.add_argument(
+        "--task",
+        default=d.task,
+        choices=["lm", "copy", "recall"],
+        help="lm: byte-level language modelling (perplexity); copy/recall: exact-match accuracy",
+    )
+    p.add_argument(
+        "--encodings", type=_names, default=DEFAULT_ENCODINGS, help="comma-separated names (posenc.available())"
+    )
+    p.add_argument("--train-len", type=int, default=d.train_len)
+    p.add_argument("--eval-lens", type=_lengths, default=None, help="comma-separated lengths; default L,2L,4L,8L,16L")
+    p.add_argument("--steps", type=int, default=d.steps)
+    p.add_argument("--batch-size", type=int, default=d.batch_size, help="global batch (split across DDP ranks)")
+    p.add_argument("--dim", type=int, default=d.dim)
+    p.add_argument("--layers", type=int, default=d.n_layers)
+    p.add_argument("--heads", type=int, default=d.n_heads)
+    p.add_argument("--lr", type=float, default=d.lr)
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--stride", type=int, default=None, help="sliding-window evaluation with this stride (ALiBi paper)")
+    p.add_argument("--finetune-steps", type=int, default=0, help="also fine-tune RoPE scalings at each length (PI)")
+    p.add_argument("--eval-tokens", type=int, default=d.eval_tokens, help="held-out tokens scored per length")
+    p.add_argument("--corpus", default=None, help="a text file or folder (default: the Python standard library)")
+    p.add_argument("--device", default=d.device)
+    p.add_argument("--out", default=None, help="output folder (default: runs/lab-<time>)")
+    p.add_argument("--resume", action="store_true", help="continue the study in --out where it stopped")
+    p.add_argument("--quiet", action="store_true", help="no progress bars or tables")
+    p.set_defaults(func=lab)
+    p = sub.add_parser("figures", help="draw the explanatory pictures (sinusoids, ALiBi, RoPE decay, scalings)")
+    p.add_argument("--out", default="figures")
+    p.set_defaults(func=figures)
     p = sub.add_parser("demo", help="print what each RoPE scaling does, with live checks")
     p.add_argument("--head-dim", type=int, default=128)
     p.add_argument("--base", type=float, default=500000.0)

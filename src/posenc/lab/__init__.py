@@ -1,0 +1,1 @@
+"""The lab: tiny models trained with each encoding and evaluated past their training length."""

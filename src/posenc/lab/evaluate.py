@@ -1,0 +1,154 @@
+"""Evaluation past the training length: perplexity by windows, task accuracy, and the RoPE extensions applied zero-shot.
+
+Perplexity follows Press et al. 2022 (ALiBi, sec. 4): non-overlapping windows of the evaluation length, each target
+scored once; or sliding windows (``stride``), where every target but the first window's sees ``length - stride``
+tokens or more of context.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+import posenc
+from posenc.lab.data import eval_windows
+
+#: RoPE context-extension methods applied zero-shot at an evaluation length ``L'`` past the training length ``L``,
+#: with factor ``L' / L`` (Chen et al. 2023 PI; bloc97 NTK-aware; emozilla dynamic NTK; Peng et al. 2023 YaRN).
+ROPE_SCALINGS = ("linear", "ntk", "dynamic", "yarn")
+
+#: Ways to run an encoding past its training length that are not RoPE scalings: learned tables interpolated to the
+#: new length (as ViT fine-tuning does for grids), ALiBi slopes interpolated (Al-Khateeb et al. 2023).
+OTHER_EXTENSIONS = {"learned": ("interpolate",), "alibi": ("interpolate",)}
+
+
+@dataclass(frozen=True)
+class Score:
+    """One evaluation: mean loss over the scored targets, their count, and whether the model could run at all."""
+
+    loss: float | None
+    tokens: int
+    status: str = "ok"
+
+    @property
+    def ppl(self) -> float | None:
+        return None if self.loss is None else math.exp(self.loss)
+
+
+def extension_names(encoding: str) -> tuple[str, ...]:
+    """The extensions ``posenc lab`` evaluates for ``encoding``, after ``"none"`` (the model as trained)."""
+    if encoding == "rope":
+        return ("none", *ROPE_SCALINGS)
+    return ("none", *OTHER_EXTENSIONS.get(encoding, ()))
+
+
+def extended_encoding(model, extension: str, *, train_len: int, eval_len: int) -> posenc.Encoding | None:  # noqa: ANN001
+    """The encoding to swap into ``model`` to run ``extension`` at ``eval_len``; None keeps the trained one.
+
+    ``model`` is a ``posenc.lab.model.GPT``; its own encoding is never modified.
+    """
+    cfg = model.config
+    if extension == "none" or eval_len <= train_len:
+        return None
+    factor = eval_len / train_len
+    head_dim = cfg.dim // cfg.n_heads
+    if cfg.encoding == "rope":
+        base = model.encoding.config.base
+        scaling = {
+            "linear": {"rope_type": "linear", "factor": factor},
+            "ntk": {"rope_type": "ntk", "factor": factor},
+            "dynamic": {"rope_type": "dynamic", "factor": 1.0, "max_position_embeddings": train_len},
+            "yarn": {"rope_type": "yarn", "factor": factor, "original_max_position_embeddings": train_len},
+        }[extension]
+        return posenc.RotaryEmbedding(head_dim, base=base, scaling=scaling).to(model.encoding.inv_freq.device)
+    if cfg.encoding == "alibi" and extension == "interpolate":
+        c = model.encoding.config
+        return posenc.ALiBi(c.num_heads, symmetric=c.symmetric, train_len=train_len, eval_len=eval_len).to(
+            model.encoding.slopes.device
+        )
+    if cfg.encoding == "learned" and extension == "interpolate":
+        return model.encoding.resized(eval_len)
+    raise ValueError(f"extension={extension!r} is invalid: expected one of {extension_names(cfg.encoding)}")
+
+
+def max_length(model) -> int | None:  # noqa: ANN001
+    """The longest sequence the model's encoding can run on (a learned table's length), None if unbounded."""
+    return getattr(getattr(model.encoding, "config", None), "max_len", None)
+
+
+@torch.no_grad()
+def perplexity(
+    model,  # noqa: ANN001 - posenc.lab.model.GPT
+    data: torch.Tensor,
+    *,
+    length: int,
+    stride: int | None = None,
+    max_tokens: int | None = None,
+    batch_size: int = 8,
+) -> Score:
+    """Mean next-byte cross-entropy of ``model`` over ``data`` in windows of ``length`` tokens.
+
+    Shapes:
+        data (N,) uint8 bytes; each window x, y (n, length) with a boolean score mask of the same shape.
+    """
+    limit = max_length(model)
+    if limit is not None and length > limit:
+        return Score(loss=None, tokens=0, status="n/a")
+    was_training = model.training
+    model.eval()
+    total, count = torch.zeros((), dtype=torch.float64), 0
+    for x, y, mask in eval_windows(data, length=length, stride=stride, max_tokens=max_tokens):
+        device = next(model.parameters()).device
+        x, y, mask = x.to(device), y.to(device), mask.to(device)
+        for start in range(0, x.shape[0], batch_size):
+            sl = slice(start, start + batch_size)
+            logits = model(x[sl])  # (n, length, vocab)
+            losses = F.cross_entropy(logits.flatten(0, 1).float(), y[sl].flatten(), reduction="none")  # (n * length,)
+            keep = mask[sl].flatten()
+            total += losses[keep].double().sum().cpu()
+            count += int(keep.sum())
+    model.train(was_training)
+    if count == 0:
+        raise ValueError(
+            f"data={data.numel()} bytes is invalid: expected enough held-out text for one window of {length}"
+        )
+    return Score(loss=float(total / count), tokens=count)
+
+
+@torch.no_grad()
+def task_accuracy(
+    model,  # noqa: ANN001 - posenc.lab.model.GPT
+    make_batch: Callable[[int, torch.Generator], tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+    *,
+    length: int,
+    n_sequences: int,
+    seed: int,
+    batch_size: int = 32,
+) -> tuple[Score, float]:
+    """Loss on the answer tokens and exact-match accuracy over ``n_sequences`` fresh task instances of ``length``."""
+    from posenc.lab.tasks import exact_match
+
+    limit = max_length(model)
+    if limit is not None and length > limit:
+        return Score(loss=None, tokens=0, status="n/a"), float("nan")
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    generator = torch.Generator().manual_seed(seed)
+    total, count, correct, seen = 0.0, 0, 0.0, 0
+    while seen < n_sequences:
+        n = min(batch_size, n_sequences - seen)
+        x, y, mask = (t.to(device) for t in make_batch(n, generator))
+        logits = model(x)  # (n, length, vocab)
+        losses = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten(), reduction="none")
+        keep = mask.flatten()
+        total += float(losses[keep].double().sum())
+        count += int(keep.sum())
+        correct += exact_match(logits, y, mask) * n
+        seen += n
+    model.train(was_training)
+    return Score(loss=total / max(count, 1), tokens=count), correct / seen

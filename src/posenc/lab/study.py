@@ -1,0 +1,293 @@
+"""``posenc lab``: train once per encoding at length L, evaluate at L..16L, write the CSV, plot and report.
+
+Every finished piece is kept: each encoding trains in ``OUT/runs/<encoding>/`` (checkpointed, resumable, skipped
+once done) and each evaluation is upserted into ``OUT/results.csv`` as soon as it is measured, so an interrupted
+study continues with ``--resume`` where it stopped and never redoes or loses a completed run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+import posenc
+from posenc._checks import check_choice, check_positive_int, fail
+from posenc.lab import dist
+from posenc.lab import evaluate as ev
+from posenc.lab.data import load_corpus, train_batch
+from posenc.lab.model import GPT, ModelConfig
+from posenc.lab.report import environment, print_table, read_results, upsert_results, write_report
+from posenc.lab.tasks import copy_batch, recall_batch
+from posenc.lab.train import TrainConfig, rank_rows, step_generator, train
+
+DEFAULT_ENCODINGS = ("nope", "sinusoidal", "learned", "rope", "xpos", "alibi", "t5")
+TASKS = ("lm", "copy", "recall")
+
+
+@dataclass(frozen=True, kw_only=True)
+class StudyConfig:
+    """Everything that defines a study; stored as ``OUT/study.json`` and checked on ``--resume``."""
+
+    task: str = "lm"
+    encodings: tuple[str, ...] = DEFAULT_ENCODINGS
+    train_len: int = 64
+    eval_lens: tuple[int, ...] | None = None  # None: L, 2L, 4L, 8L, 16L
+    steps: int = 400
+    batch_size: int = 32
+    dim: int = 64
+    n_layers: int = 2
+    n_heads: int = 4
+    lr: float = 3e-3
+    seed: int = 0
+    stride: int | None = None
+    finetune_steps: int = 0
+    eval_tokens: int = 16384
+    corpus: str | None = None
+    corpus_bytes: int = 4_000_000
+    device: str = "cpu"
+    extensions: bool = True
+    extra: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        check_choice("task", self.task, TASKS)
+        if not self.encodings:
+            fail("encodings", self.encodings, f"at least one of {posenc.available()}")
+        for name in self.encodings:
+            if name not in posenc.available():
+                fail("encodings", name, f"names from {posenc.available()}")
+            if (
+                posenc.build(
+                    name,
+                    dim=self.dim,
+                    num_heads=self.n_heads,
+                    head_dim=self.dim // self.n_heads,
+                    max_len=self.train_len,
+                ).position_kind
+                != "sequence"
+            ):
+                fail("encodings", name, "an encoding of token sequences (grid encodings belong to `posenc vision`)")
+        check_positive_int("train_len", self.train_len)
+        for n in ("steps", "batch_size", "dim", "n_layers", "n_heads", "eval_tokens"):
+            check_positive_int(n, getattr(self, n))
+        if self.dim % self.n_heads or (self.dim // self.n_heads) % 2:
+            fail("dim", self.dim, f"a multiple of 2 * n_heads = {2 * self.n_heads} (an even head size for RoPE)")
+        for length in self.lengths:
+            check_positive_int("eval_lens", length)
+        if self.stride is not None and not 0 < self.stride <= min(self.lengths):
+            fail(
+                "stride",
+                self.stride,
+                f"a positive number of tokens up to the shortest eval length, {min(self.lengths)}",
+            )
+        if self.finetune_steps < 0:
+            fail("finetune_steps", self.finetune_steps, "0 (no fine-tuning) or a positive number of steps")
+
+    @property
+    def lengths(self) -> tuple[int, ...]:
+        return self.eval_lens or tuple(self.train_len * m for m in (1, 2, 4, 8, 16))
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _model_config(cfg: StudyConfig, encoding: str) -> ModelConfig:
+    extra = {"bidirectional": False} if encoding == "t5" else {}  # the decoder (causal) form of T5's buckets
+    return ModelConfig(
+        vocab_size=256,
+        dim=cfg.dim,
+        n_layers=cfg.n_layers,
+        n_heads=cfg.n_heads,
+        max_len=cfg.train_len,
+        encoding=encoding,
+        encoding_config=extra,
+    )
+
+
+def _check_out(out: Path, cfg: StudyConfig, resume: bool) -> None:
+    study = out / "study.json"
+    if study.exists():
+        if not resume:
+            fail("--out", str(out), "a new folder, or --resume to continue the study already there")
+        before = json.loads(study.read_text())
+        if before != json.loads(json.dumps(cfg.to_dict())):
+            changed = sorted(k for k in set(before) | set(cfg.to_dict()) if before.get(k) != cfg.to_dict().get(k))
+            fail("--resume", str(out), f"the same settings as the study there; these differ: {changed}")
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = study.with_suffix(".tmp")
+    tmp.write_text(json.dumps(cfg.to_dict(), indent=2))
+    os.replace(tmp, study)
+
+
+def _lm_batches(train_data: torch.Tensor, cfg: StudyConfig):  # noqa: ANN202
+    """Step ``s`` draws the same global batch whatever the number of ranks or restarts; each rank takes its rows."""
+
+    def batch_fn(step: int, rank: int, world: int):  # noqa: ANN202
+        x, y = train_batch(
+            train_data, length=cfg.train_len, batch=cfg.batch_size, generator=step_generator(cfg.seed, step)
+        )
+        rows = rank_rows(cfg.batch_size, rank, world)
+        return x[rows], y[rows], None
+
+    return batch_fn
+
+
+def batch_fn_for(cfg: StudyConfig, corpus):  # noqa: ANN001, ANN201
+    return _lm_batches(corpus.train, cfg) if cfg.task == "lm" else _task_batches(cfg)
+
+
+def _task_maker(task: str):  # noqa: ANN202
+    return copy_batch if task == "copy" else recall_batch
+
+
+def _task_batches(cfg: StudyConfig):  # noqa: ANN202
+    """Task instances of length ``train_len``; their content (string or dictionary size) varies with the draw."""
+    make = _task_maker(cfg.task)
+
+    def batch_fn(step: int, rank: int, world: int):  # noqa: ANN202
+        x, y, mask = make(cfg.batch_size, cfg.train_len, generator=step_generator(cfg.seed, step))
+        rows = rank_rows(cfg.batch_size, rank, world)
+        return x[rows], y[rows], mask[rows]
+
+    return batch_fn
+
+
+def run_study(cfg: StudyConfig, out: Path, *, resume: bool = False, progress: bool = True) -> list[dict]:
+    """Run (or continue) the study; returns the result rows. Files land in ``out``."""
+    start = time.perf_counter()
+    out = Path(out)
+    dist.init()
+    if dist.is_main():
+        _check_out(out, cfg, resume)
+    dist.barrier()
+    torch.manual_seed(cfg.seed)
+    corpus = load_corpus(cfg.corpus, max_bytes=cfg.corpus_bytes) if cfg.task == "lm" else None
+    results_csv = out / "results.csv"
+    done = {_key(r) for r in read_results(results_csv)} if results_csv.exists() else set()
+    for encoding in cfg.encodings:
+        device = dist.device() if cfg.device.startswith("cuda") and dist.is_distributed() else cfg.device
+        model = GPT(_model_config(cfg, encoding), seed=cfg.seed).to(device)
+        tcfg = TrainConfig(steps=cfg.steps, batch_size=cfg.batch_size, lr=cfg.lr, seed=cfg.seed, length=cfg.train_len)
+        if not dist.is_main():  # other ranks only train; rank 0 evaluates and writes
+            train(model, batch_fn_for(cfg, corpus), tcfg, out / "runs" / encoding, resume=True, progress=False)
+            continue
+        batch_fn = batch_fn_for(cfg, corpus)
+        if progress:
+            print(f"\n[{encoding}] training at length {cfg.train_len} for {cfg.steps} steps")
+        train(model, batch_fn, tcfg, out / "runs" / encoding, resume=True, progress=progress)
+        rows = []
+        for extension in ev.extension_names(encoding) if cfg.extensions else ("none",):
+            for length in cfg.lengths:
+                row_key = (encoding, extension, 0, cfg.train_len, length, cfg.stride or 0)
+                if row_key in done:
+                    continue
+                rows.append(_evaluate(model, cfg, corpus, encoding, extension, length))
+        if rows:
+            upsert_results(results_csv, rows)
+            done |= {_key(r) for r in rows}
+    if not dist.is_main():
+        dist.cleanup()
+        return []
+    rows = read_results(results_csv)
+    _finish(out, cfg, rows, corpus, time.perf_counter() - start, progress)
+    dist.cleanup()
+    return rows
+
+
+def _key(row: dict) -> tuple:
+    return (
+        row["encoding"],
+        row["scaling"],
+        row["finetune_steps"] or 0,
+        row["train_len"],
+        row["eval_len"],
+        row["stride"] or 0,
+    )
+
+
+def _evaluate(model, cfg: StudyConfig, corpus, encoding: str, extension: str, length: int) -> dict:  # noqa: ANN001
+    swap = ev.extended_encoding(model, extension, train_len=cfg.train_len, eval_len=length)
+    trained = model.encoding
+    if swap is not None:
+        model.set_encoding(swap)
+    try:
+        if cfg.task == "lm":
+            score = ev.perplexity(model, corpus.val, length=length, stride=cfg.stride, max_tokens=cfg.eval_tokens)
+            accuracy = None
+        else:
+            make = _task_maker(cfg.task)
+            score, accuracy = ev.task_accuracy(
+                model,
+                lambda n, g: make(n, length, generator=g),
+                length=length,
+                n_sequences=256,
+                seed=cfg.seed + 10_000 + length,
+            )
+            accuracy = None if score.status != "ok" else accuracy
+    finally:
+        model.set_encoding(trained)
+    return {
+        "encoding": encoding,
+        "scaling": extension,
+        "finetune_steps": 0,
+        "train_len": cfg.train_len,
+        "eval_len": length,
+        "stride": cfg.stride or 0,
+        "loss": score.loss,
+        "ppl": score.ppl,
+        "accuracy": accuracy,
+        "tokens": score.tokens,
+        "status": score.status,
+    }
+
+
+def _finish(out: Path, cfg: StudyConfig, rows: list[dict], corpus, seconds: float, progress: bool) -> None:  # noqa: ANN001
+    from posenc.lab.plots import plot_extrapolation
+
+    metric = "ppl" if cfg.task == "lm" else "accuracy"
+    plot_extrapolation(
+        out / "results.csv",
+        out / "extrapolation.png",
+        metric=metric,
+        corpus=cfg.corpus or ("Python standard library" if cfg.task == "lm" else f"{cfg.task} task"),
+    )
+    findings = findings_for(rows, cfg)
+    env = environment()
+    write_report(
+        out, results_csv=out / "results.csv", config=cfg.to_dict(), environment=env, seconds=seconds, findings=findings
+    )
+    if progress:
+        print_table(rows, metric)
+        for line in findings:
+            print(line)
+        print(f"\nWrote {out / 'results.csv'}, {out / 'extrapolation.png'}, {out / 'report.md'} in {seconds:.0f} s")
+
+
+def findings_for(rows: Sequence[dict], cfg: StudyConfig) -> list[str]:
+    """Plain statements about the measured table: perplexity at 8x relative to 1x, for each encoding as trained."""
+    lines = []
+    if cfg.task != "lm":
+        return lines
+    far = cfg.train_len * 8
+    by = {(r["encoding"], r["scaling"], r["eval_len"]): r for r in rows if r["status"] == "ok"}
+    for encoding in cfg.encodings:
+        for extension in ev.extension_names(encoding):
+            base, long = by.get((encoding, "none", cfg.train_len)), by.get((encoding, extension, far))
+            if base is None:
+                continue
+            label = encoding if extension == "none" else f"{encoding} + {extension}"
+            if long is None:
+                lines.append(f"- {label}: not applicable at 8x ({far} tokens)")
+                continue
+            ratio = long["ppl"] / base["ppl"]
+            lines.append(
+                f"- {label}: perplexity {base['ppl']:.2f} at {cfg.train_len} -> {long['ppl']:.2f} at {far} "
+                f"({ratio:.2f}x)"
+            )
+    return lines
