@@ -102,15 +102,16 @@ def _lengths(text: str) -> tuple[int, ...]:
 def lab(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from posenc.lab.study import StudyConfig, run_study
+    from posenc.lab.study import TASK_DEFAULTS, StudyConfig, run_study
 
     try:
+        task_defaults = TASK_DEFAULTS[args.task]
         cfg = StudyConfig(
             task=args.task,
             encodings=args.encodings,
-            train_len=args.train_len,
+            train_len=args.train_len or task_defaults["train_len"],
             eval_lens=args.eval_lens,
-            steps=args.steps,
+            steps=args.steps or task_defaults["steps"],
             batch_size=args.batch_size,
             dim=args.dim,
             n_layers=args.layers,
@@ -155,9 +156,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--encodings", type=_names, default=DEFAULT_ENCODINGS, help="comma-separated names (posenc.available())"
     )
-    p.add_argument("--train-len", type=int, default=d.train_len)
+    p.add_argument("--train-len", type=int, default=None, help="default 64 (lm), 32 (copy), 16 (recall)")
     p.add_argument("--eval-lens", type=_lengths, default=None, help="comma-separated lengths; default L,2L,4L,8L,16L")
-    p.add_argument("--steps", type=int, default=d.steps)
+    p.add_argument("--steps", type=int, default=None, help="default 1000 (lm), 500 (copy), 2000 (recall)")
     p.add_argument("--batch-size", type=int, default=d.batch_size, help="global batch (split across DDP ranks)")
     p.add_argument("--dim", type=int, default=d.dim)
     p.add_argument("--layers", type=int, default=d.n_layers)

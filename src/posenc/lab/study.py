@@ -12,7 +12,7 @@ import json
 import os
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -30,6 +30,14 @@ from posenc.lab.train import TrainConfig, rank_rows, step_generator, train
 DEFAULT_ENCODINGS = ("nope", "sinusoidal", "learned", "rope", "xpos", "alibi", "t5")
 TASKS = ("lm", "copy", "recall")
 
+#: Per task: the training length and steps that learn it on a 2-core CPU in minutes (measured; recall needs short
+#: sequences and many steps before exact match rises).
+TASK_DEFAULTS = {
+    "lm": {"train_len": 64, "steps": 1000},
+    "copy": {"train_len": 32, "steps": 500},
+    "recall": {"train_len": 16, "steps": 2000},
+}
+
 
 @dataclass(frozen=True, kw_only=True)
 class StudyConfig:
@@ -39,7 +47,7 @@ class StudyConfig:
     encodings: tuple[str, ...] = DEFAULT_ENCODINGS
     train_len: int = 64
     eval_lens: tuple[int, ...] | None = None  # None: L, 2L, 4L, 8L, 16L
-    steps: int = 400
+    steps: int = 1000
     batch_size: int = 32
     dim: int = 64
     n_layers: int = 2
@@ -53,10 +61,14 @@ class StudyConfig:
     corpus_bytes: int = 4_000_000
     device: str = "cpu"
     extensions: bool = True
-    extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         check_choice("task", self.task, TASKS)
+        check_positive_int("train_len", self.train_len)
+        for n in ("steps", "batch_size", "dim", "n_layers", "n_heads", "eval_tokens"):
+            check_positive_int(n, getattr(self, n))
+        if self.dim % self.n_heads or (self.dim // self.n_heads) % 2:
+            fail("dim", self.dim, f"a multiple of 2 * n_heads = {2 * self.n_heads} (an even head size for RoPE)")
         if not self.encodings:
             fail("encodings", self.encodings, f"at least one of {posenc.available()}")
         for name in self.encodings:
@@ -73,11 +85,6 @@ class StudyConfig:
                 != "sequence"
             ):
                 fail("encodings", name, "an encoding of token sequences (grid encodings belong to `posenc vision`)")
-        check_positive_int("train_len", self.train_len)
-        for n in ("steps", "batch_size", "dim", "n_layers", "n_heads", "eval_tokens"):
-            check_positive_int(n, getattr(self, n))
-        if self.dim % self.n_heads or (self.dim // self.n_heads) % 2:
-            fail("dim", self.dim, f"a multiple of 2 * n_heads = {2 * self.n_heads} (an even head size for RoPE)")
         for length in self.lengths:
             check_positive_int("eval_lens", length)
         if self.stride is not None and not 0 < self.stride <= min(self.lengths):
@@ -115,9 +122,9 @@ def _check_out(out: Path, cfg: StudyConfig, resume: bool) -> None:
     if study.exists():
         if not resume:
             fail("--out", str(out), "a new folder, or --resume to continue the study already there")
-        before = json.loads(study.read_text())
-        if before != json.loads(json.dumps(cfg.to_dict())):
-            changed = sorted(k for k in set(before) | set(cfg.to_dict()) if before.get(k) != cfg.to_dict().get(k))
+        before, now = json.loads(study.read_text()), json.loads(json.dumps(cfg.to_dict()))
+        if before != now:
+            changed = sorted(k for k in set(before) | set(now) if before.get(k) != now.get(k))
             fail("--resume", str(out), f"the same settings as the study there; these differ: {changed}")
     out.mkdir(parents=True, exist_ok=True)
     tmp = study.with_suffix(".tmp")
@@ -191,6 +198,10 @@ def run_study(cfg: StudyConfig, out: Path, *, resume: bool = False, progress: bo
         if rows:
             upsert_results(results_csv, rows)
             done |= {_key(r) for r in rows}
+        if encoding == "rope" and cfg.finetune_steps:
+            for row in _finetune(model, cfg, corpus, out, done, progress):
+                upsert_results(results_csv, [row])
+                done.add(_key(row))
     if not dist.is_main():
         dist.cleanup()
         return []
@@ -198,6 +209,43 @@ def run_study(cfg: StudyConfig, out: Path, *, resume: bool = False, progress: bo
     _finish(out, cfg, rows, corpus, time.perf_counter() - start, progress)
     dist.cleanup()
     return rows
+
+
+def _finetune(model, cfg: StudyConfig, corpus, out: Path, done: set, progress: bool):  # noqa: ANN001, ANN202
+    """Position Interpolation's recipe (Chen et al. 2023, sec. 3): fine-tune briefly at the target length with each
+    scaling in place, then evaluate there. Yields result rows as they are measured; each fine-tune is its own
+    resumable run in ``OUT/runs/rope-<scaling>-<length>``."""
+    trained = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    for extension in ("none", *ev.ROPE_SCALINGS):
+        for length in cfg.lengths:
+            if length <= cfg.train_len or (
+                ("rope", extension, cfg.finetune_steps, cfg.train_len, length, cfg.stride or 0) in done
+            ):
+                continue
+            model.load_state_dict(trained)
+            swap = ev.extended_encoding(model, extension, train_len=cfg.train_len, eval_len=length)
+            original = model.encoding
+            if swap is not None:
+                model.set_encoding(swap)
+            batch = max(1, cfg.batch_size * cfg.train_len // length)  # the same tokens per step as pre-training
+            tune = dataclasses.replace(cfg, train_len=length, batch_size=batch)
+            tcfg = TrainConfig(
+                steps=cfg.finetune_steps, batch_size=batch, lr=cfg.lr * 0.1, seed=cfg.seed + 1, length=length, warmup=0
+            )
+            run_dir = out / "runs" / f"rope-{extension}-{length}"
+            train(
+                model,
+                batch_fn_for(tune, corpus),
+                tcfg,
+                run_dir,
+                resume=True,
+                progress=progress,
+                description=f"rope+{extension} @{length}",
+            )
+            row = _evaluate(model, cfg, corpus, "rope", "none", length)  # the scaling is already in place
+            model.set_encoding(original)
+            yield {**row, "scaling": extension, "finetune_steps": cfg.finetune_steps}
+    model.load_state_dict(trained)
 
 
 def _key(row: dict) -> tuple:
@@ -270,12 +318,14 @@ def _finish(out: Path, cfg: StudyConfig, rows: list[dict], corpus, seconds: floa
 
 
 def findings_for(rows: Sequence[dict], cfg: StudyConfig) -> list[str]:
-    """Plain statements about the measured table: perplexity at 8x relative to 1x, for each encoding as trained."""
-    lines = []
+    """Plain statements about the measured table: the literature's pattern at 8x, then each encoding's ratio."""
     if cfg.task != "lm":
-        return lines
+        return _task_findings(rows, cfg)
     far = cfg.train_len * 8
-    by = {(r["encoding"], r["scaling"], r["eval_len"]): r for r in rows if r["status"] == "ok"}
+    by = {
+        (r["encoding"], r["scaling"], r["eval_len"]): r for r in rows if r["status"] == "ok" and not r["finetune_steps"]
+    }
+    lines = _literature_check(by, cfg, far)
     for encoding in cfg.encodings:
         for extension in ev.extension_names(encoding):
             base, long = by.get((encoding, "none", cfg.train_len)), by.get((encoding, extension, far))
@@ -289,5 +339,54 @@ def findings_for(rows: Sequence[dict], cfg: StudyConfig) -> list[str]:
             lines.append(
                 f"- {label}: perplexity {base['ppl']:.2f} at {cfg.train_len} -> {long['ppl']:.2f} at {far} "
                 f"({ratio:.2f}x)"
+            )
+    if "rope" in cfg.encodings and cfg.extensions:
+        lines.append(
+            "- dynamic NTK equals NTK here by construction: every evaluation window has the same length L', so "
+            "dynamic's per-call factor is L'/L, NTK's static one."
+        )
+    return lines
+
+
+def _ratio(by: dict, encoding: str, extension: str, train_len: int, far: int) -> float | None:
+    base, long = by.get((encoding, "none", train_len)), by.get((encoding, extension, far))
+    return None if base is None or long is None else long["ppl"] / base["ppl"]
+
+
+def _literature_check(by: dict, cfg: StudyConfig, far: int) -> list[str]:
+    """Press et al. 2022 (Fig. 1): at several times the training length ALiBi stays near its own perplexity while
+    sinusoidal (and learned) positions degrade badly. Say whether this run shows it, with the numbers."""
+    if far not in cfg.lengths:
+        return []
+    lines = [f"Literature check at 8x the training length ({far} tokens):"]
+    alibi = _ratio(by, "alibi", "none", cfg.train_len, far)
+    if alibi is not None:
+        verdict = (
+            "within 10% of its own perplexity at 1x, as in the ALiBi paper"
+            if alibi <= 1.10
+            else "NOT within 10% of its own perplexity at 1x, unlike the ALiBi paper (too few --steps?)"
+        )
+        lines.append(f"- ALiBi: {alibi:.2f}x, {verdict}.")
+    sinus = _ratio(by, "sinusoidal", "none", cfg.train_len, far)
+    if sinus is not None:
+        verdict = "far worse, as in the paper" if sinus > 1.5 else "not far worse, unlike the paper"
+        lines.append(f"- sinusoidal: {sinus:.2f}x, {verdict}.")
+    if "learned" in cfg.encodings:
+        interp = _ratio(by, "learned", "interpolate", cfg.train_len, far)
+        text = "" if interp is None else f"; with its table linearly interpolated to {far} positions: {interp:.2f}x"
+        lines.append(f"- learned: cannot run past its {cfg.train_len}-entry table as trained{text}.")
+    lines.append("")
+    return lines
+
+
+def _task_findings(rows: Sequence[dict], cfg: StudyConfig) -> list[str]:
+    """Flag encodings that never learned the task: their extrapolation numbers mean nothing."""
+    lines = []
+    for r in rows:
+        unlearned = r["scaling"] == "none" and r["eval_len"] == cfg.train_len and (r["accuracy"] or 0.0) < 0.5
+        if unlearned and r["status"] == "ok":
+            lines.append(
+                f"- {r['encoding']}: exact match {r['accuracy'] or 0.0:.0%} at the training length: the task was not "
+                "learned; raise --steps (or lower --train-len) before reading its extrapolation."
             )
     return lines

@@ -1,0 +1,161 @@
+"""``posenc lab`` end to end on tiny settings: every encoding trains and evaluates past L, resume, DDP, bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from posenc.cli import main
+from posenc.lab.report import read_results
+from posenc.lab.study import DEFAULT_ENCODINGS, StudyConfig, run_study
+
+TINY = {"train_len": 16, "eval_lens": (16, 32), "steps": 12, "batch_size": 8, "dim": 32, "n_layers": 1,
+        "n_heads": 2, "eval_tokens": 256, "corpus_bytes": 60_000}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("corpus")
+    for i in range(12):  # several files: a split by file
+        text = "".join(f"def f{i}_{j}(x):\n    return x * {j} + {i}\n\n" for j in range(150))
+        (folder / f"m{i:02d}.py").write_text(text)
+    return folder
+
+
+def _cli(*args: str) -> tuple[int, str]:
+    import contextlib
+    import io
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        code = main(list(args))
+    return code, buf.getvalue()
+
+
+def test_every_default_encoding_trains_and_runs_past_its_length(corpus, tmp_path):
+    cfg = StudyConfig(**TINY, corpus=str(corpus))
+    rows = run_study(cfg, tmp_path / "out", progress=False)
+    for name in DEFAULT_ENCODINGS:
+        done = json.loads((tmp_path / "out" / "runs" / name / "done.json").read_text())
+        first = json.loads((tmp_path / "out" / "runs" / name / "metrics.jsonl").read_text().splitlines()[0])
+        assert done["final_loss"] < first["loss"] < 6.0, name  # the loss falls from ~ln(256)
+        at_2l = {r["scaling"]: r for r in rows if r["encoding"] == name and r["eval_len"] == 32}
+        if name == "learned":
+            assert at_2l["none"]["status"] == "n/a" and at_2l["none"]["ppl"] is None
+            assert at_2l["interpolate"]["status"] == "ok"
+        else:
+            assert at_2l["none"]["status"] == "ok" and 1.0 < at_2l["none"]["ppl"] < 256.0, name
+    assert {r["scaling"] for r in rows if r["encoding"] == "rope"} == {"none", "linear", "ntk", "dynamic", "yarn"}
+    out = tmp_path / "out"
+    assert (out / "extrapolation.png").stat().st_size > 10_000
+    report = (out / "report.md").read_text()
+    assert "Literature check" not in report or "ALiBi" in report
+    assert "| alibi" in report and "extrapolation.png" in report
+
+
+def test_resume_finishes_an_interrupted_study_without_redoing_work(corpus, tmp_path):
+    cfg = StudyConfig(**{**TINY, "steps": 10}, encodings=("nope", "alibi"), corpus=str(corpus))
+    straight = run_study(cfg, tmp_path / "a", progress=False)
+    # Interrupt b during alibi's training: nope is finished and evaluated; alibi has a checkpoint but no done.json.
+    out = tmp_path / "b"
+    run_study(cfg, out, progress=False)
+    (out / "runs" / "alibi" / "done.json").unlink()
+    rows = [r for r in read_results(out / "results.csv") if r["encoding"] == "nope"]
+    from posenc.lab.report import write_csv_atomic
+
+    write_csv_atomic(rows, out / "results.csv")
+    nope_done = (out / "runs" / "nope" / "done.json").stat().st_mtime_ns
+    with pytest.raises(ValueError, match=r"--out=.*--resume"):
+        run_study(cfg, out, progress=False)
+    with pytest.raises(ValueError, match=r"--resume=.*differ: \['steps'\]"):
+        run_study(StudyConfig(**{**TINY, "steps": 11}, encodings=("nope", "alibi"), corpus=str(corpus)), out,
+                  resume=True, progress=False)  # fmt: skip
+    resumed = run_study(cfg, out, resume=True, progress=False)
+    assert (out / "runs" / "nope" / "done.json").stat().st_mtime_ns == nope_done  # not retrained
+    key = lambda r: (r["encoding"], r["scaling"], r["eval_len"])  # noqa: E731
+    assert sorted(map(key, resumed)) == sorted(map(key, straight))
+    for a, b in zip(sorted(straight, key=key), sorted(resumed, key=key), strict=True):
+        assert a["loss"] == b["loss"], key(a)  # same numbers: the same run, resumed
+
+
+def test_same_seed_same_numbers(corpus, tmp_path):
+    cfg = StudyConfig(**{**TINY, "steps": 6}, encodings=("rope",), corpus=str(corpus), extensions=False)
+    a = run_study(cfg, tmp_path / "a", progress=False)
+    b = run_study(cfg, tmp_path / "b", progress=False)
+    assert [r["loss"] for r in a] == [r["loss"] for r in b]
+
+
+def test_copy_task_reports_accuracy(tmp_path):
+    code, text = _cli("lab", "--task", "copy", "--encodings", "nope,alibi", "--train-len", "8", "--eval-lens", "8,16",
+                      "--steps", "5", "--batch-size", "8", "--dim", "32", "--layers", "1", "--heads", "2",
+                      "--out", str(tmp_path / "copy"), "--quiet")  # fmt: skip
+    assert code == 0, text
+    rows = read_results(tmp_path / "copy" / "results.csv")
+    assert {r["eval_len"] for r in rows} == {8, 16}
+    assert all(r["accuracy"] is not None and 0.0 <= r["accuracy"] <= 1.0 for r in rows)
+
+
+@pytest.mark.parametrize(
+    ("args", "match"),
+    [
+        (["--encodings", "rope,alibii"], r"encodings='alibii' is invalid: expected names from"),
+        (["--encodings", "rope_axial"], r"grid encodings belong to `posenc vision`"),
+        (["--eval-lens", "16,0"], r"eval_lens=0 is invalid"),
+        (["--train-len", "-4"], r"train_len=-4 is invalid"),
+        (["--dim", "30"], r"dim=30 is invalid"),
+        (["--stride", "100"], r"stride=100 is invalid"),
+        (["--corpus", "/nonexistent/text"], r"path=.*nonexistent"),
+    ],
+)
+def test_bad_input_is_a_clear_error(args, match, tmp_path):
+    code, text = _cli("lab", *args, "--steps", "2", "--out", str(tmp_path / "o"), "--quiet")
+    assert code == 2
+    assert __import__("re").search(match, text), text
+
+
+def test_empty_corpus_and_corrupt_checkpoint(corpus, tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    code, text = _cli("lab", "--corpus", str(empty), "--out", str(tmp_path / "o1"), "--quiet")
+    assert code == 2 and "--corpus" in text
+    base = ["lab", "--corpus", str(corpus), "--encodings", "nope", "--train-len", "16", "--eval-lens", "16",
+            "--steps", "4", "--batch-size", "4", "--dim", "32", "--layers", "1", "--heads", "2", "--quiet"]  # fmt: skip
+    out = tmp_path / "o2"
+    assert _cli(*base, "--out", str(out))[0] == 0
+    (out / "runs" / "nope" / "done.json").unlink()
+    (out / "runs" / "nope" / "checkpoint.safetensors").write_bytes(b"not a checkpoint")
+    code, text = _cli(*base, "--out", str(out), "--resume")
+    assert code == 2 and "checkpoint.safetensors" in text and "delete" in text
+
+
+def test_figures_command(tmp_path):
+    code, text = _cli("figures", "--out", str(tmp_path))
+    assert code == 0
+    pngs = sorted(p.name for p in tmp_path.glob("*.png"))
+    assert pngs == ["alibi.png", "rope_decay.png", "rope_scalings.png", "sinusoidal.png"]
+    assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in tmp_path.glob("*.png"))
+
+
+def test_torchrun_two_processes_match_one(corpus, tmp_path):
+    """``torchrun --nproc_per_node=2 -m posenc lab`` gives the numbers of one process with the same global batch."""
+    args = ["lab", "--corpus", str(corpus), "--encodings", "rope", "--train-len", "16", "--eval-lens", "16,32",
+            "--steps", "6", "--batch-size", "8", "--dim", "32", "--layers", "1", "--heads", "2",
+            "--eval-tokens", "256", "--quiet"]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    one = subprocess.run([sys.executable, "-m", "posenc", *args, "--out", str(tmp_path / "one")], env=env,
+                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert one.returncode == 0, one.stdout + one.stderr
+    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                          "-m", "posenc", *args, "--out", str(tmp_path / "two")], env=env, capture_output=True,
+                         text=True, timeout=300)  # fmt: skip
+    assert two.returncode == 0, two.stdout + two.stderr
+    a, b = (read_results(tmp_path / d / "results.csv") for d in ("one", "two"))
+    assert len(a) == len(b) == 10
+    for x, y in zip(a, b, strict=True):
+        assert (x["encoding"], x["scaling"], x["eval_len"]) == (y["encoding"], y["scaling"], y["eval_len"])
+        assert abs(x["loss"] - y["loss"]) < 1e-4
