@@ -1,5 +1,8 @@
 """``train``: AdamW with linear warmup and cosine decay, resumable bit for bit, data-parallel under ``torchrun``.
 
+One loop for every lab model: the byte-level ``GPT`` (next-token targets ``(B, S)``) and the ``ViT``
+(class labels ``(B,)``): the loss is cross-entropy of ``model(x)`` against ``y`` either way.
+
 The caller owns the data: ``batch_fn(step, rank, world)`` returns this rank's share of the global batch for
 ``step``, a pure function of ``step`` (a generator seeded from ``(seed, step)``, rows ``rank::world``). So a resumed
 run and a DDP run see exactly the batches an uninterrupted single process sees, and the loss is normalised by the
@@ -26,6 +29,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from posenc._checks import check_number, check_positive_int, fail
 from posenc.lab import dist
@@ -51,7 +55,7 @@ class TrainConfig:
     Args:
         steps: optimizer steps.
         batch_size: GLOBAL batch (sequences per step over all ranks).
-        length: training sequence length (tokens per sequence).
+        length: tokens per training sequence (per image for a ViT: its patches), for tokens/s and the summary.
         lr: peak learning rate, reached after ``warmup`` steps, then cosine decay to ``lr * min_lr_ratio``.
         min_lr_ratio: final learning rate as a fraction of ``lr``.
         warmup: linear warmup steps; None means ``min(100, steps // 10)``.
@@ -157,7 +161,7 @@ def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Adam
     return torch.optim.AdamW(groups, lr=lr_at(0, cfg), betas=cfg.betas, **kind)
 
 
-def run_config(model: GPT, cfg: TrainConfig, meta: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def run_config(model: nn.Module, cfg: TrainConfig, meta: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """What ``config.json`` holds for this run."""
     return {"model": model.config.to_dict(), "train": cfg.to_dict(), "meta": dict(meta or {})}
 
@@ -185,21 +189,27 @@ def _check_same_run(run_dir: Path, expected: Mapping[str, Any]) -> None:
 
 
 def _check_batch(batch: object, step: int) -> Batch:
+    """``(x, y, score_mask)``: tokens ``x (B, S)`` with next-token targets ``y (B, S)``, or any input ``x (B, ...)``
+    (images) with one class label per row, ``y (B,)``; ``score_mask`` None or bool shaped like ``y``."""
+    where = f"batch_fn({step}, ...)"
     if not isinstance(batch, tuple) or len(batch) != 3:
-        fail(f"batch_fn({step}, ...)", type(batch).__name__, "a tuple (x, y, score_mask or None)")
+        fail(where, type(batch).__name__, "a tuple (x, y, score_mask or None)")
     x, y, mask = batch
-    if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.is_floating_point() or x.dtype == torch.bool:
-        fail(f"batch_fn({step}, ...)[0]", getattr(x, "shape", type(x).__name__), "(B, S) integer token ids")
-    if not isinstance(y, torch.Tensor) or y.shape != x.shape or y.is_floating_point():
-        fail(f"batch_fn({step}, ...)[1]", getattr(y, "shape", type(y).__name__), f"integer targets {tuple(x.shape)}")
-    if mask is not None and (not isinstance(mask, torch.Tensor) or mask.shape != x.shape or mask.dtype != torch.bool):
-        fail(f"batch_fn({step}, ...)[2]", getattr(mask, "shape", type(mask).__name__), f"None or bool {tuple(x.shape)}")
+    if not isinstance(x, torch.Tensor) or x.dim() < 2:
+        fail(f"{where}[0]", getattr(x, "shape", type(x).__name__), "(B, S) token ids or a (B, ...) input batch")
+    if not x.is_floating_point() and (x.dim() != 2 or x.dtype == torch.bool):
+        fail(f"{where}[0]", (tuple(x.shape), x.dtype), "(B, S) integer token ids, or a floating-point input batch")
+    labels = (x.shape[0],) if x.is_floating_point() else tuple(x.shape)
+    if not isinstance(y, torch.Tensor) or tuple(y.shape) != labels or y.is_floating_point() or y.dtype == torch.bool:
+        fail(f"{where}[1]", getattr(y, "shape", type(y).__name__), f"integer targets of shape {labels}")
+    if mask is not None and (not isinstance(mask, torch.Tensor) or mask.shape != y.shape or mask.dtype != torch.bool):
+        fail(f"{where}[2]", getattr(mask, "shape", type(mask).__name__), f"None or bool {tuple(y.shape)}")
     return x, y, mask
 
 
 def _loss_sum(logits: torch.Tensor, y: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """Summed next-token cross-entropy over the scored targets."""
-    losses = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten(), reduction="none")  # (B * S,)
+    """Summed cross-entropy over the scored targets: logits ``(B, S, V)`` / ``(B, C)``, ``y`` ``(B, S)`` / ``(B,)``."""
+    losses = F.cross_entropy(logits.flatten(0, -2).float(), y.flatten(), reduction="none")  # (B * S,) or (B,)
     if mask is None:
         return losses.sum()
     return torch.where(mask.flatten(), losses, 0.0).sum()
@@ -267,7 +277,7 @@ def _truncate_metrics(path: Path, step: int) -> None:
 
 
 def train(
-    model: GPT,
+    model: nn.Module,
     batch_fn: BatchFn,
     cfg: TrainConfig,
     run_dir: str | Path,
@@ -280,7 +290,8 @@ def train(
     """Train ``model`` in place for ``cfg.steps`` steps; returns the summary also written to ``done.json``.
 
     Args:
-        model: a ``GPT`` already on its device (``posenc.lab.dist.device()`` under torchrun with CUDA).
+        model: a lab model (``GPT``, ``ViT``: a module whose ``config`` has ``to_dict()`` and ``encoding``) already
+            on its device (``posenc.lab.dist.device()`` under torchrun with CUDA).
         batch_fn: ``batch_fn(step, rank, world) -> (x, y, score_mask | None)``, this rank's rows of the global
             batch of ``step`` (0-based), deterministic in ``step``. Loss is over ``score_mask`` (every target
             when None), normalised by the number of scored targets over all ranks.
@@ -299,8 +310,8 @@ def train(
     Shapes:
         x, y (B / world, S) int64, score_mask (B / world, S) bool or None -> logits (B / world, S, vocab).
     """
-    if not isinstance(model, GPT):
-        fail("model", type(model).__name__, "a posenc.lab.model.GPT")
+    if not isinstance(model, nn.Module) or not hasattr(getattr(model, "config", None), "to_dict"):
+        fail("model", type(model).__name__, "a lab model (posenc.lab.model.GPT or posenc.lab.vit.ViT)")
     if not isinstance(cfg, TrainConfig):
         fail("cfg", type(cfg).__name__, "a posenc.lab.train.TrainConfig")
     if not callable(batch_fn):
@@ -368,7 +379,7 @@ def train(
             with torch.no_grad():
                 running += loss.detach()
             window_steps += 1
-            window_tokens += x.numel() * world
+            window_tokens += x.shape[0] * cfg.length * world  # cfg.length tokens per row (patches for a ViT)
             done = step + 1
             bar.advance()
             if done % cfg.log_every == 0 or done == cfg.steps:
