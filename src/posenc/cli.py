@@ -96,7 +96,7 @@ def _lengths(text: str) -> tuple[int, ...]:
     try:
         return tuple(int(n) for n in _names(text))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--eval-lens={text!r}: expected integers, e.g. 64,128,256") from None
+        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated integers, e.g. 64,128,256") from None
 
 
 def lab(args: argparse.Namespace) -> int:
@@ -130,6 +130,70 @@ def lab(args: argparse.Namespace) -> int:
         print(f"posenc lab: {err}")
         return 2
     return 0
+
+
+def vision(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from posenc.lab.vision import VisionConfig, run_vision
+
+    try:
+        cfg = VisionConfig(
+            encodings=args.encodings,
+            train_res=args.train_res,
+            eval_res=args.eval_res,
+            patch_size=args.patch_size,
+            steps=args.steps,
+            batch_size=args.batch_size,
+            dim=args.dim,
+            n_layers=args.layers,
+            n_heads=args.heads,
+            lr=args.lr,
+            crop_scale=args.crop_scale,
+            pool=args.pool,
+            seed=args.seed,
+            data=None if args.data is None else str(Path(args.data).resolve()),
+            eval_images=args.eval_images,
+            device=args.device,
+        )
+        out = Path(args.out) if args.out else Path("runs") / time.strftime("vision-%Y%m%d-%H%M%S")
+        run_vision(cfg, out, resume=args.resume, progress=not args.quiet)
+    except ValueError as err:
+        print(f"posenc vision: {err}")
+        return 2
+    return 0
+
+
+def _add_vision(sub: argparse._SubParsersAction) -> None:
+    from posenc.lab.vision import DEFAULT_ENCODINGS, VisionConfig
+
+    d = VisionConfig()
+    p = sub.add_parser("vision", help="which 2-D encoding extrapolates? train a ViT at one resolution, test at others")
+    p.add_argument("--encodings", type=_names, default=DEFAULT_ENCODINGS, help="comma-separated 2-D encodings")
+    p.add_argument("--train-res", type=int, default=d.train_res, help="training resolution in pixels")
+    p.add_argument("--eval-res", type=_lengths, default=None, help="comma-separated; default 0.75x, 1x, 1.5x, 2x")
+    p.add_argument("--patch-size", type=int, default=d.patch_size)
+    p.add_argument("--steps", type=int, default=d.steps)
+    p.add_argument("--batch-size", type=int, default=d.batch_size, help="global batch (split across DDP ranks)")
+    p.add_argument("--dim", type=int, default=d.dim)
+    p.add_argument("--layers", type=int, default=d.n_layers)
+    p.add_argument("--heads", type=int, default=d.n_heads)
+    p.add_argument("--lr", type=float, default=d.lr)
+    p.add_argument("--crop-scale", type=float, default=d.crop_scale, help="random-resized-crop area range (s, 1)")
+    p.add_argument("--pool", default=d.pool, choices=["mean", "cls"])
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument(
+        "--data",
+        default=None,
+        help="IDX files or class-named image folders (default: Fashion-MNIST from Debian's dataset-fashion-mnist, "
+        "else scikit-learn's digits)",
+    )
+    p.add_argument("--eval-images", type=int, default=None, help="test images per resolution (default: all)")
+    p.add_argument("--device", default=d.device)
+    p.add_argument("--out", default=None, help="output folder (default: runs/vision-<time>)")
+    p.add_argument("--resume", action="store_true", help="continue the study in --out where it stopped")
+    p.add_argument("--quiet", action="store_true", help="no progress bars or tables")
+    p.set_defaults(func=vision)
 
 
 def figures(args: argparse.Namespace) -> int:
@@ -174,6 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--resume", action="store_true", help="continue the study in --out where it stopped")
     p.add_argument("--quiet", action="store_true", help="no progress bars or tables")
     p.set_defaults(func=lab)
+    _add_vision(sub)
     p = sub.add_parser("figures", help="draw the explanatory pictures (sinusoids, ALiBi, RoPE decay, scalings)")
     p.add_argument("--out", default="figures")
     p.set_defaults(func=figures)
