@@ -216,9 +216,19 @@ def test_train_config_round_trip_and_errors():
 
 def test_bad_batches(tmp_path):
     with pytest.raises(ValueError, match=r"batch_fn\(0, ...\)\[0\]"):
+        train(GPT(MODEL), lambda s, r, w: (torch.zeros(4), torch.zeros(4), None), cfg(), tmp_path, progress=False)
+    with pytest.raises(ValueError, match=r"batch_fn\(0, ...\)\[1\]"):  # float inputs take one label per row
         train(
             GPT(MODEL),
-            lambda s, r, w: (torch.zeros(4, LENGTH), torch.zeros(4, LENGTH), None),
+            lambda s, r, w: (torch.zeros(4, LENGTH), torch.zeros(4, LENGTH, dtype=torch.long), None),
+            cfg(),
+            tmp_path,
+            progress=False,
+        )
+    with pytest.raises(ValueError, match="tokens.dtype"):  # and the GPT itself refuses float tokens
+        train(
+            GPT(MODEL),
+            lambda s, r, w: (torch.zeros(4, LENGTH), torch.zeros(4, dtype=torch.long), None),
             cfg(),
             tmp_path,
             progress=False,
