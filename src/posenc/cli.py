@@ -196,6 +196,47 @@ def _add_vision(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=vision)
 
 
+def bench(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    import torch
+
+    from posenc.lab import bench as b
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        if args.quick:
+            cases = b.rotary_cases((1024, 4096), (128,), ("float32",), b.LAYOUTS)
+        else:
+            cases = b.rotary_cases(args.lengths, args.head_dims, args.dtypes, args.layouts)
+        attention_lengths = args.attention_lengths or ((8192,) if device.startswith("cuda") else (2048,))
+        for n in attention_lengths:
+            b.check_positive_int("attention_lengths", n)
+        for name in args.attention_encodings:
+            b.check_choice("attention_encodings", name, b.BIAS_ENCODINGS)
+    except ValueError as err:
+        print(f"posenc bench: {err}")
+        return 2
+    header = b.header(device)
+    print(header)
+    rotary, attention = [], []
+    if not args.no_rotary:
+        for case in cases:
+            rotary.append(b.run_rotary_case(case, device=device, min_run_time=args.min_run_time,
+                                            compile_hf=args.compile))  # fmt: skip
+        b.print_rows(rotary, b.ROTARY_COLUMNS, "RoPE on q and k (vs X = X's time / posenc's time)")
+    if not args.no_attention:
+        for name in args.attention_encodings:
+            for n in attention_lengths:
+                attention.append(b.run_attention_case(name, n, device=device, dtype="bfloat16",
+                                                      min_run_time=args.min_run_time))  # fmt: skip
+        b.print_rows(attention, b.ATTENTION_COLUMNS, "Bias attention, inference (B=1, H=8, D=64)")
+    if args.out:
+        for path in b.write_outputs(Path(args.out), rotary, attention, header):
+            print(path)
+    return 0
+
+
 def figures(args: argparse.Namespace) -> int:
     from posenc.lab.figures import draw_figures
 
@@ -242,6 +283,23 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("figures", help="draw the explanatory pictures (sinusoids, ALiBi, RoPE decay, scalings)")
     p.add_argument("--out", default="figures")
     p.set_defaults(func=figures)
+    p = sub.add_parser("bench", help="RoPE and bias-attention speed vs a copy, transformers, Liger, flash-attn")
+    p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
+    p.add_argument("--lengths", type=_lengths, default=(1024, 2048, 4096, 8192, 16384))
+    p.add_argument(
+        "--head-dims", type=_lengths, default=(64, 128, 256), help="128 at every length, others at the middle one"
+    )
+    p.add_argument("--dtypes", type=_names, default=("float32", "bfloat16"))
+    p.add_argument("--layouts", type=_names, default=("half", "interleaved"))
+    p.add_argument("--attention-encodings", type=_names, default=("alibi", "alibi_2d", "t5"))
+    p.add_argument("--attention-lengths", type=_lengths, default=None, help="default 8192 on CUDA, 2048 on CPU")
+    p.add_argument("--min-run-time", type=float, default=0.5, help="seconds of timing per measurement")
+    p.add_argument("--compile", action="store_true", help="also time torch.compile of transformers' eager RoPE")
+    p.add_argument("--quick", action="store_true", help="a small subset: head dim 128, float32, 1k and 4k tokens")
+    p.add_argument("--no-rotary", action="store_true")
+    p.add_argument("--no-attention", action="store_true")
+    p.add_argument("--out", default=None, help="write rotary.csv, attention.csv and bench.md here")
+    p.set_defaults(func=bench)
     p = sub.add_parser("demo", help="print what each RoPE scaling does, with live checks")
     p.add_argument("--head-dim", type=int, default=128)
     p.add_argument("--base", type=float, default=500000.0)

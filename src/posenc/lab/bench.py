@@ -1,0 +1,356 @@
+"""``posenc bench``: RoPE and bias-attention speed against the memory-bandwidth limit and the usual alternatives.
+
+Rotary rows time rotating q and k (cos/sin built from the positions included, as a model layer runs it) on the
+Llama-3-8B attention geometry (32 query heads, 8 key/value heads, head dim 128) at each length, plus head dims 64
+and 256, float32 and bfloat16, both channel layouts. Each row is one shape; every column is measured in the same
+process, back to back:
+
+    ms            posenc (``RotaryEmbedding(...)(q, k, positions)``), median of ``torch.utils.benchmark``
+    GB/s          bytes read and written (q and k once each way) / time
+    x copy        time / time of ``q.clone(), k.clone()``: the same bytes moved, the practical floor (1.00 is ideal)
+    vs ...        the alternative's time / posenc's time (above 1: posenc is faster): transformers' eager
+                  ``apply_rotary_pos_emb`` (Llama for the half layout, GPT-J for interleaved, each with its own
+                  cos/sin), ``torch.compile`` of it (``--compile``), rotary-embedding-torch (interleaved), and on
+                  CUDA Liger's and flash-attn's kernels when installed. Empty where the library is missing or has
+                  no such layout.
+
+Attention rows run each bias encoding (ALiBi, 2-D ALiBi, T5) through ``posenc.attention`` with ``flex``, against
+SDPA without a bias (the flash-path ceiling) and SDPA with the bias materialised: time and peak memory above the
+inputs (``torch.cuda.max_memory_allocated`` on CUDA; on Linux CPUs the process's resident high-water mark).
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime
+import io
+import math
+import platform
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.utils.benchmark as tb
+
+import posenc
+from posenc._checks import check_choice, check_positive_int, fail
+from posenc.functional.axial_rope import grid_positions
+
+LLAMA3_8B = {"q_heads": 32, "kv_heads": 8, "head_dim": 128}
+DEFAULT_LENGTHS = (1024, 2048, 4096, 8192, 16384)
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+LAYOUTS = ("half", "interleaved")
+BIAS_ENCODINGS = ("alibi", "alibi_2d", "t5")
+CONTENDERS = ("hf_eager", "hf_compiled", "rotary_embedding_torch", "liger", "flash_attn")
+
+
+@dataclass(frozen=True)
+class RotaryCase:
+    """One rotary benchmark shape: q ``(batch, q_heads, seq, head_dim)``, k ``(batch, kv_heads, seq, head_dim)``."""
+
+    seq: int
+    head_dim: int
+    dtype: str
+    layout: str
+    batch: int = 1
+    q_heads: int = LLAMA3_8B["q_heads"]
+    kv_heads: int = LLAMA3_8B["kv_heads"]
+
+    @property
+    def bytes_moved(self) -> int:
+        """q and k read once and written once."""
+        elements = self.batch * (self.q_heads + self.kv_heads) * self.seq * self.head_dim
+        return 2 * elements * DTYPES[self.dtype].itemsize
+
+
+def rotary_cases(
+    lengths: Sequence[int] = DEFAULT_LENGTHS,
+    head_dims: Sequence[int] = (64, 128, 256),
+    dtypes: Sequence[str] = ("float32", "bfloat16"),
+    layouts: Sequence[str] = LAYOUTS,
+) -> list[RotaryCase]:
+    """Head dim 128 (Llama-3-8B) at every length; the other head dims at the middle length."""
+    for n in lengths:
+        check_positive_int("lengths", n)
+    for d in head_dims:
+        check_positive_int("head_dims", d)
+        if d % 2:
+            fail("head_dims", d, "even head dims (rotary pairs)")
+    for t in dtypes:
+        check_choice("dtypes", t, list(DTYPES))
+    for layout in layouts:
+        check_choice("layouts", layout, LAYOUTS)
+    middle = sorted(lengths)[len(lengths) // 2]
+    shapes = [(n, 128) for n in lengths if 128 in head_dims] + [(middle, d) for d in head_dims if d != 128]
+    return [RotaryCase(seq=n, head_dim=d, dtype=t, layout=lay) for n, d in shapes for t in dtypes for lay in layouts]
+
+
+def time_ms(fn: Callable[[], Any], min_run_time: float) -> float:
+    """Median milliseconds per call after one warm-up call (``torch.utils.benchmark`` synchronises CUDA)."""
+    fn()
+    return tb.Timer(stmt="fn()", globals={"fn": fn}).blocked_autorange(min_run_time=min_run_time).median * 1e3
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The alternatives, each a zero-argument callable doing what a model layer does, or None when unavailable
+
+
+def _hf_eager(case: RotaryCase, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor) -> Callable | None:
+    try:
+        if case.layout == "half":
+            from transformers import LlamaConfig
+            from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
+        else:
+            from transformers.models.gptj.modeling_gptj import apply_rotary_pos_emb as gptj_apply
+            from transformers.models.gptj.modeling_gptj import create_sinusoidal_positions
+    except ImportError:
+        return None
+    if case.layout == "half":
+        config = LlamaConfig(hidden_size=case.head_dim * case.q_heads, num_attention_heads=case.q_heads,
+                             num_key_value_heads=case.kv_heads, head_dim=case.head_dim)  # fmt: skip
+        rotary = LlamaRotaryEmbedding(config).to(q.device)
+        position_ids = positions[None]
+
+        def llama() -> Any:
+            cos, sin = rotary(q, position_ids)
+            return apply_rotary_pos_emb(q, k, cos, sin)
+
+        return llama
+    # GPT-J: (B, S, H, D) tensors and a float32 sin/cos table indexed by position, as GPTJAttention runs it.
+    table = create_sinusoidal_positions(int(positions.max()) + 1, case.head_dim).to(q.device)
+    qt, kt = q.transpose(1, 2), k.transpose(1, 2)  # (B, S, H, D) views, as GPT-J's projections produce them
+    position_ids = positions[None]
+
+    def gptj() -> Any:
+        sincos = table[position_ids]  # (1, S, D)
+        sin, cos = torch.split(sincos, sincos.shape[-1] // 2, dim=-1)
+        return gptj_apply(qt, sin, cos), gptj_apply(kt, sin, cos)
+
+    return gptj
+
+
+def _rotary_embedding_torch(case: RotaryCase, q: torch.Tensor, k: torch.Tensor) -> Callable | None:
+    if case.layout != "interleaved":
+        return None  # it rotates adjacent pairs only
+    try:
+        from rotary_embedding_torch import RotaryEmbedding as LucidRotary
+    except ImportError:
+        return None
+    rotary = LucidRotary(dim=case.head_dim, cache_if_possible=False).to(q.device)
+    return lambda: (rotary.rotate_queries_or_keys(q), rotary.rotate_queries_or_keys(k))
+
+
+def _liger(case: RotaryCase, q: torch.Tensor, k: torch.Tensor, rope: posenc.RotaryEmbedding, positions) -> Any:
+    if case.layout != "half" or q.device.type != "cuda":
+        return None
+    try:
+        from liger_kernel.transformers.rope import liger_rotary_pos_emb
+    except ImportError:
+        return None
+
+    def run() -> Any:
+        cos, sin = rope.cos_sin(positions)  # (S, D/2) float32
+        cos, sin = (torch.cat([t, t], dim=-1)[None].to(q.dtype) for t in (cos, sin))  # (1, S, D), HF form
+        return liger_rotary_pos_emb(q, k, cos, sin)
+
+    return run
+
+
+def _flash_attn(case: RotaryCase, q: torch.Tensor, k: torch.Tensor, rope: posenc.RotaryEmbedding, positions) -> Any:
+    if q.device.type != "cuda":
+        return None
+    try:
+        from flash_attn.layers.rotary import apply_rotary_emb
+    except ImportError:
+        return None
+    qt, kt = q.transpose(1, 2).contiguous(), k.transpose(1, 2).contiguous()  # (B, S, H, D): flash-attn's layout
+
+    def run() -> Any:
+        cos, sin = rope.cos_sin(positions)  # (S, D/2) float32
+        cos, sin = cos.to(q.dtype), sin.to(q.dtype)
+        inter = case.layout == "interleaved"
+        return apply_rotary_emb(qt, cos, sin, interleaved=inter), apply_rotary_emb(kt, cos, sin, interleaved=inter)
+
+    return run
+
+
+def run_rotary_case(case: RotaryCase, *, device: str, min_run_time: float, compile_hf: bool) -> dict[str, Any]:
+    """Time posenc, a copy and every available alternative on ``case``; one result row."""
+    dtype = DTYPES[case.dtype]
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(case.batch, case.q_heads, case.seq, case.head_dim, generator=g).to(device, dtype)
+    k = torch.randn(case.batch, case.kv_heads, case.seq, case.head_dim, generator=g).to(device, dtype)
+    positions = torch.arange(case.seq, device=device)
+    rope = posenc.RotaryEmbedding(case.head_dim, layout=case.layout).to(device)
+    ours = time_ms(lambda: rope(q, k, positions), min_run_time)
+    copy = time_ms(lambda: (q.clone(), k.clone()), min_run_time)
+    hf = _hf_eager(case, q, k, positions)
+    others = {
+        "hf_eager": hf,
+        "hf_compiled": torch.compile(hf) if hf is not None and compile_hf else None,
+        "rotary_embedding_torch": _rotary_embedding_torch(case, q, k),
+        "liger": _liger(case, q, k, rope, positions),
+        "flash_attn": _flash_attn(case, q, k, rope, positions),
+    }
+    row: dict[str, Any] = {**asdict(case), "device": device, "ms": ours, "gb_s": case.bytes_moved / ours / 1e6}
+    row["x_copy"] = ours / copy
+    row["copy_ms"] = copy
+    for name in CONTENDERS:
+        fn = others[name]
+        theirs = time_ms(fn, min_run_time) if fn is not None else None
+        row[f"{name}_ms"] = theirs
+        row[f"vs_{name}"] = None if theirs is None else theirs / ours
+    return row
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Bias attention
+
+
+def _resident_kb(field: str) -> int | None:
+    status = Path("/proc/self/status")
+    if not status.is_file():
+        return None
+    for line in status.read_text().splitlines():
+        if line.startswith(field):
+            return int(line.split()[1])
+    return None
+
+
+def peak_mib(fn: Callable[[], Any], device: str) -> float | None:
+    """Peak memory of one call above what was held before it, in MiB (None where it cannot be measured)."""
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        fn()
+        torch.cuda.synchronize()
+        return (torch.cuda.max_memory_allocated() - before) / 2**20
+    clear = Path("/proc/self/clear_refs")
+    if not clear.exists():
+        return None
+    try:
+        clear.write_text("5")  # reset the resident high-water mark (VmHWM) to the current size
+    except OSError:
+        return None
+    before = _resident_kb("VmRSS")
+    fn()
+    peak = _resident_kb("VmHWM")
+    return None if before is None or peak is None else max(0, peak - before) / 1024
+
+
+def run_attention_case(
+    name: str, length: int, *, device: str, dtype: str, min_run_time: float, heads: int = 8, head_dim: int = 64
+) -> dict[str, Any]:
+    """flex with ``name``'s score_mod vs SDPA without a bias vs SDPA with the bias materialised (inference)."""
+    kind = torch.float32 if device == "cpu" else DTYPES[dtype]  # CPU flex runs float32 here
+    extra = {"bidirectional": False} if name == "t5" else {}
+    enc = posenc.build(name, num_heads=heads, head_dim=head_dim, **extra).to(device)
+    causal = enc.position_kind != "grid"
+    if causal:
+        pos = torch.arange(length, device=device)
+    else:
+        width = 2 ** math.ceil(math.log2(length) / 2)
+        pos = grid_positions(width, length // width, device=device)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, heads, length, head_dim, generator=g).to(device, kind) for _ in range(3))
+
+    def call(backend: str, encoding: Any) -> Callable[[], Any]:
+        positions = pos if encoding is not None else None
+        return lambda: posenc.attention(q, k, v, encoding=encoding, q_positions=positions, causal=causal,
+                                        backend=backend)  # fmt: skip
+
+    row: dict[str, Any] = {"encoding": name, "seq": length, "heads": heads, "head_dim": head_dim,
+                           "dtype": str(kind).removeprefix("torch."), "device": device}  # fmt: skip
+    with torch.no_grad():
+        for label, fn in (("flex", call("flex", enc)), ("sdpa_no_bias", call("sdpa", None)),
+                          ("sdpa_bias", call("sdpa", enc))):  # fmt: skip
+            try:
+                row[f"{label}_ms"] = time_ms(fn, min_run_time)
+                row[f"{label}_mib"] = peak_mib(fn, device)
+            except (RuntimeError, torch.OutOfMemoryError) as err:  # e.g. the materialised bias does not fit
+                row[f"{label}_ms"], row[f"{label}_mib"] = None, None
+                row[f"{label}_error"] = type(err).__name__
+    flex, ceiling = row.get("flex_ms"), row.get("sdpa_no_bias_ms")
+    row["flex_vs_ceiling"] = None if flex is None or ceiling is None else ceiling / flex
+    bias = row.get("sdpa_bias_ms")
+    row["flex_vs_sdpa_bias"] = None if flex is None or bias is None else bias / flex
+    return row
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Output
+
+
+def _fmt(value: Any, digits: int = 2) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+ROTARY_COLUMNS = [("seq", "S"), ("head_dim", "D"), ("dtype", "dtype"), ("layout", "layout"), ("ms", "ms"),
+                  ("gb_s", "GB/s"), ("x_copy", "x copy"), ("vs_hf_eager", "vs HF eager"),
+                  ("vs_hf_compiled", "vs HF compiled"), ("vs_rotary_embedding_torch", "vs rotary-embedding-torch"),
+                  ("vs_liger", "vs Liger"), ("vs_flash_attn", "vs flash-attn")]  # fmt: skip
+ATTENTION_COLUMNS = [("encoding", "encoding"), ("seq", "S"), ("dtype", "dtype"), ("flex_ms", "flex ms"),
+                     ("flex_mib", "flex MiB"), ("sdpa_no_bias_ms", "SDPA no bias ms"),
+                     ("sdpa_no_bias_mib", "SDPA no bias MiB"), ("sdpa_bias_ms", "SDPA+bias ms"),
+                     ("sdpa_bias_mib", "SDPA+bias MiB"), ("flex_vs_ceiling", "flex speed / no-bias speed"),
+                     ("flex_vs_sdpa_bias", "flex vs SDPA+bias")]  # fmt: skip
+
+
+def markdown(rows: Sequence[dict], columns: Sequence[tuple[str, str]]) -> str:
+    keep = [(key, title) for key, title in columns if any(r.get(key) is not None for r in rows)]
+    lines = ["| " + " | ".join(t for _, t in keep) + " |", "|" + "|".join("---:" for _ in keep) + "|"]
+    lines += ["| " + " | ".join(_fmt(r.get(key)) for key, _ in keep) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def write_outputs(out: Path, rotary: Sequence[dict], attention: Sequence[dict], header: str) -> list[Path]:
+    """``rotary.csv``, ``attention.csv`` (every measured field) and ``bench.md`` (the tables), atomically."""
+    from posenc.lab.report import write_text_atomic
+
+    written = []
+    for name, rows in (("rotary.csv", rotary), ("attention.csv", attention)):
+        if not rows:
+            continue
+        fields = list(dict.fromkeys(key for r in rows for key in r))
+        buffer = io.StringIO()
+        writer = csv.DictWriter(buffer, fieldnames=fields, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+        written.append(write_text_atomic(out / name, buffer.getvalue()))
+    text = [header, ""]
+    if rotary:
+        text += ["## RoPE on q and k", "", markdown(rotary, ROTARY_COLUMNS)]
+    if attention:
+        text += ["## Bias attention", "", markdown(attention, ATTENTION_COLUMNS)]
+    written.append(write_text_atomic(out / "bench.md", "\n".join(text)))
+    return written
+
+
+def print_rows(rows: Sequence[dict], columns: Sequence[tuple[str, str]], title: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    keep = [(key, t) for key, t in columns if any(r.get(key) is not None for r in rows)]
+    table = Table(title=title)
+    for _, t in keep:
+        table.add_column(t, justify="right")
+    for r in rows:
+        table.add_row(*(_fmt(r.get(key)) for key, _ in keep))
+    console = Console()
+    console.width = max(console.width, 140)
+    console.print(table)
+
+
+def header(device: str) -> str:
+    where = torch.cuda.get_device_name() if device.startswith("cuda") else platform.processor() or platform.machine()
+    return (
+        f"# posenc bench, {datetime.date.today()}: {device} ({where}), torch {torch.__version__}, "
+        f"{torch.get_num_threads()} CPU threads"
+    )

@@ -1,0 +1,55 @@
+"""``posenc bench`` runs end to end on tiny shapes and writes its tables; bad options are clear errors.
+
+Only that the harness works is tested here: timings are never asserted (BENCHMARKS.md records them)."""
+
+import csv
+
+import pytest
+
+from posenc.cli import main
+from posenc.lab import bench as b
+
+
+def test_cases_cover_llama_geometry_and_other_head_dims():
+    cases = b.rotary_cases((1024, 4096, 8192), (64, 128), ("float32",), ("half",))
+    assert [(c.seq, c.head_dim) for c in cases] == [(1024, 128), (4096, 128), (8192, 128), (4096, 64)]
+    assert all((c.q_heads, c.kv_heads) == (32, 8) for c in cases)
+    assert cases[0].bytes_moved == 2 * (32 + 8) * 1024 * 128 * 4
+
+
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [({"lengths": (0,)}, "lengths"), ({"head_dims": (7,)}, "head_dims"), ({"dtypes": ("int8",)}, "dtypes"),
+     ({"layouts": ("spiral",)}, "layouts")],
+)  # fmt: skip
+def test_bad_cases(kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        b.rotary_cases(**kwargs)
+
+
+def test_rotary_row_has_every_ratio():
+    case = b.RotaryCase(seq=32, head_dim=16, dtype="float32", layout="interleaved", q_heads=4, kv_heads=2)
+    row = b.run_rotary_case(case, device="cpu", min_run_time=0.01, compile_hf=False)
+    assert row["ms"] > 0 and row["copy_ms"] > 0 and row["x_copy"] == row["ms"] / row["copy_ms"]
+    assert row["vs_hf_eager"] == row["hf_eager_ms"] / row["ms"]  # transformers is a test dependency
+    assert row["liger_ms"] is None and row["flash_attn_ms"] is None  # CUDA only
+
+
+def test_cli_writes_tables(tmp_path, capsys):
+    argv = ["bench", "--lengths", "32", "--head-dims", "16", "--dtypes", "float32", "--attention-lengths", "64",
+            "--attention-encodings", "alibi",
+            "--min-run-time", "0.01", "--out", str(tmp_path)]  # fmt: skip
+    assert main(argv) == 0
+    with open(tmp_path / "rotary.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["layout"], r["seq"], r["head_dim"]) for r in rows] == [("half", "32", "16"), ("interleaved", "32", "16")]
+    with open(tmp_path / "attention.csv", newline="") as f:
+        attention = list(csv.DictReader(f))
+    assert [r["encoding"] for r in attention] == ["alibi"]
+    assert all(float(r["flex_ms"]) > 0 and float(r["sdpa_bias_ms"]) > 0 for r in attention)
+    text = (tmp_path / "bench.md").read_text()
+    assert "## RoPE on q and k" in text and "| flex ms |" in text
+    assert main(["bench", "--dtypes", "int8"]) == 2
+    assert "dtypes='int8' is invalid" in capsys.readouterr().out
+    assert main(["bench", "--attention-encodings", "rope"]) == 2
+    assert "attention_encodings='rope' is invalid" in capsys.readouterr().out
