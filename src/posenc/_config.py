@@ -23,6 +23,8 @@ class DictConfig:
     def from_dict(cls, config: Mapping[str, Any]):  # noqa: ANN206 - returns cls
         """Build from a dict; an unknown key is an error, never silently dropped."""
         names = [f.name for f in dataclasses.fields(cls)]
+        if not isinstance(config, Mapping):
+            fail("config", config, f"a dict with the keys {names}")
         unknown = sorted(set(config) - set(names))
         if unknown:
             fail(f"config[{unknown[0]!r}]", config[unknown[0]], f"only the keys {names}")

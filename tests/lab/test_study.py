@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from cli_runs import one_and_two_processes
 from posenc.cli import main
 from posenc.lab.report import read_results
 from posenc.lab.study import DEFAULT_ENCODINGS, StudyConfig, run_study
@@ -146,14 +144,7 @@ def test_torchrun_two_processes_match_one(corpus, tmp_path):
     args = ["lab", "--corpus", str(corpus), "--encodings", "rope", "--train-len", "16", "--eval-lens", "16,32",
             "--steps", "6", "--batch-size", "8", "--dim", "32", "--layers", "1", "--heads", "2",
             "--eval-tokens", "256", "--quiet"]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    one = subprocess.run([sys.executable, "-m", "posenc", *args, "--out", str(tmp_path / "one")], env=env,
-                         capture_output=True, text=True, timeout=300)  # fmt: skip
-    assert one.returncode == 0, one.stdout + one.stderr
-    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                          "-m", "posenc", *args, "--out", str(tmp_path / "two")], env=env, capture_output=True,
-                         text=True, timeout=300)  # fmt: skip
-    assert two.returncode == 0, two.stdout + two.stderr
+    one_and_two_processes(args, tmp_path / "one", tmp_path / "two")
     a, b = (read_results(tmp_path / d / "results.csv") for d in ("one", "two"))
     assert len(a) == len(b) == 10
     for x, y in zip(a, b, strict=True):

@@ -4,6 +4,7 @@ import csv
 
 import pytest
 
+from cli_runs import one_and_two_processes
 from posenc.cli import main
 from posenc.lab.vision import (
     COORDINATE_ENCODINGS,
@@ -145,21 +146,10 @@ def test_cli_runs_and_reports_bad_data(pictures, tmp_path, capsys):
 
 def test_torchrun_two_processes_match_one(pictures, tmp_path):
     """``torchrun --nproc_per_node=2 -m posenc vision`` gives the numbers of one process with the same global batch."""
-    import os
-    import subprocess
-    import sys
-
     args = ["vision", "--data", str(pictures), "--encodings", "rope_mixed", "--train-res", "8", "--patch-size", "4",
             "--eval-res", "8,16", "--steps", "4", "--batch-size", "8", "--dim", "16", "--layers", "1", "--heads", "2",
             "--quiet"]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    one = subprocess.run([sys.executable, "-m", "posenc", *args, "--out", str(tmp_path / "one")], env=env,
-                         capture_output=True, text=True, timeout=300)  # fmt: skip
-    assert one.returncode == 0, one.stdout + one.stderr
-    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                          "-m", "posenc", *args, "--out", str(tmp_path / "two")], env=env, capture_output=True,
-                         text=True, timeout=300)  # fmt: skip
-    assert two.returncode == 0, two.stdout + two.stderr
+    one_and_two_processes(args, tmp_path / "one", tmp_path / "two")
     a, b = (read_results(tmp_path / d / "results.csv") for d in ("one", "two"))
     assert [(r["encoding"], r["eval_res"]) for r in a] == [(r["encoding"], r["eval_res"]) for r in b]
     for x, y in zip(a, b, strict=True):

@@ -17,7 +17,6 @@ Shapes:
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 from collections.abc import Mapping
@@ -30,13 +29,14 @@ from torch import nn
 
 import posenc
 from posenc._checks import check_choice, check_positive_int, fail
+from posenc._config import DictConfig
 
 #: ``posenc.attention`` backends (``"auto"``: SDPA for training on CPU, FlexAttention for long biased evaluation).
 BACKENDS = ("auto", "eager", "sdpa", "flex")
 
 
 @dataclass(frozen=True, kw_only=True)
-class ModelConfig:
+class ModelConfig(DictConfig):
     """Architecture of a lab ``GPT``; ``to_dict``/``from_dict`` round-trip through JSON (``config.json``).
 
     Args:
@@ -91,20 +91,9 @@ class ModelConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """Every field by name, JSON-able."""
-        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        out["encoding_config"] = json.loads(json.dumps(dict(self.encoding_config)))
+        out = super().to_dict()
+        out["encoding_config"] = json.loads(json.dumps(dict(self.encoding_config)))  # a deep, JSON-only copy
         return out
-
-    @classmethod
-    def from_dict(cls, config: Mapping[str, Any]) -> ModelConfig:
-        """Build from ``to_dict()`` output; an unknown key is an error."""
-        names = [f.name for f in dataclasses.fields(cls)]
-        if not isinstance(config, Mapping):
-            fail("config", config, f"a dict with the keys {names}")
-        unknown = sorted(set(config) - set(names))
-        if unknown:
-            fail(f"config[{unknown[0]!r}]", config[unknown[0]], f"only the keys {names}")
-        return cls(**config)
 
 
 def build_encoding(config: ModelConfig) -> posenc.Encoding:

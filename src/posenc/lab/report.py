@@ -296,9 +296,7 @@ def _table(rows: Sequence[Mapping[str, Any]], metric: str) -> tuple[list[str], i
     show_stride = len({g[4] for g in groups}) > 1
     labels += ["finetune steps"] * show_finetune + ["train len"] * show_train + ["stride"] * show_stride
     if len(train_lens) == 1:
-        lengths_header = [
-            f"{n} (train)" if n == train_lens[0] else f"{n} ({n / train_lens[0]:g}x)" for n in lengths
-        ]
+        lengths_header = [f"{n} (train)" if n == train_lens[0] else f"{n} ({n / train_lens[0]:g}x)" for n in lengths]
     else:
         lengths_header = [str(n) for n in lengths]
     values: list[list[float | None]] = []
@@ -445,7 +443,7 @@ def environment(device: str | None = None) -> dict[str, Any]:
     }
 
 
-def _duration(seconds: float) -> str:
+def duration(seconds: float) -> str:
     minutes, rest = divmod(round(seconds), 60)
     return f"{minutes} min {rest} s ({seconds:.1f} s)" if minutes else f"{seconds:.1f} s"
 
@@ -499,7 +497,7 @@ def write_report(
         "",
         f"Tiny {what}, one per encoding ({', '.join(f'`{e}`' for e in encodings) or 'none'}), trained at "
         f"{' / '.join(map(str, train_lens)) or '?'} tokens and evaluated at {', '.join(map(str, lengths)) or '?'} "
-        f"tokens. Time taken: {_duration(seconds)}.",
+        f"tokens. Time taken: {duration(seconds)}.",
         "",
         "## Results",
         "",
@@ -520,8 +518,13 @@ def write_report(
         lines.append(finding if finding.startswith(("- ", "* ")) else f"- {finding}")
     if not findings:
         lines.append("No findings were computed for this run.")
-    lines += [
-        "",
+    lines += ["", *config_and_environment(config, environment, seconds)]
+    return write_text_atomic(out_dir / "report.md", "\n".join(lines))
+
+
+def config_and_environment(config: Mapping[str, Any], environment: Mapping[str, Any], seconds: float) -> list[str]:
+    """The closing sections of a report: the configuration as JSON and the environment table, with the time."""
+    return [
         "## Configuration",
         "",
         "```json",
@@ -533,7 +536,6 @@ def write_report(
         "| | |",
         "|:--|:--|",
         *(f"| {key} | {'' if value is None else value} |" for key, value in environment.items()),
-        f"| time taken | {_duration(seconds)} |",
+        f"| time taken | {duration(seconds)} |",
         "",
     ]
-    return write_text_atomic(out_dir / "report.md", "\n".join(lines))

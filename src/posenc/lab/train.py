@@ -18,7 +18,6 @@ Files in ``run_dir`` (only rank 0 writes; every write is atomic):
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import time
@@ -32,6 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from posenc._checks import check_number, check_positive_int, fail
+from posenc._config import DictConfig
 from posenc.lab import dist
 from posenc.lab.checkpoint import load_checkpoint, read_json, save_checkpoint, write_atomic, write_json_atomic
 from posenc.lab.model import GPT, ModelConfig
@@ -49,7 +49,7 @@ BatchFn = Callable[[int, int, int], Batch]
 
 
 @dataclass(frozen=True, kw_only=True)
-class TrainConfig:
+class TrainConfig(DictConfig):
     """Optimisation settings; ``to_dict``/``from_dict`` round-trip through JSON.
 
     Args:
@@ -109,23 +109,6 @@ class TrainConfig:
     @property
     def warmup_steps(self) -> int:
         return min(100, self.steps // 10) if self.warmup is None else self.warmup
-
-    def to_dict(self) -> dict[str, Any]:
-        """Every field by name, JSON-able (``betas`` as a list)."""
-        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        out["betas"] = list(self.betas)
-        return out
-
-    @classmethod
-    def from_dict(cls, config: Mapping[str, Any]) -> TrainConfig:
-        """Build from ``to_dict()`` output; an unknown key is an error."""
-        names = [f.name for f in dataclasses.fields(cls)]
-        if not isinstance(config, Mapping):
-            fail("config", config, f"a dict with the keys {names}")
-        unknown = sorted(set(config) - set(names))
-        if unknown:
-            fail(f"config[{unknown[0]!r}]", config[unknown[0]], f"only the keys {names}")
-        return cls(**config)
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:

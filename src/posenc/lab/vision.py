@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from posenc._checks import check_choice, check_positive_int, fail
 from posenc.lab import dist
 from posenc.lab.images import ImageData, load_images, normalisation, prepare, random_resized_crop
-from posenc.lab.report import environment, write_text_atomic
+from posenc.lab.report import config_and_environment, duration, environment, write_text_atomic
 from posenc.lab.train import TrainConfig, rank_rows, step_generator, train
 from posenc.lab.vit import POOLS, ViT, ViTConfig, registry_name, vision_encodings
 
@@ -476,15 +476,13 @@ def write_report(
     source: str,
     seconds: float,
 ) -> Path:
-    from posenc.lab.report import _duration
-
     env = environment(cfg.device)
     lines = [
         "# posenc vision: resolution extrapolation",
         "",
         f"Small ViTs ({cfg.n_layers} layers, width {cfg.dim}, {cfg.n_heads} heads, {cfg.patch_size} px patches, "
         f"{cfg.pool} pooling), one per encoding, trained for {cfg.steps} steps at {cfg.train_res} px and tested at "
-        f"{', '.join(map(str, cfg.resolutions))} px. Data: {source}. Time taken: {_duration(seconds)}.",
+        f"{', '.join(map(str, cfg.resolutions))} px. Data: {source}. Time taken: {duration(seconds)}.",
         "",
         "## Results",
         "",
@@ -501,19 +499,7 @@ def write_report(
         "",
         *findings,
         "",
-        "## Configuration",
-        "",
-        "```json",
-        json.dumps(cfg.to_dict(), indent=2),
-        "```",
-        "",
-        "## Environment",
-        "",
-        "| | |",
-        "|:--|:--|",
-        *(f"| {k} | {'' if v is None else v} |" for k, v in env.items()),
-        f"| time taken | {_duration(seconds)} |",
-        "",
+        *config_and_environment(cfg.to_dict(), env, seconds),
     ]
     return write_text_atomic(out / "report.md", "\n".join(lines))
 

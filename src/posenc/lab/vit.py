@@ -24,7 +24,6 @@ Shapes:
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -35,6 +34,7 @@ from torch import nn
 
 import posenc
 from posenc._checks import check_choice, check_positive_int, fail
+from posenc._config import DictConfig
 from posenc.functional.axial_rope import grid_positions
 
 #: ``posenc vision`` names -> registry names: the study's ``learned`` and ``sinusoidal`` are the 2-D variants.
@@ -51,7 +51,7 @@ def registry_name(name: str) -> str:
 
 
 @dataclass(frozen=True, kw_only=True)
-class ViTConfig:
+class ViTConfig(DictConfig):
     """Architecture of a lab ``ViT``; ``to_dict``/``from_dict`` round-trip through JSON (``config.json``).
 
     Args:
@@ -117,20 +117,9 @@ class ViTConfig:
         return self.grid**2 + (self.pool == "cls")
 
     def to_dict(self) -> dict[str, Any]:
-        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        out["encoding_config"] = json.loads(json.dumps(dict(self.encoding_config)))
+        out = super().to_dict()
+        out["encoding_config"] = json.loads(json.dumps(dict(self.encoding_config)))  # a deep, JSON-only copy
         return out
-
-    @classmethod
-    def from_dict(cls, config: Mapping[str, Any]) -> ViTConfig:
-        """Build from ``to_dict()`` output; an unknown key is an error."""
-        names = [f.name for f in dataclasses.fields(cls)]
-        if not isinstance(config, Mapping):
-            fail("config", config, f"a dict with the keys {names}")
-        unknown = sorted(set(config) - set(names))
-        if unknown:
-            fail(f"config[{unknown[0]!r}]", config[unknown[0]], f"only the keys {names}")
-        return cls(**config)
 
 
 def build_encoding(config: ViTConfig, generator: torch.Generator | None = None) -> posenc.Encoding:
