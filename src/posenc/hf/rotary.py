@@ -1,4 +1,4 @@
-"""Hugging Face interop: read RoPE settings from a transformers model config, write posenc's back.
+"""RoPE configs in and out of Hugging Face: read a transformers model config's RoPE, write posenc's back.
 
 Handles both config generations: transformers >= 5 ``rope_parameters`` (with ``rope_theta`` inside) and the
 older ``rope_theta`` + ``rope_scaling`` (legacy ``type`` key), GPT-NeoX's ``rotary_pct`` / ``rotary_emb_base``,
@@ -15,20 +15,12 @@ from typing import Any
 
 from posenc._checks import fail
 from posenc.encodings.rotary import RotaryConfig
+from posenc.hf._common import as_dict as _as_dict
 from posenc.scalings import NTKScaling, parse_scaling
 
 # Scalings that read the model's max_position_embeddings / original_max_position_embeddings in HF.
 _NEEDS_MAX_POS = ("dynamic", "yarn", "longrope")
 _NEEDS_ORIGINAL = ("llama3", "yarn", "longrope")
-
-
-def _as_dict(config: Any) -> dict[str, Any]:
-    if isinstance(config, Mapping):
-        return dict(config)
-    if hasattr(config, "to_dict"):
-        return config.to_dict()
-    fail("config", type(config).__name__, "a transformers PretrainedConfig or its dict")
-    raise AssertionError  # unreachable
 
 
 def rotary_config_from_hf(config: Any, *, layer_type: str | None = None) -> RotaryConfig:

@@ -1,0 +1,29 @@
+"""Hugging Face interop: positional configs in and out of transformers, and context extension of loaded models.
+
+- ``rotary_config_from_hf`` / ``rotary_config_to_hf``: RoPE (``RotaryConfig``) from and to HF config keys.
+- ``alibi_config_from_hf`` / ``alibi_config_to_hf``: ALiBi (``ALiBiConfig``) from and to BLOOM / MPT configs.
+- ``positional_setup``: the posenc config(s) for any supported architecture's config.
+- ``extend_context``: linear / ntk / dynamic / yarn / longrope / llama3 on a loaded RoPE model, slope interpolation
+  on an ALiBi model, in place.
+
+Only torch is imported here; transformers is imported lazily, when a model is patched.
+"""
+
+from posenc.hf.alibi import ALIBI_MODEL_TYPES, alibi_config_from_hf, alibi_config_to_hf
+from posenc.hf.extend import METHOD_OPTIONS, METHODS, extend_context
+from posenc.hf.rotary import rotary_config_from_hf, rotary_config_to_hf
+from posenc.hf.setup import ROPE_MODEL_TYPES, positional_setup, supported_model_types
+
+__all__ = [
+    "ALIBI_MODEL_TYPES",
+    "METHODS",
+    "METHOD_OPTIONS",
+    "ROPE_MODEL_TYPES",
+    "alibi_config_from_hf",
+    "alibi_config_to_hf",
+    "extend_context",
+    "positional_setup",
+    "rotary_config_from_hf",
+    "rotary_config_to_hf",
+    "supported_model_types",
+]

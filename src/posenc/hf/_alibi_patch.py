@@ -1,0 +1,92 @@
+"""Slope interpolation for a loaded transformers ALiBi model (BLOOM, MPT), in place.
+
+Paper: Al-Khateeb et al. 2023, "Position Interpolation Improves ALiBi Extrapolation" (arXiv:2310.13017): to run a
+model trained at length ``L`` at ``factor * L``, every slope is multiplied by ``1 / factor`` (posenc's
+``interpolated_slopes`` with ``train_len / eval_len``), so the largest distance gets the bias it got in training.
+
+transformers builds the bias in the model's ``forward`` (BLOOM: ``slopes * k`` from its module-level
+``_get_alibi_slopes``; MPT: ``build_mpt_alibi_tensor``) and passes it to every block as a keyword argument
+(``alibi`` / ``position_bias``). The bias is linear in the slopes and every head is scaled alike, so a forward
+pre-hook on each block multiplies that tensor by ``1 / factor`` (in float32, cast back to its dtype). A block
+called without the keyword raises instead of running unpatched.
+Reference: transformers ``modeling_bloom`` / ``modeling_mpt``; checked in ``tests/hf/test_extend_alibi.py`` against
+BLOOM with its slope function replaced by interpolated slopes, and against the full bias tensor.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+
+from posenc._checks import check_positive_int, fail
+from posenc.functional.alibi import alibi_slopes
+from posenc.hf._common import architecture
+from posenc.hf._rope_patch import lengthen
+
+# model_type -> (module, block class, the block's keyword argument carrying the bias)
+_BLOCKS = {
+    "bloom": ("transformers.models.bloom.modeling_bloom", "BloomBlock", "alibi"),
+    "mpt": ("transformers.models.mpt.modeling_mpt", "MptBlock", "position_bias"),
+}
+_HOOKS_ATTR = "_posenc_alibi_hooks"
+
+
+def _scale_bias(module: torch.nn.Module, args: tuple, kwargs: dict, *, key: str, scale: float) -> tuple[tuple, dict]:
+    bias = kwargs.get(key)
+    if bias is None:
+        raise RuntimeError(
+            f"posenc.hf.extend_context: {type(module).__name__} was called without its {key!r} keyword argument, "
+            "so its ALiBi slopes cannot be interpolated; refusing to run it unpatched"
+        )
+    kwargs[key] = (bias.float() * scale).to(bias.dtype)  # (B*H, 1|S, T): every head's slope times scale
+    return args, kwargs
+
+
+def extend_alibi(model: torch.nn.Module, *, factor: float, original: int | None, target: int | None) -> dict[str, Any]:
+    """Interpolate the slopes of a BLOOM or MPT model by ``1 / factor``; see ``posenc.hf.extend_context``."""
+    import importlib
+
+    config = model.config
+    kind = config.model_type
+    module_name, class_name, key = _BLOCKS[kind]
+    block_class = getattr(importlib.import_module(module_name), class_name)
+    blocks = [(name, m) for name, m in model.named_modules() if isinstance(m, block_class)]
+    if not blocks:
+        fail("model", architecture(model), f"a model with {class_name} blocks (found none)")
+    if original is None and kind == "mpt":
+        original = int(config.max_seq_len)
+    if original is not None:
+        check_positive_int("original_max_position_embeddings", original)
+    if target is None:
+        target = None if original is None else lengthen(original, factor)
+    elif original is not None and original > target:
+        fail("original_max_position_embeddings", original, f"<= the target max_position_embeddings={target}")
+
+    for handle in getattr(model, _HOOKS_ATTR, ()):  # a second call replaces the first, never compounds
+        handle.remove()
+    scale = 1.0 / factor
+    hook = functools.partial(_scale_bias, key=key, scale=scale)
+    handles = [m.register_forward_pre_hook(hook, with_kwargs=True) for _, m in blocks]
+    setattr(model, _HOOKS_ATTR, handles)
+    hooked = sum(1 for _, m in blocks if any(h is hook for h in m._forward_pre_hooks.values()))
+    if hooked != len(blocks):
+        raise RuntimeError(f"posenc.hf.extend_context hooked {hooked} of {len(blocks)} blocks of {architecture(model)}")
+
+    old_len = None
+    if kind == "mpt":  # MPT's bias table covers max_seq_len keys: a longer input would not fit
+        old_len = int(config.max_seq_len)
+        config.max_seq_len = max(old_len, target)
+    slopes = alibi_slopes(int(config.num_attention_heads))
+    return {
+        "architecture": kind,
+        "model_class": type(model).__name__,
+        "method": "linear",
+        "factor": factor,
+        "original_max_position_embeddings": original,
+        "max_position_embeddings": {"old": old_len, "new": config.max_seq_len if kind == "mpt" else target},
+        "slopes": {"old": slopes, "new": (slopes.double() * scale).float()},
+        "modules_patched": len(blocks),
+        "module_names": [name for name, _ in blocks],
+    }

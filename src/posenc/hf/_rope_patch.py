@@ -1,0 +1,207 @@
+"""Context extension of a loaded transformers RoPE model: new ``rope_parameters`` in its config, and every rotary
+embedding module rebuilt from that config in place.
+
+The new ``rope_parameters`` come from posenc's scaling configs (``posenc.scalings``, validated there) exported with
+``rotary_config_to_hf``; static NTK, which transformers lacks, becomes default RoPE with the enlarged base. Each
+``*RotaryEmbedding`` module is then re-initialised by its own class from the updated config, and the state of that
+fresh module (``inv_freq``, ``original_inv_freq``, ``attention_scaling``, ``rope_type``, ``max_seq_len_cached``, the
+per-layer-type variants) replaces the old one's, so the patched model is the model transformers builds natively from
+the new config, while the module objects (and any hooks on them) stay where they are.
+Reference: transformers ``modeling_rope_utils`` (``ROPE_INIT_FUNCTIONS``, ``dynamic_rope_update``); checked in
+``tests/hf/test_extend.py`` by comparing logits with natively built models.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from posenc._checks import fail
+from posenc.hf._common import architecture
+from posenc.hf.rotary import rotary_config_from_hf, rotary_config_to_hf
+from posenc.scalings import (
+    DynamicNTKScaling,
+    LinearScaling,
+    Llama3Scaling,
+    LongRoPEScaling,
+    NTKScaling,
+    RopeScaling,
+    YaRNScaling,
+)
+
+# rope types whose HF parameters carry original_max_position_embeddings.
+_WITH_ORIGINAL = ("llama3", "yarn", "longrope")
+_MODULE_STATE = frozenset(vars(torch.nn.Module()))
+
+
+def rotary_modules(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
+    """Every submodule holding an ``inv_freq`` buffer (or a per-layer-type ``<type>_inv_freq``)."""
+    return [
+        (name, m)
+        for name, m in model.named_modules()
+        if any(b == "inv_freq" or (b.endswith("_inv_freq") and "original" not in b) for b in m._buffers)
+    ]
+
+
+def _scaling(method: str, factor: float, original: int, rotary_dim: int, options: dict[str, Any]) -> RopeScaling:
+    """posenc's scaling config for ``method`` (validated by its dataclass)."""
+    if method == "linear":
+        return LinearScaling(factor=factor)
+    if method == "ntk":
+        return NTKScaling(factor=factor)
+    if method == "dynamic":
+        return DynamicNTKScaling(factor=factor, max_position_embeddings=original)
+    if method == "yarn":
+        return YaRNScaling(factor=factor, original_max_position_embeddings=original, **options)
+    if method == "llama3":
+        options = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, **options}  # Llama 3.1's values
+        return Llama3Scaling(factor=factor, original_max_position_embeddings=original, **options)
+    options = dict(options)
+    if options.get("long_factor") is None:
+        fail("long_factor", None, f"a list of rotary_dim // 2 = {rotary_dim // 2} positive numbers for 'longrope'")
+    options.setdefault("short_factor", [1.0] * (rotary_dim // 2))  # unchanged frequencies up to the original
+    return LongRoPEScaling(factor=factor, original_max_position_embeddings=original, **options)
+
+
+def default_original(config: Any, layer_type: str | None) -> int:
+    """The pretraining length: the scaling's own ``original_max_position_embeddings`` if it has one, else
+    ``max_position_embeddings``."""
+    params = config.rope_parameters if layer_type is None else config.rope_parameters[layer_type]
+    if params.get("rope_type") in _WITH_ORIGINAL and params.get("original_max_position_embeddings"):
+        return int(params["original_max_position_embeddings"])
+    return int(config.max_position_embeddings)
+
+
+def _layer_params(config: Any, layer_type: str | None, model: torch.nn.Module) -> dict[str, Any]:
+    params = config.rope_parameters
+    if not isinstance(params, Mapping) or not params:
+        fail("model", architecture(model), "a model whose config has rope_parameters")
+    nested = sorted(k for k, v in params.items() if isinstance(v, Mapping))
+    if nested:
+        if layer_type not in nested:
+            fail("layer_type", layer_type, f"one of {nested} (this config has per-layer-type rope_parameters)")
+        return params[layer_type]
+    if layer_type is not None:
+        fail("layer_type", layer_type, "None: this config has one rope_parameters for every layer")
+    return params
+
+
+def _adopt(module: torch.nn.Module, fresh: torch.nn.Module) -> None:
+    """Give ``module`` the state of ``fresh`` (same class), keeping its device, hooks and place in the model."""
+    device = next(iter(module.buffers())).device
+    fresh_state = {k: v for k, v in vars(fresh).items() if k not in _MODULE_STATE}
+    for name in [k for k in vars(module) if k not in _MODULE_STATE and k not in fresh_state]:
+        if not name.startswith("_") and name != "forward":  # stale caches such as LongRoPE's long_inv_freq
+            delattr(module, name)
+    for name in [b for b in module._buffers if b not in fresh._buffers]:
+        del module._buffers[name]
+    for name, buf in fresh._buffers.items():
+        persistent = name not in fresh._non_persistent_buffers_set
+        module.register_buffer(name, None if buf is None else buf.to(device), persistent=persistent)
+    for name, value in fresh_state.items():
+        setattr(module, name, value)
+
+
+def extend_rope(
+    model: torch.nn.Module,
+    *,
+    method: str,
+    factor: float,
+    original: int | None,
+    target: int | None,
+    layer_type: str | None,
+    options: dict[str, Any],
+) -> dict[str, Any]:
+    """Apply ``method`` to a loaded transformers RoPE model in place; see ``posenc.hf.extend_context``."""
+    config = model.config
+    modules = rotary_modules(model)
+    if not modules:
+        fail("model", architecture(model), "a model with rotary embedding modules (none holds an inv_freq buffer)")
+    for name, m in modules:
+        if getattr(m, "config", None) is not config or not hasattr(m, "rope_type"):
+            fail(
+                "model",
+                architecture(model),
+                f"a model whose rotary modules are transformers' *RotaryEmbedding built from model.config "
+                f"({name!r}, a {type(m).__name__}, is not)",
+            )
+    old_params = _layer_params(config, layer_type, model)
+    original = default_original(config, layer_type) if original is None else original
+    if target is None:
+        target = lengthen(original, factor)
+    elif original > target:
+        fail("original_max_position_embeddings", original, f"<= the target max_position_embeddings={target}")
+    old_setup = rotary_config_from_hf(config, layer_type=layer_type)
+    scaling = _scaling(method, factor, original, old_setup.rotary_dim, options)
+    exported = rotary_config_to_hf(dataclasses.replace(old_setup, scaling=scaling))
+    new_params = exported["rope_parameters"]
+    if "partial_rotary_factor" in old_params:  # Phi-3 and GPT-NeoX configs read it unconditionally
+        new_params.setdefault("partial_rotary_factor", old_params["partial_rotary_factor"])
+    new_max = exported.get("max_position_embeddings", target)  # dynamic NTK: its threshold, the original length
+
+    updates: dict[str, Any] = {"max_position_embeddings": new_max}
+    if layer_type is None:
+        updates["rope_parameters"] = new_params
+    else:
+        updates["rope_parameters"] = {**config.rope_parameters, layer_type: new_params}
+    if hasattr(config, "original_max_position_embeddings") and new_params["rope_type"] in _WITH_ORIGINAL:
+        updates["original_max_position_embeddings"] = original  # Phi-3: transformers prefers the top-level key
+    old_values = {k: copy.deepcopy(getattr(config, k)) for k in updates}
+
+    trial = copy.deepcopy(config)
+    for key, value in copy.deepcopy(updates).items():
+        setattr(trial, key, value)
+    try:
+        trial.validate_rope()
+    except Exception as err:  # noqa: BLE001 - transformers raises assorted types; re-raised as ValueError
+        fail("method", method, f"a RoPE scaling that {architecture(model)} configs accept (transformers: {err})")
+
+    for key, value in updates.items():
+        setattr(config, key, value)
+    try:
+        fresh = [type(m)(config) for _, m in modules]
+    except Exception:
+        for key, value in old_values.items():
+            setattr(config, key, value)
+        raise
+    for (_, m), new in zip(modules, fresh, strict=True):
+        _adopt(m, new)
+    _check_patched(model, modules, fresh)
+    return {
+        "architecture": config.model_type,
+        "model_class": type(model).__name__,
+        "method": method,
+        "factor": factor,
+        "layer_type": layer_type,
+        "original_max_position_embeddings": original,
+        "max_position_embeddings": {"old": old_values["max_position_embeddings"], "new": new_max},
+        "rope_parameters": {"old": copy.deepcopy(dict(old_params)), "new": copy.deepcopy(new_params)},
+        "scaling": scaling,
+        "positional_setup": {"old": old_setup, "new": rotary_config_from_hf(config, layer_type=layer_type)},
+        "modules_patched": len(modules),
+        "module_names": [name for name, _ in modules],
+    }
+
+
+def _check_patched(model: torch.nn.Module, modules: list, fresh: list) -> None:
+    """Every rotary module now holds its fresh state; none was missed. Never leave a model silently unpatched."""
+    patched = {id(m) for _, m in modules}
+    for name, m in rotary_modules(model):
+        if id(m) not in patched:
+            raise RuntimeError(f"posenc.hf.extend_context left {name!r} of {architecture(model)} unpatched")
+    for (name, m), new in zip(modules, fresh, strict=True):
+        same = m.rope_type == new.rope_type and all(
+            b is None or torch.equal(b.cpu(), new._buffers[k].cpu()) for k, b in m._buffers.items()
+        )
+        if not same:
+            raise RuntimeError(f"posenc.hf.extend_context failed to patch {name!r} of {architecture(model)}")
+
+
+def lengthen(original: int, factor: float) -> int:
+    """``ceil(original * factor)``, without a spurious extra position from float rounding."""
+    target = original * factor
+    return int(round(target)) if abs(target - round(target)) < 1e-9 * target else int(-(-target // 1))

@@ -1,0 +1,118 @@
+"""``extend_context``: run a loaded transformers model at a longer context than it was trained for.
+
+RoPE models (Llama, Mistral, Qwen2/3, Phi-3, GPT-NeoX, Gemma 1/2/3) take any of posenc's scalings: ``linear``
+(Position Interpolation, Chen et al. 2023), ``ntk`` (static NTK-aware), ``dynamic`` (dynamic NTK), ``yarn``
+(Peng et al. 2023), ``longrope`` (Ding et al. 2024) and ``llama3`` (Meta 2024); see ``posenc.hf._rope_patch``.
+ALiBi models (BLOOM, MPT) take ``linear``, which for ALiBi is slope interpolation (Al-Khateeb et al. 2023); see
+``posenc.hf._alibi_patch``. transformers is imported only when a model is patched.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from posenc._checks import check_choice, check_number, check_positive_int, fail
+from posenc.hf._common import architecture, model_type
+from posenc.hf.alibi import ALIBI_MODEL_TYPES
+from posenc.hf.setup import check_model_type
+
+METHODS = ("linear", "ntk", "dynamic", "yarn", "longrope", "llama3")
+#: The keyword options each method accepts (names and defaults as in Hugging Face ``rope_parameters``).
+METHOD_OPTIONS: dict[str, tuple[str, ...]] = {
+    "linear": (),
+    "ntk": (),
+    "dynamic": (),
+    "yarn": ("beta_fast", "beta_slow", "mscale", "mscale_all_dim", "attention_factor", "truncate"),
+    "longrope": ("long_factor", "short_factor", "attention_factor"),
+    "llama3": ("low_freq_factor", "high_freq_factor"),
+}
+
+
+def extend_context(
+    model: torch.nn.Module,
+    method: str,
+    factor: float,
+    *,
+    original_max_position_embeddings: int | None = None,
+    max_position_embeddings: int | None = None,
+    layer_type: str | None = None,
+    **options: Any,
+) -> dict[str, Any]:
+    """Extend the context of a loaded transformers model in place; return what changed.
+
+    RoPE models get new ``rope_parameters`` (and ``max_position_embeddings``) in ``model.config`` and every rotary
+    embedding module rebuilt from it, so the model equals the one transformers builds from the new config (for
+    ``ntk``, which transformers lacks: default RoPE with base ``base * factor ** (d / (d - 2))``). ALiBi models get
+    every slope multiplied by ``1 / factor``.
+
+    What persists: a RoPE model's scaling is in its config, so ``save_pretrained`` keeps it and a reload rebuilds the
+    same model (the rebuilt ``inv_freq`` is float32 even in a bf16 model, as at load time). ALiBi's slope
+    interpolation is a forward pre-hook on each block (transformers has no config key for it): it is not saved, and a
+    second call replaces it rather than compounding.
+
+    Args:
+        model: a transformers model (e.g. ``LlamaForCausalLM``) of a type in ``supported_model_types()``.
+        method: one of ``METHODS``; ALiBi models take ``"linear"`` only (slope interpolation).
+        factor: the extension factor, ``>= 1``. For ``dynamic`` it is the NTK growth rate past the original length.
+        original_max_position_embeddings: the pretraining length. Defaults to the config's: the current scaling's
+            ``original_max_position_embeddings`` if it has one, else ``max_position_embeddings`` (MPT:
+            ``max_seq_len``; BLOOM has none, which only leaves the target length unset).
+        max_position_embeddings: the new context length written to the config (MPT: ``max_seq_len``); defaults to
+            ``ceil(original * factor)``. ``dynamic`` keeps the original length there, as transformers expects.
+        layer_type: for per-layer-type ``rope_parameters`` (Gemma 3), the layer type to extend.
+        **options: the method's own keys, ``METHOD_OPTIONS[method]``: YaRN's ``beta_fast``, ``beta_slow``,
+            ``mscale``, ``mscale_all_dim``, ``attention_factor``, ``truncate``; LongRoPE's ``long_factor``
+            (required), ``short_factor`` (default all ones) and ``attention_factor``; Llama 3's
+            ``low_freq_factor`` (default 1) and ``high_freq_factor`` (default 4).
+
+    Returns:
+        A dict: ``architecture``, ``model_class``, ``method``, ``factor``, ``original_max_position_embeddings``,
+        ``max_position_embeddings`` ``{"old", "new"}``, ``modules_patched`` (count) and ``module_names``; for RoPE
+        also ``layer_type``, ``scaling`` (the posenc ``RopeScaling`` applied), and ``rope_parameters`` and
+        ``positional_setup`` (``RotaryConfig``, as ``positional_setup`` reads the config) ``{"old", "new"}``; for
+        ALiBi ``slopes`` ``{"old", "new"}``.
+
+    Raises:
+        ValueError: an architecture that is not handled (naming ``model.config.model_type`` and the class), an
+            unknown method or option, ``factor < 1``, an original length above the target, or a scaling the
+            model's config class rejects. The model is left unchanged.
+    """
+    if not isinstance(model, torch.nn.Module) or getattr(model, "config", None) is None:
+        fail("model", type(model).__name__, "a transformers model (a torch.nn.Module with a .config)")
+    kind = check_model_type(model_type(model.config), where=f"model.config.model_type of {type(model).__name__}")
+    check_choice("method", method, METHODS)
+    factor = check_number("factor", factor, minimum=1.0)
+    allowed = METHOD_OPTIONS[method]
+    for name, value in options.items():
+        if name not in allowed:
+            fail(name, value, f"one of the options {list(allowed)} of method {method!r} (or no option)")
+    original = original_max_position_embeddings
+    if original is not None:
+        check_positive_int("original_max_position_embeddings", original)
+    if max_position_embeddings is not None:
+        check_positive_int("max_position_embeddings", max_position_embeddings)
+        if method == "dynamic":
+            fail("max_position_embeddings", max_position_embeddings, "None for 'dynamic' (it has no fixed target)")
+
+    if kind in ALIBI_MODEL_TYPES:
+        if method != "linear":
+            fail("method", method, f"'linear' (slope interpolation) for the ALiBi model {architecture(model)}")
+        if layer_type is not None:
+            fail("layer_type", layer_type, f"None for the ALiBi model {architecture(model)}")
+        from posenc.hf._alibi_patch import extend_alibi
+
+        return extend_alibi(model, factor=factor, original=original, target=max_position_embeddings)
+
+    from posenc.hf._rope_patch import extend_rope
+
+    return extend_rope(
+        model,
+        method=method,
+        factor=factor,
+        original=original,
+        target=max_position_embeddings,
+        layer_type=layer_type,
+        options=options,
+    )

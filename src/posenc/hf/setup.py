@@ -1,0 +1,72 @@
+"""``positional_setup``: the posenc object describing how a transformers architecture encodes positions."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from posenc._checks import fail
+from posenc.encodings.alibi import ALiBiConfig
+from posenc.encodings.rotary import RotaryConfig
+from posenc.hf._common import as_dict
+from posenc.hf.alibi import ALIBI_MODEL_TYPES, alibi_config_from_hf
+from posenc.hf.rotary import rotary_config_from_hf
+
+#: Architectures whose RoPE transformers builds with a ``*RotaryEmbedding`` module driven by ``rope_parameters``,
+#: each checked in ``tests/hf`` (a model type absent here is refused, not guessed at).
+ROPE_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gpt_neox", "gemma", "gemma2", "gemma3_text")
+
+# What some common architectures use instead, for the error message.
+_NOT_HANDLED = {
+    "gpt2": "learned absolute position embeddings",
+    "opt": "learned absolute position embeddings",
+    "bert": "learned absolute position embeddings",
+    "roberta": "learned absolute position embeddings",
+    "t5": "T5 relative position buckets",
+    "mt5": "T5 relative position buckets",
+    "gptj": "GPT-J's interleaved rotary table (no rope_parameters)",
+    "falcon": "RoPE or ALiBi depending on the config (not handled yet)",
+}
+
+
+def supported_model_types() -> tuple[str, ...]:
+    """Every ``config.model_type`` that ``positional_setup`` and ``extend_context`` handle."""
+    return (*ROPE_MODEL_TYPES, *ALIBI_MODEL_TYPES)
+
+
+def check_model_type(kind: object, *, where: str = "config.model_type") -> str:
+    """Raise the standard ``ValueError`` naming ``kind`` unless it is a supported architecture."""
+    if kind in ROPE_MODEL_TYPES or kind in ALIBI_MODEL_TYPES:
+        return kind  # type: ignore[return-value]
+    uses = f"; {kind!r} uses {_NOT_HANDLED[kind]}" if kind in _NOT_HANDLED else ""
+    fail(
+        where,
+        kind,
+        f"a RoPE architecture {list(ROPE_MODEL_TYPES)} or an ALiBi one {list(ALIBI_MODEL_TYPES)}{uses}",
+    )
+    raise AssertionError  # unreachable
+
+
+def positional_setup(config: Any) -> RotaryConfig | dict[str, RotaryConfig] | ALiBiConfig:
+    """How a transformers model encodes positions, as posenc configs.
+
+    Args:
+        config: a ``PretrainedConfig``, its ``config.json`` dict, or a model holding one.
+
+    Returns:
+        A ``RotaryConfig`` for the RoPE family (Phi-3's LongRoPE, GPT-NeoX's partial rotary and every scaling
+        included); for configs with per-layer-type RoPE (Gemma 3), ``{layer_type: RotaryConfig}``; an
+        ``ALiBiConfig`` for BLOOM and MPT.
+
+    Raises:
+        ValueError: naming ``config.model_type`` for an architecture that is not handled.
+    """
+    cfg = as_dict(config)
+    kind = check_model_type(cfg.get("model_type"))
+    if kind in ALIBI_MODEL_TYPES:
+        return alibi_config_from_hf(cfg)
+    params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    nested = sorted(k for k, v in params.items() if isinstance(v, Mapping))
+    if nested:
+        return {layer_type: rotary_config_from_hf(cfg, layer_type=layer_type) for layer_type in nested}
+    return rotary_config_from_hf(cfg)
