@@ -98,6 +98,25 @@ def test_copy_task_reports_accuracy(tmp_path):
     assert all(r["accuracy"] is not None and 0.0 <= r["accuracy"] <= 1.0 for r in rows)
 
 
+def test_task_defaults_fill_the_flags_not_given(tmp_path):
+    from posenc.lab.study import TASK_DEFAULTS
+
+    code, text = _cli("lab", "--task", "recall", "--encodings", "nope", "--steps", "2", "--eval-lens", "16",
+                      "--dim", "32", "--layers", "1", "--out", str(tmp_path / "r"), "--quiet")  # fmt: skip
+    assert code == 0, text
+    study = json.loads((tmp_path / "r" / "study.json").read_text())
+    want = TASK_DEFAULTS["recall"]
+    assert (study["train_len"], study["batch_size"], study["n_heads"]) == (
+        want["train_len"], want["batch_size"], want["n_heads"])  # fmt: skip
+    code, text = _cli("lab", "--task", "recall", "--encodings", "nope", "--steps", "2", "--eval-lens", "16",
+                      "--batch-size", "4", "--heads", "2", "--dim", "32", "--layers", "1",
+                      "--out", str(tmp_path / "r2"), "--quiet")  # fmt: skip
+    assert code == 0, text
+    study = json.loads((tmp_path / "r2" / "study.json").read_text())
+    assert (study["batch_size"], study["n_heads"], study["steps"]) == (4, 2, 2)
+    assert "batch_size" not in TASK_DEFAULTS["lm"] and "n_heads" not in TASK_DEFAULTS["lm"]  # lm: StudyConfig's
+
+
 @pytest.mark.parametrize(
     ("args", "match"),
     [

@@ -110,6 +110,42 @@ def test_recall_layout(length):
         assert scored.tolist() == list(range(pad + 2 * p + 2, length + 1, 2))
 
 
+def test_recall_min_pairs_varies_the_dictionary_with_left_padding():
+    length = 17  # recall_layout: pad 1, p = 4 pairs, m = 4 queries
+    x, y, mask = recall_batch(300, length, generator=_gen(), keys=6, values=5, min_pairs=1)
+    _, p, m = recall_layout(length)
+    seq = _seq(x, y).tolist()
+    seen = set()
+    for row, row_mask in zip(seq, mask, strict=True):
+        sep = row.index(SEP)
+        queries = length - sep  # tokens after SEP: 2 per query
+        pad = next(i for i, t in enumerate(row) if t != PAD)
+        n = (sep - pad) // 2
+        seen.add(n)
+        assert queries == 2 * min(m, n) and (sep - pad) % 2 == 0 and row[:pad] == [PAD] * pad
+        assert PAD not in row[pad:] and row.count(SEP) == 1
+        pair_keys = row[pad:sep:2]
+        table = {}
+        for k, v in zip(pair_keys, row[pad + 1 : sep : 2], strict=True):
+            assert FIRST_KEY <= k < FIRST_KEY + 6 and FIRST_SYMBOL <= v < FIRST_SYMBOL + 5
+            assert table.setdefault(k, v) == v
+        q, a = row[sep + 1 :: 2], row[sep + 2 :: 2]
+        assert all(table[k] == v for k, v in zip(q, a, strict=True))
+        assert all(q.count(k) <= pair_keys.count(k) for k in set(q))  # distinct pairs among this row's n
+        assert (row_mask.nonzero().flatten() + 1).tolist() == list(range(sep + 2, length + 1, 2))
+    assert seen == set(range(1, p + 1))
+
+
+def test_recall_min_pairs_equal_to_all_pairs_is_the_full_layout():
+    full = recall_batch(8, 20, generator=_gen(3))
+    _, p, _ = recall_layout(20)
+    x, y, mask = recall_batch(8, 20, generator=_gen(3), min_pairs=p)
+    pad, _, m = recall_layout(20)
+    seq = _seq(x, y)
+    assert (seq[:, pad + 2 * p] == SEP).all() and (mask.sum(dim=1) == m).all()
+    assert torch.equal(mask, full[2])
+
+
 def test_recall_queries_are_distinct_pairs():
     # queries pick distinct pairs, so a key is never queried more often than it occurs (with replacement it would be)
     x, y, _ = recall_batch(500, 80, generator=_gen(), keys=32, values=8)
@@ -157,6 +193,8 @@ def test_errors_say_what_is_allowed():
         copy_batch(2, 8, generator=None)
     with pytest.raises(ValueError, match=r"length=3 is invalid: expected an integer >= 4"):
         recall_batch(2, 3, generator=g)
+    with pytest.raises(ValueError, match=r"min_pairs=0 is invalid: expected an integer in \[1, 3\] \(the pairs at"):
+        recall_batch(2, 12, generator=g, min_pairs=0)
     with pytest.raises(ValueError, match=r"keys=33 is invalid: expected an integer in \[1, 32\]"):
         recall_batch(2, 8, generator=g, keys=33)
     with pytest.raises(ValueError, match=r"batch=0 is invalid: expected a positive integer"):

@@ -109,6 +109,7 @@ def recall_batch(
     generator: torch.Generator,
     keys: int = 8,
     values: int = 8,
+    min_pairs: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Multi-query associative recall: key-value pairs, :data:`SEP`, then queried keys each followed by its value.
 
@@ -124,8 +125,14 @@ def recall_batch(
     distinct pairs chosen uniformly; ``a_j`` is ``q_j``'s value. ``score_mask`` is True on the ``m`` targets that
     are answers (the target of the input token ``q_j``); the targets ``q_{j+1}`` are random and not scored.
 
+    When ``min_pairs`` is given, each row draws its own number of pairs ``n`` uniformly from ``[min_pairs, p]``
+    and asks ``min(m, n)`` queries; the content is right-aligned after more left padding (``PAD * (length - 2n -
+    2 min(m, n))``), which mixes dictionary sizes and look-back distances during training. ``n = p`` gives the
+    full layout above.
+
     Example: ``length=10`` -> ``pad=0, p=3, m=2``: ``seq = "AbCdEb=EbAb"`` (``x = "AbCdEb=EbA"``), answers
-    ``b, b`` are ``y[7]`` and ``y[9]``: ``score_mask = [F] * 7 + [T, F, T]``.
+    ``b, b`` are ``y[7]`` and ``y[9]``: ``score_mask = [F] * 7 + [T, F, T]``. With ``min_pairs=1``, a row that
+    draws ``n = 1`` is ``seq = "......Cd=Cd"`` (one pair, one query): ``score_mask = [F] * 9 + [T]``.
 
     Args:
         batch: rows.
@@ -133,6 +140,7 @@ def recall_batch(
         generator: source of randomness (same generator state -> same batch).
         keys: key alphabet size, in ``[1, 32]``.
         values: value alphabet size, in ``[2, 128]``.
+        min_pairs: if given, the smallest number of pairs, in ``[1, p]``.
 
     Shapes:
         x (batch, length) int64, y (batch, length) int64, score_mask (batch, length) bool.
@@ -140,23 +148,30 @@ def recall_batch(
     _check_common(batch, length, generator, minimum=4)
     _check_alphabet("keys", keys, 1, MAX_KEYS)
     _check_alphabet("values", values, 2, MAX_SYMBOLS)
-    pad, p, m = recall_layout(length)
+    _, p, m = recall_layout(length)
+    if min_pairs is None:
+        n = torch.full((batch,), p, dtype=torch.long)
+    else:
+        if isinstance(min_pairs, bool) or not isinstance(min_pairs, int) or not 1 <= min_pairs <= p:
+            fail("min_pairs", min_pairs, f"an integer in [1, {p}] (the pairs at length {length}) or None for full rows")
+        n = torch.randint(min_pairs, p + 1, (batch,), generator=generator)  # (batch,) pairs per row
     table = torch.randint(0, values, (batch, keys), generator=generator)  # (batch, keys) each row's dictionary
     pair_keys = torch.randint(0, keys, (batch, p), generator=generator)  # (batch, p)
-    chosen = torch.rand(batch, p, generator=generator).argsort(dim=1)[:, :m]  # (batch, m) distinct pair indices
+    order = torch.rand(batch, p, generator=generator).masked_fill(torch.arange(p) >= n[:, None], 2.0)  # (batch, p)
+    chosen = order.argsort(dim=1)[:, :m]  # (batch, m) distinct pair indices below n first
     query_keys = pair_keys.gather(1, chosen)  # (batch, m)
-
-    def interleave(k: torch.Tensor) -> torch.Tensor:  # (batch, n) keys -> (batch, 2n) "key value key value ..."
-        v = table.gather(1, k)
-        return torch.stack([FIRST_KEY + k, FIRST_SYMBOL + v], dim=2).flatten(1)  # (batch, n, 2) -> (batch, 2n)
-
-    seq = torch.cat(
-        [torch.full((batch, pad), PAD), interleave(pair_keys), torch.full((batch, 1), SEP), interleave(query_keys)],
-        dim=1,
-    )  # (batch, length + 1)
-    is_answer = torch.zeros(length + 1, dtype=torch.bool)
-    is_answer[length + 1 - 2 * m + 1 :: 2] = True  # a_j sit at odd offsets after SEP
-    score_mask = is_answer[1:].expand(batch, length).clone()
+    # Right-align: position t of seq (0 <= t <= length) relative to the SEP at index length - 2 * queries.
+    t = torch.arange(length + 1)[None, :]  # (1, length + 1)
+    sep_at = (length - 2 * n.clamp(max=m))[:, None]  # (batch, 1)
+    first = sep_at - 2 * n[:, None]  # (batch, 1) index of k_1
+    in_pairs, in_queries = (t >= first) & (t < sep_at), t > sep_at
+    offset = torch.where(in_pairs, t - first, t - sep_at - 1)  # (batch, length + 1) within the pair / query part
+    slot = (offset // 2).clamp(0, p - 1)  # (batch, length + 1) pair or query index
+    key = torch.where(in_pairs, pair_keys.gather(1, slot), query_keys.gather(1, slot.clamp(max=m - 1)))
+    token = torch.where(offset % 2 == 0, FIRST_KEY + key, FIRST_SYMBOL + table.gather(1, key))
+    seq = torch.where(in_pairs | in_queries, token, PAD)
+    seq = torch.where(t == sep_at, SEP, seq)  # (batch, length + 1)
+    score_mask = (in_queries & (offset % 2 == 1))[:, 1:]  # target i is seq[i + 1]
     return seq[:, :-1], seq[:, 1:], score_mask
 
 
