@@ -112,10 +112,10 @@ def lab(args: argparse.Namespace) -> int:
             train_len=args.train_len or task_defaults["train_len"],
             eval_lens=args.eval_lens,
             steps=args.steps or task_defaults["steps"],
-            batch_size=args.batch_size,
+            batch_size=args.batch_size or task_defaults.get("batch_size", StudyConfig.batch_size),
             dim=args.dim,
             n_layers=args.layers,
-            n_heads=args.heads,
+            n_heads=args.heads or task_defaults.get("n_heads", StudyConfig.n_heads),
             lr=args.lr,
             seed=args.seed,
             stride=args.stride,
@@ -196,6 +196,84 @@ def _add_vision(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=vision)
 
 
+def _factors(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(n) for n in _names(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated numbers, e.g. 2,4") from None
+
+
+def extend(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from posenc.lab.extend import ExtendConfig, run_extend
+
+    try:
+        new = args.model == "new" or args.model.startswith("new:")
+        cfg = ExtendConfig(
+            model=args.model if new else str(Path(args.model).resolve()),
+            methods=args.methods,
+            factors=args.factors,
+            lengths=args.lengths,
+            depths=args.depths,
+            trials=args.trials,
+            finetune_steps=args.finetune_steps,
+            finetune_lr=args.finetune_lr,
+            corpus=None if args.corpus is None else str(Path(args.corpus).resolve()),
+            eval_tokens=args.eval_tokens,
+            task=args.task,
+            original_len=args.original_len,
+            train_len=args.train_len,
+            train_steps=args.train_steps,
+            device=args.device,
+            seed=args.seed,
+        )
+        out = Path(args.out) if args.out else Path("runs") / time.strftime("extend-%Y%m%d-%H%M%S")
+        run_extend(cfg, out, resume=args.resume, progress=not args.quiet)
+    except ValueError as err:
+        print(f"posenc extend: {err}")
+        return 2
+    return 0
+
+
+def _add_extend(sub: argparse._SubParsersAction) -> None:
+    from posenc.lab.extend import ExtendConfig
+
+    d = ExtendConfig(model="new", task="passkey")
+    p = sub.add_parser(
+        "extend",
+        help="extend a trained model's context (RoPE scalings, ALiBi interpolation): perplexity and passkey vs length",
+    )
+    p.add_argument(
+        "model",
+        help="a `posenc lab` run folder, a transformers model folder (offline), or new / new:alibi (--task passkey)",
+    )
+    p.add_argument("--methods", type=_names, default=None, help="comma-separated; default every method for the model")
+    p.add_argument("--factors", type=_factors, default=d.factors, help="comma-separated factors >= 1 (default 2,4)")
+    p.add_argument("--lengths", type=_lengths, default=None, help="comma-separated; default 1x, 2x, 4x, 8x original")
+    p.add_argument("--depths", type=_factors, default=d.depths, help="passkey depths in [0, 1], comma-separated")
+    p.add_argument("--trials", type=int, default=d.trials, help="passkey keys per length and depth")
+    p.add_argument("--finetune-steps", type=int, default=0, help="also fine-tune each patch at its target length")
+    p.add_argument("--finetune-lr", type=float, default=None, help="default 3e-4 (lab), 2e-5 (transformers)")
+    p.add_argument(
+        "--task",
+        default="lm",
+        choices=["lm", "passkey"],
+        help="lm: perplexity and passkey zero-shot; passkey: train the task first (lab models), then test",
+    )
+    p.add_argument("--corpus", default=None, help="a text file or folder (default: the Python standard library)")
+    p.add_argument("--eval-tokens", type=int, default=d.eval_tokens, help="tokens scored per perplexity length")
+    p.add_argument("--original-len", type=int, default=None, help="override the model's original context length")
+    p.add_argument("--train-len", type=int, default=d.train_len, help="training length of a `new` model (bytes)")
+    p.add_argument("--train-steps", type=int, default=d.train_steps, help="passkey training steps (--task passkey)")
+    p.add_argument("--device", default=d.device, help="auto (CUDA when present), cpu, cuda, cuda:1, ...")
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--out", default=None, help="output folder (default: runs/extend-<time>)")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out where it stopped")
+    p.add_argument("--quiet", action="store_true", help="no progress bars or tables")
+    p.set_defaults(func=extend)
+
+
 def bench(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -261,13 +339,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--encodings", type=_names, default=DEFAULT_ENCODINGS, help="comma-separated names (posenc.available())"
     )
-    p.add_argument("--train-len", type=int, default=None, help="default 64 (lm), 32 (copy), 16 (recall)")
+    p.add_argument("--train-len", type=int, default=None, help="default 64 (lm), 16 (copy, recall)")
     p.add_argument("--eval-lens", type=_lengths, default=None, help="comma-separated lengths; default L,2L,4L,8L,16L")
-    p.add_argument("--steps", type=int, default=None, help="default 1000 (lm), 500 (copy), 2000 (recall)")
-    p.add_argument("--batch-size", type=int, default=d.batch_size, help="global batch (split across DDP ranks)")
+    p.add_argument("--steps", type=int, default=None, help="default 1000 (lm), 3000 (copy, recall)")
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        default=None,
+        help="global batch (split across DDP ranks); default 32 (lm), 64 (copy, recall)",
+    )
     p.add_argument("--dim", type=int, default=d.dim)
     p.add_argument("--layers", type=int, default=d.n_layers)
-    p.add_argument("--heads", type=int, default=d.n_heads)
+    p.add_argument("--heads", type=int, default=None, help="default 4 (lm), 8 (copy, recall)")
     p.add_argument("--lr", type=float, default=d.lr)
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--stride", type=int, default=None, help="sliding-window evaluation with this stride (ALiBi paper)")
@@ -280,6 +363,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quiet", action="store_true", help="no progress bars or tables")
     p.set_defaults(func=lab)
     _add_vision(sub)
+    _add_extend(sub)
     p = sub.add_parser("figures", help="draw the explanatory pictures (sinusoids, ALiBi, RoPE decay, scalings)")
     p.add_argument("--out", default="figures")
     p.set_defaults(func=figures)

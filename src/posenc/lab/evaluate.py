@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 import posenc
+from posenc._checks import check_choice, check_number, check_positive_int, fail
 from posenc.lab.data import eval_windows
 
 #: RoPE context-extension methods applied zero-shot at an evaluation length ``L'`` past the training length ``L``,
@@ -152,3 +153,56 @@ def task_accuracy(
         seen += n
     model.train(was_training)
     return Score(loss=total / max(count, 1), tokens=count), correct / seen
+
+
+#: ``posenc extend``'s methods for a lab model, by its encoding: the RoPE scalings (plus Llama 3.1's, whose defaults
+#: ``low_freq_factor=1, high_freq_factor=4`` need nothing searched; LongRoPE's per-frequency factors do, so it is not
+#: offered here), and for ALiBi ``linear``: slope interpolation (Al-Khateeb et al. 2023), which is Position
+#: Interpolation for ALiBi (positions divided by the factor = slopes divided by it); ``posenc.hf.extend_context``
+#: uses the same name.
+EXTEND_METHODS = {"rope": (*ROPE_SCALINGS, "llama3"), "alibi": ("linear",)}
+
+
+def scaled_encoding(model, method: str, *, factor: float, original_len: int) -> posenc.Encoding:  # noqa: ANN001
+    """A new encoding for ``model`` (a lab ``GPT``) extending its context ``factor`` times past ``original_len``.
+
+    Unlike :func:`extended_encoding` (factor = evaluation length / training length, rebuilt per length), the
+    factor is fixed, as when a deployed model is patched once for a target context ``factor * original_len`` and
+    then run at every length. ``model`` is not modified; swap the result in with ``model.set_encoding``.
+
+    Raises:
+        ValueError: an encoding without positional parameters we extend, a method it does not offer, a factor < 1.
+    """
+    encoding = model.config.encoding
+    if encoding not in EXTEND_METHODS:
+        fail(
+            "encoding",
+            encoding,
+            f"one with positional parameters posenc extend knows how to scale: {sorted(EXTEND_METHODS)}",
+        )
+    check_choice("method", method, EXTEND_METHODS[encoding])
+    check_number("factor", factor, minimum=1.0)
+    check_positive_int("original_len", original_len)
+    if encoding == "alibi":
+        c = model.encoding.config
+        eval_len = max(original_len, round(original_len * factor))  # slopes times original_len / eval_len
+        return posenc.ALiBi(c.num_heads, symmetric=c.symmetric, train_len=original_len, eval_len=eval_len).to(
+            model.encoding.slopes.device
+        )
+    scaling = {
+        "linear": {"rope_type": "linear", "factor": factor},
+        "ntk": {"rope_type": "ntk", "factor": factor},
+        "dynamic": {"rope_type": "dynamic", "factor": factor, "max_position_embeddings": original_len},
+        "yarn": {"rope_type": "yarn", "factor": factor, "original_max_position_embeddings": original_len},
+        "llama3": {
+            "rope_type": "llama3",
+            "factor": factor,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": original_len,
+        },
+    }[method]
+    c = model.encoding.config
+    return posenc.RotaryEmbedding(
+        c.head_dim, base=c.base, scaling=scaling, layout=c.layout, partial_rotary_factor=c.partial_rotary_factor
+    ).to(model.encoding.inv_freq.device)

@@ -1,0 +1,325 @@
+"""``posenc extend``: patch a trained model's positions for a longer context, then measure what each method rescues.
+
+For every method and factor the model is patched afresh (a lab checkpoint: its RoPE rebuilt with the scaling, or
+ALiBi's slopes interpolated, ``posenc.lab.evaluate.scaled_encoding``; a transformers model:
+``posenc.hf.extend_context`` on a copy), the patch is verified (never an unpatched model measured silently), and
+then measured at every length: perplexity on held-out text (Press et al. 2022's non-overlapping windows) and
+passkey retrieval over a length x depth grid (Mohtashami & Jaggi 2023, ``posenc.lab.passkey``). Method ``none``,
+the model as trained, is measured the same way, so the table shows what each method rescues. ``finetune_steps``
+adds Position Interpolation's recipe (Chen et al. 2023, sec. 3): each patched model fine-tuned briefly at its target
+length ``factor * original`` before it is measured again.
+
+Models (``ExtendConfig.model``):
+    a ``posenc lab`` run folder: ``config.json`` with a ``"model"`` section and ``checkpoint.safetensors``;
+    a transformers folder: ``config.json`` with a ``model_type``, the weights and a tokenizer (loaded offline);
+    ``new`` or ``new:<encoding>`` (``rope``, ``alibi``) with ``task="passkey"``: a fresh lab model of ``train_len``.
+
+``task="passkey"`` (lab models only: tiny byte models cannot follow an instruction) first trains the passkey task at
+the model's training length (``OUT/runs/passkey``, resumable), then tests each method at the long lengths.
+
+Files in ``OUT``: ``results.csv`` (long form, ``COLUMNS``, upserted atomically as each measurement finishes, so
+``resume`` skips finished rows), ``extend.png``, ``passkey.png``, ``report.md``, ``extend.json`` (the settings,
+checked on resume), ``runs/`` (training and fine-tuning runs of lab models).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from posenc._checks import check_choice, check_number, check_positive_int, fail
+from posenc._config import DictConfig
+from posenc.lab import evaluate as ev
+from posenc.lab.extend_models import load_target, progress_bar
+from posenc.lab.extend_report import finish, label
+from posenc.lab.report import write_text_atomic
+
+TASKS = ("lm", "passkey")
+#: ``model`` keyword for a fresh lab model (``new`` is RoPE; ``new:alibi`` picks the encoding).
+NEW = "new"
+DEFAULT_DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
+COLUMNS = [
+    "metric", "method", "factor", "finetune_steps", "original_len", "length", "depth",
+    "loss", "ppl", "accuracy", "n", "status",
+]  # fmt: skip
+KEY_COLUMNS = ("metric", "method", "factor", "finetune_steps", "length", "depth")
+_INT_COLUMNS = frozenset({"finetune_steps", "original_len", "length", "n"})
+_FLOAT_COLUMNS = frozenset({"factor", "depth", "loss", "ppl", "accuracy"})
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExtendConfig(DictConfig):
+    """Everything that defines an extension study; stored as ``OUT/extend.json`` and checked on resume.
+
+    Args:
+        model: a lab run folder, a transformers model folder, or ``new`` / ``new:<encoding>`` (task passkey).
+        methods: extension methods; None: every method for the model's encoding.
+        factors: context factors, each >= 1 (target context = factor * original length).
+        lengths: evaluation lengths in tokens (bytes for lab models); None: 1x, 2x, 4x, 8x the original length.
+        depths: passkey depths in [0, 1].
+        trials: passkey keys per (length, depth) cell.
+        finetune_steps: 0, or steps of fine-tuning at the target length after patching (also measured zero-shot).
+        finetune_lr: learning rate of that fine-tuning; None: 3e-4 (lab), 2e-5 (transformers).
+        corpus: text file or folder for perplexity and fine-tuning; None: the Python standard library.
+        corpus_bytes: cap on corpus bytes read.
+        eval_tokens: tokens scored per perplexity length.
+        task: ``lm`` (perplexity and passkey, zero-shot) or ``passkey`` (lab models: train the task, then test).
+        original_len: the model's original context; None: read from the model (required when its config has none).
+        train_len: training length of a ``new`` model (bytes; 128 by default: a 2-layer width-64 GPT learns retrieval
+            there in ~800 steps, measured on CPU, while at 256 it had not after 700).
+        train_steps: passkey training steps (task passkey).
+        device: ``auto`` (CUDA when present), ``cpu``, ``cuda``, ``cuda:1``...
+        seed: seed of every random draw (keys, depths, batches).
+        out: default output folder (``run_extend``'s ``out`` argument wins); not compared on resume.
+    """
+
+    model: str
+    methods: tuple[str, ...] | None = None
+    factors: tuple[float, ...] = (2.0, 4.0)
+    lengths: tuple[int, ...] | None = None
+    depths: tuple[float, ...] = DEFAULT_DEPTHS
+    trials: int = 5
+    finetune_steps: int = 0
+    finetune_lr: float | None = None
+    corpus: str | None = None
+    corpus_bytes: int = 4_000_000
+    eval_tokens: int = 16384
+    task: str = "lm"
+    original_len: int | None = None
+    train_len: int = 128
+    train_steps: int = 1000
+    device: str = "auto"
+    seed: int = 0
+    out: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.model, str) or not self.model:
+            fail("model", self.model, "a model folder (lab run or transformers) or 'new' / 'new:<encoding>'")
+        for name in ("methods", "factors", "lengths", "depths"):
+            value = getattr(self, name)
+            if value is not None:
+                if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) or not value:
+                    fail(name, value, "a non-empty list")
+                object.__setattr__(self, name, tuple(value))
+        if self.methods is not None:
+            for method in self.methods:
+                if not isinstance(method, str) or not method or method == "none":
+                    fail("methods", method, "method names (the unpatched model, 'none', is always measured)")
+            if len(set(self.methods)) != len(self.methods):
+                fail("methods", self.methods, "each method once")
+        for factor in self.factors:
+            check_number("factors", factor, minimum=1.0)  # a factor below 1 would shrink the context
+        object.__setattr__(self, "factors", tuple(float(f) for f in self.factors))
+        if len(set(self.factors)) != len(self.factors):
+            fail("factors", self.factors, "each factor once")
+        for length in self.lengths or ():
+            check_positive_int("lengths", length)
+        for depth in self.depths:
+            if isinstance(depth, bool) or not isinstance(depth, (int, float)) or not 0 <= depth <= 1:
+                fail("depths", depth, "fractions in [0, 1] (0: needle first, 1: just before the question)")
+        object.__setattr__(self, "depths", tuple(float(d) for d in self.depths))
+        for name in ("trials", "corpus_bytes", "eval_tokens", "train_len", "train_steps"):
+            check_positive_int(name, getattr(self, name))
+        if isinstance(self.finetune_steps, bool) or not isinstance(self.finetune_steps, int) or self.finetune_steps < 0:
+            fail("finetune_steps", self.finetune_steps, "0 (zero-shot only) or a positive number of steps")
+        if self.finetune_lr is not None:
+            check_number("finetune_lr", self.finetune_lr, above=0.0)
+        check_choice("task", self.task, TASKS)
+        if self.original_len is not None:
+            check_positive_int("original_len", self.original_len)
+        if self.is_new:
+            check_choice("model", self.model, [NEW, *(f"{NEW}:{e}" for e in ev.EXTEND_METHODS)])
+            if self.task != "passkey":
+                fail("model", self.model, "a model folder; a fresh model ('new') is only trained by --task passkey")
+        if self.lengths is not None and self.original_len is not None and self.original_len > max(self.lengths):
+            _too_long(self.original_len, self.lengths)
+        if not isinstance(self.device, str) or not self.device:
+            fail("device", self.device, "'auto', 'cpu', 'cuda' or 'cuda:<index>'")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            fail("seed", self.seed, "an integer >= 0")
+
+    @property
+    def is_new(self) -> bool:
+        return self.model == NEW or self.model.startswith(NEW + ":")
+
+    def resolved_device(self) -> str:
+        if self.device == "auto":
+            return "cuda" if torch.cuda.is_available() else "cpu"
+        return self.device
+
+
+def _too_long(original: int, lengths: Sequence[int]) -> None:
+    fail(
+        "lengths",
+        list(lengths),
+        f"lengths reaching the original context of {original} tokens or past it (the longest is {max(lengths)}, "
+        "shorter than the original: nothing to extend)",
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Results file
+
+
+def _cell(column: str, value: object) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    if column in _FLOAT_COLUMNS:
+        return repr(float(value))
+    return str(value)
+
+
+def _parse(column: str, text: str) -> object:
+    if text == "":
+        return None
+    try:
+        return int(text) if column in _INT_COLUMNS else float(text) if column in _FLOAT_COLUMNS else text
+    except ValueError:
+        fail(f"results.csv {column}", text, "a number (fix that line, or delete the file and rerun)")
+
+
+def read_results(path: str | Path) -> list[dict[str, Any]]:
+    """Typed rows of an extend ``results.csv`` (ints, floats, strings; None for empty cells)."""
+    path = Path(path)
+    if not path.is_file():
+        fail("results_csv", str(path), "an existing results CSV (run `posenc extend` first, or check --out)")
+    with path.open(newline="", encoding="utf-8") as f:
+        reader = csv.DictReader(f)
+        missing = [c for c in KEY_COLUMNS if c not in (reader.fieldnames or [])]
+        if missing:
+            fail(f"{path} columns", reader.fieldnames, f"a header with {COLUMNS} (missing {missing})")
+        return [{c: _parse(c, raw.get(c) or "") for c in COLUMNS} for raw in reader]
+
+
+def result_key(row: Mapping[str, Any]) -> tuple:
+    return tuple(_parse(c, _cell(c, row.get(c))) for c in KEY_COLUMNS)
+
+
+def upsert_results(path: str | Path, rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Add ``rows`` to ``path`` atomically, replacing rows with the same ``KEY_COLUMNS``; returns the file's rows."""
+    path = Path(path)
+    merged = {result_key(r): r for r in (read_results(path) if path.exists() else [])}
+    merged.update({result_key(r): r for r in rows})
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(COLUMNS)
+    for row in merged.values():
+        writer.writerow([_cell(c, row.get(c)) for c in COLUMNS])
+    write_text_atomic(path, buffer.getvalue())
+    return read_results(path)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The run
+
+
+def _check_out(out: Path, cfg: ExtendConfig, resume: bool) -> None:
+    saved = out / "extend.json"
+    now = {k: v for k, v in json.loads(json.dumps(cfg.to_dict())).items() if k != "out"}
+    if saved.exists():
+        if not resume:
+            fail("--out", str(out), "a new folder, or --resume to continue the run already there")
+        before = json.loads(saved.read_text())
+        if before != now:
+            changed = sorted(k for k in set(before) | set(now) if before.get(k) != now.get(k))
+            fail("--resume", str(out), f"the same settings as the run there; these differ: {changed}")
+    out.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(saved, json.dumps(now, indent=2))
+
+
+def _row(metric: str, unit: tuple[str, float, int], original: int, length: int, depth: float | None) -> dict:
+    method, factor, steps = unit
+    return {
+        "metric": metric, "method": method, "factor": factor, "finetune_steps": steps, "original_len": original,
+        "length": length, "depth": depth, "loss": None, "ppl": None, "accuracy": None, "n": 0, "status": "n/a",
+    }  # fmt: skip
+
+
+def _units(cfg: ExtendConfig, methods: Sequence[str]) -> list[tuple[str, float, int]]:
+    """(method, factor, finetune_steps) to measure: the unpatched model first, each patch zero-shot, then fine-tuned
+    (the unpatched model fine-tuned at each target too: what fine-tuning alone gives)."""
+    units = [("none", 1.0, 0)] + [(m, f, 0) for m in methods for f in cfg.factors]
+    if cfg.finetune_steps:
+        units += [(m, f, cfg.finetune_steps) for m in ("none", *methods) for f in cfg.factors]
+    return units
+
+
+def _measurements(cfg: ExtendConfig, lengths: Sequence[int]) -> list[tuple[str, int, float | None]]:
+    ppl = [("ppl", n, None) for n in lengths] if cfg.task == "lm" else []
+    return ppl + [("passkey", n, d) for n in lengths for d in cfg.depths]
+
+
+def run_extend(
+    cfg: ExtendConfig, out: str | Path | None = None, *, resume: bool = False, progress: bool = True
+) -> list[dict[str, Any]]:
+    """Run (or continue) the study; returns the rows of ``OUT/results.csv``. Files land in ``out`` (or ``cfg.out``).
+
+    Raises:
+        ValueError: bad settings, a folder that holds no model, a model whose positions cannot be extended, a
+            method it does not offer, lengths that all stop short of the original context.
+    """
+    start = time.perf_counter()
+    if not isinstance(cfg, ExtendConfig):
+        fail("cfg", type(cfg).__name__, "a posenc.lab.extend.ExtendConfig")
+    if out is None and cfg.out is None:
+        fail("out", None, "an output folder (the out argument or ExtendConfig.out)")
+    out = Path(out if out is not None else cfg.out)
+    device = cfg.resolved_device()
+    torch.manual_seed(cfg.seed)
+    target = load_target(cfg, out, device=device, progress=progress)
+    original = target.original_len
+    lengths = tuple(sorted(set(cfg.lengths or (original * m for m in (1, 2, 4, 8)))))
+    if original > max(lengths):
+        _too_long(original, lengths)
+    methods = cfg.methods or target.default_methods
+    for method in methods:  # every patch is checked before anything is measured: bad input fails in seconds
+        target.patched(method, cfg.factors[0])
+    _check_out(out, cfg, resume)
+    target.prepare()
+    results = out / "results.csv"
+    done = {result_key(r) for r in read_results(results)} if results.exists() else set()
+    plan = _measurements(cfg, lengths)
+    described: dict[str, Any] = {}
+    for unit in _units(cfg, methods):
+        method, factor, steps = unit
+        todo = [m for m in plan if result_key({**_row(m[0], unit, original, m[1], m[2])}) not in done]
+        if not todo:
+            continue
+        name = label(*unit)
+        if method == "none":
+            model, description = target.copy(), {"method": "none"}
+        else:
+            model, description = target.patched(method, factor)
+        described[name] = description
+        if steps:
+            target.finetune(model, name.replace(" ", "-").replace("+", ""), round(original * factor))
+        with progress_bar(progress, len(todo), name) as advance:
+            for metric, length, depth in todo:
+                row = _measure(target, model, unit, metric, length, depth)
+                upsert_results(results, [row])
+                done.add(result_key(row))
+                advance()
+        del model
+    rows = read_results(results)
+    finish(out, cfg, target, rows, described, time.perf_counter() - start, progress)
+    return rows
+
+
+def _measure(target, model, unit, metric: str, length: int, depth: float | None) -> dict:  # noqa: ANN001
+    row = _row(metric, unit, target.original_len, length, depth)
+    if metric == "ppl":
+        score = target.perplexity(model, length)
+        row.update(loss=score.loss, ppl=score.ppl, n=score.tokens, status=score.status)
+    elif length >= target.min_passkey:
+        seed = target.cfg.seed * 1_000_003 + length * 101 + round(1000 * depth)  # the same keys for every method
+        row.update(accuracy=target.passkey(model, length, depth, seed), n=target.cfg.trials, status="ok")
+    return row

@@ -1,0 +1,333 @@
+"""What ``posenc extend`` writes from ``results.csv`` alone: tables, findings, ``extend.png``, ``passkey.png`` and
+``report.md`` (never by rerunning a model)."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from posenc.lab.report import config_and_environment, duration, environment, write_text_atomic
+
+if TYPE_CHECKING:
+    from posenc.lab.extend import ExtendConfig
+    from posenc.lab.extend_models import HFTarget, LabTarget
+
+
+def label(method: str, factor: float, finetune_steps: int) -> str:
+    text = "none" if method == "none" and factor == 1 else f"{method} x{factor:g}"
+    return text + (f" +ft{finetune_steps}" if finetune_steps else "")
+
+
+def _lines(rows: Sequence[Mapping[str, Any]], metric: str) -> dict[tuple, dict[int, list[float]]]:
+    """(method, factor, finetune_steps) -> length -> measured values (perplexity, or accuracy per depth), in run
+    order with the unpatched model first."""
+    groups: dict[tuple, dict[int, list[float]]] = {}
+    for r in rows:
+        if r["metric"] != metric:
+            continue
+        values = groups.setdefault((r["method"], r["factor"], r["finetune_steps"] or 0), {})
+        value = r["ppl"] if metric == "ppl" else r["accuracy"]
+        values.setdefault(r["length"], [])
+        if r["status"] == "ok" and value is not None:
+            values[r["length"]].append(value)
+    return dict(sorted(groups.items(), key=lambda g: (g[0][2], g[0][0] != "none")))
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def table(rows: Sequence[Mapping[str, Any]], metric: str) -> tuple[list[str], list[list[str]]]:
+    """Headers and cells: one line per method and factor, one column per length (passkey: mean over depths)."""
+    original = next((r["original_len"] for r in rows if r["original_len"]), None)
+    lengths = sorted({r["length"] for r in rows if r["metric"] == metric})
+    headers = ["method"] + [
+        f"{n} (original)" if n == original else f"{n} ({n / original:g}x)" if original else str(n) for n in lengths
+    ]
+    cells = []
+    for unit, by_length in _lines(rows, metric).items():
+        line = [label(*unit)]
+        for n in lengths:
+            value = _mean(by_length.get(n, []))
+            if n not in by_length:
+                line.append("-")
+            elif value is None:
+                line.append("n/a")
+            else:
+                line.append(f"{value:.2f}" if metric == "ppl" else f"{100 * value:.0f}%")
+        cells.append(line)
+    return headers, cells
+
+
+def format_table(rows: Sequence[Mapping[str, Any]], metric: str) -> str:
+    headers, cells = table(rows, metric)
+    rule = "|:--|" + "--:|" * (len(headers) - 1)
+    return "\n".join(["| " + " | ".join(headers) + " |", rule, *("| " + " | ".join(c) + " |" for c in cells)]) + "\n"
+
+
+def print_table(rows: Sequence[Mapping[str, Any]], metric: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    headers, cells = table(rows, metric)
+    title = (
+        "Perplexity by length (lower is better)"
+        if metric == "ppl"
+        else "Passkey accuracy by length, mean over depths (higher is better)"
+    )
+    out = Table(title=title)
+    for j, h in enumerate(headers):
+        out.add_column(h, justify="left" if j == 0 else "right", style="cyan" if j == 0 else None)
+    for line in cells:
+        out.add_row(*line)
+    console = Console()
+    console.width = max(console.width, 100)
+    console.print(out)
+
+
+def findings_for(rows: Sequence[Mapping[str, Any]], original: int) -> list[str]:
+    """Plain statements read off the table: each method against the unpatched model past the original length."""
+    lines = []
+    ppl, keys = _lines(rows, "ppl"), _lines(rows, "passkey")
+    if ppl:
+        far = max(n for by in ppl.values() for n in by)
+        base = ppl.get(("none", 1.0, 0), {})
+        at_orig, at_far = _mean(base.get(original, [])), _mean(base.get(far, []))
+        if at_orig is not None and at_far is not None:
+            lines.append(
+                f"- Unpatched: perplexity {at_orig:.2f} at the original {original} tokens -> {at_far:.2f} at {far} "
+                f"({far / original:g}x)."
+            )
+        scored = {u: _mean(by.get(far, [])) for u, by in ppl.items() if u[0] != "none" or u[2]}
+        scored = {u: v for u, v in scored.items() if v is not None}
+        if scored and at_far is not None:
+            best = min(scored, key=scored.get)
+            rescued = sorted(label(*u) for u, v in scored.items() if v < at_far)
+            lines.append(
+                f"- At {far} tokens the best is {label(*best)} with perplexity {scored[best]:.2f} "
+                f"({scored[best] / at_far:.2f}x the unpatched {at_far:.2f}); lower than unpatched there: "
+                f"{', '.join(rescued) or 'none of them'}."
+            )
+        for u, by in ppl.items():
+            if u[0] == "none" and not u[2]:
+                continue
+            near, long = _mean(by.get(original, [])), _mean(by.get(far, []))
+            if near is not None and long is not None and at_orig is not None:
+                lines.append(
+                    f"- {label(*u)}: {near:.2f} at {original} ({near / at_orig:.2f}x unpatched there), {long:.2f} "
+                    f"at {far}."
+                )
+    if keys:
+
+        def inside(by: Mapping[int, list[float]], past: bool) -> float | None:
+            return _mean([v for n, vs in by.items() if (n > original) == past for v in vs])
+
+        base = keys.get(("none", 1.0, 0), {})
+        within, beyond = inside(base, False), inside(base, True)
+        if within is not None or beyond is not None:
+            lines.append(
+                "- Passkey, unpatched: "
+                + (f"{100 * within:.0f}% within the original length" if within is not None else "not measured within")
+                + (f", {100 * beyond:.0f}% past it." if beyond is not None else ".")
+            )
+        past = {u: inside(by, True) for u, by in keys.items() if u[0] != "none" or u[2]}
+        past = {u: v for u, v in past.items() if v is not None}
+        kept = {u: inside(by, False) for u, by in keys.items() if u[0] != "none" or u[2]}
+        kept = {u: v for u, v in kept.items() if v is not None}
+        if kept and within is not None:
+            lines.append(
+                f"- Passkey within the original length after patching (unpatched {100 * within:.0f}%): "
+                + ", ".join(f"{label(*u)} {100 * v:.0f}%" for u, v in kept.items())
+                + "."
+            )
+        if past and max(past.values()) == 0:
+            why = (
+                "the model cannot retrieve even within its original length, so there is nothing to rescue; "
+                "`--task passkey` trains retrieval first"
+                if not within
+                else "try `--finetune-steps`: Position Interpolation is meant to be followed by brief fine-tuning"
+            )
+            lines.append(f"- Passkey past the original length: no method retrieved a single key ({why}).")
+        elif past:
+            best = max(past, key=past.get)
+            lines.append(
+                f"- Passkey past the original length: best {label(*best)} with {100 * past[best]:.0f}% (mean over "
+                "lengths and depths); "
+                + ", ".join(f"{label(*u)} {100 * v:.0f}%" for u, v in past.items() if u != best)
+                + "."
+            )
+    return lines or ["- Nothing measured."]
+
+
+def plot_extend(rows: Sequence[Mapping[str, Any]], out_png: str | Path, *, original: int, title: str) -> Path:
+    """Perplexity vs length (log y), one line per method and factor; passkey accuracy instead when no perplexity
+    was measured (task passkey). The original length is a dotted line."""
+    from matplotlib.ticker import FixedLocator, NullFormatter, ScalarFormatter
+
+    from posenc.lab.plots import MARKERS, PALETTE, _log_ticks, new_figure, save_png
+
+    metric = "ppl" if any(r["metric"] == "ppl" for r in rows) else "passkey"
+    fig = new_figure(9.0, 5.2)
+    ax = fig.add_subplot()
+    groups = _lines(rows, metric)
+    methods = list(dict.fromkeys(u[0] for u in groups))
+    factors = sorted({u[1] for u in groups if u[0] != "none"})
+    for unit, by_length in groups.items():
+        points = sorted((n, _mean(v)) for n, v in by_length.items() if v)
+        if not points:
+            continue
+        xs, ys = zip(*points, strict=True)
+        i = methods.index(unit[0])
+        style = "-" if unit[0] == "none" or not factors else ("-", "--", ":", "-.")[factors.index(unit[1]) % 4]
+        ax.plot(
+            xs, ys, marker=MARKERS[i % len(MARKERS)], color="black" if unit[0] == "none" else PALETTE[i % len(PALETTE)],
+            linestyle=style, linewidth=2.2 if unit[0] == "none" else 1.4, alpha=0.6 if unit[2] else 1.0,
+            label=label(*unit),
+        )  # fmt: skip
+    lengths = sorted({r["length"] for r in rows if r["metric"] == metric})
+    ax.set_xscale("log", base=2)
+    if lengths:
+        ax.xaxis.set_major_locator(FixedLocator(lengths))
+        ax.xaxis.set_major_formatter(ScalarFormatter())
+        ax.xaxis.set_minor_locator(FixedLocator([]))
+    ax.axvline(original, color="0.35", linestyle=":", linewidth=1.5, zorder=1)
+    ax.text(original, 0.98, " original length", transform=ax.get_xaxis_transform(), fontsize=9, color="0.25", va="top")
+    if metric == "ppl":
+        ax.set_yscale("log")
+        values = [v for by in groups.values() for vs in by.values() for v in vs]
+        if values:
+            ax.yaxis.set_major_locator(FixedLocator(_log_ticks(min(values), max(values))))
+            ax.yaxis.set_major_formatter(ScalarFormatter())
+            ax.yaxis.set_minor_formatter(NullFormatter())
+        ax.set_ylabel("perplexity per token (log scale; lower is better)")
+    else:
+        ax.set_ylim(-0.03, 1.03)
+        ax.set_ylabel("passkey accuracy, mean over depths (higher is better)")
+    ax.set_xlabel("evaluation length in tokens")
+    ax.set_title(title, fontsize=11)
+    ax.grid(True, color="0.88", linewidth=0.8)
+    ax.set_axisbelow(True)
+    if groups:
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8.5, frameon=False, borderaxespad=0.0)
+    return save_png(fig, out_png)
+
+
+def plot_passkey(rows: Sequence[Mapping[str, Any]], out_png: str | Path, *, original: int) -> Path:
+    """Passkey accuracy heatmaps, depth (rows) x length (columns), one panel per method and factor."""
+    from posenc.lab.plots import new_figure, save_png
+
+    groups = [(u, by) for u, by in _lines(rows, "passkey").items()]
+    cells = {
+        (r["method"], r["factor"], r["finetune_steps"] or 0, r["length"], r["depth"]): r
+        for r in rows
+        if r["metric"] == "passkey"
+    }
+    lengths = sorted({r["length"] for r in rows if r["metric"] == "passkey"})
+    depths = sorted({r["depth"] for r in rows if r["metric"] == "passkey"})
+    cols = min(4, max(1, len(groups)))
+    nrows = max(1, math.ceil(len(groups) / cols))
+    fig = new_figure(2.2 + 0.55 * len(lengths) * cols, 0.9 + (0.45 * len(depths) + 0.8) * nrows)
+    axes = fig.subplots(nrows, cols, squeeze=False)
+    image = None
+    for k, ax in enumerate(axes.flat):
+        if k >= len(groups):
+            ax.axis("off")
+            continue
+        unit = groups[k][0]
+        grid = torch.full((len(depths), len(lengths)), float("nan"))
+        for i, d in enumerate(depths):
+            for j, n in enumerate(lengths):
+                r = cells.get((*unit, n, d))
+                if r is not None and r["status"] == "ok" and r["accuracy"] is not None:
+                    grid[i, j] = r["accuracy"]
+        image = ax.imshow(grid.numpy(), cmap="RdYlGn", vmin=0.0, vmax=1.0, aspect="auto")
+        for i in range(len(depths)):
+            for j in range(len(lengths)):
+                value = float(grid[i, j])
+                text = "n/a" if math.isnan(value) else f"{100 * value:.0f}"
+                ax.text(j, i, text, ha="center", va="center", fontsize=7)
+        ax.set_xticks(range(len(lengths)), [str(n) for n in lengths], fontsize=7, rotation=45)
+        ax.set_yticks(range(len(depths)), [f"{d:g}" for d in depths], fontsize=7)
+        past = [j for j, n in enumerate(lengths) if n > original]
+        if past and past[0] > 0:
+            ax.axvline(past[0] - 0.5, color="black", linewidth=1.2)  # left of it: within the original length
+        ax.set_title(label(*unit), fontsize=9)
+        ax.set_xlabel("length", fontsize=8)
+        ax.set_ylabel("depth", fontsize=8)
+    if image is not None:
+        fig.colorbar(image, ax=axes, shrink=0.8, label="accuracy")
+    fig.suptitle(f"Passkey retrieval (black line: past the original {original} tokens)", fontsize=10)
+    return save_png(fig, out_png)
+
+
+def write_report(
+    out: Path,
+    rows: Sequence[Mapping[str, Any]],
+    cfg: ExtendConfig,
+    target: LabTarget | HFTarget,
+    described: Mapping[str, Any],
+    findings: Sequence[str],
+    seconds: float,
+) -> Path:
+    env = environment(target.device)
+    original = target.original_len
+    lines = [
+        "# posenc extend: context extension",
+        "",
+        f"Model: {target.name}, original context {original} tokens. Each method patched at factors "
+        f"{', '.join(f'{f:g}' for f in cfg.factors)} and measured at "
+        f"{', '.join(map(str, sorted({r['length'] for r in rows})))} tokens; `none` is the model as trained. "
+        f"Time taken: {duration(seconds)}.",
+        "",
+    ]
+    if any(r["metric"] == "ppl" for r in rows):
+        corpus = cfg.corpus or "the Python standard library"
+        lines += [
+            "## Perplexity",
+            "",
+            f"Held-out perplexity on {corpus} by evaluation length (non-overlapping windows, up to {cfg.eval_tokens} "
+            "tokens scored per length; lower is better). `-`: not measured; `n/a`: not enough text. All numbers: "
+            "[results.csv](results.csv).",
+            "",
+            format_table(rows, "ppl"),
+            "![perplexity by length](extend.png)",
+            "",
+        ]
+    if any(r["metric"] == "passkey" for r in rows):
+        lines += [
+            "## Passkey retrieval",
+            "",
+            f"Exact-match accuracy over {cfg.trials} keys per cell, averaged over depths "
+            f"{', '.join(f'{d:g}' for d in cfg.depths)} (Mohtashami & Jaggi 2023). `n/a`: the length is shorter than "
+            f"the prompt ({target.min_passkey} tokens). The heatmaps give every depth.",
+            "",
+            format_table(rows, "passkey"),
+        ]
+        if not any(r["metric"] == "ppl" for r in rows):
+            lines += ["![passkey accuracy by length](extend.png)", ""]
+        lines += ["![passkey accuracy by length and depth](passkey.png)", ""]
+    lines += ["## Findings", "", *findings, "", "## Patches applied", ""]
+    lines += [f"- `{label}`: `{json.dumps(d, default=str)}`" for label, d in described.items()] or ["- (none this run)"]
+    lines += ["", *config_and_environment({**cfg.to_dict(), "original_len": original}, env, seconds)]
+    return write_text_atomic(out / "report.md", "\n".join(lines))
+
+
+def finish(out: Path, cfg: ExtendConfig, target, rows, described, seconds: float, progress: bool) -> None:  # noqa: ANN001
+    original = target.original_len
+    title = f"{target.name}: original context {original}"
+    plot_extend(rows, out / "extend.png", original=original, title=title)
+    plot_passkey(rows, out / "passkey.png", original=original)
+    findings = findings_for(rows, original)
+    write_report(out, rows, cfg, target, described, findings, seconds)
+    if progress:
+        for metric in ("ppl", "passkey"):
+            if any(r["metric"] == metric for r in rows):
+                print_table(rows, metric)
+        for line in findings:
+            print(line)
+        print(f"\nWrote {out / 'results.csv'}, extend.png, passkey.png, report.md in {seconds:.0f} s")
