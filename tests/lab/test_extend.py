@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -311,3 +312,17 @@ def test_hf_model_rejects_the_passkey_training_task(tmp_path):
     folder = _hf_folder(tmp_path / "llama")
     with pytest.raises(ValueError, match="task='passkey' is invalid"):
         run_extend(ExtendConfig(model=str(folder), task="passkey", **TINY), tmp_path / "out", progress=False)
+
+
+def test_hf_llama_finetunes_each_patch_at_its_target(corpus, tmp_path):
+    _needs_extend_context()
+    folder = _hf_folder(tmp_path / "llama")
+    cfg = ExtendConfig(
+        model=str(folder), methods=("yarn",), factors=(2.0,), lengths=(64, 128), corpus=str(corpus),
+        finetune_steps=2, finetune_lr=1e-2, **{**TINY, "trials": 1, "depths": (0.5,)},
+    )  # fmt: skip
+    rows = run_extend(cfg, tmp_path / "out", progress=False)
+    assert {(r["method"], r["finetune_steps"]) for r in rows} == {("none", 0), ("yarn", 0), ("none", 2), ("yarn", 2)}
+    for n in (64, 128):
+        zero, tuned = _by(rows, "ppl", "yarn", 2.0, n), _by(rows, "ppl", "yarn", 2.0, n, steps=2)
+        assert math.isfinite(tuned["ppl"]) and tuned["ppl"] != zero["ppl"]  # the fine-tune changed the weights
