@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from posenc import kernels
 from posenc._checks import check_choice, check_number, fail
 from posenc._config import DictConfig
 from posenc.encodings._base import FrequencyModule, check_qk
@@ -175,6 +176,9 @@ class RotaryEmbedding(FrequencyModule):
         q_tables, k_tables = self._table_pair(
             q, k, q_pos, k_pos, lambda pos, dtype: self.cos_sin(pos, seq_len=seq_len, dtype=dtype)
         )
+        fused = kernels.rotate_qk(q, k, q_tables, k_tables, layout=self.config.layout)  # CUDA + Triton: one launch
+        if fused is not None:
+            return fused
         return (
             self._apply_tables(q, *q_tables, batched=q_pos.dim() == 2),
             self._apply_tables(k, *k_tables, batched=k_pos.dim() == 2),

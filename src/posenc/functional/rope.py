@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import torch
 
+from posenc import kernels
 from posenc._checks import check_choice, check_positive_int, fail
+from posenc.kernels import cpu as cpu_kernel
 
 LAYOUTS = ("half", "interleaved")
 
@@ -157,6 +159,8 @@ _CHUNK_BYTES = 4 << 20
 
 
 def _rotate_fast(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str) -> torch.Tensor:
+    if x.device.type == "cpu" and kernels.use_cpu and cpu_kernel.worth_it(x):
+        return cpu_kernel.rotary(x, cos, sin, layout=layout)  # blocked, one pass over memory
     rd = 2 * cos.shape[-1]
     out = torch.empty_like(x, memory_format=torch.contiguous_format)
     if rd < x.shape[-1]:
