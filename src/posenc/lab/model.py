@@ -35,6 +35,16 @@ from posenc._config import DictConfig
 BACKENDS = ("auto", "eager", "sdpa", "flex")
 
 
+def check_encoding_config(value: object) -> None:
+    """``encoding_config`` must be keyword arguments for ``posenc.build`` that survive a JSON round trip."""
+    if not isinstance(value, Mapping):
+        fail("encoding_config", value, "a dict of keyword arguments for posenc.build")
+    try:
+        json.dumps(dict(value))
+    except (TypeError, ValueError):
+        fail("encoding_config", value, "JSON values only (numbers, strings, lists, dicts)")
+
+
 @dataclass(frozen=True, kw_only=True)
 class ModelConfig(DictConfig):
     """Architecture of a lab ``GPT``; ``to_dict``/``from_dict`` round-trip through JSON (``config.json``).
@@ -74,12 +84,7 @@ class ModelConfig(DictConfig):
                 fail("n_kv_heads", self.n_kv_heads, f"a divisor of n_heads={self.n_heads}, or None")
         check_choice("encoding", self.encoding, posenc.available())
         check_choice("backend", self.backend, BACKENDS)
-        if not isinstance(self.encoding_config, Mapping):
-            fail("encoding_config", self.encoding_config, "a dict of keyword arguments for posenc.build")
-        try:
-            json.dumps(dict(self.encoding_config))
-        except (TypeError, ValueError):
-            fail("encoding_config", self.encoding_config, "JSON values only (numbers, strings, lists, dicts)")
+        check_encoding_config(self.encoding_config)
 
     @property
     def head_dim(self) -> int:

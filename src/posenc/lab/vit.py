@@ -25,7 +25,6 @@ Shapes:
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +35,7 @@ import posenc
 from posenc._checks import check_choice, check_positive_int, fail
 from posenc._config import DictConfig
 from posenc.functional.axial_rope import grid_positions
+from posenc.lab.model import check_encoding_config
 
 #: ``posenc vision`` names -> registry names: the study's ``learned`` and ``sinusoidal`` are the 2-D variants.
 ALIASES = {"learned": "learned_2d", "sinusoidal": "sinusoidal_2d"}
@@ -95,12 +95,7 @@ class ViTConfig(DictConfig):
         check_choice("encoding", registry_name(self.encoding), posenc.available())
         check_choice("pool", self.pool, POOLS)
         check_choice("backend", self.backend, BACKENDS)
-        if not isinstance(self.encoding_config, Mapping):
-            fail("encoding_config", self.encoding_config, "a dict of keyword arguments for posenc.build")
-        try:
-            json.dumps(dict(self.encoding_config))
-        except (TypeError, ValueError):
-            fail("encoding_config", self.encoding_config, "JSON values only (numbers, strings, lists, dicts)")
+        check_encoding_config(self.encoding_config)
 
     @property
     def head_dim(self) -> int:
