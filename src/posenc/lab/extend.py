@@ -24,12 +24,8 @@ checked on resume), ``runs/`` (training and fine-tuning runs of lab models).
 
 from __future__ import annotations
 
-import csv
-import io
-import json
-import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,7 +37,7 @@ from posenc._config import DictConfig
 from posenc.lab import evaluate as ev
 from posenc.lab.extend_models import load_target, progress_bar
 from posenc.lab.extend_report import finish, label
-from posenc.lab.report import write_text_atomic
+from posenc.lab.runfiles import KeyedCSV, check_settings
 
 TASKS = ("lm", "passkey")
 #: ``model`` keyword for a fresh lab model (``new`` is RoPE; ``new:alibi`` picks the encoding).
@@ -52,8 +48,17 @@ COLUMNS = [
     "loss", "ppl", "accuracy", "n", "status",
 ]  # fmt: skip
 KEY_COLUMNS = ("metric", "method", "factor", "finetune_steps", "length", "depth")
-_INT_COLUMNS = frozenset({"finetune_steps", "original_len", "length", "n"})
-_FLOAT_COLUMNS = frozenset({"factor", "depth", "loss", "ppl", "accuracy"})
+#: ``OUT/results.csv``: one row per measurement, keyed by ``KEY_COLUMNS``.
+RESULTS = KeyedCSV(
+    columns=tuple(COLUMNS),
+    key=KEY_COLUMNS,
+    ints=frozenset({"finetune_steps", "original_len", "length", "n"}),
+    floats=frozenset({"factor", "depth", "loss", "ppl", "accuracy"}),
+    command="posenc extend",
+)
+read_results = RESULTS.read
+upsert_results = RESULTS.upsert
+result_key = RESULTS.key_of
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -167,73 +172,7 @@ def _too_long(original: int, lengths: Sequence[int]) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# Results file
-
-
-def _cell(column: str, value: object) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return ""
-    if column in _FLOAT_COLUMNS:
-        return repr(float(value))
-    return str(value)
-
-
-def _parse(column: str, text: str) -> object:
-    if text == "":
-        return None
-    try:
-        return int(text) if column in _INT_COLUMNS else float(text) if column in _FLOAT_COLUMNS else text
-    except ValueError:
-        fail(f"results.csv {column}", text, "a number (fix that line, or delete the file and rerun)")
-
-
-def read_results(path: str | Path) -> list[dict[str, Any]]:
-    """Typed rows of an extend ``results.csv`` (ints, floats, strings; None for empty cells)."""
-    path = Path(path)
-    if not path.is_file():
-        fail("results_csv", str(path), "an existing results CSV (run `posenc extend` first, or check --out)")
-    with path.open(newline="", encoding="utf-8") as f:
-        reader = csv.DictReader(f)
-        missing = [c for c in KEY_COLUMNS if c not in (reader.fieldnames or [])]
-        if missing:
-            fail(f"{path} columns", reader.fieldnames, f"a header with {COLUMNS} (missing {missing})")
-        return [{c: _parse(c, raw.get(c) or "") for c in COLUMNS} for raw in reader]
-
-
-def result_key(row: Mapping[str, Any]) -> tuple:
-    return tuple(_parse(c, _cell(c, row.get(c))) for c in KEY_COLUMNS)
-
-
-def upsert_results(path: str | Path, rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Add ``rows`` to ``path`` atomically, replacing rows with the same ``KEY_COLUMNS``; returns the file's rows."""
-    path = Path(path)
-    merged = {result_key(r): r for r in (read_results(path) if path.exists() else [])}
-    merged.update({result_key(r): r for r in rows})
-    buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(COLUMNS)
-    for row in merged.values():
-        writer.writerow([_cell(c, row.get(c)) for c in COLUMNS])
-    write_text_atomic(path, buffer.getvalue())
-    return read_results(path)
-
-
-# ---------------------------------------------------------------------------------------------------------------------
 # The run
-
-
-def _check_out(out: Path, cfg: ExtendConfig, resume: bool) -> None:
-    saved = out / "extend.json"
-    now = {k: v for k, v in json.loads(json.dumps(cfg.to_dict())).items() if k != "out"}
-    if saved.exists():
-        if not resume:
-            fail("--out", str(out), "a new folder, or --resume to continue the run already there")
-        before = json.loads(saved.read_text())
-        if before != now:
-            changed = sorted(k for k in set(before) | set(now) if before.get(k) != now.get(k))
-            fail("--resume", str(out), f"the same settings as the run there; these differ: {changed}")
-    out.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(saved, json.dumps(now, indent=2))
 
 
 def _row(metric: str, unit: tuple[str, float, int], original: int, length: int, depth: float | None) -> dict:
@@ -283,7 +222,8 @@ def run_extend(
     methods = cfg.methods or target.default_methods
     for method in methods:  # every patch is checked before anything is measured: bad input fails in seconds
         target.patched(method, cfg.factors[0])
-    _check_out(out, cfg, resume)
+    settings = {k: v for k, v in cfg.to_dict().items() if k != "out"}
+    check_settings(out, settings, resume, filename="extend.json", what="run")
     target.prepare()
     results = out / "results.csv"
     done = {result_key(r) for r in read_results(results)} if results.exists() else set()

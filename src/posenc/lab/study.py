@@ -8,8 +8,6 @@ study continues with ``--resume`` where it stopped and never redoes or loses a c
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -24,6 +22,7 @@ from posenc.lab import evaluate as ev
 from posenc.lab.data import load_corpus, train_batch
 from posenc.lab.model import GPT, ModelConfig
 from posenc.lab.report import environment, print_table, read_results, upsert_results, write_report
+from posenc.lab.runfiles import check_settings
 from posenc.lab.tasks import copy_batch, recall_batch
 from posenc.lab.train import TrainConfig, rank_rows, step_generator, train
 
@@ -127,21 +126,6 @@ def _model_config(cfg: StudyConfig, encoding: str) -> ModelConfig:
     )
 
 
-def _check_out(out: Path, cfg: StudyConfig, resume: bool) -> None:
-    study = out / "study.json"
-    if study.exists():
-        if not resume:
-            fail("--out", str(out), "a new folder, or --resume to continue the study already there")
-        before, now = json.loads(study.read_text()), json.loads(json.dumps(cfg.to_dict()))
-        if before != now:
-            changed = sorted(k for k in set(before) | set(now) if before.get(k) != now.get(k))
-            fail("--resume", str(out), f"the same settings as the study there; these differ: {changed}")
-    out.mkdir(parents=True, exist_ok=True)
-    tmp = study.with_suffix(".tmp")
-    tmp.write_text(json.dumps(cfg.to_dict(), indent=2))
-    os.replace(tmp, study)
-
-
 def _lm_batches(train_data: torch.Tensor, cfg: StudyConfig):  # noqa: ANN202
     """Step ``s`` draws the same global batch whatever the number of ranks or restarts; each rank takes its rows."""
 
@@ -183,7 +167,7 @@ def run_study(cfg: StudyConfig, out: Path, *, resume: bool = False, progress: bo
     out = Path(out)
     dist.init()
     if dist.is_main():
-        _check_out(out, cfg, resume)
+        check_settings(out, cfg.to_dict(), resume, filename="study.json", what="study")
     dist.barrier()
     torch.manual_seed(cfg.seed)
     corpus = load_corpus(cfg.corpus, max_bytes=cfg.corpus_bytes) if cfg.task == "lm" else None

@@ -14,11 +14,8 @@ Files: ``OUT/results.csv`` (``RESULT_COLUMNS``), ``OUT/resolution.png``, ``OUT/r
 
 from __future__ import annotations
 
-import csv
 import dataclasses
-import io
 import json
-import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -32,6 +29,7 @@ from posenc._checks import check_choice, check_positive_int, fail
 from posenc.lab import dist
 from posenc.lab.images import ImageData, load_images, normalisation, prepare, random_resized_crop
 from posenc.lab.report import config_and_environment, duration, environment, write_text_atomic
+from posenc.lab.runfiles import KeyedCSV, check_settings
 from posenc.lab.train import TrainConfig, rank_rows, step_generator, train
 from posenc.lab.vit import POOLS, ViT, ViTConfig, registry_name, vision_encodings
 
@@ -143,60 +141,19 @@ def model_config(cfg: VisionConfig, encoding: str, data: ImageData) -> ViTConfig
 # Results file
 
 
-def _cell(value: object) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return ""
-    return repr(value) if isinstance(value, float) else str(value)
-
-
-def read_results(path: str | Path) -> list[dict[str, Any]]:
-    """Rows of a vision results CSV, typed (ints, floats, strings; None for empty cells)."""
-    path = Path(path)
-    if not path.is_file():
-        fail("results_csv", str(path), "an existing results CSV (run `posenc vision` first, or check --out)")
-    with path.open(newline="", encoding="utf-8") as f:
-        reader = csv.DictReader(f)
-        missing = [c for c in ("encoding", "train_res", "eval_res", "accuracy") if c not in (reader.fieldnames or [])]
-        if missing:
-            fail(f"{path} columns", reader.fieldnames, f"a header with {list(RESULT_COLUMNS)} (missing {missing})")
-        rows = []
-        for line, raw in enumerate(reader, start=2):
-            row: dict[str, Any] = {}
-            for column, text in raw.items():
-                text = text or ""
-                try:
-                    row[column] = (
-                        None if text == "" else int(text) if column in ("train_res", "eval_res", "images", "patches")
-                        else float(text) if column in ("accuracy", "loss") else text
-                    )  # fmt: skip
-                except ValueError:
-                    fail(f"{path.name} line {line} {column}", text, "a number (fix the line or delete the file)")
-            row["scaling"] = row.get("scaling") or "none"
-            rows.append(row)
-    return rows
-
-
-def result_key(row: Mapping[str, Any]) -> tuple:
-    """``KEY_COLUMNS`` of a row; a missing ``scaling`` means ``"none"`` (the encoding as trained)."""
-    missing = [c for c in KEY_COLUMNS if c != "scaling" and row.get(c) is None]
-    if missing:
-        fail("row", dict(row), f"values for {list(KEY_COLUMNS)} (missing {missing})")
-    return tuple(row.get(c) or "none" if c == "scaling" else row[c] for c in KEY_COLUMNS)
-
-
-def upsert_results(path: str | Path, rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Add ``rows`` to the CSV at ``path`` (atomically), replacing rows with the same ``KEY_COLUMNS``."""
-    path = Path(path)
-    merged = {result_key(r): dict(r) for r in (read_results(path) if path.exists() else [])}
-    for row in rows:
-        merged[result_key(row)] = {**row, "scaling": result_key(row)[1]}
-    buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(RESULT_COLUMNS)
-    for row in merged.values():
-        writer.writerow([_cell(row.get(c)) for c in RESULT_COLUMNS])
-    write_text_atomic(path, buffer.getvalue())
-    return read_results(path)
+#: ``OUT/results.csv``: one row per (encoding, scaling, train_res, eval_res); files without ``scaling`` read "none".
+RESULTS = KeyedCSV(
+    columns=tuple(RESULT_COLUMNS),
+    key=KEY_COLUMNS,
+    ints=frozenset({"train_res", "eval_res", "images", "patches"}),
+    floats=frozenset({"accuracy", "loss"}),
+    required=("encoding", "train_res", "eval_res", "accuracy"),
+    defaults={"scaling": "none"},
+    command="posenc vision",
+)
+read_results = RESULTS.read
+upsert_results = RESULTS.upsert
+result_key = RESULTS.key_of
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -235,26 +192,13 @@ def accuracy(
     return right / len(labels), loss / len(labels)
 
 
-def _check_out(out: Path, cfg: VisionConfig, resume: bool) -> None:
-    study = out / "study.json"
-    if study.exists():
-        if not resume:
-            fail("--out", str(out), "a new folder, or --resume to continue the study already there")
-        before, now = json.loads(study.read_text()), cfg.to_dict()
-        if before != now:
-            changed = sorted(k for k in set(before) | set(now) if before.get(k) != now.get(k))
-            fail("--resume", str(out), f"the same settings as the study there; these differ: {changed}")
-    out.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(study, json.dumps(cfg.to_dict(), indent=2))
-
-
 def run_vision(cfg: VisionConfig, out: str | Path, *, resume: bool = False, progress: bool = True) -> list[dict]:
     """Run (or continue) the study; returns the result rows. Files land in ``out``."""
     start = time.perf_counter()
     out = Path(out)
     dist.init()
     if dist.is_main():
-        _check_out(out, cfg, resume)
+        check_settings(out, cfg.to_dict(), resume, filename="study.json", what="study")
     dist.barrier()
     data = load_images(cfg.data)
     stats = normalisation(data.train_images)
