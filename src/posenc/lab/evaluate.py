@@ -56,21 +56,12 @@ def extended_encoding(model, extension: str, *, train_len: int, eval_len: int) -
     if extension == "none" or eval_len <= train_len:
         return None
     factor = eval_len / train_len
-    head_dim = cfg.dim // cfg.n_heads
     if cfg.encoding == "rope":
-        base = model.encoding.config.base
-        scaling = {
-            "linear": {"rope_type": "linear", "factor": factor},
-            "ntk": {"rope_type": "ntk", "factor": factor},
-            "dynamic": {"rope_type": "dynamic", "factor": 1.0, "max_position_embeddings": train_len},
-            "yarn": {"rope_type": "yarn", "factor": factor, "original_max_position_embeddings": train_len},
-        }[extension]
-        return posenc.RotaryEmbedding(head_dim, base=base, scaling=scaling).to(model.encoding.inv_freq.device)
+        # dynamic NTK derives its factor from each call's length, so it is built unscaled (factor 1)
+        return rope_like(model, rope_scaling(extension, factor=1.0 if extension == "dynamic" else factor,
+                                             original_len=train_len))  # fmt: skip
     if cfg.encoding == "alibi" and extension == "interpolate":
-        c = model.encoding.config
-        return posenc.ALiBi(c.num_heads, symmetric=c.symmetric, train_len=train_len, eval_len=eval_len).to(
-            model.encoding.slopes.device
-        )
+        return alibi_like(model, train_len=train_len, eval_len=eval_len)
     if cfg.encoding == "learned" and extension == "interpolate":
         return model.encoding.resized(eval_len)
     raise ValueError(f"extension={extension!r} is invalid: expected one of {extension_names(cfg.encoding)}")
@@ -184,12 +175,14 @@ def scaled_encoding(model, method: str, *, factor: float, original_len: int) -> 
     check_number("factor", factor, minimum=1.0)
     check_positive_int("original_len", original_len)
     if encoding == "alibi":
-        c = model.encoding.config
         eval_len = max(original_len, round(original_len * factor))  # slopes times original_len / eval_len
-        return posenc.ALiBi(c.num_heads, symmetric=c.symmetric, train_len=original_len, eval_len=eval_len).to(
-            model.encoding.slopes.device
-        )
-    scaling = {
+        return alibi_like(model, train_len=original_len, eval_len=eval_len)
+    return rope_like(model, rope_scaling(method, factor=factor, original_len=original_len))
+
+
+def rope_scaling(method: str, *, factor: float, original_len: int) -> dict:
+    """The Hugging Face ``rope_scaling`` dict of ``method`` at ``factor`` for a model trained at ``original_len``."""
+    return {
         "linear": {"rope_type": "linear", "factor": factor},
         "ntk": {"rope_type": "ntk", "factor": factor},
         "dynamic": {"rope_type": "dynamic", "factor": factor, "max_position_embeddings": original_len},
@@ -202,7 +195,19 @@ def scaled_encoding(model, method: str, *, factor: float, original_len: int) -> 
             "original_max_position_embeddings": original_len,
         },
     }[method]
+
+
+def rope_like(model, scaling: dict) -> posenc.RotaryEmbedding:  # noqa: ANN001
+    """A RoPE like ``model``'s own (head dim, base, layout, partial rotary), with ``scaling``, on its device."""
     c = model.encoding.config
     return posenc.RotaryEmbedding(
         c.head_dim, base=c.base, scaling=scaling, layout=c.layout, partial_rotary_factor=c.partial_rotary_factor
     ).to(model.encoding.inv_freq.device)
+
+
+def alibi_like(model, *, train_len: int, eval_len: int) -> posenc.ALiBi:  # noqa: ANN001
+    """``model``'s ALiBi with its slopes interpolated from ``train_len`` to ``eval_len``, on its device."""
+    c = model.encoding.config
+    return posenc.ALiBi(c.num_heads, symmetric=c.symmetric, train_len=train_len, eval_len=eval_len).to(
+        model.encoding.slopes.device
+    )
