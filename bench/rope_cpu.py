@@ -1,8 +1,9 @@
 """RoPE on q and k, CPU: posenc vs copying the same bytes vs Hugging Face transformers' eager path.
 
 Prints the best of ``--repeats`` torch.utils.benchmark runs (a shared machine only ever adds time) and ratios
-measured in this one run. ``posenc`` rows run the fused CPU path (``posenc.kernels.cpu``); ``eager`` rows the plain
-path it replaced. Not a test: numbers depend on the machine.
+measured in this one run. ``posenc`` rows run what users get (``posenc.kernels.cpu``: the C kernel where it built);
+``blocked`` rows the blocked torch path used without a C compiler; ``eager`` rows the plain torch ops. Not a
+test: numbers depend on the machine.
 Usage: python bench/rope_cpu.py [--seq 4096] [--heads 32] [--head-dim 128] [--threads N] [--repeats 5]
 """
 
@@ -19,14 +20,15 @@ import torch.utils.benchmark as tb
 import posenc
 from posenc import kernels
 from posenc.kernels import cpu
+from posenc.lab.bench import cpu_kernel_name
 
 REPEATS = 5
 
 
 def median_ms(fn, min_run_time: float) -> float:
-    """Best over ``REPEATS`` runs of the median of one ``blocked_autorange``, in ms."""
+    """Best over ``REPEATS`` runs of the median of one ``blocked_autorange``, in ms, on all of torch's threads."""
     fn()  # warm-up: allocator, first-call paths
-    timer = tb.Timer(stmt="fn()", globals={"fn": fn})
+    timer = tb.Timer(stmt="fn()", globals={"fn": fn}, num_threads=torch.get_num_threads())
     return min(timer.blocked_autorange(min_run_time=min_run_time / REPEATS).median for _ in range(REPEATS)) * 1e3
 
 
@@ -47,7 +49,7 @@ def main() -> None:
     shape = (args.batch, args.heads, args.seq, args.head_dim)
     print(
         f"# RoPE on q and k of shape {shape}, {datetime.date.today()}, {platform.processor() or platform.machine()}, "
-        f"{torch.get_num_threads()} threads, torch {torch.__version__}"
+        f"{torch.get_num_threads()} threads, torch {torch.__version__}, {cpu_kernel_name()}"
     )
     rows = []
     for dtype in (torch.float32, torch.bfloat16):
@@ -71,7 +73,8 @@ def measure(dtype: torch.dtype, shape: tuple[int, ...], min_run_time: float) -> 
         cos, sin = rope.cos_sin(positions)
         cases[f"posenc {layout}"] = partial(rope, q, k, positions)
         cases[f"posenc {layout}, cos/sin given"] = partial(_apply_both, q, k, cos, sin, layout)
-        cases[f"eager {layout}, cos/sin given"] = partial(_eager_both, q, k, cos, sin, layout)
+        cases[f"blocked {layout}, cos/sin given"] = partial(_without, "use_native", q, k, cos, sin, layout)
+        cases[f"eager {layout}, cos/sin given"] = partial(_without, "use_cpu", q, k, cos, sin, layout)
         cases[f"posenc {layout}, in place, cos/sin given"] = partial(_inplace_both, q, k, cos, sin, layout)
     half = posenc.RotaryEmbedding(head_dim, partial_rotary_factor=0.5)
     cases["posenc half, partial 0.5"] = partial(half, q, k, positions)
@@ -94,12 +97,13 @@ def _apply_both(q, k, cos, sin, layout):
     return posenc.apply_rotary(q, cos, sin, layout=layout), posenc.apply_rotary(k, cos, sin, layout=layout)
 
 
-def _eager_both(q, k, cos, sin, layout):
-    kernels.use_cpu = False
+def _without(switch, q, k, cos, sin, layout):
+    """``_apply_both`` with ``posenc.kernels.<switch>`` off: ``use_native`` (blocked path), ``use_cpu`` (eager)."""
+    setattr(kernels, switch, False)
     try:
         return _apply_both(q, k, cos, sin, layout)
     finally:
-        kernels.use_cpu = True
+        setattr(kernels, switch, True)
 
 
 def _inplace_both(q, k, cos, sin, layout):

@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from posenc import kernels
-from posenc._checks import check_choice, check_positive_int, fail
+from posenc._checks import broadcasts_to, check_choice, check_positive_int, fail
 from posenc.kernels import cpu as cpu_kernel
 
 LAYOUTS = ("half", "interleaved")
@@ -224,10 +224,7 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, layou
     if not x.is_floating_point():
         fail("x.dtype", x.dtype, "a floating point dtype")
     pairs = (*x.shape[:-1], f)
-    try:
-        fits = torch.broadcast_shapes(pairs, cos.shape) == pairs
-    except RuntimeError:
-        fits = False
+    fits = broadcasts_to(cos.shape, pairs)
     if not fits:
         fail("cos.shape", tuple(cos.shape), f"broadcastable to x's pairs {pairs} without enlarging them")
     return _rotate(x, cos, sin, layout)

@@ -1,7 +1,9 @@
-"""Fused RoPE kernels: a blocked CPU path (``cpu``) and a Triton kernel for CUDA (``triton_rope``).
+"""Fused RoPE kernels: for CPU (``cpu``: the one-pass C kernel ``native`` where a C compiler built it, else a
+blocked torch path) and a Triton kernel for CUDA (``triton_rope``).
 
 ``RotaryEmbedding`` and ``apply_rotary`` pick them automatically; set ``use_cpu`` / ``use_triton`` to False to
-run the plain eager path instead (e.g. to compare). Importing this package never imports Triton.
+run the plain eager path instead, or ``use_native`` to False for the blocked CPU path (e.g. to compare).
+Importing this package never imports Triton nor builds the C kernel.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import importlib.util
 import torch
 
 use_cpu: bool = True
+use_native: bool = True
 use_triton: bool = True
 
 

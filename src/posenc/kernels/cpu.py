@@ -1,7 +1,8 @@
-"""Fused RoPE for CPU tensors: rotate ``x`` one cache-sized block at a time, straight into the output.
+"""Fused RoPE for CPU tensors: the one-pass C kernel (``native``) where it is built, else rotate ``x`` one
+cache-sized block at a time, straight into the output.
 
-RoPE is memory-bound. The plain eager expression makes several ``x``-sized passes (halves, products, ``cat``); this
-path makes one pass over memory: each block of rows is read once, rotated while it sits in cache (a few in-cache
+RoPE is memory-bound. The plain eager expression makes several ``x``-sized passes (halves, products, ``cat``); the
+blocked path makes one pass over memory: each block of rows is read once, rotated while it sits in cache (a few in-cache
 torch ops writing through ``out=`` views) and written once, into a fresh output or back into ``x`` (``inplace``).
 Low-precision blocks are widened to float32 in a reused block-sized buffer and rounded once at the end.
 
@@ -20,7 +21,9 @@ from __future__ import annotations
 
 import torch
 
-from posenc._checks import check_choice, fail
+from posenc import kernels
+from posenc._checks import broadcasts_to, check_choice, fail
+from posenc.kernels import native
 
 LAYOUTS = ("half", "interleaved")
 
@@ -30,8 +33,9 @@ _CHUNK_BYTES = 4 << 20
 
 
 def worth_it(x: torch.Tensor) -> bool:
-    """More than one block: below that, the plain eager ops are the same passes with less Python overhead."""
-    return x.numel() * 4 > _CHUNK_BYTES
+    """The C kernel takes ``x`` (any size), or ``x`` is more than one block: below that, the blocked path is the
+    plain eager ops with more Python overhead."""
+    return (kernels.use_native and native.supports(x.dtype)) or x.numel() * 4 > _CHUNK_BYTES
 
 
 def rotary(
@@ -62,6 +66,8 @@ def rotary(
     rd = 2 * cos.shape[-1]
     compute = torch.float64 if x.dtype == torch.float64 else torch.float32
     cos, sin = cos.to(compute), sin.to(compute)
+    if kernels.use_native and native.rotary_into(x, out, cos, sin, layout=layout):
+        return out
     wide = x.dtype == compute
     cos2 = _spread(cos, layout)  # (..., S, 2F), small
     blocks = list(_blocks(x, out, (cos, sin, cos2)))
@@ -97,17 +103,13 @@ def _check(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch
     if 2 * cos.shape[-1] > x.shape[-1]:
         fail("x.shape[-1]", x.shape[-1], f">= 2 * cos.shape[-1] = {2 * cos.shape[-1]} (the rotated channels)")
     pairs = (*x.shape[:-1], cos.shape[-1])
-    try:
-        fits = x.dim() >= 2 and torch.broadcast_shapes(pairs, cos.shape) == pairs
-    except RuntimeError:
-        fits = False
+    fits = x.dim() >= 2 and broadcasts_to(cos.shape, pairs)
     if not fits:
         fail("cos.shape", tuple(cos.shape), f"broadcastable to x's pairs {pairs} without enlarging them")
     if all(n == 1 for n in cos.shape[:-2]):
         return cos.reshape(cos.shape[-2:]), sin.reshape(cos.shape[-2:])  # (S, F): shared by every row
     lead = (1,) * (x.dim() - cos.dim())
     return cos.reshape(lead + cos.shape), sin.reshape(lead + cos.shape)  # x's rank, e.g. (B, 1, S, F)
-    return cos, sin
 
 
 def _blocks(x: torch.Tensor, out: torch.Tensor, tables: tuple[torch.Tensor, ...]):

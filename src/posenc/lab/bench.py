@@ -88,9 +88,11 @@ def rotary_cases(
 
 
 def time_ms(fn: Callable[[], Any], min_run_time: float) -> float:
-    """Median milliseconds per call after one warm-up call (``torch.utils.benchmark`` synchronises CUDA)."""
+    """Median milliseconds per call after one warm-up call (``torch.utils.benchmark`` synchronises CUDA), on all of
+    torch's CPU threads (``Timer`` would otherwise run with one)."""
     fn()
-    return tb.Timer(stmt="fn()", globals={"fn": fn}).blocked_autorange(min_run_time=min_run_time).median * 1e3
+    timer = tb.Timer(stmt="fn()", globals={"fn": fn}, num_threads=torch.get_num_threads())
+    return timer.blocked_autorange(min_run_time=min_run_time).median * 1e3
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -352,5 +354,18 @@ def header(device: str) -> str:
     where = torch.cuda.get_device_name() if device.startswith("cuda") else platform.processor() or platform.machine()
     return (
         f"# posenc bench, {datetime.date.today()}: {device} ({where}), torch {torch.__version__}, "
-        f"{torch.get_num_threads()} CPU threads"
+        f"{torch.get_num_threads()} CPU threads" + ("" if device.startswith("cuda") else f", {cpu_kernel_name()}")
     )
+
+
+def cpu_kernel_name() -> str:
+    """Which CPU RoPE path the posenc rows ran: the C kernel, or the blocked torch path and why."""
+    from posenc import kernels
+    from posenc.kernels import native
+
+    if not kernels.use_cpu:
+        return "CPU RoPE: plain eager ops"
+    if kernels.use_native and native.available():
+        return "CPU RoPE: the C kernel (posenc.kernels.native)"
+    why = "turned off" if not kernels.use_native else native.error()
+    return f"CPU RoPE: the blocked torch path (C kernel {why})"

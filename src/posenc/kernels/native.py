@@ -1,0 +1,276 @@
+"""The one-pass C RoPE kernel for CPU (``rope.c``): built once per machine with the system C compiler, called
+through ``ctypes``, on torch's own OpenMP threads.
+
+torch ops can't rotate the half layout in one pass over memory: each op reads or writes a whole block. ``rope.c``
+reads every row once and writes it once, so it runs at about the speed of copying q and k (BENCHMARKS.md). It is
+compiled on first use (``cc -O3 -march=native``, about a second) into ``$POSENC_CACHE_DIR`` or
+``~/.cache/posenc``, keyed by the source, compiler, flags, OpenMP runtime and CPU, so later processes just load
+it. With no C compiler, or with ``POSENC_NATIVE=0``, ``available()`` is False, ``error()`` says why, and
+``posenc.kernels.cpu`` uses its blocked torch path instead.
+
+Results are bit-equal either way: the same float32 multiplies and fused multiply-adds as torch's ``mul``,
+``addcmul`` and complex ``mul``, rounded once (``-ffp-contract=off`` keeps the compiler from fusing anything
+else). Without ``-march=native`` on a CPU with FMA, ``fmaf`` is a slow library call.
+
+Threads: the kernel is linked to the OpenMP runtime torch has loaded (found in ``/proc/self/maps`` or torch's
+``lib`` folder), so its parallel rows run on torch's thread pool and follow ``torch.set_num_threads``; a second
+pool would fight torch's spinning workers for the cores. Where that fails it builds single-threaded.
+
+Paper: Su et al. 2021, "RoFormer" (arXiv:2104.09864). Checked against the blocked torch path and the float64
+formula (``tests/reference/rope_float64.py``) in ``tests/kernels/test_native.py``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import threading
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("rope.c")
+ABI = 3
+MAX_DIMS = 16  # rope_args' index arrays
+FLAGS = ("-O3", "-fPIC", "-ffp-contract=off", "-fno-math-errno")
+# Elements below which one thread does the whole call: waking a thread costs about as much as rotating this.
+_MIN_PER_THREAD = 1 << 16
+
+_DTYPES = {torch.float32: "float32", torch.float64: "float64", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+_RUNTIME = re.compile(r"lib(gomp|omp|iomp5)\b[^/]*\.(so[.\d]*|dylib)$")
+_lock = threading.Lock()
+_state: dict = {}  # "lib", "error", "funcs", "variant"
+
+
+class RopeArgs(ctypes.Structure):
+    """``rope_args`` in ``rope.c``: one struct per call instead of fifteen ctypes arguments."""
+
+    _fields_ = [
+        ("x", ctypes.c_void_p),
+        ("out", ctypes.c_void_p),
+        ("cos", ctypes.c_void_p),
+        ("sin", ctypes.c_void_p),
+        ("ndim", ctypes.c_int64),
+        ("shape", ctypes.c_int64 * MAX_DIMS),
+        ("x_strides", ctypes.c_int64 * MAX_DIMS),
+        ("out_strides", ctypes.c_int64 * MAX_DIMS),
+        ("t_strides", ctypes.c_int64 * MAX_DIMS),
+        ("d", ctypes.c_int64),
+        ("f", ctypes.c_int64),
+        ("interleaved", ctypes.c_int64),
+        ("copy_rest", ctypes.c_int64),
+        ("rows", ctypes.c_int64),
+        ("grain", ctypes.c_int64),
+    ]
+
+
+def available() -> bool:
+    """The kernel is built (or loaded from the cache) and ready; builds it on the first call."""
+    return _load() is not None
+
+
+def error() -> str | None:
+    """Why the kernel is unavailable (None when it is available)."""
+    _load()
+    return _state.get("error")
+
+
+def describe() -> str:
+    """One line for benchmark headers: what was built, and how it threads."""
+    if not available():
+        return f"unavailable: {error()}"
+    return _state["variant"]
+
+
+def supports(dtype: torch.dtype) -> bool:
+    """The built kernel handles ``dtype`` (float32, float64, bfloat16; float16 where the compiler has _Float16)."""
+    return available() and _DTYPES.get(dtype) in _state["funcs"]
+
+
+def rotary_into(x: torch.Tensor, out: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, layout: str) -> bool:
+    """Write the rotation of ``x`` into ``out`` (which may be ``x``: in place); False if this kernel can't take it.
+
+    Channels past ``2F`` are copied to ``out`` unless ``out`` is ``x``. Arguments are assumed checked
+    (``posenc.kernels.cpu.rotary``); this only checks what the C code needs: CPU, a supported dtype, unit stride
+    along channels, at most 16 leading dims, and tables of the compute dtype (float64 for float64 ``x``, else
+    float32).
+
+    Shapes:
+        x, out (..., S, D); cos, sin broadcastable to (..., S, F), 2F <= D
+    """
+    name = _DTYPES.get(x.dtype)
+    compute = torch.float64 if x.dtype == torch.float64 else torch.float32
+    if not (x.device.type == "cpu" and out.device.type == "cpu" and 2 <= x.dim() <= MAX_DIMS + 1):
+        return False
+    if name is None or cos.dtype != compute or sin.dtype != compute or out.dtype != x.dtype:
+        return False
+    if x.stride(-1) != 1 or out.stride(-1) != 1 or cos.shape != sin.shape or out.shape != x.shape:
+        return False
+    if _load() is None or name not in _state["funcs"]:
+        return False
+    if cos.stride() != sin.stride() or cos.stride(-1) != 1:
+        cos, sin = cos.contiguous(), sin.contiguous()
+    cos, sin = cos.expand(*x.shape[:-1], cos.shape[-1]), sin.expand(*x.shape[:-1], cos.shape[-1])  # (..., S, F)
+    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    if rows == 0 or (cos.shape[-1] == 0 and out is x):
+        return True
+    lead = x.dim() - 1
+    args = RopeArgs(
+        x=x.data_ptr(),
+        out=out.data_ptr(),
+        cos=cos.data_ptr(),
+        sin=sin.data_ptr(),
+        ndim=lead,
+        d=x.shape[-1],
+        f=cos.shape[-1],
+        interleaved=int(layout == "interleaved"),
+        copy_rest=int(out is not x),
+        rows=rows,
+        grain=max(1, _MIN_PER_THREAD // x.shape[-1]),
+    )
+    args.shape[:lead] = x.shape[:-1]
+    args.x_strides[:lead] = x.stride()[:-1]
+    args.out_strides[:lead] = out.stride()[:-1]
+    args.t_strides[:lead] = cos.stride()[:-1]
+    _state["funcs"][name](ctypes.byref(args))
+    return True
+
+
+def cache_dir() -> Path:
+    """Where built kernels live: ``$POSENC_CACHE_DIR``, else ``$XDG_CACHE_HOME/posenc``, else ``~/.cache/posenc``."""
+    if os.environ.get("POSENC_CACHE_DIR"):
+        return Path(os.environ["POSENC_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "posenc"
+
+
+def openmp_runtime() -> Path | None:
+    """The OpenMP runtime torch uses: the one mapped into this process, else one shipped in torch's ``lib``."""
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                path = line.split()[-1]
+                if _RUNTIME.search(path) and os.path.exists(path):
+                    return Path(path)
+    except OSError:
+        pass
+    shipped = sorted(p for p in (Path(torch.__file__).parent / "lib").glob("lib*omp*") if _RUNTIME.search(str(p)))
+    return shipped[0] if shipped else None
+
+
+def _load() -> ctypes.CDLL | None:
+    if "lib" in _state:
+        return _state["lib"]
+    with _lock:
+        if "lib" not in _state:
+            lib, variant, why = _build_and_load()
+            _state.update(lib=lib, error=why, variant=variant, funcs=_functions(lib) if lib else {})
+            if why:
+                log.info("posenc: C RoPE kernel unavailable (%s); CPU RoPE uses the blocked torch path", why)
+    return _state["lib"]
+
+
+def _functions(lib: ctypes.CDLL) -> dict:
+    funcs = {}
+    for name in _DTYPES.values():
+        func = getattr(lib, f"posenc_rope_{name}", None)
+        if func is None:
+            continue  # float16 needs _Float16
+        func.restype, func.argtypes = None, [ctypes.POINTER(RopeArgs)]
+        funcs[name] = func
+    return funcs
+
+
+def _variants(runtime: Path | None):
+    """(compile flags, link inputs, description), best first: OpenMP on torch's runtime, then one thread; each
+    with ``-march=native`` first (some compilers or CPUs lack it)."""
+    for arch in (("-march=native",), ()):
+        if runtime is not None:
+            link = (str(runtime), f"-Wl,-rpath,{runtime.parent}")
+            yield (*FLAGS, *arch, "-fopenmp"), link, f"C kernel, {' '.join(arch) or 'generic'}, OpenMP ({runtime})"
+        yield (*FLAGS, *arch, "-fopenmp-simd"), (), f"C kernel, {' '.join(arch) or 'generic'}, one thread"
+
+
+def _build_and_load() -> tuple[ctypes.CDLL | None, str | None, str | None]:
+    if os.environ.get("POSENC_NATIVE", "1") == "0":
+        return None, None, "disabled by POSENC_NATIVE=0"
+    compiler = _compiler()
+    if compiler is None:
+        return None, None, "no C compiler found (set CC, or install gcc or clang)"
+    last = "no build was tried"
+    for flags, link, variant in _variants(openmp_runtime()):
+        path = cache_dir() / f"rope-{_key(compiler, (*flags, *link))}.so"
+        if not path.exists():
+            failed = _build(compiler, flags, link, path)
+            if failed:
+                last = failed
+                continue
+        try:
+            lib = ctypes.CDLL(str(path))
+        except OSError as exc:
+            last = f"could not load {path}: {exc}"
+            continue
+        if lib.posenc_rope_abi() != ABI:
+            last = f"{path} has ABI {lib.posenc_rope_abi()}, expected {ABI}"
+            continue
+        return lib, variant, None
+    return None, None, last
+
+
+def _compiler() -> str | None:
+    configured = (sysconfig.get_config_var("CC") or "").split()[:1]
+    for name in (os.environ.get("CC") or "").split()[:1] + configured + ["cc", "gcc", "clang"]:
+        found = shutil.which(name)
+        if found:
+            return found
+    return None
+
+
+def _key(compiler: str, flags: tuple[str, ...]) -> str:
+    """Source, compiler (path and version), flags (the OpenMP runtime among them) and CPU: a cached build is
+    reused only where it would be rebuilt the same way (``-march=native`` code runs only on CPUs like this one)."""
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=False).stdout
+    parts = [SOURCE.read_bytes(), compiler.encode(), version.encode(), " ".join(flags).encode(), _cpu().encode()]
+    return hashlib.sha256(b"\0".join(parts)).hexdigest()[:20]
+
+
+def _cpu() -> str:
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+        return next((line for line in info.splitlines() if line.startswith(("flags", "Features"))), info[:2000])
+    except OSError:
+        return f"{platform.machine()} {platform.processor()} {sys.platform}"
+
+
+def _build(compiler: str, flags: tuple[str, ...], link: tuple[str, ...], path: Path) -> str | None:
+    """Compile, then link (without ``-fopenmp``, which would add the system's OpenMP runtime beside torch's), into
+    temporary files next to ``path``, and rename into place: concurrent builds are safe, failures leave nothing."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(prefix=".build-", dir=path.parent))
+    except OSError as exc:
+        return f"cannot write to {path.parent}: {exc} (set POSENC_CACHE_DIR)"
+    obj, lib = work / "rope.o", work / "rope.so"
+    steps = ([*flags, "-c", str(SOURCE), "-o", str(obj)], ["-shared", str(obj), *link, "-o", str(lib)])
+    try:
+        for step in steps:
+            done = subprocess.run([compiler, *step], capture_output=True, text=True, timeout=300)
+            if done.returncode != 0:
+                return f"{Path(compiler).name} {' '.join(step)} failed: {done.stderr.strip()[-500:]}"
+        os.replace(lib, path)
+        return None
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"{Path(compiler).name} could not run: {exc}"
+    finally:
+        shutil.rmtree(work, ignore_errors=True)

@@ -1,0 +1,151 @@
+/* RoPE on CPU in one pass: each row of x is read once, rotated in registers and written once.
+ *
+ * Built and called by posenc/kernels/native.py (system C compiler, ctypes); see that file for the contract.
+ * Paper: Su et al. 2021, "RoFormer" (arXiv:2104.09864).
+ *
+ * x and out are viewed as rows of D channels (the last dim, stride 1) over `ndim` leading dims with
+ * per-array element strides; cos and sin share one set of strides (0 where a table is broadcast), last dim
+ * stride 1, F entries per row. Pairs (a, b) are (i, i + F) for layout half and (2i, 2i + 1) for interleaved:
+ *     half:         out_a = fma(-b, sin, a cos),   out_b = fma(a, sin, b cos)
+ *     interleaved:  out_a = a cos - b sin,         out_b = b cos + a sin
+ * computed in float (double for float64) and rounded to T once. out may be x itself (in place): every pair is
+ * read before it is written, and pairs never overlap. Channels past 2F are copied when copy_rest is set.
+ *
+ * Build with -ffp-contract=off: exactly these roundings, which are those of the blocked torch path in
+ * posenc/kernels/cpu.py (half: mul then addcmul, a fused multiply-add; interleaved: one complex multiply, no
+ * fusion), so results are bit-equal with or without this kernel.
+ *
+ * Threads: built with -fopenmp and linked to the OpenMP runtime torch itself loaded, rows are split over
+ * torch's own thread pool (torch.set_num_threads applies); built without, one thread.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+typedef int64_t i64;
+#define MAX_DIMS 16
+
+/* Mirrored by native.py's RopeArgs (ctypes.Structure): change both, and ABI, together. */
+typedef struct {
+    const void *x;
+    void *out;
+    const void *cos, *sin;
+    i64 ndim;
+    i64 shape[MAX_DIMS];      /* the leading dims of x (all but the channels) */
+    i64 x_strides[MAX_DIMS];  /* in elements */
+    i64 out_strides[MAX_DIMS];
+    i64 t_strides[MAX_DIMS];  /* of cos and sin, 0 where broadcast */
+    i64 d, f;                 /* channels per row; rotated pairs per row (2F <= D) */
+    i64 interleaved, copy_rest;
+    i64 rows;                 /* product of shape */
+    i64 grain;                /* fewest rows worth a thread of their own */
+} rope_args;
+
+static inline float bf16_load(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static inline uint16_t bf16_store(float f) { /* round to nearest even, as torch does; NaN -> 0x7FC0 */
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+    return (f != f) ? (uint16_t)0x7FC0u : (uint16_t)rounded;
+}
+
+#define IDENTITY(v) (v)
+#define TO_FLOAT(v) ((float)(v))
+#define TO_HALF(v) ((_Float16)(v))
+
+/* Rows [row0, row1) for storage type T, compute type C (the tables' type). */
+#define ROPE_ROWS(NAME, T, C, FMA, LOAD, STORE)                                                                 \
+    static void NAME(const rope_args *a, i64 row0, i64 row1) {                                                 \
+        const T *x = (const T *)a->x;                                                                          \
+        T *out = (T *)a->out;                                                                                  \
+        const C *cos = (const C *)a->cos, *sin = (const C *)a->sin;                                            \
+        const i64 ndim = a->ndim, d = a->d, f = a->f;                                                          \
+        i64 idx[MAX_DIMS];                                                                                     \
+        i64 ox = 0, oo = 0, ot = 0, rest = row0;                                                               \
+        for (i64 k = ndim - 1; k >= 0; k--) { /* the multi-index of row0, then offsets */                     \
+            idx[k] = rest % a->shape[k];                                                                       \
+            rest /= a->shape[k];                                                                               \
+            ox += idx[k] * a->x_strides[k];                                                                    \
+            oo += idx[k] * a->out_strides[k];                                                                  \
+            ot += idx[k] * a->t_strides[k];                                                                    \
+        }                                                                                                      \
+        for (i64 r = row0; r < row1; r++) {                                                                    \
+            const T *xr = x + ox;                                                                              \
+            T *o = out + oo;                                                                                   \
+            const C *c = cos + ot, *s = sin + ot;                                                              \
+            if (a->interleaved) {                                                                              \
+                _Pragma("omp simd") for (i64 i = 0; i < f; i++) {                                              \
+                    C p = LOAD(xr[2 * i]), q = LOAD(xr[2 * i + 1]);                                            \
+                    o[2 * i] = STORE(p * c[i] - q * s[i]);                                                     \
+                    o[2 * i + 1] = STORE(q * c[i] + p * s[i]);                                                 \
+                }                                                                                              \
+            } else {                                                                                           \
+                _Pragma("omp simd") for (i64 i = 0; i < f; i++) {                                              \
+                    C p = LOAD(xr[i]), q = LOAD(xr[i + f]);                                                    \
+                    o[i] = STORE(FMA(-q, s[i], p * c[i]));                                                     \
+                    o[i + f] = STORE(FMA(p, s[i], q * c[i]));                                                  \
+                }                                                                                              \
+            }                                                                                                  \
+            if (a->copy_rest && d > 2 * f) memcpy(o + 2 * f, xr + 2 * f, (size_t)(d - 2 * f) * sizeof(T));    \
+            for (i64 k = ndim - 1; k >= 0; k--) { /* next row: bump the last index, carry leftwards */        \
+                ox += a->x_strides[k];                                                                         \
+                oo += a->out_strides[k];                                                                       \
+                ot += a->t_strides[k];                                                                         \
+                if (++idx[k] < a->shape[k]) break;                                                             \
+                ox -= a->shape[k] * a->x_strides[k];                                                           \
+                oo -= a->shape[k] * a->out_strides[k];                                                         \
+                ot -= a->shape[k] * a->t_strides[k];                                                           \
+                idx[k] = 0;                                                                                    \
+            }                                                                                                  \
+        }                                                                                                      \
+    }
+
+/* Split the rows into one contiguous range per thread, at most rows / grain threads. */
+static void run_rows(void (*rows_fn)(const rope_args *, i64, i64), const rope_args *a) {
+#ifdef _OPENMP
+    i64 threads = a->rows / (a->grain > 0 ? a->grain : 1), most = omp_get_max_threads();
+    threads = threads < most ? threads : most;
+    if (threads > 1 && !omp_in_parallel()) {
+#pragma omp parallel num_threads((int)threads)
+        {
+            i64 nt = omp_get_num_threads(), t = omp_get_thread_num(), step = (a->rows + nt - 1) / nt;
+            i64 lo = t * step, hi = lo + step < a->rows ? lo + step : a->rows;
+            if (lo < hi) rows_fn(a, lo, hi);
+        }
+        return;
+    }
+#endif
+    rows_fn(a, 0, a->rows);
+}
+
+#define ROPE_KERNEL(NAME, T, C, FMA, LOAD, STORE)               \
+    ROPE_ROWS(NAME##_rows, T, C, FMA, LOAD, STORE)              \
+    void NAME(const rope_args *a) { run_rows(NAME##_rows, a); }
+
+ROPE_KERNEL(posenc_rope_float32, float, float, fmaf, IDENTITY, IDENTITY)
+ROPE_KERNEL(posenc_rope_float64, double, double, fma, IDENTITY, IDENTITY)
+ROPE_KERNEL(posenc_rope_bfloat16, uint16_t, float, fmaf, bf16_load, bf16_store)
+#ifdef __FLT16_MAX__ /* compilers with _Float16 (GCC >= 12, clang) also get float16 */
+ROPE_KERNEL(posenc_rope_float16, _Float16, float, fmaf, TO_FLOAT, TO_HALF)
+#endif
+
+/* The version native.py expects: bump it with any change to rope_args or the entry points. */
+int posenc_rope_abi(void) { return 3; }
+
+/* Threads a call may use: torch's OpenMP setting where built with OpenMP, else 1. */
+int posenc_rope_max_threads(void) {
+#ifdef _OPENMP
+    return omp_get_max_threads();
+#else
+    return 1;
+#endif
+}

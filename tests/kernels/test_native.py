@@ -1,0 +1,230 @@
+"""The C kernel (``posenc.kernels.native``): bit-equal to the blocked torch path it stands in for, close to the
+float64 formula, the same however its rows are split across threads; and its build, cache and fallbacks."""
+
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+import posenc
+from posenc import kernels
+from posenc.functional.rope import table_dtype
+from posenc.kernels import cpu, native
+from reference.rope_float64 import rotate_float64
+
+needs_kernel = pytest.mark.skipif(not native.available(), reason=f"C kernel not built here: {native.error()}")
+TOL = {
+    torch.float64: (1e-12, 1e-12),
+    torch.float32: (1.3e-6, 1e-5),
+    torch.bfloat16: (1.6e-2, 1e-5),
+    torch.float16: (1e-3, 1e-5),
+}
+
+
+def _x(view: str, dtype: torch.dtype, b=2, h=3, s=5, d=16) -> torch.Tensor:
+    """q-like ``(B, H, S, D)`` tensors as callers hold them: contiguous, or views with unit channel stride."""
+    return {
+        "contiguous": lambda: torch.randn(b, h, s, d),
+        "transposed": lambda: torch.randn(b, s, h, d).transpose(1, 2),  # (B, S, H, D) -> (B, H, S, D)
+        "qkv slice": lambda: torch.randn(b, s, 3, h, d)[:, :, 1].transpose(1, 2),  # k out of a fused qkv
+    }[view]().to(dtype)
+
+
+def _tables(positions: torch.Tensor, rotary_dim: int, dtype: torch.dtype):
+    inv_freq = posenc.default_inv_freq(rotary_dim)
+    cos, sin = posenc.rope_cos_sin(positions, inv_freq, dtype=table_dtype(dtype))
+    if positions.dim() == 2:
+        cos, sin = cos.unsqueeze(-3), sin.unsqueeze(-3)  # (B, S, F) -> (B, 1, S, F): shared by the heads
+    return inv_freq, cos, sin
+
+
+def _blocked(x, cos, sin, layout, *, inplace=False):
+    kernels.use_native = False
+    try:
+        return cpu.rotary(x, cos, sin, layout=layout, inplace=inplace)
+    finally:
+        kernels.use_native = True
+
+
+def _bit_equal_expected(dtype, layout, rotary_dim, d):
+    """torch's complex multiply (the blocked interleaved path) fuses multiply-adds only on strided float32/64 rows
+    (partial rotary), so those are compared to rounding; everything else bit for bit."""
+    return not (layout == "interleaved" and rotary_dim < d and dtype in (torch.float32, torch.float64))
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", list(TOL))
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+@pytest.mark.parametrize("rotary_dim", [16, 8])
+@pytest.mark.parametrize("view", ["contiguous", "transposed", "qkv slice"])
+@pytest.mark.parametrize("per_token", [False, True])
+def test_matches_blocked_path_and_float64_formula(dtype, layout, rotary_dim, view, per_token):
+    x = _x(view, dtype)
+    positions = torch.stack([torch.randperm(5) * 7, torch.arange(5) + 1000]) if per_token else torch.arange(5) + 3
+    inv_freq, cos, sin = _tables(positions, rotary_dim, dtype)
+    out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    assert native.rotary_into(x, out, cos, sin, layout=layout)
+
+    rtol, atol = TOL[dtype]
+    torch.testing.assert_close(
+        out.double(), rotate_float64(x, positions, inv_freq, layout=layout), rtol=rtol, atol=atol
+    )
+    torch.testing.assert_close(out[..., rotary_dim:], x[..., rotary_dim:], rtol=0, atol=0)
+    exact = _bit_equal_expected(dtype, layout, rotary_dim, x.shape[-1])
+    torch.testing.assert_close(out, _blocked(x, cos, sin, layout), **({"rtol": 0, "atol": 0} if exact else {}))
+
+    # In place: the same values in x, the channels past 2F untouched.
+    y, before = x.clone(), x.clone()
+    assert native.rotary_into(y, y, cos, sin, layout=layout)
+    torch.testing.assert_close(y, out, rtol=0, atol=0)
+    torch.testing.assert_close(y[..., rotary_dim:], before[..., rotary_dim:], rtol=0, atol=0)
+
+
+@needs_kernel
+@given(
+    b=st.integers(1, 3),
+    h=st.integers(1, 4),
+    s=st.integers(1, 9),
+    half_rot=st.integers(1, 4),
+    extra=st.sampled_from([0, 2, 4]),
+    layout=st.sampled_from(["half", "interleaved"]),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16]),
+    threads=st.integers(2, 5),
+    per_token=st.booleans(),
+    cut=st.integers(0, 9),
+)
+def test_any_thread_split_and_any_chunk_of_positions_give_the_same_bits(
+    b, h, s, half_rot, extra, layout, dtype, threads, per_token, cut
+):
+    """Rows split across threads at arbitrary points (mid-head, mid-batch) and positions rotated in two chunks
+    both equal the one-thread, one-call result exactly: every row depends only on its own position."""
+    rotary_dim = 2 * half_rot
+    x = torch.randn(b, h, s, rotary_dim + extra).to(dtype)
+    positions = torch.randint(0, 5000, (b, s) if per_token else (s,))
+    _, cos, sin = _tables(positions, rotary_dim, dtype)
+    whole = torch.empty_like(x)
+    assert native.rotary_into(x, whole, cos, sin, layout=layout)
+
+    old_min, old_threads = native._MIN_PER_THREAD, torch.get_num_threads()
+    native._MIN_PER_THREAD, _ = 1, torch.set_num_threads(threads)
+    try:
+        split = torch.empty_like(x)
+        assert native.rotary_into(x, split, cos, sin, layout=layout)
+    finally:
+        native._MIN_PER_THREAD, _ = old_min, torch.set_num_threads(old_threads)
+    torch.testing.assert_close(split, whole, rtol=0, atol=0)
+
+    cut = min(cut, s)
+    chunks = torch.empty_like(x)
+    for lo, hi in ((0, cut), (cut, s)):
+        c, sn = cos[..., lo:hi, :], sin[..., lo:hi, :]
+        assert native.rotary_into(x[..., lo:hi, :], chunks[..., lo:hi, :], c, sn, layout=layout)
+    torch.testing.assert_close(chunks, whole, rtol=0, atol=0)
+
+
+@needs_kernel
+def test_rotary_embedding_and_apply_rotary_use_it(monkeypatch):
+    calls = []
+    original = native.rotary_into
+    monkeypatch.setattr(native, "rotary_into", lambda *a, **kw: calls.append(1) or original(*a, **kw))
+    emb = posenc.RotaryEmbedding(16)
+    q, k = torch.randn(1, 4, 3, 16, dtype=torch.bfloat16), torch.randn(1, 2, 3, 16, dtype=torch.bfloat16)
+    positions = torch.arange(3)
+    got = emb(q, k, positions)
+    assert len(calls) == 2
+    monkeypatch.setattr(kernels, "use_native", False)
+    want = emb(q, k, positions)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+@needs_kernel
+def test_declines_what_it_cannot_take():
+    x = torch.randn(2, 5, 16)
+    cos, sin = torch.ones(5, 8), torch.zeros(5, 8)
+    out = torch.empty_like(x)
+    assert not native.rotary_into(x.transpose(-1, -2).contiguous().transpose(-1, -2), out, cos, sin, layout="half")
+    assert not native.rotary_into(x, out, cos.double(), sin.double(), layout="half")  # tables not float32
+    assert not native.rotary_into(x.double(), out.double(), cos, sin, layout="half")  # float64 wants float64 tables
+    assert not native.rotary_into(x, out.half(), cos, sin, layout="half")
+    deep = torch.randn((1,) * 16 + (5, 16))  # 17 leading dims: more than rope.c indexes
+    assert not native.rotary_into(deep, torch.empty_like(deep), cos, sin, layout="half")
+    # cpu.rotary still answers those, through the blocked path.
+    strided = x.transpose(-1, -2).contiguous().transpose(-1, -2)
+    torch.testing.assert_close(cpu.rotary(strided, cos, sin), cpu.rotary(x, cos, sin), rtol=0, atol=0)
+
+
+# Build, cache and fallbacks: a fresh module state each, so nothing leaks into the cached kernel other tests use.
+
+
+@pytest.fixture
+def fresh(monkeypatch, tmp_path):
+    monkeypatch.setattr(native, "_state", {})
+    monkeypatch.setenv("POSENC_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("POSENC_NATIVE", raising=False)
+    return tmp_path
+
+
+@needs_kernel
+def test_builds_once_into_the_cache_then_loads_without_compiling(fresh, monkeypatch):
+    assert native.available() and native.error() is None
+    built = list((fresh / "cache").glob("rope-*.so"))
+    assert len(built) == 1
+    assert not [p for p in (fresh / "cache").iterdir() if p not in built]  # no temporary files left behind
+
+    monkeypatch.setattr(native, "_state", {})
+    monkeypatch.setattr(native, "_build", lambda *a: pytest.fail("rebuilt although the cache holds the kernel"))
+    assert native.available()
+    x = torch.randn(3, 4, 8)
+    cos, sin = torch.rand(4, 4), torch.rand(4, 4)
+    torch.testing.assert_close(cpu.rotary(x, cos, sin), _blocked(x, cos, sin, "half"), rtol=0, atol=0)
+
+
+def test_disabled_by_environment_falls_back_to_the_blocked_path(fresh, monkeypatch):
+    monkeypatch.setenv("POSENC_NATIVE", "0")
+    assert not native.available()
+    assert "POSENC_NATIVE=0" in native.error()
+    assert not native.supports(torch.float32)
+    x = torch.randn(2, 3, 6, 8)
+    positions = torch.arange(6)
+    inv_freq, cos, sin = _tables(positions, 8, torch.float32)
+    rtol, atol = TOL[torch.float32]
+    torch.testing.assert_close(
+        cpu.rotary(x, cos, sin).double(), rotate_float64(x, positions, inv_freq), rtol=rtol, atol=atol
+    )
+
+
+def test_no_compiler_is_reported(fresh, monkeypatch):
+    monkeypatch.setattr(native, "_compiler", lambda: None)
+    assert not native.available()
+    assert "no C compiler" in native.error()
+
+
+def test_a_failing_compiler_is_reported_and_leaves_nothing(fresh, monkeypatch):
+    bad = fresh / "badcc"
+    bad.write_text("#!/bin/sh\n[ \"$1\" = --version ] && exit 0\necho 'badcc: boom' >&2\nexit 1\n")
+    bad.chmod(bad.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("CC", str(bad))
+    assert not native.available()
+    assert "boom" in native.error()
+    assert not list((fresh / "cache").glob("*"))  # the failed build left nothing behind
+
+
+def test_unwritable_cache_dir_is_reported(fresh, monkeypatch):
+    blocker = fresh / "a file"
+    blocker.write_text("")
+    monkeypatch.setenv("POSENC_CACHE_DIR", str(blocker / "cache"))
+    monkeypatch.setattr(native, "_compiler", lambda: sys.executable)  # never run: the cache dir fails first
+    assert not native.available()
+    assert "POSENC_CACHE_DIR" in native.error()
+
+
+def test_cache_dir_follows_the_environment(monkeypatch):
+    monkeypatch.setenv("POSENC_CACHE_DIR", "/somewhere/posenc")
+    assert native.cache_dir() == Path("/somewhere/posenc")
+    monkeypatch.delenv("POSENC_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", "/xdg")
+    assert native.cache_dir() == Path("/xdg/posenc")
