@@ -20,7 +20,7 @@ import torch.utils.benchmark as tb
 import posenc
 from posenc import kernels
 from posenc.kernels import cpu
-from posenc.lab.bench import cpu_kernel_name
+from posenc.lab.bench import cpu_kernel_name, settle_allocator
 
 REPEATS = 5
 
@@ -51,6 +51,7 @@ def main() -> None:
         f"# RoPE on q and k of shape {shape}, {datetime.date.today()}, {platform.processor() or platform.machine()}, "
         f"{torch.get_num_threads()} threads, torch {torch.__version__}, {cpu_kernel_name()}"
     )
+    settle_allocator()
     rows = []
     for dtype in (torch.float32, torch.bfloat16):
         rows += measure(dtype, shape, args.min_run_time)

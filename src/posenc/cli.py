@@ -297,6 +297,7 @@ def bench(args: argparse.Namespace) -> int:
         return 2
     header = b.header(device)
     print(header)
+    b.settle_allocator()
     rotary, attention = [], []
     if not args.no_rotary:
         for case in cases:

@@ -41,7 +41,7 @@ import torch
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("rope.c")
-ABI = 3
+ABI = 4
 MAX_DIMS = 16  # rope_args' index arrays
 FLAGS = ("-O3", "-fPIC", "-ffp-contract=off", "-fno-math-errno")
 # Elements below which one thread does the whole call: waking a thread costs about as much as rotating this.

@@ -62,49 +62,62 @@ static inline uint16_t bf16_store(float f) { /* round to nearest even, as torch 
 #define TO_FLOAT(v) ((float)(v))
 #define TO_HALF(v) ((_Float16)(v))
 
-/* Rows [row0, row1) for storage type T, compute type C (the tables' type). */
+/* Rows [row0, row1) for storage type T, compute type C (the tables' type). Rows are walked in runs along the
+ * innermost leading dim (positions, usually), so the multi-index carry runs once per run, not once per row. */
 #define ROPE_ROWS(NAME, T, C, FMA, LOAD, STORE)                                                                 \
     static void NAME(const rope_args *a, i64 row0, i64 row1) {                                                 \
         const T *x = (const T *)a->x;                                                                          \
         T *out = (T *)a->out;                                                                                  \
         const C *cos = (const C *)a->cos, *sin = (const C *)a->sin;                                            \
-        const i64 ndim = a->ndim, d = a->d, f = a->f;                                                          \
+        const i64 last = a->ndim - 1, f = a->f, tail = a->copy_rest ? a->d - 2 * a->f : 0;                      \
+        const i64 xs = a->x_strides[last], os = a->out_strides[last], ts = a->t_strides[last];                 \
         i64 idx[MAX_DIMS];                                                                                     \
         i64 ox = 0, oo = 0, ot = 0, rest = row0;                                                               \
-        for (i64 k = ndim - 1; k >= 0; k--) { /* the multi-index of row0, then offsets */                     \
+        for (i64 k = last; k >= 0; k--) { /* the multi-index of row0, then offsets */                         \
             idx[k] = rest % a->shape[k];                                                                       \
             rest /= a->shape[k];                                                                               \
             ox += idx[k] * a->x_strides[k];                                                                    \
             oo += idx[k] * a->out_strides[k];                                                                  \
             ot += idx[k] * a->t_strides[k];                                                                    \
         }                                                                                                      \
-        for (i64 r = row0; r < row1; r++) {                                                                    \
+        for (i64 r = row0; r < row1;) {                                                                        \
+            i64 run = a->shape[last] - idx[last];                                                              \
+            run = run < row1 - r ? run : row1 - r;                                                             \
             const T *xr = x + ox;                                                                              \
             T *o = out + oo;                                                                                   \
             const C *c = cos + ot, *s = sin + ot;                                                              \
-            if (a->interleaved) {                                                                              \
-                _Pragma("omp simd") for (i64 i = 0; i < f; i++) {                                              \
-                    C p = LOAD(xr[2 * i]), q = LOAD(xr[2 * i + 1]);                                            \
-                    o[2 * i] = STORE(p * c[i] - q * s[i]);                                                     \
-                    o[2 * i + 1] = STORE(q * c[i] + p * s[i]);                                                 \
+            for (i64 m = 0; m < run; m++, xr += xs, o += os, c += ts, s += ts) {                               \
+                if (a->interleaved) {                                                                          \
+                    _Pragma("omp simd") for (i64 i = 0; i < f; i++) {                                          \
+                        C p = LOAD(xr[2 * i]), q = LOAD(xr[2 * i + 1]);                                        \
+                        o[2 * i] = STORE(p * c[i] - q * s[i]);                                                 \
+                        o[2 * i + 1] = STORE(q * c[i] + p * s[i]);                                             \
+                    }                                                                                          \
+                } else {                                                                                       \
+                    _Pragma("omp simd") for (i64 i = 0; i < f; i++) {                                          \
+                        C p = LOAD(xr[i]), q = LOAD(xr[i + f]);                                                \
+                        o[i] = STORE(FMA(-q, s[i], p * c[i]));                                                 \
+                        o[i + f] = STORE(FMA(p, s[i], q * c[i]));                                              \
+                    }                                                                                          \
                 }                                                                                              \
-            } else {                                                                                           \
-                _Pragma("omp simd") for (i64 i = 0; i < f; i++) {                                              \
-                    C p = LOAD(xr[i]), q = LOAD(xr[i + f]);                                                    \
-                    o[i] = STORE(FMA(-q, s[i], p * c[i]));                                                     \
-                    o[i + f] = STORE(FMA(p, s[i], q * c[i]));                                                  \
-                }                                                                                              \
+                if (tail > 0) memcpy(o + 2 * f, xr + 2 * f, (size_t)tail * sizeof(T));                         \
             }                                                                                                  \
-            if (a->copy_rest && d > 2 * f) memcpy(o + 2 * f, xr + 2 * f, (size_t)(d - 2 * f) * sizeof(T));    \
-            for (i64 k = ndim - 1; k >= 0; k--) { /* next row: bump the last index, carry leftwards */        \
-                ox += a->x_strides[k];                                                                         \
-                oo += a->out_strides[k];                                                                       \
-                ot += a->t_strides[k];                                                                         \
-                if (++idx[k] < a->shape[k]) break;                                                             \
+            r += run;                                                                                          \
+            idx[last] += run;                                                                                  \
+            ox += run * xs;                                                                                    \
+            oo += run * os;                                                                                    \
+            ot += run * ts;                                                                                    \
+            for (i64 k = last; k >= 0 && idx[k] == a->shape[k]; k--) { /* carry leftwards */                  \
                 ox -= a->shape[k] * a->x_strides[k];                                                           \
                 oo -= a->shape[k] * a->out_strides[k];                                                         \
                 ot -= a->shape[k] * a->t_strides[k];                                                           \
                 idx[k] = 0;                                                                                    \
+                if (k > 0) {                                                                                   \
+                    idx[k - 1]++;                                                                              \
+                    ox += a->x_strides[k - 1];                                                                 \
+                    oo += a->out_strides[k - 1];                                                               \
+                    ot += a->t_strides[k - 1];                                                                 \
+                }                                                                                              \
             }                                                                                                  \
         }                                                                                                      \
     }
@@ -139,7 +152,7 @@ ROPE_KERNEL(posenc_rope_float16, _Float16, float, fmaf, TO_FLOAT, TO_HALF)
 #endif
 
 /* The version native.py expects: bump it with any change to rope_args or the entry points. */
-int posenc_rope_abi(void) { return 3; }
+int posenc_rope_abi(void) { return 4; }
 
 /* Threads a call may use: torch's OpenMP setting where built with OpenMP, else 1. */
 int posenc_rope_max_threads(void) {

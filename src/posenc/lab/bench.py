@@ -87,6 +87,17 @@ def rotary_cases(
     return [RotaryCase(seq=n, head_dim=d, dtype=t, layout=lay) for n, d in shapes for t in dtypes for lay in layouts]
 
 
+def settle_allocator() -> None:
+    """Put glibc's malloc where a long-running process ends up, before timing anything on CPU.
+
+    Freeing a block just under 32 MiB raises glibc's mmap threshold to its maximum: from then on, blocks up to that
+    size are recycled from the heap, and larger ones are always fresh, page-faulted memory. Without this, whether
+    a copy or a kernel pays for page faults depends on what the process freed before, and ratios for 8-32 MiB
+    tensors swing several-fold between runs. Harmless with other allocators.
+    """
+    torch.empty((32 << 20) - (64 << 10), dtype=torch.uint8)
+
+
 def time_ms(fn: Callable[[], Any], min_run_time: float) -> float:
     """Median milliseconds per call after one warm-up call (``torch.utils.benchmark`` synchronises CUDA), on all of
     torch's CPU threads (``Timer`` would otherwise run with one)."""
