@@ -3,7 +3,7 @@ through ``ctypes``, on torch's own OpenMP threads.
 
 torch ops can't rotate the half layout in one pass over memory: each op reads or writes a whole block. ``rope.c``
 reads every row once and writes it once, so it runs at about the speed of copying q and k (BENCHMARKS.md). It is
-compiled on first use (``cc -O3 -march=native``, about a second) into ``$POSENC_CACHE_DIR`` or
+compiled on first use (``cc -O3 -march=native``, under a second) into ``$POSENC_CACHE_DIR`` or
 ``~/.cache/posenc``, keyed by the source, compiler, flags, OpenMP runtime and CPU, so later processes just load
 it. With no C compiler, or with ``POSENC_NATIVE=0``, ``available()`` is False, ``error()`` says why, and
 ``posenc.kernels.cpu`` uses its blocked torch path instead.
