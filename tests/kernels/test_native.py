@@ -127,6 +127,22 @@ def test_any_thread_split_and_any_chunk_of_positions_give_the_same_bits(
 
 
 @needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+def test_nan_and_inf_propagate_as_in_the_blocked_path(dtype, layout):
+    """A NaN poisons its pair, an infinity gives inf or NaN (inf * 0): the same as torch's ops, never a number."""
+    x = torch.randn(2, 3, 6, 16).to(dtype)
+    x[0, 1, 2, 3], x[1, 0, 4, 9], x[1, 2, 0, 0] = float("nan"), float("inf"), -float("inf")
+    positions = torch.tensor([0, 1, 2, 3, 700, 10_000])  # position 0: cos 1, sin 0, so inf * sin = NaN
+    _, cos, sin = _tables(positions, 16, dtype)
+    out = torch.empty_like(x)
+    assert native.rotary_into(x, out, cos, sin, layout=layout)
+    want = _blocked(x, cos, sin, layout)
+    assert out.isnan().any() and out.isinf().any()
+    torch.testing.assert_close(out, want, rtol=0, atol=0, equal_nan=True)
+
+
+@needs_kernel
 def test_rotary_embedding_and_apply_rotary_use_it(monkeypatch):
     calls = []
     original = native.rotary_into
@@ -139,6 +155,20 @@ def test_rotary_embedding_and_apply_rotary_use_it(monkeypatch):
     monkeypatch.setattr(kernels, "use_native", False)
     want = emb(q, k, positions)
     torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+@needs_kernel
+def test_threads_follow_torch_set_num_threads():
+    """Built with OpenMP, the kernel runs on the runtime torch loaded, so torch's thread setting is its own."""
+    if "OpenMP" not in native.describe():
+        pytest.skip(f"built without OpenMP here: {native.describe()}")
+    before = torch.get_num_threads()
+    try:
+        for n in (1, 3):
+            torch.set_num_threads(n)
+            assert native._state["lib"].posenc_rope_max_threads() == n
+    finally:
+        torch.set_num_threads(before)
 
 
 @needs_kernel

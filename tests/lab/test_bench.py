@@ -53,3 +53,16 @@ def test_cli_writes_tables(tmp_path, capsys):
     assert "dtypes='int8' is invalid" in capsys.readouterr().out
     assert main(["bench", "--attention-encodings", "rope"]) == 2
     assert "attention_encodings='rope' is invalid" in capsys.readouterr().out
+
+
+def test_header_names_the_cpu_path_the_rows_ran(monkeypatch):
+    from posenc import kernels
+    from posenc.kernels import native
+
+    expected = native.describe() if native.available() else f"blocked torch path (C kernel {native.error()})"
+    assert f"CPU RoPE: {expected}" in b.header("cpu")
+    monkeypatch.setattr(kernels, "use_native", False)
+    assert "blocked torch path (C kernel turned off)" in b.header("cpu")
+    monkeypatch.setattr(kernels, "use_cpu", False)
+    assert "plain eager ops" in b.header("cpu")
+    assert "CPU RoPE" not in b.header("cuda")

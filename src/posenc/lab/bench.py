@@ -377,6 +377,6 @@ def cpu_kernel_name() -> str:
     if not kernels.use_cpu:
         return "CPU RoPE: plain eager ops"
     if kernels.use_native and native.available():
-        return "CPU RoPE: the C kernel (posenc.kernels.native)"
+        return f"CPU RoPE: {native.describe()}"
     why = "turned off" if not kernels.use_native else native.error()
     return f"CPU RoPE: the blocked torch path (C kernel {why})"
