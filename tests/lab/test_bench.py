@@ -65,4 +65,3 @@ def test_header_names_the_cpu_path_the_rows_ran(monkeypatch):
     assert "blocked torch path (C kernel turned off)" in b.header("cpu")
     monkeypatch.setattr(kernels, "use_cpu", False)
     assert "plain eager ops" in b.header("cpu")
-    assert "CPU RoPE" not in b.header("cuda")
