@@ -59,7 +59,7 @@ def test_header_names_the_cpu_path_the_rows_ran(monkeypatch):
     from posenc import kernels
     from posenc.kernels import native
 
-    expected = native.describe() if native.available() else f"blocked torch path (C kernel {native.error()})"
+    expected = native.describe() if native.available() else f"the blocked torch path (C kernel {native.error()})"
     assert f"CPU RoPE: {expected}" in b.header("cpu")
     monkeypatch.setattr(kernels, "use_native", False)
     assert "blocked torch path (C kernel turned off)" in b.header("cpu")
