@@ -182,6 +182,10 @@ def test_declines_what_it_cannot_take():
     assert not native.rotary_into(x, out.half(), cos, sin, layout="half")
     deep = torch.randn((1,) * 16 + (5, 16))  # 17 leading dims: more than rope.c indexes
     assert not native.rotary_into(deep, torch.empty_like(deep), cos, sin, layout="half")
+    expanded = torch.randn(2, 1, 5, 16).expand(2, 3, 5, 16)  # three heads sharing one memory row
+    assert not native.rotary_into(expanded, expanded, cos, sin, layout="half")
+    with pytest.raises(RuntimeError, match="single memory location"):
+        cpu.rotary_(expanded, cos, sin)  # torch's own error, not rows rotated three times over
     # cpu.rotary still answers those, through the blocked path.
     strided = x.transpose(-1, -2).contiguous().transpose(-1, -2)
     torch.testing.assert_close(cpu.rotary(strided, cos, sin), cpu.rotary(x, cos, sin), rtol=0, atol=0)

@@ -117,6 +117,8 @@ def rotary_into(x: torch.Tensor, out: torch.Tensor, cos: torch.Tensor, sin: torc
         return False
     if x.stride(-1) != 1 or out.stride(-1) != 1 or cos.shape != sin.shape or out.shape != x.shape:
         return False
+    if out is x and any(st == 0 and n > 1 for st, n in zip(x.stride(), x.shape, strict=True)):
+        return False  # in place on an expanded tensor: the blocked path raises torch's own overlap error
     if _load() is None or name not in _state["funcs"]:
         return False
     if cos.stride() != sin.stride() or cos.stride(-1) != 1:
