@@ -247,6 +247,14 @@ def test_a_failing_compiler_is_reported_and_leaves_nothing(fresh, monkeypatch):
     assert not list((fresh / "cache").glob("*"))  # the failed build left nothing behind
 
 
+def test_a_compiler_that_cannot_run_is_reported(fresh, monkeypatch):
+    broken = fresh / "notexecutable"
+    broken.write_text("not a program")
+    monkeypatch.setattr(native, "_compiler", lambda: str(broken))
+    assert not native.available()
+    assert "could not run" in native.error()
+
+
 def test_unwritable_cache_dir_is_reported(fresh, monkeypatch):
     blocker = fresh / "a file"
     blocker.write_text("")

@@ -242,7 +242,10 @@ def _compiler() -> str | None:
 def _key(compiler: str, flags: tuple[str, ...]) -> str:
     """Source, compiler (path and version), flags (the OpenMP runtime among them) and CPU: a cached build is
     reused only where it would be rebuilt the same way (``-march=native`` code runs only on CPUs like this one)."""
-    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=False).stdout
+    try:
+        version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        version = ""  # the build itself will report what is wrong with this compiler
     parts = [SOURCE.read_bytes(), compiler.encode(), version.encode(), " ".join(flags).encode(), _cpu().encode()]
     return hashlib.sha256(b"\0".join(parts)).hexdigest()[:20]
 
