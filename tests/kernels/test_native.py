@@ -255,6 +255,17 @@ def test_a_compiler_that_cannot_run_is_reported(fresh, monkeypatch):
     assert "could not run" in native.error()
 
 
+def test_any_other_build_failure_is_reported_not_raised(fresh, monkeypatch):
+    def no_home():
+        raise RuntimeError("Could not determine home directory.")
+
+    monkeypatch.setattr(native, "cache_dir", no_home)
+    assert not native.available()
+    assert "home directory" in native.error()
+    x, cos, sin = torch.randn(2, 3, 8), torch.rand(3, 4), torch.rand(3, 4)
+    torch.testing.assert_close(cpu.rotary(x, cos, sin), _blocked(x, cos, sin, "half"), rtol=0, atol=0)
+
+
 def test_unwritable_cache_dir_is_reported(fresh, monkeypatch):
     blocker = fresh / "a file"
     blocker.write_text("")

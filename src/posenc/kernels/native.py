@@ -176,7 +176,10 @@ def _load() -> ctypes.CDLL | None:
         return _state["lib"]
     with _lock:
         if "lib" not in _state:
-            lib, variant, why = _build_and_load()
+            try:
+                lib, variant, why = _build_and_load()
+            except Exception as exc:  # noqa: BLE001 - optional: any failure means the blocked path, with the reason
+                lib, variant, why = None, None, f"build failed: {exc!r}"
             _state.update(lib=lib, error=why, variant=variant, funcs=_functions(lib) if lib else {})
             if why:
                 log.info("posenc: C RoPE kernel unavailable (%s); CPU RoPE uses the blocked torch path", why)
