@@ -17,28 +17,22 @@ import posenc
 
 
 def _demo_scalings(head_dim: int, base: float, trained: int, factor: float) -> dict[str, dict]:
+    """The lab's ``rope_scaling`` dict per method, plus no scaling and a LongRoPE with a linear ramp of factors."""
+    from posenc.lab.evaluate import rope_scaling
+
     long_factor = [1.0 + (factor - 1.0) * i / (head_dim // 2 - 1) for i in range(head_dim // 2)]
-    return {
-        "default": {},
-        "linear": {"rope_type": "linear", "factor": factor},
-        "ntk": {"rope_type": "ntk", "factor": factor},
-        "dynamic": {"rope_type": "dynamic", "factor": factor, "max_position_embeddings": trained},
-        "yarn": {"rope_type": "yarn", "factor": factor, "original_max_position_embeddings": trained},
-        "longrope": {
-            "rope_type": "longrope",
-            "short_factor": [1.0] * (head_dim // 2),
-            "long_factor": long_factor,
-            "original_max_position_embeddings": trained,
-            "factor": factor,
-        },
-        "llama3": {
-            "rope_type": "llama3",
-            "factor": factor,
-            "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0,
-            "original_max_position_embeddings": trained,
-        },
+    scalings = {"default": {}}
+    for method in ("linear", "ntk", "dynamic", "yarn"):
+        scalings[method] = rope_scaling(method, factor=factor, original_len=trained)
+    scalings["longrope"] = {
+        "rope_type": "longrope",
+        "short_factor": [1.0] * (head_dim // 2),
+        "long_factor": long_factor,
+        "original_max_position_embeddings": trained,
+        "factor": factor,
     }
+    scalings["llama3"] = rope_scaling("llama3", factor=factor, original_len=trained)
+    return scalings
 
 
 def demo(args: argparse.Namespace) -> int:
