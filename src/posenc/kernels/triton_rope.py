@@ -63,21 +63,27 @@ def _rope_tile(
     t = b * st_b + row[:, None].to(tl.int64) * st_s + f[None, :] * st_f  # (BLOCK_S, BLOCK_F) table offsets
     c = tl.load(cos_ptr + t, mask=m, other=0.0)
     sn = tl.load(sin_ptr + t, mask=m, other=0.0) * sign
-    if INTERLEAVED:
-        ia = 2 * f
-        ib = 2 * f + 1
-    else:
-        ia = f
-        ib = f + F
     s64 = s[:, None].to(tl.int64)
     xp = x_ptr + b * sx_b + h * sx_h + s64 * sx_s  # (BLOCK_S, 1) row starts
     op = o_ptr + b * so_b + h * so_h + s64 * so_s
-    xa = tl.load(xp + ia[None, :] * sx_d, mask=m, other=0.0).to(tl.float32)
-    xb = tl.load(xp + ib[None, :] * sx_d, mask=m, other=0.0).to(tl.float32)
-    ra = xa * c - xb * sn
-    rb = xb * c + xa * sn
-    tl.store(op + ia[None, :] * so_d, ra.to(o_ptr.dtype.element_ty), mask=m)
-    tl.store(op + ib[None, :] * so_d, rb.to(o_ptr.dtype.element_ty), mask=m)
+    if INTERLEAVED:
+        # Whole rows in one contiguous (vectorised) load, then split into even/odd channels in registers;
+        # loading x[2f] and x[2f + 1] separately compiles to 16-bit scalar accesses.
+        ch = tl.arange(0, 2 * BLOCK_F)  # (2 BLOCK_F,) channel index
+        mc = ms[:, None] & (ch < 2 * F)[None, :]  # (BLOCK_S, 2 BLOCK_F)
+        x = tl.load(xp + ch[None, :] * sx_d, mask=mc, other=0.0).to(tl.float32)
+        xa, xb = tl.split(tl.reshape(x, (BLOCK_S, BLOCK_F, 2)))  # (BLOCK_S, BLOCK_F, 2) -> 2 x (BLOCK_S, BLOCK_F)
+        ra = xa * c - xb * sn
+        rb = xb * c + xa * sn
+        rot = tl.reshape(tl.join(ra, rb), (BLOCK_S, 2 * BLOCK_F))  # (BLOCK_S, BLOCK_F, 2) -> (BLOCK_S, 2 BLOCK_F)
+        tl.store(op + ch[None, :] * so_d, rot.to(o_ptr.dtype.element_ty), mask=mc)
+    else:
+        xa = tl.load(xp + f[None, :] * sx_d, mask=m, other=0.0).to(tl.float32)
+        xb = tl.load(xp + (f + F)[None, :] * sx_d, mask=m, other=0.0).to(tl.float32)
+        ra = xa * c - xb * sn
+        rb = xb * c + xa * sn
+        tl.store(op + f[None, :] * so_d, ra.to(o_ptr.dtype.element_ty), mask=m)
+        tl.store(op + (f + F)[None, :] * so_d, rb.to(o_ptr.dtype.element_ty), mask=m)
     if COPY_TAIL:
         p = 2 * F + tl.arange(0, BLOCK_P)  # (BLOCK_P,) pass-through channels
         mp = ms[:, None] & (p < D)[None, :]
