@@ -1,9 +1,11 @@
 """RoPE on q and k, CPU: posenc vs copying the same bytes vs Hugging Face transformers' eager path.
 
 Prints the best of ``--repeats`` torch.utils.benchmark runs (a shared machine only ever adds time) and ratios
-measured in this one run. ``posenc`` rows run what users get (``posenc.kernels.cpu``: the C kernel where it built);
-``blocked`` rows the blocked torch path used without a C compiler; ``eager`` rows the plain torch ops. Not a
-test: numbers depend on the machine.
+measured in this one run. "× clone" is the median, over the repeats, of the case's time over a clone of q and k
+timed right after it: how many pages the OS must fault in for fresh outputs drifts during a run (glibc's mmap
+threshold, free huge pages), and a clone timed next to each case pays the same. ``posenc`` rows run what users
+get (``posenc.kernels.cpu``: the C kernel where it built); ``blocked`` rows the blocked torch path used without a
+C compiler; ``eager`` rows the plain torch ops. Not a test: numbers depend on the machine.
 Usage: python bench/rope_cpu.py [--seq 4096] [--heads 32] [--head-dim 128] [--threads N] [--repeats 5]
 """
 
@@ -20,7 +22,7 @@ import torch.utils.benchmark as tb
 import posenc
 from posenc import kernels
 from posenc.kernels import cpu
-from posenc.lab.bench import cpu_kernel_name, settle_allocator
+from posenc.lab.bench import cpu_kernel_name, paired_ms, settle_allocator
 
 REPEATS = 5
 
@@ -65,7 +67,8 @@ def measure(dtype: torch.dtype, shape: tuple[int, ...], min_run_time: float) -> 
     q, k = torch.randn(shape, dtype=dtype), torch.randn(shape, dtype=dtype)
     positions = torch.arange(shape[2])
     head_dim = shape[3]
-    copy = median_ms(lambda: (q.clone(), k.clone()), min_run_time)
+    clone = lambda: (q.clone(), k.clone())  # noqa: E731
+    copy = median_ms(clone, min_run_time)
     cases = {}
     batched = torch.stack([positions, positions.flip(0)])  # (2, S) per-token positions
     q2, k2 = q.view(2 * q.shape[0], -1, *q.shape[2:]), k.view(2 * k.shape[0], -1, *k.shape[2:])  # (2B, H/2, S, D)
@@ -87,8 +90,8 @@ def measure(dtype: torch.dtype, shape: tuple[int, ...], min_run_time: float) -> 
     name = str(dtype).removeprefix("torch.")
     rows = []
     for label, fn in cases.items():
-        ms = median_ms(fn, min_run_time)
-        rows.append((name, label, ms, ms / copy, hf_ms / ms))
+        ms, _, vs_clone = paired_ms(fn, clone, min_run_time, rounds=REPEATS)
+        rows.append((name, label, ms, vs_clone, hf_ms / ms))
     rows.append((name, "clone q, k (memory-bound floor)", copy, 1.0, hf_ms / copy))
     rows.append((name, "HF transformers eager (Llama)", hf_ms, hf_ms / copy, 1.0))
     return rows

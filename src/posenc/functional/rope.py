@@ -23,6 +23,7 @@ import torch
 from posenc import kernels
 from posenc._checks import broadcasts_to, check_choice, check_positive_int, fail
 from posenc.kernels import cpu as cpu_kernel
+from posenc.kernels import native
 
 LAYOUTS = ("half", "interleaved")
 
@@ -73,19 +74,44 @@ def rope_cos_sin(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Cosine and sine tables for ``positions``, scaled by ``attention_factor`` (HF's convention).
 
-    ``dtype`` is float32 (the default) or float64: trig tables are never kept in half precision.
+    ``dtype`` is float32 (the default) or float64: trig tables are never kept in half precision. On CPU, float32
+    tables come from the C kernel where it is built (``posenc.kernels.native``): the same numbers, in one pass.
 
     Shapes:
         positions (S,) or (B, S); inv_freq (F,) -> cos, sin (S, F) or (B, S, F)
     """
     if dtype not in (torch.float32, torch.float64):
         fail("dtype", dtype, "torch.float32 or torch.float64 (trig tables are never kept in half precision)")
+    fused = _native_cos_sin(positions, inv_freq, attention_factor, dtype)
+    if fused is not None:
+        return fused
     angles = rope_angles(positions, inv_freq)
     out_dtype = dtype
     cos, sin = angles.cos(), angles.sin()
     if not (isinstance(attention_factor, float) and attention_factor == 1.0):
         cos, sin = cos * attention_factor, sin * attention_factor
     return cos.to(out_dtype), sin.to(out_dtype)
+
+
+def _native_cos_sin(
+    positions: torch.Tensor, inv_freq: torch.Tensor, attention_factor: float | torch.Tensor, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The C kernel's float32 tables for plain CPU calls (the same numbers in one pass); None where the torch ops
+    run instead: other devices or dtypes, autograd, tracing or compiling, or no kernel."""
+    if not (kernels.use_native and dtype == torch.float32) or torch.compiler.is_compiling() or torch.jit.is_tracing():
+        return None
+    if positions.device.type != "cpu" or inv_freq.device.type != "cpu":
+        return None
+    if positions.dtype == torch.bool or positions.is_complex():
+        return None  # rope_angles raises the error
+    if torch.is_grad_enabled() and (positions.requires_grad or inv_freq.requires_grad):
+        return None
+    factor = attention_factor
+    if isinstance(factor, torch.Tensor):
+        if factor.numel() != 1 or factor.device.type != "cpu" or (torch.is_grad_enabled() and factor.requires_grad):
+            return None
+        factor = factor.item()
+    return native.cos_sin_table(positions, inv_freq, float(factor))
 
 
 def _pair_views(x: torch.Tensor, layout: str) -> tuple[torch.Tensor, torch.Tensor]:

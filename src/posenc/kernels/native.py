@@ -12,6 +12,10 @@ Results are bit-equal either way: the same float32 multiplies and fused multiply
 ``addcmul`` and complex ``mul``, rounded once (``-ffp-contract=off`` keeps the compiler from fusing anything
 else). Without ``-march=native`` on a CPU with FMA, ``fmaf`` is a slow library call.
 
+It also builds the float32 cos/sin tables (``cos_sin_table``, used by ``rope_cos_sin`` on CPU): float64 angles,
+sin and cos together in one float64 pass, rounded once, so the numbers are torch's float64 ops' (checked bit for
+bit) at about a fifth of the time.
+
 Threads: the kernel is linked to the OpenMP runtime torch has loaded (found in ``/proc/self/maps`` or torch's
 ``lib`` folder), so its parallel rows run on torch's thread pool and follow ``torch.set_num_threads``; a second
 pool would fight torch's spinning workers for the cores. Where that fails it builds single-threaded.
@@ -41,7 +45,7 @@ import torch
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("rope.c")
-ABI = 4
+ABI = 5
 MAX_DIMS = 16  # rope_args' index arrays
 FLAGS = ("-O3", "-fPIC", "-ffp-contract=off", "-fno-math-errno")
 # Elements below which one thread does the whole call: waking a thread costs about as much as rotating this.
@@ -71,6 +75,21 @@ class RopeArgs(ctypes.Structure):
         ("interleaved", ctypes.c_int64),
         ("copy_rest", ctypes.c_int64),
         ("rows", ctypes.c_int64),
+        ("grain", ctypes.c_int64),
+    ]
+
+
+class TableArgs(ctypes.Structure):
+    """``table_args`` in ``rope.c``."""
+
+    _fields_ = [
+        ("pos", ctypes.c_void_p),
+        ("inv", ctypes.c_void_p),
+        ("cos", ctypes.c_void_p),
+        ("sin", ctypes.c_void_p),
+        ("n", ctypes.c_int64),
+        ("f", ctypes.c_int64),
+        ("factor", ctypes.c_double),
         ("grain", ctypes.c_int64),
     ]
 
@@ -149,6 +168,39 @@ def rotary_into(x: torch.Tensor, out: torch.Tensor, cos: torch.Tensor, sin: torc
     return True
 
 
+def cos_sin_table(
+    positions: torch.Tensor, inv_freq: torch.Tensor, attention_factor: float
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Float32 ``attention_factor * cos/sin(positions * inv_freq)``, angles in float64; None if the kernel is off.
+
+    The same numbers as ``posenc.functional.rope.rope_cos_sin``'s torch ops (float64 angles, float64 sin/cos,
+    rounded once), in one pass that evaluates sin and cos together: about 5x faster than torch's two float64 trig
+    passes. Arguments are assumed checked: CPU tensors, nothing requiring grad.
+
+    Shapes:
+        positions (...,); inv_freq (F,) -> cos, sin (..., F) float32
+    """
+    if _load() is None:
+        return None
+    pos = positions.to(torch.float64).contiguous()
+    inv = inv_freq.to(torch.float64).contiguous()
+    cos = torch.empty(*positions.shape, inv.numel(), dtype=torch.float32)  # (..., F)
+    sin = torch.empty_like(cos)
+    if cos.numel():
+        args = TableArgs(
+            pos=pos.data_ptr(),
+            inv=inv.data_ptr(),
+            cos=cos.data_ptr(),
+            sin=sin.data_ptr(),
+            n=pos.numel(),
+            f=inv.numel(),
+            factor=attention_factor,
+            grain=max(1, _MIN_PER_THREAD // (8 * inv.numel())),  # a sin/cos pair costs ~8 rotated elements
+        )
+        _state["funcs"]["table"](ctypes.byref(args))
+    return cos, sin
+
+
 def cache_dir() -> Path:
     """Where built kernels live: ``$POSENC_CACHE_DIR``, else ``$XDG_CACHE_HOME/posenc``, else ``~/.cache/posenc``."""
     if os.environ.get("POSENC_CACHE_DIR"):
@@ -194,6 +246,8 @@ def _functions(lib: ctypes.CDLL) -> dict:
             continue  # float16 needs _Float16
         func.restype, func.argtypes = None, [ctypes.POINTER(RopeArgs)]
         funcs[name] = func
+    funcs["table"] = lib.posenc_rope_table
+    funcs["table"].restype, funcs["table"].argtypes = None, [ctypes.POINTER(TableArgs)]
     return funcs
 
 
@@ -202,9 +256,9 @@ def _variants(runtime: Path | None):
     with ``-march=native`` first (some compilers or CPUs lack it)."""
     for arch in (("-march=native",), ()):
         if runtime is not None:
-            link = (str(runtime), f"-Wl,-rpath,{runtime.parent}")
+            link = (str(runtime), f"-Wl,-rpath,{runtime.parent}", "-lm")
             yield (*FLAGS, *arch, "-fopenmp"), link, f"C kernel, {' '.join(arch) or 'generic'}, OpenMP ({runtime})"
-        yield (*FLAGS, *arch, "-fopenmp-simd"), (), f"C kernel, {' '.join(arch) or 'generic'}, one thread"
+        yield (*FLAGS, *arch, "-fopenmp-simd"), ("-lm",), f"C kernel, {' '.join(arch) or 'generic'}, one thread"
 
 
 def _build_and_load() -> tuple[ctypes.CDLL | None, str | None, str | None]:

@@ -1,4 +1,5 @@
-/* RoPE on CPU in one pass: each row of x is read once, rotated in registers and written once.
+/* RoPE on CPU in one pass: each row of x is read once, rotated in registers and written once; and the float32
+ * cos/sin tables it reads, built in one float64 pass (posenc_rope_table, below).
  *
  * Built and called by posenc/kernels/native.py (system C compiler, ctypes); see that file for the contract.
  * Paper: Su et al. 2021, "RoFormer" (arXiv:2104.09864).
@@ -65,7 +66,8 @@ static inline uint16_t bf16_store(float f) { /* round to nearest even, as torch 
 /* Rows [row0, row1) for storage type T, compute type C (the tables' type). Rows are walked in runs along the
  * innermost leading dim (positions, usually), so the multi-index carry runs once per run, not once per row. */
 #define ROPE_ROWS(NAME, T, C, FMA, LOAD, STORE)                                                                 \
-    static void NAME(const rope_args *a, i64 row0, i64 row1) {                                                 \
+    static void NAME(const void *args, i64 row0, i64 row1) {                                                   \
+        const rope_args *a = (const rope_args *)args;                                                          \
         const T *x = (const T *)a->x;                                                                          \
         T *out = (T *)a->out;                                                                                  \
         const C *cos = (const C *)a->cos, *sin = (const C *)a->sin;                                            \
@@ -122,27 +124,30 @@ static inline uint16_t bf16_store(float f) { /* round to nearest even, as torch 
         }                                                                                                      \
     }
 
-/* Split the rows into one contiguous range per thread, at most rows / grain threads. */
-static void run_rows(void (*rows_fn)(const rope_args *, i64, i64), const rope_args *a) {
+/* Split [0, count) into one contiguous range per thread, at most count / grain threads, on the caller's OpenMP
+ * pool (torch's); nested calls and builds without OpenMP run it all on this thread. */
+typedef void (*range_fn)(const void *args, i64 lo, i64 hi);
+static void split_range(range_fn fn, const void *args, i64 count, i64 grain) {
 #ifdef _OPENMP
-    i64 threads = a->rows / (a->grain > 0 ? a->grain : 1), most = omp_get_max_threads();
+    i64 threads = count / (grain > 0 ? grain : 1), most = omp_get_max_threads();
     threads = threads < most ? threads : most;
     if (threads > 1 && !omp_in_parallel()) {
 #pragma omp parallel num_threads((int)threads)
         {
-            i64 nt = omp_get_num_threads(), t = omp_get_thread_num(), step = (a->rows + nt - 1) / nt;
-            i64 lo = t * step, hi = lo + step < a->rows ? lo + step : a->rows;
-            if (lo < hi) rows_fn(a, lo, hi);
+            i64 nt = omp_get_num_threads(), t = omp_get_thread_num(), step = (count + nt - 1) / nt;
+            i64 lo = t * step, hi = lo + step < count ? lo + step : count;
+            if (lo < hi) fn(args, lo, hi);
         }
         return;
     }
 #endif
-    rows_fn(a, 0, a->rows);
+    (void)grain;
+    fn(args, 0, count);
 }
 
 #define ROPE_KERNEL(NAME, T, C, FMA, LOAD, STORE)               \
     ROPE_ROWS(NAME##_rows, T, C, FMA, LOAD, STORE)              \
-    void NAME(const rope_args *a) { run_rows(NAME##_rows, a); }
+    void NAME(const rope_args *a) { split_range(NAME##_rows, a, a->rows, a->grain); }
 
 ROPE_KERNEL(posenc_rope_float32, float, float, fmaf, IDENTITY, IDENTITY)
 ROPE_KERNEL(posenc_rope_float64, double, double, fma, IDENTITY, IDENTITY)
@@ -151,8 +156,76 @@ ROPE_KERNEL(posenc_rope_bfloat16, uint16_t, float, fmaf, bf16_load, bf16_store)
 ROPE_KERNEL(posenc_rope_float16, _Float16, float, fmaf, TO_FLOAT, TO_HALF)
 #endif
 
+/* ---- cos/sin tables: cos[n, j] = factor * cos(pos[n] * inv_freq[j]), likewise sin, rounded once to float ----
+ *
+ * Angles are float64 products, as in posenc.functional.rope.rope_cos_sin; sin and cos are evaluated in float64
+ * and only the results are rounded to float32. x = k pi/2 + r with |r| <= pi/4: Cody-Waite reduction with pi/2
+ * split in two doubles, the first step exact (fma, |x| <= 2^30), then the minimax polynomials of fdlibm's
+ * __kernel_sin and __kernel_cos (under 1 ulp on [-pi/4, pi/4]) and the quadrant's signs. One pass computes both,
+ * branch-free, so it vectorises. Beyond 2^30, and for NaN/inf, the C library's sin and cos take over. */
+typedef struct {
+    const double *pos;    /* (n,) positions, float64 */
+    const double *inv;    /* (f,) inverse frequencies, float64 */
+    float *cos, *sin;     /* (n, f) contiguous outputs */
+    i64 n, f;
+    double factor;        /* attention factor, multiplied in float64 before rounding */
+    i64 grain;            /* fewest positions worth a thread of their own */
+} table_args;
+
+#define ROUND_MAGIC 0x1.8p52 /* (v + M) - M rounds v to an integer for |v| < 2^51, without a libm call */
+static const double TWO_OVER_PI = 6.36619772367581382433e-01;
+static const double PIO2_HI = 1.57079632679489655800e+00; /* pi/2 rounded to double */
+static const double PIO2_LO = 6.12323399573676603587e-17; /* pi/2 - PIO2_HI */
+static const double S1 = -1.66666666666666324348e-01, S2 = 8.33333333332248946124e-03,
+                    S3 = -1.98412698298579493134e-04, S4 = 2.75573137070700676789e-06,
+                    S5 = -2.50507602534068634195e-08, S6 = 1.58969099521155010221e-10;
+static const double C1 = 4.16666666666666019037e-02, C2 = -1.38888888888741095749e-03,
+                    C3 = 2.48015872894767294178e-05, C4 = -2.75573143513906633035e-07,
+                    C5 = 2.08757232129817482790e-09, C6 = -1.13596475577881948265e-11;
+#define REDUCE_LIMIT 1073741824.0 /* 2^30 */
+
+static void table_rows(const void *args, i64 n0, i64 n1) {
+    const table_args *a = (const table_args *)args;
+    const i64 f = a->f;
+    const double factor = a->factor;
+    for (i64 n = n0; n < n1; n++) {
+        const double p = a->pos[n];
+        float *co = a->cos + n * f, *so = a->sin + n * f;
+        int large = 0;
+        _Pragma("omp simd reduction(|:large)") for (i64 j = 0; j < f; j++) {
+            const double x = p * a->inv[j];
+            const double k = (x * TWO_OVER_PI + ROUND_MAGIC) - ROUND_MAGIC; /* nearest multiple of pi/2 */
+            double r = fma(-k, PIO2_HI, x);                                  /* exact */
+            r = fma(-k, PIO2_LO, r);
+            const double z = r * r;
+            const double s = r + (z * r) * (S1 + z * (S2 + z * (S3 + z * (S4 + z * (S5 + z * S6)))));
+            const double hz = 0.5 * z, w = 1.0 - hz;
+            const double c = w + (((1.0 - w) - hz) + z * (z * (C1 + z * (C2 + z * (C3 + z * (C4 + z * (C5 + z * C6)))))));
+            double q = k - 4.0 * ((k * 0.25 + ROUND_MAGIC) - ROUND_MAGIC); /* k mod 4, in -2..2 */
+            q = q < 0.0 ? q + 4.0 : q;
+            const int odd = q == 1.0 || q == 3.0;
+            const double sn = (q >= 2.0 ? -1.0 : 1.0) * (odd ? c : s);
+            const double cs = (q == 1.0 || q == 2.0 ? -1.0 : 1.0) * (odd ? s : c);
+            co[j] = (float)(cs * factor);
+            so[j] = (float)(sn * factor);
+            large |= !(fabs(x) <= REDUCE_LIMIT);
+        }
+        if (large) {
+            for (i64 j = 0; j < f; j++) {
+                const double x = p * a->inv[j];
+                if (!(fabs(x) <= REDUCE_LIMIT)) {
+                    co[j] = (float)(cos(x) * factor);
+                    so[j] = (float)(sin(x) * factor);
+                }
+            }
+        }
+    }
+}
+
+void posenc_rope_table(const table_args *a) { split_range(table_rows, a, a->n, a->grain); }
+
 /* The version native.py expects: bump it with any change to rope_args or the entry points. */
-int posenc_rope_abi(void) { return 4; }
+int posenc_rope_abi(void) { return 5; }
 
 /* Threads a call may use: torch's OpenMP setting where built with OpenMP, else 1. */
 int posenc_rope_max_threads(void) {

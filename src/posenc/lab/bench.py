@@ -7,7 +7,8 @@ process, back to back:
 
     ms            posenc (``RotaryEmbedding(...)(q, k, positions)``), median of ``torch.utils.benchmark``
     GB/s          bytes read and written (q and k once each way) / time
-    x copy        time / time of ``q.clone(), k.clone()``: the same bytes moved, the practical floor (1.00 is ideal)
+    x copy        time / time of ``q.clone(), k.clone()``: the same bytes moved, the practical floor (1.00 is ideal);
+                  the median of 3 rounds, each timing posenc then the copy right after it (``paired_ms``)
     vs ...        the alternative's time / posenc's time (above 1: posenc is faster): transformers' eager
                   ``apply_rotary_pos_emb`` (Llama for the half layout, GPT-J for interleaved, each with its own
                   cos/sin), ``torch.compile`` of it (``--compile``), rotary-embedding-torch (interleaved), and on
@@ -106,6 +107,26 @@ def time_ms(fn: Callable[[], Any], min_run_time: float) -> float:
     return timer.blocked_autorange(min_run_time=min_run_time).median * 1e3
 
 
+def paired_ms(
+    fn: Callable[[], Any], reference: Callable[[], Any], min_run_time: float, rounds: int = 3
+) -> tuple[float, float, float]:
+    """``(fn ms, reference ms, ratio)``: ``rounds`` rounds, each timing ``fn`` then ``reference`` right after it
+    (``min_run_time / rounds`` each); times are the best round's medians, the ratio the median of the rounds'.
+
+    On CPU, what a fresh output costs drifts within one process (page faults, glibc's mmap threshold, free huge
+    pages): timed next to each other, a kernel and a copy of the same bytes pay the same.
+    """
+    timers = []
+    for f in (fn, reference):
+        f()  # warm-up: allocator, first-call paths
+        timers.append(tb.Timer(stmt="fn()", globals={"fn": f}, num_threads=torch.get_num_threads()))
+    results = [
+        [t.blocked_autorange(min_run_time=min_run_time / rounds).median * 1e3 for t in timers] for _ in range(rounds)
+    ]
+    ratios = sorted(a / b for a, b in results)
+    return min(a for a, _ in results), min(b for _, b in results), ratios[len(ratios) // 2]
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # The alternatives, each a zero-argument callable doing what a model layer does, or None when unavailable
 
@@ -197,8 +218,7 @@ def run_rotary_case(case: RotaryCase, *, device: str, min_run_time: float, compi
     k = torch.randn(case.batch, case.kv_heads, case.seq, case.head_dim, generator=g).to(device, dtype)
     positions = torch.arange(case.seq, device=device)
     rope = posenc.RotaryEmbedding(case.head_dim, layout=case.layout).to(device)
-    ours = time_ms(lambda: rope(q, k, positions), min_run_time)
-    copy = time_ms(lambda: (q.clone(), k.clone()), min_run_time)
+    ours, copy, x_copy = paired_ms(lambda: rope(q, k, positions), lambda: (q.clone(), k.clone()), min_run_time)
     hf = _hf_eager(case, q, k, positions)
     others = {
         "hf_eager": hf,
@@ -208,7 +228,7 @@ def run_rotary_case(case: RotaryCase, *, device: str, min_run_time: float, compi
         "flash_attn": _flash_attn(case, q, k, rope, positions),
     }
     row: dict[str, Any] = {**asdict(case), "device": device, "ms": ours, "gb_s": case.bytes_moved / ours / 1e6}
-    row["x_copy"] = ours / copy
+    row["x_copy"] = x_copy
     row["copy_ms"] = copy
     for name in CONTENDERS:
         fn = others[name]
