@@ -112,3 +112,20 @@ def test_torch_ops_run_where_the_kernel_would_lose_something(why, monkeypatch):
     cos, sin = rope_cos_sin(positions, inv_freq, attention_factor=factor, dtype=dtype)
     if why.endswith("grad"):
         (cos.sum() + sin.sum()).backward()  # gradients still flow through the torch ops
+
+
+def test_functorch_transforms_take_the_torch_expression():
+    """Under ``vmap``/``grad`` tensors are wrappers without storage: tables and rotation go through torch ops
+    (which have batching rules) and match the unbatched results."""
+    inv_freq = posenc.default_inv_freq(8)
+    positions = torch.tensor([[0.0, 3.0, 70.0], [5.0, 1e4, 2.0]])
+    batched = torch.vmap(lambda p: rope_cos_sin(p, inv_freq))(positions)
+    for got, want in zip(batched, rope_cos_sin(positions, inv_freq), strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+    x = torch.randn(2, 4, 3, 8)
+    cos, sin = rope_cos_sin(torch.arange(3), inv_freq)
+    rotated = torch.vmap(lambda xi: posenc.apply_rotary(xi, cos, sin))(x)
+    torch.testing.assert_close(rotated, posenc.apply_rotary(x, cos, sin))  # float32 round-off apart at most
+    grad = torch.func.grad(lambda xi: posenc.apply_rotary(xi, cos, sin).square().sum())(x)
+    torch.testing.assert_close(grad, 2 * x)  # a rotation keeps norms: d|Rx|^2/dx = 2x

@@ -258,7 +258,8 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, layou
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str) -> torch.Tensor:
     """Pick the path: traced/differentiable-in-cos expression, fast path with autograd, or plain fast path."""
-    if torch.compiler.is_compiling() or (torch.is_grad_enabled() and (cos.requires_grad or sin.requires_grad)):
+    expression = torch.compiler.is_compiling() or kernels.transformed(x, cos, sin)
+    if expression or (torch.is_grad_enabled() and (cos.requires_grad or sin.requires_grad)):
         rd = 2 * cos.shape[-1]
         compute = torch.promote_types(x.dtype, torch.float32)
         rotated = _rotate_expr(x[..., :rd].to(compute), cos.to(compute), sin.to(compute), layout).to(x.dtype)

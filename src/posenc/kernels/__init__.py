@@ -17,6 +17,12 @@ use_native: bool = True
 use_triton: bool = True
 
 
+def transformed(*tensors: torch.Tensor) -> bool:
+    """Any of ``tensors`` is a functorch wrapper (inside ``vmap``, ``grad``, ``jvp``): no storage to hand a kernel,
+    no ``out=`` batching rules, so only plain torch expressions run."""
+    return any(torch._C._functorch.is_functorch_wrapped_tensor(t) for t in tensors)
+
+
 def triton_available() -> bool:
     """Triton is installed (the kernel module imports it on first use)."""
     return importlib.util.find_spec("triton") is not None

@@ -42,6 +42,8 @@ from pathlib import Path
 
 import torch
 
+from posenc import kernels
+
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("rope.c")
@@ -132,6 +134,8 @@ def rotary_into(x: torch.Tensor, out: torch.Tensor, cos: torch.Tensor, sin: torc
     compute = torch.float64 if x.dtype == torch.float64 else torch.float32
     if not (x.device.type == "cpu" and out.device.type == "cpu" and 2 <= x.dim() <= MAX_DIMS + 1):
         return False
+    if not _plain(x, out, cos, sin):
+        return False
     if name is None or cos.dtype != compute or sin.dtype != compute or out.dtype != x.dtype:
         return False
     if x.stride(-1) != 1 or out.stride(-1) != 1 or cos.shape != sin.shape or out.shape != x.shape:
@@ -180,7 +184,7 @@ def cos_sin_table(
     Shapes:
         positions (...,); inv_freq (F,) -> cos, sin (..., F) float32
     """
-    if _load() is None:
+    if _load() is None or not _plain(positions, inv_freq):
         return None
     pos = positions.to(torch.float64).contiguous()
     inv = inv_freq.to(torch.float64).contiguous()
@@ -199,6 +203,12 @@ def cos_sin_table(
         )
         _state["funcs"]["table"](ctypes.byref(args))
     return cos, sin
+
+
+def _plain(*tensors: torch.Tensor) -> bool:
+    """Ordinary tensors with storage the C code can read: not functorch wrappers (``vmap``, ``grad``), not
+    subclasses (FakeTensor, DTensor, ...), which go through torch ops."""
+    return all(type(t) in (torch.Tensor, torch.nn.Parameter) for t in tensors) and not kernels.transformed(*tensors)
 
 
 def cache_dir() -> Path:
