@@ -17,20 +17,18 @@ import platform
 from functools import partial
 
 import torch
-import torch.utils.benchmark as tb
 
 import posenc
 from posenc import kernels
 from posenc.kernels import cpu
-from posenc.lab.bench import cpu_kernel_name, paired_ms, settle_allocator
+from posenc.lab.bench import cpu_kernel_name, paired_ms, settle_allocator, warm_timer
 
 REPEATS = 5
 
 
 def median_ms(fn, min_run_time: float) -> float:
     """Best over ``REPEATS`` runs of the median of one ``blocked_autorange``, in ms, on all of torch's threads."""
-    fn()  # warm-up: allocator, first-call paths
-    timer = tb.Timer(stmt="fn()", globals={"fn": fn}, num_threads=torch.get_num_threads())
+    timer = warm_timer(fn)
     return min(timer.blocked_autorange(min_run_time=min_run_time / REPEATS).median for _ in range(REPEATS)) * 1e3
 
 

@@ -59,10 +59,14 @@ def rope_angles(positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor
     Shapes:
         positions (S,) or (B, S); inv_freq (F,) -> (S, F) or (B, S, F)
     """
-    if positions.dtype == torch.bool or positions.is_complex():
-        fail("positions.dtype", positions.dtype, "an integer or real floating point dtype")
+    _check_position_dtype(positions)
     dtype = angle_dtype(positions.device, inv_freq.dtype)
     return positions.to(dtype).unsqueeze(-1) * inv_freq.to(device=positions.device, dtype=dtype)  # (..., S, F)
+
+
+def _check_position_dtype(positions: torch.Tensor) -> None:
+    if positions.dtype == torch.bool or positions.is_complex():
+        fail("positions.dtype", positions.dtype, "an integer or real floating point dtype")
 
 
 def rope_cos_sin(
@@ -82,6 +86,7 @@ def rope_cos_sin(
     """
     if dtype not in (torch.float32, torch.float64):
         fail("dtype", dtype, "torch.float32 or torch.float64 (trig tables are never kept in half precision)")
+    _check_position_dtype(positions)
     fused = _native_cos_sin(positions, inv_freq, attention_factor, dtype)
     if fused is not None:
         return fused
@@ -102,8 +107,6 @@ def _native_cos_sin(
         return None
     if positions.device.type != "cpu" or inv_freq.device.type != "cpu":
         return None
-    if positions.dtype == torch.bool or positions.is_complex():
-        return None  # rope_angles raises the error
     if torch.is_grad_enabled() and (positions.requires_grad or inv_freq.requires_grad):
         return None
     factor = attention_factor

@@ -99,12 +99,16 @@ def settle_allocator() -> None:
     torch.empty((32 << 20) - (64 << 10), dtype=torch.uint8)
 
 
-def time_ms(fn: Callable[[], Any], min_run_time: float) -> float:
-    """Median milliseconds per call after one warm-up call (``torch.utils.benchmark`` synchronises CUDA), on all of
-    torch's CPU threads (``Timer`` would otherwise run with one)."""
+def warm_timer(fn: Callable[[], Any]) -> tb.Timer:
+    """A ``torch.utils.benchmark`` timer for ``fn`` (which synchronises CUDA) after one warm-up call (allocator,
+    first-call paths), on all of torch's CPU threads (``Timer`` would otherwise run with one)."""
     fn()
-    timer = tb.Timer(stmt="fn()", globals={"fn": fn}, num_threads=torch.get_num_threads())
-    return timer.blocked_autorange(min_run_time=min_run_time).median * 1e3
+    return tb.Timer(stmt="fn()", globals={"fn": fn}, num_threads=torch.get_num_threads())
+
+
+def time_ms(fn: Callable[[], Any], min_run_time: float) -> float:
+    """Median milliseconds per call (``warm_timer``)."""
+    return warm_timer(fn).blocked_autorange(min_run_time=min_run_time).median * 1e3
 
 
 def paired_ms(
@@ -116,10 +120,7 @@ def paired_ms(
     On CPU, what a fresh output costs drifts within one process (page faults, glibc's mmap threshold, free huge
     pages): timed next to each other, a kernel and a copy of the same bytes pay the same.
     """
-    timers = []
-    for f in (fn, reference):
-        f()  # warm-up: allocator, first-call paths
-        timers.append(tb.Timer(stmt="fn()", globals={"fn": f}, num_threads=torch.get_num_threads()))
+    timers = warm_timer(fn), warm_timer(reference)
     results = [
         [t.blocked_autorange(min_run_time=min_run_time / rounds).median * 1e3 for t in timers] for _ in range(rounds)
     ]
