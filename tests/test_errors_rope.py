@@ -83,7 +83,8 @@ def test_bad_layout(layout):
 
 
 def test_unknown_rope_type_lists_available():
-    with raises(r"^rope_type='super' .*'default', 'dynamic', 'linear', 'llama3', 'longrope', 'ntk', 'yarn'"):
+    every = "'default', 'dynamic', 'linear', 'llama3', 'longrope', 'ntk', 'proportional', 'yarn'"
+    with raises(rf"^rope_type='super' .*{every}"):
         RotaryEmbedding(8, scaling={"rope_type": "super", "factor": 2.0})
     with raises(r"^rope_type='super'"):
         posenc.parse_scaling({"type": "super", "factor": 2.0})  # legacy key

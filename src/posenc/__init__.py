@@ -5,11 +5,16 @@ from posenc.attention import attention, packed_positions
 from posenc.encodings._base import Encoding
 from posenc.encodings.alibi import ALiBi, ALiBi2D, ALiBi2DConfig, ALiBiConfig
 from posenc.encodings.axial_rope import AxialRoPE, AxialRoPEConfig
+from posenc.encodings.fire import FIRE, FIREConfig
+from posenc.encodings.fope import FoPE, FoPEConfig
+from posenc.encodings.kerple import KERPLE, KERPLEConfig
 from posenc.encodings.learned import Learned2DConfig, LearnedConfig, LearnedPositions, LearnedPositions2D
 from posenc.encodings.mrope import MRoPE, MRoPEConfig
 from posenc.encodings.nope import NoPE
+from posenc.encodings.p_rope import p_rope
 from posenc.encodings.rope_mixed import RoPEMixed, RoPEMixedConfig
 from posenc.encodings.rotary import RotaryConfig, RotaryEmbedding
+from posenc.encodings.sandwich import Sandwich, SandwichConfig
 from posenc.encodings.shaw import ShawRelative, ShawRelativeConfig
 from posenc.encodings.sinusoidal import Sinusoidal, Sinusoidal2D, Sinusoidal2DConfig, SinusoidalConfig
 from posenc.encodings.t5 import T5Bias, T5BiasConfig
@@ -25,6 +30,7 @@ from posenc.scalings import (
     Llama3Scaling,
     LongRoPEScaling,
     NTKScaling,
+    ProportionalScaling,
     RopeScaling,
     YaRNScaling,
     parse_scaling,
@@ -42,6 +48,12 @@ __all__ = [
     "AxialRoPEConfig",
     "DynamicNTKScaling",
     "Encoding",
+    "FIRE",
+    "FIREConfig",
+    "FoPE",
+    "FoPEConfig",
+    "KERPLE",
+    "KERPLEConfig",
     "Learned2DConfig",
     "LearnedConfig",
     "LearnedPositions",
@@ -53,11 +65,14 @@ __all__ = [
     "MRoPEConfig",
     "NTKScaling",
     "NoPE",
+    "ProportionalScaling",
     "RoPEMixed",
     "RoPEMixedConfig",
     "RopeScaling",
     "RotaryConfig",
     "RotaryEmbedding",
+    "Sandwich",
+    "SandwichConfig",
     "ShawRelative",
     "ShawRelativeConfig",
     "Sinusoidal",
@@ -79,6 +94,7 @@ __all__ = [
     "functional",
     "grid_positions",
     "hf",
+    "p_rope",
     "packed_positions",
     "parse_scaling",
     "register",

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Sequence
+
+import torch
 
 
 def fail(name: str, value: object, allowed: str) -> None:
@@ -39,3 +42,79 @@ def broadcasts_to(shape: Sequence[int], target: Sequence[int]) -> bool:
     if len(shape) > len(target):
         return False
     return all(n in (1, t) for n, t in zip(reversed(shape), reversed(target), strict=False))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Positions
+
+#: What a positions tensor may hold: integers, or floats that represent every integer a sequence reaches.
+POSITION_DTYPES = "an integer dtype, torch.float32 or torch.float64"
+
+_LOW_PRECISION = (
+    "float16 and bfloat16 hold whole numbers exactly only up to 2048 and 256 (torch.arange(5000, 5016).half() is "
+    "5000, 5000, 5000, 5004, ...), so positions cast with the model (.half(), .to(torch.bfloat16)) silently shift "
+    "tokens; build positions as integers or float32 and keep them out of the model's dtype cast"
+)
+
+# Floating position tensors already found finite, by id: (weak reference, version counter). The same positions go
+# through every layer of a model (and through ``attention`` and then the encoding's hooks): one host sync per
+# tensor and forward instead of one per layer. An in-place change bumps the version and forces a new check.
+_FINITE: dict[int, tuple[weakref.ref, int]] = {}
+_FINITE_SLOTS = 16
+
+
+def check_positions(positions: object, name: str = "positions", *, finite: bool = True) -> torch.Tensor:
+    """``positions`` must be a tensor of exact positions: an integer dtype, float32 or float64, and finite.
+
+    The dtype check is free. The finiteness check (floating point only) reads the tensor back to the host, once
+    per tensor (see ``_FINITE``); it is skipped where reading values is impossible or would break a graph: under
+    ``torch.compile``/``torch.jit`` tracing, ``vmap``/``grad`` transforms, fake, meta and other subclass tensors,
+    and during CUDA graph capture. ``finite=False`` leaves it to the caller (a check that reads the values anyway).
+    """
+    if not isinstance(positions, torch.Tensor):
+        fail(name, type(positions).__name__, f"a torch.Tensor of positions ({POSITION_DTYPES})")
+    dtype = positions.dtype
+    if dtype == torch.bool or positions.is_complex():
+        fail(f"{name}.dtype", dtype, POSITION_DTYPES)
+    if positions.is_floating_point() and dtype not in (torch.float32, torch.float64):
+        fail(f"{name}.dtype", dtype, f"{POSITION_DTYPES}: {_LOW_PRECISION}")
+    if finite and positions.is_floating_point() and _readable(positions) and not _known_finite(positions):
+        ok = torch.isfinite(positions).all()
+        if not bool(ok):  # the one host sync
+            where = tuple((~torch.isfinite(positions)).nonzero()[0].tolist())
+            index = f"[{', '.join(map(str, where))}]" if where else ""
+            fail(f"{name}{index}", positions[where].item(), "a finite position (NaN or inf ones turn outputs into NaN)")
+        _remember_finite(positions)
+    return positions
+
+
+def _readable(t: torch.Tensor) -> bool:
+    """Values can be read back without breaking a trace or a transform."""
+    if torch.compiler.is_compiling() or torch.jit.is_tracing():
+        return False
+    if type(t) not in (torch.Tensor, torch.nn.Parameter) or t.is_meta:
+        return False
+    if torch._C._functorch.is_functorch_wrapped_tensor(t):
+        return False
+    return not (t.is_cuda and torch.cuda.is_current_stream_capturing())
+
+
+def _known_finite(t: torch.Tensor) -> bool:
+    if t.is_inference():  # no version counter: always checked
+        return False
+    entry = _FINITE.get(id(t))
+    return entry is not None and entry[0]() is t and entry[1] == t._version
+
+
+def _remember_finite(t: torch.Tensor) -> None:
+    if t.is_inference():
+        return
+    if len(_FINITE) >= _FINITE_SLOTS:
+        _FINITE.pop(next(iter(_FINITE)), None)
+    _FINITE[id(t)] = (weakref.ref(t), t._version)
+
+
+def check_same_device(name: str, t: torch.Tensor, device: torch.device, what: str) -> None:
+    """``t`` must be on ``device`` (``what`` names where that device comes from, e.g. "q's device")."""
+    if t.device != device:
+        fail(f"{name}.device", t.device, f"{what}, {device}")

@@ -32,7 +32,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from posenc._checks import check_choice, fail
+from posenc._checks import check_choice, check_number, check_positions, check_same_device, fail
 from posenc.encodings._base import Encoding, check_sequence_positions
 from posenc.encodings.nope import NoPE
 
@@ -65,12 +65,13 @@ def attention(
         q, k, v: queries, keys, values; see Shapes. Same dtype and device.
         encoding: any ``posenc.Encoding`` (``posenc.build(name, ...)``); None is NoPE. Its ``embed`` hook is not
             applied here: absolute encodings act on the token embeddings before the projections.
-        q_positions, k_positions: the tokens' positions. Defaults: keys ``arange(T)``, queries the last ``S`` of
-            them; one given and ``S == T`` -> the other is the same.
+        q_positions, k_positions: the tokens' positions, on q's device: integers, or finite float32/float64
+            (float16/bfloat16 cannot hold positions past 2048/256 and are refused). Defaults: keys ``arange(T)``,
+            queries the last ``S`` of them; one given and ``S == T`` -> the other is the same.
         causal: query ``i`` sees keys ``j <= i + T - S`` (queries are the last ``S`` keys).
         document_ids: packed sequences: a document id per key; a query sees only keys of its own document (queries
             take the ids of the last ``S`` keys). Positions reset per document are the caller's to pass.
-        scale: score scale; default ``1 / sqrt(D)``.
+        scale: score scale, a positive finite number; default ``1 / sqrt(D)``.
         backend: one of ``BACKENDS``; see the module docstring.
 
     Shapes:
@@ -78,17 +79,29 @@ def attention(
     """
     _check_qkv(q, k, v)
     check_choice("backend", backend, BACKENDS)
+    if not isinstance(causal, bool):
+        fail("causal", causal, "True or False")
+    if scale is not None:
+        # SDPA's math kernel multiplies q and k by sqrt(scale) each: a scale <= 0 gives NaN there, not an error.
+        check_number("scale", scale, above=0.0)
     if encoding is None:
         encoding = NoPE()
     if not isinstance(encoding, Encoding):
         fail("encoding", type(encoding).__name__, "a posenc.Encoding (posenc.build(name, ...)) or None")
+    encoding.check_heads(q)
     b, _, s, _ = q.shape
     t = k.shape[2]
     if causal and s > t:
         fail("q.shape[2]", s, f"at most the number of keys, {t}, with causal=True (queries are the last keys)")
     q_pos, k_pos = _positions(q_positions, k_positions, s, t, q.device)
-    encoding.check_positions(q_pos, s, b, "q_positions")
-    encoding.check_positions(k_pos, t, b, "k_positions")
+    # One of them given and S == T: the other is the same tensor; errors name the argument the caller passed.
+    q_name = "k_positions" if q_positions is None and k_positions is not None else "q_positions"
+    k_name = "q_positions" if k_positions is None and q_positions is not None else "k_positions"
+    encoding.check_positions(q_pos, s, b, q_name)
+    encoding.check_positions(k_pos, t, b, k_name)
+    for name, pos in ((q_name, q_pos), (k_name, k_pos)):
+        check_positions(pos, name)  # exact and finite: the encoding's hooks then find them checked (no second sync)
+        check_same_device(name, pos, q.device, "q's device")
     docs = None if document_ids is None else _check_documents(document_ids, b, t, q.device)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
 
@@ -115,8 +128,9 @@ def packed_positions(
         lengths (N,) -> positions (sum(lengths),) int64, document_ids (sum(lengths),) int64
     """
     lengths = torch.as_tensor(lengths, device=device)
-    if lengths.dim() != 1 or lengths.numel() == 0 or lengths.is_floating_point() or bool((lengths <= 0).any()):
-        fail("lengths", lengths.tolist(), "a non-empty sequence of positive document lengths")
+    integer = not (lengths.is_floating_point() or lengths.is_complex() or lengths.dtype == torch.bool)
+    if lengths.dim() != 1 or lengths.numel() == 0 or not integer or bool((lengths <= 0).any()):
+        fail("lengths", lengths.tolist(), "a non-empty sequence of positive integer document lengths")
     ids = torch.repeat_interleave(torch.arange(lengths.numel(), device=lengths.device), lengths)
     starts = torch.cumsum(lengths, 0) - lengths  # (N,) first token of each document
     return torch.arange(ids.numel(), device=lengths.device) - starts[ids], ids

@@ -1,19 +1,35 @@
 """``posenc`` command line.
 
 - ``posenc lab``: the length-extrapolation study (``posenc.lab.study``): train per encoding, evaluate past L.
+- ``posenc vision``: the resolution study (``posenc.lab.vision``): a ViT per 2-D encoding, tested at other sizes.
+- ``posenc extend``: context extension of a trained model (``posenc.lab.extend``): perplexity and passkey.
+- ``posenc bench``: RoPE and bias-attention speed (``posenc.lab.bench``).
 - ``posenc figures``: explanatory pictures of the encodings.
 - ``posenc demo``: what the RoPE scalings compute, checked live on this machine.
+
+The same rules everywhere: numbers are checked by ``posenc._argtypes`` (0, negatives and NaN refused, never replaced
+by a default), ``--device`` by ``posenc.lab.devices.resolve_device``, ``--out`` by ``posenc.lab.runfiles.check_out``
+(a new or empty folder, or the command's own run) before anything is written; every failure is one line on stderr
+and exit status 2; an interrupted study prints the command that continues it and exits 130.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import shlex
+import signal
+import sys
+import threading
 import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import NoReturn
 
 import torch
 
 import posenc
+from posenc import _argtypes as A
 
 
 def _demo_scalings(head_dim: int, base: float, trained: int, factor: float) -> dict[str, dict]:
@@ -82,79 +98,134 @@ def _best_of(n: int, fn) -> float:
     return min(times)
 
 
-def _names(text: str) -> tuple[str, ...]:
-    return tuple(n for n in text.replace(",", " ").split() if n)
+def _given(value, default):  # noqa: ANN001, ANN202
+    """The user's value, 0 included; the default only for an option not given."""
+    return default if value is None else value
 
 
-def _lengths(text: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(n) for n in _names(text))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated integers, e.g. 64,128,256") from None
+def _wrote(out: str | Path) -> None:
+    """The one line ``--quiet`` still prints: where the results went (rank 0 only under torchrun)."""
+    from posenc.lab import dist
+
+    if dist.is_main():
+        files = sorted(p.name for p in Path(out).iterdir() if not p.name.startswith("."))
+        print(f"results in {out}: {', '.join(files)}")
 
 
 def lab(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
+    from posenc.lab.devices import resolve_device
+    from posenc.lab.runfiles import check_out
     from posenc.lab.study import TASK_DEFAULTS, StudyConfig, run_study
 
-    try:
-        task_defaults = TASK_DEFAULTS[args.task]
-        cfg = StudyConfig(
-            task=args.task,
-            encodings=args.encodings,
-            train_len=args.train_len or task_defaults["train_len"],
-            eval_lens=args.eval_lens,
-            steps=args.steps or task_defaults["steps"],
-            batch_size=args.batch_size or task_defaults.get("batch_size", StudyConfig.batch_size),
-            dim=args.dim,
-            n_layers=args.layers,
-            n_heads=args.heads or task_defaults.get("n_heads", StudyConfig.n_heads),
-            lr=args.lr,
-            seed=args.seed,
-            stride=args.stride,
-            finetune_steps=args.finetune_steps,
-            eval_tokens=args.eval_tokens,
-            corpus=None if args.corpus is None else str(Path(args.corpus).resolve()),
-            device=args.device,
-        )
-        out = Path(args.out) if args.out else Path("runs") / time.strftime("lab-%Y%m%d-%H%M%S")
-        run_study(cfg, out, resume=args.resume, progress=not args.quiet)
-    except ValueError as err:
-        print(f"posenc lab: {err}")
-        return 2
+    task_defaults = TASK_DEFAULTS[args.task]
+    cfg = StudyConfig(
+        task=args.task,
+        encodings=args.encodings,
+        train_len=_given(args.train_len, task_defaults["train_len"]),
+        eval_lens=args.eval_lens,
+        steps=_given(args.steps, task_defaults["steps"]),
+        batch_size=_given(args.batch_size, task_defaults.get("batch_size", StudyConfig.batch_size)),
+        dim=args.dim,
+        n_layers=args.layers,
+        n_heads=_given(args.heads, task_defaults.get("n_heads", StudyConfig.n_heads)),
+        lr=args.lr,
+        seed=args.seed,
+        stride=args.stride,
+        finetune_steps=args.finetune_steps,
+        eval_tokens=args.eval_tokens,
+        corpus=None if args.corpus is None else str(Path(args.corpus).resolve()),
+        device=resolve_device(args.device, allow_auto=False),
+    )
+    check_out(args.out, "lab")
+    run_study(cfg, Path(args.out), resume=args.resume, progress=not args.quiet)
+    if args.quiet:
+        _wrote(args.out)
     return 0
 
 
-def vision(args: argparse.Namespace) -> int:
-    from pathlib import Path
+def _add_lab(sub: argparse._SubParsersAction) -> None:
+    from posenc.lab.study import DEFAULT_ENCODINGS, StudyConfig
 
+    d = StudyConfig()
+    p = sub.add_parser("lab", help="which encoding extrapolates? train at length L, evaluate at L..16L")
+    p.add_argument(
+        "--task",
+        default=d.task,
+        choices=["lm", "copy", "recall"],
+        help="lm: byte-level language modelling (perplexity); copy/recall: exact-match accuracy",
+    )
+    p.add_argument(
+        "--encodings", type=A.names, default=DEFAULT_ENCODINGS, help="comma-separated names (posenc.available())"
+    )
+    p.add_argument(
+        "--train-len", type=A.positive_int, help="training length L in tokens; default 64 (lm), 16 (copy, recall)"
+    )
+    p.add_argument("--eval-lens", type=A.positive_ints, help="comma-separated lengths; default L,2L,4L,8L,16L")
+    p.add_argument("--steps", type=A.positive_int, help="training steps; default 1000 (lm), 3000 (copy, recall)")
+    p.add_argument(
+        "--batch-size",
+        type=A.positive_int,
+        help="global batch (split across DDP ranks); default 32 (lm), 64 (copy, recall)",
+    )
+    p.add_argument("--dim", type=A.positive_int, default=d.dim, help="model width (a multiple of 2 x heads)")
+    p.add_argument("--layers", type=A.positive_int, default=d.n_layers, help="transformer layers")
+    p.add_argument("--heads", type=A.positive_int, help="attention heads; default 4 (lm), 8 (copy, recall)")
+    p.add_argument("--lr", type=A.positive_float, default=d.lr, help="peak AdamW learning rate")
+    p.add_argument("--seed", type=A.nonnegative_int, default=d.seed, help="seed of the weights and batches")
+    p.add_argument(
+        "--stride",
+        type=A.positive_int,
+        help="sliding-window evaluation with this stride (ALiBi paper); default: non-overlapping windows",
+    )
+    p.add_argument(
+        "--finetune-steps", type=A.nonnegative_int, default=0, help="also fine-tune RoPE scalings at each length (PI)"
+    )
+    p.add_argument(
+        "--eval-tokens", type=A.positive_int, default=d.eval_tokens, help="held-out tokens scored per length"
+    )
+    p.add_argument("--corpus", help="a text file or folder (default: the Python standard library)")
+    p.add_argument("--device", default=d.device, help="cpu, cuda, cuda:<index> or mps")
+    _add_run_options(p, "lab", "study")
+    p.set_defaults(func=lab)
+
+
+def _add_run_options(p: argparse.ArgumentParser, command: str, what: str) -> None:
+    """--out, --resume and --quiet, the same for lab, vision and extend."""
+    p.add_argument(
+        "--out",
+        help=f"output folder: new, empty, or a `posenc {command}` run to --resume (default: runs/{command}-<time>)",
+    )
+    p.add_argument("--resume", action="store_true", help=f"continue the {what} in --out where it stopped")
+    p.add_argument("--quiet", action="store_true", help="no progress bars or tables; only where the results went")
+
+
+def vision(args: argparse.Namespace) -> int:
+    from posenc.lab.devices import resolve_device
+    from posenc.lab.runfiles import check_out
     from posenc.lab.vision import VisionConfig, run_vision
 
-    try:
-        cfg = VisionConfig(
-            encodings=args.encodings,
-            train_res=args.train_res,
-            eval_res=args.eval_res,
-            patch_size=args.patch_size,
-            steps=args.steps,
-            batch_size=args.batch_size,
-            dim=args.dim,
-            n_layers=args.layers,
-            n_heads=args.heads,
-            lr=args.lr,
-            crop_scale=args.crop_scale,
-            pool=args.pool,
-            seed=args.seed,
-            data=None if args.data is None else str(Path(args.data).resolve()),
-            eval_images=args.eval_images,
-            device=args.device,
-        )
-        out = Path(args.out) if args.out else Path("runs") / time.strftime("vision-%Y%m%d-%H%M%S")
-        run_vision(cfg, out, resume=args.resume, progress=not args.quiet)
-    except ValueError as err:
-        print(f"posenc vision: {err}")
-        return 2
+    cfg = VisionConfig(
+        encodings=args.encodings,
+        train_res=args.train_res,
+        eval_res=args.eval_res,
+        patch_size=args.patch_size,
+        steps=args.steps,
+        batch_size=args.batch_size,
+        dim=args.dim,
+        n_layers=args.layers,
+        n_heads=args.heads,
+        lr=args.lr,
+        crop_scale=args.crop_scale,
+        pool=args.pool,
+        seed=args.seed,
+        data=None if args.data is None else str(Path(args.data).resolve()),
+        eval_images=args.eval_images,
+        device=resolve_device(args.device, allow_auto=False),
+    )
+    check_out(args.out, "vision")
+    run_vision(cfg, Path(args.out), resume=args.resume, progress=not args.quiet)
+    if args.quiet:
+        _wrote(args.out)
     return 0
 
 
@@ -163,70 +234,63 @@ def _add_vision(sub: argparse._SubParsersAction) -> None:
 
     d = VisionConfig()
     p = sub.add_parser("vision", help="which 2-D encoding extrapolates? train a ViT at one resolution, test at others")
-    p.add_argument("--encodings", type=_names, default=DEFAULT_ENCODINGS, help="comma-separated 2-D encodings")
-    p.add_argument("--train-res", type=int, default=d.train_res, help="training resolution in pixels")
-    p.add_argument("--eval-res", type=_lengths, default=None, help="comma-separated; default 0.75x, 1x, 1.5x, 2x")
-    p.add_argument("--patch-size", type=int, default=d.patch_size)
-    p.add_argument("--steps", type=int, default=d.steps)
-    p.add_argument("--batch-size", type=int, default=d.batch_size, help="global batch (split across DDP ranks)")
-    p.add_argument("--dim", type=int, default=d.dim)
-    p.add_argument("--layers", type=int, default=d.n_layers)
-    p.add_argument("--heads", type=int, default=d.n_heads)
-    p.add_argument("--lr", type=float, default=d.lr)
-    p.add_argument("--crop-scale", type=float, default=d.crop_scale, help="random-resized-crop area range (s, 1)")
-    p.add_argument("--pool", default=d.pool, choices=["mean", "cls"])
-    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--encodings", type=A.names, default=DEFAULT_ENCODINGS, help="comma-separated 2-D encodings")
+    p.add_argument("--train-res", type=A.positive_int, default=d.train_res, help="training resolution in pixels")
+    p.add_argument("--eval-res", type=A.positive_ints, help="comma-separated pixels; default 0.75x, 1x, 1.5x, 2x")
+    p.add_argument("--patch-size", type=A.positive_int, default=d.patch_size, help="patch side in pixels")
+    p.add_argument("--steps", type=A.positive_int, default=d.steps, help="training steps")
+    p.add_argument(
+        "--batch-size", type=A.positive_int, default=d.batch_size, help="global batch (split across DDP ranks)"
+    )
+    p.add_argument("--dim", type=A.positive_int, default=d.dim, help="model width (a multiple of 4 x heads)")
+    p.add_argument("--layers", type=A.positive_int, default=d.n_layers, help="transformer layers")
+    p.add_argument("--heads", type=A.positive_int, default=d.n_heads, help="attention heads")
+    p.add_argument("--lr", type=A.positive_float, default=d.lr, help="peak AdamW learning rate")
+    p.add_argument(
+        "--crop-scale", type=A.fraction, default=d.crop_scale, help="random-resized-crop area range (s, 1); 1: off"
+    )
+    p.add_argument("--pool", default=d.pool, choices=["mean", "cls"], help="how the classifier reads the tokens")
+    p.add_argument("--seed", type=A.nonnegative_int, default=d.seed, help="seed of the weights and batches")
     p.add_argument(
         "--data",
-        default=None,
         help="IDX files or class-named image folders (default: Fashion-MNIST from Debian's dataset-fashion-mnist, "
         "else scikit-learn's digits)",
     )
-    p.add_argument("--eval-images", type=int, default=None, help="test images per resolution (default: all)")
-    p.add_argument("--device", default=d.device)
-    p.add_argument("--out", default=None, help="output folder (default: runs/vision-<time>)")
-    p.add_argument("--resume", action="store_true", help="continue the study in --out where it stopped")
-    p.add_argument("--quiet", action="store_true", help="no progress bars or tables")
+    p.add_argument("--eval-images", type=A.positive_int, help="test images per resolution (default: all)")
+    p.add_argument("--device", default=d.device, help="cpu, cuda, cuda:<index> or mps")
+    _add_run_options(p, "vision", "study")
     p.set_defaults(func=vision)
 
 
-def _factors(text: str) -> tuple[float, ...]:
-    try:
-        return tuple(float(n) for n in _names(text))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated numbers, e.g. 2,4") from None
-
-
 def extend(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
+    from posenc.lab.devices import resolve_device
     from posenc.lab.extend import ExtendConfig, run_extend
+    from posenc.lab.runfiles import check_out
 
-    try:
-        new = args.model == "new" or args.model.startswith("new:")
-        cfg = ExtendConfig(
-            model=args.model if new else str(Path(args.model).resolve()),
-            methods=args.methods,
-            factors=args.factors,
-            lengths=args.lengths,
-            depths=args.depths,
-            trials=args.trials,
-            finetune_steps=args.finetune_steps,
-            finetune_lr=args.finetune_lr,
-            corpus=None if args.corpus is None else str(Path(args.corpus).resolve()),
-            eval_tokens=args.eval_tokens,
-            task=args.task,
-            original_len=args.original_len,
-            train_len=args.train_len,
-            train_steps=args.train_steps,
-            device=args.device,
-            seed=args.seed,
-        )
-        out = Path(args.out) if args.out else Path("runs") / time.strftime("extend-%Y%m%d-%H%M%S")
-        run_extend(cfg, out, resume=args.resume, progress=not args.quiet)
-    except ValueError as err:
-        print(f"posenc extend: {err}")
-        return 2
+    new = args.model == "new" or args.model.startswith("new:")
+    cfg = ExtendConfig(
+        model=args.model if new else str(Path(args.model).resolve()),
+        methods=args.methods,
+        factors=args.factors,
+        lengths=args.lengths,
+        depths=args.depths,
+        trials=args.trials,
+        finetune_steps=args.finetune_steps,
+        finetune_lr=args.finetune_lr,
+        corpus=None if args.corpus is None else str(Path(args.corpus).resolve()),
+        eval_tokens=args.eval_tokens,
+        task=args.task,
+        original_len=args.original_len,
+        train_len=args.train_len,
+        train_steps=args.train_steps,
+        device=args.device,  # kept as given ("auto" stays "auto" in extend.json); checked here
+        seed=args.seed,
+    )
+    resolve_device(args.device, allow_auto=True)
+    check_out(args.out, "extend")
+    run_extend(cfg, Path(args.out), resume=args.resume, progress=not args.quiet)
+    if args.quiet:
+        _wrote(args.out)
     return 0
 
 
@@ -242,53 +306,59 @@ def _add_extend(sub: argparse._SubParsersAction) -> None:
         "model",
         help="a `posenc lab` run folder, a transformers model folder (offline), or new / new:alibi (--task passkey)",
     )
-    p.add_argument("--methods", type=_names, default=None, help="comma-separated; default every method for the model")
-    p.add_argument("--factors", type=_factors, default=d.factors, help="comma-separated factors >= 1 (default 2,4)")
-    p.add_argument("--lengths", type=_lengths, default=None, help="comma-separated; default 1x, 2x, 4x, 8x original")
-    p.add_argument("--depths", type=_factors, default=d.depths, help="passkey depths in [0, 1], comma-separated")
-    p.add_argument("--trials", type=int, default=d.trials, help="passkey keys per length and depth")
-    p.add_argument("--finetune-steps", type=int, default=0, help="also fine-tune each patch at its target length")
-    p.add_argument("--finetune-lr", type=float, default=None, help="default 3e-4 (lab), 2e-5 (transformers)")
+    p.add_argument("--methods", type=A.names, help="comma-separated; default every method for the model")
+    p.add_argument(
+        "--factors", type=A.above_ones, default=d.factors, help="comma-separated factors > 1 (1 changes nothing)"
+    )
+    p.add_argument("--lengths", type=A.positive_ints, help="comma-separated; default 1x, 2x, 4x, 8x original")
+    p.add_argument(
+        "--depths", type=A.unit_intervals, default=d.depths, help="passkey depths in [0, 1], comma-separated"
+    )
+    p.add_argument("--trials", type=A.positive_int, default=d.trials, help="passkey keys per length and depth")
+    p.add_argument(
+        "--finetune-steps", type=A.nonnegative_int, default=0, help="also fine-tune each patch at its target length"
+    )
+    p.add_argument("--finetune-lr", type=A.positive_float, help="default 3e-4 (lab), 2e-5 (transformers)")
     p.add_argument(
         "--task",
         default="lm",
         choices=["lm", "passkey"],
         help="lm: perplexity and passkey zero-shot; passkey: train the task first (lab models), then test",
     )
-    p.add_argument("--corpus", default=None, help="a text file or folder (default: the Python standard library)")
-    p.add_argument("--eval-tokens", type=int, default=d.eval_tokens, help="tokens scored per perplexity length")
-    p.add_argument("--original-len", type=int, default=None, help="override the model's original context length")
-    p.add_argument("--train-len", type=int, default=d.train_len, help="training length of a `new` model (bytes)")
-    p.add_argument("--train-steps", type=int, default=d.train_steps, help="passkey training steps (--task passkey)")
-    p.add_argument("--device", default=d.device, help="auto (CUDA when present), cpu, cuda, cuda:1, ...")
-    p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--out", default=None, help="output folder (default: runs/extend-<time>)")
-    p.add_argument("--resume", action="store_true", help="continue the run in --out where it stopped")
-    p.add_argument("--quiet", action="store_true", help="no progress bars or tables")
+    p.add_argument("--corpus", help="a text file or folder (default: the Python standard library)")
+    p.add_argument(
+        "--eval-tokens", type=A.positive_int, default=d.eval_tokens, help="tokens scored per perplexity length"
+    )
+    p.add_argument(
+        "--original-len", type=A.positive_int, help="the model's original context length; default: read from its config"
+    )
+    p.add_argument(
+        "--train-len", type=A.positive_int, default=d.train_len, help="training length of a `new` model (bytes)"
+    )
+    p.add_argument(
+        "--train-steps", type=A.positive_int, default=d.train_steps, help="passkey training steps (--task passkey)"
+    )
+    p.add_argument("--device", default=d.device, help="auto (CUDA when present), cpu, cuda, cuda:<index> or mps")
+    p.add_argument("--seed", type=A.nonnegative_int, default=d.seed, help="seed of every random draw")
+    _add_run_options(p, "extend", "run")
     p.set_defaults(func=extend)
 
 
 def bench(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    import torch
-
     from posenc.lab import bench as b
+    from posenc.lab.devices import resolve_device
+    from posenc.lab.runfiles import check_out, write_marker
 
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        if args.quick:
-            cases = b.rotary_cases((1024, 4096), (128,), ("float32",), b.LAYOUTS)
-        else:
-            cases = b.rotary_cases(args.lengths, args.head_dims, args.dtypes, args.layouts)
-        attention_lengths = args.attention_lengths or ((8192,) if device.startswith("cuda") else (2048,))
-        for n in attention_lengths:
-            b.check_positive_int("attention_lengths", n)
-        for name in args.attention_encodings:
-            b.check_choice("attention_encodings", name, b.BIAS_ENCODINGS)
-    except ValueError as err:
-        print(f"posenc bench: {err}")
-        return 2
+    device = resolve_device(args.device, allow_auto=True)
+    if args.quick:
+        cases = b.rotary_cases((1024, 4096), (128,), ("float32",), b.LAYOUTS)
+    else:
+        cases = b.rotary_cases(args.lengths, args.head_dims, args.dtypes, args.layouts)
+    attention_lengths = _given(args.attention_lengths, (8192,) if device.startswith("cuda") else (2048,))
+    for name in args.attention_encodings:
+        b.check_choice("attention_encodings", name, b.BIAS_ENCODINGS)
+    if args.out is not None:
+        check_out(args.out, "bench")  # before minutes of timing, not after
     header = b.header(device)
     print(header)
     b.settle_allocator()
@@ -304,89 +374,192 @@ def bench(args: argparse.Namespace) -> int:
                 attention.append(b.run_attention_case(name, n, device=device, dtype="bfloat16",
                                                       min_run_time=args.min_run_time))  # fmt: skip
         b.print_rows(attention, b.ATTENTION_COLUMNS, "Bias attention, inference (B=1, H=8, D=64)")
-    if args.out:
+    if args.out is not None:
+        check_out(args.out, "bench")
+        write_marker(args.out, "bench", {"device": device})
         for path in b.write_outputs(Path(args.out), rotary, attention, header):
             print(path)
     return 0
 
 
+def _add_bench(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("bench", help="RoPE and bias-attention speed vs a copy, transformers, Liger, flash-attn")
+    p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda, cuda:<index> or mps")
+    p.add_argument(
+        "--lengths", type=A.positive_ints, default=(1024, 2048, 4096, 8192, 16384), help="sequence lengths timed"
+    )
+    p.add_argument(
+        "--head-dims",
+        type=A.positive_ints,
+        default=(64, 128, 256),
+        help="128 at every length, others at the middle one",
+    )
+    p.add_argument("--dtypes", type=A.names, default=("float32", "bfloat16"), help="comma-separated dtypes")
+    p.add_argument("--layouts", type=A.names, default=("half", "interleaved"), help="comma-separated RoPE layouts")
+    p.add_argument(
+        "--attention-encodings", type=A.names, default=("alibi", "alibi_2d", "t5"), help="comma-separated encodings"
+    )
+    p.add_argument("--attention-lengths", type=A.positive_ints, help="default 8192 on CUDA, 2048 on CPU")
+    p.add_argument("--min-run-time", type=A.positive_float, default=0.5, help="seconds of timing per measurement")
+    p.add_argument("--compile", action="store_true", help="also time torch.compile of transformers' eager RoPE")
+    p.add_argument("--quick", action="store_true", help="a small subset: head dim 128, float32, 1k and 4k tokens")
+    p.add_argument("--no-rotary", action="store_true", help="skip the RoPE table")
+    p.add_argument("--no-attention", action="store_true", help="skip the bias-attention table")
+    p.add_argument(
+        "--out", help="also write rotary.csv, attention.csv and bench.md into this new, empty or earlier bench folder"
+    )
+    p.set_defaults(func=bench)
+
+
 def figures(args: argparse.Namespace) -> int:
     from posenc.lab.figures import draw_figures
+    from posenc.lab.runfiles import check_out, write_marker
 
+    check_out(args.out, "figures")
+    write_marker(args.out, "figures", {})
     for path in draw_figures(args.out):
         print(path)
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    from posenc.lab.study import DEFAULT_ENCODINGS, StudyConfig
+def _add_figures(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("figures", help="draw the explanatory pictures (sinusoids, ALiBi, RoPE decay, scalings)")
+    p.add_argument("--out", default="figures", help="output folder: new, empty, or an earlier `posenc figures` one")
+    p.set_defaults(func=figures)
 
-    d = StudyConfig()
-    parser = argparse.ArgumentParser(prog="posenc", description="Positional encodings for PyTorch transformers.")
-    sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("lab", help="which encoding extrapolates? train at length L, evaluate at L..16L")
-    p.add_argument(
-        "--task",
-        default=d.task,
-        choices=["lm", "copy", "recall"],
-        help="lm: byte-level language modelling (perplexity); copy/recall: exact-match accuracy",
-    )
-    p.add_argument(
-        "--encodings", type=_names, default=DEFAULT_ENCODINGS, help="comma-separated names (posenc.available())"
-    )
-    p.add_argument("--train-len", type=int, default=None, help="default 64 (lm), 16 (copy, recall)")
-    p.add_argument("--eval-lens", type=_lengths, default=None, help="comma-separated lengths; default L,2L,4L,8L,16L")
-    p.add_argument("--steps", type=int, default=None, help="default 1000 (lm), 3000 (copy, recall)")
-    p.add_argument(
-        "--batch-size",
-        type=int,
-        default=None,
-        help="global batch (split across DDP ranks); default 32 (lm), 64 (copy, recall)",
-    )
-    p.add_argument("--dim", type=int, default=d.dim)
-    p.add_argument("--layers", type=int, default=d.n_layers)
-    p.add_argument("--heads", type=int, default=None, help="default 4 (lm), 8 (copy, recall)")
-    p.add_argument("--lr", type=float, default=d.lr)
-    p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--stride", type=int, default=None, help="sliding-window evaluation with this stride (ALiBi paper)")
-    p.add_argument("--finetune-steps", type=int, default=0, help="also fine-tune RoPE scalings at each length (PI)")
-    p.add_argument("--eval-tokens", type=int, default=d.eval_tokens, help="held-out tokens scored per length")
-    p.add_argument("--corpus", default=None, help="a text file or folder (default: the Python standard library)")
-    p.add_argument("--device", default=d.device)
-    p.add_argument("--out", default=None, help="output folder (default: runs/lab-<time>)")
-    p.add_argument("--resume", action="store_true", help="continue the study in --out where it stopped")
-    p.add_argument("--quiet", action="store_true", help="no progress bars or tables")
-    p.set_defaults(func=lab)
+
+def _add_demo(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("demo", help="print what each RoPE scaling does, with live checks")
+    p.add_argument("--head-dim", type=A.even_head_dim, default=128, help="rotary head dimension (even)")
+    p.add_argument("--base", type=A.above_one, default=500000.0, help="RoPE base (Llama 3: 500000)")
+    p.add_argument("--trained-length", type=A.context_length, default=8192, help="original context length in tokens")
+    p.add_argument("--factor", type=A.at_least_one, default=4.0, help="context extension factor")
+    p.set_defaults(func=demo)
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows "(default: ...)" for every option with a default of its own, comma-joined for lists."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if action.default in (None, argparse.SUPPRESS) or action.default is False or "default" in text:
+            return text
+        value = action.default
+        shown = ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in value) if isinstance(
+            value, (tuple, list)) else f"{value:g}" if isinstance(value, float) else str(value)  # fmt: skip
+        return f"{text} (default: {shown})".replace("%", "%%").lstrip()
+
+
+class _Parser(argparse.ArgumentParser):
+    """One line on stderr for a usage error (``posenc lab: argument --steps: ... (see posenc lab --help)``), exit 2,
+    options never abbreviated (``--resume`` must mean --resume), and defaults in every ``--help``."""
+
+    def __init__(self, *args, **kwargs) -> None:  # noqa: ANN002, ANN003
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {_one_line(message)} (see {self.prog} --help)\n")
+
+
+def _one_line(text: object) -> str:
+    return " ".join(str(text).split("\n"))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="posenc", description="Positional encodings for PyTorch transformers.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_lab(sub)
     _add_vision(sub)
     _add_extend(sub)
-    p = sub.add_parser("figures", help="draw the explanatory pictures (sinusoids, ALiBi, RoPE decay, scalings)")
-    p.add_argument("--out", default="figures")
-    p.set_defaults(func=figures)
-    p = sub.add_parser("bench", help="RoPE and bias-attention speed vs a copy, transformers, Liger, flash-attn")
-    p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
-    p.add_argument("--lengths", type=_lengths, default=(1024, 2048, 4096, 8192, 16384))
-    p.add_argument(
-        "--head-dims", type=_lengths, default=(64, 128, 256), help="128 at every length, others at the middle one"
-    )
-    p.add_argument("--dtypes", type=_names, default=("float32", "bfloat16"))
-    p.add_argument("--layouts", type=_names, default=("half", "interleaved"))
-    p.add_argument("--attention-encodings", type=_names, default=("alibi", "alibi_2d", "t5"))
-    p.add_argument("--attention-lengths", type=_lengths, default=None, help="default 8192 on CUDA, 2048 on CPU")
-    p.add_argument("--min-run-time", type=float, default=0.5, help="seconds of timing per measurement")
-    p.add_argument("--compile", action="store_true", help="also time torch.compile of transformers' eager RoPE")
-    p.add_argument("--quick", action="store_true", help="a small subset: head dim 128, float32, 1k and 4k tokens")
-    p.add_argument("--no-rotary", action="store_true")
-    p.add_argument("--no-attention", action="store_true")
-    p.add_argument("--out", default=None, help="write rotary.csv, attention.csv and bench.md here")
-    p.set_defaults(func=bench)
-    p = sub.add_parser("demo", help="print what each RoPE scaling does, with live checks")
-    p.add_argument("--head-dim", type=int, default=128)
-    p.add_argument("--base", type=float, default=500000.0)
-    p.add_argument("--trained-length", type=int, default=8192)
-    p.add_argument("--factor", type=float, default=4.0)
-    p.set_defaults(func=demo)
-    args = parser.parse_args(argv)
-    return args.func(args)
+    _add_figures(sub)
+    _add_bench(sub)
+    _add_demo(sub)
+    parser.commands = sub.choices  # name -> subparser, for errors in the subcommand's own words
+    return parser
+
+
+RESUMABLE = ("lab", "vision", "extend")
+
+
+def resume_command(argv: Sequence[str], out: str) -> str:
+    """The command that continues ``posenc *argv`` in ``out``: its ``--out`` replaced, ``--resume`` once."""
+    kept, skip = [], False
+    for token in argv:
+        if skip:
+            skip = False
+        elif token == "--out":
+            skip = True
+        elif not token.startswith("--out=") and token != "--resume":
+            kept.append(token)
+    return shlex.join(["posenc", *kept, "--out", out, "--resume"])
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def _remove_if_unused(out: Path, command: str) -> None:
+    """After a failure: remove ``out`` when this invocation created it and it holds no work, at most the settings
+    file (so nothing blocks a rerun with other settings). Rank 0 only under torchrun."""
+    from posenc.lab import dist
+    from posenc.lab.runfiles import SETTINGS_FILES, holds_only_settings
+
+    if not dist.is_main() or not out.is_dir():
+        return
+    if holds_only_settings(out, command):
+        (out / SETTINGS_FILES[command]).unlink()
+    if not any(out.iterdir()):
+        out.rmdir()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``posenc *argv``; returns the exit status (0; 2 for bad input or a refused --out; 130 interrupted).
+
+    Every expected failure is one line on stderr, ``posenc <command>: <message>``, with no traceback; an unexpected
+    exception (a bug) keeps its traceback. SIGTERM is turned into KeyboardInterrupt while a command runs, so ``kill``
+    stops a study the way Ctrl-C does: finished work kept, and the command that continues it printed.
+    """
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser()
+    try:
+        args, unknown = parser.parse_known_args(argv)
+        if unknown:  # argparse would blame the top-level parser: name the subcommand instead
+            parser.commands[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
+    except SystemExit as stop:  # --help (0), or a usage error already printed on one line (2)
+        return 0 if stop.code is None else stop.code
+    name = f"posenc {args.command}"
+    out = None
+    if args.command in RESUMABLE:
+        if args.out is None:
+            args.out = str(Path("runs") / time.strftime(f"{args.command}-%Y%m%d-%H%M%S"))
+        out = Path(args.out)
+    existed = out is not None and out.exists()
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        return args.func(args)
+    except ValueError as err:
+        if out is not None and not existed:
+            _remove_if_unused(out, args.command)
+        print(f"{name}: {_one_line(err)}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        if out is not None and out.is_dir():
+            print(f"{name}: interrupted; finished work is kept in {out}. Continue with:\n"
+                  f"  {resume_command(argv, args.out)}", file=sys.stderr)  # fmt: skip
+        else:
+            print(f"{name}: interrupted before anything was written", file=sys.stderr)
+        return 130
+    except Exception:
+        if out is not None and not existed:
+            _remove_if_unused(out, args.command)
+        raise
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

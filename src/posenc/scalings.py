@@ -65,7 +65,9 @@ def _from_dict(cls: type[RopeScaling], config: Mapping[str, Any]) -> RopeScaling
         for f in dataclasses.fields(cls)
         if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
     }
-    values = {k: v for k, v in config.items() if k not in ("rope_type", "type", *_ROTARY_KEYS) and v is not None}
+    # A rotary key stays when the scaling owns it (p-RoPE's partial_rotary_factor picks the pairs that rotate).
+    skipped = {"rope_type", "type", *(set(_ROTARY_KEYS) - names)}
+    values = {k: v for k, v in config.items() if k not in skipped and v is not None}
     # HF fills original_max_position_embeddings from the model's max_position_embeddings when it is absent.
     absent = "original_max_position_embeddings" in names and "original_max_position_embeddings" not in values
     if absent and "max_position_embeddings" in values:
@@ -326,6 +328,38 @@ class Llama3Scaling(RopeScaling):
         )
 
 
+@register_scaling
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ProportionalScaling(RopeScaling):
+    """p-RoPE (Barbero et al. 2024), Gemma 4's ``"proportional"``: the highest-frequency fraction
+    ``partial_rotary_factor`` of the channel pairs rotates, the other pairs get frequency 0 and pass through.
+
+    Unlike partial rotary, the whole head goes through the rotation and the kept frequencies are RoPE's own
+    (``base ** (-2i / head_dim)``), so the rotary embedding's own ``partial_rotary_factor`` must stay 1.0; this
+    config carries the fraction, under the key Hugging Face uses. ``factor`` (optional, as in HF) divides every
+    frequency, i.e. linear interpolation of the rotating pairs.
+    """
+
+    rope_type: ClassVar[str] = "proportional"
+    partial_rotary_factor: float = 1.0
+    factor: float | None = None
+
+    def __post_init__(self) -> None:
+        if check_number("partial_rotary_factor", self.partial_rotary_factor, minimum=0.0) > 1.0:
+            fail("partial_rotary_factor", self.partial_rotary_factor, "a number in [0, 1]: the fraction that rotates")
+        if self.factor is not None:
+            _check_factor(self.factor)
+
+    def frequencies(self, dim, *, base, seq_len=None, device=None):
+        return F.proportional_frequencies(
+            dim,
+            base=base,
+            partial_rotary_factor=self.partial_rotary_factor,
+            factor=1.0 if self.factor is None else self.factor,
+            device=device,
+        )
+
+
 __all__ = [
     "RopeScaling",
     "LinearScaling",
@@ -334,6 +368,7 @@ __all__ = [
     "YaRNScaling",
     "LongRoPEScaling",
     "Llama3Scaling",
+    "ProportionalScaling",
     "parse_scaling",
 ]
 
@@ -341,12 +376,15 @@ __all__ = [
 def check_rotary_keys(scaling: object, *, base: float, partial_rotary_factor: float) -> None:
     """An HF ``rope_parameters`` dict passed as ``scaling`` may carry ``rope_theta`` / ``partial_rotary_factor``;
     they must agree with the explicit arguments, never be silently overridden by them."""
+    check_partial_rotary(scaling, partial_rotary_factor)
     if not isinstance(scaling, Mapping):
         return
     for key, name, value in (
         ("rope_theta", "base", base),
         ("partial_rotary_factor", "partial_rotary_factor", partial_rotary_factor),
     ):
+        if key in _owned_keys(scaling):
+            continue
         if key in scaling and scaling[key] is not None and float(scaling[key]) != float(value):
             fail(
                 f"scaling[{key!r}]",
@@ -354,6 +392,27 @@ def check_rotary_keys(scaling: object, *, base: float, partial_rotary_factor: fl
                 f"the same value as {name}={value!r}: pass {name}={scaling[key]!r}"
                 " (or build from the whole HF config with RotaryEmbedding.from_hf)",
             )
+
+
+def _owned_keys(scaling: Mapping[str, Any]) -> set[str]:
+    """The rotary keys (``_ROTARY_KEYS``) that the scaling type of an HF dict reads as its own fields."""
+    rope_type = scaling.get("rope_type") or scaling.get("type")
+    if rope_type in (None, "default") or rope_type not in available_scalings():
+        return set()
+    return {f.name for f in dataclasses.fields(scaling_class(rope_type))} & set(_ROTARY_KEYS)
+
+
+def check_partial_rotary(scaling: object, partial_rotary_factor: float) -> None:
+    """p-RoPE picks its rotating pairs itself: the rotary embedding must then rotate the whole head."""
+    rope_type = (scaling.get("rope_type") or scaling.get("type")) if isinstance(scaling, Mapping) else None
+    proportional = isinstance(scaling, ProportionalScaling) or rope_type == "proportional"
+    if proportional and partial_rotary_factor != 1.0:
+        fail(
+            "partial_rotary_factor",
+            partial_rotary_factor,
+            "1.0 with rope_type 'proportional' (p-RoPE): its own partial_rotary_factor, in the scaling, picks "
+            "the pairs that rotate",
+        )
 
 
 def rotary_dim(head_dim: int, partial_rotary_factor: float = 1.0) -> int:
@@ -398,6 +457,8 @@ def rope_frequencies(
     """
     dim = rotary_dim(head_dim, partial_rotary_factor)
     check_number("base", base, above=1.0)
+    if seq_len is not None and not isinstance(seq_len, torch.Tensor):
+        check_number("seq_len", seq_len, minimum=0.0)
     check_rotary_keys(scaling, base=base, partial_rotary_factor=partial_rotary_factor)
     scaling = parse_scaling(scaling)
     if scaling is None:

@@ -288,8 +288,10 @@ def test_bad_config_key():
 def test_num_heads_mismatch():
     rope = RoPEMixed(16, 4)
     q, k = _qk((1, 2, 35, 16), (1, 2, 35, 16), torch.float32)
-    with pytest.raises(ValueError, match=r"^q\.shape="):
+    with pytest.raises(ValueError, match=r"^num_heads=4 .*heads of q, 2 "):
         rope(q, k, grid_positions(7, 5))
+    with pytest.raises(ValueError, match=r"^num_heads=4 .*heads of x, 2 "):
+        rope.rotate_one(q, grid_positions(7, 5))
 
 
 def test_fewer_key_heads_is_refused():

@@ -226,17 +226,19 @@ def test_unbatched_positions_equal_batched(q_pos, k_pos, batch, symmetric):
     )
 
 
-def test_half_precision_positions_are_promoted():
-    # 1000 - 0.5 is not a bfloat16: distances are taken in float32, not in the positions' half precision.
-    values = [0.5, 3.0, 1000.0, 32768.0]  # all bfloat16 values
-    slopes = alibi_slopes(4)
-    exact, half = torch.tensor(values), torch.tensor(values, dtype=torch.bfloat16)
-    for symmetric in (False, True):
-        got = alibi_bias(half, half, slopes, symmetric=symmetric)
-        assert got.dtype == torch.float32
-        assert_close(got, alibi_bias(exact, exact, slopes, symmetric=symmetric), **EXACT)
-    grid = torch.stack((half, half.flip(0)), dim=-1)  # (4, 2) bfloat16
-    assert_close(alibi_2d_bias(grid, grid, slopes), alibi_2d_bias(grid.float(), grid.float(), slopes), **EXACT)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_positions_are_refused(dtype):
+    """float16/bfloat16 cannot hold the integers a sequence reaches (bfloat16: 257 is 256), so positions cast with
+    a half-precision model would silently share biases: refused, naming the argument."""
+    slopes, good = alibi_slopes(4), torch.arange(4.0)
+    half = good.to(dtype)
+    with pytest.raises(ValueError, match=rf"^q_pos\.dtype={dtype} .*float32 or torch\.float64"):
+        alibi_bias(half, good, slopes)
+    with pytest.raises(ValueError, match=rf"^k_pos\.dtype={dtype} "):
+        alibi_bias(good, half, slopes, symmetric=True)
+    grid = torch.stack((good, good.flip(0)), dim=-1)  # (4, 2)
+    with pytest.raises(ValueError, match=rf"^k_pos\.dtype={dtype} "):
+        alibi_2d_bias(grid, grid.to(dtype), slopes)
 
 
 # ---- bad input -------------------------------------------------------------------------------------------------------

@@ -76,9 +76,9 @@ def test_cli_writes_tables(tmp_path, capsys):
     text = (tmp_path / "bench.md").read_text()
     assert "## RoPE on q and k" in text and "| flex ms |" in text
     assert main(["bench", "--dtypes", "int8"]) == 2
-    assert "dtypes='int8' is invalid" in capsys.readouterr().out
+    assert "dtypes='int8' is invalid" in capsys.readouterr().err
     assert main(["bench", "--attention-encodings", "rope"]) == 2
-    assert "attention_encodings='rope' is invalid" in capsys.readouterr().out
+    assert "attention_encodings='rope' is invalid" in capsys.readouterr().err
 
 
 def test_header_names_the_cpu_path_the_rows_ran(monkeypatch):
@@ -91,3 +91,41 @@ def test_header_names_the_cpu_path_the_rows_ran(monkeypatch):
     assert "blocked torch path (C kernel turned off)" in b.header("cpu")
     monkeypatch.setattr(kernels, "use_cpu", False)
     assert "plain eager ops" in b.header("cpu")
+
+
+def test_cpu_peak_memory_is_what_torch_allocated():
+    """A call that allocates exactly 1 MiB and one that peaks at 2 MiB (two live tensors), measured on CPU where the
+    process's resident size would show nothing (glibc reuses freed heap)."""
+    import torch
+
+    assert b.peak_mib(lambda: torch.empty(262144), "cpu") == 1.0  # 262144 float32
+
+    def two_live():
+        a = torch.ones(262144)
+        c = a + a  # a and c both alive: 2 MiB (a * 2 would also allocate the scalar 2 as a tensor)
+        del a
+        return c
+
+    assert b.peak_mib(two_live, "cpu") == 2.0
+    assert b.peak_mib(lambda: None, "mps") is None  # no counter there: n/a, not 0
+
+
+def test_unmeasured_memory_prints_na_not_zero(monkeypatch):
+    rows = [{"encoding": "alibi", "seq": 512, "flex_ms": 1.5, "flex_mib": None, "sdpa_no_bias_ms": 1.0,
+             "sdpa_no_bias_mib": 0.004, "sdpa_bias_ms": 2.0, "sdpa_bias_mib": 17.41}]  # fmt: skip
+    table = b.markdown(rows, b.ATTENTION_COLUMNS)
+    header, _, line = table.splitlines()
+    cells = dict(zip(header.strip("| ").split(" | "), line.strip("| ").split(" | "), strict=True))
+    assert cells["flex MiB"] == "n/a" and cells["SDPA no bias MiB"] == "0.004" and cells["SDPA+bias MiB"] == "17.41"
+    # A memory column stays even when nothing in it was measured, and says so.
+    rows[0].update(sdpa_no_bias_mib=None, sdpa_bias_mib=None)
+    assert b.markdown(rows, b.ATTENTION_COLUMNS).splitlines()[2].count("n/a") == 3
+    monkeypatch.setattr(b, "cpu_peak_bytes", lambda fn: None)
+    assert b.peak_mib(lambda: None, "cpu") is None
+
+
+def test_attention_rows_measure_memory_on_cpu():
+    row = b.run_attention_case("alibi", 64, device="cpu", dtype="float32", min_run_time=0.01, heads=2, head_dim=8)
+    assert all(row[f"{k}_mib"] > 0 for k in ("flex", "sdpa_no_bias", "sdpa_bias"))  # measured, not 0.00
+    assert row["sdpa_bias_mib"] >= 2 * 64 * 64 * 4 / 2**20  # at least the (1, 2, 64, 64) float32 bias
+    assert "Attention memory: peak MiB above the inputs: torch's CPU allocations" in b.header("cpu")

@@ -1,4 +1,5 @@
-"""Two CPU processes (gloo) train to the same weights as one process with the same global batch."""
+"""Two CPU processes (gloo) train to the same weights as one process with the same global batch, also when a
+signal stops them midway and they resume."""
 
 import json
 import os
@@ -10,6 +11,7 @@ import textwrap
 
 import torch
 
+from posenc.lab import checkpoint as ckpt
 from posenc.lab.model import GPT
 from posenc.lab.train import CHECKPOINT_FILE, DONE_FILE, METRICS_FILE, load_model, train
 
@@ -98,3 +100,72 @@ def test_two_processes_match_one(tmp_path):
     assert len(ddp_lines) == 2  # rank 0 alone writes metrics
     done = json.loads((run_dir / DONE_FILE).read_text())
     assert abs(done["final_loss"] - summary["final_loss"]) < 1e-5
+
+
+def launch(script, run_dir, *args):
+    """Both ranks of ``script run_dir *args``; returns ``[(returncode, output)]`` per rank."""
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": "2",
+           "OMP_NUM_THREADS": "1"}  # fmt: skip
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), str(run_dir), *args],
+            env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for r in range(2)
+    ]
+    try:
+        outputs = [p.communicate(timeout=120)[0] for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    return [(p.returncode, out) for p, out in zip(procs, outputs, strict=True)]
+
+
+# Rank ``argv[2]`` alone gets SIGTERM while it makes the batch of step 1 (torchrun signals every rank; here the
+# other must learn of it from the flag the ranks share at the next log step).
+INTERRUPTED = WORKER.split('if __name__ == "__main__":')[0] + textwrap.dedent(
+    """
+    import dataclasses
+    import os
+    import signal
+
+
+    def signalled(step, rank, world):
+        if step == 1 and rank == int(sys.argv[2]):
+            os.kill(os.getpid(), signal.SIGTERM)
+        return batch_fn(step, rank, world)
+
+
+    if __name__ == "__main__":
+        torch.set_num_threads(1)
+        try:
+            cfg = dataclasses.replace(CFG, checkpoint_every=0)  # the checkpoint found is the signal's
+            train(GPT(MODEL, seed=CFG.seed), signalled, cfg, sys.argv[1], progress=False)
+        except KeyboardInterrupt:
+            print("stopped")
+            sys.exit(130)
+        print("finished")
+    """
+)
+
+
+def test_a_signal_to_one_rank_stops_every_rank_at_the_same_log_step(tmp_path):
+    (tmp_path / "worker.py").write_text(WORKER)
+    (tmp_path / "interrupted.py").write_text(INTERRUPTED)
+    run_dir = tmp_path / "ddp"
+    for r, (code, out) in enumerate(launch(tmp_path / "interrupted.py", run_dir, "1")):
+        assert code == 130 and "stopped" in out, f"rank {r}:\n{out}"
+    assert int(ckpt.read_checkpoint(run_dir / CHECKPOINT_FILE)[0]["step"]) == 3  # log_every=3: the first log step
+    assert not (run_dir / DONE_FILE).exists() and len((run_dir / METRICS_FILE).read_text().splitlines()) == 1
+
+    for r, (code, out) in enumerate(launch(tmp_path / "worker.py", run_dir)):
+        assert code == 0, f"rank {r} failed:\n{out}"
+    worker = runpy.run_path(str(tmp_path / "worker.py"))
+    single = GPT(worker["MODEL"], seed=worker["CFG"].seed)
+    train(single, worker["batch_fn"], worker["CFG"], tmp_path / "single", progress=False)
+    for name, value in load_model(run_dir).state_dict().items():
+        torch.testing.assert_close(value, single.state_dict()[name], rtol=0, atol=1e-5, msg=name)  # as above
+    assert len((run_dir / METRICS_FILE).read_text().splitlines()) == 2

@@ -92,7 +92,7 @@ def _by(rows, metric, method, factor, length, depth=None, steps=0):
 
 def _cli(*args: str) -> tuple[int, str]:
     buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
+    with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):  # errors go to stderr
         code = main(list(args))
     return code, buf.getvalue()
 
@@ -191,8 +191,11 @@ def test_task_passkey_trains_a_fresh_model_then_tests_each_method(tmp_path):
     assert json.loads((tmp_path / "out" / "runs" / "passkey" / "done.json").read_text())["steps"] == 3
     assert {r["metric"] for r in rows} == {"passkey"}
     assert len(rows) == 3 * 2 * 3 and all(r["status"] == "ok" and 0 <= r["accuracy"] <= 1 for r in rows)
-    assert (tmp_path / "out" / "extend.png").is_file() and (tmp_path / "out" / "passkey.png").is_file()
-    assert "Passkey, unpatched" in (tmp_path / "out" / "report.md").read_text()
+    # No perplexity measured: no extend.png (it would pretend to be one), and the report links only what exists.
+    assert (tmp_path / "out" / "passkey.png").is_file() and not (tmp_path / "out" / "extend.png").exists()
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "Passkey, unpatched" in report and "(passkey.png)" in report and "extend.png" not in report
+    assert "original context 104 bytes" in report
 
 
 def test_cli_runs_and_reports_bad_input(rope_run, corpus, tmp_path):
@@ -203,14 +206,22 @@ def test_cli_runs_and_reports_bad_input(rope_run, corpus, tmp_path):
     )  # fmt: skip
     assert code == 0 and "ntk x2" in text and (tmp_path / "cli" / "report.md").is_file()
     code, text = _cli("extend", str(rope_run), "--factors", "0.5", "--out", str(tmp_path / "bad"))
-    assert code == 2 and text.startswith("posenc extend: factors=0.5 is invalid")
+    assert code == 2 and text.startswith("posenc extend: argument --factors: '0.5' is invalid")
+    # A factor of 1 would measure the unpatched model under a method's name (and call it the best): an error.
+    code, text = _cli("extend", str(rope_run), "--factors", "1", "--methods", "yarn", "--out", str(tmp_path / "one"))
+    assert code == 2 and "factors" in text and "> 1" in text and "Traceback" not in text
+    assert not (tmp_path / "one").exists()
 
 
 @pytest.mark.parametrize(
     ("settings", "match"),
     [
-        ({"factors": (0.5,)}, r"factors=0\.5 is invalid: expected a number >= 1"),
-        ({"lengths": (8, 16)}, r"lengths=\[8, 16\] is invalid: .*original context of 32"),
+        ({"factors": (0.5,)}, r"factors=0\.5 is invalid: expected factors > 1"),
+        ({"factors": (1.0,), "methods": ("yarn",)}, r"factors=1\.0 is invalid: expected factors > 1 "),
+        ({"factors": (2.0, 1)}, r"factors=1 is invalid: expected factors > 1 "),
+        ({"lengths": (8, 16)}, r"lengths=\[8, 16\] is invalid: .*original context of 32 tokens.*\[8, 16\] shorter"),
+        ({"lengths": (16, 64)}, r"lengths=\[16, 64\] is invalid: .*original context of 32 tokens.*\[16\] shorter"),
+        ({"lengths": (32,)}, r"lengths=\[32\] is invalid: expected lengths >= the original context of 32 .*none"),
         ({"methods": ("rope_magic",)}, r"method='rope_magic' is invalid: expected one of \['linear'"),
         ({"methods": ("longrope",)}, r"method='longrope' is invalid"),
         ({"task": "lm", "model": "new"}, "only trained by --task passkey"),
@@ -326,3 +337,204 @@ def test_hf_llama_finetunes_each_patch_at_its_target(corpus, tmp_path):
     for n in (64, 128):
         zero, tuned = _by(rows, "ppl", "yarn", 2.0, n), _by(rows, "ppl", "yarn", 2.0, n, steps=2)
         assert math.isfinite(tuned["ppl"]) and tuned["ppl"] != zero["ppl"]  # the fine-tune changed the weights
+
+
+def test_an_interruption_keeps_each_finished_row_and_resume_says_what_it_skips(
+    rope_run, corpus, tmp_path, monkeypatch, capsys
+):
+    cfg = ExtendConfig(model=str(rope_run), methods=("linear",), factors=(2.0,), lengths=(ORIGINAL, 64),
+                       corpus=str(corpus), **{**TINY, "depths": (0.5,)})  # fmt: skip
+    out = tmp_path / "out"
+    measure, calls = LabTarget.perplexity, []
+
+    def perplexity(self, model, length):
+        calls.append(length)
+        if len(calls) == 2:  # Ctrl-C while the unpatched model's second length is measured
+            raise KeyboardInterrupt
+        return measure(self, model, length)
+
+    monkeypatch.setattr(LabTarget, "perplexity", perplexity)
+    with pytest.raises(KeyboardInterrupt):
+        run_extend(cfg, out, progress=False)
+    kept = (out / "results.csv").read_text().splitlines()
+    assert len(kept) == 2 and kept[1].startswith(f"ppl,none,1.0,0,{ORIGINAL},{ORIGINAL},")
+
+    calls.clear()
+    monkeypatch.setattr(LabTarget, "perplexity", lambda self, m, n: calls.append(n) or measure(self, m, n))
+    rows = run_extend(cfg, out, resume=True, progress=True)
+    assert calls == [64, ORIGINAL, 64]  # the unpatched model's missing length, then the patched one's two
+    assert len(rows) == 8  # (ppl + passkey) x 2 lengths, for none and linear x2
+    said = capsys.readouterr().out
+    assert "none: 1 of 4 measurements done, skipped; measuring the other 3" in said
+    run_extend(cfg, out, resume=True, progress=True)
+    said = capsys.readouterr().out
+    assert "none: 4 of 4 measurements done, skipped" in said and "linear x2: 4 of 4 measurements done, skipped" in said
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Settings checked before any model work, the study-folder hint, the report's advice and figures
+
+
+def test_lengths_are_checked_from_the_config_before_any_weights_load(rope_run, tmp_path, monkeypatch):
+    from posenc.lab import extend
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("the model was loaded before its lengths were checked")
+
+    monkeypatch.setattr(extend, "load_target", no_loading)
+    with pytest.raises(ValueError, match=r"lengths=\[16, 32\] is invalid: .*original context of 32 tokens"):
+        run_extend(ExtendConfig(model=str(rope_run), lengths=(16, 32), **TINY), tmp_path / "out", progress=False)
+    # Where the original length is a setting, the config itself refuses.
+    with pytest.raises(ValueError, match=r"lengths=\[64, 128\] is invalid: .*original context of 128 tokens"):
+        ExtendConfig(model="new", task="passkey", train_len=128, lengths=(64, 128))
+    with pytest.raises(ValueError, match=r"lengths=\[100\] is invalid: .*none beyond it"):
+        ExtendConfig(model=str(rope_run), original_len=100, lengths=(100,))
+    assert not (tmp_path / "out").exists()
+
+
+def test_original_len_of_reads_configs_only(rope_run, tmp_path):
+    from posenc.lab.extend_models import original_len_of
+
+    assert original_len_of(ExtendConfig(model=str(rope_run))) == ORIGINAL
+    assert original_len_of(ExtendConfig(model=str(rope_run), original_len=48)) == 48
+    assert original_len_of(ExtendConfig(model="new", task="passkey", train_len=104)) == 104
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    scaled = {"model_type": "llama", "max_position_embeddings": 8192, "rope_scaling": {"factor": 4.0}}
+    scaled["rope_scaling"]["original_max_position_embeddings"] = 2048
+    (hf / "config.json").write_text(json.dumps(scaled))
+    assert original_len_of(ExtendConfig(model=str(hf))) == 2048
+    (hf / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_positions": 1024}))
+    assert original_len_of(ExtendConfig(model=str(hf))) == 1024
+    assert original_len_of(ExtendConfig(model=str(tmp_path / "missing"))) is None
+
+
+def test_a_lab_study_folder_names_its_runs(rope_run, alibi_run, tmp_path):
+    import shutil
+
+    root = tmp_path / "lab"
+    for name, run in (("rope", rope_run), ("alibi", alibi_run)):
+        shutil.copytree(run, root / "runs" / name)
+    (root / "runs" / "notes").mkdir()  # not a run: not offered
+    (root / "study.json").write_text(json.dumps({"command": "posenc lab"}))
+    expected = (
+        f"model='{root}' is invalid: expected a model folder (this is a posenc lab study folder; pass one of its "
+        f"runs: {root / 'runs' / 'alibi'}, {root / 'runs' / 'rope'})"
+    )
+    with pytest.raises(ValueError) as err:
+        run_extend(ExtendConfig(model=str(root), **TINY), tmp_path / "out", progress=False)
+    assert str(err.value).startswith(expected)
+    assert not (tmp_path / "out").exists()
+
+
+def _rows(accuracy_within: float | None, accuracy_past: float, original: int = 128) -> list[dict]:
+    """Passkey rows as results.csv holds them: the unpatched model and linear x2, at 1x and 2x the original."""
+    rows = []
+    for method, factor in (("none", 1.0), ("linear", 2.0)):
+        for length, accuracy in ((original, accuracy_within), (2 * original, accuracy_past)):
+            rows.append({
+                "metric": "passkey", "method": method, "factor": factor, "finetune_steps": 0, "original_len": original,
+                "length": length, "depth": 0.5, "loss": None, "ppl": None, "accuracy": accuracy, "n": 5,
+                "status": "n/a" if accuracy is None else "ok",
+            })  # fmt: skip
+    return rows
+
+
+def test_passkey_advice_fits_the_settings_used():
+    from posenc.lab.extend_report import findings_for
+
+    trained = ExtendConfig(model="new", task="passkey", train_steps=300)
+    advice = findings_for(_rows(0.0, 0.0), 128, trained)[-1]
+    assert advice == (
+        "- Passkey past the original length: no method retrieved a single key (the model did not learn retrieval at "
+        "its training length 128 in 300 steps: raise --train-steps (e.g. 3000) or lower --train-len)."
+    )
+    assert "--task passkey" not in advice  # the user already passed it
+    run = ExtendConfig(model="runs/x", task="passkey", train_steps=2000)
+    advice = findings_for(_rows(0.0, 0.0), 128, run)[-1]
+    assert "in 2000 steps: raise --train-steps (e.g. 6000))." in advice and "--train-len" not in advice
+    zero_shot = ExtendConfig(model="runs/x")
+    assert "`--task passkey` trains retrieval first" in findings_for(_rows(0.0, 0.0), 128, zero_shot)[-1]
+    assert "--task passkey" not in findings_for(_rows(0.0, 0.0), 128, zero_shot, kind="hf")[-1]
+    assert "try `--finetune-steps`" in findings_for(_rows(1.0, 0.0), 128, zero_shot)[-1]
+    tuned = ExtendConfig(model="runs/x", finetune_steps=200)
+    advice = findings_for(_rows(1.0, 0.0), 128, tuned)[-1]
+    assert "not even after 200 fine-tuning steps at the target length: raise --finetune-steps" in advice
+    # Nothing at the original length: n/a there (the prompt does not fit), or not in --lengths at all.
+    assert "the passkey prompt does not fit in the original 128 bytes" in findings_for(_rows(None, 0.0), 128)[-1]
+    past_only = [r for r in _rows(1.0, 0.0) if r["length"] > 128]
+    assert "add 128 to --lengths" in findings_for(past_only, 128, trained)[-1]
+
+
+def _ppl_rows(values: dict[tuple[str, float], list[float]], lengths=(64, 128, 256, 512)) -> list[dict]:
+    return [
+        {"metric": "ppl", "method": method, "factor": factor, "finetune_steps": 0, "original_len": 64, "length": n,
+         "depth": None, "loss": None, "ppl": ppl, "accuracy": None, "n": 256, "status": "ok"}
+        for (method, factor), ppls in values.items() for n, ppl in zip(lengths, ppls, strict=True)
+    ]  # fmt: skip
+
+
+def _drawn(monkeypatch):
+    """Capture the figure save_png is given (the drawing functions import it from posenc.lab.plots when called)."""
+    from posenc.lab import plots
+
+    saved = {}
+    monkeypatch.setattr(plots, "save_png", lambda fig, path, dpi=150: saved.setdefault("fig", fig) and Path(path))
+    return saved
+
+
+def test_extend_figure_lines_are_distinct_and_its_log_axis_is_labelled(tmp_path, monkeypatch):
+    from posenc.lab.extend_report import plot_extend
+
+    saved = _drawn(monkeypatch)
+    rows = _ppl_rows({
+        ("none", 1.0): [11.6, 12.4, 13.3, 14.9], ("linear", 2.0): [12.2, 12.4, 12.8, 13.7],
+        ("linear", 4.0): [12.6, 12.8, 13.2, 14.0], ("ntk", 2.0): [11.9, 12.0, 12.3, 12.8],
+        ("dynamic", 2.0): [11.9, 12.0, 12.3, 12.8],
+    })  # fmt: skip
+    assert plot_extend(rows, tmp_path / "extend.png", original=64, title="t", unit="byte") == tmp_path / "extend.png"
+    fig = saved["fig"]
+    fig.canvas.draw()
+    ax = fig.axes[0]
+    lines = [line for line in ax.get_lines() if not line.get_label().startswith("_")]
+    assert [line.get_label() for line in lines] == ["none", "linear x2", "linear x4", "ntk x2", "dynamic x2 (= ntk x2)"]
+    styles = [(line.get_color(), line.get_marker(), str(line.get_linestyle())) for line in lines]
+    assert len(set(styles)) == len(styles)
+    assert lines[-1].get_linestyle() == ":" and lines[-1].get_markerfacecolor() == "none"  # drawn over ntk, visible
+    labels = [t.get_text() for t in ax.get_yticklabels() if t.get_text()]
+    low, high = ax.get_ylim()
+    assert ax.get_yscale() == "log" and len(labels) >= 3, labels
+    assert all(low <= float(t) <= high for t in labels) and labels == ["11", "12", "13", "14", "15", "16"]
+    assert "per byte" in ax.get_ylabel() and "bytes" in ax.get_xlabel()
+    assert "original length 64" in [t.get_text() for t in ax.texts]
+
+
+def test_no_extend_figure_without_perplexity(tmp_path):
+    from posenc.lab.extend_report import plot_extend
+
+    assert plot_extend(_rows(1.0, 0.0), tmp_path / "extend.png", original=128, title="t") is None
+    assert not (tmp_path / "extend.png").exists()
+
+
+def test_passkey_heatmap_is_sequential_and_numbers_contrast(tmp_path, monkeypatch):
+    from matplotlib import colormaps
+
+    from posenc.lab.extend_report import plot_passkey
+    from posenc.lab.plots import HEATMAP, text_colour_on
+
+    saved = _drawn(monkeypatch)
+    rows = _rows(1.0, 0.0)
+    rows[0].update(accuracy=None, status="n/a")  # the unpatched model at 128: n/a (a grey cell)
+    plot_passkey(rows, tmp_path / "passkey.png", original=128)
+    panels = [ax for ax in saved["fig"].axes if ax.images]
+    assert len(panels) == 2 and HEATMAP in ("cividis", "viridis")
+    for ax in panels:
+        image = ax.images[0]
+        assert image.get_cmap().name.startswith(HEATMAP)
+        for text in ax.texts:
+            value = None if text.get_text() == "n/a" else int(text.get_text()) / 100
+            cell = image.get_cmap()(float("nan") if value is None else value)
+            assert text.get_color() == text_colour_on(cell)
+    texts = {t.get_text(): t.get_color() for ax in panels for t in ax.texts}
+    assert texts == {"n/a": "black", "0": "white", "100": "black"}  # dark bottom of cividis, light top, grey n/a
+    assert text_colour_on(colormaps[HEATMAP](0.0)) == "white" and text_colour_on((1.0, 1.0, 1.0, 1.0)) == "black"

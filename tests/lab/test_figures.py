@@ -53,3 +53,17 @@ def test_alibi_figure_has_one_panel_per_head():
     first = images[0].get_array()
     assert first[7, 0] == pytest.approx(-7 * posenc.alibi_slopes(6)[0].item())
     assert first.mask[0, 1]  # the masked future key is blank
+
+
+@pytest.mark.parametrize("make", [figures.rope_decay_figure, figures.rope_scalings_figure])
+def test_line_figures_keep_lines_apart_and_label_log_axes(make):
+    """Each line its own (colour, marker, line style), so lines stay apart in grey print; log axes carry >= 3 labels."""
+    fig = make()
+    fig.canvas.draw()
+    for ax in fig.axes:
+        lines = [line for line in ax.get_lines() if not line.get_label().startswith("_")]
+        looks = [(line.get_color(), line.get_marker(), str(line.get_linestyle())) for line in lines]
+        assert len(set(looks)) == len(looks) and all(marker not in ("None", "") for _, marker, _ in looks)
+        for axis in (ax.xaxis, ax.yaxis):
+            if axis.get_scale() == "log":
+                assert len([t for t in axis.get_ticklabels() if t.get_text()]) >= 3

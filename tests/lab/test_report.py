@@ -252,7 +252,7 @@ def test_write_report_has_table_figure_config_environment_findings(tmp_path, row
     assert path == tmp_path / "report.md"
     text = path.read_text()
     assert format_table(rows, "ppl") in text
-    assert "![validation perplexity per token by evaluation length](extrapolation.png)" in text
+    assert "![validation perplexity per byte by evaluation length](extrapolation.png)" in text
     assert "[results.csv](results.csv)" in text
     assert "- rope: 3.00 -> 9.50\n- alibi: flat\n" in text
     assert '"train_len": 64' in text and "| torch | 2.x |" in text and "| git_sha |  |" in text
@@ -327,3 +327,126 @@ def test_plot_accuracy_is_linear_and_all_na_still_draws(tmp_path):
 def test_plot_rejects_unknown_metric(tmp_path, rows):
     with pytest.raises(ValueError, match="metric='bleu' is invalid"):
         plot_extrapolation(write_csv_atomic(rows, tmp_path / "r.csv"), tmp_path / "p.png", metric="bleu")
+
+
+# --- figures people can read values off, findings markdown, noise -------------------------------------------------
+
+
+def _figure_of(monkeypatch, csv_path, **kwargs):
+    from posenc.lab import plots
+
+    saved = {}
+    monkeypatch.setattr(plots, "save_png", lambda fig, path, dpi: saved.setdefault("fig", fig) and path)
+    plot_extrapolation(csv_path, "unused.png", **kwargs)
+    saved["fig"].canvas.draw()
+    return saved["fig"].axes[0]
+
+
+def test_every_line_has_its_own_colour_marker_and_style_and_twins_stay_visible(tmp_path, monkeypatch):
+    """The lab's 13-line figure: no two lines look alike; NTK and dynamic NTK (equal by construction) both show."""
+    from posenc.lab.plots import PALETTE
+
+    lines = [("nope", "none"), ("sinusoidal", "none"), ("learned", "none"), ("learned", "interpolate"),
+             ("rope", "none"), ("rope", "linear"), ("rope", "ntk"), ("rope", "dynamic"), ("rope", "yarn"),
+             ("xpos", "none"), ("alibi", "none"), ("alibi", "interpolate"), ("t5", "none")]  # fmt: skip
+    rows = []
+    for i, (encoding, scaling) in enumerate(lines):
+        twin = 6 if scaling == "dynamic" else i  # dynamic: exactly NTK's numbers
+        rows += [row(encoding, scaling, n, 5.0 + twin + n / 64) for n in (64, 128, 256)]
+    ax = _figure_of(monkeypatch, write_csv_atomic(rows, tmp_path / "r.csv"))
+    drawn = [line for line in ax.get_lines() if not line.get_label().startswith("_")]
+    assert len(drawn) == 13
+    looks = [(line.get_color(), line.get_marker(), str(line.get_linestyle())) for line in drawn]
+    assert len(set(looks)) == 13  # no two share (colour, marker, line style)
+    assert len({c for c, _, _ in looks}) == 13 and len({m for _, m, _ in looks}) == 13  # not even colour or marker
+    assert [c for c, _, _ in looks] == list(PALETTE[:13])
+    dynamic = drawn[7]
+    assert dynamic.get_label() == "rope + dynamic (= rope + ntk)" and list(dynamic.get_ydata()) == list(
+        drawn[6].get_ydata()
+    )
+    assert dynamic.get_linestyle() == ":" and dynamic.get_markerfacecolor() == "none"
+    assert dynamic.get_markersize() > drawn[6].get_markersize()  # a ring around ntk's filled marker
+
+
+def test_palette_is_colour_blind_aware():
+    """No red-green pair among the first colours: Okabe-Ito's, then distinct others; none repeated."""
+    from posenc.lab.plots import MARKERS, PALETTE
+
+    assert PALETTE[:6] == ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00")
+    assert len(set(PALETTE)) == len(PALETTE) and len(set(MARKERS)) == len(MARKERS)
+
+
+@pytest.mark.parametrize(
+    ("low", "high", "ticks"),
+    [
+        (11.5, 15.0, [12.0, 13.0, 14.0, 15.0]),  # the 1-2-5 sets hold only 15 here
+        (6.2, 40.0, [7.0, 8.0, 9.0, 10.0, 15.0, 20.0, 25.0, 30.0, 40.0]),
+        (6.9, 1000.0, [10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0]),
+        (3.05, 3.2, [3.05, 3.1, 3.15, 3.2]),
+        (0.5, 0.9, [0.5, 0.6, 0.7, 0.8, 0.9]),
+    ],
+)
+def test_log_ticks_label_several_round_values(low, high, ticks):
+    from posenc.lab.plots import log_ticks
+
+    assert log_ticks(low, high) == ticks
+
+
+def test_a_narrow_log_axis_still_has_several_labels(tmp_path, monkeypatch):
+    rows = [row("rope", "none", 64, 11.6), row("rope", "none", 128, 13.0), row("rope", "none", 256, 14.9)]
+    ax = _figure_of(monkeypatch, write_csv_atomic(rows, tmp_path / "r.csv"))
+    labels = [t.get_text() for t in ax.get_yticklabels() if t.get_text()]
+    low, high = ax.get_ylim()
+    assert ax.get_yscale() == "log" and labels == ["11", "12", "13", "14", "15", "16", "17"]
+    assert all(low <= float(t) <= high for t in labels)
+    assert ax.get_ylabel() == "validation perplexity per byte (log scale; lower is better)"
+    assert "bytes" in ax.get_xlabel()
+
+
+def test_findings_markdown_has_no_empty_bullet():
+    findings = ["Literature check at 8x (512 tokens):", "- ALiBi: 0.99x.", "- sinusoidal: 3.72x.", "", "- nope: 1.22x",
+                "rope: 3.14x", "", ""]  # fmt: skip
+    assert report.findings_markdown(findings) == [
+        "Literature check at 8x (512 tokens):", "", "- ALiBi: 0.99x.", "- sinusoidal: 3.72x.", "", "- nope: 1.22x",
+        "- rope: 3.14x",
+    ]  # fmt: skip
+    # A lead-in after bullets gets a blank line first: otherwise it would continue the last bullet.
+    assert report.findings_markdown(["- a", "Then:", "- b"]) == ["- a", "", "Then:", "", "- b"]
+
+
+def test_report_findings_render_as_a_heading_then_paragraph_and_bullets(tmp_path, rows):
+    csv_path = write_csv_atomic(rows, tmp_path / "results.csv")
+    findings = ["Literature check at 8x the training length (512 tokens):", "- ALiBi: 0.99x.", "", "- rope: 3.14x"]
+    text = write_report(tmp_path, results_csv=csv_path, config={}, environment={}, seconds=1.0,
+                        findings=findings).read_text()  # fmt: skip
+    assert (
+        "## Findings\n\nLiterature check at 8x the training length (512 tokens):\n\n- ALiBi: 0.99x.\n\n- rope: 3.14x\n"
+        in text
+    )
+    assert all(line.strip() not in ("-", "- -", "*") for line in text.splitlines())
+
+
+def test_committed_lab_report_has_no_empty_bullet():
+    from pathlib import Path
+
+    text = (Path(__file__).parents[2] / "experiments" / "length-extrapolation" / "report.md").read_text()
+    findings = text.split("## Findings\n\n", 1)[1].split("\n## ", 1)[0]
+    assert findings.startswith("Literature check at 8x the training length (512 tokens):\n\n- ALiBi: ")
+    assert all(line.strip() != "-" for line in findings.splitlines())
+
+
+@pytest.mark.parametrize(
+    ("successes", "n", "expected"),
+    # Newcombe (1998), Statistics in Medicine 17:857, Table I, method 3 (Wilson score, no continuity correction).
+    [(81, 263, (0.2553, 0.3662)), (15, 148, (0.0624, 0.1605)), (0, 20, (0.0, 0.1611)), (1, 29, (0.0061, 0.1718)),
+     (29, 29, (0.8830, 1.0))],
+)  # fmt: skip
+def test_wilson_interval_matches_published_values(successes, n, expected):
+    low, high = report.wilson_interval(successes / n, n)
+    assert (round(low, 4), round(high, 4)) == expected
+
+
+@pytest.mark.parametrize(("accuracy", "n", "name"), [(0.5, 0, "n=0"), (1.5, 10, "accuracy=1.5"), (0.5, 2.0, "n=2.0")])
+def test_wilson_interval_rejects_bad_input(accuracy, n, name):
+    with pytest.raises(ValueError, match=name):
+        report.wilson_interval(accuracy, n)

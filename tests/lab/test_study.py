@@ -30,7 +30,7 @@ def _cli(*args: str) -> tuple[int, str]:
     import io
 
     buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
+    with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):  # errors go to stderr
         code = main(list(args))
     return code, buf.getvalue()
 
@@ -122,8 +122,8 @@ def test_task_defaults_fill_the_flags_not_given(tmp_path):
     [
         (["--encodings", "rope,alibii"], r"encodings='alibii' is invalid: expected names from"),
         (["--encodings", "rope_axial"], r"grid encodings belong to `posenc vision`"),
-        (["--eval-lens", "16,0"], r"eval_lens=0 is invalid"),
-        (["--train-len", "-4"], r"train_len=-4 is invalid"),
+        (["--eval-lens", "16,0"], r"argument --eval-lens: '16,0' is invalid"),
+        (["--train-len", "-4"], r"argument --train-len: '-4' is invalid"),
         (["--dim", "30"], r"dim=30 is invalid"),
         (["--stride", "100"], r"stride=100 is invalid"),
         (["--corpus", "/nonexistent/text"], r"path=.*nonexistent"),
@@ -169,3 +169,60 @@ def test_torchrun_two_processes_match_one(corpus, tmp_path):
     for x, y in zip(a, b, strict=True):
         assert (x["encoding"], x["scaling"], x["eval_len"]) == (y["encoding"], y["scaling"], y["eval_len"])
         assert abs(x["loss"] - y["loss"]) < 1e-4
+
+
+def test_an_interrupted_study_keeps_each_finished_row_and_says_what_it_skips(corpus, tmp_path, monkeypatch, capsys):
+    import dataclasses
+    import os
+    import signal
+
+    from posenc.lab import study
+
+    cfg = StudyConfig(**{**TINY, "steps": 4, "eval_lens": (16, 32, 64)}, encodings=("nope", "alibi"),
+                      corpus=str(corpus), extensions=False)  # fmt: skip
+    out = tmp_path / "out"
+    real, calls = study._evaluate, []
+
+    def evaluate(model, cfg, corpus, encoding, extension, length):
+        calls.append((encoding, length))
+        if len(calls) == 5:  # alibi's second length: Ctrl-C while it is measured
+            raise KeyboardInterrupt
+        return real(model, cfg, corpus, encoding, extension, length)
+
+    monkeypatch.setattr(study, "_evaluate", evaluate)
+    with pytest.raises(KeyboardInterrupt):
+        run_study(cfg, out, progress=False)
+    kept = read_results(out / "results.csv")
+    assert [(r["encoding"], r["eval_len"]) for r in kept] == [("nope", 16), ("nope", 32), ("nope", 64), ("alibi", 16)]
+
+    calls.clear()
+    monkeypatch.setattr(study, "_evaluate", lambda *a: calls.append((a[3], a[5])) or real(*a))
+    rows = run_study(cfg, out, resume=True, progress=True)
+    assert calls == [("alibi", 32), ("alibi", 64)]  # only the rows the interruption lost
+    assert rows[:4] == kept and len(rows) == 6
+    said = capsys.readouterr().out
+    for line in ("nope: already trained (4 steps), skipped", "nope: 3 of 3 evaluations done, skipped",
+                 "alibi: already trained (4 steps), skipped",
+                 "alibi: 1 of 3 evaluations done, skipped; measuring the other 2"):  # fmt: skip
+        assert line in said, said
+
+    # a signal during training stops the study there; --resume continues that encoding from its checkpoint
+    real_batches = study.batch_fn_for
+
+    def signalling(cfg, corpus):
+        def batch_fn(step, rank, world):
+            if step == 1:
+                os.kill(os.getpid(), signal.SIGINT)
+            return real_batches(cfg, corpus)(step, rank, world)
+
+        return batch_fn
+
+    monkeypatch.setattr(study, "batch_fn_for", signalling)
+    again = dataclasses.replace(cfg, encodings=("rope",))
+    with pytest.raises(KeyboardInterrupt):
+        run_study(again, tmp_path / "rope", progress=False)
+    assert not (tmp_path / "rope" / "results.csv").exists()
+    monkeypatch.setattr(study, "batch_fn_for", real_batches)
+    run_study(again, tmp_path / "rope", resume=True, progress=True)
+    assert "resuming rope from step 2 of 4" in capsys.readouterr().out
+    assert len(read_results(tmp_path / "rope" / "results.csv")) == 3

@@ -1,13 +1,18 @@
-"""train(): learning, bit-exact resume, done.json short-circuit, checkpoint errors, metrics, schedule, masks."""
+"""train(): learning, bit-exact resume, done.json short-circuit, checkpoint errors, metrics, schedule, masks,
+interruption by SIGINT / SIGTERM and timed checkpoints."""
 
 import json
 import math
+import os
 import random
+import signal
+import types
 
 import pytest
 import torch
 
 from posenc.lab import checkpoint as ckpt
+from posenc.lab import train as train_module
 from posenc.lab.model import GPT, ModelConfig
 from posenc.lab.train import (
     CHECKPOINT_FILE,
@@ -260,3 +265,172 @@ def test_optimizer_state_and_rng_round_trip(tmp_path):
     assert state == {"step": 1, "meta": {"a": 1}}
     assert torch.equal(torch.rand(4), expected[0]) and random.random() == expected[1]
     assert not list(tmp_path.glob(".*.tmp"))  # the atomic write left no temporary file
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Interruption: SIGINT / SIGTERM stop after the step in progress with a checkpoint there; timed checkpoints
+
+
+def signalling(batch_fn, at, sig=signal.SIGINT, times=1):
+    """``batch_fn`` that sends ``sig`` to this process ``times`` times while it builds the batch of step ``at``."""
+
+    def fn(step, rank, world):
+        if step == at:
+            for _ in range(times):
+                os.kill(os.getpid(), sig)
+        return batch_fn(step, rank, world)
+
+    return fn
+
+
+def saved_step(run_dir):
+    return int(ckpt.read_checkpoint(run_dir / CHECKPOINT_FILE)[0]["step"])
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("at", [4, 3])  # mid-window, and the last step of a metrics window
+def test_a_signal_stops_after_its_step_with_a_checkpoint_and_resume_is_bit_exact(tmp_path, sig, at):
+    tcfg = cfg(steps=8, checkpoint_every=0, log_every=2)  # no periodic checkpoint: the one found is the signal's
+    straight = GPT(MODEL, seed=3)
+    train(straight, pattern_batches(), tcfg, tmp_path / "straight", progress=False)
+
+    run = tmp_path / "run"
+    before = signal.getsignal(sig)
+    with pytest.raises(KeyboardInterrupt):
+        train(GPT(MODEL, seed=3), signalling(pattern_batches(), at, sig), tcfg, run, progress=False)
+    assert signal.getsignal(sig) is before  # the loop's handler is gone
+    assert saved_step(run) == at + 1 and not (run / DONE_FILE).exists()
+    assert [s for s, _ in losses(run)] == [s for s in (2, 4, 6, 8) if s <= at + 1]
+
+    random.random(), torch.rand(3)  # the process moved on; the checkpoint restores every random stream
+    resumed = GPT(MODEL, seed=99)
+    out = train(resumed, pattern_batches(), tcfg, run, progress=False)
+    assert out["resumed_from"] == at + 1 and out["cached"] is False
+    assert_same_weights(straight, resumed)
+    # the metrics window the signal cut goes on where it stopped: the same lines, bit for bit
+    assert losses(run) == losses(tmp_path / "straight")
+
+
+def test_a_second_signal_raises_at_once(tmp_path):
+    calls = []
+
+    def fn(step, rank, world):
+        calls.append(step)
+        return pattern_batches()(step, rank, world)
+
+    with pytest.raises(KeyboardInterrupt):
+        train(GPT(MODEL), signalling(fn, 3, times=2), cfg(steps=8, checkpoint_every=0), tmp_path, progress=False)
+    assert calls == [0, 1, 2]  # raised by the second signal, before step 3's batch was even made
+    assert not (tmp_path / CHECKPOINT_FILE).exists()  # no waiting for the step to end, no checkpoint
+
+
+def test_a_signal_in_the_last_step_finishes_the_run_then_raises(tmp_path, capsys):
+    with pytest.raises(KeyboardInterrupt):
+        train(GPT(MODEL), signalling(pattern_batches(), 7), cfg(steps=8), tmp_path, progress=True)
+    assert (tmp_path / DONE_FILE).is_file() and saved_step(tmp_path) == 8
+    assert f"rope: interrupted after its last step; saved in {tmp_path}" in capsys.readouterr().err
+    assert train(GPT(MODEL), never, cfg(steps=8), tmp_path, progress=True)["cached"] is True
+    assert "rope: already trained (8 steps), skipped" in capsys.readouterr().out
+
+
+def test_resume_says_where_it_continues(tmp_path, capsys):
+    with pytest.raises(KeyboardInterrupt):
+        train(GPT(MODEL), signalling(pattern_batches(), 4), cfg(), tmp_path, progress=True, description="rope @16")
+    assert f"rope @16: interrupted at step 5 of 8; saved in {tmp_path}" in capsys.readouterr().err
+    train(GPT(MODEL), pattern_batches(), cfg(), tmp_path, progress=True, description="rope @16")
+    assert "resuming rope @16 from step 5 of 8" in capsys.readouterr().out
+    with pytest.raises(KeyboardInterrupt):
+        train(GPT(MODEL), signalling(pattern_batches(), 4), cfg(), tmp_path / "quiet", progress=False)
+    train(GPT(MODEL), pattern_batches(), cfg(), tmp_path / "quiet", progress=False)
+    train(GPT(MODEL), pattern_batches(), cfg(), tmp_path / "quiet", progress=False)
+    assert capsys.readouterr() == ("", "")  # without progress nothing is said
+
+
+def test_outside_the_main_thread_signals_keep_their_handlers(tmp_path):
+    import threading
+
+    before = signal.getsignal(signal.SIGINT)
+    seen = []
+
+    def batches(step, rank, world):
+        seen.append(signal.getsignal(signal.SIGINT))
+        return pattern_batches()(step, rank, world)
+
+    thread = threading.Thread(target=lambda: train(GPT(MODEL), batches, cfg(steps=2), tmp_path, progress=False))
+    thread.start()
+    thread.join()
+    assert seen == [before, before] and (tmp_path / DONE_FILE).is_file()
+
+
+class FakeClock:
+    """``time.perf_counter`` as ``train`` sees it: ten seconds pass while each batch is made."""
+
+    def __init__(self, monkeypatch):
+        self.now = 0.0
+        monkeypatch.setattr(train_module, "time", types.SimpleNamespace(perf_counter=lambda: self.now))
+
+    def batches(self, batch_fn):
+        def fn(step, rank, world):
+            self.now += 10.0
+            return batch_fn(step, rank, world)
+
+        return fn
+
+
+@pytest.mark.parametrize(
+    ("seconds", "every", "expected"),
+    [(25.0, 0, [3, 6, 8]), (0, 0, [8]), (25.0, 4, [3, 4, 7, 8]), (0, 3, [3, 6, 8])],
+)
+def test_timed_checkpoints(tmp_path, monkeypatch, seconds, every, expected):
+    clock = FakeClock(monkeypatch)
+    saved = []
+    real = train_module.save_checkpoint
+    monkeypatch.setattr(train_module, "save_checkpoint", lambda p, **kw: saved.append(kw["step"]) or real(p, **kw))
+    tcfg = cfg(steps=8, checkpoint_every=every, checkpoint_seconds=seconds)
+    train(GPT(MODEL), clock.batches(pattern_batches()), tcfg, tmp_path, progress=False)
+    assert saved == expected  # 25 s or more after the last checkpoint (or the start), the periodic ones, the last
+
+
+def test_a_crash_after_a_timed_checkpoint_resumes_bit_exact(tmp_path, monkeypatch):
+    """A crash (or SIGKILL) loses only the steps since the last timed checkpoint, here inside a metrics window."""
+    tcfg = cfg(steps=8, checkpoint_every=0, checkpoint_seconds=25.0, log_every=4)
+    straight = GPT(MODEL, seed=1)
+    train(straight, pattern_batches(), tcfg, tmp_path / "straight", progress=False)
+
+    clock = FakeClock(monkeypatch)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        train(GPT(MODEL, seed=1), clock.batches(crashing(pattern_batches(), at=5)), tcfg, tmp_path / "run",
+              progress=False)  # fmt: skip
+    assert saved_step(tmp_path / "run") == 3
+    monkeypatch.undo()
+    resumed = GPT(MODEL, seed=1)
+    assert train(resumed, pattern_batches(), tcfg, tmp_path / "run", progress=False)["resumed_from"] == 3
+    assert_same_weights(straight, resumed)
+    assert losses(tmp_path / "run") == losses(tmp_path / "straight")
+
+
+def test_a_checkpoint_without_a_metrics_window_still_resumes(tmp_path):
+    """Checkpoints written before the window was recorded: the first line after them averages the steps since."""
+    run = tmp_path / "run"
+    with pytest.raises(RuntimeError):
+        train(GPT(MODEL), crashing(pattern_batches(), at=4), cfg(checkpoint_every=3), run, progress=False)
+    tensors, header = ckpt.read_checkpoint(run / CHECKPOINT_FILE)
+    assert header["meta"]["window"] == 1 and header["meta"]["window_loss"] > 0
+    model = GPT(MODEL)
+    optimizer = make_optimizer(model, cfg())
+    ckpt.load_checkpoint(run / CHECKPOINT_FILE, model=model, optimizer=optimizer)
+    ckpt.save_checkpoint(run / CHECKPOINT_FILE, model=model, optimizer=optimizer, step=3, meta={"elapsed": 1.0})
+    assert train(GPT(MODEL), pattern_batches(), cfg(), run, progress=False)["resumed_from"] == 3
+    assert [s for s, _ in losses(run)] == [2, 4, 6, 8] and all(math.isfinite(v) for _, v in losses(run))
+
+
+def test_checkpoint_seconds_is_bookkeeping_and_checked(tmp_path):
+    train(GPT(MODEL), pattern_batches(), cfg(steps=4, checkpoint_every=2), tmp_path, progress=False)
+    (tmp_path / DONE_FILE).unlink()
+    out = train(GPT(MODEL), pattern_batches(), cfg(steps=4, checkpoint_every=2, checkpoint_seconds=0), tmp_path,
+                progress=False)  # fmt: skip
+    assert out["resumed_from"] == 4  # another value continues the same run
+    assert TrainConfig.from_dict(cfg(checkpoint_seconds=0).to_dict()).checkpoint_seconds == 0
+    for bad in (-1.0, float("nan"), True, "30"):
+        with pytest.raises(ValueError, match=r"checkpoint_seconds=.*seconds >= 0 \(0: no timed checkpoints\)"):
+            cfg(checkpoint_seconds=bad)

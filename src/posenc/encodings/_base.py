@@ -11,7 +11,8 @@ A model is written once against four hooks and works with every encoding (``pose
 - ``value_term(weights, q_pos, k_pos)``: the rare encoding that also adds to the values (Shaw et al.).
 
 Positions are explicit tensors: ``(S,)`` or ``(B, S)`` for sequences, ``(S, n)`` or ``(B, S, n)`` for grids,
-``(3, S)`` for M-RoPE. Nothing is cached or mutated in a hook, so KV-cache decoding (cached keys with their
+``(3, S)`` for M-RoPE; integers or finite float32/float64 (``posenc._checks.check_positions``), on the device of the
+tensors they place. Nothing is cached or mutated in a hook, so KV-cache decoding (cached keys with their
 positions), packing (per-document positions) and context parallelism (a shard's positions) need no special mode.
 """
 
@@ -24,7 +25,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from posenc._checks import fail
+from posenc._checks import check_positions, check_same_device, fail
 from posenc.functional.rope import apply_rotary, table_dtype
 
 ScoreMod = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -93,6 +94,22 @@ class Encoding(nn.Module):
         """Positions for ``length`` tokens of a batch of ``batch``: ``(length,)`` or ``(1|batch, length)``."""
         check_sequence_positions(positions, length, batch, name)
 
+    def check_heads(self, q: torch.Tensor, name: str = "q") -> None:
+        """``q (B, H, S, D)`` must have the ``num_heads`` this encoding was built for, if its config has one.
+
+        Per-head encodings (ALiBi's slopes, T5's table, RoPE-Mixed's frequencies) would otherwise fail with a
+        broadcasting error, or, in a FlexAttention ``score_mod`` that indexes by head, silently use the wrong heads.
+        """
+        heads = getattr(getattr(self, "config", None), "num_heads", None)
+        if heads is None or not isinstance(q, torch.Tensor) or q.dim() < 3 or q.shape[-3] == heads:
+            return
+        fail(
+            "num_heads",
+            heads,
+            f"the number of heads of {name}, {q.shape[-3]} ({name}.shape={tuple(q.shape)}): build "
+            f"{type(self).__name__} with num_heads={q.shape[-3]}, or pass {name} with {heads} heads",
+        )
+
 
 def shape_stub(batch: int, length: int) -> torch.Tensor:
     """A storage-free ``(batch, 1, length, 1)`` tensor, to reuse the checks written against ``q``/``k``."""
@@ -108,6 +125,12 @@ def check_sequence_positions(positions: object, length: int, batch: int, name: s
     if not ok:
         fail(f"{name}.shape", tuple(positions.shape), f"({length},) or ({batch}, {length}), one position per token")
     return positions
+
+
+def check_position_values(positions: torch.Tensor, x: torch.Tensor, name: str = "positions", x_name: str = "x") -> None:
+    """Exact, finite positions (``posenc._checks.check_positions``) on the device of ``x``, the tensor they place."""
+    check_positions(positions, name)
+    check_same_device(name, positions, x.device, f"{x_name}'s device")
 
 
 def check_grid_positions(positions: torch.Tensor, x: torch.Tensor, n_axes: int, name: str = "positions") -> None:
@@ -126,7 +149,10 @@ def check_grid_positions(positions: torch.Tensor, x: torch.Tensor, n_axes: int, 
         fail(
             f"{name}.shape",
             tuple(positions.shape),
-            f"({s}, {n_axes}) or ({b}, {s}, {n_axes}) to match x of shape {tuple(x.shape)} and n_axes={n_axes}",
+            f"({s}, {n_axes})"
+            + (f" or ({b}, {s}, {n_axes})" if b is not None else "")
+            + f" to match x of shape {tuple(x.shape)} and n_axes={n_axes}"
+            + ("" if b is not None else " (batched positions need x of shape (B, H, S, D))"),
         )
 
 
@@ -138,6 +164,16 @@ def check_tokens(x: object, dim: int, name: str = "x") -> None:
         fail(f"{name}.shape[-1]", x.shape[-1], f"dim = {dim}")
     if not x.is_floating_point():
         fail(f"{name}.dtype", x.dtype, "a floating point dtype")
+
+
+def check_embed(encoding: Encoding, x: torch.Tensor, positions: torch.Tensor) -> None:
+    """The arguments of an ``embed`` hook: tokens ``(B, S, dim)``, positions of the encoding's kind for them, of an
+    exact dtype and on x's device. Finiteness is left to the encoding function, which checks it where it reads the
+    values anyway."""
+    check_tokens(x, encoding.config.dim)
+    encoding.check_positions(positions, x.shape[1], x.shape[0])
+    check_positions(positions, finite=False)
+    check_same_device("positions", positions, x.device, "x's device")
 
 
 def check_grid(positions: torch.Tensor, length: int, batch: int, name: str = "positions") -> None:
@@ -189,6 +225,11 @@ class RotaryModule(ConfiguredModule):
 
     def rotate(self, q, k, q_pos, k_pos):  # noqa: ANN001, ANN201 - defined by each encoding
         raise NotImplementedError
+
+    def _check_position_pair(self, q, k, q_pos, k_pos) -> None:  # noqa: ANN001
+        """Exact, finite query and key positions on the devices of q and k (after their shapes were checked)."""
+        check_position_values(q_pos, q, "positions", "q")
+        check_position_values(k_pos, k, "k_positions", "k")
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, k_positions: torch.Tensor | None = None

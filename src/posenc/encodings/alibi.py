@@ -135,13 +135,15 @@ class ALiBi(_SlopeModule):
     def bias(
         self, q_pos: torch.Tensor, k_pos: torch.Tensor, *, q: torch.Tensor | None = None, scale: float | None = None
     ) -> torch.Tensor:
-        """The materialised bias ``(B|1, H, S, T)`` float32; ``q`` and ``scale`` are unused."""
+        """The materialised bias ``(B|1, H, S, T)`` float32; ``q`` (optional) is only checked for its head count."""
+        self.check_heads(q)
         return alibi_bias(q_pos, k_pos, self._slopes, symmetric=self.config.symmetric)
 
     def score_mod(
         self, q_pos: torch.Tensor, k_pos: torch.Tensor, *, q: torch.Tensor | None = None, scale: float | None = None
     ) -> ScoreMod:
         """FlexAttention ``score_mod`` adding ``bias(q_pos, k_pos)[b, h, q_idx, kv_idx]`` (bit for bit eagerly)."""
+        self.check_heads(q)
         check_alibi_positions(q_pos, k_pos)
         slopes, symmetric = self._slopes.to(q_pos.device), self.config.symmetric
         q_at, k_at = position_reader(q_pos), position_reader(k_pos)
@@ -181,13 +183,15 @@ class ALiBi2D(_SlopeModule):
     def bias(
         self, q_pos: torch.Tensor, k_pos: torch.Tensor, *, q: torch.Tensor | None = None, scale: float | None = None
     ) -> torch.Tensor:
-        """The materialised bias ``(B|1, H, S, T)`` float32; ``q`` and ``scale`` are unused."""
+        """The materialised bias ``(B|1, H, S, T)`` float32; ``q`` (optional) is only checked for its head count."""
+        self.check_heads(q)
         return alibi_2d_bias(q_pos, k_pos, self._slopes)
 
     def score_mod(
         self, q_pos: torch.Tensor, k_pos: torch.Tensor, *, q: torch.Tensor | None = None, scale: float | None = None
     ) -> ScoreMod:
         """FlexAttention ``score_mod`` adding ``bias(q_pos, k_pos)[b, h, q_idx, kv_idx]`` (bit for bit eagerly)."""
+        self.check_heads(q)
         check_alibi_positions(q_pos, k_pos, grid=True)
         slopes = self._slopes.to(q_pos.device)
         # (..., L, 2) -> contiguous x and y columns (..., L), so each read is one flat index

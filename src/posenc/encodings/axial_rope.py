@@ -21,7 +21,7 @@ import torch
 
 from posenc._checks import check_choice, check_number, check_positive_int, fail
 from posenc._config import DictConfig
-from posenc.encodings._base import FrequencyModule, check_grid_positions, check_qk, shape_stub
+from posenc.encodings._base import FrequencyModule, check_grid_positions, check_position_values, check_qk, shape_stub
 from posenc.functional.axial_rope import axial_cos_sin, axial_inv_freq
 from posenc.functional.rope import LAYOUTS, table_dtype
 from posenc.registry import register
@@ -93,6 +93,7 @@ class AxialRoPE(FrequencyModule):
         if x.shape[-1] != self.config.head_dim:
             fail(f"{name}.shape[-1]", x.shape[-1], f"head_dim = {self.config.head_dim}")
         check_grid_positions(positions, x, self.config.n_axes)
+        check_position_values(positions, x, "positions", name)
         cos, sin = self.cos_sin(positions, dtype=table_dtype(x.dtype))
         return self._apply_tables(x, cos, sin, batched=positions.dim() == 3)
 
@@ -106,6 +107,7 @@ class AxialRoPE(FrequencyModule):
         check_qk(q, k, self.config.head_dim)
         check_grid_positions(q_pos, q, self.config.n_axes, "positions")
         check_grid_positions(k_pos, k, self.config.n_axes, "k_positions")
+        self._check_position_pair(q, k, q_pos, k_pos)
         q_tables, k_tables = self._table_pair(q, k, q_pos, k_pos, lambda pos, dtype: self.cos_sin(pos, dtype=dtype))
         return (
             self._apply_tables(q, *q_tables, batched=q_pos.dim() == 3),

@@ -24,9 +24,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from posenc._checks import check_number, check_positive_int, fail
+from posenc._checks import check_number, check_positions, check_positive_int, fail
 from posenc._config import DictConfig
-from posenc.encodings._base import ConfiguredModule, check_grid, check_tokens
+from posenc.encodings._base import ConfiguredModule, check_embed, check_grid
 from posenc.functional.learned import check_grid_size, resize_table_1d, resize_table_2d
 from posenc.registry import register
 
@@ -36,8 +36,7 @@ def table_indices(positions: torch.Tensor, limits: tuple[int, ...], hint: str) -
 
     ``hint`` ends the error message (how to get a larger table).
     """
-    if positions.dtype == torch.bool or positions.is_complex():
-        fail("positions.dtype", positions.dtype, "an integer or real floating point dtype")
+    check_positions(positions, finite=False)  # the range check below reads the values and catches NaN and inf
     if torch.compiler.is_compiling() or positions.is_meta:
         return positions.long()
     limit = torch.tensor(limits, device=positions.device)  # (n,)
@@ -129,8 +128,7 @@ class LearnedPositions(_Learned):
 
     def embed(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """The ``Encoding`` hook: ``x (B, S, D)`` plus the table rows at ``positions``."""
-        check_tokens(x, self.config.dim)
-        self.check_positions(positions, x.shape[1], x.shape[0])
+        check_embed(self, x, positions)
         hint = f"call .resized(new_len) for a table longer than max_len={self.config.max_len}"
         index = table_indices(positions.unsqueeze(-1), (self.config.max_len,), hint)[..., 0]  # (S,) or (B, S)
         return x + self.table[index].to(x.dtype)  # (S, D) or (B, S, D), broadcast over the batch
@@ -181,8 +179,7 @@ class LearnedPositions2D(_Learned):
 
     def embed(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """The ``Encoding`` hook: ``x (B, S, D)`` plus ``table[y, x]`` for each token's grid position."""
-        check_tokens(x, self.config.dim)
-        self.check_positions(positions, x.shape[1], x.shape[0])
+        check_embed(self, x, positions)
         hint = f"call .resized((W, H)) for a grid larger than grid_size={self.config.grid_size}"
         index = table_indices(positions, self.config.grid_size, hint)  # (..., S, 2), columns (x, y)
         return x + self.table[index[..., 1], index[..., 0]].to(x.dtype)  # (S, D) or (B, S, D)

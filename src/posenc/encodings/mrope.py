@@ -19,7 +19,7 @@ import torch
 
 from posenc._checks import check_choice, check_number, check_positive_int, fail
 from posenc._config import DictConfig
-from posenc.encodings._base import FrequencyModule, check_qk, shape_stub
+from posenc.encodings._base import FrequencyModule, check_position_values, check_qk, shape_stub
 from posenc.functional.mrope import check_mrope_section, mrope_cos_sin
 from posenc.functional.rope import LAYOUTS, default_inv_freq, table_dtype
 from posenc.registry import register
@@ -69,7 +69,8 @@ def check_mrope_positions(positions: torch.Tensor, x: torch.Tensor, name: str = 
         fail(
             f"{name}.shape",
             tuple(positions.shape),
-            f"(3, {s}) or (3, {b}, {s}) [temporal, height, width] to match x of shape {tuple(x.shape)}",
+            f"(3, {s}) or (3, {1 if b is None else b}, {s}) [temporal, height, width] to match x of shape "
+            f"{tuple(x.shape)}",
         )
     return positions
 
@@ -139,6 +140,7 @@ class MRoPE(FrequencyModule):
         if x.shape[-1] != self.config.head_dim:
             fail("x.shape[-1]", x.shape[-1], f"head_dim = {self.config.head_dim}")
         check_mrope_positions(positions, x)
+        check_position_values(positions, x)
         cos, sin = self.cos_sin(positions, dtype=table_dtype(x.dtype))
         return self._apply_tables(x, cos, sin, batched=positions.dim() == 3)
 
@@ -152,6 +154,7 @@ class MRoPE(FrequencyModule):
         check_qk(q, k, self.config.head_dim)
         check_mrope_positions(q_pos, q, "positions")
         check_mrope_positions(k_pos, k, "k_positions")
+        self._check_position_pair(q, k, q_pos, k_pos)
         q_tables, k_tables = self._table_pair(q, k, q_pos, k_pos, lambda pos, dtype: self.cos_sin(pos, dtype=dtype))
         return (
             self._apply_tables(q, *q_tables, batched=q_pos.dim() == 3),

@@ -25,7 +25,7 @@ from torch import nn
 
 from posenc._checks import check_number, check_positive_int, fail
 from posenc._config import DictConfig
-from posenc.encodings._base import RotaryModule, check_grid_positions, check_qk, shape_stub
+from posenc.encodings._base import RotaryModule, check_grid_positions, check_position_values, check_qk, shape_stub
 from posenc.functional.rope import apply_rotary, table_dtype
 from posenc.functional.rope_mixed import init_mixed_freqs, mixed_cos_sin
 from posenc.registry import register
@@ -115,11 +115,14 @@ class RoPEMixed(RotaryModule):
             fail(f"{name}.shape[-1]", x.shape[-1], f"head_dim = {c.head_dim}")
         self._check_heads(x, name)
         check_grid_positions(positions, x, 2)
+        check_position_values(positions, x, "positions", name)
         cos, sin = self.cos_sin(positions, dtype=table_dtype(x.dtype))  # (H, S, F) or (B, H, S, F): already per head
         return apply_rotary(x, cos, sin, layout="interleaved")
 
     def _check_heads(self, x: torch.Tensor, name: str) -> None:
         c = self.config
+        if x.dim() in (3, 4) and name != "k":  # keys: the message below says how to repeat GQA key heads
+            self.check_heads(x, name)
         if x.dim() not in (3, 4) or x.shape[-3] != c.num_heads:
             fail(
                 f"{name}.shape",
@@ -140,6 +143,7 @@ class RoPEMixed(RotaryModule):
         check_grid_positions(k_pos, k, 2, "k_positions")
         self._check_heads(q, "q")
         self._check_heads(k, "k")
+        self._check_position_pair(q, k, q_pos, k_pos)
         q_tables, k_tables = self._table_pair(q, k, q_pos, k_pos, lambda pos, dtype: self.cos_sin(pos, dtype=dtype))
         return apply_rotary(q, *q_tables, layout="interleaved"), apply_rotary(k, *k_tables, layout="interleaved")
 

@@ -20,7 +20,7 @@ import torch
 from posenc import kernels
 from posenc._checks import check_choice, check_number, fail
 from posenc._config import DictConfig
-from posenc.encodings._base import FrequencyModule, check_qk
+from posenc.encodings._base import FrequencyModule, check_position_values, check_qk
 from posenc.functional.rope import LAYOUTS, rope_cos_sin, table_dtype
 from posenc.registry import register
 from posenc.scalings import RopeScaling, check_rotary_keys, parse_scaling, rope_frequencies, rotary_dim
@@ -63,7 +63,8 @@ def check_positions(positions: torch.Tensor, x: torch.Tensor, name: str = "posit
     ok = positions.dim() == 1 and positions.shape[0] == s
     ok = ok or (positions.dim() == 2 and positions.shape[1] == s and b is not None and positions.shape[0] in (1, b))
     if not ok:
-        fail(f"{name}.shape", tuple(positions.shape), f"({s},) or ({b}, {s}) to match x of shape {tuple(x.shape)}")
+        batched = f" or ({b}, {s})" if b is not None else " (batched positions need x of shape (B, H, S, D))"
+        fail(f"{name}.shape", tuple(positions.shape), f"({s},){batched} to match x of shape {tuple(x.shape)}")
     return positions
 
 
@@ -159,6 +160,7 @@ class RotaryEmbedding(FrequencyModule):
         if x.shape[-1] != self.config.head_dim:
             fail("x.shape[-1]", x.shape[-1], f"head_dim = {self.config.head_dim}")
         check_positions(positions, x)
+        check_position_values(positions, x)
         cos, sin = self.cos_sin(positions, seq_len=seq_len, dtype=table_dtype(x.dtype))
         return self._apply_tables(x, cos, sin, batched=positions.dim() == 2)
 
@@ -169,6 +171,7 @@ class RotaryEmbedding(FrequencyModule):
         check_qk(q, k, self.config.head_dim)
         check_positions(q_pos, q, "positions")
         check_positions(k_pos, k, "k_positions")
+        self._check_position_pair(q, k, q_pos, k_pos)
         seq_len = None
         if self.config.scaling is not None and self.config.scaling.depends_on_length and q_pos is not k_pos:
             # One length for both, so q.k stays a function of distance (decoding passes fewer queries).

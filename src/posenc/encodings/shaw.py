@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from posenc._checks import check_positive_int, fail
+from posenc._checks import check_number, check_positive_int, fail
 from posenc._config import DictConfig
 from posenc.encodings._base import ConfiguredModule, ScoreMod, position_reader
 from posenc.functional.relative import (
@@ -87,7 +87,7 @@ class ShawRelative(ConfiguredModule):
         check_integer_positions(positions, name)
 
     def _scale(self, scale: float | None) -> float:
-        return self.config.head_dim**-0.5 if scale is None else float(scale)
+        return self.config.head_dim**-0.5 if scale is None else check_number("scale", scale)
 
     def bias(
         self,

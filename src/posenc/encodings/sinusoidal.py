@@ -21,7 +21,7 @@ import torch
 
 from posenc._checks import check_number, check_positive_int, fail
 from posenc._config import DictConfig
-from posenc.encodings._base import ConfiguredModule, check_grid, check_tokens
+from posenc.encodings._base import ConfiguredModule, check_embed, check_grid
 from posenc.functional.sinusoidal import sinusoidal_2d_encoding, sinusoidal_encoding
 from posenc.registry import register
 
@@ -79,8 +79,7 @@ class Sinusoidal(ConfiguredModule):
 
     def embed(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """The ``Encoding`` hook: ``x (B, S, D)`` plus the encoding of ``positions``."""
-        check_tokens(x, self.config.dim)
-        self.check_positions(positions, x.shape[1], x.shape[0])
+        check_embed(self, x, positions)
         return x + self.encoding(positions, dtype=x.dtype)  # (B|1, S, D) or (S, D) broadcasts over the batch
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -122,8 +121,7 @@ class Sinusoidal2D(ConfiguredModule):
 
     def embed(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """The ``Encoding`` hook: ``x (B, S, D)`` plus the encoding of the grid ``positions``."""
-        check_tokens(x, self.config.dim)
-        self.check_positions(positions, x.shape[1], x.shape[0])
+        check_embed(self, x, positions)
         return x + self.encoding(positions, dtype=x.dtype)  # (B|1, S, D) or (S, D) broadcasts over the batch
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

@@ -95,7 +95,9 @@ class T5Bias(ConfiguredModule):
         q: torch.Tensor | None = None,
         scale: float | None = None,
     ) -> torch.Tensor:
-        """The bias ``(B|1, H, S, T)`` for queries at ``q_pos`` and keys at ``k_pos``; ``q``/``scale`` unused."""
+        """The bias ``(B|1, H, S, T)`` for queries at ``q_pos`` and keys at ``k_pos``; ``q`` (optional) is only
+        checked for its head count."""
+        self.check_heads(q)
         c = self.config
         return t5_bias(
             q_pos,
@@ -116,6 +118,7 @@ class T5Bias(ConfiguredModule):
     ) -> ScoreMod:
         """FlexAttention ``score_mod`` adding ``bias(q_pos, k_pos)[b, h, q_idx, kv_idx]``; captures only the
         ``(H, num_buckets)`` table and the positions."""
+        self.check_heads(q)
         check_position_pair(q_pos, k_pos)  # validates dtypes, ranks and batch sizes without an S x T tensor
         c = self.config
         per_head = self.relative_attention_bias.weight.t()  # (H, num_buckets)

@@ -17,7 +17,7 @@ import torch
 
 from posenc._checks import check_choice, check_number, check_positive_int, fail
 from posenc._config import DictConfig
-from posenc.encodings._base import FrequencyModule, check_qk
+from posenc.encodings._base import FrequencyModule, check_position_values, check_qk
 from posenc.encodings.rotary import check_positions
 from posenc.functional.rope import LAYOUTS, default_inv_freq, table_dtype
 from posenc.functional.xpos import xpos_cos_sin
@@ -107,6 +107,7 @@ class XPos(FrequencyModule):
         if x.shape[-1] != self.config.head_dim:
             fail("x.shape[-1]", x.shape[-1], f"head_dim = {self.config.head_dim}")
         check_positions(positions, x)
+        check_position_values(positions, x)
         cos, sin = self.cos_sin(positions, downscale=downscale, dtype=table_dtype(x.dtype))
         return self._apply_tables(x, cos, sin, batched=positions.dim() == 2)
 
@@ -118,6 +119,7 @@ class XPos(FrequencyModule):
         check_qk(q, k, self.config.head_dim)
         check_positions(q_pos, q, "positions")
         check_positions(k_pos, k, "k_positions")
+        self._check_position_pair(q, k, q_pos, k_pos)
         return self.rotate_one(q, q_pos), self.rotate_one(k, k_pos, downscale=True)
 
     def extra_repr(self) -> str:

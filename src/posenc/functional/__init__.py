@@ -2,6 +2,15 @@
 
 from posenc.functional.alibi import alibi_2d_bias, alibi_bias, alibi_slopes, interpolated_slopes
 from posenc.functional.axial_rope import axial_angles, axial_cos_sin, axial_inv_freq, grid_positions
+from posenc.functional.fire import fire_bias
+from posenc.functional.fope import (
+    apply_fope,
+    fope_cos_sin,
+    fope_frequencies,
+    fope_num_frequencies,
+    init_fope_coefficients,
+)
+from posenc.functional.kerple import kerple_bias
 from posenc.functional.learned import resize_table_1d, resize_table_2d
 from posenc.functional.mrope import mrope_angles, mrope_cos_sin, mrope_streams
 from posenc.functional.relative import shaw_bias, shaw_value_term, t5_bias, t5_relative_position_bucket
@@ -14,8 +23,10 @@ from posenc.functional.rope_scaling import (
     llama3_frequencies,
     longrope_frequencies,
     ntk_frequencies,
+    proportional_frequencies,
     yarn_frequencies,
 )
+from posenc.functional.sandwich import sandwich_bias, sandwich_frequencies
 from posenc.functional.sinusoidal import sinusoidal_2d_encoding, sinusoidal_encoding
 from posenc.functional.xpos import xpos_cos_sin, xpos_scale, xpos_zeta
 
@@ -24,6 +35,7 @@ __all__ = [
     "alibi_bias",
     "alibi_slopes",
     "angle_dtype",
+    "apply_fope",
     "apply_rotary",
     "axial_angles",
     "axial_cos_sin",
@@ -31,9 +43,15 @@ __all__ = [
     "default_frequencies",
     "default_inv_freq",
     "dynamic_ntk_frequencies",
+    "fire_bias",
+    "fope_cos_sin",
+    "fope_frequencies",
+    "fope_num_frequencies",
     "grid_positions",
+    "init_fope_coefficients",
     "init_mixed_freqs",
     "interpolated_slopes",
+    "kerple_bias",
     "linear_frequencies",
     "llama3_frequencies",
     "longrope_frequencies",
@@ -43,10 +61,13 @@ __all__ = [
     "mrope_cos_sin",
     "mrope_streams",
     "ntk_frequencies",
+    "proportional_frequencies",
     "resize_table_1d",
     "resize_table_2d",
     "rope_angles",
     "rope_cos_sin",
+    "sandwich_bias",
+    "sandwich_frequencies",
     "shaw_bias",
     "shaw_value_term",
     "sinusoidal_2d_encoding",

@@ -17,11 +17,12 @@ Shapes:
     grid positions  (S, 2) or (B|1, S, 2); (T, 2) or (B|1, T, 2)  columns (x, y), see ``grid_positions``
     bias            (B|1, H, S, T)                                float32
 
-Numerics: distances are taken in the positions' dtype (integers stay exact; half-precision floats are promoted to
-float32, float64 stays float64), rounded once to float32 and multiplied by the float32 slopes. Integer positions
-(``|q - k| < 2**24``) thus give the correctly rounded ``-m * (q - k)``; the 2-D distance is an integer's float32
-square root, so it is one ulp from the exact product at most. float64 throughout would cost float64 arithmetic per
-score inside FlexAttention kernels for that ulp, so it is not done. The same elementwise functions
+Numerics: distances are taken in the positions' dtype (integers stay exact, float32 and float64 stay as they are;
+float16/bfloat16 positions are refused, see ``posenc._checks.check_positions``), rounded once to float32 and
+multiplied by the float32 slopes. Integer positions (``|q - k| < 2**24``) thus give the correctly rounded
+``-m * (q - k)``; the 2-D distance is an integer's float32 square root, so it is one ulp from the exact product at
+most. float64 throughout would cost float64 arithmetic per score inside FlexAttention kernels for that ulp, so it
+is not done. The same elementwise functions
 (``alibi_distance``, ``alibi_2d_distance``) serve the materialised bias and the FlexAttention ``score_mod``
 closures, so both agree bit for bit when evaluated eagerly (a compiled kernel may fuse the add). Pass float64
 positions to keep fractional distances between large positions exact.
@@ -31,7 +32,7 @@ from __future__ import annotations
 
 import torch
 
-from posenc._checks import check_positive_int, fail
+from posenc._checks import check_positions, check_positive_int, check_same_device, fail
 
 
 def alibi_slopes(num_heads: int, *, device: torch.device | str | None = None) -> torch.Tensor:
@@ -101,8 +102,7 @@ def _batched(positions: torch.Tensor, name: str, n_axes: int) -> torch.Tensor:
     rank = positions.dim() - (n_axes > 0)
     if rank not in (1, 2) or (n_axes and positions.shape[-1] != n_axes):
         fail(f"{name}.shape", tuple(positions.shape), want)
-    if positions.dtype == torch.bool or positions.is_complex():
-        fail(f"{name}.dtype", positions.dtype, "an integer or real floating point dtype")
+    check_positions(positions, name)
     return positions.unsqueeze(0) if rank == 1 else positions
 
 
@@ -116,6 +116,7 @@ def check_alibi_positions(
     """
     n_axes = 2 if grid else 0
     q, k = _batched(q_pos, "q_pos", n_axes), _batched(k_pos, "k_pos", n_axes)
+    check_same_device("k_pos", k_pos, q_pos.device, "q_pos's device")
     if q.shape[0] != k.shape[0] and 1 not in (q.shape[0], k.shape[0]):
         fail("k_pos.shape", tuple(k_pos.shape), f"a batch size of 1 or {q.shape[0]}, the batch size of q_pos")
     return q, k

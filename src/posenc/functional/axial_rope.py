@@ -27,8 +27,8 @@ import math
 
 import torch
 
-from posenc._checks import check_positive_int, fail
-from posenc.functional.rope import default_inv_freq, rope_angles
+from posenc._checks import check_positions, check_positive_int, fail
+from posenc.functional.rope import angles_of, default_inv_freq
 
 
 def grid_positions(*sizes: int, device: torch.device | str | None = None) -> torch.Tensor:
@@ -74,7 +74,8 @@ def axial_inv_freq(
 
 
 def _check_axial(positions: torch.Tensor, inv_freq: torch.Tensor) -> None:
-    if inv_freq.dim() != 2:
+    check_positions(positions)
+    if not isinstance(inv_freq, torch.Tensor) or inv_freq.dim() != 2:
         fail("inv_freq.shape", tuple(inv_freq.shape), "(n_axes, F_a): one row of frequencies per axis")
     n_axes = inv_freq.shape[0]
     if positions.dim() not in (2, 3) or positions.shape[-1] != n_axes:
@@ -88,7 +89,7 @@ def axial_angles(positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tenso
         positions (S, N) or (B, S, N); inv_freq (N, F_a) -> (S, N * F_a) or (B, S, N * F_a)
     """
     _check_axial(positions, inv_freq)
-    blocks = [rope_angles(positions[..., a], inv_freq[a]) for a in range(inv_freq.shape[0])]  # N x (..., S, F_a)
+    blocks = [angles_of(positions[..., a], inv_freq[a]) for a in range(inv_freq.shape[0])]  # N x (..., S, F_a)
     return torch.cat(blocks, dim=-1)  # (..., S, F)
 
 

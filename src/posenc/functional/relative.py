@@ -27,7 +27,7 @@ import math
 
 import torch
 
-from posenc._checks import check_positive_int, fail
+from posenc._checks import check_number, check_positive_int, fail
 
 
 def check_integer_positions(positions: object, name: str = "positions") -> torch.Tensor:
@@ -218,7 +218,7 @@ def shaw_bias(
         q (B, H, S, D), q_pos (S,) or (B, S), k_pos (T,) or (B, T), table (2K + 1, D) -> (B, H, S, T)
     """
     k_max = check_shaw_query(q, q_pos, k_pos, table)
-    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    scale = q.shape[-1] ** -0.5 if scale is None else check_number("scale", scale)
     index = _batched(shaw_relative_index(q_pos, k_pos, max_distance=k_max))  # (B|1, S, T)
     qr = shaw_query_scores(q, table, scale=scale)  # (B, H, S, 2K + 1)
     b, h, s, _ = q.shape

@@ -8,7 +8,7 @@ llama's complex-number form).
 Shapes:
     B batch, H heads, S positions, D head dim, F = rotary dims / 2.
     inv_freq  (F,)                  float32
-    positions (S,) or (B, S)        integer or floating point
+    positions (S,) or (B, S)        integer, float32 or float64, finite (``posenc._checks.check_positions``)
     cos, sin  (S, F) or (B, S, F)   float32 (float64 for float64 inputs)
     x         (..., S, D)           any floating dtype; the first 2F channels rotate, the rest pass through
 
@@ -21,7 +21,15 @@ from __future__ import annotations
 import torch
 
 from posenc import kernels
-from posenc._checks import broadcasts_to, check_choice, check_positive_int, fail
+from posenc._checks import (
+    broadcasts_to,
+    check_choice,
+    check_number,
+    check_positions,
+    check_positive_int,
+    check_same_device,
+    fail,
+)
 from posenc.kernels import cpu as cpu_kernel
 from posenc.kernels import native
 
@@ -37,6 +45,7 @@ def default_inv_freq(dim: int, *, base: float = 10000.0, device: torch.device | 
         returns (dim // 2,)
     """
     check_positive_int("dim", dim)
+    check_number("base", base, above=1.0)  # base <= 1 gives frequencies that grow with the channel index
     exponent = torch.arange(0, dim, 2, dtype=torch.float64, device=device) / dim
     return (1.0 / (float(base) ** exponent)).to(torch.float32)
 
@@ -59,14 +68,22 @@ def rope_angles(positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor
     Shapes:
         positions (S,) or (B, S); inv_freq (F,) -> (S, F) or (B, S, F)
     """
-    _check_position_dtype(positions)
+    check_positions(positions)
+    check_inv_freq(inv_freq)
+    return angles_of(positions, inv_freq)
+
+
+def angles_of(positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
+    """``rope_angles`` for arguments already checked (``check_positions``): the shared arithmetic, no validation."""
     dtype = angle_dtype(positions.device, inv_freq.dtype)
     return positions.to(dtype).unsqueeze(-1) * inv_freq.to(device=positions.device, dtype=dtype)  # (..., S, F)
 
 
-def _check_position_dtype(positions: torch.Tensor) -> None:
-    if positions.dtype == torch.bool or positions.is_complex():
-        fail("positions.dtype", positions.dtype, "an integer or real floating point dtype")
+def check_inv_freq(inv_freq: object, name: str = "inv_freq") -> None:
+    """Frequencies are a floating point ``(F,)`` tensor (a 2-D one would broadcast against the positions)."""
+    if not isinstance(inv_freq, torch.Tensor) or inv_freq.dim() != 1 or not inv_freq.is_floating_point():
+        shape = tuple(inv_freq.shape) if isinstance(inv_freq, torch.Tensor) else type(inv_freq).__name__
+        fail(f"{name}.shape", shape, "(F,) floating point frequencies, one per rotated channel pair")
 
 
 def rope_cos_sin(
@@ -86,11 +103,14 @@ def rope_cos_sin(
     """
     if dtype not in (torch.float32, torch.float64):
         fail("dtype", dtype, "torch.float32 or torch.float64 (trig tables are never kept in half precision)")
-    _check_position_dtype(positions)
+    if not isinstance(attention_factor, torch.Tensor):
+        check_number("attention_factor", attention_factor, above=0.0)
+    check_positions(positions)
+    check_inv_freq(inv_freq)
     fused = _native_cos_sin(positions, inv_freq, attention_factor, dtype)
     if fused is not None:
         return fused
-    angles = rope_angles(positions, inv_freq)
+    angles = angles_of(positions, inv_freq)
     out_dtype = dtype
     cos, sin = angles.cos(), angles.sin()
     if not (isinstance(attention_factor, float) and attention_factor == 1.0):
@@ -252,6 +272,9 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, layou
         fail("x.shape[-1]", x.shape[-1], f">= 2 * cos.shape[-1] = {2 * f} (the rotated channels)")
     if not x.is_floating_point():
         fail("x.dtype", x.dtype, "a floating point dtype")
+    # The C kernels read raw pointers: tables from another device would be read as host memory.
+    check_same_device("cos", cos, x.device, "x's device")
+    check_same_device("sin", sin, x.device, "x's device")
     pairs = (*x.shape[:-1], f)
     fits = broadcasts_to(cos.shape, pairs)
     if not fits:

@@ -22,7 +22,7 @@ import math
 
 import torch
 
-from posenc._checks import check_number, check_positive_int, fail
+from posenc._checks import check_number, check_positions, check_positive_int, fail
 from posenc.functional.rope import angle_dtype
 
 
@@ -73,12 +73,11 @@ def init_mixed_freqs(
 
 
 def _check_mixed(positions: torch.Tensor, freqs: torch.Tensor) -> None:
-    if freqs.dim() != 3 or freqs.shape[0] != 2:
+    check_positions(positions)
+    if not isinstance(freqs, torch.Tensor) or freqs.dim() != 3 or freqs.shape[0] != 2:
         fail("freqs.shape", tuple(freqs.shape), "(2, num_heads, F): x and y frequencies per head")
     if positions.dim() not in (2, 3) or positions.shape[-1] != 2:
         fail("positions.shape", tuple(positions.shape), "(S, 2) or (B, S, 2): (x, y) per token")
-    if positions.dtype == torch.bool or positions.is_complex():
-        fail("positions.dtype", positions.dtype, "an integer or real floating point dtype")
 
 
 def mixed_angles(positions: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:

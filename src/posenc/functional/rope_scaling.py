@@ -14,6 +14,8 @@ Papers:
     yarn      Peng et al. 2023, "YaRN: Efficient Context Window Extension of LLMs" (arXiv:2309.00071)
     longrope  Ding et al. 2024, "LongRoPE: Extending LLM Context Window Beyond 2 Million Tokens" (arXiv:2402.13753)
     llama3    Meta 2024, "The Llama 3 Herd of Models" (arXiv:2407.21783), rope scaling of Llama 3.1
+    proportional  Barbero et al. 2024, "Round and Round We Go! What makes Rotary Positional Encodings useful?"
+              (arXiv:2410.06205), p-RoPE; Gemma 4's ``rope_type: "proportional"``
 """
 
 from __future__ import annotations
@@ -23,7 +25,28 @@ from collections.abc import Sequence
 
 import torch
 
+from posenc._checks import check_number, check_positive_int, fail
+
 SeqLen = int | torch.Tensor | None
+
+
+def _check(dim: int, base: float, *, ntk: bool = False, lengths: dict | None = None, **positive: object) -> None:
+    """The scalars of a transform: ``dim``, ``base > 1``, positive integer ``lengths`` and finite ``positive``
+    numbers (None: not given). NaN or inf would otherwise come back as NaN frequencies without a word."""
+    check_positive_int("dim", dim)
+    if ntk and dim <= 2:
+        fail("dim", dim, "> 2 for NTK scaling (its exponent is dim / (dim - 2))")
+    check_number("base", base, above=1.0)
+    for name, value in (lengths or {}).items():
+        check_positive_int(name, value)
+    for name, value in positive.items():
+        if value is not None:
+            check_number(name, value, above=0.0)
+
+
+def _check_seq_len(seq_len: SeqLen) -> None:
+    if seq_len is not None and not isinstance(seq_len, torch.Tensor):
+        check_number("seq_len", seq_len, minimum=0.0)
 
 
 def _exponents(dim: int, device: torch.device | str | None) -> torch.Tensor:
@@ -40,11 +63,13 @@ def _out(inv_freq: torch.Tensor, attention_factor: float) -> tuple[torch.Tensor,
 
 def default_frequencies(dim: int, *, base: float, device=None) -> tuple[torch.Tensor, float]:
     """Unscaled RoPE: ``base ** (-2i / dim)``."""
+    _check(dim, base)
     return _out(_base_inv_freq(dim, base, device), 1.0)
 
 
 def linear_frequencies(dim: int, *, base: float, factor: float, device=None) -> tuple[torch.Tensor, float]:
     """Position Interpolation: every frequency divided by ``factor`` (positions squeezed into the trained range)."""
+    _check(dim, base, factor=factor)
     return _out(_base_inv_freq(dim, base, device) / factor, 1.0)
 
 
@@ -53,6 +78,7 @@ def ntk_frequencies(dim: int, *, base: float, factor: float, device=None) -> tup
 
     The lowest frequency is interpolated by exactly ``factor``; the highest is untouched.
     """
+    _check(dim, base, ntk=True, factor=factor)
     return _out(_base_inv_freq(dim, base * factor ** (dim / (dim - 2)), device), 1.0)
 
 
@@ -64,6 +90,8 @@ def dynamic_ntk_frequencies(
     ``base * (factor * L / max_position_embeddings - (factor - 1)) ** (dim / (dim - 2))`` with
     ``L = max(seq_len, max_position_embeddings)``.
     """
+    _check(dim, base, ntk=True, lengths={"max_position_embeddings": max_position_embeddings}, factor=factor)
+    _check_seq_len(seq_len)
     if seq_len is None:
         length = torch.tensor(float(max_position_embeddings), dtype=torch.float64, device=device)
     else:
@@ -111,6 +139,19 @@ def yarn_frequencies(
     The attention factor defaults to ``yarn_get_mscale(factor)``, or the DeepSeek form
     ``mscale(factor, mscale) / mscale(factor, mscale_all_dim)`` when both are set.
     """
+    lengths = {"original_max_position_embeddings": original_max_position_embeddings}
+    _check(
+        dim,
+        base,
+        lengths=lengths,
+        factor=factor,
+        beta_fast=beta_fast,
+        beta_slow=beta_slow,
+        attention_factor=attention_factor,
+    )
+    for name, value in (("mscale", mscale), ("mscale_all_dim", mscale_all_dim)):
+        if value is not None:
+            check_number(name, value)  # 0 is HF's "not set"
     if attention_factor is None:
         if mscale and mscale_all_dim:
             attention_factor = yarn_get_mscale(factor, mscale) / yarn_get_mscale(factor, mscale_all_dim)
@@ -151,6 +192,9 @@ def longrope_frequencies(
     device=None,
 ) -> tuple[torch.Tensor, float]:
     """LongRoPE: per-frequency rescale factors, ``long_factor`` beyond the original length, ``short_factor`` within."""
+    lengths = {"original_max_position_embeddings": original_max_position_embeddings}
+    _check(dim, base, lengths=lengths, factor=factor, attention_factor=attention_factor)
+    _check_seq_len(seq_len)
     if attention_factor is None:
         attention_factor = longrope_attention_factor(factor, original_max_position_embeddings)
     short = torch.tensor(short_factor, dtype=torch.float64, device=device)
@@ -181,6 +225,10 @@ def llama3_frequencies(
     cancels, and float32 rounding moves band frequencies by ~1e-6 relative. Pretrained Llama 3.x checkpoints were
     trained with exactly those rounded values, so we reproduce them rather than the exact ones.
     """
+    lengths = {"original_max_position_embeddings": original_max_position_embeddings}
+    _check(
+        dim, base, lengths=lengths, factor=factor, low_freq_factor=low_freq_factor, high_freq_factor=high_freq_factor
+    )
     inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, device=device).float() / dim))  # float32 pow, as Meta/HF
     wavelen = 2 * math.pi / inv_freq
     low_wavelen = original_max_position_embeddings / low_freq_factor
@@ -190,3 +238,28 @@ def llama3_frequencies(
     smoothed = (1 - smooth) * scaled / factor + smooth * scaled
     medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
     return _out(torch.where(medium, smoothed, scaled), 1.0)
+
+
+def proportional_frequencies(
+    dim: int, *, base: float, partial_rotary_factor: float, factor: float = 1.0, device=None
+) -> tuple[torch.Tensor, float]:
+    """p-RoPE: the ``int(partial_rotary_factor * dim // 2)`` highest frequencies rotate, the rest are 0.
+
+    Rotating pair ``i`` keeps RoPE's frequency ``base ** (-2i / dim)`` (the exponent is over the whole ``dim``, not
+    the rotating part, unlike partial rotary); the lowest-frequency pairs get frequency 0, so cos = 1 and sin = 0
+    leave them exactly unchanged at every position (the paper's "truncating the lowest frequencies"). Every
+    frequency is then divided by ``factor`` (transformers' optional linear interpolation). The result has the full
+    ``(dim // 2,)`` size with trailing zeros, as transformers returns it for Gemma 4.
+
+    Like ``llama3_frequencies``, this runs in float32 in the reference's order of operations, so the frequencies
+    are bit-equal to transformers' (on the same device) rather than rounded from float64.
+
+    Reference implementation: ``transformers.modeling_rope_utils._compute_proportional_rope_parameters``.
+    """
+    _check(dim, base, factor=factor)
+    if check_number("partial_rotary_factor", partial_rotary_factor, minimum=0.0) > 1.0:
+        fail("partial_rotary_factor", partial_rotary_factor, "a number in [0, 1]: the fraction of pairs that rotate")
+    rotating = int(partial_rotary_factor * dim // 2)  # the reference's expression and float rounding, exactly
+    exponent = torch.arange(0, 2 * rotating, 2, dtype=torch.int64, device=device).float() / dim
+    inv_freq = torch.cat((1.0 / (base**exponent), torch.zeros(dim // 2 - rotating, dtype=torch.float32, device=device)))
+    return _out(inv_freq / factor, 1.0)

@@ -28,8 +28,8 @@ from __future__ import annotations
 
 import torch
 
-from posenc._checks import check_number, check_positive_int, fail
-from posenc.functional.rope import angle_dtype, rope_angles
+from posenc._checks import check_number, check_positions, check_positive_int, fail
+from posenc.functional.rope import angle_dtype, angles_of, rope_angles
 
 
 def _check_args(dim: int, base: float, dtype: torch.dtype, multiple: int, why: str) -> None:
@@ -91,9 +91,10 @@ def sinusoidal_2d_encoding(
     _check_args(dim, base, dtype, 4, "a sine and a cosine block for each of x and y")
     if not isinstance(positions, torch.Tensor) or positions.dim() not in (2, 3) or positions.shape[-1] != 2:
         fail("positions.shape", getattr(positions, "shape", type(positions).__name__), "(S, 2) or (B, S, 2): (x, y)")
+    check_positions(positions)  # once for both columns
     inv_freq = _frequencies(dim // 2, base, positions.device)  # (D/4,), shared by both axes
     blocks = []
     for axis in range(2):  # x, then y
-        angles = rope_angles(positions[..., axis], inv_freq)  # (..., S, D/4)
+        angles = angles_of(positions[..., axis], inv_freq)  # (..., S, D/4)
         blocks += [angles.sin(), angles.cos()]
     return torch.cat(blocks, dim=-1).to(dtype)  # (..., S, D)

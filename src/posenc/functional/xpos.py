@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import torch
 
-from posenc._checks import check_number, check_positive_int, fail
+from posenc._checks import check_number, check_positions, check_positive_int, fail
 from posenc.functional.rope import angle_dtype, rope_angles, rope_cos_sin
 
 
@@ -64,6 +64,7 @@ def xpos_scale(
     Shapes:
         positions (S,) or (B, S) -> (S, F) or (B, S, F), F = dim // 2
     """
+    check_positions(positions)
     check_number("scale_base", scale_base, above=0.0)
     check_number("center", center)
     dtype = angle_dtype(positions.device, torch.float32)

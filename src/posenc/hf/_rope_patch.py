@@ -2,7 +2,9 @@
 embedding module rebuilt from that config in place.
 
 The new ``rope_parameters`` come from posenc's scaling configs (``posenc.scalings``, validated there) exported with
-``rotary_config_to_hf``; static NTK, which transformers lacks, becomes default RoPE with the enlarged base. Each
+``rotary_config_to_hf``; static NTK, which transformers lacks, becomes default RoPE with the enlarged base. A p-RoPE
+model (``"proportional"``) takes ``linear`` only: its rotating pairs are divided by the factor and the non-rotating
+pairs stay at frequency 0 (HF's own ``factor`` key of that type); other methods are refused. Each
 ``*RotaryEmbedding`` module is then re-initialised by its own class from the updated config, and the state of that
 fresh module (``inv_freq``, ``original_inv_freq``, ``attention_scaling``, ``rope_type``, ``max_seq_len_cached``, the
 per-layer-type variants) replaces the old one's, so the patched model is the model transformers builds natively from
@@ -29,6 +31,7 @@ from posenc.scalings import (
     Llama3Scaling,
     LongRoPEScaling,
     NTKScaling,
+    ProportionalScaling,
     RopeScaling,
     YaRNScaling,
 )
@@ -136,7 +139,18 @@ def extend_rope(
     elif original > target:
         fail("original_max_position_embeddings", original, f"<= the target max_position_embeddings={target}")
     old_setup = rotary_config_from_hf(config, layer_type=layer_type)
-    scaling = _scaling(method, factor, original, old_setup.rotary_dim, options)
+    if isinstance(old_setup.scaling, ProportionalScaling):
+        # One rope_type per config: p-RoPE carries only its own linear factor, so that is all that composes.
+        if method != "linear":
+            fail(
+                "method",
+                method,
+                f"'linear' for {architecture(model)}, whose rope_parameters are p-RoPE ('proportional'): its "
+                "rotating pairs are interpolated by the scaling's own factor; other methods have no HF form there",
+            )
+        scaling = dataclasses.replace(old_setup.scaling, factor=factor)
+    else:
+        scaling = _scaling(method, factor, original, old_setup.rotary_dim, options)
     exported = rotary_config_to_hf(dataclasses.replace(old_setup, scaling=scaling))
     new_params = exported["rope_parameters"]
     if "partial_rotary_factor" in old_params:  # Phi-3 and GPT-NeoX configs read it unconditionally

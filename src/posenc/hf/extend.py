@@ -1,8 +1,10 @@
 """``extend_context``: run a loaded transformers model at a longer context than it was trained for.
 
-RoPE models (Llama, Mistral, Qwen2/3, Phi-3, GPT-NeoX, Gemma 1/2/3) take any of posenc's scalings: ``linear``
+RoPE models (Llama, Mistral, Qwen2/3, Phi-3, GPT-NeoX, Gemma 1/2/3/4) take any of posenc's scalings: ``linear``
 (Position Interpolation, Chen et al. 2023), ``ntk`` (static NTK-aware), ``dynamic`` (dynamic NTK), ``yarn``
-(Peng et al. 2023), ``longrope`` (Ding et al. 2024) and ``llama3`` (Meta 2024); see ``posenc.hf._rope_patch``.
+(Peng et al. 2023), ``longrope`` (Ding et al. 2024) and ``llama3`` (Meta 2024); see ``posenc.hf._rope_patch``. A
+model whose RoPE is p-RoPE (``rope_type: "proportional"``, e.g. Gemma 4's full-attention layers) takes ``linear``
+only, applied to its rotating pairs.
 ALiBi models (BLOOM, MPT) take ``linear``, which for ALiBi is slope interpolation (Al-Khateeb et al. 2023); see
 ``posenc.hf._alibi_patch``. transformers is imported only when a model is patched.
 """
@@ -61,7 +63,7 @@ def extend_context(
             ``max_seq_len``; BLOOM has none, which only leaves the target length unset).
         max_position_embeddings: the new context length written to the config (MPT: ``max_seq_len``); defaults to
             ``ceil(original * factor)``. ``dynamic`` keeps the original length there, as transformers expects.
-        layer_type: for per-layer-type ``rope_parameters`` (Gemma 3), the layer type to extend.
+        layer_type: for per-layer-type ``rope_parameters`` (Gemma 3, Gemma 4), the layer type to extend.
         **options: the method's own keys, ``METHOD_OPTIONS[method]``: YaRN's ``beta_fast``, ``beta_slow``,
             ``mscale``, ``mscale_all_dim``, ``attention_factor``, ``truncate``; LongRoPE's ``long_factor``
             (required), ``short_factor`` (default all ones) and ``attention_factor``; Llama 3's
@@ -76,8 +78,9 @@ def extend_context(
 
     Raises:
         ValueError: an architecture that is not handled (naming ``model.config.model_type`` and the class), an
-            unknown method or option, ``factor < 1``, an original length above the target, or a scaling the
-            model's config class rejects. The model is left unchanged.
+            unknown method or option, ``factor < 1``, an original length above the target, a method other than
+            ``linear`` on a p-RoPE (``proportional``) model, or a scaling the model's config class rejects. The
+            model is left unchanged.
     """
     if not isinstance(model, torch.nn.Module) or getattr(model, "config", None) is None:
         fail("model", type(model).__name__, "a transformers model (a torch.nn.Module with a .config)")

@@ -3,7 +3,8 @@
 Handles both config generations: transformers >= 5 ``rope_parameters`` (with ``rope_theta`` inside) and the
 older ``rope_theta`` + ``rope_scaling`` (legacy ``type`` key), GPT-NeoX's ``rotary_pct`` / ``rotary_emb_base``,
 Phi-3's top-level ``original_max_position_embeddings``, and per-layer-type nested ``rope_parameters`` (pick one
-with ``layer_type``).
+with ``layer_type``; Gemma 4's per-layer ``head_dim`` included). For p-RoPE (``rope_type: "proportional"``, Gemma 4)
+``partial_rotary_factor`` belongs to the scaling (``ProportionalScaling``): the whole head goes through the rotation.
 Hugging Face models always use the ``"half"`` channel layout (weights from Meta checkpoints are permuted on
 conversion), so configs read from HF get ``layout="half"``.
 """
@@ -46,11 +47,14 @@ def rotary_config_from_hf(config: Any, *, layer_type: str | None = None) -> Rota
     elif layer_type is not None:
         fail("layer_type", layer_type, "None: this config has one rope_parameters for every layer")
     params = dict(params)
+    head_dim = _layer_head_dim(cfg, layer_type) or head_dim
     base = params.pop("rope_theta", None) or cfg.get("rope_theta") or cfg.get("rotary_emb_base") or 10000.0
-    partial = (
-        params.pop("partial_rotary_factor", None) or cfg.get("partial_rotary_factor") or cfg.get("rotary_pct") or 1.0
-    )
+    own_partial = params.pop("partial_rotary_factor", None)
+    partial = own_partial or cfg.get("partial_rotary_factor") or cfg.get("rotary_pct") or 1.0
     rope_type = params.get("rope_type") or params.get("type") or "default"
+    if rope_type == "proportional":  # p-RoPE: the fraction picks the pairs that rotate; the whole head goes through
+        given = [v for v in (own_partial, cfg.get("partial_rotary_factor")) if v is not None]
+        params["partial_rotary_factor"], partial = (given[0] if given else 1.0), 1.0  # 0.0 (NoPE) kept as given
     if rope_type in _NEEDS_MAX_POS and "max_position_embeddings" not in params and cfg.get("max_position_embeddings"):
         params["max_position_embeddings"] = cfg["max_position_embeddings"]
     if rope_type in _NEEDS_ORIGINAL:
@@ -67,6 +71,17 @@ def rotary_config_from_hf(config: Any, *, layer_type: str | None = None) -> Rota
         layout="half",
         partial_rotary_factor=float(partial),
     )
+
+
+def _layer_head_dim(cfg: Mapping[str, Any], layer_type: str | None) -> int | None:
+    """Gemma 4 gives its full-attention layers their own ``head_dim`` in ``per_layer_config`` (keyed by layer
+    index); the first layer of ``layer_type`` decides, as every layer of a type gets the same override."""
+    per_layer, types = cfg.get("per_layer_config"), cfg.get("layer_types")
+    if layer_type is None or not isinstance(per_layer, Mapping) or not types or layer_type not in types:
+        return None
+    index = list(types).index(layer_type)
+    override = per_layer.get(str(index), per_layer.get(index))
+    return override.get("head_dim") if isinstance(override, Mapping) else None
 
 
 def rotary_config_to_hf(config: RotaryConfig, *, legacy: bool = False) -> dict[str, Any]:

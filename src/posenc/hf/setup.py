@@ -13,8 +13,20 @@ from posenc.hf.alibi import ALIBI_MODEL_TYPES, alibi_config_from_hf
 from posenc.hf.rotary import rotary_config_from_hf
 
 #: Architectures whose RoPE transformers builds with a ``*RotaryEmbedding`` module driven by ``rope_parameters``,
-#: each checked in ``tests/hf`` (a model type absent here is refused, not guessed at).
-ROPE_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gpt_neox", "gemma", "gemma2", "gemma3_text")
+#: each checked in ``tests/hf`` (a model type absent here is refused, not guessed at). Gemma 4's full-attention layers
+#: are p-RoPE (``"proportional"``) at their own ``head_dim``.
+ROPE_MODEL_TYPES = (
+    "llama",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "phi3",
+    "gpt_neox",
+    "gemma",
+    "gemma2",
+    "gemma3_text",
+    "gemma4_text",
+)
 
 # What some common architectures use instead, for the error message.
 _NOT_HANDLED = {

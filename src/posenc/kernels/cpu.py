@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 
 from posenc import kernels
-from posenc._checks import broadcasts_to, check_choice, fail
+from posenc._checks import broadcasts_to, check_choice, check_same_device, fail
 from posenc.kernels import native
 
 LAYOUTS = ("half", "interleaved")
@@ -98,6 +98,8 @@ def rotary_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, layout: st
 def _check(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     if not x.is_floating_point():
         fail("x.dtype", x.dtype, "a floating point dtype")
+    check_same_device("cos", cos, x.device, "x's device")
+    check_same_device("sin", sin, x.device, "x's device")
     if cos.shape != sin.shape:
         fail("sin.shape", tuple(sin.shape), f"the shape of cos, {tuple(cos.shape)}")
     if 2 * cos.shape[-1] > x.shape[-1]:

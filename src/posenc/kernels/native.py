@@ -132,7 +132,7 @@ def rotary_into(x: torch.Tensor, out: torch.Tensor, cos: torch.Tensor, sin: torc
     """
     name = _DTYPES.get(x.dtype)
     compute = torch.float64 if x.dtype == torch.float64 else torch.float32
-    if not (x.device.type == "cpu" and out.device.type == "cpu" and 2 <= x.dim() <= MAX_DIMS + 1):
+    if not all(t.device.type == "cpu" for t in (x, out, cos, sin)) or not 2 <= x.dim() <= MAX_DIMS + 1:
         return False
     if not _plain(x, out, cos, sin):
         return False
@@ -185,6 +185,8 @@ def cos_sin_table(
         positions (...,); inv_freq (F,) -> cos, sin (..., F) float32
     """
     if _load() is None or not _plain(positions, inv_freq):
+        return None
+    if positions.device.type != "cpu" or inv_freq.device.type != "cpu":  # the C code reads host memory
         return None
     pos = positions.to(torch.float64).contiguous()
     inv = inv_freq.to(torch.float64).contiguous()

@@ -17,17 +17,21 @@ process, back to back:
 
 Attention rows run each bias encoding (ALiBi, 2-D ALiBi, T5) through ``posenc.attention`` with ``flex``, against
 SDPA without a bias (the flash-path ceiling) and SDPA with the bias materialised: time and peak memory above the
-inputs (``torch.cuda.max_memory_allocated`` on CUDA; on Linux CPUs the process's resident high-water mark).
+inputs (``torch.cuda.max_memory_allocated`` on CUDA; on CPU torch's own allocations, from ``torch.profiler``'s memory
+events, ``cpu_peak_bytes``; ``n/a`` where nothing could be measured, never a 0.00 that was not).
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import datetime
 import io
 import math
+import os
 import platform
-from collections.abc import Callable, Sequence
+import sys
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -243,18 +247,58 @@ def run_rotary_case(case: RotaryCase, *, device: str, min_run_time: float, compi
 # Bias attention
 
 
-def _resident_kb(field: str) -> int | None:
-    status = Path("/proc/self/status")
-    if not status.is_file():
+@contextlib.contextmanager
+def _quiet_stderr() -> Iterator[None]:
+    """Silence file descriptor 2 (kineto prints two log lines per profiling session, at the C++ level)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def cpu_peak_bytes(fn: Callable[[], Any]) -> int | None:
+    """Peak of torch's CPU allocations during one call of ``fn``, above what was allocated before it, in bytes.
+
+    Read from ``torch.profiler``'s memory events (every allocation and free of torch's CPU allocator, in order):
+    the process's resident size cannot show it, since glibc recycles freed heap blocks (``settle_allocator``) and
+    a call that fits in them adds nothing. None where the profiler gives no allocation events.
+    """
+    try:
+        from torch._C._profiler import _EventType
+        from torch.profiler import ProfilerActivity, profile
+    except ImportError:
         return None
-    for line in status.read_text().splitlines():
-        if line.startswith(field):
-            return int(line.split()[1])
-    return None
+    with _quiet_stderr(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    try:
+        stack = list(prof.profiler.kineto_results.experimental_event_tree())
+    except (AttributeError, RuntimeError):
+        return None
+    events = []
+    while stack:
+        node = stack.pop()
+        stack.extend(node.children)
+        if node.tag == _EventType.Allocation and node.extra_fields.device.type == "cpu":
+            events.append((node.start_time_ns, node.extra_fields.alloc_size))  # frees are negative
+    if not events:
+        return None
+    held = peak = 0
+    for _, size in sorted(events):
+        held += size
+        peak = max(peak, held)
+    return peak
 
 
 def peak_mib(fn: Callable[[], Any], device: str) -> float | None:
-    """Peak memory of one call above what was held before it, in MiB (None where it cannot be measured)."""
+    """Peak memory of one call above what was held before it, in MiB (None where it cannot be measured).
+
+    CUDA: ``torch.cuda.max_memory_allocated``; CPU: ``cpu_peak_bytes`` (torch's allocations, from the profiler).
+    """
     if device.startswith("cuda"):
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
@@ -262,17 +306,19 @@ def peak_mib(fn: Callable[[], Any], device: str) -> float | None:
         fn()
         torch.cuda.synchronize()
         return (torch.cuda.max_memory_allocated() - before) / 2**20
-    clear = Path("/proc/self/clear_refs")
-    if not clear.exists():
+    if device != "cpu":
         return None
-    try:
-        clear.write_text("5")  # reset the resident high-water mark (VmHWM) to the current size
-    except OSError:
-        return None
-    before = _resident_kb("VmRSS")
-    fn()
-    peak = _resident_kb("VmHWM")
-    return None if before is None or peak is None else max(0, peak - before) / 1024
+    peak = cpu_peak_bytes(fn)
+    return None if peak is None else peak / 2**20
+
+
+def memory_method(device: str) -> str:
+    """How ``peak_mib`` measures on ``device``, for the header (``n/a`` cells: not measurable there)."""
+    if device.startswith("cuda"):
+        return "peak MiB above the inputs: torch.cuda.max_memory_allocated"
+    if device == "cpu":
+        return "peak MiB above the inputs: torch's CPU allocations from torch.profiler memory events (n/a: no events)"
+    return f"memory n/a: no peak-memory counter for {device}"
 
 
 def run_attention_case(
@@ -326,6 +372,22 @@ def _fmt(value: Any, digits: int = 2) -> str:
     return str(value)
 
 
+def _cell(row: dict, key: str) -> str:
+    """A table cell: memory ``n/a`` where nothing was measured (never a 0.00 that was not measured), and small
+    peaks with 3 significant digits rather than rounded to 0.00."""
+    value = row.get(key)
+    if key in MEMORY_KEYS:
+        if value is None:
+            return "n/a"
+        return f"{value:.2f}" if value >= 0.1 else f"{value:.2g}"
+    return _fmt(value)
+
+
+def _kept(rows: Sequence[dict], columns: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
+    """Columns with a value in some row; memory columns always (their ``n/a`` says it was not measured)."""
+    return [(key, t) for key, t in columns if key in MEMORY_KEYS or any(r.get(key) is not None for r in rows)]
+
+
 ROTARY_COLUMNS = [("seq", "S"), ("head_dim", "D"), ("dtype", "dtype"), ("layout", "layout"), ("ms", "ms"),
                   ("gb_s", "GB/s"), ("x_copy", "x copy"), ("vs_hf_eager", "vs HF eager"),
                   ("vs_hf_compiled", "vs HF compiled"), ("vs_rotary_embedding_torch", "vs rotary-embedding-torch"),
@@ -335,12 +397,13 @@ ATTENTION_COLUMNS = [("encoding", "encoding"), ("seq", "S"), ("dtype", "dtype"),
                      ("sdpa_no_bias_mib", "SDPA no bias MiB"), ("sdpa_bias_ms", "SDPA+bias ms"),
                      ("sdpa_bias_mib", "SDPA+bias MiB"), ("flex_vs_ceiling", "flex speed / no-bias speed"),
                      ("flex_vs_sdpa_bias", "flex vs SDPA+bias")]  # fmt: skip
+MEMORY_KEYS = frozenset({"flex_mib", "sdpa_no_bias_mib", "sdpa_bias_mib"})
 
 
 def markdown(rows: Sequence[dict], columns: Sequence[tuple[str, str]]) -> str:
-    keep = [(key, title) for key, title in columns if any(r.get(key) is not None for r in rows)]
+    keep = _kept(rows, columns)
     lines = ["| " + " | ".join(t for _, t in keep) + " |", "|" + "|".join("---:" for _ in keep) + "|"]
-    lines += ["| " + " | ".join(_fmt(r.get(key)) for key, _ in keep) + " |" for r in rows]
+    lines += ["| " + " | ".join(_cell(r, key) for key, _ in keep) + " |" for r in rows]
     return "\n".join(lines) + "\n"
 
 
@@ -368,16 +431,17 @@ def write_outputs(out: Path, rotary: Sequence[dict], attention: Sequence[dict], 
 
 
 def print_rows(rows: Sequence[dict], columns: Sequence[tuple[str, str]], title: str) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    keep = [(key, t) for key, t in columns if any(r.get(key) is not None for r in rows)]
+    from posenc.lab.report import wide_console
+
+    keep = _kept(rows, columns)
     table = Table(title=title)
     for _, t in keep:
         table.add_column(t, justify="right")
     for r in rows:
-        table.add_row(*(_fmt(r.get(key)) for key, _ in keep))
-    console = Console()
+        table.add_row(*(_cell(r, key) for key, _ in keep))
+    console = wide_console()
     console.width = max(console.width, 140)
     console.print(table)
 
@@ -386,7 +450,9 @@ def header(device: str) -> str:
     where = torch.cuda.get_device_name() if device.startswith("cuda") else platform.processor() or platform.machine()
     return (
         f"# posenc bench, {datetime.date.today()}: {device} ({where}), torch {torch.__version__}, "
-        f"{torch.get_num_threads()} CPU threads" + ("" if device.startswith("cuda") else f", {cpu_kernel_name()}")
+        f"{torch.get_num_threads()} CPU threads"
+        + ("" if device.startswith("cuda") else f", {cpu_kernel_name()}")
+        + f"\n\nAttention memory: {memory_method(device)}."
     )
 
 

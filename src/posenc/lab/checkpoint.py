@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ import torch
 from torch import nn
 
 from posenc._checks import fail
+from posenc.lab.report import create_temp
 
 FORMAT = "posenc.lab.checkpoint/1"
 MODEL_PREFIX = "model."
@@ -37,10 +37,12 @@ def write_atomic(path: str | Path, write: Callable[[Path], None]) -> None:
     """Call ``write(tmp_path)`` on a temporary file next to ``path``, fsync it, then ``os.replace`` it onto ``path``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = create_temp(path)  # the mode a plain open() gives (mkstemp's 0600 would make checkpoints private)
+    mode = os.fstat(fd).st_mode & 0o7777
     os.close(fd)
     try:
         write(Path(tmp))
+        os.chmod(tmp, mode)  # safetensors' save_file recreates the file private (0600) whatever was there
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)

@@ -18,7 +18,8 @@ Models (``ExtendConfig.model``):
 the model's training length (``OUT/runs/passkey``, resumable), then tests each method at the long lengths.
 
 Files in ``OUT``: ``results.csv`` (long form, ``COLUMNS``, upserted atomically as each measurement finishes, so
-``resume`` skips finished rows), ``extend.png``, ``passkey.png``, ``report.md``, ``extend.json`` (the settings,
+``resume`` skips finished rows), ``extend.png`` (perplexity vs length; task ``lm`` only, none is drawn without
+perplexities), ``passkey.png`` (accuracy heatmaps), ``report.md``, ``extend.json`` (the settings,
 checked on resume), ``runs/`` (training and fine-tuning runs of lab models).
 """
 
@@ -35,9 +36,11 @@ import torch
 from posenc._checks import check_choice, check_number, check_positive_int, fail
 from posenc._config import DictConfig
 from posenc.lab import evaluate as ev
-from posenc.lab.extend_models import load_target, progress_bar
+from posenc.lab.devices import resolve_device
+from posenc.lab.extend_models import load_target, original_len_of
 from posenc.lab.extend_report import finish, label
-from posenc.lab.runfiles import KeyedCSV, check_settings
+from posenc.lab.progress import progress_bar, skipped
+from posenc.lab.runfiles import KeyedCSV, check_out, check_settings
 
 TASKS = ("lm", "passkey")
 #: ``model`` keyword for a fresh lab model (``new`` is RoPE; ``new:alibi`` picks the encoding).
@@ -68,8 +71,9 @@ class ExtendConfig(DictConfig):
     Args:
         model: a lab run folder, a transformers model folder, or ``new`` / ``new:<encoding>`` (task passkey).
         methods: extension methods; None: every method for the model's encoding.
-        factors: context factors, each >= 1 (target context = factor * original length).
-        lengths: evaluation lengths in tokens (bytes for lab models); None: 1x, 2x, 4x, 8x the original length.
+        factors: context factors, each > 1 (target context = factor * original length).
+        lengths: evaluation lengths in tokens (bytes for lab models), each >= the original length and at least one
+            beyond it; None: 1x, 2x, 4x, 8x the original length.
         depths: passkey depths in [0, 1].
         trials: passkey keys per (length, depth) cell.
         finetune_steps: 0, or steps of fine-tuning at the target length after patching (also measured zero-shot).
@@ -122,7 +126,9 @@ class ExtendConfig(DictConfig):
             if len(set(self.methods)) != len(self.methods):
                 fail("methods", self.methods, "each method once")
         for factor in self.factors:
-            check_number("factors", factor, minimum=1.0)  # a factor below 1 would shrink the context
+            check_number("factors", factor)
+            if factor <= 1:  # 1 measures the model as trained again (that is `none`, always measured); < 1 shrinks
+                fail("factors", factor, "factors > 1 (target context = factor x original; 1 is the unpatched model)")
         object.__setattr__(self, "factors", tuple(float(f) for f in self.factors))
         if len(set(self.factors)) != len(self.factors):
             fail("factors", self.factors, "each factor once")
@@ -145,8 +151,10 @@ class ExtendConfig(DictConfig):
             check_choice("model", self.model, [NEW, *(f"{NEW}:{e}" for e in ev.EXTEND_METHODS)])
             if self.task != "passkey":
                 fail("model", self.model, "a model folder; a fresh model ('new') is only trained by --task passkey")
-        if self.lengths is not None and self.original_len is not None and self.original_len > max(self.lengths):
-            _too_long(self.original_len, self.lengths)
+        if self.lengths is not None:
+            known = self.original_len or (self.train_len if self.is_new else None)
+            if known is not None:
+                check_lengths(self.lengths, known)
         if not isinstance(self.device, str) or not self.device:
             fail("device", self.device, "'auto', 'cpu', 'cuda' or 'cuda:<index>'")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
@@ -162,13 +170,16 @@ class ExtendConfig(DictConfig):
         return self.device
 
 
-def _too_long(original: int, lengths: Sequence[int]) -> None:
-    fail(
-        "lengths",
-        list(lengths),
-        f"lengths reaching the original context of {original} tokens or past it (the longest is {max(lengths)}, "
-        "shorter than the original: nothing to extend)",
-    )
+def check_lengths(lengths: Sequence[int], original: int) -> None:
+    """Every evaluation length at or past the original context, at least one beyond it (what extension is for)."""
+    shorter = sorted(n for n in lengths if n < original)
+    if shorter or max(lengths) <= original:
+        why = f"{shorter} shorter than it" if shorter else "none beyond it"
+        fail(
+            "lengths",
+            list(lengths),
+            f"lengths >= the original context of {original} tokens, at least one beyond it ({why})",
+        )
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -204,7 +215,8 @@ def run_extend(
 
     Raises:
         ValueError: bad settings, a folder that holds no model, a model whose positions cannot be extended, a
-            method it does not offer, lengths that all stop short of the original context.
+            method it does not offer, lengths shorter than the original context or none beyond it (checked from the
+            model's config before its weights are loaded).
     """
     start = time.perf_counter()
     if not isinstance(cfg, ExtendConfig):
@@ -212,18 +224,20 @@ def run_extend(
     if out is None and cfg.out is None:
         fail("out", None, "an output folder (the out argument or ExtendConfig.out)")
     out = Path(out if out is not None else cfg.out)
-    device = cfg.resolved_device()
+    check_out(out, "extend")  # a folder that is not an extend run is refused before the model is loaded
+    device = resolve_device(cfg.device, allow_auto=True)
     torch.manual_seed(cfg.seed)
+    if cfg.lengths is not None and (known := original_len_of(cfg)) is not None:
+        check_lengths(cfg.lengths, known)  # from the model's config alone: fails before any weights are loaded
     target = load_target(cfg, out, device=device, progress=progress)
     original = target.original_len
     lengths = tuple(sorted(set(cfg.lengths or (original * m for m in (1, 2, 4, 8)))))
-    if original > max(lengths):
-        _too_long(original, lengths)
+    check_lengths(lengths, original)
     methods = cfg.methods or target.default_methods
     for method in methods:  # every patch is checked before anything is measured: bad input fails in seconds
         target.patched(method, cfg.factors[0])
     settings = {k: v for k, v in cfg.to_dict().items() if k != "out"}
-    check_settings(out, settings, resume, filename="extend.json", what="run")
+    check_settings(out, settings, resume, command="extend", what="run")
     target.prepare()
     results = out / "results.csv"
     done = {result_key(r) for r in read_results(results)} if results.exists() else set()
@@ -232,9 +246,11 @@ def run_extend(
     for unit in _units(cfg, methods):
         method, factor, steps = unit
         todo = [m for m in plan if result_key({**_row(m[0], unit, original, m[1], m[2])}) not in done]
+        name = label(*unit)
+        if progress and (message := skipped(name, len(plan) - len(todo), len(plan), "measurements")):
+            print(message)
         if not todo:
             continue
-        name = label(*unit)
         if method == "none":
             model, description = target.copy(), {"method": "none"}
         else:

@@ -12,10 +12,9 @@ fine-tunes at a target length:
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +24,7 @@ import torch.nn.functional as F
 from posenc._checks import fail
 from posenc.lab import evaluate as ev
 from posenc.lab import passkey as pk
+from posenc.lab.progress import progress_bar
 
 if TYPE_CHECKING:
     from posenc.lab.extend import ExtendConfig
@@ -177,12 +177,15 @@ class _Logits(torch.nn.Module):
 
 
 def _hf_original_len(config: Any) -> int | None:
-    """The context a transformers model was trained for: its scaling's original length, else its maximum."""
-    for params in (getattr(config, "rope_parameters", None), getattr(config, "rope_scaling", None)):
+    """The context a transformers model was trained for: its scaling's original length, else its maximum.
+
+    ``config`` is a ``PretrainedConfig`` or the dict of its ``config.json`` (read before loading any weights)."""
+    get = config.get if isinstance(config, Mapping) else lambda name: getattr(config, name, None)
+    for params in (get("rope_parameters"), get("rope_scaling")):
         if isinstance(params, Mapping) and params.get("original_max_position_embeddings"):
             return int(params["original_max_position_embeddings"])
     for name in ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length"):
-        value = getattr(config, name, None)
+        value = get(name)
         if isinstance(value, int) and value > 0:
             return value
     return None
@@ -320,18 +323,33 @@ def load_target(cfg: ExtendConfig, out: Path, *, device: str, progress: bool) ->
         return LabTarget(cfg, out, device, progress)
     if _is_hf_folder(folder):
         return HFTarget(cfg, out, device, progress)
+    runs = ", ".join(map(str, _study_runs(folder)))
+    if runs:
+        _model_error(cfg.model, f"this is a posenc lab study folder; pass one of its runs: {runs}")
     _model_error(cfg.model, "this folder is neither")
 
 
-@contextlib.contextmanager
-def progress_bar(enabled: bool, total: int, description: str) -> Iterator[Any]:
-    """A rich progress bar yielding ``advance()``; does nothing when disabled."""
-    if not enabled or total == 0:
-        yield lambda: None
-        return
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+def _study_runs(folder: Path) -> list[Path]:
+    """The lab runs of a ``posenc lab`` study folder (``study.json`` and ``runs/<encoding>/``); [] for any other."""
+    if not (folder / "study.json").is_file() or not (folder / "runs").is_dir():
+        return []
+    return sorted(run for run in (folder / "runs").iterdir() if _is_lab_run(run))
 
-    columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns) as bar:
-        task = bar.add_task(description, total=total)
-        yield lambda: bar.advance(task)
+
+def original_len_of(cfg: ExtendConfig) -> int | None:
+    """The model's original context read from its config alone (no weights loaded); None where that does not say
+    (``load_target`` then loads the model, or explains what the folder lacks)."""
+    if cfg.original_len is not None:
+        return cfg.original_len
+    if cfg.is_new:
+        return cfg.train_len
+    try:
+        config = json.loads((Path(cfg.model) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(config, dict):
+        return None
+    if isinstance(config.get("model"), dict):  # a posenc lab run: ModelConfig.max_len
+        length = config["model"].get("max_len")
+        return length if isinstance(length, int) and not isinstance(length, bool) and length > 0 else None
+    return _hf_original_len(config) if "model_type" in config else None

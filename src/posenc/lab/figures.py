@@ -21,7 +21,7 @@ import torch
 
 import posenc
 from posenc._checks import check_positive_int
-from posenc.lab.plots import PALETTE, new_figure, save_png
+from posenc.lab.plots import MARKERS, PALETTE, new_figure, save_png
 
 #: RoPE settings of the scaling figure: a Llama-2-like head (128 channels, base 10000, 2048 tokens) stretched 8x.
 ROPE_HEAD_DIM = 128
@@ -112,11 +112,13 @@ def rope_decay_figure(head_dim: int = ROPE_HEAD_DIM, max_distance: int = 1024) -
     distances = torch.arange(max_distance + 1)
     fig = new_figure(12.0, 4.6)
     left, right = fig.subplots(1, 2)
-    for color, base in zip(PALETTE[:2], (10000.0, 500000.0), strict=True):
+    every = max(1, max_distance // 16)  # a marker now and then: the two lines stay apart in grey print too
+    for color, marker, base in zip(PALETTE[:2], MARKERS[:2], (10000.0, 500000.0), strict=True):
         inv_freq, _ = posenc.rope_frequencies(head_dim, base=base)  # (head_dim / 2,)
         bound, ones = rope_decay(distances, inv_freq)
-        left.plot(distances.numpy(), bound.numpy(), color=color, linewidth=1.2, label=f"base {base:g}")
-        right.plot(distances.numpy(), ones.numpy(), color=color, linewidth=1.0, label=f"base {base:g}")
+        kw = {"color": color, "marker": marker, "markevery": every, "markersize": 5, "label": f"base {base:g}"}
+        left.plot(distances.numpy(), bound.numpy(), linewidth=1.2, **kw)
+        right.plot(distances.numpy(), ones.numpy(), linewidth=1.0, **kw)
     left.set_title(r"RoFormer's relative upper bound $\frac{1}{d/2}\sum_i |S_i|$, "
                    r"$S_i = \sum_{j<i} e^{\,\mathrm{i}(m-n)\theta_j}$", fontsize=10)  # fmt: skip
     left.set_ylabel("relative upper bound")
@@ -159,7 +161,8 @@ def rope_scalings_figure(head_dim: int = ROPE_HEAD_DIM, base: float = ROPE_BASE)
         inv_freq, attention_factor = posenc.rope_frequencies(head_dim, base=base, scaling=scaling)  # (F,)
         if attention_factor != 1.0:
             label += f", attention x{attention_factor:.3f}"
-        kw = {"color": PALETTE[i], "linestyle": styles[i], "linewidth": 2.2 if i == 0 else 1.7, "label": label}
+        kw = {"color": PALETTE[i], "linestyle": styles[i], "marker": MARKERS[i], "markevery": (i, 6), "markersize": 5,
+              "linewidth": 2.2 if i == 0 else 1.7, "label": label}  # fmt: skip
         left.plot(index, inv_freq.numpy(), **kw)
         right.plot(index, (inv_freq / default).numpy(), **kw)
     for ax in (left, right):

@@ -14,16 +14,22 @@ from typing import Any
 from posenc._checks import check_choice, check_positive_int
 from posenc.lab.report import METRICS, atomic_open, read_results, result_key
 
-#: Twenty distinct colours: matplotlib's tab10, then the dark half of Set1 / Dark2 for more lines than that.
+#: Colours for lines, most distinct first: Okabe & Ito's colour-blind-safe eight (their yellow, unreadable on white,
+#: left out; black moved back), then Paul Tol's muted ones and a few darker ones for more lines. Each pair of the
+#: first 13 is >= 22 CIELAB units apart for normal vision; for colour-blind readers the later ones get close, so
+#: every line also has its own marker (``MARKERS``), and lines of one kind share a line style.
 PALETTE = (
-    "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf",
-    "#000000", "#e6ab02", "#1b9e77", "#a6761d", "#7570b3", "#e7298a", "#666666", "#66a61e", "#377eb8", "#984ea3",
+    "#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#332288", "#999933", "#882255", "#117733",
+    "#000000", "#777777", "#8C564B", "#AA4499", "#44AA99", "#1F3A93", "#B8A000", "#CC6677",
 )  # fmt: skip
-MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">", "h", "p")
+#: Marker shapes, most distinct first (15, coprime with the 18 colours: a (colour, marker) pair repeats after 90).
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">", "p", "h", "d", "H", "8")
+#: Colour map of heatmaps: sequential, even in lightness, readable with any colour vision and printed in grey.
+HEATMAP = "cividis"
 
 _AXIS_LABEL = {
-    "ppl": "validation perplexity per token (log scale; lower is better)",
-    "loss": "validation loss, nats per token (lower is better)",
+    "ppl": "validation perplexity per byte (log scale; lower is better)",
+    "loss": "validation loss, nats per byte (lower is better)",
     "accuracy": "exact-match accuracy (higher is better)",
 }
 _LINE_KEY = ("encoding", "scaling", "finetune_steps", "train_len", "stride")
@@ -48,16 +54,60 @@ def save_png(fig: Any, path: str | Path, *, dpi: int = 150) -> Path:
     return Path(path)
 
 
-def _log_ticks(low: float, high: float) -> list[float]:
-    """Round tick values for a log axis spanning ``[low, high]``: the densest of 1-2-5 style sets giving <= 13."""
+def log_ticks(low: float, high: float, *, at_least: int = 4, at_most: int = 13) -> list[float]:
+    """Round tick values for a log axis spanning ``[low, high]`` (``0 < low < high``), so values can be read off.
+
+    The densest of the 1-2-5 style sets per decade giving at most ``at_most`` ticks; where a narrow range leaves
+    fewer than ``at_least`` (11.5 to 15 holds only 15), evenly spaced round values instead: the widest step of
+    1, 2 or 5 times a power of ten giving ``at_least`` (12, 13, 14, 15).
+    """
     first, last = math.floor(math.log10(low)), math.ceil(math.log10(high))
     best: list[float] = []
     for subs in ((1,), (1, 2, 5), (1, 1.5, 2, 3, 5, 7), (1, 1.5, 2, 2.5, 3, 4, 5, 6, 7, 8, 9)):
-        ticks = [m * 10.0**e for e in range(first, last + 1) for m in subs if low <= m * 10.0**e <= high]
-        if len(ticks) > 13:
+        values = (float(f"{m}e{e}") for e in range(first, last + 1) for m in subs)  # 0.6, not 6 * 0.1
+        ticks = [v for v in values if low <= v <= high]
+        if len(ticks) > at_most:
             break
         best = ticks
+    if len(best) >= at_least:
+        return best
+    top = math.floor(math.log10(high - low))
+    for exponent in range(top, top - 6, -1):
+        for mantissa in (5, 2, 1):
+            step = mantissa * 10.0**exponent
+            ticks = [round(k * step, 12) for k in range(math.ceil(low / step), math.floor(high / step) + 1)]
+            if len(ticks) >= at_least:
+                return ticks
     return best or [low, high]
+
+
+def log_axis(axis: Any, low: float, high: float) -> None:
+    """Label a log-scale matplotlib ``axis`` spanning ``[low, high]`` at ``log_ticks`` in plain numbers (12.5, not
+    1.25e1); minor ticks stay unlabelled."""
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
+
+    axis.set_major_locator(FixedLocator(log_ticks(low, high)))
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    axis.set_minor_formatter(NullFormatter())
+
+
+def relative_luminance(rgba: Sequence[float]) -> float:
+    """WCAG 2 relative luminance of an sRGB colour with channels in [0, 1] (alpha ignored): 0 black, 1 white."""
+    linear = [c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4 for c in rgba[:3]]
+    return 0.2126 * linear[0] + 0.7152 * linear[1] + 0.0722 * linear[2]
+
+
+def text_colour_on(rgba: Sequence[float]) -> str:
+    """The text colour, ``"black"`` or ``"white"``, with the higher WCAG contrast ratio against ``rgba``."""
+    luminance = relative_luminance(rgba)
+    return "black" if (luminance + 0.05) / 0.05 >= 1.05 / (luminance + 0.05) else "white"
+
+
+def same_points(a: Sequence[tuple[float, float]], b: Sequence[tuple[float, float]]) -> bool:
+    """Whether two lines' ``(x, y)`` points coincide (to 1e-9 relative): drawn one over the other, one would hide."""
+    return len(a) == len(b) and all(
+        xa == xb and math.isclose(ya, yb, rel_tol=1e-9) for (xa, ya), (xb, yb) in zip(a, b, strict=True)
+    )
 
 
 def _line_label(group: tuple, *, vary_train: bool, vary_stride: bool, na_from: int | None) -> str:
@@ -86,10 +136,13 @@ def plot_extrapolation(
 
     x: evaluation length on a log2 axis labelled with the measured lengths; y: perplexity on a log axis up to 100x
     the best perplexity (lines that go higher leave the plot and say so in the legend), loss and accuracy linear,
-    accuracy from 0 to 1. The training length is a dotted vertical line. Solid lines are
+    accuracy from 0 to 1, log axes labelled at several plain numbers (``log_ticks``). The training length is a
+    dotted vertical line. Every line has its own colour and marker (``PALETTE``, ``MARKERS``); solid lines are
     encodings as trained, dashed lines the ways of running them past the training length (RoPE scalings, slope or
-    table interpolation), dash-dot lines fine-tuned models. ``n/a`` points (a learned table past its end) are left
-    out and the legend says from which length. Reads ``results_csv`` only; the PNG is written atomically.
+    table interpolation), dash-dot lines fine-tuned models. A line identical to an earlier one (dynamic NTK and NTK
+    when every window has one length) is dotted with large hollow markers over it, and the legend says "= ...".
+    ``n/a`` points (a learned table past its end) are left out and the legend says from which length. Reads
+    ``results_csv`` only; the PNG is written atomically.
 
     Args:
         results_csv: the long-form results (``posenc.lab.report.read_results``).
@@ -108,13 +161,13 @@ def plot_extrapolation(
         title += f" on {corpus}"
     train_lens = sorted({r["train_len"] for r in rows if r["train_len"] is not None})
     if train_lens:
-        title += f"\nmodels trained at {', '.join(map(str, train_lens))} tokens (dotted line)"
+        title += f"\nmodels trained at {', '.join(map(str, train_lens))} bytes (dotted line)"
     ax.set_title(title, fontsize=11)
     return save_png(fig, out_png, dpi=dpi)
 
 
 def _draw(ax: Any, rows: Sequence[Mapping[str, Any]], metric: str) -> None:
-    from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter, NullLocator, PercentFormatter
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator, PercentFormatter
 
     unordered: dict[tuple, list[Mapping[str, Any]]] = {}
     order: dict[Any, int] = {}
@@ -147,16 +200,22 @@ def _draw(ax: Any, rows: Sequence[Mapping[str, Any]], metric: str) -> None:
     # Perplexity can explode by orders of magnitude for an encoding that breaks; a log axis over all of it would
     # squash the lines worth comparing into a sliver, so the axis stops at 100x the best value and lines leave it.
     top = min(max(values), 100 * min(values)) if values and log_y else None
-    for group, (i, points, na_from) in lines.items():
+    drawn: dict[tuple, str] = {}
+    for i, (group, (_, points, na_from)) in enumerate(lines.items()):
         style = "-." if group[2] else "-" if group[1] == "none" else "--"
         label = _line_label(group, vary_train=vary_train, vary_stride=vary_stride, na_from=na_from)
+        twin = next((name for other, name in drawn.items() if same_points(points, lines[other][1])), None)
+        drawn[group] = _line_label(group, vary_train=vary_train, vary_stride=vary_stride, na_from=None)
         off = [n for n, v in points if top is not None and v > top * 1.15]
         if off:
             label += f" (off the top from {min(off)})"
+        if twin is not None:  # e.g. dynamic NTK = NTK when every window has one length: keep both visible
+            label += f" (= {twin})"
         xs, ys = zip(*points, strict=True)
         ax.plot(
-            xs, ys, linestyle=style, marker=MARKERS[i % len(MARKERS)], color=PALETTE[i % len(PALETTE)],
-            linewidth=1.8 if style == "-" else 1.4, markersize=5, label=label, alpha=0.95,
+            xs, ys, linestyle=":" if twin else style, marker=MARKERS[i % len(MARKERS)], color=PALETTE[i % len(PALETTE)],
+            linewidth=1.8 if style == "-" else 1.4, markersize=9 if twin else 5, label=label, alpha=0.95,
+            markerfacecolor="none" if twin else None, markeredgewidth=1.5 if twin else None,
         )  # fmt: skip
     if not lengths:
         lengths = {1}
@@ -166,7 +225,7 @@ def _draw(ax: Any, rows: Sequence[Mapping[str, Any]], metric: str) -> None:
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
     ax.xaxis.set_minor_locator(NullLocator())
     ax.set_xlim(ticks[0] / 1.3, ticks[-1] * 1.3)
-    ax.set_xlabel("evaluation length in tokens (log2 scale)")
+    ax.set_xlabel("evaluation length in tokens (= bytes; log2 scale)")
     ax.set_ylabel(_AXIS_LABEL[metric])
     if metric == "accuracy":
         ax.set_ylim(-0.03, 1.03)
@@ -175,9 +234,7 @@ def _draw(ax: Any, rows: Sequence[Mapping[str, Any]], metric: str) -> None:
         ax.set_yscale("log")
         low, high = min(values), top
         ax.set_ylim(low / 1.15, high * 1.15)
-        ax.yaxis.set_major_locator(FixedLocator(_log_ticks(low / 1.15, high * 1.15)))
-        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-        ax.yaxis.set_minor_formatter(NullFormatter())
+        log_axis(ax.yaxis, low / 1.15, high * 1.15)
     ax.grid(True, which="major", color="0.88", linewidth=0.8)
     ax.set_axisbelow(True)
     for train_len in sorted({g[3] for g in groups if g[3]}):

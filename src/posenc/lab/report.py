@@ -12,7 +12,7 @@ Columns (``RESULT_COLUMNS``; extra columns are kept after them):
     train_len       int    training length L in tokens
     eval_len        int    evaluation length in tokens
     stride          int    sliding-window stride; 0 or empty: non-overlapping windows
-    loss            float  mean cross-entropy in nats per token (empty when n/a)
+    loss            float  mean cross-entropy in nats per token = per byte (byte-level models; empty when n/a)
     ppl             float  ``exp(loss)`` (empty when n/a)
     accuracy        float  exact-match accuracy of the synthetic tasks, 0..1 (empty for language modelling)
     tokens          int    targets scored
@@ -30,14 +30,14 @@ import json
 import math
 import os
 import platform
+import secrets
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from posenc._checks import check_choice, fail
+from posenc._checks import check_choice, check_positive_int, fail
 
 RESULT_COLUMNS = [
     "encoding",
@@ -66,14 +66,39 @@ _STR_COLUMNS = frozenset({"encoding", "scaling", "status"})
 _ZERO_DEFAULT = frozenset({"finetune_steps", "stride"})
 
 _METRIC_TEXT = {
-    "ppl": ("validation perplexity per token", "lower is better"),
-    "loss": ("validation loss (nats per token)", "lower is better"),
+    "ppl": ("validation perplexity per byte", "lower is better"),  # the lab's models read bytes: a token is a byte
+    "loss": ("validation loss (nats per byte)", "lower is better"),
     "accuracy": ("exact-match accuracy", "higher is better"),
 }
 
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Atomic files
+
+
+def create_temp(path: str | Path) -> tuple[int, str]:
+    """A new temporary file next to ``path`` for an atomic replace: ``(fd open for writing, its name)``.
+
+    Its mode is what ``open(path, "w")`` would give: the mode of the file it replaces, else ``0o666`` less the umask
+    (``tempfile.mkstemp`` makes every file private, 0600, unlike the other outputs).
+    """
+    path = Path(path)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
+    for _ in range(100):
+        tmp = path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp"
+        try:
+            fd = os.open(tmp, flags, 0o666)  # the kernel applies the umask, as for any new file
+        except FileExistsError:
+            continue
+        try:
+            if path.exists():
+                os.chmod(tmp, path.stat().st_mode & 0o7777)
+        except BaseException:
+            os.close(fd)
+            tmp.unlink(missing_ok=True)
+            raise
+        return fd, str(tmp)
+    raise FileExistsError(f"no free temporary name next to {path}")
 
 
 @contextlib.contextmanager
@@ -89,10 +114,8 @@ def atomic_open(path: str | Path, mode: str = "w", **kwargs: Any) -> Iterator[IO
     path.parent.mkdir(parents=True, exist_ok=True)
     if mode == "w":
         kwargs.setdefault("encoding", "utf-8")
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = create_temp(path)
     try:
-        # mkstemp makes the file private (0600); give it the mode the file it replaces had, or a normal 0644.
-        os.chmod(tmp, path.stat().st_mode & 0o777 if path.exists() else 0o644)
         with os.fdopen(fd, mode, **kwargs) as f:
             yield f
             f.flush()
@@ -352,6 +375,20 @@ def format_table(rows: Sequence[Mapping[str, Any]], metric: str = "ppl") -> str:
     return "\n".join([line(headers), rule + "|", *(line(c) for c in cells)]) + "\n"
 
 
+def wide_console() -> Any:
+    """A ``rich.console.Console`` on stdout that never cuts a table at 80 columns when stdout is a file or a pipe.
+
+    rich assumes 80 columns when stdout is not a terminal; logs and ``| tee`` would get wrapped, truncated tables.
+    On a terminal the terminal's width holds; elsewhere at least 200 columns (or ``$COLUMNS`` when wider).
+    """
+    from rich.console import Console
+
+    if sys.stdout.isatty():
+        return Console()
+    columns = os.environ.get("COLUMNS", "")
+    return Console(width=max(200, int(columns) if columns.isdigit() else 0))
+
+
 def print_table(
     rows: Sequence[Mapping[str, Any]], metric: str = "ppl", *, console: Any = None, title: str | None = None
 ) -> None:
@@ -363,7 +400,6 @@ def print_table(
         console: a ``rich.console.Console``; a new one on stdout by default.
         title: the table's title; by default the metric and which way is better.
     """
-    from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
@@ -379,7 +415,7 @@ def print_table(
                 for c, b in zip(line, flags, strict=True)
             )
         )
-    (console or Console()).print(table)
+    (console or wide_console()).print(table)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -476,7 +512,8 @@ def write_report(
         config: the study configuration (JSON-able; written as a JSON block).
         environment: ``environment()``.
         seconds: wall time of the whole study.
-        findings: one statement per line, computed by the caller from the table (a leading "- " is optional).
+        findings: one statement per line, computed by the caller from the table (``findings_markdown``: a leading
+            "- " is optional, a line ending in ":" introduces the bullets after it, "" ends a group).
         metric: the table's metric; by default "ppl" when the CSV has perplexities, else "accuracy".
         figure: the plot, a path relative to ``out_dir`` (or absolute).
     """
@@ -501,7 +538,8 @@ def write_report(
         "",
         "## Results",
         "",
-        f"{name.capitalize()} ({better}) by evaluation length in tokens. Rows: each encoding as trained "
+        f"{name.capitalize()} ({better}) by evaluation length in tokens (one token per byte). Rows: each encoding "
+        "as trained "
         "(`none`) and with each way of running it past the training length. `n/a`: the encoding cannot run at that "
         "length (a learned table ends at the training length); `-`: not measured. Bold: the best in its column. "
         f"All numbers: [{csv_link}]({csv_link}).",
@@ -512,14 +550,48 @@ def write_report(
         lines += [f"![{name} by evaluation length]({figure_link})", ""]
     else:
         lines += [f"(No figure at `{figure_link}`: draw it with `posenc.lab.plots.plot_extrapolation`.)", ""]
-    lines += ["## Findings", ""]
-    for finding in findings:
-        finding = str(finding).rstrip()
-        lines.append(finding if finding.startswith(("- ", "* ")) else f"- {finding}")
+    lines += ["## Findings", "", *findings_markdown(findings)]
     if not findings:
         lines.append("No findings were computed for this run.")
     lines += ["", *config_and_environment(config, environment, seconds)]
     return write_text_atomic(out_dir / "report.md", "\n".join(lines))
+
+
+def wilson_interval(accuracy: float, n: int, *, z: float = 1.959963984540054) -> tuple[float, float]:
+    """Wilson score interval of a binomial proportion: ``accuracy`` measured on ``n`` trials (95% by default).
+
+    Unlike ``p +- z sqrt(p (1 - p) / n)`` it stays inside [0, 1] and is not empty at 0% or 100% (Wilson 1927;
+    Brown, Cai & DasGupta 2001 recommend it for small n): centre ``(p + z^2/2n) / (1 + z^2/n)``, half-width
+    ``z sqrt(p (1 - p) / n + z^2 / 4n^2) / (1 + z^2/n)``.
+    """
+    check_positive_int("n", n)
+    if isinstance(accuracy, bool) or not isinstance(accuracy, (int, float)) or not 0 <= accuracy <= 1:
+        fail("accuracy", accuracy, "a fraction in [0, 1]")
+    z2 = z * z
+    centre = (accuracy + z2 / (2 * n)) / (1 + z2 / n)
+    half = z * math.sqrt(accuracy * (1 - accuracy) / n + z2 / (4 * n * n)) / (1 + z2 / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def findings_markdown(findings: Sequence[str]) -> list[str]:
+    """Markdown lines for findings: each statement a bullet ("- " added where missing); a statement ending in ":"
+    is a paragraph introducing the bullets after it, with blank lines around it (a line right after a bullet would
+    otherwise continue that bullet); "" separates groups. No empty bullet, no doubled blank line."""
+    lines: list[str] = []
+    for finding in findings:
+        text = str(finding).rstrip()
+        if not text.strip() or text.strip() in ("-", "*"):
+            if lines and lines[-1]:
+                lines.append("")
+        elif text.endswith(":") and not text.startswith(("- ", "* ")):
+            if lines and lines[-1]:
+                lines.append("")
+            lines += [text, ""]
+        else:
+            lines.append(text if text.startswith(("- ", "* ")) else f"- {text}")
+    while lines and not lines[-1]:
+        lines.pop()
+    return lines
 
 
 def config_and_environment(config: Mapping[str, Any], environment: Mapping[str, Any], seconds: float) -> list[str]:

@@ -1,9 +1,11 @@
 """The files every lab command keeps in its output folder: the settings it was started with, and a keyed CSV.
 
-``check_settings`` makes ``--resume`` safe: a folder holds one run, continued only with the settings it started
-with. ``KeyedCSV`` is a long-form results file with a typed schema whose rows are identified by key columns:
-measurements are upserted as they finish (atomically), so an interrupted run keeps every finished row and a resumed
-one skips them. (``posenc lab``'s own CSV, with its statuses and n/a rows, is ``posenc.lab.report``.)
+``check_out`` keeps posenc out of folders that are not its own: a command writes only into a new or empty folder or
+one its own settings file marks (``SETTINGS_FILES``), and checks that before writing a byte. ``check_settings``
+makes ``--resume`` safe: a folder holds one run, continued only with the settings it started with. ``KeyedCSV`` is
+a long-form results file with a typed schema whose rows are identified by key columns: measurements are upserted as
+they finish (atomically), so an interrupted run keeps every finished row and a resumed one skips them.
+(``posenc lab``'s own CSV, with its statuses and n/a rows, is ``posenc.lab.report``.)
 """
 
 from __future__ import annotations
@@ -17,24 +19,92 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from posenc._checks import fail
+from posenc._checks import check_choice, fail
+from posenc.lab.checkpoint import read_json
 from posenc.lab.report import write_text_atomic
 
+#: The settings file that marks a folder as the run of each command: posenc writes only into a new or empty folder
+#: or one holding its own command's file (which also names the command, ``"command": "posenc lab"``).
+SETTINGS_FILES = {
+    "lab": "study.json",
+    "vision": "vision.json",
+    "extend": "extend.json",
+    "figures": "figures.json",
+    "bench": "bench.json",
+}
 
-def check_settings(out: Path, settings: Mapping[str, Any], resume: bool, *, filename: str, what: str) -> None:
-    """Create ``out`` and write ``settings`` to ``out/filename``, or, when a run is already there, allow only
-    ``resume`` with the same settings (``what`` names the run in the errors: "study", "run")."""
-    saved = out / filename
+
+def check_out(out: str | Path, command: str) -> dict[str, Any] | None:
+    """Refuse an output folder ``posenc <command>`` must not write into; reads only, writes nothing.
+
+    Allowed: a path that does not exist yet, an empty folder, or a folder holding ``SETTINGS_FILES[command]`` written
+    by the same command. Returns the settings saved there (without the ``command`` marker), or None for a new or
+    empty folder.
+
+    Raises:
+        ValueError: naming ``--out``, its value and what is allowed: for a file, a folder of another posenc command,
+            or any other folder with something in it (a user's folder is never written into).
+    """
+    check_choice("command", command, list(SETTINGS_FILES))
+    out = Path(out)
+    filename = SETTINGS_FILES[command]
+    allowed = f"a new or empty folder, or a `posenc {command}` output folder (one with {filename})"
+    if out.exists() and not out.is_dir():
+        fail("--out", str(out), f"{allowed}; this is a file")
+    if not out.exists():
+        return None
+    names = sorted(p.name for p in out.iterdir())
+    if filename not in names:
+        if not names:
+            return None
+        others = [f"`posenc {c}` ({f})" for c, f in SETTINGS_FILES.items() if f in names]
+        holds = f"a {others[0]} run" if others else f"other files: {_listing(names)}"
+        fail("--out", str(out), f"{allowed}; it holds {holds}")
+    saved = read_json(out / filename, f"--out {filename}")
+    marker = saved.pop("command", None) if isinstance(saved, dict) else None
+    if not isinstance(saved, dict) or marker not in (None, f"posenc {command}"):
+        # None: a file from before the marker; its name alone says the command.
+        fail("--out", str(out), f"{allowed}; its {filename} was written by {marker or 'something else'}")
+    return saved
+
+
+def _listing(names: list[str], n: int = 5) -> str:
+    return ", ".join(names[:n]) + (f" and {len(names) - n} more" if len(names) > n else "")
+
+
+def holds_only_settings(out: str | Path, command: str) -> bool:
+    """True when ``out`` is a folder holding nothing but ``posenc <command>``'s settings file: no work to lose."""
+    out = Path(out)
+    return out.is_dir() and sorted(p.name for p in out.iterdir()) == [SETTINGS_FILES[command]]
+
+
+def check_settings(out: str | Path, settings: Mapping[str, Any], resume: bool, *, command: str, what: str) -> None:
+    """Create ``out`` and write ``settings`` to its settings file, or, when a run is already there, allow only
+    ``resume`` with the same settings (``what`` names the run in the errors: "study", "run").
+
+    Checks everything (``check_out``) before writing a byte. A folder holding only the settings file (a run that
+    stopped before doing any work) is taken over with the new settings, with or without ``resume``: nothing there
+    can be lost or mixed.
+    """
+    out = Path(out)
+    before = check_out(out, command)
     now = json.loads(json.dumps(dict(settings)))
-    if saved.exists():
+    if before is not None and not holds_only_settings(out, command):
         if not resume:
             fail("--out", str(out), f"a new folder, or --resume to continue the {what} already there")
-        before = json.loads(saved.read_text())
         if before != now:
             changed = sorted(k for k in set(before) | set(now) if before.get(k) != now.get(k))
             fail("--resume", str(out), f"the same settings as the {what} there; these differ: {changed}")
+    write_marker(out, command, now)
+
+
+def write_marker(out: str | Path, command: str, settings: Mapping[str, Any]) -> Path:
+    """Create ``out`` and write ``{"command": "posenc <command>", **settings}`` to its settings file, atomically.
+    Call ``check_out`` first."""
+    out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(saved, json.dumps(now, indent=2))
+    text = json.dumps({"command": f"posenc {command}", **settings}, indent=2)
+    return write_text_atomic(out / SETTINGS_FILES[command], text)
 
 
 @dataclass(frozen=True)

@@ -20,11 +20,13 @@ from posenc._checks import check_choice, check_positive_int, fail
 from posenc.lab import dist
 from posenc.lab import evaluate as ev
 from posenc.lab.data import load_corpus, train_batch
+from posenc.lab.devices import resolve_device
 from posenc.lab.model import GPT, ModelConfig
+from posenc.lab.progress import progress_bar, skipped
 from posenc.lab.report import environment, print_table, read_results, upsert_results, write_report
 from posenc.lab.runfiles import check_settings
 from posenc.lab.tasks import copy_batch, recall_batch
-from posenc.lab.train import TrainConfig, rank_rows, step_generator, train
+from posenc.lab.train import DONE_FILE, TrainConfig, rank_rows, step_generator, train
 
 DEFAULT_ENCODINGS = ("nope", "sinusoidal", "learned", "rope", "xpos", "alibi", "t5")
 TASKS = ("lm", "copy", "recall")
@@ -165,12 +167,14 @@ def run_study(cfg: StudyConfig, out: Path, *, resume: bool = False, progress: bo
     """Run (or continue) the study; returns the result rows. Files land in ``out``."""
     start = time.perf_counter()
     out = Path(out)
+    resolve_device(cfg.device, allow_auto=False)
     dist.init()
-    if dist.is_main():
-        check_settings(out, cfg.to_dict(), resume, filename="study.json", what="study")
-    dist.barrier()
     torch.manual_seed(cfg.seed)
     corpus = load_corpus(cfg.corpus, max_bytes=cfg.corpus_bytes) if cfg.task == "lm" else None
+    # Only now, with the device and corpus checked, is the folder claimed: a bad input leaves nothing behind.
+    if dist.is_main():
+        check_settings(out, cfg.to_dict(), resume, command="lab", what="study")
+    dist.barrier()
     results_csv = out / "results.csv"
     done = {_key(r) for r in read_results(results_csv)} if results_csv.exists() else set()
     for encoding in cfg.encodings:
@@ -181,19 +185,20 @@ def run_study(cfg: StudyConfig, out: Path, *, resume: bool = False, progress: bo
             train(model, batch_fn_for(cfg, corpus), tcfg, out / "runs" / encoding, resume=True, progress=False)
             continue
         batch_fn = batch_fn_for(cfg, corpus)
-        if progress:
+        if progress and not (out / "runs" / encoding / DONE_FILE).is_file():  # else train() says it is skipped
             print(f"\n[{encoding}] training at length {cfg.train_len} for {cfg.steps} steps")
         train(model, batch_fn, tcfg, out / "runs" / encoding, resume=True, progress=progress)
-        rows = []
-        for extension in ev.extension_names(encoding) if cfg.extensions else ("none",):
-            for length in cfg.lengths:
-                row_key = (encoding, extension, 0, cfg.train_len, length, cfg.stride or 0)
-                if row_key in done:
-                    continue
-                rows.append(_evaluate(model, cfg, corpus, encoding, extension, length))
-        if rows:
-            upsert_results(results_csv, rows)
-            done |= {_key(r) for r in rows}
+        extensions = ev.extension_names(encoding) if cfg.extensions else ("none",)
+        plan = [(extension, length) for extension in extensions for length in cfg.lengths]
+        todo = [(e, n) for e, n in plan if (encoding, e, 0, cfg.train_len, n, cfg.stride or 0) not in done]
+        if progress and (message := skipped(encoding, len(plan) - len(todo), len(plan))):
+            print(message)
+        with progress_bar(progress, len(todo), f"{encoding} evaluation") as advance:
+            for extension, length in todo:
+                row = _evaluate(model, cfg, corpus, encoding, extension, length)
+                upsert_results(results_csv, [row])  # kept as soon as measured: an interrupted study loses no row
+                done.add(_key(row))
+                advance()
         if encoding == "rope" and cfg.finetune_steps:
             for row in _finetune(model, cfg, corpus, out, done, progress):
                 upsert_results(results_csv, [row])
@@ -212,35 +217,34 @@ def _finetune(model, cfg: StudyConfig, corpus, out: Path, done: set, progress: b
     scaling in place, then evaluate there. Yields result rows as they are measured; each fine-tune is its own
     resumable run in ``OUT/runs/rope-<scaling>-<length>``."""
     trained = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    for extension in ("none", *ev.ROPE_SCALINGS):
-        for length in cfg.lengths:
-            if length <= cfg.train_len or (
-                ("rope", extension, cfg.finetune_steps, cfg.train_len, length, cfg.stride or 0) in done
-            ):
-                continue
-            model.load_state_dict(trained)
-            swap = ev.extended_encoding(model, extension, train_len=cfg.train_len, eval_len=length)
-            original = model.encoding
-            if swap is not None:
-                model.set_encoding(swap)
-            batch = max(1, cfg.batch_size * cfg.train_len // length)  # the same tokens per step as pre-training
-            tune = dataclasses.replace(cfg, train_len=length, batch_size=batch)
-            tcfg = TrainConfig(
-                steps=cfg.finetune_steps, batch_size=batch, lr=cfg.lr * 0.1, seed=cfg.seed + 1, length=length, warmup=0
-            )
-            run_dir = out / "runs" / f"rope-{extension}-{length}"
-            train(
-                model,
-                batch_fn_for(tune, corpus),
-                tcfg,
-                run_dir,
-                resume=True,
-                progress=progress,
-                description=f"rope+{extension} @{length}",
-            )
-            row = _evaluate(model, cfg, corpus, "rope", "none", length)  # the scaling is already in place
-            model.set_encoding(original)
-            yield {**row, "scaling": extension, "finetune_steps": cfg.finetune_steps}
+    plan = [(e, n) for e in ("none", *ev.ROPE_SCALINGS) for n in cfg.lengths if n > cfg.train_len]
+    todo = [(e, n) for e, n in plan if ("rope", e, cfg.finetune_steps, cfg.train_len, n, cfg.stride or 0) not in done]
+    if progress and (message := skipped("rope fine-tuned", len(plan) - len(todo), len(plan))):
+        print(message)
+    for extension, length in todo:
+        model.load_state_dict(trained)
+        swap = ev.extended_encoding(model, extension, train_len=cfg.train_len, eval_len=length)
+        original = model.encoding
+        if swap is not None:
+            model.set_encoding(swap)
+        batch = max(1, cfg.batch_size * cfg.train_len // length)  # the same tokens per step as pre-training
+        tune = dataclasses.replace(cfg, train_len=length, batch_size=batch)
+        tcfg = TrainConfig(
+            steps=cfg.finetune_steps, batch_size=batch, lr=cfg.lr * 0.1, seed=cfg.seed + 1, length=length, warmup=0
+        )
+        run_dir = out / "runs" / f"rope-{extension}-{length}"
+        train(
+            model,
+            batch_fn_for(tune, corpus),
+            tcfg,
+            run_dir,
+            resume=True,
+            progress=progress,
+            description=f"rope+{extension} @{length}",
+        )
+        row = _evaluate(model, cfg, corpus, "rope", "none", length)  # the scaling is already in place
+        model.set_encoding(original)
+        yield {**row, "scaling": extension, "finetune_steps": cfg.finetune_steps}
     model.load_state_dict(trained)
 
 

@@ -11,15 +11,25 @@ global number of scored targets, so DDP's gradient average equals the single-pro
 Files in ``run_dir`` (only rank 0 writes; every write is atomic):
     config.json: ``{"model": ModelConfig.to_dict(), "train": TrainConfig.to_dict(), "meta": {...}}``.
     checkpoint.safetensors: weights, optimizer state, step, RNG states (``posenc.lab.checkpoint``), every
-        ``checkpoint_every`` steps and at the end.
+        ``checkpoint_every`` steps, every ``checkpoint_seconds``, on interruption and at the end.
     metrics.jsonl: one JSON line per ``log_every`` steps: step, loss, lr, tokens_per_s, elapsed (, grad_norm).
     done.json: final_loss, steps, seconds, tokens, tokens_per_s; a later call returns it without training.
+
+Interruption: while the loop runs, SIGINT (Ctrl-C) and SIGTERM only raise a flag; the loop finishes its step, writes
+a checkpoint there and raises ``KeyboardInterrupt`` (a second signal raises at once), so a resumed run loses nothing
+and stays bit-exact. A SIGKILL or a crash loses at most ``checkpoint_seconds`` of work. Under ``torchrun`` (which
+passes the signal on to every rank) the ranks agree on the flag at the next ``log_every`` step, where they already
+synchronise, and stop there together: a step boundary seen by one rank alone could leave the others waiting in a
+collective.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import signal
+import sys
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -42,7 +52,7 @@ METRICS_FILE = "metrics.jsonl"
 DONE_FILE = "done.json"
 
 #: ``TrainConfig`` fields that change neither the data nor the weights: a resumed run may use other values.
-BOOKKEEPING_FIELDS = ("log_every", "checkpoint_every")
+BOOKKEEPING_FIELDS = ("log_every", "checkpoint_every", "checkpoint_seconds")
 
 Batch = tuple[torch.Tensor, torch.Tensor, "torch.Tensor | None"]
 BatchFn = Callable[[int, int, int], Batch]
@@ -65,6 +75,8 @@ class TrainConfig(DictConfig):
         seed: data seed (the caller's ``batch_fn`` uses it) and, by convention, the model's init seed.
         log_every: steps between metrics lines (and progress-bar loss updates): the only host syncs.
         checkpoint_every: steps between checkpoints; 0 writes one only at the end.
+        checkpoint_seconds: also write one when this many seconds have passed since the last (what a SIGKILL or a
+            crash can lose; under torchrun checked at ``log_every`` steps); 0 turns the timed ones off.
     """
 
     steps: int
@@ -79,6 +91,7 @@ class TrainConfig(DictConfig):
     seed: int = 0
     log_every: int = 10
     checkpoint_every: int = 100
+    checkpoint_seconds: float = 30.0
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "length", "log_every"):
@@ -105,6 +118,13 @@ class TrainConfig(DictConfig):
             or (self.checkpoint_every < 0)
         ):
             fail("checkpoint_every", self.checkpoint_every, "a number of steps >= 0 (0: only at the end)")
+        if (
+            isinstance(self.checkpoint_seconds, bool)
+            or not isinstance(self.checkpoint_seconds, (int, float))
+            or not math.isfinite(self.checkpoint_seconds)
+            or self.checkpoint_seconds < 0
+        ):
+            fail("checkpoint_seconds", self.checkpoint_seconds, "a number of seconds >= 0 (0: no timed checkpoints)")
 
     @property
     def warmup_steps(self) -> int:
@@ -244,6 +264,36 @@ class _Progress:
             self.bar.update(self.task, loss=f"{loss:.4f}", tps=f"{tokens_per_s:,.0f}")
 
 
+class _Interruption:
+    """While entered, SIGINT and SIGTERM set ``requested`` instead of raising; a second one raises at once.
+
+    Python runs signal handlers in the main thread only, so elsewhere (a training thread) this installs nothing and
+    the signals keep their handlers. The previous handlers come back on exit.
+    """
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self) -> None:
+        self.requested = False
+        self.previous: dict[int, Any] = {}
+
+    def _handle(self, signum: int, frame: object) -> None:
+        if self.requested:  # asked twice: the user will not wait for the step to end
+            raise KeyboardInterrupt
+        self.requested = True
+
+    def __enter__(self) -> _Interruption:
+        if threading.current_thread() is threading.main_thread():
+            for sig in self.SIGNALS:
+                self.previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self.previous.items():
+            # None: a handler installed from C, which Python cannot reinstall; the default is the nearest
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+
+
 def _truncate_metrics(path: Path, step: int) -> None:
     """Keep the metrics lines of steps ``<= step`` (a resumed run rewrites the ones after its checkpoint)."""
     if not path.is_file():
@@ -282,13 +332,17 @@ def train(
         run_dir: folder for the files listed in the module docstring (created if missing).
         resume: continue from ``run_dir``'s checkpoint (same final weights as an uninterrupted run), or return at
             once from ``done.json`` after loading the final weights into ``model``. False starts over.
-        progress: show a rich progress bar (rank 0 only).
+        progress: show a rich progress bar and say what is resumed or skipped (rank 0 only).
         meta: extra JSON-able facts stored in ``config.json`` (not compared when resuming).
         description: progress-bar label; default the encoding's name.
 
     Returns:
         ``{"steps", "final_loss", "seconds", "tokens", "tokens_per_s", "resumed_from", "cached"}``; ``final_loss``
         is the mean training loss of the last ``log_every`` steps.
+
+    Raises:
+        KeyboardInterrupt: on SIGINT or SIGTERM, after the step in progress and a checkpoint there (see the module
+            docstring); the same call with ``resume=True`` continues from it.
 
     Shapes:
         x, y (B / world, S) int64, score_mask (B / world, S) bool or None -> logits (B / world, S, vocab).
@@ -304,23 +358,31 @@ def train(
     if cfg.batch_size < world:
         fail("batch_size", cfg.batch_size, f"at least the number of processes, {world} (it is the GLOBAL batch)")
     main = rank == 0
+    label = description or model.config.encoding
     config = run_config(model, cfg, meta)
     ckpt_path, done_path, metrics_path = run_dir / CHECKPOINT_FILE, run_dir / DONE_FILE, run_dir / METRICS_FILE
 
     if resume and done_path.is_file():
         _check_same_run(run_dir, config)
         load_checkpoint(ckpt_path, model=model, restore_rng=False)
-        return {**read_json(done_path, "done"), "cached": True}
+        summary = read_json(done_path, "done")
+        if progress and main:
+            print(f"{label}: already trained ({summary.get('steps', cfg.steps)} steps), skipped", flush=True)
+        return {**summary, "cached": True}
 
     optimizer = make_optimizer(model, cfg)
     start, elapsed, last_loss = 0, 0.0, float("nan")
+    window_loss, window_steps = 0.0, 0  # the loss summed since the last metrics line, as the checkpoint left it
     if resume and ckpt_path.is_file():
         _check_same_run(run_dir, config)
         state = load_checkpoint(ckpt_path, model=model, optimizer=optimizer)
         start, elapsed = state["step"], float(state["meta"].get("elapsed", 0.0))
         last_loss = float(state["meta"].get("last_loss", float("nan")))
+        window_loss, window_steps = float(state["meta"].get("window_loss", 0.0)), int(state["meta"].get("window", 0))
         if main:
             _truncate_metrics(metrics_path, start)
+            if progress:
+                print(f"resuming {label} from step {start} of {cfg.steps}", flush=True)
     elif main:
         run_dir.mkdir(parents=True, exist_ok=True)
         for stale in (ckpt_path, done_path, metrics_path):
@@ -333,17 +395,31 @@ def train(
     net = dist.wrap(model)
     net.train()
     params = [p for p in model.parameters() if p.requires_grad]
-    running = torch.zeros((), device=device, dtype=torch.float64)  # loss summed since the last log, on device
+    # the loss summed since the last log, on device; a resumed window goes on where it stopped, so the metrics match
+    # an uninterrupted run's (in float64, a single process's sums are the same bits)
+    running = torch.full((), window_loss, device=device, dtype=torch.float64)
+    distributed = dist.is_distributed()
     grad_norm = None
-    window_steps, window_tokens, window_start = 0, 0, time.perf_counter()
-    run_start = time.perf_counter()
+    window_tokens, window_start = 0, time.perf_counter()
+    run_start = last_saved = time.perf_counter()
 
     def checkpoint(step: int) -> None:
+        nonlocal last_saved
+        # Every rank calls this at checkpoint_every steps, so the window may be summed over ranks there; the timed
+        # and interrupt checkpoints of a DDP run come only at log steps, where the window is empty (no collective).
+        window = float(dist.all_reduce_sum(running.clone())) / world if window_steps else 0.0
         if main:
-            meta_out = {"elapsed": elapsed + time.perf_counter() - run_start, "last_loss": last_loss}
+            meta_out = {
+                "elapsed": elapsed + time.perf_counter() - run_start,
+                "last_loss": last_loss,
+                "window_loss": window,
+                "window": window_steps,
+            }
             save_checkpoint(ckpt_path, model=model, optimizer=optimizer, step=step, meta=meta_out)
+        last_saved = time.perf_counter()
 
-    with _Progress(progress and main, cfg.steps, start, description or model.config.encoding) as bar:
+    stopped_at, asked = None, False
+    with _Interruption() as interruption, _Progress(progress and main, cfg.steps, start, label) as bar:
         for step in range(start, cfg.steps):
             x, y, mask = _check_batch(batch_fn(step, rank, world), step)
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
@@ -365,8 +441,13 @@ def train(
             window_tokens += x.shape[0] * cfg.length * world  # cfg.length tokens per row (patches for a ViT)
             done = step + 1
             bar.advance()
-            if done % cfg.log_every == 0 or done == cfg.steps:
-                last_loss = float(dist.all_reduce_sum(running.clone())) / world / window_steps  # the host sync
+            logged = done % cfg.log_every == 0 or done == cfg.steps
+            asked = interruption.requested and not distributed  # one process stops at the end of any step
+            if logged:
+                flag = running.new_tensor(float(interruption.requested))
+                total, flags = dist.all_reduce_sum(torch.stack([running, flag])).tolist()  # the host sync
+                last_loss = total / world / window_steps
+                asked = asked or flags > 0  # every rank sees the same sum: they stop at this step together
                 now = time.perf_counter()
                 tokens_per_s = window_tokens / max(now - window_start, 1e-9)
                 bar.show(last_loss, tokens_per_s)
@@ -384,23 +465,40 @@ def train(
                         f.write(json.dumps(line) + "\n")
                 running.zero_()
                 window_steps, window_tokens, window_start = 0, 0, now
-            if cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and done < cfg.steps:
+            if done == cfg.steps:
+                break
+            if asked:
+                checkpoint(done)
+                dist.barrier()  # the other ranks wait for rank 0's file before they exit
+                stopped_at = done
+                break
+            timed = cfg.checkpoint_seconds and (logged or not distributed)  # under DDP rank 0's clock decides alone
+            if (cfg.checkpoint_every and done % cfg.checkpoint_every == 0) or (
+                timed and time.perf_counter() - last_saved >= cfg.checkpoint_seconds
+            ):
                 checkpoint(done)
 
-    seconds = elapsed + time.perf_counter() - run_start
-    checkpoint(cfg.steps)
-    total_tokens = cfg.steps * cfg.batch_size * cfg.length
-    summary = {
-        "steps": cfg.steps,
-        "final_loss": last_loss,
-        "seconds": seconds,
-        "tokens": total_tokens,
-        "tokens_per_s": total_tokens / max(seconds, 1e-9),
-        "resumed_from": start,
-    }
-    if main:
-        write_json_atomic(done_path, summary)
-    dist.barrier()
+        if stopped_at is None:
+            seconds = elapsed + time.perf_counter() - run_start
+            checkpoint(cfg.steps)
+            total_tokens = cfg.steps * cfg.batch_size * cfg.length
+            summary = {
+                "steps": cfg.steps,
+                "final_loss": last_loss,
+                "seconds": seconds,
+                "tokens": total_tokens,
+                "tokens_per_s": total_tokens / max(seconds, 1e-9),
+                "resumed_from": start,
+            }
+            if main:
+                write_json_atomic(done_path, summary)
+            dist.barrier()
+        asked = asked or interruption.requested  # a signal during the last step or the final files
+    if stopped_at is not None or asked:
+        where = f"at step {stopped_at} of {cfg.steps}" if stopped_at is not None else "after its last step"
+        if progress and main:
+            print(f"{label}: interrupted {where}; saved in {run_dir}", file=sys.stderr, flush=True)
+        raise KeyboardInterrupt(f"{label} interrupted {where}")
     return {**summary, "cached": False}
 
 

@@ -9,7 +9,7 @@ at every resolution, so a higher resolution means more patches and positions the
 Every finished piece is kept, as in ``posenc lab``: each encoding trains in ``OUT/runs/<encoding>/`` (checkpointed,
 resumable, skipped once done) and each accuracy is upserted into ``OUT/results.csv`` as soon as it is measured.
 
-Files: ``OUT/results.csv`` (``RESULT_COLUMNS``), ``OUT/resolution.png``, ``OUT/report.md``, ``OUT/study.json``.
+Files: ``OUT/results.csv`` (``RESULT_COLUMNS``), ``OUT/resolution.png``, ``OUT/report.md``, ``OUT/vision.json``.
 """
 
 from __future__ import annotations
@@ -27,10 +27,19 @@ import torch.nn.functional as F
 
 from posenc._checks import check_choice, check_positive_int, fail
 from posenc.lab import dist
+from posenc.lab.devices import resolve_device
 from posenc.lab.images import ImageData, load_images, normalisation, prepare, random_resized_crop
-from posenc.lab.report import config_and_environment, duration, environment, write_text_atomic
+from posenc.lab.progress import progress_bar, skipped
+from posenc.lab.report import (
+    config_and_environment,
+    duration,
+    environment,
+    wide_console,
+    wilson_interval,
+    write_text_atomic,
+)
 from posenc.lab.runfiles import KeyedCSV, check_settings
-from posenc.lab.train import TrainConfig, rank_rows, step_generator, train
+from posenc.lab.train import DONE_FILE, TrainConfig, rank_rows, step_generator, train
 from posenc.lab.vit import POOLS, ViT, ViTConfig, registry_name, vision_encodings
 
 DEFAULT_ENCODINGS = ("learned", "sinusoidal", "nope", "rope_axial", "rope_mixed", "alibi_2d")
@@ -57,7 +66,7 @@ PAPER = {"learned": (80.4, 79.4), "rope_axial": (80.9, 80.0), "rope_mixed": (80.
 
 @dataclass(frozen=True, kw_only=True)
 class VisionConfig:
-    """Everything that defines a vision study; stored as ``OUT/study.json`` and checked on ``--resume``."""
+    """Everything that defines a vision study; stored as ``OUT/vision.json`` and checked on ``--resume``."""
 
     encodings: tuple[str, ...] = DEFAULT_ENCODINGS
     train_res: int = 16
@@ -196,11 +205,13 @@ def run_vision(cfg: VisionConfig, out: str | Path, *, resume: bool = False, prog
     """Run (or continue) the study; returns the result rows. Files land in ``out``."""
     start = time.perf_counter()
     out = Path(out)
+    resolve_device(cfg.device, allow_auto=False)
     dist.init()
-    if dist.is_main():
-        check_settings(out, cfg.to_dict(), resume, filename="study.json", what="study")
-    dist.barrier()
     data = load_images(cfg.data)
+    # Only now, with the device and data checked, is the folder claimed: a bad input leaves nothing behind.
+    if dist.is_main():
+        check_settings(out, cfg.to_dict(), resume, command="vision", what="study")
+    dist.barrier()
     stats = normalisation(data.train_images)
     test_images, test_labels = data.test_images, data.test_labels
     if cfg.eval_images is not None:
@@ -225,32 +236,32 @@ def run_vision(cfg: VisionConfig, out: str | Path, *, resume: bool = False, prog
         if not dist.is_main():  # other ranks only train; rank 0 evaluates and writes
             train(model, batch_fn, tcfg, out / "runs" / encoding, progress=False, meta={"data": data.source})
             continue
-        if progress:
+        if progress and not (out / "runs" / encoding / DONE_FILE).is_file():  # else train() says it is skipped
             print(f"\n[{encoding}] training at {cfg.train_res} px ({model.config.tokens} tokens) for {cfg.steps} steps")
         train(model, batch_fn, tcfg, out / "runs" / encoding, progress=progress, meta={"data": data.source})
-        rows = []
-        for scaling in scalings if encoding in COORDINATE_ENCODINGS else ("none",):
-            for res in cfg.resolutions:
-                if (encoding, scaling, cfg.train_res, res) in done:
-                    continue
+        lines = scalings if encoding in COORDINATE_ENCODINGS else ("none",)
+        plan = [(scaling, res) for scaling in lines for res in cfg.resolutions]
+        todo = [(s, res) for s, res in plan if (encoding, s, cfg.train_res, res) not in done]
+        if progress and (message := skipped(encoding, len(plan) - len(todo), len(plan))):
+            print(message)
+        with progress_bar(progress, len(todo), f"{encoding} evaluation") as advance:
+            for scaling, res in todo:
                 scale = cfg.train_res / res if scaling == "interpolate" else 1.0
                 acc, loss = accuracy(model, prepare(test_images, res, stats), test_labels, coordinate_scale=scale)
-                rows.append(
-                    {
-                        "encoding": encoding,
-                        "scaling": scaling,
-                        "train_res": cfg.train_res,
-                        "eval_res": res,
-                        "accuracy": acc,
-                        "loss": loss,
-                        "images": len(test_labels),
-                        "patches": (res // cfg.patch_size) ** 2,
-                        "status": "ok",
-                    }
-                )
-        if rows:
-            upsert_results(results_csv, rows)
-            done |= {result_key(r) for r in rows}
+                row = {
+                    "encoding": encoding,
+                    "scaling": scaling,
+                    "train_res": cfg.train_res,
+                    "eval_res": res,
+                    "accuracy": acc,
+                    "loss": loss,
+                    "images": len(test_labels),
+                    "patches": (res // cfg.patch_size) ** 2,
+                    "status": "ok",
+                }
+                upsert_results(results_csv, [row])  # kept as soon as measured: an interrupted study loses no row
+                done.add(result_key(row))
+                advance()
     if not dist.is_main():
         dist.cleanup()
         return []
@@ -309,7 +320,6 @@ def format_table(rows: Sequence[Mapping[str, Any]]) -> str:
 
 
 def print_table(rows: Sequence[Mapping[str, Any]]) -> None:
-    from rich.console import Console
     from rich.table import Table
 
     headers, cells = table(rows)
@@ -318,13 +328,72 @@ def print_table(rows: Sequence[Mapping[str, Any]]) -> None:
         out.add_column(h, justify="left" if j < 2 else "right", style="cyan" if j == 0 else None)
     for line in cells:
         out.add_row(*line)
-    console = Console()
+    console = wide_console()
     console.width = max(console.width, 100)  # rows stay one line each in an 80-column pipe
     console.print(out)
 
 
+def interval(row: Mapping[str, Any]) -> tuple[float, float] | None:
+    """The 95% Wilson interval of a row's accuracy over its ``images`` test images; None without a count."""
+    n = row.get("images")
+    if row.get("accuracy") is None or isinstance(n, bool) or not isinstance(n, int) or n <= 0:
+        return None
+    return wilson_interval(row["accuracy"], n)
+
+
+def _accuracy_text(row: Mapping[str, Any]) -> str:
+    """``46.2% [43.1, 49.3]``: the accuracy and its 95% interval (without the interval when there is no count)."""
+    ci = interval(row)
+    text = f"{100 * row['accuracy']:.1f}%"
+    return text if ci is None else f"{text} [{100 * ci[0]:.1f}, {100 * ci[1]:.1f}]"
+
+
+def compare(high: Mapping[str, Any], low: Mapping[str, Any], *, strict: bool) -> str:
+    """Whether ``high``'s accuracy is above ``low``'s (``>`` when ``strict``, else ``>=``), given the noise:
+    "noise" when their 95% intervals overlap (the gap could be chance), else "held" or "broken"; without image
+    counts the raw numbers decide."""
+    a, b = high["accuracy"], low["accuracy"]
+    ci_a, ci_b = interval(high), interval(low)
+    if ci_a is not None and ci_b is not None and ci_a[0] <= ci_b[1] and ci_b[0] <= ci_a[1]:
+        return "noise"
+    return "held" if (a > b if strict else a >= b) else "broken"
+
+
+def _paper_check(lines_by: Mapping[tuple[str, str], Mapping[int, Mapping[str, Any]]], far: int) -> list[str]:
+    """RoPE-ViT's ordering at 2x: held, broken, or within noise, each gap judged by the 95% intervals."""
+    row = {e: lines_by[(e, "none")][far] for e in ("rope_mixed", "rope_axial", "learned")}
+    pairs = (("rope_mixed", "rope_axial", False), ("rope_axial", "learned", True))
+    states = [compare(row[a], row[b], strict=strict) for a, b, strict in pairs]
+    counted = all(interval(r) is not None for r in row.values())
+    if "broken" in states:
+        verdict = "did NOT hold"
+    elif "noise" in states:
+        verdict = "could not be told apart from noise"
+    else:
+        verdict = "HELD"
+    outside = "outside the noise (the 95% intervals do not overlap)"
+    meaning = {"held": outside, "broken": outside, "noise": "within noise (the 95% intervals overlap)"}
+    gaps = []
+    for (a, b, _), state in zip(pairs, states, strict=True):
+        gap = f"{a} - {b} = {100 * (row[a]['accuracy'] - row[b]['accuracy']):+.1f} points"
+        gaps.append(f"{gap}, {meaning[state]}" if counted else gap)
+    here = ", ".join(f"{e} {_accuracy_text(r)}" for e, r in row.items())
+    images = sorted({r["images"] for r in row.values()}) if counted else []
+    noise = (
+        f" (95% Wilson intervals over {' / '.join(map(str, images))} test images)"
+        if counted
+        else " (no image counts in the results: no noise estimate)"
+    )
+    return [
+        f"Paper check at 2x the training resolution ({far} px): RoPE-ViT reports RoPE-Mixed >= RoPE-Axial > "
+        f"learned APE. Here {here}{noise}: the ordering {verdict} ({'; '.join(gaps)}).",
+        "",
+    ]
+
+
 def findings_for(rows: Sequence[Mapping[str, Any]], cfg: VisionConfig, n_classes: int = 10) -> list[str]:
-    """Plain statements about the measured table: the paper's ordering at 2x, then each line's change."""
+    """Plain statements about the measured table: the paper's ordering at 2x (judged against the noise of a finite
+    test set: 95% Wilson intervals), then each line's change, each accuracy with its interval."""
     lines_by = _lines(rows)
     acc = {
         (e, s, n): r["accuracy"] for (e, s), by in lines_by.items() for n, r in by.items() if r["accuracy"] is not None
@@ -332,38 +401,36 @@ def findings_for(rows: Sequence[Mapping[str, Any]], cfg: VisionConfig, n_classes
     base, far = cfg.train_res, 2 * cfg.train_res
     lines = []
     if all((n, "none", far) in acc for n in ("learned", "rope_axial", "rope_mixed")):
-        mixed, axial, ape = (100 * acc[(n, "none", far)] for n in ("rope_mixed", "rope_axial", "learned"))
-        held = mixed >= axial > ape
-        lines.append(
-            f"Paper check at 2x the training resolution ({far} px): RoPE-ViT reports RoPE-Mixed >= RoPE-Axial > "
-            f"learned APE. Here rope_mixed {mixed:.1f}%, rope_axial {axial:.1f}%, learned {ape:.1f}%: the ordering "
-            f"{'HELD' if held else 'did NOT hold'} (rope_mixed - rope_axial = {mixed - axial:+.1f} points, "
-            f"rope_axial - learned = {axial - ape:+.1f} points)."
-        )
-        lines.append("")
+        lines += _paper_check(lines_by, far)
     else:
         lines.append(
             f"Paper check: needs learned, rope_axial and rope_mixed evaluated at {far} px (2x); not in this run."
         )
-    gains = [
-        f"{e} {100 * (acc[(e, 'interpolate', far)] - acc[(e, 'none', far)]):+.1f}"
-        for e, scaling in lines_by
-        if scaling == "interpolate" and (e, "none", far) in acc and (e, "interpolate", far) in acc
-    ]
+    gains = []
+    for e, scaling in lines_by:
+        if scaling == "interpolate" and (e, "none", far) in acc and (e, "interpolate", far) in acc:
+            noise = compare(lines_by[(e, scaling)][far], lines_by[(e, "none")][far], strict=False) == "noise"
+            gain = 100 * (acc[(e, scaling, far)] - acc[(e, "none", far)])
+            gains.append(f"{e} {gain:+.1f}" + (" (within noise)" if noise else ""))
     if gains:
         lines.append(
             f"Interpolating patch coordinates into the trained range (instead of extrapolating them) at {far} px, "
             f"in accuracy points: {', '.join(gains)}."
         )
         lines.append("")
+    counts = sorted({r["images"] for by in lines_by.values() for r in by.values() if interval(r) is not None})
+    if counts:
+        lines += [f"Each accuracy below with its 95% Wilson interval over {' / '.join(map(str, counts))} test images:"]
+        lines.append("")
     for e, scaling in lines_by:
         if (e, scaling, base) not in acc:
             continue
+        by = lines_by[(e, scaling)]
         a = 100 * acc[(e, scaling, base)]
         others = [n for n in cfg.resolutions if n != base and (e, scaling, n) in acc]
-        parts = [f"{100 * acc[(e, scaling, n)]:.1f}% at {n} px ({100 * acc[(e, scaling, n)] - a:+.1f})" for n in others]
+        parts = [f"{_accuracy_text(by[n])} at {n} px ({100 * acc[(e, scaling, n)] - a:+.1f})" for n in others]
         label = e if scaling == "none" else f"{e} + {scaling}d coordinates"
-        text = f"- {label}: {a:.1f}% at {base} px (train)"
+        text = f"- {label}: {_accuracy_text(by[base])} at {base} px (train)"
         if parts:
             text += "; " + ", ".join(parts)
         if e in PAPER and scaling == "none":

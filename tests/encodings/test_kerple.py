@@ -1,0 +1,188 @@
+"""KERPLE module: registry, config, the bias and its score_mod (eagerly and through compiled FlexAttention),
+gradients to ``r1``/``r2`` through bias and score_mod, float32 math in a bf16 model, and bad input."""
+
+import copy
+
+import pytest
+import torch
+from torch.nn.attention.flex_attention import flex_attention
+from torch.testing import assert_close
+
+import posenc
+from posenc.encodings.kerple import KERPLE, KERPLEConfig
+from posenc.functional.kerple import kerple_bias
+from reference.kerple import kerple
+
+EXACT = {"rtol": 0.0, "atol": 0.0}
+B, H, S, T = 2, 4, 5, 7
+
+
+def _indices(b, h, s, t):
+    """FlexAttention's (b, h, q_idx, kv_idx) as broadcasting index tensors over a (B, H, S, T) score grid."""
+    return (
+        torch.arange(b).view(b, 1, 1, 1),
+        torch.arange(h).view(1, h, 1, 1),
+        torch.arange(s).view(1, 1, s, 1),
+        torch.arange(t).view(1, 1, 1, t),
+    )
+
+
+def _score_mod_grid(enc, q_pos, k_pos):
+    return enc.score_mod(q_pos, k_pos)(torch.zeros(B, H, S, T), *_indices(B, H, S, T))  # (B, H, S, T)
+
+
+def _positions(kind):
+    g = torch.Generator().manual_seed(3)
+    return {
+        "shared": (torch.arange(S) + 10, torch.arange(T) + 8),
+        "one_row": (torch.arange(S).unsqueeze(0), torch.arange(T).unsqueeze(0) * 3),
+        "batched": (torch.randint(0, 1000, (B, S), generator=g), torch.randint(0, 1000, (B, T), generator=g)),
+        "mixed": (torch.randint(0, 1000, (B, S), generator=g), torch.arange(T)),
+        "float": (torch.rand(S, generator=g) * 100, torch.rand(B, T, generator=g, dtype=torch.float64) * 100),
+    }[kind]
+
+
+def test_registered_and_built_by_name():
+    enc = posenc.build("kerple", num_heads=6, dim=64, head_dim=16, max_len=128)
+    assert isinstance(enc, KERPLE) and enc.config == KERPLEConfig(num_heads=6)
+    assert posenc.build("kerple", num_heads=2, kernel="power").config.kernel == "power"
+    assert KERPLE.has_bias and KERPLE.position_kind == "sequence"
+    assert [n for n, _ in enc.named_parameters()] == ["r1", "r2"]
+    assert "num_heads=6, kernel='log'" in repr(enc)
+
+
+@pytest.mark.parametrize("config", [KERPLEConfig(num_heads=8), KERPLEConfig(num_heads=3, kernel="power")])
+def test_config_round_trip(config):
+    assert KERPLEConfig.from_dict(config.to_dict()) == config
+    assert KERPLE.from_config(config.to_dict()).config == config
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"num_heads": 0}, r"num_heads=0"),
+        ({"num_heads": 2.0}, r"num_heads=2\.0"),
+        ({"num_heads": True}, r"num_heads=True"),
+        ({"num_heads": 2, "kernel": "exp"}, r"kernel='exp'.*\['log', 'power'\]"),
+    ],
+)
+def test_bad_config(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        KERPLEConfig(**kwargs)
+    heads = kwargs.pop("num_heads")
+    with pytest.raises(ValueError, match=match):
+        KERPLE(heads, **kwargs)
+
+
+@pytest.mark.parametrize("kernel", ["log", "power"])
+def test_initial_parameters_follow_the_reference_draws(kernel):
+    torch.manual_seed(0)
+    enc = KERPLE(2048, kernel=kernel)
+    top1, top2 = (2.0, 1.0) if kernel == "log" else (1.0, 2.0)
+    for p, top in ((enc.r1, top1), (enc.r2, top2)):
+        assert p.dtype == torch.float32 and p.shape == (2048,)
+        assert p.min() >= 0 and p.max() < top and p.max() > 0.97 * top
+
+
+@pytest.mark.parametrize("kind", ["shared", "one_row", "batched", "mixed", "float"])
+@pytest.mark.parametrize("kernel", ["log", "power"])
+def test_bias_and_score_mod(kind, kernel):
+    q_pos, k_pos = _positions(kind)
+    enc = KERPLE(H, kernel=kernel)
+    with torch.no_grad():
+        enc.r1[0], enc.r2[1] = -0.5, 3.0  # out of bounds: clamped in both paths
+        bias = enc.bias(q_pos, k_pos)
+        r1, r2 = enc.kernel_parameters()
+        assert_close(bias, kerple_bias(q_pos, k_pos, r1, r2, kernel=kernel), **EXACT)
+        assert_close(bias.double(), kerple(q_pos, k_pos, r1.double(), r2.double(), kernel), rtol=2e-6, atol=1e-5)
+        assert_close(_score_mod_grid(enc, q_pos, k_pos), bias.expand(B, -1, -1, -1), **EXACT)
+    assert_close(enc(q_pos), enc.bias(q_pos, q_pos), **EXACT)
+    assert_close(enc(q_pos, k_pos), bias, **EXACT)
+
+
+@pytest.mark.parametrize("kernel", ["log", "power"])
+def test_gradients_reach_r1_r2_through_bias_and_score_mod(kernel):
+    q_pos, k_pos = _positions("batched")
+    weights = torch.randn(B, H, S, T)
+    grads = []
+    for path in ("bias", "score_mod"):
+        torch.manual_seed(4)
+        enc = KERPLE(H, kernel=kernel)
+        out = enc.bias(q_pos, k_pos) if path == "bias" else _score_mod_grid(enc, q_pos, k_pos)
+        grads.append(torch.autograd.grad((out * weights).sum(), [enc.r1, enc.r2]))
+    for g_bias, g_mod in zip(*grads, strict=True):
+        assert g_bias.abs().min() > 0
+        assert_close(g_mod, g_bias, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("backend", ["eager", "sdpa"])
+def test_attention_trains_the_kernel(backend):
+    enc = KERPLE(H)
+    q, k, v = torch.randn(3, B, H, 12, 8).unbind(0)
+    out = posenc.attention(q, k, v, encoding=enc, backend=backend)
+    r1, r2 = torch.autograd.grad(out.square().sum(), [enc.r1, enc.r2])
+    assert r1.abs().min() > 0 and r2.abs().min() > 0
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("kernel", ["log", "power"])
+def test_score_mod_in_compiled_flex_attention(device, kernel):
+    b, s, t, d = 2, 8, 16, 16
+    q = torch.randn(b, H, s, d, device=device)
+    k, v = torch.randn(b, H, t, d, device=device), torch.randn(b, H, t, d, device=device)
+    enc = KERPLE(H, kernel=kernel).to(device)
+    q_pos = torch.stack((torch.arange(s) + 8, torch.arange(s) + 3)).to(device)  # per-row query offsets
+    k_pos = torch.arange(t, device=device)
+    with torch.no_grad():
+        got = torch.compile(flex_attention, dynamic=False)(q, k, v, score_mod=enc.score_mod(q_pos, k_pos))
+        scores = q @ k.transpose(-1, -2) * d**-0.5 + enc.bias(q_pos, k_pos)
+    assert_close(got, torch.softmax(scores, dim=-1) @ v, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "flex"])
+def test_attention_compiles_without_graph_breaks(backend):
+    """Whole-graph compile; flex there also needs the score_mod to capture parameters, not tensors computed in the
+    graph (CPU inductor cannot lower those)."""
+    enc = KERPLE(H, kernel="power")
+    q, k, v = torch.randn(3, B, H, 32, 16).unbind(0)
+    pos = torch.arange(40, 72)
+
+    def step(q, k, v):
+        return posenc.attention(q, k, v, encoding=enc, backend=backend, q_positions=pos)
+
+    with torch.no_grad():
+        compiled = torch.compile(step, fullgraph=True, dynamic=False)
+        assert_close(compiled(q, k, v), step(q, k, v), rtol=2e-5, atol=2e-5)
+
+
+def test_low_precision_model_keeps_float32_math():
+    enc = KERPLE(H, kernel="power")
+    with torch.no_grad():
+        for p in enc.parameters():
+            p.copy_(p.bfloat16().float())
+    pos = torch.arange(3000, 3040)
+    ref = enc.bias(pos, pos)
+    low = copy.deepcopy(enc).to(torch.bfloat16)
+    assert low.r1.dtype == torch.bfloat16
+    assert_close(low.bias(pos, pos), ref, **EXACT)
+    assert_close(_score_mod_grid(low, pos[:S], pos[:T]), ref[..., :S, :T].expand(B, -1, -1, -1), **EXACT)
+
+
+def test_meta_build():
+    with torch.device("meta"):
+        enc = KERPLE(H)
+    assert enc.r1.is_meta and enc.r2.is_meta
+
+
+def test_bad_input():
+    enc = KERPLE(H)
+    pos = torch.arange(6)
+    for hook in (enc.bias, enc.score_mod):
+        with pytest.raises(ValueError, match=r"num_heads=4.*the number of heads of q, 3"):
+            hook(pos, pos, q=torch.randn(1, 3, 6, 8))
+        with pytest.raises(ValueError, match=r"q_pos\.dtype=torch\.float16"):
+            hook(pos.half(), pos)
+        with pytest.raises(ValueError, match=r"k_pos\.shape=\(3, 6\)"):
+            hook(torch.zeros(2, 6), torch.zeros(3, 6))
+        with pytest.raises(ValueError, match=r"q_pos\[1\]=nan"):
+            hook(torch.tensor([0.0, float("nan")]), pos)

@@ -1,0 +1,155 @@
+"""Sandwich module: registry, config (ratios through JSON), the bias against embedding dot products, score_mod ==
+bias (eagerly and through compiled FlexAttention), the frequency buffer through dtype and device moves, and bad
+input."""
+
+import json
+
+import pytest
+import torch
+from torch.nn.attention.flex_attention import flex_attention
+from torch.testing import assert_close
+
+import posenc
+from posenc.encodings.sandwich import Sandwich, SandwichConfig
+from posenc.functional.sandwich import sandwich_bias, sandwich_frequencies
+from reference.sandwich import sandwich
+
+EXACT = {"rtol": 0.0, "atol": 0.0}
+B, H, S, T = 2, 4, 5, 7
+
+
+def _indices(b, h, s, t):
+    """FlexAttention's (b, h, q_idx, kv_idx) as broadcasting index tensors over a (B, H, S, T) score grid."""
+    return (
+        torch.arange(b).view(b, 1, 1, 1),
+        torch.arange(h).view(1, h, 1, 1),
+        torch.arange(s).view(1, 1, s, 1),
+        torch.arange(t).view(1, 1, 1, t),
+    )
+
+
+def _score_mod_grid(enc, q_pos, k_pos):
+    return enc.score_mod(q_pos, k_pos)(torch.zeros(B, H, S, T), *_indices(B, H, S, T))  # (B, H, S, T)
+
+
+def _positions(kind):
+    g = torch.Generator().manual_seed(3)
+    return {
+        "shared": (torch.arange(S) + 10, torch.arange(T) + 8),
+        "one_row": (torch.arange(S).unsqueeze(0), torch.arange(T).unsqueeze(0) * 3),
+        "batched": (torch.randint(0, 1000, (B, S), generator=g), torch.randint(0, 1000, (B, T), generator=g)),
+        "mixed": (torch.randint(0, 1000, (B, S), generator=g), torch.arange(T)),
+        "float": (torch.rand(S, generator=g) * 100, torch.rand(B, T, generator=g, dtype=torch.float64) * 100),
+    }[kind]
+
+
+def test_registered_and_built_by_name():
+    enc = posenc.build("sandwich", num_heads=8, dim=512, head_dim=64, max_len=128)
+    assert isinstance(enc, Sandwich) and enc.config == SandwichConfig(num_heads=8)  # dim is the model's, not d'
+    assert enc.config.pe_dim == 128 and enc.config.head_ratios() == (1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0)
+    assert Sandwich.has_bias and list(enc.parameters()) == [] and enc.state_dict() == {}
+
+
+@pytest.mark.parametrize(
+    "config",
+    [SandwichConfig(num_heads=8), SandwichConfig(num_heads=3, pe_dim=16, base=500.0, ratios=(1, 0.5, 2.5))],
+)
+def test_config_round_trip(config):
+    assert SandwichConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config  # ratios: list -> tuple
+    assert Sandwich.from_config(config.to_dict()).config == config
+    if config.ratios is not None:
+        assert config.ratios == (1.0, 0.5, 2.5) and config.to_dict()["ratios"] == [1.0, 0.5, 2.5]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"num_heads": 0}, r"num_heads=0"),
+        ({"num_heads": 2, "pe_dim": 5}, r"pe_dim=5.*even"),
+        ({"num_heads": 2, "pe_dim": 0}, r"pe_dim=0"),
+        ({"num_heads": 2, "base": 1}, r"base=1"),
+        ({"num_heads": 2, "ratios": (1.0,)}, r"ratios=\(1\.0,\).*2 compression ratios"),
+        ({"num_heads": 2, "ratios": (1.0, -1.0)}, r"ratios\[1\]=-1\.0"),
+        ({"num_heads": 2, "ratios": (1.0, float("nan"))}, r"ratios\[1\]=nan"),
+        ({"num_heads": 2, "ratios": 2.0}, r"ratios=2\.0"),
+    ],
+)
+def test_bad_config(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        SandwichConfig(**kwargs)
+    heads = kwargs.pop("num_heads")
+    with pytest.raises(ValueError, match=match):
+        Sandwich(heads, **kwargs)
+
+
+@pytest.mark.parametrize("kind", ["shared", "one_row", "batched", "mixed", "float"])
+@pytest.mark.parametrize("kwargs", [{}, {"pe_dim": 16, "ratios": (1.0, 1.0, 0.5, 3.0)}, {"base": 100.0}])
+def test_bias_and_score_mod(kind, kwargs):
+    q_pos, k_pos = _positions(kind)
+    enc = Sandwich(H, **kwargs)
+    c = enc.config
+    bias = enc.bias(q_pos, k_pos)
+    assert_close(bias, sandwich_bias(q_pos, k_pos, sandwich_frequencies(c.pe_dim, c.head_ratios(), base=c.base)))
+    ref = sandwich(q_pos, k_pos, pe_dim=c.pe_dim, ratios=list(c.head_ratios()), base=c.base)
+    assert_close(bias.double(), ref, rtol=0, atol=3e-4)  # float32 angles at distances up to 1000
+    assert_close(_score_mod_grid(enc, q_pos, k_pos), bias.expand(B, -1, -1, -1), **EXACT)
+    assert_close(enc(q_pos, k_pos), bias, **EXACT)
+    assert_close(enc(q_pos), enc.bias(q_pos, q_pos), **EXACT)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_score_mod_in_compiled_flex_attention(device):
+    b, s, t, d = 2, 8, 16, 16
+    q = torch.randn(b, H, s, d, device=device)
+    k, v = torch.randn(b, H, t, d, device=device), torch.randn(b, H, t, d, device=device)
+    enc = Sandwich(H, pe_dim=32).to(device)
+    q_pos = torch.stack((torch.arange(s) + 8, torch.arange(s) + 3)).to(device)  # per-row query offsets
+    k_pos = torch.arange(t, device=device)
+    got = torch.compile(flex_attention, dynamic=False)(q, k, v, score_mod=enc.score_mod(q_pos, k_pos))
+    scores = q @ k.transpose(-1, -2) * d**-0.5 + enc.bias(q_pos, k_pos)
+    assert_close(got, torch.softmax(scores, dim=-1) @ v, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "flex"])
+def test_attention_compiles_without_graph_breaks(backend):
+    """Whole-graph compile; flex there also needs the score_mod to capture parameters, not tensors computed in the
+    graph (CPU inductor cannot lower those)."""
+    enc = Sandwich(H, pe_dim=16)
+    q, k, v = torch.randn(3, B, H, 32, 16).unbind(0)
+    pos = torch.arange(40, 72)
+
+    def step(q, k, v):
+        return posenc.attention(q, k, v, encoding=enc, backend=backend, q_positions=pos)
+
+    with torch.no_grad():
+        compiled = torch.compile(step, fullgraph=True, dynamic=False)
+        assert_close(compiled(q, k, v), step(q, k, v), rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("cast", [lambda m: m.to(torch.bfloat16), lambda m: m.half(), lambda m: m.double()])
+def test_frequencies_stay_float32_through_dtype_casts(cast):
+    enc = Sandwich(6)
+    cast(enc)
+    assert enc.frequencies.dtype == torch.float32
+    assert_close(enc.frequencies, sandwich_frequencies(128, enc.config.head_ratios()), **EXACT)
+    assert "_frequencies" not in enc.state_dict()  # rebuilt from the config, never saved
+
+
+def test_meta_build_then_to_empty():
+    with torch.device("meta"):
+        enc = Sandwich(H)
+    assert enc.frequencies.is_meta
+    enc.to_empty(device="cpu")
+    assert_close(enc.frequencies, sandwich_frequencies(128, enc.config.head_ratios()), **EXACT)
+
+
+def test_bad_input():
+    enc = Sandwich(H)
+    pos = torch.arange(6)
+    for hook in (enc.bias, enc.score_mod):
+        with pytest.raises(ValueError, match=r"num_heads=4.*the number of heads of q, 8"):
+            hook(pos, pos, q=torch.randn(1, 8, 6, 8))
+        with pytest.raises(ValueError, match=r"q_pos\.dtype=torch\.bool"):
+            hook(pos.bool(), pos)
+        with pytest.raises(ValueError, match=r"k_pos\[2\]=inf"):
+            hook(pos, torch.tensor([0.0, 1.0, float("inf")]))
