@@ -5,25 +5,36 @@
 - ``positional_setup``: the posenc config(s) for any supported architecture's config.
 - ``extend_context``: linear / ntk / dynamic / yarn / longrope / llama3 on a loaded RoPE model, slope interpolation
   on an ALiBi model, in place.
+- ``resolve_model`` / ``inspect_gguf`` / ``load_config`` / ``original_context`` / ``load_causal_lm``: pretrained
+  models from GGUF files, transformers folders or ``"smollm2"``, offline; ``save_pretrained`` writes one back.
 
 Only torch is imported here; transformers is imported lazily, when a model is patched.
 """
 
 from posenc.hf.alibi import ALIBI_MODEL_TYPES, alibi_config_from_hf, alibi_config_to_hf
 from posenc.hf.extend import METHOD_OPTIONS, METHODS, extend_context
+from posenc.hf.load import ModelSource, inspect_gguf, load_causal_lm, load_config, original_context, resolve_model
 from posenc.hf.rotary import rotary_config_from_hf, rotary_config_to_hf
+from posenc.hf.save import save_pretrained
 from posenc.hf.setup import ROPE_MODEL_TYPES, positional_setup, supported_model_types
 
 __all__ = [
     "ALIBI_MODEL_TYPES",
     "METHODS",
     "METHOD_OPTIONS",
+    "ModelSource",
     "ROPE_MODEL_TYPES",
     "alibi_config_from_hf",
     "alibi_config_to_hf",
     "extend_context",
+    "inspect_gguf",
+    "load_causal_lm",
+    "load_config",
+    "original_context",
     "positional_setup",
+    "resolve_model",
     "rotary_config_from_hf",
     "rotary_config_to_hf",
+    "save_pretrained",
     "supported_model_types",
 ]

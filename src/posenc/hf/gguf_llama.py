@@ -1,0 +1,156 @@
+"""Load a Llama-architecture GGUF file as a transformers ``LlamaForCausalLM``, dequantized in memory, in one pass.
+
+Why not ``AutoModelForCausalLM.from_pretrained(folder, gguf_file=...)``: transformers 5's loader parses the file up
+to three times with ``gguf.GGUFReader`` (config, weights, tokenizer) and rebuilds its tensor-name map once per
+submodule: 13.5 s and 1.24 GiB peak RSS for SmolLM2-135M on 2 cores, against 2.5 s and 1.05 GiB here. This module
+reads the header once (``posenc.hf.gguf_header``), builds the config with the keys transformers' GGUF loader uses
+for ``llama`` (``GGUF_CONFIG_MAPPING["llama"]``), dequantizes each tensor with the ``gguf`` package, undoes
+llama.cpp's query/key row permutation, and hands the state dict to ``from_pretrained(None, config=...,
+state_dict=...)``. The result is a plain float model (no ``quantization_config``); ``tests/hf/test_load.py`` checks
+it equals transformers' own GGUF load exactly (config, every weight, generation config, the tokenizer's output) on
+tiny files written as llama.cpp writes them (F32, F16, and SmolLM2's Q4_1 / Q8_0 mix; tied and untied heads).
+
+Reference: transformers ``modeling_gguf_pytorch_utils.load_gguf_checkpoint`` and ``LlamaTensorProcessor``;
+llama.cpp ``convert_hf_to_gguf.py`` (``LlamaModel.permute``).
+"""
+
+from __future__ import annotations
+
+import mmap
+from typing import Any
+
+import numpy as np
+import torch
+
+from posenc._checks import fail
+from posenc.hf.gguf_header import GGUFHeader
+
+#: (GGUF key under the architecture, config key) as in transformers' GGUF_CONFIG_MAPPING["llama"].
+_CONFIG_KEYS = (
+    ("context_length", "max_position_embeddings"),
+    ("block_count", "num_hidden_layers"),
+    ("feed_forward_length", "intermediate_size"),
+    ("embedding_length", "hidden_size"),
+    ("rope.dimension_count", "head_dim"),
+    ("rope.freq_base", "rope_theta"),
+    ("attention.head_count", "num_attention_heads"),
+    ("attention.head_count_kv", "num_key_value_heads"),
+    ("attention.layer_norm_rms_epsilon", "rms_norm_eps"),
+    ("vocab_size", "vocab_size"),
+)
+_TOKEN_IDS = (
+    ("bos_token_id", "bos_token_id"),
+    ("eos_token_id", "eos_token_id"),
+    ("unknown_token_id", "unk_token_id"),
+    ("padding_token_id", "pad_token_id"),
+)
+
+
+def handles(header: GGUFHeader) -> bool:
+    """Whether this fast path loads the file: little-endian Llama GGUFs that transformers also reads as ``llama``
+    (it reads a file named exactly ``"mistral"`` as Mistral) with a byte-level BPE (``gpt2``) tokenizer."""
+    meta = header.metadata
+    return (
+        header.byte_order == "<"
+        and header.architecture == "llama"
+        and meta.get("general.name") != "mistral"
+        and meta.get("tokenizer.ggml.model") == "gpt2"
+    )
+
+
+def llama_config(header: GGUFHeader) -> Any:
+    """The ``LlamaConfig`` transformers builds for this file (no weights read)."""
+    from transformers import LlamaConfig
+
+    meta = header.metadata
+    kwargs: dict[str, Any] = {"tie_word_embeddings": all(t.name != "output.weight" for t in header.tensors)}
+    for key, name in _CONFIG_KEYS:
+        if f"llama.{key}" in meta:
+            kwargs[name] = meta[f"llama.{key}"]
+    for key, name in _TOKEN_IDS:
+        if f"tokenizer.ggml.{key}" in meta:
+            kwargs[name] = meta[f"tokenizer.ggml.{key}"]
+    if "vocab_size" not in kwargs and "tokenizer.ggml.tokens" in meta:  # as transformers: the vocabulary's size
+        kwargs["vocab_size"] = meta["tokenizer.ggml.tokens"].count
+    return LlamaConfig(**kwargs)
+
+
+def _unpermute(w: torch.Tensor, heads: int) -> torch.Tensor:
+    """Undo llama.cpp's ``permute``: rows of each head from interleaved pairs back to the half layout HF uses.
+
+    Shapes:
+        w (heads * D, hidden) -> same; within a head, row ``2i + j`` moves to ``j * D/2 + i``.
+    """
+    rows = w.shape[0]
+    return w.reshape(heads, rows // heads // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
+
+
+def _dequantize(buf: mmap.mmap, tensor: Any) -> torch.Tensor:
+    """One tensor of the file as float32 (a fresh array: the map is read-only)."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    qtype = GGMLQuantizationType(tensor.ggml_type)
+    block, block_bytes = GGML_QUANT_SIZES[qtype]
+    raw = np.frombuffer(buf, dtype=np.uint8, count=tensor.n_bytes, offset=tensor.offset)
+    raw = raw.reshape(*tensor.shape[:-1], tensor.shape[-1] // block * block_bytes)  # (..., bytes per row)
+    values = dequantize(raw, qtype)
+    values = values if values.flags.writeable else values.copy()  # F32 comes back as a view of the map
+    return torch.from_numpy(values.astype(np.float32, copy=False))
+
+
+def state_dict(header: GGUFHeader, config: Any) -> dict[str, torch.Tensor]:
+    """The file's tensors under transformers' ``LlamaForCausalLM`` names, float32.
+
+    Raises:
+        ValueError: naming the file, if a tensor of the file has no place in the model or a model weight is missing
+            from the file (a file this loader does not understand is refused rather than loaded half-initialised).
+    """
+    import gguf
+    from transformers import LlamaForCausalLM
+
+    with torch.device("meta"):  # only the parameter names are needed; building on meta costs nothing
+        expected = LlamaForCausalLM(config).state_dict()
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, config.num_hidden_layers)
+    to_hf = {}
+    for hf_name in expected:
+        base, _, suffix = hf_name.rpartition(".")
+        gguf_name = names.get_name(base)
+        if gguf_name is not None:
+            to_hf[f"{gguf_name}.{suffix}"] = hf_name
+    unknown = [t.name for t in header.tensors if t.name not in to_hf]
+    if unknown:
+        fail("path", str(header.path), f"a Llama GGUF whose tensors all map to LlamaForCausalLM (not {unknown[:5]})")
+    out = {}
+    with header.path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        for tensor in header.tensors:
+            w = _dequantize(buf, tensor)
+            if ".attn_q." in tensor.name:
+                w = _unpermute(w, config.num_attention_heads)
+            elif ".attn_k." in tensor.name:
+                w = _unpermute(w, config.num_key_value_heads)
+            out[to_hf[tensor.name]] = w
+    missing = [k for k in expected if k not in out and not (k == "lm_head.weight" and config.tie_word_embeddings)]
+    if missing:
+        fail("path", str(header.path), f"a Llama GGUF holding every weight of the model (missing {missing[:5]})")
+    return out
+
+
+def load(
+    header: GGUFHeader, *, dtype: torch.dtype, device: torch.device, attn_implementation: str | None
+) -> tuple[Any, Any]:
+    """``(model, tokenizer)`` from the file: the model in ``dtype`` on ``device``, in eval mode."""
+    from transformers import LlamaForCausalLM, TokenizersBackend
+
+    config = llama_config(header)
+    weights = state_dict(header, config)
+    kwargs = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
+    model = LlamaForCausalLM.from_pretrained(None, config=config, state_dict=weights, dtype=dtype, **kwargs)
+    del weights
+    model = model.to(device).eval()
+    # The class AutoTokenizer picks for a byte-level BPE GGUF, built from the same file without re-deriving the
+    # config (which costs a full GGUFReader pass in transformers 5).
+    tokenizer = TokenizersBackend.from_pretrained(
+        str(header.path.parent), gguf_file=header.path.name, local_files_only=True
+    )
+    return model, tokenizer

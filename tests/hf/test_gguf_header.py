@@ -1,0 +1,104 @@
+"""``posenc.hf.gguf_header``: the header of tiny GGUF files, checked against the ``gguf`` package's own
+``GGUFReader``, and cut or corrupt copies refused with the file named, before any tensor data is read."""
+
+from __future__ import annotations
+
+import re
+import struct
+
+import pytest
+
+gguf = pytest.importorskip("gguf")
+
+from hf.tiny import tiny_model  # noqa: E402 - after the skip
+from hf.tiny_gguf import TOKENS, broken_copy, write_llama  # noqa: E402
+from posenc.hf.gguf_header import GGUFArray, read_gguf_header  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A tiny Llama GGUF (float16 projections, float32 norms) with a long chat template: its header is > 1000 bytes."""
+    path = tmp_path_factory.mktemp("gguf") / "tiny.gguf"
+    return write_llama(path, tiny_model("llama"), **{"tokenizer.chat_template": "{{ messages }}" * 100})
+
+
+def test_header_matches_gguf_reader(tiny):
+    header = read_gguf_header(tiny, arrays=("tokenizer.ggml.tokens",))
+    reader = gguf.GGUFReader(tiny)
+    assert header.version == 3 and header.byte_order == "<" and header.architecture == "llama"
+    assert header.data_offset == reader.data_offset and header.file_size == tiny.stat().st_size
+    assert [t.name for t in header.tensors] == [t.name for t in reader.tensors]
+    for ours, theirs in zip(header.tensors, reader.tensors, strict=True):
+        assert ours.shape == tuple(int(d) for d in reversed(theirs.shape))  # torch order
+        assert (ours.ggml_type, ours.offset, ours.n_bytes) == (
+            int(theirs.tensor_type),
+            theirs.data_offset,
+            theirs.n_bytes,
+        )
+    assert {t.ggml_type for t in header.tensors} == {0, 1}  # F32 norms, F16 projections
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF."):
+            continue
+        value = header.metadata[key]
+        if key == "tokenizer.ggml.merges":  # string arrays not asked for are only counted
+            assert value == GGUFArray(count=len(field.data))
+        elif field.types[0] == gguf.GGUFValueType.ARRAY:
+            assert list(value) == field.contents()
+        else:
+            assert value == pytest.approx(field.contents())
+    assert header.metadata["tokenizer.ggml.tokens"] == tuple(TOKENS)
+    assert header.arch_value("context_length") == 32 and header.arch_value("missing", 7) == 7
+
+
+def test_big_endian(tmp_path):
+    path = write_llama(tmp_path / "be.gguf", tiny_model("llama"))
+    big = tmp_path / "big.gguf"
+    from hf.tiny_gguf import llama_kv, llama_tensors, write_gguf
+
+    model = tiny_model("llama")
+    write_gguf(big, "llama", llama_tensors(model), kv=llama_kv(model.config), endian=gguf.GGUFEndian.BIG)
+    little, other = read_gguf_header(path), read_gguf_header(big)
+    assert other.byte_order == ">" and little.byte_order == "<"
+    assert other.metadata == little.metadata
+    assert [(t.name, t.shape, t.ggml_type, t.n_bytes) for t in other.tensors] == [
+        (t.name, t.shape, t.ggml_type, t.n_bytes) for t in little.tensors
+    ]
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (dict(keep=1000), "ends at byte 1000, inside its header"),
+        (dict(patch=b"FUGG"), "magic bytes b'GGUF' \\(found b'FUGG'\\)"),
+        (dict(keep=0), "holds 0 bytes"),
+        (dict(at=4, patch=struct.pack("<I", 1)), "GGUF version 1"),
+        (dict(at=16, patch=struct.pack("<Q", 2**60)), "inside its header"),  # a corrupt metadata count
+    ],
+)
+def test_damaged_header(tiny, tmp_path, damage, message):
+    bad = broken_copy(tiny, tmp_path / "bad.gguf", **damage)
+    prefix = re.escape(f"path='{bad}' is invalid: expected a complete GGUF file: ")
+    with pytest.raises(ValueError, match=f"{prefix}.*{message}"):
+        read_gguf_header(bad)
+
+
+def test_truncated_tensor_data(tiny, tmp_path):
+    """Cut in half: the header is whole, the tensor data it lists is not."""
+    size = tiny.stat().st_size
+    end = max(t.offset + t.n_bytes for t in read_gguf_header(tiny).tensors)
+    assert end == size  # the last tensor ends the file: the check compares exactly these
+    bad = broken_copy(tiny, tmp_path / "half.gguf", keep=size // 2)
+    with pytest.raises(ValueError, match=f"tensors end at byte {end} but the file holds {size // 2} bytes"):
+        read_gguf_header(bad)
+    one_short = broken_copy(tiny, tmp_path / "short.gguf", keep=size - 1)
+    with pytest.raises(ValueError, match="truncated download"):
+        read_gguf_header(one_short)
+
+
+def test_not_a_gguf(tmp_path):
+    text = tmp_path / "notes.gguf"
+    text.write_text("these are notes, not a model\n")
+    with pytest.raises(ValueError, match="magic bytes"):
+        read_gguf_header(text)
+    with pytest.raises(ValueError, match="a readable GGUF file"):
+        read_gguf_header(tmp_path / "missing.gguf")

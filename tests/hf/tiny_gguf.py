@@ -1,0 +1,134 @@
+"""Tiny GGUF files written with the ``gguf`` package's ``GGUFWriter`` the way llama.cpp's converter writes them
+(``convert_hf_to_gguf.py``: tensor names from ``gguf.get_tensor_name_map``, query/key rows permuted), from the tiny
+transformers models of ``tiny.py``; and broken copies of a file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+import numpy as np
+
+from hf.tiny import ORIGINAL
+
+# A byte-level BPE vocabulary (``Ġ`` is GPT-2's space) with two merges and four special tokens: 64 tokens, the tiny
+# models' vocab_size.
+TOKENS = [chr(ord("A") + i) for i in range(26)] + [chr(ord("a") + i) for i in range(26)]
+TOKENS += ["Ġ", "!", ".", ",", "?", "-", "ab", "Ġa", "<s>", "</s>", "<unk>", "<pad>"]
+MERGES = ["a b", "Ġ a"]
+BOS, EOS, UNK, PAD = 60, 61, 62, 63
+
+
+def permute(w: np.ndarray, heads: int) -> np.ndarray:
+    """llama.cpp's ``LlamaModel.permute``: each head's rows from HF's half layout to interleaved pairs."""
+    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def write_gguf(
+    path: Path,
+    arch: str,
+    tensors: dict[str, np.ndarray],
+    *,
+    kv: dict | None = None,
+    endian: gguf.GGUFEndian = gguf.GGUFEndian.LITTLE,
+    tokenizer: bool = True,
+) -> Path:
+    """A GGUF of architecture ``arch`` holding ``tensors`` (GGUF names, torch-order shapes; quantized ones as
+    ``(blocks, GGMLQuantizationType)``), the ``kv`` metadata (``"llama.context_length": 32``; ints as uint32, floats
+    as float32, strings) and a tiny tokenizer."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    w = gguf.GGUFWriter(path, arch, endianess=endian)
+    for key, value in (kv or {}).items():
+        if isinstance(value, str):
+            w.add_string(key, value)
+        elif isinstance(value, float):
+            w.add_float32(key, value)
+        else:
+            w.add_uint32(key, value)
+    if tokenizer:
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre("default")
+        w.add_token_list(TOKENS)
+        w.add_token_merges(MERGES)
+        w.add_token_types([1] * 60 + [3] * 4)
+        w.add_bos_token_id(BOS)
+        w.add_eos_token_id(EOS)
+        w.add_unk_token_id(UNK)
+        w.add_pad_token_id(PAD)
+    for name, array in tensors.items():
+        if isinstance(array, tuple):  # (quantized blocks, their type)
+            w.add_tensor(name, array[0], raw_dtype=array[1])
+        else:
+            w.add_tensor(name, array)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def llama_kv(config, arch: str = "llama", **extra) -> dict:
+    """The ``<arch>.*`` metadata llama.cpp writes for a Llama-like config (Llama, Qwen2)."""
+    return {
+        "general.name": f"tiny {arch}",
+        f"{arch}.context_length": config.max_position_embeddings,
+        f"{arch}.embedding_length": config.hidden_size,
+        f"{arch}.block_count": config.num_hidden_layers,
+        f"{arch}.feed_forward_length": config.intermediate_size,
+        f"{arch}.attention.head_count": config.num_attention_heads,
+        f"{arch}.attention.head_count_kv": config.num_key_value_heads,
+        f"{arch}.rope.dimension_count": config.hidden_size // config.num_attention_heads,
+        f"{arch}.rope.freq_base": float(config.rope_parameters["rope_theta"]),
+        f"{arch}.attention.layer_norm_rms_epsilon": float(config.rms_norm_eps),
+        **extra,
+    }
+
+
+def llama_tensors(model, *, weights: str = "f16", arch: str = "llama") -> dict[str, np.ndarray | tuple]:
+    """The model's weights under GGUF names; no ``output.weight`` when the embedding is tied. Llama's query/key rows
+    are permuted (Qwen2's are not: llama.cpp permutes only for its Llama converter).
+
+    ``weights``: ``"f32"``; ``"f16"`` (projections in float16, the rest float32, as an F16 conversion); or
+    ``"quantized"``, SmolLM2's Q4_1 file's mix: projections Q4_1, token embedding Q8_0, the rest float32.
+    """
+    quantized = {"proj": gguf.GGMLQuantizationType.Q4_1, "embed_tokens": gguf.GGMLQuantizationType.Q8_0}
+    config = model.config
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH[arch.upper()], config.num_hidden_layers)
+    out = {}
+    for key, value in model.state_dict().items():
+        base, _, suffix = key.rpartition(".")
+        name = names.get_name(base)
+        if name is None or (name == "output" and config.tie_word_embeddings):
+            continue
+        w = value.detach().numpy()
+        if arch == "llama" and ".q_proj" in key:
+            w = permute(w, config.num_attention_heads)
+        elif arch == "llama" and ".k_proj" in key:
+            w = permute(w, config.num_key_value_heads)
+        qtype = next((q for part, q in quantized.items() if part in key), None)
+        if weights == "quantized" and qtype is not None:
+            out[f"{name}.{suffix}"] = (gguf.quants.quantize(w, qtype), qtype)
+        else:
+            out[f"{name}.{suffix}"] = w.astype(np.float16) if weights == "f16" and "proj" in key else w
+    return out
+
+
+def write_llama(path: Path, model, *, weights: str = "f16", arch: str = "llama", **kv) -> Path:
+    """The GGUF llama.cpp would write for the tiny transformers Llama (or ``arch="qwen2"``: Qwen2) ``model``, with
+    extra metadata ``kv``."""
+    tensors = llama_tensors(model, weights=weights, arch=arch)
+    return write_gguf(path, arch, tensors, kv=llama_kv(model.config, arch, **kv))
+
+
+def write_other(path: Path, arch: str) -> Path:
+    """A minimal GGUF of another architecture (one small tensor), e.g. ``"mamba"``."""
+    kv = {f"{arch}.context_length": ORIGINAL, f"{arch}.block_count": 1, f"{arch}.embedding_length": 8}
+    return write_gguf(path, arch, {"token_embd.weight": np.ones((64, 8), np.float32)}, kv=kv)
+
+
+def broken_copy(src: Path, dst: Path, *, keep: int | None = None, at: int = 0, patch: bytes = b"") -> Path:
+    """A copy of ``src`` cut to its first ``keep`` bytes and/or with ``patch`` written over it at byte ``at``."""
+    data = bytearray(src.read_bytes()[:keep])
+    data[at : at + len(patch)] = patch
+    dst.write_bytes(bytes(data))
+    return dst
