@@ -44,6 +44,11 @@ def positions(encoding: posenc.Encoding, length: int, *, start: int = 0, batch: 
     return torch.stack([pos + 7 * r for r in range(batch)])  # (B, length, ...): rows differ by a shift
 
 
+def content(encoding: posenc.Encoding, k: torch.Tensor) -> dict[str, torch.Tensor]:
+    """``bias`` keywords beyond the positions: the keys, for encodings whose bias reads them (``needs_keys``: CoPE)."""
+    return {"k": k} if encoding.needs_keys else {}
+
+
 def shard(encoding: posenc.Encoding, pos: torch.Tensor, start: int, stop: int) -> torch.Tensor:
     """Tokens ``start:stop`` of ``pos`` (the sequence axis depends on the position kind)."""
     if encoding.position_kind == "mrope":

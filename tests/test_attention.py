@@ -99,13 +99,21 @@ def _inputs(name, s=24, t=24, *, batched=False, requires_grad=False):
 
 
 def _backends(enc):
-    return ["sdpa", "flex"] if not enc.has_value_term else []
+    if enc.has_value_term:
+        return []
+    return ["sdpa"] if enc.needs_keys else ["sdpa", "flex"]  # a bias reading every key has no score_mod (CoPE)
+
+
+def _skip_if_causal_only(enc, causal):
+    if enc.causal_only and not causal:
+        pytest.skip(f"{type(enc).__name__} is defined over the causal past only (causal=False is refused)")
 
 
 @pytest.mark.parametrize("name", posenc.available())
 @pytest.mark.parametrize("causal", [True, False])
 def test_every_backend_matches_eager_forward(name, causal):
     enc, (q, k, v), pos = _inputs(name, batched=True)
+    _skip_if_causal_only(enc, causal)
     with torch.no_grad():
         ref = posenc.attention(q, k, v, encoding=enc, causal=causal, backend="eager", **pos)
         for backend in _backends(enc):
@@ -139,6 +147,8 @@ def test_flex_matches_eager_on_cuda_forward_and_backward(name):
     enc, (q, k, v), pos = _inputs(name, s=200, t=200, requires_grad=True)
     if enc.has_value_term:
         pytest.skip("only eager runs a value term")
+    if enc.needs_keys:
+        pytest.skip("a bias reading every key has no score_mod: flex is refused")
     enc = enc.cuda()
     q, k, v = (x.detach().cuda().requires_grad_() for x in (q, k, v))
     pos = {key: p.cuda() for key, p in pos.items()}
@@ -182,7 +192,7 @@ def test_decode_equals_full_forward(name, backend):
     assert_close(torch.cat(steps, dim=2), full, **TOL)
 
 
-@pytest.mark.parametrize("name", [n for n in posenc.available() if build(n).has_bias])
+@pytest.mark.parametrize("name", [n for n in posenc.available() if build(n).has_bias and not build(n).needs_keys])
 def test_flex_decode_equals_full_forward(name):
     enc, (q, k, v), pos = _inputs(name, s=150, t=150)
     if enc.has_value_term:
@@ -204,6 +214,7 @@ def test_flex_decode_equals_full_forward(name):
 def test_query_chunks_equal_full(cuts, causal, name):
     """Context parallelism: shards of queries, each against all keys with its own positions, equal the whole."""
     enc, (q, k, v), pos = _inputs(name, s=20, t=20)
+    causal = causal or enc.causal_only  # CoPE counts over the causal past only
     kp = pos["k_positions"]
     bounds = [0, *sorted(cuts), 20]
     with torch.no_grad():
@@ -229,6 +240,7 @@ def test_query_chunks_equal_full(cuts, causal, name):
 def test_packed_documents_equal_separate_sequences(name, causal):
     """Two documents packed into one row with per-document positions == each document on its own."""
     enc = build(name)
+    _skip_if_causal_only(enc, causal)
     hkv = H if enc.per_head_keys else HKV
     lengths = (9, 14)
     q, k, v = qkv(sum(lengths), sum(lengths), hkv=hkv, b=1, dv=D if enc.has_value_term else DV)

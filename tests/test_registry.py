@@ -12,7 +12,7 @@ from torch.testing import assert_close
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import posenc
-from encoding_cases import MODEL, build, positions
+from encoding_cases import MODEL, build, content, positions
 from posenc.registry import _ENCODINGS
 
 BIAS = [n for n in posenc.available() if build(n).has_bias]
@@ -20,12 +20,16 @@ SEQUENCE_BIAS = [n for n in BIAS if build(n).position_kind == "sequence"]
 #: FIRE normalises distances by the query's position past its threshold (progressive interpolation), by design;
 #: tests/encodings/test_fire.py checks the invariance it has (queries below the threshold) and where it ends.
 SHIFT_INVARIANT_BIAS = [n for n in SEQUENCE_BIAS if n != "fire"]
+#: CoPE's bias reads every key (``needs_keys``), which no FlexAttention score_mod can: it has none, and attention
+#: refuses backend="flex" for it (tests/encodings/test_cope.py).
+SCORE_MOD_BIAS = [n for n in BIAS if not build(n).needs_keys]
 
 
 def test_available_lists_every_family():
     assert posenc.available() == sorted(
-        ["alibi", "alibi_2d", "fire", "fope", "kerple", "learned", "learned_2d", "mrope", "nope", "p_rope", "rope",
-         "rope_axial", "rope_mixed", "sandwich", "shaw", "sinusoidal", "sinusoidal_2d", "t5", "xpos"]
+        ["alibi", "alibi_2d", "cope", "fire", "fope", "kerple", "learned", "learned_2d", "mrope", "nope",
+         "nope_temperature", "p_rope", "rope", "rope_axial", "rope_mixed", "sandwich", "shaw", "sinusoidal",
+         "sinusoidal_2d", "t5", "xpos"]
     )  # fmt: skip
 
 
@@ -114,7 +118,7 @@ def _indices(b, h, s, t):
     )
 
 
-@pytest.mark.parametrize("name", BIAS)
+@pytest.mark.parametrize("name", SCORE_MOD_BIAS)
 @pytest.mark.parametrize("batched", [False, True])
 def test_score_mod_equals_bias(name, batched):
     enc = build(name)
@@ -136,8 +140,10 @@ def test_bias_depends_only_on_distance(name, shift, s, extra):
     k_pos = torch.arange(60, 60 + s + extra)
     q_pos = k_pos[extra:]
     q = torch.randn(1, MODEL["num_heads"], s, MODEL["head_dim"])
+    kw = content(enc, torch.randn(1, MODEL["num_heads"], s + extra, MODEL["head_dim"]))  # CoPE: ignores positions
     with torch.no_grad():
-        assert_close(enc.bias(q_pos + shift, k_pos + shift, q=q), enc.bias(q_pos, k_pos, q=q), rtol=0, atol=0)
+        shifted = enc.bias(q_pos + shift, k_pos + shift, q=q, **kw)
+        assert_close(shifted, enc.bias(q_pos, k_pos, q=q, **kw), rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("name", posenc.available())
@@ -153,7 +159,7 @@ def test_hooks_keep_shapes_and_dtypes(name):
     k = torch.randn(2, hkv, 10, MODEL["head_dim"], dtype=torch.bfloat16)
     rq, rk = enc.rotate(q, k, pos, pos)
     assert (rq.shape, rq.dtype, rk.shape, rk.dtype) == (q.shape, q.dtype, k.shape, k.dtype)
-    bias = enc.bias(pos, pos, q=q, scale=0.25)
+    bias = enc.bias(pos, pos, q=q, scale=0.25, **content(enc, k))
     if enc.has_bias:
         assert bias.dtype == torch.float32 and bias.shape[1:] == (MODEL["num_heads"], 10, 10)
     else:
@@ -200,7 +206,7 @@ class _LargestTensor(TorchDispatchMode):
         return out
 
 
-@pytest.mark.parametrize("name", BIAS)
+@pytest.mark.parametrize("name", SCORE_MOD_BIAS)
 def test_score_mod_builds_nothing_quadratic(name):
     """Preparing a score_mod (validation included) must stay linear in length: that is flex's whole point."""
     enc = build(name)

@@ -5,12 +5,14 @@ from posenc.attention import attention, packed_positions
 from posenc.encodings._base import Encoding
 from posenc.encodings.alibi import ALiBi, ALiBi2D, ALiBi2DConfig, ALiBiConfig
 from posenc.encodings.axial_rope import AxialRoPE, AxialRoPEConfig
+from posenc.encodings.cope import CoPE, CoPEConfig
 from posenc.encodings.fire import FIRE, FIREConfig
 from posenc.encodings.fope import FoPE, FoPEConfig
 from posenc.encodings.kerple import KERPLE, KERPLEConfig
 from posenc.encodings.learned import Learned2DConfig, LearnedConfig, LearnedPositions, LearnedPositions2D
 from posenc.encodings.mrope import MRoPE, MRoPEConfig
 from posenc.encodings.nope import NoPE
+from posenc.encodings.nope_temperature import NoPETemperature, NoPETemperatureConfig
 from posenc.encodings.p_rope import p_rope
 from posenc.encodings.rope_mixed import RoPEMixed, RoPEMixedConfig
 from posenc.encodings.rotary import RotaryConfig, RotaryEmbedding
@@ -46,6 +48,8 @@ __all__ = [
     "ALiBiConfig",
     "AxialRoPE",
     "AxialRoPEConfig",
+    "CoPE",
+    "CoPEConfig",
     "DynamicNTKScaling",
     "Encoding",
     "FIRE",
@@ -65,6 +69,8 @@ __all__ = [
     "MRoPEConfig",
     "NTKScaling",
     "NoPE",
+    "NoPETemperature",
+    "NoPETemperatureConfig",
     "ProportionalScaling",
     "RoPEMixed",
     "RoPEMixedConfig",

@@ -18,6 +18,9 @@ Backends:
     auto: ``eager`` for value terms; ``sdpa`` without a bias; with a bias, ``flex`` where it can run (CUDA, or CPU
         without gradients) once the materialised bias would exceed ``FLEX_MIN_BIAS_BYTES``; ``sdpa`` otherwise.
 
+Encodings whose bias reads every key (``needs_keys``: CoPE) get the keys and the dense mask in ``bias(..., k=,
+mask=)`` and run on ``eager`` and ``sdpa`` only; ``causal_only`` encodings refuse ``causal=False``.
+
 Shapes:
     q (B, H, S, D), k (B, Hkv, T, D), v (B, Hkv, T, Dv) with Hkv dividing H (grouped-query attention: query head
     h reads key head h // (H / Hkv)); positions as the encoding takes them (``(S,)``/``(B, S)`` for sequences);
@@ -89,6 +92,8 @@ def attention(
     if not isinstance(encoding, Encoding):
         fail("encoding", type(encoding).__name__, "a posenc.Encoding (posenc.build(name, ...)) or None")
     encoding.check_heads(q)
+    if encoding.causal_only and not causal:
+        fail("causal", causal, f"True: {type(encoding).__name__} is defined over the causal past only")
     b, _, s, _ = q.shape
     t = k.shape[2]
     if causal and s > t:
@@ -212,6 +217,8 @@ def _resolve_backend(backend: str, encoding: Encoding, q: torch.Tensor, k: torch
 
 
 def _flex_can_run(encoding: Encoding, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[bool, str]:
+    if encoding.needs_keys:
+        return False, f"{type(encoding).__name__}'s bias reads every key, which a FlexAttention score_mod cannot"
     if q.device.type == "cpu":
         if _needs_grad(encoding, q, k, v):
             return False, f"FlexAttention has no backward on CPU in torch {torch.__version__} (use torch.no_grad())"
@@ -331,7 +338,7 @@ def _eager(q, k, v, encoding, q_pos, k_pos, mask, scale):  # noqa: ANN001, ANN20
     heads = q.shape[1]
     kf, vf = _repeat_kv(k, heads).to(dtype), _repeat_kv(v, heads).to(dtype)
     scores = (q.to(dtype) @ kf.transpose(-1, -2)) * scale  # (B, H, S, T)
-    bias = encoding.bias(q_pos, k_pos, q=q, scale=scale)
+    bias = _bias(encoding, q, k, q_pos, k_pos, mask, scale)
     if bias is not None:
         scores = scores + bias.to(dtype)
     allowed = mask.dense(q.device)
@@ -349,7 +356,7 @@ def _eager(q, k, v, encoding, q_pos, k_pos, mask, scale):  # noqa: ANN001, ANN20
 
 def _sdpa(q, k, v, encoding, q_pos, k_pos, mask, scale):  # noqa: ANN001, ANN202
     gqa = k.shape[1] != q.shape[1]
-    bias = encoding.bias(q_pos, k_pos, q=q, scale=scale)
+    bias = _bias(encoding, q, k, q_pos, k_pos, mask, scale)
     if bias is None and mask.causal and mask.docs is None and mask.s == mask.t:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
     allowed = mask.dense(q.device)
@@ -359,6 +366,13 @@ def _sdpa(q, k, v, encoding, q_pos, k_pos, mask, scale):  # noqa: ANN001, ANN202
         if allowed is not None:
             attn_mask = attn_mask.masked_fill(~allowed, float("-inf"))
     return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=scale, enable_gqa=gqa)
+
+
+def _bias(encoding, q, k, q_pos, k_pos, mask, scale):  # noqa: ANN001, ANN202
+    """The encoding's materialised bias; ``needs_keys`` encodings also get the keys and the dense mask."""
+    if encoding.needs_keys:
+        return encoding.bias(q_pos, k_pos, q=q, scale=scale, k=k, mask=mask.dense(q.device))
+    return encoding.bias(q_pos, k_pos, q=q, scale=scale)
 
 
 _COMPILED_FLEX = None

@@ -33,7 +33,7 @@ def test_every_sequence_encoding_trains(name):
     assert model.encoding is not None and sum(1 for m in model.modules() if isinstance(m, posenc.Encoding)) == 1
 
 
-@pytest.mark.parametrize("name", ["rope", "alibi", "learned"])
+@pytest.mark.parametrize("name", ["rope", "alibi", "learned", "rope/nope_temperature:2"])
 def test_causal_and_default_positions(name):
     model = GPT(ModelConfig(encoding=name, **TINY)).eval()
     tokens = torch.randint(0, 256, (2, 16))

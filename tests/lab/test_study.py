@@ -7,10 +7,14 @@ from pathlib import Path
 
 import pytest
 
+import posenc
 from cli_runs import one_and_two_processes
 from posenc.cli import main
+from posenc.lab import evaluate as ev
+from posenc.lab.data import load_corpus
 from posenc.lab.report import read_results
 from posenc.lab.study import DEFAULT_ENCODINGS, StudyConfig, run_study
+from posenc.lab.train import load_model
 
 TINY = {"train_len": 16, "eval_lens": (16, 32), "steps": 12, "batch_size": 8, "dim": 32, "n_layers": 1,
         "n_heads": 2, "eval_tokens": 256, "corpus_bytes": 60_000}  # fmt: skip
@@ -226,3 +230,53 @@ def test_an_interrupted_study_keeps_each_finished_row_and_says_what_it_skips(cor
     run_study(again, tmp_path / "rope", resume=True, progress=True)
     assert "resuming rope from step 2 of 4" in capsys.readouterr().out
     assert len(read_results(tmp_path / "rope" / "results.csv")) == 3
+
+
+def test_a_per_layer_hybrid_trains_evaluates_past_l_and_reloads(corpus, tmp_path):
+    cfg = StudyConfig(**{**TINY, "n_layers": 2, "eval_lens": (16, 64)}, encodings=("rope/nope_temperature:2",),
+                      corpus=str(corpus))  # fmt: skip
+    rows = run_study(cfg, tmp_path / "out", progress=False)
+    measured = {(r["encoding"], r["scaling"]) for r in rows if r["eval_len"] == 64 and r["status"] == "ok"}
+    # the spec is the CSV label; the RoPE scalings act on its RoPE layers
+    assert measured == {("rope/nope_temperature:2", s) for s in ("none", *ev.ROPE_SCALINGS)}
+    runs = tmp_path / "out" / "runs"
+    assert [p.name for p in runs.iterdir()] == ["rope-nope_temperature-every2"]
+    model = load_model(runs / "rope-nope_temperature-every2")  # config.json -> ModelConfig -> GPT + checkpoint
+    assert model.config.encoding == "rope/nope_temperature:2"
+    assert [type(e) for e in model.layer_encodings()] == [posenc.RotaryEmbedding, posenc.NoPETemperature]
+    assert model.nth_encoding.config.floor_scale == 16  # the training length: the temperature moves at 16..64
+    val = load_corpus(str(corpus), max_bytes=cfg.corpus_bytes).val
+    again = ev.perplexity(model, val, length=64, max_tokens=cfg.eval_tokens)
+    none_64 = next(r for r in rows if r["scaling"] == "none" and r["eval_len"] == 64)
+    assert again.loss == pytest.approx(none_64["loss"], rel=1e-6)
+
+
+def test_hybrid_specs_are_checked_before_anything_runs():
+    from posenc.lab.study import _model_config, run_name
+
+    for spec, match in [
+        ("rope/nope:3", r"encodings='rope/nope:3' is invalid: expected an interval N from 2 to n_layers=2"),
+        ("sinusoidal/nope:2", r"encodings='sinusoidal/nope:2' is invalid: .*'sinusoidal' adds positions"),
+        ("rope/rope_axial:2", r"encodings='rope/rope_axial:2' is invalid: .*grid encodings belong"),
+        ("rope/nope", r"encodings='rope/nope' is invalid: expected BASE/OTHER:N"),
+        ("rope/nopee:2", r"encodings='rope/nopee:2' is invalid: expected names from"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            StudyConfig(**{**TINY, "n_layers": 2}, encodings=("rope", spec))
+    assert run_name("rope") == "rope" and run_name("rope/nope:4") == "rope-nope-every4"
+    cfg = StudyConfig(**{**TINY, "n_layers": 4}, encodings=("rope/t5:2", "nope_temperature", "alibi/nope:4"))
+    assert _model_config(cfg, "rope/t5:2").encoding_config == {"t5": {"bidirectional": False}}
+    assert _model_config(cfg, "nope_temperature").encoding_config == {"floor_scale": 16}
+    assert _model_config(cfg, "alibi/nope:4").encoding_config == {}
+
+
+def test_cli_refuses_a_bad_hybrid_in_one_line(tmp_path, capsys):
+    out = tmp_path / "o"
+    assert main(["lab", "--encodings", "rope/nope:0", "--steps", "2", "--out", str(out)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.splitlines() == [
+        "posenc lab: encodings='rope/nope:0' is invalid: expected an interval N from 2 to n_layers=2 in "
+        "BASE/OTHER:N (N=1 leaves no rope layer, N > n_layers no nope layer)"
+    ]
+    assert not out.exists()

@@ -5,7 +5,7 @@ A model is written once against four hooks and works with every encoding (``pose
 - ``embed(x, positions)``: absolute encodings add to the token embeddings (sinusoidal, learned);
 - ``rotate(q, k, q_pos, k_pos)``: the rotary family turns queries and keys;
 - ``bias(q_pos, k_pos, q=, scale=)``: relative encodings add ``(B|1, H, S, T)`` to the attention scores (ALiBi,
-  T5, Shaw) -- the materialised reference form;
+  T5, Shaw) -- the materialised reference form; encodings with ``needs_keys`` (CoPE) also take ``k=``, ``mask=``;
 - ``score_mod(q_pos, k_pos, q=, scale=)``: the same bias as a FlexAttention ``score_mod`` closure, so attention
   never builds the L x L matrix;
 - ``value_term(weights, q_pos, k_pos)``: the rare encoding that also adds to the values (Shaw et al.).
@@ -43,6 +43,10 @@ class Encoding(nn.Module):
         per_head_keys: keys need one head per query head (per-head rotations); attention repeats GQA key heads.
         position_kind: what positions look like: ``"sequence"`` ``(S,)``/``(B, S)``, ``"grid"`` ``(S, n)``/
             ``(B, S, n)`` coordinates (``grid_positions``), ``"mrope"`` ``(3, S)``/``(3, B, S)`` streams.
+        needs_keys: ``bias`` reads every key, not just positions (CoPE counts gates ``sigmoid(q . k)``): attention
+            also passes ``k=`` (the keys, ``(B, Hkv, T, D)``) and ``mask=`` (``(B|1, 1, S, T)`` bool, True where
+            attention is allowed: causal and documents), and no ``score_mod`` can express it (no ``flex``).
+        causal_only: the encoding is defined for causal attention only; attention refuses ``causal=False``.
 
     Shapes:
         x (B, S, Dm); q (B, H, S, D), k (B, Hkv, T, D); bias (B|1, H, S, T) float32;
@@ -53,6 +57,8 @@ class Encoding(nn.Module):
     has_value_term: ClassVar[bool] = False
     per_head_keys: ClassVar[bool] = False
     position_kind: ClassVar[str] = "sequence"
+    needs_keys: ClassVar[bool] = False
+    causal_only: ClassVar[bool] = False
 
     def embed(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Token embeddings with absolute position information added: ``(B, S, Dm) -> (B, S, Dm)``."""

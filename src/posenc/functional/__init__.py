@@ -2,6 +2,7 @@
 
 from posenc.functional.alibi import alibi_2d_bias, alibi_bias, alibi_slopes, interpolated_slopes
 from posenc.functional.axial_rope import axial_angles, axial_cos_sin, axial_inv_freq, grid_positions
+from posenc.functional.cope import cope_bias, cope_gates, cope_positions
 from posenc.functional.fire import fire_bias
 from posenc.functional.fope import (
     apply_fope,
@@ -28,6 +29,7 @@ from posenc.functional.rope_scaling import (
 )
 from posenc.functional.sandwich import sandwich_bias, sandwich_frequencies
 from posenc.functional.sinusoidal import sinusoidal_2d_encoding, sinusoidal_encoding
+from posenc.functional.temperature import apply_temperature, attention_temperature
 from posenc.functional.xpos import xpos_cos_sin, xpos_scale, xpos_zeta
 
 __all__ = [
@@ -37,9 +39,14 @@ __all__ = [
     "angle_dtype",
     "apply_fope",
     "apply_rotary",
+    "apply_temperature",
+    "attention_temperature",
     "axial_angles",
     "axial_cos_sin",
     "axial_inv_freq",
+    "cope_bias",
+    "cope_gates",
+    "cope_positions",
     "default_frequencies",
     "default_inv_freq",
     "dynamic_ntk_frequencies",

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 import posenc
 from posenc._checks import check_choice, check_number, check_positive_int, fail
 from posenc.lab.data import eval_windows
+from posenc.lab.model import split_encoding
 
 #: RoPE context-extension methods applied zero-shot at an evaluation length ``L'`` past the training length ``L``,
 #: with factor ``L' / L`` (Chen et al. 2023 PI; bloc97 NTK-aware; emozilla dynamic NTK; Peng et al. 2023 YaRN).
@@ -41,7 +42,12 @@ class Score:
 
 
 def extension_names(encoding: str) -> tuple[str, ...]:
-    """The extensions ``posenc lab`` evaluates for ``encoding``, after ``"none"`` (the model as trained)."""
+    """The extensions ``posenc lab`` evaluates for ``encoding``, after ``"none"`` (the model as trained).
+
+    For a per-layer ``"BASE/OTHER:N"``, BASE's: they act on BASE's layers (``rope/nope:4``: RoPE scalings of the
+    RoPE layers, the NoPE layers unchanged).
+    """
+    encoding = split_encoding(encoding)[0]
     if encoding == "rope":
         return ("none", *ROPE_SCALINGS)
     return ("none", *OTHER_EXTENSIONS.get(encoding, ()))
@@ -50,21 +56,22 @@ def extension_names(encoding: str) -> tuple[str, ...]:
 def extended_encoding(model, extension: str, *, train_len: int, eval_len: int) -> posenc.Encoding | None:  # noqa: ANN001
     """The encoding to swap into ``model`` to run ``extension`` at ``eval_len``; None keeps the trained one.
 
-    ``model`` is a ``posenc.lab.model.GPT``; its own encoding is never modified.
+    ``model`` is a ``posenc.lab.model.GPT``; its own encoding is never modified. For a per-layer model the result
+    replaces BASE's encoding (``GPT.set_encoding``), in every BASE layer.
     """
-    cfg = model.config
+    encoding = model.config.base_encoding
     if extension == "none" or eval_len <= train_len:
         return None
     factor = eval_len / train_len
-    if cfg.encoding == "rope":
+    if encoding == "rope":
         # dynamic NTK derives its factor from each call's length, so it is built unscaled (factor 1)
         return rope_like(model, rope_scaling(extension, factor=1.0 if extension == "dynamic" else factor,
                                              original_len=train_len))  # fmt: skip
-    if cfg.encoding == "alibi" and extension == "interpolate":
+    if encoding == "alibi" and extension == "interpolate":
         return alibi_like(model, train_len=train_len, eval_len=eval_len)
-    if cfg.encoding == "learned" and extension == "interpolate":
+    if encoding == "learned" and extension == "interpolate":
         return model.encoding.resized(eval_len)
-    raise ValueError(f"extension={extension!r} is invalid: expected one of {extension_names(cfg.encoding)}")
+    raise ValueError(f"extension={extension!r} is invalid: expected one of {extension_names(encoding)}")
 
 
 def max_length(model) -> int | None:  # noqa: ANN001
@@ -159,12 +166,13 @@ def scaled_encoding(model, method: str, *, factor: float, original_len: int) -> 
 
     Unlike :func:`extended_encoding` (factor = evaluation length / training length, rebuilt per length), the
     factor is fixed, as when a deployed model is patched once for a target context ``factor * original_len`` and
-    then run at every length. ``model`` is not modified; swap the result in with ``model.set_encoding``.
+    then run at every length. ``model`` is not modified; swap the result in with ``model.set_encoding`` (for a
+    per-layer ``"BASE/OTHER:N"`` model, the result is BASE's, as in :func:`extended_encoding`).
 
     Raises:
         ValueError: an encoding without positional parameters we extend, a method it does not offer, a factor < 1.
     """
-    encoding = model.config.encoding
+    encoding = model.config.base_encoding
     if encoding not in EXTEND_METHODS:
         fail(
             "encoding",

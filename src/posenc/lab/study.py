@@ -21,7 +21,7 @@ from posenc.lab import dist
 from posenc.lab import evaluate as ev
 from posenc.lab.data import load_corpus, train_batch
 from posenc.lab.devices import resolve_device
-from posenc.lab.model import GPT, ModelConfig
+from posenc.lab.model import GPT, ModelConfig, check_layer_part, check_layer_spec, split_encoding
 from posenc.lab.progress import progress_bar, skipped
 from posenc.lab.report import environment, print_table, read_results, upsert_results, write_report
 from posenc.lab.runfiles import check_settings
@@ -52,7 +52,16 @@ TASK_DEFAULTS = {
 
 @dataclass(frozen=True, kw_only=True)
 class StudyConfig:
-    """Everything that defines a study; stored as ``OUT/study.json`` and checked on ``--resume``."""
+    """Everything that defines a study; stored as ``OUT/study.json`` and checked on ``--resume``.
+
+    ``encodings`` holds names from ``posenc.available()`` (an encoding in every layer) or per-layer hybrids
+    ``BASE/OTHER:N``: OTHER in every N-th layer (layers N, 2N, ... counting from 1, as transformers'
+    ``no_rope_layer_interval``), BASE in the others, with ``2 <= N <= n_layers``; e.g. ``rope/nope:4`` (Yang et al.
+    2025; SmolLM3) and ``rope/nope_temperature:4`` (Llama 4, whose NoPE layers scale their queries: the lab sets
+    ``floor_scale`` to ``train_len`` so the temperature changes within the evaluated lengths). Absolute encodings
+    (sinusoidal, learned) cannot be chosen per layer. A hybrid's RoPE scalings apply to its BASE layers; it trains
+    in ``OUT/runs/BASE-OTHER-everyN`` and keeps its spec as the ``encoding`` of its CSV rows.
+    """
 
     task: str = "lm"
     encodings: tuple[str, ...] = DEFAULT_ENCODINGS
@@ -82,20 +91,17 @@ class StudyConfig:
             fail("dim", self.dim, f"a multiple of 2 * n_heads = {2 * self.n_heads} (an even head size for RoPE)")
         if not self.encodings:
             fail("encodings", self.encodings, f"at least one of {posenc.available()}")
-        for name in self.encodings:
-            if name not in posenc.available():
-                fail("encodings", name, f"names from {posenc.available()}")
-            if (
-                posenc.build(
-                    name,
-                    dim=self.dim,
-                    num_heads=self.n_heads,
-                    head_dim=self.dim // self.n_heads,
-                    max_len=self.train_len,
-                ).position_kind
-                != "sequence"
-            ):
-                fail("encodings", name, "an encoding of token sequences (grid encodings belong to `posenc vision`)")
+        for spec in self.encodings:
+            base, other, _ = check_layer_spec(spec, n_layers=self.n_layers, name="encodings")
+            for name in (base,) if other is None else (base, other):
+                if name not in posenc.available():
+                    fail("encodings", name, f"names from {posenc.available()}")
+                hd = self.dim // self.n_heads
+                encoding = posenc.build(name, dim=self.dim, num_heads=self.n_heads, head_dim=hd, max_len=self.train_len)
+                if encoding.position_kind != "sequence":
+                    fail("encodings", spec, "encodings of token sequences (grid encodings belong to `posenc vision`)")
+                if other is not None:
+                    check_layer_part(encoding, name, spec, "encodings")
         for length in self.lengths:
             check_positive_int("eval_lens", length)
         if self.stride is not None and not 0 < self.stride <= min(self.lengths):
@@ -115,8 +121,27 @@ class StudyConfig:
         return dataclasses.asdict(self)
 
 
+def run_name(encoding: str) -> str:
+    """The folder name of ``encoding``'s run under ``OUT/runs``: the name, or ``BASE-OTHER-everyN`` for a per-layer
+    ``BASE/OTHER:N`` (no ``/`` or ``:`` in a path; registered names are identifiers, so no two specs collide)."""
+    base, other, interval = split_encoding(encoding, "encodings")
+    return base if other is None else f"{base}-{other}-every{interval}"
+
+
+def _build_options(name: str, train_len: int) -> dict:
+    if name == "t5":
+        return {"bidirectional": False}  # the decoder (causal) form of T5's buckets
+    if name == "nope_temperature":
+        return {"floor_scale": train_len}  # Llama 4's 8192 would keep every lab position at temperature 1
+    return {}
+
+
 def _model_config(cfg: StudyConfig, encoding: str) -> ModelConfig:
-    extra = {"bidirectional": False} if encoding == "t5" else {}  # the decoder (causal) form of T5's buckets
+    base, other, _ = split_encoding(encoding, "encodings")
+    if other is None:
+        extra = _build_options(base, cfg.train_len)
+    else:
+        extra = {name: options for name in (base, other) if (options := _build_options(name, cfg.train_len))}
     return ModelConfig(
         vocab_size=256,
         dim=cfg.dim,
@@ -182,12 +207,13 @@ def run_study(cfg: StudyConfig, out: Path, *, resume: bool = False, progress: bo
         model = GPT(_model_config(cfg, encoding), seed=cfg.seed).to(device)
         tcfg = TrainConfig(steps=cfg.steps, batch_size=cfg.batch_size, lr=cfg.lr, seed=cfg.seed, length=cfg.train_len)
         if not dist.is_main():  # other ranks only train; rank 0 evaluates and writes
-            train(model, batch_fn_for(cfg, corpus), tcfg, out / "runs" / encoding, resume=True, progress=False)
+            run_dir = out / "runs" / run_name(encoding)
+            train(model, batch_fn_for(cfg, corpus), tcfg, run_dir, resume=True, progress=False)
             continue
         batch_fn = batch_fn_for(cfg, corpus)
-        if progress and not (out / "runs" / encoding / DONE_FILE).is_file():  # else train() says it is skipped
+        if progress and not (out / "runs" / run_name(encoding) / DONE_FILE).is_file():  # else train() says so
             print(f"\n[{encoding}] training at length {cfg.train_len} for {cfg.steps} steps")
-        train(model, batch_fn, tcfg, out / "runs" / encoding, resume=True, progress=progress)
+        train(model, batch_fn, tcfg, out / "runs" / run_name(encoding), resume=True, progress=progress)
         extensions = ev.extension_names(encoding) if cfg.extensions else ("none",)
         plan = [(extension, length) for extension in extensions for length in cfg.lengths]
         todo = [(e, n) for e, n in plan if (encoding, e, 0, cfg.train_len, n, cfg.stride or 0) not in done]
