@@ -280,3 +280,15 @@ def test_cli_refuses_a_bad_hybrid_in_one_line(tmp_path, capsys):
         "BASE/OTHER:N (N=1 leaves no rope layer, N > n_layers no nope layer)"
     ]
     assert not out.exists()
+
+
+def test_all_expands_to_every_sequence_encoding_and_is_stored_expanded():
+    import posenc
+    from posenc.lab.study import StudyConfig, sequence_encodings
+
+    names = sequence_encodings()
+    grid = {"rope_axial", "rope_mixed", "alibi_2d", "sinusoidal_2d", "learned_2d", "mrope"}
+    assert set(names) == set(posenc.available()) - grid
+    cfg = StudyConfig(encodings=("rope", "all", "rope/nope:2"))
+    assert cfg.encodings == ("rope", *(n for n in names if n != "rope"), "rope/nope:2")
+    assert "all" not in cfg.to_dict()["encodings"]

@@ -30,6 +30,8 @@ from posenc.lab.train import DONE_FILE, TrainConfig, rank_rows, step_generator, 
 
 DEFAULT_ENCODINGS = ("nope", "sinusoidal", "learned", "rope", "xpos", "alibi", "t5")
 TASKS = ("lm", "copy", "recall")
+#: ``--encodings all``: every registered sequence encoding (``sequence_encodings``), in the registry's order.
+ALL = "all"
 
 #: Per task: the defaults of ``posenc lab --task`` for the flags not given (``batch_size``/``n_heads`` absent:
 #: StudyConfig's 32 / 4). Copy and recall train on rows whose content varies from 1 symbol / pair up to L
@@ -91,6 +93,9 @@ class StudyConfig:
             fail("dim", self.dim, f"a multiple of 2 * n_heads = {2 * self.n_heads} (an even head size for RoPE)")
         if not self.encodings:
             fail("encodings", self.encodings, f"at least one of {posenc.available()}")
+        if ALL in self.encodings:  # stored expanded, so a resumed study runs the same list whatever is registered later
+            expanded = [e for spec in self.encodings for e in (sequence_encodings() if spec == ALL else (spec,))]
+            object.__setattr__(self, "encodings", tuple(dict.fromkeys(expanded)))
         for spec in self.encodings:
             base, other, _ = check_layer_spec(spec, n_layers=self.n_layers, name="encodings")
             for name in (base,) if other is None else (base, other):
@@ -119,6 +124,13 @@ class StudyConfig:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+def sequence_encodings() -> tuple[str, ...]:
+    """Every registered encoding of token sequences (``--encodings all``): grid and M-RoPE encodings belong to
+    ``posenc vision``."""
+    facts = {"dim": 64, "num_heads": 4, "head_dim": 16, "max_len": 64, "grid_size": (4, 4)}
+    return tuple(name for name in posenc.available() if posenc.build(name, **facts).position_kind == "sequence")
 
 
 def run_name(encoding: str) -> str:
