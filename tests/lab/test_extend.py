@@ -103,11 +103,14 @@ def test_rope_checkpoint_every_method_end_to_end(rope_run, corpus, tmp_path):
     rows = run_extend(cfg, tmp_path / "out", progress=False)
     methods = ("none", *ev.EXTEND_METHODS["rope"])
     assert {r["method"] for r in rows} == set(methods)
-    assert len(rows) == len(methods) * len(lengths) * (1 + len(TINY["depths"]))
+    past = [n for n in lengths if n > ORIGINAL]  # ppl_past: only where a window reaches past the original length
+    assert len(rows) == len(methods) * (len(lengths) * (1 + len(TINY["depths"])) + len(past))
     for r in rows:
         assert r["factor"] == (1.0 if r["method"] == "none" else 2.0) and r["original_len"] == ORIGINAL
         if r["metric"] == "ppl":
             assert r["status"] == "ok" and 1.0 < r["ppl"] < 256.0 and r["n"] == 256
+        elif r["metric"] == "ppl_past":  # 256 targets in windows of n, those at positions >= 32 of each
+            assert r["status"] == "ok" and r["length"] in past and r["n"] == 256 - 256 // r["length"] * ORIGINAL
         else:  # the prompt needs 101 bytes: n/a below that, measured above
             assert (r["status"], r["accuracy"] is None) == (("ok", False) if r["length"] == 128 else ("n/a", True))
     # Measured against independent references: the unpatched model, and the model at interpolated positions.
@@ -119,6 +122,11 @@ def test_rope_checkpoint_every_method_end_to_end(rope_run, corpus, tmp_path):
         assert _by(rows, "ppl", "none", 1.0, n)["ppl"] == pytest.approx(plain, rel=1e-6)
         assert _by(rows, "ppl", "linear", 2.0, n)["ppl"] == pytest.approx(pi, rel=1e-5)
         assert _by(rows, "ppl", "linear", 2.0, n)["ppl"] != pytest.approx(plain, rel=1e-4)
+        if n > ORIGINAL:  # the same forward's losses, past the original length only
+            assert _by(rows, "ppl_past", "none", 1.0, n)["ppl"] == pytest.approx(past_ppl(model, val, n), rel=1e-6)
+            assert _by(rows, "ppl_past", "linear", 2.0, n)["ppl"] == pytest.approx(
+                past_ppl(_Positions(model, 2.0), val, n), rel=1e-5
+            )
     # Dynamic NTK leaves the model as trained up to the original length, and only there.
     assert _by(rows, "ppl", "dynamic", 2.0, ORIGINAL)["ppl"] == pytest.approx(plain_at(model, val, ORIGINAL), rel=1e-6)
     assert _by(rows, "ppl", "dynamic", 2.0, 128)["ppl"] != pytest.approx(_by(rows, "ppl", "none", 1.0, 128)["ppl"])
@@ -132,6 +140,18 @@ def test_rope_checkpoint_every_method_end_to_end(rope_run, corpus, tmp_path):
 
 def plain_at(model, val, n):
     return ev.perplexity(model, val, length=n, max_tokens=256).ppl
+
+
+@torch.no_grad()
+def past_ppl(model, val, n, original=ORIGINAL):
+    """Perplexity of the targets at positions >= original of the non-overlapping windows of n covering 256 targets,
+    written out: each window's logits, the losses of its positions original..n-1."""
+    losses = []
+    for start in range(0, 256, n):
+        x, y = val[start : start + n].long()[None], val[start + 1 : start + n + 1].long()[None]
+        loss = torch.nn.functional.cross_entropy(model(x)[0].float(), y[0], reduction="none")  # (n,)
+        losses.append(loss[original:])
+    return math.exp(torch.cat(losses).double().mean())
 
 
 def test_alibi_checkpoint_interpolates_its_slopes(alibi_run, corpus, tmp_path):
@@ -169,7 +189,7 @@ def test_finetune_then_resume_skips_finished_rows(rope_run, corpus, tmp_path, mo
     (out / "results.csv").write_text("\n".join(kept) + "\n")
     calls = []
     measure = LabTarget.perplexity
-    monkeypatch.setattr(LabTarget, "perplexity", lambda self, m, n: calls.append(n) or measure(self, m, n))
+    monkeypatch.setattr(LabTarget, "perplexity", lambda self, m, n, **kw: calls.append(n) or measure(self, m, n, **kw))
     again = run_extend(cfg, out, resume=True, progress=False)
     assert sorted(calls) == [ORIGINAL, 64]
     assert {(r["method"], r["finetune_steps"], r["length"]): r["ppl"] for r in again if r["metric"] == "ppl"} == {
@@ -219,9 +239,10 @@ def test_cli_runs_and_reports_bad_input(rope_run, corpus, tmp_path):
         ({"factors": (0.5,)}, r"factors=0\.5 is invalid: expected factors > 1"),
         ({"factors": (1.0,), "methods": ("yarn",)}, r"factors=1\.0 is invalid: expected factors > 1 "),
         ({"factors": (2.0, 1)}, r"factors=1 is invalid: expected factors > 1 "),
-        ({"lengths": (8, 16)}, r"lengths=\[8, 16\] is invalid: .*original context of 32 tokens.*\[8, 16\] shorter"),
-        ({"lengths": (16, 64)}, r"lengths=\[16, 64\] is invalid: .*original context of 32 tokens.*\[16\] shorter"),
-        ({"lengths": (32,)}, r"lengths=\[32\] is invalid: expected lengths >= the original context of 32 .*none"),
+        ({"lengths": (8, 16)}, r"lengths=\[8, 16\] is invalid: .*one beyond the original context of 32 tokens"),
+        ({"lengths": (32,)}, r"lengths=\[32\] is invalid: expected lengths with at least one beyond the original "),
+        ({"lengths": (32, 64), "eval_tokens": 48}, r"eval_tokens=48 is invalid: expected at least the longest .* 64"),
+        ({"layer_type": "full_attention"}, r"layer_type='full_attention' is invalid: expected None for a posenc lab"),
         ({"methods": ("rope_magic",)}, r"method='rope_magic' is invalid: expected one of \['linear'"),
         ({"methods": ("longrope",)}, r"method='longrope' is invalid"),
         ({"task": "lm", "model": "new"}, "only trained by --task passkey"),
@@ -236,9 +257,9 @@ def test_bad_settings_fail_before_any_output(rope_run, corpus, tmp_path, setting
 
 def test_a_folder_without_a_model_is_an_error(tmp_path):
     (tmp_path / "notes.txt").write_text("hello")
-    with pytest.raises(ValueError, match="model=.* is invalid: expected a model folder"):
+    with pytest.raises(ValueError, match=r"model=.* is invalid: expected a model \(this folder holds none of them\)"):
         run_extend(ExtendConfig(model=str(tmp_path), **TINY), tmp_path / "out", progress=False)
-    with pytest.raises(ValueError, match="no such folder"):
+    with pytest.raises(ValueError, match="no such file or folder"):
         run_extend(ExtendConfig(model=str(tmp_path / "missing"), **TINY), tmp_path / "out", progress=False)
 
 
@@ -295,8 +316,8 @@ def test_hf_llama_end_to_end_matches_transformers_own_linear_scaling(corpus, tmp
         **{**TINY, "trials": 1},
     )  # fmt: skip
     rows = run_extend(cfg, tmp_path / "out", progress=False)
-    assert len(rows) == 3 * 2 * 3 and all(r["original_len"] == 64 for r in rows)
-    assert all(r["status"] == "ok" for r in rows if r["metric"] == "ppl")
+    assert len(rows) == 3 * (2 * 3 + 1) and all(r["original_len"] == 64 for r in rows)  # + ppl_past at 128
+    assert all(r["status"] == "ok" for r in rows if r["metric"] in ("ppl", "ppl_past"))
     # Reference: transformers' own linear RoPE scaling from the config, same weights, same tokens.
     tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
     text = bytes(load_corpus(str(corpus), max_bytes=TINY["corpus_bytes"]).val.tolist()).decode().replace("\0", "\n\n")
@@ -307,7 +328,12 @@ def test_hf_llama_end_to_end_matches_transformers_own_linear_scaling(corpus, tmp
         for n in (64, 128):
             ppl = ev.perplexity(_Logits(reference), tokens, length=n, max_tokens=256, batch_size=1).ppl
             assert _by(rows, "ppl", method, 1.0 if method == "none" else 2.0, n)["ppl"] == pytest.approx(ppl, rel=1e-5)
-    assert "LlamaForCausalLM" in (tmp_path / "out" / "report.md").read_text()
+        past = past_ppl(_Logits(reference), tokens, 128, original=64)
+        factor = 1.0 if method == "none" else 2.0
+        assert _by(rows, "ppl_past", method, factor, 128)["ppl"] == pytest.approx(past, rel=1e-5)
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "LlamaForCausalLM" in report
+    assert "Layers changed by each patch: all 2 layers (rotary embedding model.rotary_emb)" in report
 
 
 def test_hf_model_without_known_positions_is_an_error_naming_it(corpus, tmp_path):
@@ -347,11 +373,11 @@ def test_an_interruption_keeps_each_finished_row_and_resume_says_what_it_skips(
     out = tmp_path / "out"
     measure, calls = LabTarget.perplexity, []
 
-    def perplexity(self, model, length):
+    def perplexity(self, model, length, **kwargs):
         calls.append(length)
         if len(calls) == 2:  # Ctrl-C while the unpatched model's second length is measured
             raise KeyboardInterrupt
-        return measure(self, model, length)
+        return measure(self, model, length, **kwargs)
 
     monkeypatch.setattr(LabTarget, "perplexity", perplexity)
     with pytest.raises(KeyboardInterrupt):
@@ -360,10 +386,10 @@ def test_an_interruption_keeps_each_finished_row_and_resume_says_what_it_skips(
     assert len(kept) == 2 and kept[1].startswith(f"ppl,none,1.0,0,{ORIGINAL},{ORIGINAL},")
 
     calls.clear()
-    monkeypatch.setattr(LabTarget, "perplexity", lambda self, m, n: calls.append(n) or measure(self, m, n))
+    monkeypatch.setattr(LabTarget, "perplexity", lambda self, m, n, **kw: calls.append(n) or measure(self, m, n, **kw))
     rows = run_extend(cfg, out, resume=True, progress=True)
     assert calls == [64, ORIGINAL, 64]  # the unpatched model's missing length, then the patched one's two
-    assert len(rows) == 8  # (ppl + passkey) x 2 lengths, for none and linear x2
+    assert len(rows) == 10  # (ppl + passkey) x 2 lengths + ppl_past at 64, for none and linear x2
     said = capsys.readouterr().out
     assert "none: 1 of 4 measurements done, skipped; measuring the other 3" in said
     run_extend(cfg, out, resume=True, progress=True)
@@ -418,7 +444,7 @@ def test_a_lab_study_folder_names_its_runs(rope_run, alibi_run, tmp_path):
     (root / "runs" / "notes").mkdir()  # not a run: not offered
     (root / "study.json").write_text(json.dumps({"command": "posenc lab"}))
     expected = (
-        f"model='{root}' is invalid: expected a model folder (this is a posenc lab study folder; pass one of its "
+        f"model='{root}' is invalid: expected a model (this is a posenc lab study folder; pass one of its "
         f"runs: {root / 'runs' / 'alibi'}, {root / 'runs' / 'rope'})"
     )
     with pytest.raises(ValueError) as err:
@@ -463,7 +489,7 @@ def test_passkey_advice_fits_the_settings_used():
     # Nothing at the original length: n/a there (the prompt does not fit), or not in --lengths at all.
     assert "the passkey prompt does not fit in the original 128 bytes" in findings_for(_rows(None, 0.0), 128)[-1]
     past_only = [r for r in _rows(1.0, 0.0) if r["length"] > 128]
-    assert "add 128 to --lengths" in findings_for(past_only, 128, trained)[-1]
+    assert "add a length up to 128 to --lengths" in findings_for(past_only, 128, trained)[-1]
 
 
 def _ppl_rows(values: dict[tuple[str, float], list[float]], lengths=(64, 128, 256, 512)) -> list[dict]:

@@ -450,3 +450,40 @@ def test_wilson_interval_matches_published_values(successes, n, expected):
 def test_wilson_interval_rejects_bad_input(accuracy, n, name):
     with pytest.raises(ValueError, match=name):
         report.wilson_interval(accuracy, n)
+
+
+def test_more_lines_than_distinct_colours_split_into_two_panels(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    from posenc.lab import plots
+
+    encodings = [f"enc{i}" for i in range(plots.MAX_LINES)]
+    rows = [row(e, "none", n, 5.0 + i + n / 64) for i, e in enumerate(encodings) for n in (64, 128)]
+    rows += [row("enc0", s, n, k + n / 64) for s, k in (("linear", 6.0), ("yarn", 6.5)) for n in (64, 128)]
+    upsert_results(tmp_path / "results.csv", rows)
+    captured = []
+    real_save = plots.save_png
+    plots.save_png = lambda fig, out, dpi=150: captured.append(fig) or real_save(fig, out, dpi=dpi)
+    try:
+        plot_extrapolation(tmp_path / "results.csv", tmp_path / "x.png")
+    finally:
+        plots.save_png = real_save
+    top, bottom = captured[0].axes
+    assert [line.get_label() for line in top.get_lines() if not line.get_label().startswith("_")] == encodings
+    labels = [line.get_label() for line in bottom.get_lines() if not line.get_label().startswith("_")]
+    assert labels == ["enc0", "enc0 + linear", "enc0 + yarn"]
+    for ax in (top, bottom):
+        styles = [(ln.get_color(), ln.get_marker()) for ln in ax.get_lines() if not ln.get_label().startswith("_")]
+        assert len(set(styles)) == len(styles)
+    plt.close("all")
+    upsert_results(tmp_path / "one.csv", rows[: 2 * (plots.MAX_LINES - 1)])
+    captured.clear()
+    plots.save_png = lambda fig, out, dpi=150: captured.append(fig) or real_save(fig, out, dpi=dpi)
+    try:
+        plot_extrapolation(tmp_path / "one.csv", tmp_path / "y.png")
+    finally:
+        plots.save_png = real_save
+    assert len(captured[0].axes) == 1

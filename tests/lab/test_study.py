@@ -292,3 +292,21 @@ def test_all_expands_to_every_sequence_encoding_and_is_stored_expanded():
     cfg = StudyConfig(encodings=("rope", "all", "rope/nope:2"))
     assert cfg.encodings == ("rope", *(n for n in names if n != "rope"), "rope/nope:2")
     assert "all" not in cfg.to_dict()["encodings"]
+
+
+def test_later_papers_claims_are_checked_against_the_measured_table():
+    from posenc.lab.study import StudyConfig, findings_for
+
+    def r(encoding, eval_len, ppl):
+        return {"encoding": encoding, "scaling": "none", "finetune_steps": 0, "train_len": 64, "eval_len": eval_len,
+                "stride": 0, "loss": None, "ppl": ppl, "accuracy": None, "tokens": 1, "status": "ok"}  # fmt: skip
+
+    at8 = {"alibi": 8.7, "kerple": 7.4, "fire": 9.0, "t5": 11.5, "rope": 21.8, "rope/nope:2": 23.4, "sandwich": 9.5}
+    rows = [r(e, n, 7.0 if n == 64 else v) for e, v in at8.items() for n in (64, 512)]
+    cfg = StudyConfig(encodings=tuple(at8), extensions=False, n_layers=2)
+    text = "\n".join(findings_for(rows, cfg))
+    assert "KERPLE extrapolates better than ALiBi. Here kerple 7.40 vs alibi 8.70: this run agrees." in text
+    assert "Here fire 9.00 vs t5 11.50, alibi 8.70, kerple 7.40: this run does NOT agree." in text
+    assert "Here sandwich 9.50 vs alibi 8.70: this run agrees." in text  # parity claim: within 10%
+    assert "Here rope/nope:2 23.40 vs rope 21.80: this run does NOT agree." in text
+    assert "p_rope" not in text and "CoPE" not in text  # claims whose encodings did not run are left out

@@ -31,7 +31,7 @@ def _lines(rows: Sequence[Mapping[str, Any]], metric: str) -> dict[tuple, dict[i
         if r["metric"] != metric:
             continue
         values = groups.setdefault((r["method"], r["factor"], r["finetune_steps"] or 0), {})
-        value = r["ppl"] if metric == "ppl" else r["accuracy"]
+        value = r["accuracy"] if metric == "passkey" else r["ppl"]
         values.setdefault(r["length"], [])
         if r["status"] == "ok" and value is not None:
             values[r["length"]].append(value)
@@ -59,7 +59,7 @@ def table(rows: Sequence[Mapping[str, Any]], metric: str) -> tuple[list[str], li
             elif value is None:
                 line.append("n/a")
             else:
-                line.append(f"{value:.2f}" if metric == "ppl" else f"{100 * value:.0f}%")
+                line.append(f"{100 * value:.0f}%" if metric == "passkey" else f"{value:.2f}")
         cells.append(line)
     return headers, cells
 
@@ -74,11 +74,11 @@ def print_table(rows: Sequence[Mapping[str, Any]], metric: str) -> None:
     from rich.table import Table
 
     headers, cells = table(rows, metric)
-    title = (
-        "Perplexity by length (lower is better)"
-        if metric == "ppl"
-        else "Passkey accuracy by length, mean over depths (higher is better)"
-    )
+    title = {
+        "ppl": "Perplexity by length (lower is better)",
+        "ppl_past": "Perplexity past the original context only (lower is better)",
+        "passkey": "Passkey accuracy by length, mean over depths (higher is better)",
+    }[metric]
     out = Table(title=title)
     for j, h in enumerate(headers):
         out.add_column(h, justify="left" if j == 0 else "right", style="cyan" if j == 0 else None)
@@ -102,8 +102,8 @@ def _passkey_advice(
                 "at all is unknown: test a model with a longer original context"
             )
         return (
-            f"retrieval was not measured at the original {original} {units}, so whether the model retrieves at all "
-            f"is unknown: add {original} to --lengths"
+            f"retrieval was not measured within the original {original} {units}, so whether the model retrieves at "
+            f"all is unknown: add a length up to {original} to --lengths"
         )
     if within == 0:
         if cfg is not None and cfg.task == "passkey":
@@ -131,11 +131,13 @@ def findings_for(
     if ppl:
         far = max(n for by in ppl.values() for n in by)
         base = ppl.get(("none", 1.0, 0), {})
-        at_orig, at_far = _mean(base.get(original, [])), _mean(base.get(far, []))
+        inside = [n for by in ppl.values() for n in by if n <= original]
+        ref = max(inside) if inside else original  # the original length, else the longest measured within it
+        where = f"the original {original} {units}" if ref == original else f"{ref} (within the original {original})"
+        at_orig, at_far = _mean(base.get(ref, [])), _mean(base.get(far, []))
         if at_orig is not None and at_far is not None:
             lines.append(
-                f"- Unpatched: perplexity {at_orig:.2f} at the original {original} {units} -> {at_far:.2f} at {far} "
-                f"({far / original:g}x)."
+                f"- Unpatched: perplexity {at_orig:.2f} at {where} -> {at_far:.2f} at {far} ({far / original:g}x)."
             )
         scored = {u: _mean(by.get(far, [])) for u, by in ppl.items() if u[0] != "none" or u[2]}
         scored = {u: v for u, v in scored.items() if v is not None}
@@ -150,12 +152,18 @@ def findings_for(
         for u, by in ppl.items():
             if u[0] == "none" and not u[2]:
                 continue
-            near, long = _mean(by.get(original, [])), _mean(by.get(far, []))
+            near, long = _mean(by.get(ref, [])), _mean(by.get(far, []))
             if near is not None and long is not None and at_orig is not None:
                 lines.append(
-                    f"- {label(*u)}: {near:.2f} at {original} ({near / at_orig:.2f}x unpatched there), {long:.2f} "
-                    f"at {far}."
+                    f"- {label(*u)}: {near:.2f} at {ref} ({near / at_orig:.2f}x unpatched there), {long:.2f} at {far}."
                 )
+        beyond = {u: _mean(by.get(far, [])) for u, by in _lines(rows, "ppl_past").items()}
+        beyond = {u: v for u, v in beyond.items() if v is not None}
+        if beyond:
+            lines.append(
+                f"- Past the original {original} {units} only (targets at positions {original}-{far - 1} of "
+                f"{far}-{units[:-1]} windows): " + ", ".join(f"{label(*u)} {v:.2f}" for u, v in beyond.items()) + "."
+            )
     if keys:
 
         def inside(by: Mapping[int, list[float]], past: bool) -> float | None:
@@ -185,11 +193,10 @@ def findings_for(
             lines.append(f"- Passkey past the original length: no method retrieved a single key ({why}).")
         elif past:
             best = max(past, key=past.get)
+            others = ", ".join(f"{label(*u)} {100 * v:.0f}%" for u, v in past.items() if u != best)
             lines.append(
                 f"- Passkey past the original length: best {label(*best)} with {100 * past[best]:.0f}% (mean over "
-                "lengths and depths); "
-                + ", ".join(f"{label(*u)} {100 * v:.0f}%" for u, v in past.items() if u != best)
-                + "."
+                f"lengths and depths){'; ' + others if others else ''}."
             )
     return lines or ["- Nothing measured."]
 
@@ -347,6 +354,8 @@ def write_report(
         f"{', '.join(map(str, sorted({r['length'] for r in rows})))} {unit}s; `none` is the model as trained. "
         f"Time taken: {duration(seconds)}.",
         "",
+        f"Layers changed by each patch: {target.layers_note}.",
+        "",
     ]
     if any(r["metric"] == "ppl" for r in rows):
         corpus = cfg.corpus or "the Python standard library"
@@ -361,6 +370,16 @@ def write_report(
         ]
         if (out / "extend.png").is_file():
             lines += ["![perplexity by length](extend.png)", ""]
+    if any(r["metric"] == "ppl_past" for r in rows):
+        lines += [
+            "### Past the original context",
+            "",
+            f"The same forwards scored only where the model has never been: targets predicted at positions "
+            f">= {original} in each window (metric `ppl_past`). A method that keeps the whole-window perplexity "
+            "low only thanks to the first positions shows here.",
+            "",
+            format_table(rows, "ppl_past"),
+        ]
     if any(r["metric"] == "passkey" for r in rows):
         lines += [
             "## Passkey retrieval",
@@ -400,7 +419,7 @@ def finish(out: Path, cfg: ExtendConfig, target, rows, described, seconds: float
     findings = findings_for(rows, original, cfg, kind=target.kind)
     write_report(out, rows, cfg, target, described, findings, seconds)
     if progress:
-        for metric in ("ppl", "passkey"):
+        for metric in ("ppl", "ppl_past", "passkey"):
             if any(r["metric"] == metric for r in rows):
                 print_table(rows, metric)
         for line in findings:

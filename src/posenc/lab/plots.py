@@ -153,17 +153,37 @@ def plot_extrapolation(
     """
     check_choice("metric", metric, METRICS)
     rows = read_results(results_csv)
-    fig = new_figure(10.0, 5.6)
-    ax = fig.add_subplot()
-    _draw(ax, rows, metric)
     title = f"{_TITLE[metric]} vs evaluation length"
     if corpus:
         title += f" on {corpus}"
     train_lens = sorted({r["train_len"] for r in rows if r["train_len"] is not None})
     if train_lens:
         title += f"\nmodels trained at {', '.join(map(str, train_lens))} bytes (dotted line)"
-    ax.set_title(title, fontsize=11)
+    panels = _panels(rows)
+    fig = new_figure(10.0, 5.6 * len(panels))
+    for n, (caption, members) in enumerate(panels, start=1):
+        ax = fig.add_subplot(len(panels), 1, n)
+        _draw(ax, members, metric)
+        ax.set_title(title if caption is None else f"{title}\n{caption}" if n == 1 else caption, fontsize=11)
     return save_png(fig, out_png, dpi=dpi)
+
+
+#: More lines than this (the palette's well-separated colours) are split into two panels.
+MAX_LINES = 13
+
+
+def _panels(rows: Sequence[Mapping[str, Any]]) -> list[tuple[str | None, list[Mapping[str, Any]]]]:
+    """One panel, or, past ``MAX_LINES`` lines, two: every encoding as trained, then the encodings that have ways of
+    running past the training length (scalings, interpolation, fine-tuning) with those lines."""
+    lines = {result_key(r, _LINE_KEY) for r in rows}
+    if len(lines) <= MAX_LINES:
+        return [(None, list(rows))]
+    extended = {r["encoding"] for r in rows if r["scaling"] != "none" or r["finetune_steps"]}
+    trained = [r for r in rows if r["scaling"] == "none" and not r["finetune_steps"]]
+    return [
+        ("every encoding as trained", trained),
+        ("and the ways of running them past the training length", [r for r in rows if r["encoding"] in extended]),
+    ]
 
 
 def _draw(ax: Any, rows: Sequence[Mapping[str, Any]], metric: str) -> None:

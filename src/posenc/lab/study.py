@@ -413,7 +413,41 @@ def _literature_check(by: dict, cfg: StudyConfig, far: int) -> list[str]:
         interp = _ratio(by, "learned", "interpolate", cfg.train_len, far)
         text = "" if interp is None else f"; with its table linearly interpolated to {far} positions: {interp:.2f}x"
         lines.append(f"- learned: cannot run past its {cfg.train_len}-entry table as trained{text}.")
+    lines += _newer_claims(by, cfg, far)
     lines.append("")
+    return lines
+
+
+#: The later papers' claims, checked the same way at 8x: (encoding, rivals, paper, its claim). Each line appears
+#: when the encoding and at least one rival ran.
+NEWER_CLAIMS = (
+    ("kerple", ("alibi",), "Chi et al. 2022", "KERPLE extrapolates better than ALiBi"),
+    ("sandwich", ("alibi",), "Chi et al. 2023", "Sandwich extrapolates like ALiBi"),
+    ("fire", ("t5", "alibi", "kerple"), "Li et al. 2024", "FIRE beats T5, ALiBi and KERPLE at long lengths"),
+    ("p_rope", ("rope",), "Barbero et al. 2024", "dropping RoPE's lowest frequencies loses nothing"),
+    ("cope", ("rope",), "Golovneva et al. 2024", "CoPE generalises to longer contexts than RoPE"),
+)
+
+
+def _newer_claims(by: dict, cfg: StudyConfig, far: int) -> list[str]:
+    """One line per later paper whose encodings ran: its claim, the perplexities at 8x, and whether they agree."""
+    at = {e: by[(e, "none", far)]["ppl"] for (e, s, n) in by if s == "none" and n == far}
+    claims = list(NEWER_CLAIMS)
+    claims += [(e, ("rope",), "Yang et al. 2025", "a RoPE/NoPE hybrid extrapolates better than RoPE alone")
+               for e in cfg.encodings if "/" in e and split_encoding(e, "encodings")[0] == "rope"]  # fmt: skip
+    lines = []
+    for encoding, rivals, paper, claim in claims:
+        ran = [r for r in rivals if r in at]
+        if encoding not in at or not ran:
+            continue
+        mine = at[encoding]
+        numbers = ", ".join(f"{r} {at[r]:.2f}" for r in ran)
+        if encoding in ("sandwich", "p_rope"):  # claims of parity: within 10%
+            held = all(mine <= 1.10 * at[r] for r in ran)
+        else:
+            held = all(mine < at[r] for r in ran)
+        verdict = "agrees" if held else "does NOT agree"
+        lines.append(f"- {paper}: {claim}. Here {encoding} {mine:.2f} vs {numbers}: this run {verdict}.")
     return lines
 
 
