@@ -28,7 +28,10 @@ from posenc.lab.runfiles import check_settings
 from posenc.lab.tasks import copy_batch, recall_batch
 from posenc.lab.train import DONE_FILE, TrainConfig, rank_rows, step_generator, train
 
-DEFAULT_ENCODINGS = ("nope", "sinusoidal", "learned", "rope", "xpos", "alibi", "t5")
+#: The default study: the classic families plus the two later ones the all-encodings comparison found most telling
+#: (Sandwich: flat and best past L; FoPE: the rotary encoding that degrades least); xPos tells the same story as RoPE.
+#: experiments/length-extrapolation/all-encodings has every encoding.
+DEFAULT_ENCODINGS = ("nope", "sinusoidal", "learned", "rope", "alibi", "t5", "sandwich", "fope")
 TASKS = ("lm", "copy", "recall")
 #: ``--encodings all``: every registered sequence encoding (``sequence_encodings``), in the registry's order.
 ALL = "all"
