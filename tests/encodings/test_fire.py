@@ -12,36 +12,13 @@ from torch.nn.attention.flex_attention import flex_attention
 from torch.testing import assert_close
 
 import posenc
+from bias_grid import EXACT, B, H, S, T, positions, score_mod_grid
 from posenc.encodings.fire import FIRE, FIREConfig
 from reference.fire import fire, fire_listing
 
-EXACT = {"rtol": 0.0, "atol": 0.0}
-B, H, S, T = 2, 4, 5, 7
-
-
-def _indices(b, h, s, t):
-    """FlexAttention's (b, h, q_idx, kv_idx) as broadcasting index tensors over a (B, H, S, T) score grid."""
-    return (
-        torch.arange(b).view(b, 1, 1, 1),
-        torch.arange(h).view(1, h, 1, 1),
-        torch.arange(s).view(1, 1, s, 1),
-        torch.arange(t).view(1, 1, 1, t),
-    )
-
-
-def _score_mod_grid(enc, q_pos, k_pos):
-    return enc.score_mod(q_pos, k_pos)(torch.zeros(B, H, S, T), *_indices(B, H, S, T))  # (B, H, S, T)
-
 
 def _positions(kind):
-    g = torch.Generator().manual_seed(3)
-    return {
-        "shared": (torch.arange(S) + 14, torch.arange(T) + 10),  # queries on both sides of the threshold, 16
-        "one_row": (torch.arange(S).unsqueeze(0), torch.arange(T).unsqueeze(0) * 3),
-        "batched": (torch.randint(0, 100, (B, S), generator=g), torch.randint(0, 100, (B, T), generator=g)),
-        "mixed": (torch.randint(0, 100, (B, S), generator=g), torch.arange(T)),
-        "float": (torch.rand(S, generator=g) * 100, torch.rand(B, T, generator=g, dtype=torch.float64) * 100),
-    }[kind]
+    return positions(kind, high=100, shared=(14, 10))  # queries on both sides of the threshold, 16
 
 
 def _fire(**kwargs):
@@ -116,7 +93,7 @@ def test_bias_and_score_mod(kind):
         bias = enc.bias(q_pos, k_pos)
         assert bias.dtype == torch.float32
         assert_close(bias.double(), _reference(enc, q_pos, k_pos), rtol=1e-5, atol=1e-5)
-        assert_close(_score_mod_grid(enc, q_pos, k_pos), bias.expand(B, -1, -1, -1), **EXACT)
+        assert_close(score_mod_grid(enc, q_pos, k_pos), bias.expand(B, -1, -1, -1), **EXACT)
         assert_close(enc(q_pos, k_pos), bias, **EXACT)
         assert_close(enc(q_pos), enc.bias(q_pos, q_pos), **EXACT)
 
@@ -136,7 +113,7 @@ def test_gradients_reach_every_parameter_through_bias_and_score_mod():
     grads = []
     for path in ("bias", "score_mod"):
         enc = _fire()
-        out = enc.bias(q_pos, k_pos) if path == "bias" else _score_mod_grid(enc, q_pos, k_pos)
+        out = enc.bias(q_pos, k_pos) if path == "bias" else score_mod_grid(enc, q_pos, k_pos)
         grads.append(torch.autograd.grad((out * weights).sum(), list(enc.parameters())))
     names = [n for n, _ in _fire().named_parameters()]
     for name, g_bias, g_mod in zip(names, *grads, strict=True):
@@ -218,7 +195,7 @@ def test_low_precision_model_keeps_float32_math():
     low = copy.deepcopy(enc).to(torch.bfloat16)
     assert low.c.dtype == torch.bfloat16 and low.mlp[0].weight.dtype == torch.bfloat16
     assert_close(low.bias(pos, pos), ref, **EXACT)
-    assert_close(_score_mod_grid(low, pos[:S], pos[:T]), ref[..., :S, :T].expand(B, -1, -1, -1), **EXACT)
+    assert_close(score_mod_grid(low, pos[:S], pos[:T]), ref[..., :S, :T].expand(B, -1, -1, -1), **EXACT)
 
 
 def test_meta_build():

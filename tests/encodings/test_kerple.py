@@ -9,37 +9,10 @@ from torch.nn.attention.flex_attention import flex_attention
 from torch.testing import assert_close
 
 import posenc
+from bias_grid import EXACT, B, H, S, T, positions, score_mod_grid
 from posenc.encodings.kerple import KERPLE, KERPLEConfig
 from posenc.functional.kerple import kerple_bias
 from reference.kerple import kerple
-
-EXACT = {"rtol": 0.0, "atol": 0.0}
-B, H, S, T = 2, 4, 5, 7
-
-
-def _indices(b, h, s, t):
-    """FlexAttention's (b, h, q_idx, kv_idx) as broadcasting index tensors over a (B, H, S, T) score grid."""
-    return (
-        torch.arange(b).view(b, 1, 1, 1),
-        torch.arange(h).view(1, h, 1, 1),
-        torch.arange(s).view(1, 1, s, 1),
-        torch.arange(t).view(1, 1, 1, t),
-    )
-
-
-def _score_mod_grid(enc, q_pos, k_pos):
-    return enc.score_mod(q_pos, k_pos)(torch.zeros(B, H, S, T), *_indices(B, H, S, T))  # (B, H, S, T)
-
-
-def _positions(kind):
-    g = torch.Generator().manual_seed(3)
-    return {
-        "shared": (torch.arange(S) + 10, torch.arange(T) + 8),
-        "one_row": (torch.arange(S).unsqueeze(0), torch.arange(T).unsqueeze(0) * 3),
-        "batched": (torch.randint(0, 1000, (B, S), generator=g), torch.randint(0, 1000, (B, T), generator=g)),
-        "mixed": (torch.randint(0, 1000, (B, S), generator=g), torch.arange(T)),
-        "float": (torch.rand(S, generator=g) * 100, torch.rand(B, T, generator=g, dtype=torch.float64) * 100),
-    }[kind]
 
 
 def test_registered_and_built_by_name():
@@ -87,7 +60,7 @@ def test_initial_parameters_follow_the_reference_draws(kernel):
 @pytest.mark.parametrize("kind", ["shared", "one_row", "batched", "mixed", "float"])
 @pytest.mark.parametrize("kernel", ["log", "power"])
 def test_bias_and_score_mod(kind, kernel):
-    q_pos, k_pos = _positions(kind)
+    q_pos, k_pos = positions(kind)
     enc = KERPLE(H, kernel=kernel)
     with torch.no_grad():
         enc.r1[0], enc.r2[1] = -0.5, 3.0  # out of bounds: clamped in both paths
@@ -95,20 +68,20 @@ def test_bias_and_score_mod(kind, kernel):
         r1, r2 = enc.kernel_parameters()
         assert_close(bias, kerple_bias(q_pos, k_pos, r1, r2, kernel=kernel), **EXACT)
         assert_close(bias.double(), kerple(q_pos, k_pos, r1.double(), r2.double(), kernel), rtol=2e-6, atol=1e-5)
-        assert_close(_score_mod_grid(enc, q_pos, k_pos), bias.expand(B, -1, -1, -1), **EXACT)
+        assert_close(score_mod_grid(enc, q_pos, k_pos), bias.expand(B, -1, -1, -1), **EXACT)
     assert_close(enc(q_pos), enc.bias(q_pos, q_pos), **EXACT)
     assert_close(enc(q_pos, k_pos), bias, **EXACT)
 
 
 @pytest.mark.parametrize("kernel", ["log", "power"])
 def test_gradients_reach_r1_r2_through_bias_and_score_mod(kernel):
-    q_pos, k_pos = _positions("batched")
+    q_pos, k_pos = positions("batched")
     weights = torch.randn(B, H, S, T)
     grads = []
     for path in ("bias", "score_mod"):
         torch.manual_seed(4)
         enc = KERPLE(H, kernel=kernel)
-        out = enc.bias(q_pos, k_pos) if path == "bias" else _score_mod_grid(enc, q_pos, k_pos)
+        out = enc.bias(q_pos, k_pos) if path == "bias" else score_mod_grid(enc, q_pos, k_pos)
         grads.append(torch.autograd.grad((out * weights).sum(), [enc.r1, enc.r2]))
     for g_bias, g_mod in zip(*grads, strict=True):
         assert g_bias.abs().min() > 0
@@ -165,7 +138,7 @@ def test_low_precision_model_keeps_float32_math():
     low = copy.deepcopy(enc).to(torch.bfloat16)
     assert low.r1.dtype == torch.bfloat16
     assert_close(low.bias(pos, pos), ref, **EXACT)
-    assert_close(_score_mod_grid(low, pos[:S], pos[:T]), ref[..., :S, :T].expand(B, -1, -1, -1), **EXACT)
+    assert_close(score_mod_grid(low, pos[:S], pos[:T]), ref[..., :S, :T].expand(B, -1, -1, -1), **EXACT)
 
 
 def test_meta_build():

@@ -10,37 +10,10 @@ from torch.nn.attention.flex_attention import flex_attention
 from torch.testing import assert_close
 
 import posenc
+from bias_grid import EXACT, B, H, positions, score_mod_grid
 from posenc.encodings.sandwich import Sandwich, SandwichConfig
 from posenc.functional.sandwich import sandwich_bias, sandwich_frequencies
 from reference.sandwich import sandwich
-
-EXACT = {"rtol": 0.0, "atol": 0.0}
-B, H, S, T = 2, 4, 5, 7
-
-
-def _indices(b, h, s, t):
-    """FlexAttention's (b, h, q_idx, kv_idx) as broadcasting index tensors over a (B, H, S, T) score grid."""
-    return (
-        torch.arange(b).view(b, 1, 1, 1),
-        torch.arange(h).view(1, h, 1, 1),
-        torch.arange(s).view(1, 1, s, 1),
-        torch.arange(t).view(1, 1, 1, t),
-    )
-
-
-def _score_mod_grid(enc, q_pos, k_pos):
-    return enc.score_mod(q_pos, k_pos)(torch.zeros(B, H, S, T), *_indices(B, H, S, T))  # (B, H, S, T)
-
-
-def _positions(kind):
-    g = torch.Generator().manual_seed(3)
-    return {
-        "shared": (torch.arange(S) + 10, torch.arange(T) + 8),
-        "one_row": (torch.arange(S).unsqueeze(0), torch.arange(T).unsqueeze(0) * 3),
-        "batched": (torch.randint(0, 1000, (B, S), generator=g), torch.randint(0, 1000, (B, T), generator=g)),
-        "mixed": (torch.randint(0, 1000, (B, S), generator=g), torch.arange(T)),
-        "float": (torch.rand(S, generator=g) * 100, torch.rand(B, T, generator=g, dtype=torch.float64) * 100),
-    }[kind]
 
 
 def test_registered_and_built_by_name():
@@ -85,14 +58,14 @@ def test_bad_config(kwargs, match):
 @pytest.mark.parametrize("kind", ["shared", "one_row", "batched", "mixed", "float"])
 @pytest.mark.parametrize("kwargs", [{}, {"pe_dim": 16, "ratios": (1.0, 1.0, 0.5, 3.0)}, {"base": 100.0}])
 def test_bias_and_score_mod(kind, kwargs):
-    q_pos, k_pos = _positions(kind)
+    q_pos, k_pos = positions(kind)
     enc = Sandwich(H, **kwargs)
     c = enc.config
     bias = enc.bias(q_pos, k_pos)
     assert_close(bias, sandwich_bias(q_pos, k_pos, sandwich_frequencies(c.pe_dim, c.head_ratios(), base=c.base)))
     ref = sandwich(q_pos, k_pos, pe_dim=c.pe_dim, ratios=list(c.head_ratios()), base=c.base)
     assert_close(bias.double(), ref, rtol=0, atol=3e-4)  # float32 angles at distances up to 1000
-    assert_close(_score_mod_grid(enc, q_pos, k_pos), bias.expand(B, -1, -1, -1), **EXACT)
+    assert_close(score_mod_grid(enc, q_pos, k_pos), bias.expand(B, -1, -1, -1), **EXACT)
     assert_close(enc(q_pos, k_pos), bias, **EXACT)
     assert_close(enc(q_pos), enc.bias(q_pos, q_pos), **EXACT)
 
