@@ -177,7 +177,7 @@ def test_failed_lab_device_then_a_rerun_works(corpus, tmp_path, capsys, no_cuda)
 
 
 def test_a_run_failing_after_claiming_its_folder_leaves_no_trace(corpus, tmp_path, capsys, monkeypatch):
-    from posenc.lab import study
+    from posenc.lab.length import study
 
     def failing(*args, **kwargs):
         raise ValueError("train failed before any work")
@@ -196,7 +196,7 @@ def test_a_run_failing_after_claiming_its_folder_leaves_no_trace(corpus, tmp_pat
 
 
 def test_an_unexpected_error_keeps_its_traceback_and_leaves_no_folder(corpus, tmp_path, monkeypatch):
-    from posenc.lab import study
+    from posenc.lab.length import study
 
     monkeypatch.setattr(study, "train", lambda *a, **k: 1 / 0)
     with pytest.raises(ZeroDivisionError):
@@ -251,7 +251,10 @@ def test_every_subcommand_has_its_numbers_checked():
 def no_work(monkeypatch):
     """A value wrongly accepted fails at once instead of running a default-sized study."""
     import posenc.cli
-    from posenc.lab import bench, extend, study, vision
+    from posenc.lab import bench
+    from posenc.lab.extend import study as extend
+    from posenc.lab.length import study
+    from posenc.lab.vision import study as vision
 
     def work(*args, **kwargs):
         raise AssertionError("a bad value was accepted")
@@ -358,7 +361,7 @@ def test_resume_command_replaces_out_and_adds_resume_once():
 
 
 def test_an_interruption_names_the_folder_and_the_command_that_continues(tmp_path, capsys, monkeypatch):
-    from posenc.lab import study
+    from posenc.lab.length import study
 
     def interrupted(cfg, out, **kwargs):
         Path(out).mkdir(parents=True)

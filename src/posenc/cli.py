@@ -1,16 +1,17 @@
 """``posenc`` command line.
 
-- ``posenc lab``: the length-extrapolation study (``posenc.lab.study``): train per encoding, evaluate past L.
+- ``posenc lab``: the length-extrapolation study (``posenc.lab.length``): train per encoding, evaluate past L.
 - ``posenc vision``: the resolution study (``posenc.lab.vision``): a ViT per 2-D encoding, tested at other sizes.
 - ``posenc extend``: context extension of a trained model (``posenc.lab.extend``): perplexity and passkey.
 - ``posenc bench``: RoPE and bias-attention speed (``posenc.lab.bench``).
 - ``posenc figures``: explanatory pictures of the encodings.
 - ``posenc demo``: what the RoPE scalings compute, checked live on this machine.
 
-The same rules everywhere: numbers are checked by ``posenc._argtypes`` (0, negatives and NaN refused, never replaced
-by a default), ``--device`` by ``posenc.lab.devices.resolve_device``, ``--out`` by ``posenc.lab.runfiles.check_out``
-(a new or empty folder, or the command's own run) before anything is written; every failure is one line on stderr
-and exit status 2; an interrupted study prints the command that continues it and exits 130.
+The same rules everywhere: numbers are checked by ``posenc._argtypes`` (0, negatives and NaN refused, never replaced by
+a default), ``--device`` by ``posenc.lab.common.devices.resolve_device``, ``--out`` by
+``posenc.lab.common.runfiles.check_out`` (a new or empty folder, or the command's own run) before anything is written;
+every failure is one line on stderr and exit status 2; an interrupted study prints the command that continues it and
+exits 130.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from posenc import _argtypes as A
 
 def _demo_scalings(head_dim: int, base: float, trained: int, factor: float) -> dict[str, dict]:
     """The lab's ``rope_scaling`` dict per method, plus no scaling and a LongRoPE with a linear ramp of factors."""
-    from posenc.lab.evaluate import rope_scaling
+    from posenc.lab.common.scaling import rope_scaling
 
     long_factor = [1.0 + (factor - 1.0) * i / (head_dim // 2 - 1) for i in range(head_dim // 2)]
     scalings = {"default": {}}
@@ -105,7 +106,7 @@ def _given(value, default):  # noqa: ANN001, ANN202
 
 def _wrote(out: str | Path) -> None:
     """The one line ``--quiet`` still prints: where the results went (rank 0 only under torchrun)."""
-    from posenc.lab import dist
+    from posenc.lab.common import dist
 
     if dist.is_main():
         files = sorted(p.name for p in Path(out).iterdir() if not p.name.startswith("."))
@@ -113,9 +114,10 @@ def _wrote(out: str | Path) -> None:
 
 
 def lab(args: argparse.Namespace) -> int:
-    from posenc.lab.devices import resolve_device
-    from posenc.lab.runfiles import check_out
-    from posenc.lab.study import TASK_DEFAULTS, StudyConfig, run_study
+    from posenc.lab.common.devices import resolve_device
+    from posenc.lab.common.runfiles import check_out
+    from posenc.lab.length.config import TASK_DEFAULTS, StudyConfig
+    from posenc.lab.length.study import run_study
 
     task_defaults = TASK_DEFAULTS[args.task]
     cfg = StudyConfig(
@@ -144,7 +146,7 @@ def lab(args: argparse.Namespace) -> int:
 
 
 def _add_lab(sub: argparse._SubParsersAction) -> None:
-    from posenc.lab.study import DEFAULT_ENCODINGS, StudyConfig
+    from posenc.lab.length.config import DEFAULT_ENCODINGS, StudyConfig
 
     d = StudyConfig()
     p = sub.add_parser("lab", help="which encoding extrapolates? train at length L, evaluate at L..16L")
@@ -205,9 +207,10 @@ def _add_run_options(p: argparse.ArgumentParser, command: str, what: str) -> Non
 
 
 def vision(args: argparse.Namespace) -> int:
-    from posenc.lab.devices import resolve_device
-    from posenc.lab.runfiles import check_out
-    from posenc.lab.vision import VisionConfig, run_vision
+    from posenc.lab.common.devices import resolve_device
+    from posenc.lab.common.runfiles import check_out
+    from posenc.lab.vision.config import VisionConfig
+    from posenc.lab.vision.study import run_vision
 
     cfg = VisionConfig(
         encodings=args.encodings,
@@ -235,7 +238,7 @@ def vision(args: argparse.Namespace) -> int:
 
 
 def _add_vision(sub: argparse._SubParsersAction) -> None:
-    from posenc.lab.vision import DEFAULT_ENCODINGS, VisionConfig
+    from posenc.lab.vision.config import DEFAULT_ENCODINGS, VisionConfig
 
     d = VisionConfig()
     p = sub.add_parser("vision", help="which 2-D encoding extrapolates? train a ViT at one resolution, test at others")
@@ -268,9 +271,10 @@ def _add_vision(sub: argparse._SubParsersAction) -> None:
 
 
 def extend(args: argparse.Namespace) -> int:
-    from posenc.lab.devices import resolve_device
-    from posenc.lab.extend import ExtendConfig, run_extend
-    from posenc.lab.runfiles import check_out
+    from posenc.lab.common.devices import resolve_device
+    from posenc.lab.common.runfiles import check_out
+    from posenc.lab.extend.config import ExtendConfig
+    from posenc.lab.extend.study import run_extend
 
     path = Path(args.model).expanduser()
     cfg = ExtendConfig(  # a path is stored absolute; names ('smollm2', 'new', 'new:alibi') as given
@@ -301,7 +305,7 @@ def extend(args: argparse.Namespace) -> int:
 
 
 def _add_extend(sub: argparse._SubParsersAction) -> None:
-    from posenc.lab.extend import ExtendConfig
+    from posenc.lab.extend.config import ExtendConfig
 
     d = ExtendConfig(model="new", task="passkey")
     p = sub.add_parser(
@@ -373,8 +377,8 @@ def _add_extend(sub: argparse._SubParsersAction) -> None:
 
 def bench(args: argparse.Namespace) -> int:
     from posenc.lab import bench as b
-    from posenc.lab.devices import resolve_device
-    from posenc.lab.runfiles import check_out, write_marker
+    from posenc.lab.common.devices import resolve_device
+    from posenc.lab.common.runfiles import check_out, write_marker
 
     device = resolve_device(args.device, allow_auto=True)
     if args.quick:
@@ -439,8 +443,8 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
 
 
 def figures(args: argparse.Namespace) -> int:
+    from posenc.lab.common.runfiles import check_out, write_marker
     from posenc.lab.figures import draw_figures
-    from posenc.lab.runfiles import check_out, write_marker
 
     check_out(args.out, "figures")
     write_marker(args.out, "figures", {})
@@ -530,8 +534,8 @@ def _interrupt(signum: int, frame: object) -> None:
 def _remove_if_unused(out: Path, command: str) -> None:
     """After a failure: remove ``out`` when this invocation created it and it holds no work, at most the settings
     file (so nothing blocks a rerun with other settings). Rank 0 only under torchrun."""
-    from posenc.lab import dist
-    from posenc.lab.runfiles import SETTINGS_FILES, holds_only_settings
+    from posenc.lab.common import dist
+    from posenc.lab.common.runfiles import SETTINGS_FILES, holds_only_settings
 
     if not dist.is_main() or not out.is_dir():
         return

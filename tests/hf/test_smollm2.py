@@ -40,7 +40,7 @@ from posenc.hf import (  # noqa: E402
     resolve_model,
     save_pretrained,
 )
-from posenc.lab.passkey import hf_accuracy  # noqa: E402
+from posenc.lab.extend.passkey import hf_accuracy  # noqa: E402
 
 ORIGINAL = 8192
 THETA = 100000.0

@@ -42,6 +42,8 @@ import torch.utils.benchmark as tb
 import posenc
 from posenc._checks import check_choice, check_positive_int, fail
 from posenc.functional.axial_rope import grid_positions
+from posenc.lab.common.files import write_text_atomic
+from posenc.lab.common.report import wide_console
 
 LLAMA3_8B = {"q_heads": 32, "kv_heads": 8, "head_dim": 128}
 DEFAULT_LENGTHS = (1024, 2048, 4096, 8192, 16384)
@@ -409,8 +411,6 @@ def markdown(rows: Sequence[dict], columns: Sequence[tuple[str, str]]) -> str:
 
 def write_outputs(out: Path, rotary: Sequence[dict], attention: Sequence[dict], header: str) -> list[Path]:
     """``rotary.csv``, ``attention.csv`` (every measured field) and ``bench.md`` (the tables), atomically."""
-    from posenc.lab.report import write_text_atomic
-
     written = []
     for name, rows in (("rotary.csv", rotary), ("attention.csv", attention)):
         if not rows:
@@ -432,8 +432,6 @@ def write_outputs(out: Path, rotary: Sequence[dict], attention: Sequence[dict], 
 
 def print_rows(rows: Sequence[dict], columns: Sequence[tuple[str, str]], title: str) -> None:
     from rich.table import Table
-
-    from posenc.lab.report import wide_console
 
     keep = _kept(rows, columns)
     table = Table(title=title)

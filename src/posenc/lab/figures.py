@@ -21,7 +21,7 @@ import torch
 
 import posenc
 from posenc._checks import check_positive_int
-from posenc.lab.plots import MARKERS, PALETTE, new_figure, save_png
+from posenc.lab.common.plots import MARKERS, PALETTE, new_figure, save_png
 
 #: RoPE settings of the scaling figure: a Llama-2-like head (128 channels, base 10000, 2048 tokens) stretched 8x.
 ROPE_HEAD_DIM = 128

@@ -1,0 +1,109 @@
+"""Files every lab command writes atomically, and JSON read back with an error that names the file.
+
+Every file is written to a temporary name in the same folder and moved into place with ``os.replace``: a crash
+leaves the previous file or the new one, never half of either. The temporary file gets the mode a plain ``open``
+would give (``tempfile.mkstemp``'s 0600 would make results private).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import IO, Any
+
+from posenc._checks import fail
+
+
+def create_temp(path: str | Path) -> tuple[int, str]:
+    """A new temporary file next to ``path`` for an atomic replace: ``(fd open for writing, its name)``.
+
+    Its mode is what ``open(path, "w")`` would give: the mode of the file it replaces, else ``0o666`` less the umask
+    (``tempfile.mkstemp`` makes every file private, 0600, unlike the other outputs).
+    """
+    path = Path(path)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
+    for _ in range(100):
+        tmp = path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp"
+        try:
+            fd = os.open(tmp, flags, 0o666)  # the kernel applies the umask, as for any new file
+        except FileExistsError:
+            continue
+        try:
+            if path.exists():
+                os.chmod(tmp, path.stat().st_mode & 0o7777)
+        except BaseException:
+            os.close(fd)
+            tmp.unlink(missing_ok=True)
+            raise
+        return fd, str(tmp)
+    raise FileExistsError(f"no free temporary name next to {path}")
+
+
+@contextlib.contextmanager
+def atomic_open(path: str | Path, mode: str = "w", **kwargs: Any) -> Iterator[IO]:
+    """Open a temporary file next to ``path`` for writing; on success it replaces ``path`` in one ``os.replace``.
+
+    On an exception the temporary file is removed and ``path`` is left as it was. ``mode`` is ``"w"`` or ``"wb"``;
+    ``kwargs`` go to ``open`` (text mode defaults to UTF-8 and ``newline=""``-free line endings of the platform).
+    """
+    if mode not in ("w", "wb"):
+        fail("mode", mode, "'w' or 'wb' (atomic_open only writes)")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if mode == "w":
+        kwargs.setdefault("encoding", "utf-8")
+    fd, tmp = create_temp(path)
+    try:
+        with os.fdopen(fd, mode, **kwargs) as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def write_text_atomic(path: str | Path, text: str) -> Path:
+    """Write ``text`` (UTF-8) to ``path`` atomically; returns ``path``."""
+    with atomic_open(path, "w") as f:
+        f.write(text)
+    return Path(path)
+
+
+def write_atomic(path: str | Path, write: Callable[[Path], None]) -> None:
+    """Call ``write(tmp_path)`` on a temporary file next to ``path``, fsync it, then ``os.replace`` it onto ``path``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = create_temp(path)  # the mode a plain open() gives (mkstemp's 0600 would make checkpoints private)
+    mode = os.fstat(fd).st_mode & 0o7777
+    os.close(fd)
+    try:
+        write(Path(tmp))
+        os.chmod(tmp, mode)  # safetensors' save_file recreates the file private (0600) whatever was there
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_json_atomic(path: str | Path, obj: Any) -> None:
+    """``obj`` as indented JSON at ``path``, atomically."""
+    text = json.dumps(obj, indent=2, sort_keys=True) + "\n"
+    write_atomic(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+
+
+def read_json(path: str | Path, what: str) -> Any:
+    """Parsed JSON at ``path``; a missing or unreadable file is a ``ValueError`` naming it."""
+    path = Path(path)
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        fail(what, str(path), f"a readable JSON file ({type(e).__name__}: {e}); delete it or pass a fresh --out")

@@ -1,0 +1,377 @@
+"""``GPT``: the lab's tiny byte-level decoder, written once for every sequence encoding.
+
+A nanoGPT-style pre-norm transformer (Radford et al. 2019, GPT-2; reference implementation karpathy/nanoGPT
+``model.py``) in which position information comes only from ONE ``posenc.Encoding`` shared by all layers: its
+``embed`` hook after the token embedding (sinusoidal, learned) and ``posenc.attention`` for the rest (``rotate`` for
+the rotary family, ``bias``/``score_mod`` for ALiBi/T5/Shaw, Shaw's value term). Evaluation swaps the encoding
+(``set_encoding``) to run RoPE scalings or ALiBi interpolation past the training length without retraining.
+
+Or from two, chosen per layer: ``encoding="BASE/OTHER:N"`` puts OTHER in every N-th layer (layers N, 2N, ...,
+counting from 1) and BASE in the others, as the NoPE/RoPE hybrids do (Yang et al. 2025, "Rope to Nope and Back
+Again", arXiv:2501.18795; SmolLM3 and Llama 4: ``rope/nope:4``, Llama 4 with temperature tuning
+``rope/nope_temperature:4``). The layers of each kind share one encoding, so ``set_encoding`` (a RoPE scaling)
+swaps every BASE layer's at once. Absolute encodings act once, before the first layer, and cannot be chosen per
+layer.
+
+Two departures from nanoGPT, both for a fair comparison of encodings: token embeddings are scaled by ``sqrt(dim)``
+(Vaswani et al. 2017, sec. 3.4) and initialised ``N(0, 1/dim)``, so the token signal has unit size next to
+sinusoidal's unit-amplitude positions while the tied output head still starts with logits of unit scale; and there
+is no position table unless the encoding brings one.
+
+Shapes:
+    tokens (B, S) int64 byte ids; positions (S,) or (B, S) -> logits (B, S, vocab_size) in the model's dtype.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import posenc
+from posenc._checks import check_choice, check_positive_int, fail
+from posenc._config import DictConfig
+
+#: ``posenc.attention`` backends (``"auto"``: SDPA for training on CPU, FlexAttention for long biased evaluation).
+BACKENDS = ("auto", "eager", "sdpa", "flex")
+
+
+def check_encoding_config(value: object) -> None:
+    """``encoding_config`` must be keyword arguments for ``posenc.build`` that survive a JSON round trip."""
+    if not isinstance(value, Mapping):
+        fail("encoding_config", value, "a dict of keyword arguments for posenc.build")
+    try:
+        json.dumps(dict(value))
+    except (TypeError, ValueError):
+        fail("encoding_config", value, "JSON values only (numbers, strings, lists, dicts)")
+
+
+#: ``BASE/OTHER:N``: OTHER in every N-th layer (layers N, 2N, ... counting from 1), BASE in the rest.
+_LAYER_SPEC = re.compile(r"(\w+)/(\w+):(\d+)")
+LAYER_SYNTAX = "BASE/OTHER:N (OTHER in every N-th layer, e.g. 'rope/nope:4': NoPE in layers 4, 8, ...)"
+
+
+def split_encoding(spec: object, name: str = "encoding") -> tuple[str, str | None, int | None]:
+    """``"rope"`` -> ``("rope", None, None)``; ``"rope/nope:4"`` -> ``("rope", "nope", 4)``. Syntax only: the
+    names and the interval are checked by :func:`check_layer_spec`."""
+    if not isinstance(spec, str):
+        fail(name, spec, f"a name from posenc.available() or {LAYER_SYNTAX}")
+    if "/" not in spec and ":" not in spec:
+        return spec, None, None
+    match = _LAYER_SPEC.fullmatch(spec)
+    if match is None:
+        fail(name, spec, LAYER_SYNTAX)
+    return match[1], match[2], int(match[3])
+
+
+def check_layer_spec(spec: object, *, n_layers: int, name: str = "encoding") -> tuple[str, str | None, int | None]:
+    """:func:`split_encoding`, with a per-layer spec's names, interval and layer count checked.
+
+    A single name is returned as is (its caller checks it); in ``BASE/OTHER:N`` both names must be registered and
+    differ, and ``2 <= N <= n_layers`` so that each of them gets at least one layer.
+    """
+    base, other, interval = split_encoding(spec, name)
+    if other is None:
+        return base, None, None
+    for part in (base, other):
+        if part not in posenc.available():
+            fail(name, spec, f"names from {posenc.available()} in BASE/OTHER:N; {part!r} is not one")
+    if base == other:
+        fail(name, spec, f"two different encodings in BASE/OTHER:N; this is just {base!r}")
+    if n_layers < 2:
+        fail(name, spec, f"a single encoding name: n_layers={n_layers} leaves no room for two")
+    if not 2 <= interval <= n_layers:
+        fail(
+            name,
+            spec,
+            f"an interval N from 2 to n_layers={n_layers} in BASE/OTHER:N (N=1 leaves no {base} layer, "
+            f"N > n_layers no {other} layer)",
+        )
+    return base, other, interval
+
+
+def layer_names(spec: str, *, n_layers: int) -> tuple[str, ...]:
+    """The encoding name of each of ``n_layers`` layers: transformers' rule for ``no_rope_layer_interval``."""
+    base, other, interval = check_layer_spec(spec, n_layers=n_layers)
+    if other is None:
+        return (base,) * n_layers
+    return tuple(other if (i + 1) % interval == 0 else base for i in range(n_layers))
+
+
+def is_absolute(encoding: posenc.Encoding) -> bool:
+    """Whether ``encoding`` adds positions to the token embeddings (its ``embed`` hook), once for all layers."""
+    return type(encoding).embed is not posenc.Encoding.embed
+
+
+def check_layer_part(encoding: posenc.Encoding, part: str, spec: str, name: str = "encoding") -> None:
+    """A per-layer spec may hold only encodings that act inside attention, not absolute ones."""
+    if is_absolute(encoding):
+        fail(
+            name,
+            spec,
+            f"encodings that act inside attention in BASE/OTHER:N: {part!r} adds positions to the token "
+            f"embeddings once, before the first layer, so it cannot be chosen per layer (use it alone)",
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelConfig(DictConfig):
+    """Architecture of a lab ``GPT``; ``to_dict``/``from_dict`` round-trip through JSON (``config.json``).
+
+    Args:
+        vocab_size: token ids in ``[0, vocab_size)``; 256 for bytes.
+        dim: model width, a multiple of ``n_heads``.
+        n_layers: transformer blocks.
+        n_heads: query heads; head width is ``dim // n_heads``.
+        n_kv_heads: key/value heads (grouped-query attention), dividing ``n_heads``; None means ``n_heads``.
+        max_len: the training length (the size of learned position tables; other encodings ignore it).
+        encoding: a name from ``posenc.available()`` whose encoding takes 1-D positions, or two chosen per layer,
+            ``"BASE/OTHER:N"``: OTHER in every N-th layer (layers N, 2N, ... counting from 1; ``2 <= N <=
+            n_layers``), BASE in the others, e.g. ``"rope/nope:4"``. Neither may be absolute (sinusoidal, learned).
+        encoding_config: extra keyword arguments for ``posenc.build`` (JSON values), e.g. ``{"base": 500.0}``; for
+            ``BASE/OTHER:N``, a dict of them per name, e.g. ``{"nope_temperature": {"floor_scale": 64}}``.
+        mlp_ratio: MLP hidden width is ``mlp_ratio * dim``.
+        backend: ``posenc.attention`` backend, one of ``BACKENDS``.
+    """
+
+    vocab_size: int = 256
+    dim: int = 64
+    n_layers: int = 2
+    n_heads: int = 4
+    n_kv_heads: int | None = None
+    max_len: int
+    encoding: str = "rope"
+    encoding_config: dict[str, Any] = field(default_factory=dict)
+    mlp_ratio: int = 4
+    backend: str = "auto"
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "dim", "n_layers", "n_heads", "max_len", "mlp_ratio"):
+            check_positive_int(name, getattr(self, name))
+        if self.dim % self.n_heads:
+            fail("dim", self.dim, f"a multiple of n_heads={self.n_heads} (head width = dim // n_heads)")
+        if self.n_kv_heads is not None:
+            check_positive_int("n_kv_heads", self.n_kv_heads)
+            if self.n_heads % self.n_kv_heads:
+                fail("n_kv_heads", self.n_kv_heads, f"a divisor of n_heads={self.n_heads}, or None")
+        base, other, _ = check_layer_spec(self.encoding, n_layers=self.n_layers)
+        if other is None:
+            check_choice("encoding", self.encoding, posenc.available())
+        check_choice("backend", self.backend, BACKENDS)
+        check_encoding_config(self.encoding_config)
+        if other is not None:
+            for key, value in self.encoding_config.items():
+                if key not in (base, other) or not isinstance(value, Mapping):
+                    fail(
+                        "encoding_config",
+                        self.encoding_config,
+                        f"for encoding={self.encoding!r}, keyword arguments per name: "
+                        f"{{{base!r}: {{...}}, {other!r}: {{...}}}} (either may be left out)",
+                    )
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_heads
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
+
+    @property
+    def base_encoding(self) -> str:
+        """The encoding of every layer, or BASE in ``"BASE/OTHER:N"`` (the one RoPE scalings and swaps act on)."""
+        return split_encoding(self.encoding)[0]
+
+    @property
+    def layer_encodings(self) -> tuple[str, ...]:
+        """The encoding name of each layer, first to last."""
+        return layer_names(self.encoding, n_layers=self.n_layers)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field by name, JSON-able."""
+        out = super().to_dict()
+        out["encoding_config"] = json.loads(json.dumps(dict(self.encoding_config)))  # a deep, JSON-only copy
+        return out
+
+
+def build_encodings(config: ModelConfig) -> tuple[posenc.Encoding, posenc.Encoding | None]:
+    """The encodings ``config`` names, sized for the model: ``(BASE, OTHER)`` of ``"BASE/OTHER:N"``, or
+    ``(encoding, None)``. Each must take 1-D sequence positions; in a per-layer spec, neither may be absolute."""
+    base, other, _ = split_encoding(config.encoding)
+    if other is None:
+        return _build(config, base, config.encoding_config), None
+    built = []
+    for part in (base, other):
+        encoding = _build(config, part, config.encoding_config.get(part, {}))
+        check_layer_part(encoding, part, config.encoding)
+        built.append(encoding)
+    return built[0], built[1]
+
+
+def _build(config: ModelConfig, name: str, kwargs: Mapping[str, Any]) -> posenc.Encoding:
+    encoding = posenc.build(
+        name, dim=config.dim, num_heads=config.n_heads, head_dim=config.head_dim, max_len=config.max_len, **kwargs
+    )
+    check_sequence_encoding(encoding, "encoding")
+    return encoding
+
+
+def check_sequence_encoding(encoding: object, name: str) -> None:
+    """``encoding`` must be a ``posenc.Encoding`` reading 1-D positions (not a grid or M-RoPE encoding)."""
+    if not isinstance(encoding, posenc.Encoding):
+        fail(name, type(encoding).__name__, "a posenc.Encoding (posenc.build(name, ...))")
+    if encoding.position_kind != "sequence":
+        fail(
+            name,
+            type(encoding).__name__,
+            f"an encoding of 1-D token positions; this one takes {encoding.position_kind!r} positions",
+        )
+
+
+class Attention(nn.Module):
+    """Causal self-attention through ``posenc.attention`` with the model's shared encoding."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.n_heads, self.kv_heads, self.head_dim = config.n_heads, config.kv_heads, config.head_dim
+        self.backend = config.backend
+        self.qkv = nn.Linear(config.dim, (self.n_heads + 2 * self.kv_heads) * self.head_dim, bias=False)
+        self.proj = nn.Linear(config.dim, config.dim, bias=False)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, encoding: posenc.Encoding) -> torch.Tensor:
+        """``(B, S, dim) -> (B, S, dim)``; ``positions`` ``(S,)`` or ``(B, S)``, passed to ``encoding``'s hooks."""
+        b, s, _ = x.shape
+        hd = self.head_dim
+        q, k, v = self.qkv(x).split([self.n_heads * hd, self.kv_heads * hd, self.kv_heads * hd], dim=-1)
+        q = q.view(b, s, self.n_heads, hd).transpose(1, 2)  # (B, H, S, D)
+        k = k.view(b, s, self.kv_heads, hd).transpose(1, 2)  # (B, Hkv, S, D)
+        v = v.view(b, s, self.kv_heads, hd).transpose(1, 2)  # (B, Hkv, S, D)
+        y = posenc.attention(q, k, v, encoding=encoding, q_positions=positions, causal=True, backend=self.backend)
+        y = y.transpose(1, 2).reshape(b, s, self.n_heads * hd)  # (B, H, S, D) -> (B, S, dim)
+        return self.proj(y)
+
+
+class MLP(nn.Module):
+    """``proj(gelu(fc(x)))`` with hidden width ``mlp_ratio * dim``, no biases."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.fc = nn.Linear(config.dim, config.mlp_ratio * config.dim, bias=False)
+        self.proj = nn.Linear(config.mlp_ratio * config.dim, config.dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``(B, S, dim) -> (B, S, dim)``."""
+        return self.proj(F.gelu(self.fc(x)))
+
+
+class Block(nn.Module):
+    """Pre-norm block: ``x + attn(ln(x))``, then ``x + mlp(ln(x))``."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.ln1 = nn.LayerNorm(config.dim, bias=False)
+        self.attn = Attention(config)
+        self.ln2 = nn.LayerNorm(config.dim, bias=False)
+        self.mlp = MLP(config)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, encoding: posenc.Encoding) -> torch.Tensor:
+        """``(B, S, dim) -> (B, S, dim)``."""
+        x = x + self.attn(self.ln1(x), positions, encoding)
+        return x + self.mlp(self.ln2(x))
+
+
+class GPT(nn.Module):
+    """Byte-level decoder LM with one positional encoding shared by every layer (or two, ``"BASE/OTHER:N"``: see
+    ``ModelConfig.encoding``); tied input/output embeddings.
+
+    ``encoding`` is the shared encoding, BASE for a per-layer spec; ``nth_encoding`` is OTHER, shared by every N-th
+    layer, or None; ``layer_encodings()`` lists what each block uses.
+
+    Args:
+        config: the architecture.
+        seed: initialisation seed: the same config and seed give the same weights on every run (the global RNG is
+            left untouched).
+
+    Shapes:
+        tokens (B, S) integer ids < vocab_size; positions (S,) or (B, S), default ``arange(S)``
+        -> logits (B, S, vocab_size).
+    """
+
+    def __init__(self, config: ModelConfig, *, seed: int = 0) -> None:
+        super().__init__()
+        if not isinstance(config, ModelConfig):
+            fail("config", type(config).__name__, "a posenc.lab.common.gpt.ModelConfig")
+        self.config = config
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)  # the encoding's own parameters (learned tables, T5/Shaw biases) draw from it
+            self.wte = nn.Embedding(config.vocab_size, config.dim)
+            self.encoding, self.nth_encoding = build_encodings(config)
+            self._nth = tuple(name != config.base_encoding for name in config.layer_encodings)  # OTHER's layers
+            self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layers))
+            self.ln_f = nn.LayerNorm(config.dim, bias=False)
+            self._init_weights()
+        self.embed_scale = math.sqrt(config.dim)
+
+    @torch.no_grad()
+    def _init_weights(self) -> None:
+        """GPT-2 init: linear weights N(0, 0.02), residual projections scaled by 1/sqrt(2 * n_layers)."""
+        nn.init.normal_(self.wte.weight, std=self.config.dim**-0.5)
+        residual_std = 0.02 / math.sqrt(2 * self.config.n_layers)
+        for block in self.blocks:
+            nn.init.normal_(block.attn.qkv.weight, std=0.02)
+            nn.init.normal_(block.mlp.fc.weight, std=0.02)
+            nn.init.normal_(block.attn.proj.weight, std=residual_std)
+            nn.init.normal_(block.mlp.proj.weight, std=residual_std)
+
+    def set_encoding(self, encoding: posenc.Encoding) -> None:
+        """Replace the shared encoding (e.g. a RoPE scaling or ALiBi at an evaluation length); in a per-layer
+        model, BASE's, in all of its layers (every N-th layer keeps OTHER).
+
+        The new module is used as given: learned parameters are not copied over, so swap only parameter-free
+        encodings or ones built from the trained module (``model.encoding.resized(n)``). ``config`` keeps
+        describing the trained model.
+        """
+        check_sequence_encoding(encoding, "encoding")
+        if self.nth_encoding is not None:
+            check_layer_part(encoding, type(encoding).__name__, self.config.encoding)
+        self.encoding = encoding
+
+    def layer_encodings(self) -> list[posenc.Encoding]:
+        """The encoding each block uses, first to last (the same object for the layers of one kind)."""
+        return [self.nth_encoding if nth else self.encoding for nth in self._nth]
+
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """Next-token logits ``(B, S, vocab_size)`` for ``tokens`` ``(B, S)`` at ``positions`` (default 0..S-1)."""
+        if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2:
+            fail("tokens.shape", getattr(tokens, "shape", type(tokens).__name__), "(B, S) token ids")
+        if tokens.is_floating_point() or tokens.is_complex() or tokens.dtype == torch.bool:
+            fail("tokens.dtype", tokens.dtype, "an integer dtype (token ids)")
+        s = tokens.shape[1]
+        if positions is None:
+            positions = torch.arange(s, device=tokens.device)
+        x = self.wte(tokens) * self.embed_scale  # (B, S, dim)
+        x = self.encoding.embed(x, positions)  # (B, S, dim): absolute encodings add here, others pass through
+        for block, encoding in zip(self.blocks, self.layer_encodings(), strict=True):
+            x = block(x, positions, encoding)
+        x = self.ln_f(x)
+        return F.linear(x, self.wte.weight)  # (B, S, vocab): tied head, so the state dict holds the table once
+
+
+def sequence_encodings() -> list[str]:
+    """Names in ``posenc.available()`` whose encoding takes 1-D positions, i.e. that a ``GPT`` can use."""
+    names = []
+    for name in posenc.available():
+        try:
+            encoding = posenc.build(name, dim=64, num_heads=4, head_dim=16, max_len=16)
+        except ValueError:
+            continue  # needs configuration a sequence model cannot give (e.g. a grid size)
+        if encoding.position_kind == "sequence":
+            names.append(name)
+    return names

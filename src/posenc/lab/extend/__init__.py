@@ -1,0 +1,31 @@
+"""``posenc extend``: patch a trained model's positions for a longer context; what does each method rescue?
+
+For each method (linear / PI, NTK, dynamic NTK, YaRN, Llama 3; ALiBi slope interpolation) and factor, a fresh copy
+of the model is patched and measured at lengths up to past its original context: perplexity over whole windows and
+past the original context, and passkey retrieval over a length x depth grid; the unpatched model is measured the
+same way, and ``--finetune-steps`` adds Position Interpolation's short fine-tune. The model is a ``posenc lab`` run
+folder, a pretrained model (a GGUF file, a transformers folder, ``smollm2``), or ``new`` (``--task passkey``: a fresh
+lab GPT trained on the passkey task first). Every setting is checked against the model and the machine before any
+weight is loaded.
+
+Command: ``posenc extend MODEL [--methods yarn,dynamic] [--factors 2,4] [--out OUT] [--resume] [--save DIR]``.
+
+Files in ``OUT``:
+    extend.json         the settings (``ExtendConfig``, the plan's defaults filled in), checked on ``--resume``
+    results.csv         one row per measurement, upserted as each finishes (``study.COLUMNS``)
+    extend.png          perplexity against length, one line per method and factor (task ``lm``)
+    passkey.png         passkey accuracy heatmaps, length x depth
+    report.md           tables, figures, findings, configuration and environment
+    runs/               training and fine-tuning runs of lab models
+
+Where to change what:
+    ``study``       the command: load, plan, patch, measure, write (``run_extend``)
+    ``config``      the settings (``ExtendConfig``) and their checks that need no model
+    ``plan``        the defaults by model kind and device, and every check against the model and the machine
+    ``targets``     the models: ``LabTarget`` (a lab GPT) and ``HFTarget`` (transformers / GGUF) behind one
+                    interface: load, patch, perplexity, passkey, fine-tune
+    ``passkey``     the passkey prompt, for byte-level and tokenized models
+    ``report``      the tables, the findings, ``extend.png``, ``passkey.png`` and ``report.md``
+    a lab model's GPT, corpus, scoring and RoPE patches are ``posenc.lab.common`` (``gpt``, ``corpus``,
+    ``evaluate``, ``scaling``); transformers models are patched by ``posenc.hf``.
+"""

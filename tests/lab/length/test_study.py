@@ -1,0 +1,315 @@
+"""``posenc lab`` end to end on tiny settings: every encoding trains and evaluates past L, resume, DDP, bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import posenc
+from cli_runs import one_and_two_processes
+from posenc.cli import main
+from posenc.lab.common import evaluate as ev
+from posenc.lab.common.corpus import load_corpus
+from posenc.lab.common.scaling import ROPE_SCALINGS
+from posenc.lab.common.train import load_model
+from posenc.lab.length.config import DEFAULT_ENCODINGS, StudyConfig
+from posenc.lab.length.report import read_results
+from posenc.lab.length.study import run_study
+
+TINY = {"train_len": 16, "eval_lens": (16, 32), "steps": 12, "batch_size": 8, "dim": 32, "n_layers": 1,
+        "n_heads": 2, "eval_tokens": 256, "corpus_bytes": 60_000}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("corpus")
+    for i in range(12):  # several files: a split by file
+        text = "".join(f"def f{i}_{j}(x):\n    return x * {j} + {i}\n\n" for j in range(150))
+        (folder / f"m{i:02d}.py").write_text(text)
+    return folder
+
+
+def _cli(*args: str) -> tuple[int, str]:
+    import contextlib
+    import io
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):  # errors go to stderr
+        code = main(list(args))
+    return code, buf.getvalue()
+
+
+def test_every_default_encoding_trains_and_runs_past_its_length(corpus, tmp_path):
+    cfg = StudyConfig(**TINY, corpus=str(corpus))
+    rows = run_study(cfg, tmp_path / "out", progress=False)
+    for name in DEFAULT_ENCODINGS:
+        done = json.loads((tmp_path / "out" / "runs" / name / "done.json").read_text())
+        first = json.loads((tmp_path / "out" / "runs" / name / "metrics.jsonl").read_text().splitlines()[0])
+        assert done["final_loss"] < first["loss"] < 6.0, name  # the loss falls from ~ln(256)
+        at_2l = {r["scaling"]: r for r in rows if r["encoding"] == name and r["eval_len"] == 32}
+        if name == "learned":
+            assert at_2l["none"]["status"] == "n/a" and at_2l["none"]["ppl"] is None
+            assert at_2l["interpolate"]["status"] == "ok"
+        else:
+            assert at_2l["none"]["status"] == "ok" and 1.0 < at_2l["none"]["ppl"] < 256.0, name
+    assert {r["scaling"] for r in rows if r["encoding"] == "rope"} == {"none", "linear", "ntk", "dynamic", "yarn"}
+    out = tmp_path / "out"
+    assert (out / "extrapolation.png").stat().st_size > 10_000
+    report = (out / "report.md").read_text()
+    assert "Literature check" not in report or "ALiBi" in report
+    assert "| alibi" in report and "extrapolation.png" in report
+
+
+def test_resume_finishes_an_interrupted_study_without_redoing_work(corpus, tmp_path):
+    cfg = StudyConfig(**{**TINY, "steps": 10}, encodings=("nope", "alibi"), corpus=str(corpus))
+    straight = run_study(cfg, tmp_path / "a", progress=False)
+    # Interrupt b during alibi's training: nope is finished and evaluated; alibi has a checkpoint but no done.json.
+    out = tmp_path / "b"
+    run_study(cfg, out, progress=False)
+    (out / "runs" / "alibi" / "done.json").unlink()
+    rows = [r for r in read_results(out / "results.csv") if r["encoding"] == "nope"]
+    from posenc.lab.length.report import write_csv_atomic
+
+    write_csv_atomic(rows, out / "results.csv")
+    nope_done = (out / "runs" / "nope" / "done.json").stat().st_mtime_ns
+    with pytest.raises(ValueError, match=r"--out=.*--resume"):
+        run_study(cfg, out, progress=False)
+    with pytest.raises(ValueError, match=r"--resume=.*differ: \['steps'\]"):
+        run_study(StudyConfig(**{**TINY, "steps": 11}, encodings=("nope", "alibi"), corpus=str(corpus)), out,
+                  resume=True, progress=False)  # fmt: skip
+    resumed = run_study(cfg, out, resume=True, progress=False)
+    assert (out / "runs" / "nope" / "done.json").stat().st_mtime_ns == nope_done  # not retrained
+    key = lambda r: (r["encoding"], r["scaling"], r["eval_len"])  # noqa: E731
+    assert sorted(map(key, resumed)) == sorted(map(key, straight))
+    for a, b in zip(sorted(straight, key=key), sorted(resumed, key=key), strict=True):
+        assert a["loss"] == b["loss"], key(a)  # same numbers: the same run, resumed
+
+
+def test_same_seed_same_numbers(corpus, tmp_path):
+    cfg = StudyConfig(**{**TINY, "steps": 6}, encodings=("rope",), corpus=str(corpus), extensions=False)
+    a = run_study(cfg, tmp_path / "a", progress=False)
+    b = run_study(cfg, tmp_path / "b", progress=False)
+    assert [r["loss"] for r in a] == [r["loss"] for r in b]
+
+
+def test_copy_task_reports_accuracy(tmp_path):
+    code, text = _cli("lab", "--task", "copy", "--encodings", "nope,alibi", "--train-len", "8", "--eval-lens", "8,16",
+                      "--steps", "5", "--batch-size", "8", "--dim", "32", "--layers", "1", "--heads", "2",
+                      "--out", str(tmp_path / "copy"), "--quiet")  # fmt: skip
+    assert code == 0, text
+    rows = read_results(tmp_path / "copy" / "results.csv")
+    assert {r["eval_len"] for r in rows} == {8, 16}
+    assert all(r["accuracy"] is not None and 0.0 <= r["accuracy"] <= 1.0 for r in rows)
+
+
+def test_task_defaults_fill_the_flags_not_given(tmp_path):
+    from posenc.lab.length.config import TASK_DEFAULTS
+
+    code, text = _cli("lab", "--task", "recall", "--encodings", "nope", "--steps", "2", "--eval-lens", "16",
+                      "--dim", "32", "--layers", "1", "--out", str(tmp_path / "r"), "--quiet")  # fmt: skip
+    assert code == 0, text
+    study = json.loads((tmp_path / "r" / "study.json").read_text())
+    want = TASK_DEFAULTS["recall"]
+    assert (study["train_len"], study["batch_size"], study["n_heads"]) == (
+        want["train_len"], want["batch_size"], want["n_heads"])  # fmt: skip
+    code, text = _cli("lab", "--task", "recall", "--encodings", "nope", "--steps", "2", "--eval-lens", "16",
+                      "--batch-size", "4", "--heads", "2", "--dim", "32", "--layers", "1",
+                      "--out", str(tmp_path / "r2"), "--quiet")  # fmt: skip
+    assert code == 0, text
+    study = json.loads((tmp_path / "r2" / "study.json").read_text())
+    assert (study["batch_size"], study["n_heads"], study["steps"]) == (4, 2, 2)
+    assert "batch_size" not in TASK_DEFAULTS["lm"] and "n_heads" not in TASK_DEFAULTS["lm"]  # lm: StudyConfig's
+
+
+@pytest.mark.parametrize(
+    ("args", "match"),
+    [
+        (["--encodings", "rope,alibii"], r"encodings='alibii' is invalid: expected names from"),
+        (["--encodings", "rope_axial"], r"grid encodings belong to `posenc vision`"),
+        (["--eval-lens", "16,0"], r"argument --eval-lens: '16,0' is invalid"),
+        (["--train-len", "-4"], r"argument --train-len: '-4' is invalid"),
+        (["--dim", "30"], r"dim=30 is invalid"),
+        (["--stride", "100"], r"stride=100 is invalid"),
+        (["--corpus", "/nonexistent/text"], r"path=.*nonexistent"),
+    ],
+)
+def test_bad_input_is_a_clear_error(args, match, tmp_path):
+    code, text = _cli("lab", *args, "--steps", "2", "--out", str(tmp_path / "o"), "--quiet")
+    assert code == 2
+    assert __import__("re").search(match, text), text
+
+
+def test_empty_corpus_and_corrupt_checkpoint(corpus, tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    code, text = _cli("lab", "--corpus", str(empty), "--out", str(tmp_path / "o1"), "--quiet")
+    assert code == 2 and "--corpus" in text
+    base = ["lab", "--corpus", str(corpus), "--encodings", "nope", "--train-len", "16", "--eval-lens", "16",
+            "--steps", "4", "--batch-size", "4", "--dim", "32", "--layers", "1", "--heads", "2", "--quiet"]  # fmt: skip
+    out = tmp_path / "o2"
+    assert _cli(*base, "--out", str(out))[0] == 0
+    (out / "runs" / "nope" / "done.json").unlink()
+    (out / "runs" / "nope" / "checkpoint.safetensors").write_bytes(b"not a checkpoint")
+    code, text = _cli(*base, "--out", str(out), "--resume")
+    assert code == 2 and "checkpoint.safetensors" in text and "delete" in text
+
+
+def test_figures_command(tmp_path):
+    code, text = _cli("figures", "--out", str(tmp_path))
+    assert code == 0
+    pngs = sorted(p.name for p in tmp_path.glob("*.png"))
+    assert pngs == ["alibi.png", "rope_decay.png", "rope_scalings.png", "sinusoidal.png"]
+    assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in tmp_path.glob("*.png"))
+
+
+def test_torchrun_two_processes_match_one(corpus, tmp_path):
+    """``torchrun --nproc_per_node=2 -m posenc lab`` gives the numbers of one process with the same global batch."""
+    args = ["lab", "--corpus", str(corpus), "--encodings", "rope", "--train-len", "16", "--eval-lens", "16,32",
+            "--steps", "6", "--batch-size", "8", "--dim", "32", "--layers", "1", "--heads", "2",
+            "--eval-tokens", "256", "--quiet"]  # fmt: skip
+    one_and_two_processes(args, tmp_path / "one", tmp_path / "two")
+    a, b = (read_results(tmp_path / d / "results.csv") for d in ("one", "two"))
+    assert len(a) == len(b) == 10
+    for x, y in zip(a, b, strict=True):
+        assert (x["encoding"], x["scaling"], x["eval_len"]) == (y["encoding"], y["scaling"], y["eval_len"])
+        assert abs(x["loss"] - y["loss"]) < 1e-4
+
+
+def test_an_interrupted_study_keeps_each_finished_row_and_says_what_it_skips(corpus, tmp_path, monkeypatch, capsys):
+    import dataclasses
+    import os
+    import signal
+
+    from posenc.lab.length import study
+
+    cfg = StudyConfig(**{**TINY, "steps": 4, "eval_lens": (16, 32, 64)}, encodings=("nope", "alibi"),
+                      corpus=str(corpus), extensions=False)  # fmt: skip
+    out = tmp_path / "out"
+    real, calls = study._evaluate, []
+
+    def evaluate(model, cfg, corpus, encoding, extension, length):
+        calls.append((encoding, length))
+        if len(calls) == 5:  # alibi's second length: Ctrl-C while it is measured
+            raise KeyboardInterrupt
+        return real(model, cfg, corpus, encoding, extension, length)
+
+    monkeypatch.setattr(study, "_evaluate", evaluate)
+    with pytest.raises(KeyboardInterrupt):
+        run_study(cfg, out, progress=False)
+    kept = read_results(out / "results.csv")
+    assert [(r["encoding"], r["eval_len"]) for r in kept] == [("nope", 16), ("nope", 32), ("nope", 64), ("alibi", 16)]
+
+    calls.clear()
+    monkeypatch.setattr(study, "_evaluate", lambda *a: calls.append((a[3], a[5])) or real(*a))
+    rows = run_study(cfg, out, resume=True, progress=True)
+    assert calls == [("alibi", 32), ("alibi", 64)]  # only the rows the interruption lost
+    assert rows[:4] == kept and len(rows) == 6
+    said = capsys.readouterr().out
+    for line in ("nope: already trained (4 steps), skipped", "nope: 3 of 3 evaluations done, skipped",
+                 "alibi: already trained (4 steps), skipped",
+                 "alibi: 1 of 3 evaluations done, skipped; measuring the other 2"):  # fmt: skip
+        assert line in said, said
+
+    # a signal during training stops the study there; --resume continues that encoding from its checkpoint
+    real_batches = study.batch_fn_for
+
+    def signalling(cfg, corpus):
+        def batch_fn(step, rank, world):
+            if step == 1:
+                os.kill(os.getpid(), signal.SIGINT)
+            return real_batches(cfg, corpus)(step, rank, world)
+
+        return batch_fn
+
+    monkeypatch.setattr(study, "batch_fn_for", signalling)
+    again = dataclasses.replace(cfg, encodings=("rope",))
+    with pytest.raises(KeyboardInterrupt):
+        run_study(again, tmp_path / "rope", progress=False)
+    assert not (tmp_path / "rope" / "results.csv").exists()
+    monkeypatch.setattr(study, "batch_fn_for", real_batches)
+    run_study(again, tmp_path / "rope", resume=True, progress=True)
+    assert "resuming rope from step 2 of 4" in capsys.readouterr().out
+    assert len(read_results(tmp_path / "rope" / "results.csv")) == 3
+
+
+def test_a_per_layer_hybrid_trains_evaluates_past_l_and_reloads(corpus, tmp_path):
+    cfg = StudyConfig(**{**TINY, "n_layers": 2, "eval_lens": (16, 64)}, encodings=("rope/nope_temperature:2",),
+                      corpus=str(corpus))  # fmt: skip
+    rows = run_study(cfg, tmp_path / "out", progress=False)
+    measured = {(r["encoding"], r["scaling"]) for r in rows if r["eval_len"] == 64 and r["status"] == "ok"}
+    # the spec is the CSV label; the RoPE scalings act on its RoPE layers
+    assert measured == {("rope/nope_temperature:2", s) for s in ("none", *ROPE_SCALINGS)}
+    runs = tmp_path / "out" / "runs"
+    assert [p.name for p in runs.iterdir()] == ["rope-nope_temperature-every2"]
+    model = load_model(runs / "rope-nope_temperature-every2")  # config.json -> ModelConfig -> GPT + checkpoint
+    assert model.config.encoding == "rope/nope_temperature:2"
+    assert [type(e) for e in model.layer_encodings()] == [posenc.RotaryEmbedding, posenc.NoPETemperature]
+    assert model.nth_encoding.config.floor_scale == 16  # the training length: the temperature moves at 16..64
+    val = load_corpus(str(corpus), max_bytes=cfg.corpus_bytes).val
+    again = ev.perplexity(model, val, length=64, max_tokens=cfg.eval_tokens)
+    none_64 = next(r for r in rows if r["scaling"] == "none" and r["eval_len"] == 64)
+    assert again.loss == pytest.approx(none_64["loss"], rel=1e-6)
+
+
+def test_hybrid_specs_are_checked_before_anything_runs():
+    from posenc.lab.length.study import _model_config, run_name
+
+    for spec, match in [
+        ("rope/nope:3", r"encodings='rope/nope:3' is invalid: expected an interval N from 2 to n_layers=2"),
+        ("sinusoidal/nope:2", r"encodings='sinusoidal/nope:2' is invalid: .*'sinusoidal' adds positions"),
+        ("rope/rope_axial:2", r"encodings='rope/rope_axial:2' is invalid: .*grid encodings belong"),
+        ("rope/nope", r"encodings='rope/nope' is invalid: expected BASE/OTHER:N"),
+        ("rope/nopee:2", r"encodings='rope/nopee:2' is invalid: expected names from"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            StudyConfig(**{**TINY, "n_layers": 2}, encodings=("rope", spec))
+    assert run_name("rope") == "rope" and run_name("rope/nope:4") == "rope-nope-every4"
+    cfg = StudyConfig(**{**TINY, "n_layers": 4}, encodings=("rope/t5:2", "nope_temperature", "alibi/nope:4"))
+    assert _model_config(cfg, "rope/t5:2").encoding_config == {"t5": {"bidirectional": False}}
+    assert _model_config(cfg, "nope_temperature").encoding_config == {"floor_scale": 16}
+    assert _model_config(cfg, "alibi/nope:4").encoding_config == {}
+
+
+def test_cli_refuses_a_bad_hybrid_in_one_line(tmp_path, capsys):
+    out = tmp_path / "o"
+    assert main(["lab", "--encodings", "rope/nope:0", "--steps", "2", "--out", str(out)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.splitlines() == [
+        "posenc lab: encodings='rope/nope:0' is invalid: expected an interval N from 2 to n_layers=2 in "
+        "BASE/OTHER:N (N=1 leaves no rope layer, N > n_layers no nope layer)"
+    ]
+    assert not out.exists()
+
+
+def test_all_expands_to_every_sequence_encoding_and_is_stored_expanded():
+    import posenc
+    from posenc.lab.length.config import StudyConfig, sequence_encodings
+
+    names = sequence_encodings()
+    grid = {"rope_axial", "rope_mixed", "alibi_2d", "sinusoidal_2d", "learned_2d", "mrope"}
+    assert set(names) == set(posenc.available()) - grid
+    cfg = StudyConfig(encodings=("rope", "all", "rope/nope:2"))
+    assert cfg.encodings == ("rope", *(n for n in names if n != "rope"), "rope/nope:2")
+    assert "all" not in cfg.to_dict()["encodings"]
+
+
+def test_later_papers_claims_are_checked_against_the_measured_table():
+    from posenc.lab.length.config import StudyConfig
+    from posenc.lab.length.report import findings_for
+
+    def r(encoding, eval_len, ppl):
+        return {"encoding": encoding, "scaling": "none", "finetune_steps": 0, "train_len": 64, "eval_len": eval_len,
+                "stride": 0, "loss": None, "ppl": ppl, "accuracy": None, "tokens": 1, "status": "ok"}  # fmt: skip
+
+    at8 = {"alibi": 8.7, "kerple": 7.4, "fire": 9.0, "t5": 11.5, "rope": 21.8, "rope/nope:2": 23.4, "sandwich": 9.5}
+    rows = [r(e, n, 7.0 if n == 64 else v) for e, v in at8.items() for n in (64, 512)]
+    cfg = StudyConfig(encodings=tuple(at8), extensions=False, n_layers=2)
+    text = "\n".join(findings_for(rows, cfg))
+    assert "KERPLE extrapolates better than ALiBi. Here kerple 7.40 vs alibi 8.70: this run agrees." in text
+    assert "Here fire 9.00 vs t5 11.50, alibi 8.70, kerple 7.40: this run does NOT agree." in text
+    assert "Here sandwich 9.50 vs alibi 8.70: this run agrees." in text  # parity claim: within 10%
+    assert "Here rope/nope:2 23.40 vs rope 21.80: this run does NOT agree." in text
+    assert "p_rope" not in text and "CoPE" not in text  # claims whose encodings did not run are left out

@@ -1,0 +1,237 @@
+"""The package layout, read from the source with ``ast`` (nothing imported): dependencies run one way.
+
+- no import cycle between modules of ``posenc`` (module-level imports, ``if TYPE_CHECKING:`` blocks included: a type
+  that can only be named through a cycle is a cycle in the design; imports inside functions may break a cycle at run
+  time, so they are left out of this check only);
+- the core (``posenc`` outside ``posenc.lab``; the command line aside) never imports the lab or the command line;
+- inside the lab: ``common`` imports nothing of the lab but itself; a study package (every other subpackage of
+  ``posenc.lab``: ``length``, ``vision``, ``extend``) imports ``common`` and itself, never another study; a tool
+  (a module directly in ``posenc.lab``: ``bench``, ``figures``) imports ``common`` only. These rules hold for every
+  import, lazy ones included.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import posenc
+
+ROOT = Path(posenc.__file__).resolve().parent
+#: The command line: the one place where the core meets the lab.
+CLI = frozenset({"posenc.cli", "posenc.__main__"})
+
+
+def module_names(root: Path = ROOT) -> dict[str, Path]:
+    """Every module under ``root`` by dotted name (a package by its ``__init__.py``)."""
+    names = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = ("posenc", *path.relative_to(root).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        names[".".join(parts)] = path
+    return names
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def imports_of(source: str, module: str, modules: set[str], *, is_package: bool = False) -> list[tuple[str, bool]]:
+    """``(imported module, lazy)`` for every import of a module of ``modules`` in ``source``, in order.
+
+    ``from X import y`` is an import of ``X.y`` when that is a module, else of ``X``; relative imports are resolved
+    against ``module`` (a package's own name when ``is_package``). ``lazy``: the import sits inside a function and
+    runs only when it is called; anything else, ``if TYPE_CHECKING:`` blocks included, is module level.
+    """
+    found: list[tuple[str, bool]] = []
+    package = module if is_package else module.rpartition(".")[0]
+
+    def visit(node: ast.AST, lazy: bool) -> None:
+        if isinstance(node, ast.Import):
+            found.extend((alias.name, lazy) for alias in node.names if alias.name in modules)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                source_module = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                source_module = node.module or ""
+            for alias in node.names:
+                child = f"{source_module}.{alias.name}"
+                if child in modules:
+                    found.append((child, lazy))
+                elif source_module in modules:
+                    found.append((source_module, lazy))
+        for child_node in ast.iter_child_nodes(node):
+            visit(child_node, lazy or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)))
+
+    visit(ast.parse(source), False)
+    return found
+
+
+def import_graph(root: Path = ROOT) -> dict[str, list[tuple[str, bool]]]:
+    """Each module's imports of other ``posenc`` modules (``imports_of``), self-imports left out."""
+    names = module_names(root)
+    graph = {}
+    for name, path in names.items():
+        found = imports_of(path.read_text(encoding="utf-8"), name, set(names), is_package=path.name == "__init__.py")
+        graph[name] = [(target, lazy) for target, lazy in found if target != name]
+    return graph
+
+
+def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of the directed graph ``edges`` as ``[a, b, ..., a]``, or None when it has none."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: finished
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(edges.get(node, ())):
+            if state.get(nxt) == 1:
+                return [*path[path.index(nxt) :], nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(edges):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def lab_part(module: str) -> str | None:
+    """Where a module sits: ``"core"``, ``"cli"``, ``"lab"`` (the package itself), ``"common"``, ``"study:<name>"``
+    or ``"tool:<name>"``."""
+    if module in CLI:
+        return "cli"
+    parts = module.split(".")
+    if parts[:2] != ["posenc", "lab"]:
+        return "core"
+    if len(parts) == 2:
+        return "lab"
+    if parts[2] == "common":
+        return "common"
+    is_package = len(parts) > 3 or (ROOT / "lab" / parts[2] / "__init__.py").is_file()
+    return f"study:{parts[2]}" if is_package else f"tool:{parts[2]}"
+
+
+def layering_errors(graph: dict[str, list[tuple[str, bool]]]) -> list[str]:
+    """Every import that breaks the one-way rules of the module docstring, as ``"a -> b (why)"``."""
+    errors = []
+    for module, imports in graph.items():
+        part = lab_part(module)
+        for target, lazy in imports:
+            other = lab_part(target)
+            how = " (lazy)" if lazy else ""
+            if part == "core" and other != "core":
+                errors.append(f"{module} -> {target}{how}: the core never imports the lab or the command line")
+            elif part == "common" and other not in ("core", "common"):
+                errors.append(f"{module} -> {target}{how}: common imports no study, tool or lab package")
+            elif part.startswith("study:") and other not in ("core", "common", part):
+                errors.append(f"{module} -> {target}{how}: a study imports only common and itself, not {other}")
+            elif part.startswith("tool:") and other not in ("core", "common", part):
+                errors.append(f"{module} -> {target}{how}: a tool imports only common, not {other}")
+    return errors
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The tree as it is
+
+
+@pytest.fixture(scope="module")
+def graph():
+    return import_graph()
+
+
+def test_the_graph_sees_the_imports_it_must(graph):
+    """Guards the checks below against passing on an empty or mis-resolved graph."""
+    assert {"posenc.lab.common", "posenc.lab.length", "posenc.lab.vision", "posenc.lab.extend"} <= set(graph)
+    assert {lab_part(m) for m in graph} >= {"core", "cli", "lab", "common", "study:length", "study:vision",
+                                            "study:extend", "tool:bench", "tool:figures"}  # fmt: skip
+    edges = {(m, t) for m, imports in graph.items() for t, lazy in imports if not lazy}
+    assert ("posenc.lab.length.study", "posenc.lab.common.train") in edges
+    assert ("posenc.lab.extend.targets", "posenc.lab.extend.plan") in edges  # `from posenc.lab.extend import plan`
+    assert ("posenc.lab.common.train", "posenc.lab.common.gpt") in edges
+    lazy = {(m, t) for m, imports in graph.items() for t, lazy in imports if lazy}
+    assert ("posenc.cli", "posenc.lab.length.study") in lazy
+
+
+def test_no_module_level_import_cycle(graph):
+    edges = {m: {t for t, lazy in imports if not lazy} for m, imports in graph.items()}
+    cycle = find_cycle(edges)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_dependencies_run_one_way(graph):
+    """study -> common -> core; tools -> common; the core never imports the lab."""
+    errors = layering_errors(graph)
+    assert not errors, "\n".join(errors)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The checks themselves, on made-up modules
+
+
+MODULES = {"posenc", "posenc.a", "posenc.lab", "posenc.lab.common", "posenc.lab.common.x", "posenc.lab.length",
+           "posenc.lab.length.study", "posenc.lab.vision", "posenc.lab.vision.vit"}  # fmt: skip
+
+
+def test_imports_are_resolved_to_modules():
+    source = (
+        "import posenc.a\n"
+        "import os\n"
+        "from posenc.lab.common import x\n"  # a submodule
+        "from posenc.lab.common.x import thing\n"  # a name in a module
+        "from posenc import build\n"  # a name in a package
+        "from . import study\n"  # relative, inside posenc.lab.length
+        "from ..common import x as y\n"
+        "if TYPE_CHECKING:\n"
+        "    from posenc.lab.vision import vit\n"
+        "def f():\n"
+        "    from posenc.a import z\n"
+        "class C:\n"
+        "    import posenc.a\n"
+    )
+    found = imports_of(source, "posenc.lab.length.study", MODULES)
+    assert found == [
+        ("posenc.a", False),
+        ("posenc.lab.common.x", False),
+        ("posenc.lab.common.x", False),
+        ("posenc", False),
+        ("posenc.lab.length.study", False),
+        ("posenc.lab.common.x", False),
+        ("posenc.lab.vision.vit", False),
+        ("posenc.a", True),
+        ("posenc.a", False),
+    ]
+    assert imports_of("from . import x", "posenc.lab.common", MODULES, is_package=True) == [
+        ("posenc.lab.common.x", False)
+    ]
+
+
+def test_a_cycle_is_found_and_named():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"a"}}) == ["a", "a"]
+
+
+def test_every_forbidden_direction_is_reported():
+    graph = {
+        "posenc.a": [("posenc.lab.common.x", True)],
+        "posenc.lab.common.x": [("posenc.lab.length.study", False), ("posenc.a", False)],
+        "posenc.lab.length.study": [("posenc.lab.vision.vit", True), ("posenc.lab.common.x", False)],
+        "posenc.cli": [("posenc.lab.length.study", True)],
+    }
+    assert layering_errors(graph) == [
+        "posenc.a -> posenc.lab.common.x (lazy): the core never imports the lab or the command line",
+        "posenc.lab.common.x -> posenc.lab.length.study: common imports no study, tool or lab package",
+        "posenc.lab.length.study -> posenc.lab.vision.vit (lazy): a study imports only common and itself, "
+        "not study:vision",
+    ]
