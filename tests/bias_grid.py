@@ -34,3 +34,39 @@ def positions(kind: str, *, high: int = 1000, shared: tuple[int, int] = (10, 8))
         "mixed": (torch.randint(0, high, (B, S), generator=g), torch.arange(T)),
         "float": (torch.rand(S, generator=g) * 100, torch.rand(B, T, generator=g, dtype=torch.float64) * 100),
     }[kind]
+
+
+def check_compiled_flex_matches_bias(enc, device: str, *, t: int = 16, q_offset: int = 8) -> None:  # noqa: ANN001
+    """Compiled FlexAttention with ``enc.score_mod`` equals softmax attention with ``enc.bias`` added, for two rows
+    whose queries sit at different offsets (q_offset and 3) over keys 0..t-1."""
+    from torch.nn.attention.flex_attention import flex_attention
+    from torch.testing import assert_close
+
+    b, s, d = 2, 8, 16
+    q = torch.randn(b, H, s, d, device=device)
+    k, v = torch.randn(b, H, t, d, device=device), torch.randn(b, H, t, d, device=device)
+    enc = enc.to(device)
+    q_pos = torch.stack((torch.arange(s) + q_offset, torch.arange(s) + 3)).to(device)  # per-row query offsets
+    k_pos = torch.arange(t, device=device)
+    with torch.no_grad():
+        got = torch.compile(flex_attention, dynamic=False)(q, k, v, score_mod=enc.score_mod(q_pos, k_pos))
+        scores = q @ k.transpose(-1, -2) * d**-0.5 + enc.bias(q_pos, k_pos)
+    assert_close(got, torch.softmax(scores, dim=-1) @ v, rtol=1e-5, atol=1e-5)
+
+
+def check_attention_compiles(enc, backend: str) -> None:  # noqa: ANN001
+    """``posenc.attention`` with ``enc`` compiles as one graph and equals the eager call. For flex the score_mod must
+    capture parameters, not tensors computed in the graph (CPU inductor cannot lower those)."""
+    from torch.testing import assert_close
+
+    import posenc
+
+    q, k, v = torch.randn(3, B, H, 32, 16).unbind(0)
+    pos = torch.arange(40, 72)
+
+    def step(q, k, v):  # noqa: ANN001, ANN202
+        return posenc.attention(q, k, v, encoding=enc, backend=backend, q_positions=pos)
+
+    with torch.no_grad():
+        compiled = torch.compile(step, fullgraph=True, dynamic=False)
+        assert_close(compiled(q, k, v), step(q, k, v), rtol=2e-5, atol=2e-5)

@@ -8,11 +8,20 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-from torch.nn.attention.flex_attention import flex_attention
 from torch.testing import assert_close
 
 import posenc
-from bias_grid import EXACT, B, H, S, T, positions, score_mod_grid
+from bias_grid import (
+    EXACT,
+    B,
+    H,
+    S,
+    T,
+    check_attention_compiles,
+    check_compiled_flex_matches_bias,
+    positions,
+    score_mod_grid,
+)
 from posenc.encodings.fire import FIRE, FIREConfig
 from reference.fire import fire, fire_listing
 
@@ -157,32 +166,12 @@ def test_beyond_the_threshold_the_bias_follows_the_query_position():
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_score_mod_in_compiled_flex_attention(device):
-    b, s, t, d = 2, 8, 24, 16
-    q = torch.randn(b, H, s, d, device=device)
-    k, v = torch.randn(b, H, t, d, device=device), torch.randn(b, H, t, d, device=device)
-    enc = _fire().to(device)
-    q_pos = torch.stack((torch.arange(s) + 16, torch.arange(s) + 3)).to(device)  # per-row query offsets
-    k_pos = torch.arange(t, device=device)
-    with torch.no_grad():
-        got = torch.compile(flex_attention, dynamic=False)(q, k, v, score_mod=enc.score_mod(q_pos, k_pos))
-        scores = q @ k.transpose(-1, -2) * d**-0.5 + enc.bias(q_pos, k_pos)
-    assert_close(got, torch.softmax(scores, dim=-1) @ v, rtol=1e-5, atol=1e-5)
+    check_compiled_flex_matches_bias(_fire(), device, t=24, q_offset=16)
 
 
 @pytest.mark.parametrize("backend", ["sdpa", "flex"])
 def test_attention_compiles_without_graph_breaks(backend):
-    """Whole-graph compile; flex there also needs the score_mod to capture parameters, not tensors computed in the
-    graph (CPU inductor cannot lower those)."""
-    enc = _fire(mlp_width=4)
-    q, k, v = torch.randn(3, B, H, 32, 16).unbind(0)
-    pos = torch.arange(40, 72)
-
-    def step(q, k, v):
-        return posenc.attention(q, k, v, encoding=enc, backend=backend, q_positions=pos)
-
-    with torch.no_grad():
-        compiled = torch.compile(step, fullgraph=True, dynamic=False)
-        assert_close(compiled(q, k, v), step(q, k, v), rtol=2e-5, atol=2e-5)
+    check_attention_compiles(_fire(mlp_width=4), backend)
 
 
 def test_low_precision_model_keeps_float32_math():
