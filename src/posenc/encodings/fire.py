@@ -26,7 +26,7 @@ from posenc._checks import check_number, check_positive_int
 from posenc._config import DictConfig
 from posenc.encodings._base import ConfiguredModule, ScoreMod, position_reader
 from posenc.functional.alibi import check_alibi_positions
-from posenc.functional.fire import fire_bias, fire_mlp, fire_normalized_distance, fire_threshold
+from posenc.functional.fire import fire_bias, fire_mlp, fire_normalized_distance, fire_threshold, threshold_of
 from posenc.registry import register
 
 
@@ -134,7 +134,7 @@ class FIRE(ConfiguredModule):
         q_at, k_at = position_reader(q_pos), position_reader(k_pos)
 
         def fire_mod(score, b, h, q_idx, kv_idx):  # noqa: ANN001, ANN202 - FlexAttention's signature
-            threshold = fire_threshold(multiplier, init_L=init_l)
+            threshold = threshold_of(multiplier, init_l)
             x = fire_normalized_distance(q_at(b, q_idx), k_at(b, kv_idx), c.float(), threshold, eps=eps)
             return score + fire_mlp(x, w1[:, 0].float(), b1.float(), w2[h].float(), b2[h].float()).to(score.dtype)
 

@@ -42,6 +42,11 @@ from posenc.functional.alibi import alibi_distance, check_alibi_positions
 def fire_threshold(multiplier: torch.Tensor, *, init_L: float) -> torch.Tensor:
     """The learned threshold ``L = |multiplier * init_L|`` as float32 (``()`` -> ``()``)."""
     check_number("init_L", init_L, minimum=0.0)
+    return threshold_of(multiplier, init_L)
+
+
+def threshold_of(multiplier: torch.Tensor, init_L: float) -> torch.Tensor:
+    """``fire_threshold`` without the check, for inside a ``score_mod`` (traced: no Python-side validation)."""
     return (multiplier.float() * init_L).abs()
 
 
