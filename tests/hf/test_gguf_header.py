@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import struct
 
+import numpy as np
 import pytest
 
 gguf = pytest.importorskip("gguf")
@@ -102,3 +103,85 @@ def test_not_a_gguf(tmp_path):
         read_gguf_header(text)
     with pytest.raises(ValueError, match="a readable GGUF file"):
         read_gguf_header(tmp_path / "missing.gguf")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# What the GGUF format forbids and gguf.GGUFReader (and llama.cpp) refuse: duplicate keys or tensors, a bad alignment
+
+
+def _renamed(src, dst, old: str, new: str):
+    """A copy of ``src`` with the one occurrence of the key or tensor name ``old`` overwritten by ``new``."""
+    data = src.read_bytes()
+    assert len(old) == len(new) and data.count(old.encode()) == 1
+    dst.write_bytes(data.replace(old.encode(), new.encode()))
+    return dst
+
+
+def test_duplicate_metadata_key(tmp_path):
+    """A second ``general.architecture`` was read over the first: a Llama file read as ``bloom``."""
+    src = write_llama(tmp_path / "src.gguf", tiny_model("llama"), **{"general.architecturX": "bloom"})
+    bad = _renamed(src, tmp_path / "twice.gguf", "general.architecturX", "general.architecture")
+    with pytest.raises(KeyError, match="Duplicate general.architecture"):
+        gguf.GGUFReader(bad)
+    with pytest.raises(ValueError, match=r"the key 'general\.architecture' twice"):
+        read_gguf_header(bad)
+
+
+def test_duplicate_tensor_name(tiny, tmp_path):
+    """Two ``blk.0.attn_q.weight`` entries: the Llama loader would keep the second."""
+    bad = _renamed(tiny, tmp_path / "twice.gguf", "blk.0.attn_k.weight", "blk.0.attn_q.weight")
+    with pytest.raises(ValueError, match="duplicated tensor with name blk.0.attn_q.weight"):
+        gguf.GGUFReader(bad)
+    with pytest.raises(ValueError, match=r"the tensor 'blk\.0\.attn_q\.weight' twice"):
+        read_gguf_header(bad)
+
+
+def _write_aligned(path, alignment=None, vtype=None):
+    """A one-tensor GGUF whose ``general.alignment`` is ``alignment`` stored as ``vtype``; with no ``vtype`` it is
+    set the way llama.cpp's converter sets it (a uint32, and the data padded to it)."""
+    w = gguf.GGUFWriter(path, "llama")
+    if vtype is None:
+        w.add_custom_alignment(alignment)
+    else:
+        w.add_key_value("general.alignment", alignment, vtype)
+    w.add_tensor("token_embd.weight", np.ones((4, 8), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.mark.parametrize("alignment", [1, 8, 64, 4096])
+def test_custom_alignment(tmp_path, alignment):
+    path = _write_aligned(tmp_path / "aligned.gguf", alignment)
+    header, reader = read_gguf_header(path), gguf.GGUFReader(path)
+    assert header.metadata["general.alignment"] == alignment
+    assert header.data_offset == reader.data_offset and header.data_offset % alignment == 0
+    assert header.tensors[0].offset == reader.tensors[0].data_offset
+
+
+U = gguf.GGUFValueType
+
+
+@pytest.mark.parametrize(
+    ("alignment", "vtype", "shown"),
+    [
+        (3, U.UINT32, "3 (uint32)"),
+        (0, U.UINT32, "0 (uint32)"),
+        (48, U.UINT32, "48 (uint32)"),  # a multiple of 8 (gguf.md), not a power of two
+        (True, U.BOOL, "True (bool)"),  # a Python int, once
+        (32.0, U.FLOAT32, "32.0 (float32)"),
+        (32, U.UINT64, "32 (uint64)"),  # the right value stored as the wrong type: llama.cpp asserts
+        (32, U.INT32, "32 (int32)"),
+        (-32, U.INT32, "-32 (int32)"),
+        ("32", U.STRING, "'32' (string)"),
+    ],
+)
+def test_bad_alignment(tmp_path, alignment, vtype, shown):
+    bad = _write_aligned(tmp_path / "bad.gguf", alignment, vtype)
+    with pytest.raises(ValueError, match="general.alignment|alignment"):
+        gguf.GGUFReader(bad)
+    allowed = "a non-zero power of two stored as a uint32"
+    with pytest.raises(ValueError, match=re.escape(f"its general.alignment={shown} is invalid: expected {allowed}")):
+        read_gguf_header(bad)

@@ -30,6 +30,9 @@ MAX_DIMS = 4  # GGML_MAX_DIMS: a tensor entry claiming more is corrupt
 # Metadata value types (GGUFValueType): fixed-size ones as struct codes; 8 is a string, 9 an array.
 _SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
 _STRING, _ARRAY = 8, 9
+_UINT32 = 4  # general.alignment's one type
+_TYPE_NAMES = {0: "uint8", 1: "int8", 2: "uint16", 3: "int16", 4: "uint32", 5: "int32", 6: "float32", 7: "bool",
+               8: "string", 9: "array", 10: "uint64", 11: "int64", 12: "float64"}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -161,6 +164,36 @@ def _byte_order(buf: mmap.mmap) -> tuple[str, int]:
     return "<", version
 
 
+def _read_metadata(cur: _Cursor, n_kv: int, arrays: Collection[str]) -> tuple[dict[str, Any], dict[str, int]]:
+    """The metadata ``key -> value`` and each key's value type; a key read twice is refused (GGUF keys are unique,
+    and ``gguf.GGUFReader`` and llama.cpp refuse the file: reading on, the second value would replace the first)."""
+    metadata: dict[str, Any] = {}
+    kinds: dict[str, int] = {}
+    for _ in range(n_kv):  # each entry takes >= 12 bytes, so a corrupt count ends in a short read, not a hang
+        start = cur.pos
+        key = cur.string()
+        if key in metadata:
+            raise _Corrupt(f"its metadata holds the key {key!r} twice (again at byte {start}; GGUF keys are unique)")
+        (kinds[key],) = cur.take("I")
+        metadata[key] = cur.value(kinds[key], key in arrays)
+    return metadata, kinds
+
+
+def _alignment(metadata: dict[str, Any], kinds: dict[str, int]) -> int:
+    """``general.alignment`` as ``gguf.GGUFReader`` and llama.cpp read it: a non-zero power of two stored as a uint32
+    (any other type is refused, and llama.cpp asserts); 32 when the file does not set it."""
+    if "general.alignment" not in metadata:
+        return DEFAULT_ALIGNMENT
+    value, kind = metadata["general.alignment"], kinds["general.alignment"]
+    if kind != _UINT32 or value <= 0 or value & (value - 1):
+        shown = f"{value!r} ({_TYPE_NAMES.get(kind, kind)})"
+        raise _Corrupt(
+            f"its general.alignment={shown} is invalid: expected a non-zero power of two stored as a uint32 "
+            "(as gguf.GGUFReader and llama.cpp require)"
+        )
+    return value
+
+
 def _parse(buf: mmap.mmap, file_size: int, arrays: Collection[str]) -> tuple[int, str, dict, list[GGUFTensor], int]:
     if file_size < 8 or buf[:4] != MAGIC:
         raise _Corrupt(f"it does not start with the magic bytes {MAGIC!r} (found {bytes(buf[:4])!r})")
@@ -170,17 +203,17 @@ def _parse(buf: mmap.mmap, file_size: int, arrays: Collection[str]) -> tuple[int
     cur = _Cursor(buf, order)
     cur.pos = 8
     n_tensors, n_kv = cur.take("QQ")
-    metadata: dict[str, Any] = {}
-    for _ in range(n_kv):  # each entry takes >= 12 bytes, so a corrupt count ends in a short read, not a hang
-        key = cur.string()
-        (kind,) = cur.take("I")
-        metadata[key] = cur.value(kind, key in arrays)
+    metadata, kinds = _read_metadata(cur, n_kv, arrays)
     if not isinstance(metadata.get("general.architecture"), str):
         raise _Corrupt("its metadata has no general.architecture")
     sizes = _quant_sizes()
     entries = []
+    names: set[str] = set()
     for _ in range(n_tensors):
         name = cur.string()
+        if name in names:  # the Llama loader would keep the second; gguf.GGUFReader and llama.cpp refuse the file
+            raise _Corrupt(f"its tensor table lists the tensor {name!r} twice (GGUF tensor names are unique)")
+        names.add(name)
         (n_dims,) = cur.take("I")
         if not 1 <= n_dims <= MAX_DIMS:
             raise _Corrupt(f"tensor {name!r} claims {n_dims} dimensions (at most {MAX_DIMS})")
@@ -195,9 +228,7 @@ def _parse(buf: mmap.mmap, file_size: int, arrays: Collection[str]) -> tuple[int
         for d in dims:
             elements *= d
         entries.append((name, tuple(reversed(dims)), ggml_type, offset, elements // block * block_bytes))
-    alignment = metadata.get("general.alignment", DEFAULT_ALIGNMENT)
-    if not isinstance(alignment, int) or alignment <= 0:
-        raise _Corrupt(f"its general.alignment is {alignment!r}")
+    alignment = _alignment(metadata, kinds)
     data_offset = -(-cur.pos // alignment) * alignment
     tensors = [GGUFTensor(n, shape, t, data_offset + off, nb) for n, shape, t, off, nb in entries]
     end = max((t.offset + t.n_bytes for t in tensors), default=data_offset)
@@ -218,7 +249,9 @@ def read_gguf_header(path: str | os.PathLike, *, arrays: Collection[str] = ()) -
 
     Raises:
         ValueError: naming the file, when it is not a GGUF file (bad magic), is of an unreadable version, ends
-            inside its header, or is shorter than the tensor data its header lists (a truncated download).
+            inside its header, or is shorter than the tensor data its header lists (a truncated download); or
+            breaks what ``gguf.GGUFReader`` and llama.cpp require: a metadata key or tensor name listed twice, a
+            ``general.alignment`` that is not a non-zero power of two stored as a uint32.
     """
     path = Path(path)
     try:
