@@ -275,6 +275,41 @@ def test_a_bad_number_is_refused_before_anything_is_written(command, option, val
     assert not out.exists()
 
 
+# Name lists (--encodings, --methods, --dtypes, ...): one shared parser; an empty list or item refused like a number's
+
+NAME_OPTIONS = [(c, a.option_strings[0]) for c, p in build_parser().commands.items() for a in p._actions
+                if a.type is A.names]  # fmt: skip
+
+
+def test_every_name_list_option_uses_the_shared_parser():
+    assert set(NAME_OPTIONS) == {("lab", "--encodings"), ("vision", "--encodings"), ("extend", "--methods"),
+                                 ("bench", "--dtypes"), ("bench", "--layouts"),
+                                 ("bench", "--attention-encodings")}  # fmt: skip
+
+
+@pytest.mark.parametrize("value", [",", " , ", "", "  ", "x,,y", "x,"])
+@pytest.mark.parametrize(("command", "option"), NAME_OPTIONS)
+def test_an_empty_name_list_is_refused_before_anything_is_written(command, option, value, tmp_path, capsys, no_work):
+    out = tmp_path / "out"
+    argv = [command, *(["new"] if command == "extend" else []), f"{option}={value}", "--out", str(out)]
+    _refused(capsys, argv, command, f"argument {option}: {value!r} is invalid: expected ", "comma-separated names")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("argv", [["--dtypes", ","], ["--attention-encodings", " , "], ["--layouts", ", ,"]])
+def test_bench_with_an_empty_name_list_times_nothing_and_writes_nothing(argv, tmp_path, capsys, monkeypatch):
+    """Once exit 0 with nothing timed and an empty bench.md."""
+    out = tmp_path / "bench"
+    monkeypatch.chdir(tmp_path)
+    _refused(capsys, ["bench", *argv, "--out", out], "bench", f"argument {argv[0]}: {argv[1]!r} is invalid")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_name_lists_split_at_commas_and_spaces():
+    assert A.names("alibi") == ("alibi",)
+    assert A.names(" alibi, t5  alibi_2d ,rope ") == ("alibi", "t5", "alibi_2d", "rope")
+
+
 def test_zero_is_never_replaced_by_a_default(corpus, tmp_path, capsys):
     for option in ("--steps", "--train-len", "--batch-size", "--heads"):
         _refused(capsys, [*TINY_LAB, option, "0", "--out", tmp_path / "o"], "lab", f"argument {option}: '0'")

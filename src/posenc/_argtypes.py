@@ -1,4 +1,5 @@
-"""argparse ``type=`` functions shared by every ``posenc`` subcommand: one rule per kind of number, one message.
+"""argparse ``type=`` functions shared by every ``posenc`` subcommand: one rule per kind of number (and one for
+lists of names), one message.
 
 Each raises ``argparse.ArgumentTypeError`` ("'0' is invalid: expected a positive integer"), which argparse reports
 as ``argument --steps: ...``: zero, negatives, NaN and infinities are refused at the command line, never replaced by
@@ -64,16 +65,22 @@ def real(*, above: float | None = None, minimum: float | None = None, maximum: f
     return parse
 
 
+def _parts(text: str, what: str) -> list[str]:
+    """``text`` split at commas and/or spaces ("16,32", "16, 32" or "16 32"); refused when it is empty (``""``, ``","``)
+    or has an empty item (``"16,"``, ``"16,,32"``)."""
+    parts = re.split(r"\s*,\s*|\s+", text.strip())
+    if "" in parts:
+        raise argparse.ArgumentTypeError(f"{text!r} is invalid: expected {what}")
+    return parts
+
+
 def comma_list(item: Callable[[str], T], example: str) -> Callable[[str], tuple[T, ...]]:
     """A parser of a comma- (or space-) separated list of ``item`` values: at least one, no empty item."""
     what = f"comma-separated values, each {item.what}, e.g. {example}"  # type: ignore[attr-defined]
 
     def parse(text: str) -> tuple[T, ...]:
-        parts = re.split(r"\s*,\s*|\s+", text.strip())  # "16,32", "16, 32" or "16 32"; "16," has an empty part
-        if "" in parts:
-            raise argparse.ArgumentTypeError(f"{text!r} is invalid: expected {what}")
         values = []
-        for part in parts:
+        for part in _parts(text, what):
             try:
                 values.append(item(part))
             except argparse.ArgumentTypeError:
@@ -85,8 +92,12 @@ def comma_list(item: Callable[[str], T], example: str) -> Callable[[str], tuple[
 
 
 def names(text: str) -> tuple[str, ...]:
-    """``"a,b c"`` -> ``("a", "b", "c")``."""
-    return tuple(n for n in text.replace(",", " ").split() if n)
+    """``"a,b c"`` -> ``("a", "b", "c")``: at least one name, none empty (which names exist is the command's check)."""
+    return tuple(_parts(text, _NAMES))
+
+
+_NAMES = "comma-separated names, at least one and none empty"
+names.what = _NAMES  # type: ignore[attr-defined]
 
 
 positive_int = integer(minimum=1)

@@ -21,7 +21,8 @@ def test_cases_cover_llama_geometry_and_other_head_dims():
 @pytest.mark.parametrize(
     "kwargs, name",
     [({"lengths": (0,)}, "lengths"), ({"head_dims": (7,)}, "head_dims"), ({"dtypes": ("int8",)}, "dtypes"),
-     ({"layouts": ("spiral",)}, "layouts")],
+     ({"layouts": ("spiral",)}, "layouts"), ({"lengths": ()}, "lengths"), ({"head_dims": ()}, "head_dims"),
+     ({"dtypes": ()}, "dtypes"), ({"layouts": []}, "layouts")],
 )  # fmt: skip
 def test_bad_cases(kwargs, name):
     with pytest.raises(ValueError, match=name):

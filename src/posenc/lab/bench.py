@@ -78,7 +78,14 @@ def rotary_cases(
     dtypes: Sequence[str] = ("float32", "bfloat16"),
     layouts: Sequence[str] = LAYOUTS,
 ) -> list[RotaryCase]:
-    """Head dim 128 (Llama-3-8B) at every length; the other head dims at the middle length."""
+    """Head dim 128 (Llama-3-8B) at every length; the other head dims at the middle length.
+
+    Raises:
+        ValueError: naming the parameter, for an empty one (no case to time) or a value outside its choices.
+    """
+    for name, values in (("lengths", lengths), ("head_dims", head_dims), ("dtypes", dtypes), ("layouts", layouts)):
+        if not values:
+            fail(name, values, "at least one value")
     for n in lengths:
         check_positive_int("lengths", n)
     for d in head_dims:
