@@ -12,7 +12,37 @@ MODEL = {"dim": 32, "num_heads": 4, "head_dim": 16, "max_len": 512, "grid_size":
 GRID_SIDE = 16
 
 
+#: RoPE with every scaling, at an original length (8) that the test sequences (9-24 tokens) cross, so the
+#: length-dependent ones (dynamic, longrope) switch regime inside a test. Named ``rope+<rope_type>`` in the sweeps.
+_F = MODEL["head_dim"] // 2
+SCALINGS = {
+    "linear": {"rope_type": "linear", "factor": 2.0},
+    "ntk": {"rope_type": "ntk", "factor": 2.0},
+    "dynamic": {"rope_type": "dynamic", "factor": 2.0, "max_position_embeddings": 8},
+    "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8},
+    "longrope": {
+        "rope_type": "longrope",
+        "short_factor": [1.0 + 0.05 * i for i in range(_F)],
+        "long_factor": [1.5 + 0.4 * i for i in range(_F)],
+        "original_max_position_embeddings": 8,
+        "factor": 4.0,
+    },
+    "llama3": {
+        "rope_type": "llama3",
+        "factor": 4.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8,
+    },
+    "proportional": {"rope_type": "proportional", "partial_rotary_factor": 0.5},
+}
+SCALED = [f"rope+{name}" for name in SCALINGS]
+
+
 def build(name: str, **overrides) -> posenc.Encoding:
+    if name.startswith("rope+"):
+        overrides = {"scaling": SCALINGS[name.removeprefix("rope+")], **overrides}
+        name = "rope"
     encoding = posenc.build(name, **{**MODEL, **overrides})
     _randomize(encoding)
     return encoding

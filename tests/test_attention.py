@@ -10,11 +10,13 @@ from hypothesis import strategies as st
 from torch.testing import assert_close
 
 import posenc
-from encoding_cases import build, positions, shard
+from encoding_cases import SCALED, build, positions, shard
 from posenc.attention import FLEX_MIN_BIAS_BYTES, _resolve_backend
 from reference.attention import naive_attention
 
 B, H, HKV, D, DV = 2, 4, 2, 16, 8
+#: Every registered encoding, and RoPE under every scaling (the length-dependent ones included).
+CASES = [*posenc.available(), *SCALED]
 TOL = {"atol": 2e-5, "rtol": 2e-5}
 
 
@@ -166,14 +168,19 @@ def test_flex_matches_eager_on_cuda_forward_and_backward(name):
 # KV cache, chunking, packing, GQA: each equals the plain full forward
 
 
-@pytest.mark.parametrize("name", posenc.available())
+@pytest.mark.parametrize("name", CASES)
 @pytest.mark.parametrize("backend", ["eager", "sdpa"])
 def test_decode_equals_full_forward(name, backend):
-    """Prefill 10 tokens, then decode one token at a time and a chunk of 3: each query against the cached keys."""
+    """Prefill 10 tokens, then decode one token at a time and a chunk of 3: each query against the cached keys.
+
+    Every call passes the full length as ``seq_len`` (what a cache of known final length, or a serving engine with
+    a fixed context, knows); encodings whose rotation does not depend on the length ignore it.
+    """
     enc, (q, k, v), pos = _inputs(name, s=16, t=16, batched=True)
     if backend == "sdpa" and enc.has_value_term:
         backend = "eager"
     kp = pos["k_positions"]
+    length = int(kp.max()) + 1
     with torch.no_grad():
         full = posenc.attention(q, k, v, encoding=enc, backend=backend, **pos)
         steps = []
@@ -187,9 +194,33 @@ def test_decode_equals_full_forward(name, backend):
                     backend=backend,
                     q_positions=shard(enc, kp, a, b),
                     k_positions=shard(enc, kp, 0, b),
+                    seq_len=length,
                 )
             )
     assert_close(torch.cat(steps, dim=2), full, **TOL)
+
+
+@pytest.mark.parametrize("name", SCALED)
+def test_decode_without_a_length_equals_each_prefix(name):
+    """Without ``seq_len`` a decoding step uses the length so far: the last row of the full forward of that prefix
+    (dynamic NTK and LongRoPE as a model generating token by token sees them)."""
+    enc, (q, k, v), pos = _inputs(name, s=16, t=16, batched=True)
+    kp = pos["k_positions"]
+    with torch.no_grad():
+        for b in range(1, 17):
+            step = posenc.attention(
+                q[:, :, b - 1 : b],
+                k[:, :, :b],
+                v[:, :, :b],
+                encoding=enc,
+                q_positions=kp[:, b - 1 : b],
+                k_positions=kp[:, :b],
+                backend="eager",
+            )
+            prefix = posenc.attention(
+                q[:, :, :b], k[:, :, :b], v[:, :, :b], encoding=enc, q_positions=kp[:, :b], backend="eager"
+            )
+            assert_close(step, prefix[:, :, -1:], **TOL)
 
 
 @pytest.mark.parametrize("name", [n for n in posenc.available() if build(n).has_bias and not build(n).needs_keys])
@@ -209,13 +240,15 @@ def test_flex_decode_equals_full_forward(name):
 @given(
     cuts=st.lists(st.integers(1, 19), max_size=4, unique=True),
     causal=st.booleans(),
-    name=st.sampled_from(posenc.available()),
+    name=st.sampled_from(CASES),
 )
 def test_query_chunks_equal_full(cuts, causal, name):
-    """Context parallelism: shards of queries, each against all keys with its own positions, equal the whole."""
+    """Context parallelism: shards of queries, each against all keys with its own positions and the global length
+    (``seq_len``, read by length-dependent scalings only), equal the whole."""
     enc, (q, k, v), pos = _inputs(name, s=20, t=20)
     causal = causal or enc.causal_only  # CoPE counts over the causal past only
     kp = pos["k_positions"]
+    length = int(kp.max()) + 1
     bounds = [0, *sorted(cuts), 20]
     with torch.no_grad():
         full = posenc.attention(q, k, v, encoding=enc, causal=causal, backend="eager", **pos)
@@ -229,20 +262,21 @@ def test_query_chunks_equal_full(cuts, causal, name):
                 backend="eager",
                 q_positions=shard(enc, kp, a, b),
                 k_positions=shard(enc, kp, 0, b if causal else 20),
+                seq_len=length,
             )
             for a, b in zip(bounds, bounds[1:], strict=False)
         ]
     assert_close(torch.cat(parts, dim=2), full, **TOL)
 
 
-@pytest.mark.parametrize("name", posenc.available())
+@pytest.mark.parametrize("name", CASES)
 @pytest.mark.parametrize("causal", [True, False])
 def test_packed_documents_equal_separate_sequences(name, causal):
     """Two documents packed into one row with per-document positions == each document on its own."""
     enc = build(name)
     _skip_if_causal_only(enc, causal)
     hkv = H if enc.per_head_keys else HKV
-    lengths = (9, 14)
+    lengths = (12, 6)  # one document past the scaled ropes' original length (8), one within it
     q, k, v = qkv(sum(lengths), sum(lengths), hkv=hkv, b=1, dv=D if enc.has_value_term else DV)
     pos = torch.cat([positions(enc, n) for n in lengths], dim=0 if enc.position_kind != "mrope" else -1)
     docs = torch.repeat_interleave(torch.arange(2), torch.tensor(lengths))
@@ -273,7 +307,7 @@ def test_packed_documents_equal_separate_sequences(name, causal):
     assert_close(packed, torch.cat([first, second], dim=2), **TOL)
 
 
-@pytest.mark.parametrize("name", posenc.available())
+@pytest.mark.parametrize("name", CASES)
 @pytest.mark.parametrize("backend", ["eager", "sdpa"])
 def test_gqa_equals_repeated_heads(name, backend):
     enc, (q, k, v), pos = _inputs(name)

@@ -1,7 +1,7 @@
 """posenc: positional encodings for PyTorch transformers, each verified against its reference implementation."""
 
 from posenc import functional, hf
-from posenc.attention import attention, packed_positions
+from posenc.attention import attention, document_lengths, packed_positions
 from posenc.encodings._base import Encoding
 from posenc.encodings.alibi import ALiBi, ALiBi2D, ALiBi2DConfig, ALiBiConfig
 from posenc.encodings.axial_rope import AxialRoPE, AxialRoPEConfig
@@ -102,6 +102,7 @@ __all__ = [
     "hf",
     "p_rope",
     "packed_positions",
+    "document_lengths",
     "parse_scaling",
     "register",
     "register_scaling",

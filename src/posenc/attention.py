@@ -14,9 +14,12 @@ Backends:
         ALiBi models do).
     flex: FlexAttention (Dong et al. 2024, "Flex Attention: A Programming Model for Generating Optimized Attention
         Kernels", arXiv:2412.05496) with the encoding's ``score_mod`` and a block-sparse mask, compiled: memory
-        linear in length, the bias kept in float32. No backward on CPU in current PyTorch; no float64 on CPU.
+        linear in length, the bias kept in float32. No backward on CPU in current PyTorch; no float64 on CPU. On
+        CPU with fewer than ``FLEX_BLOCK`` keys it runs FlexAttention's unfused form: the compiled CPU kernel of
+        torch 2.13 returns wrong rows or NaN there on AVX2-only processors (seen on an AMD EPYC without AVX-512).
     auto: ``eager`` for value terms; ``sdpa`` without a bias; with a bias, ``flex`` where it can run (CUDA, or CPU
-        without gradients) once the materialised bias would exceed ``FLEX_MIN_BIAS_BYTES``; ``sdpa`` otherwise.
+        without gradients) once the materialised bias would exceed ``FLEX_MIN_BIAS_BYTES``, and at any size inside
+        ``torch.compile`` (a compiled model keeps its FlexAttention kernel); ``sdpa`` otherwise.
 
 Encodings whose bias reads every key (``needs_keys``: CoPE) get the keys and the dense mask in ``bias(..., k=,
 mask=)`` and run on ``eager`` and ``sdpa`` only; ``causal_only`` encodings refuse ``causal=False``.
@@ -30,6 +33,7 @@ Shapes:
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 
 import torch
@@ -59,6 +63,7 @@ def attention(
     k_positions: torch.Tensor | None = None,
     causal: bool = True,
     document_ids: torch.Tensor | None = None,
+    seq_len: int | float | torch.Tensor | None = None,
     scale: float | None = None,
     backend: str = "auto",
 ) -> torch.Tensor:
@@ -74,6 +79,11 @@ def attention(
         causal: query ``i`` sees keys ``j <= i + T - S`` (queries are the last ``S`` keys).
         document_ids: packed sequences: a document id per key; a query sees only keys of its own document (queries
             take the ids of the last ``S`` keys). Positions reset per document are the caller's to pass.
+        seq_len: the length whose frequencies a length-dependent encoding uses (RoPE with ``dynamic``/``longrope``
+            scaling; every other encoding ignores it): a number or 0-d tensor (the global length on a
+            context-parallel rank, the current length of a KV cache), or one per key ``(T,)``/``(B|1, T)``, queries
+            taking the last ``S``. Default: each document's own length with ``document_ids``
+            (``document_lengths``), else ``max(q_positions, k_positions) + 1``.
         scale: score scale, a positive finite number; default ``1 / sqrt(D)``.
         backend: one of ``BACKENDS``; see the module docstring.
 
@@ -112,7 +122,14 @@ def attention(
 
     if encoding.per_head_keys and k.shape[1] != q.shape[1]:
         k, v = _repeat_kv(k, q.shape[1]), _repeat_kv(v, q.shape[1])
-    q, k = encoding.rotate(q, k, q_pos, k_pos)
+    if encoding.depends_on_length:
+        if seq_len is None and docs is not None:
+            seq_len = document_lengths(k_pos, docs)
+        q, k = encoding.rotate(q, k, q_pos, k_pos, seq_len=seq_len)
+    else:
+        if seq_len is not None:
+            _check_ignored_seq_len(seq_len)
+        q, k = encoding.rotate(q, k, q_pos, k_pos)
     backend = _resolve_backend(backend, encoding, q, k, v)
     mask = _Mask(causal=causal, offset=t - s, docs=docs, s=s, t=t)
     if backend == "eager":
@@ -139,6 +156,32 @@ def packed_positions(
     ids = torch.repeat_interleave(torch.arange(lengths.numel(), device=lengths.device), lengths)
     starts = torch.cumsum(lengths, 0) - lengths  # (N,) first token of each document
     return torch.arange(ids.numel(), device=lengths.device) - starts[ids], ids
+
+
+def document_lengths(positions: torch.Tensor, document_ids: torch.Tensor) -> torch.Tensor:
+    """Each token's document length, ``max(position in its document) + 1``, for length-dependent scalings on
+    packed rows (``attention(..., document_ids=)`` uses it by default; pass it as ``seq_len=`` to a rotary
+    module called directly).
+
+    Shapes:
+        positions (T,) or (B, T) sequence positions; document_ids (T,) or (B|1, T) -> (B|1, T) float64
+    """
+    docs = document_ids if document_ids.dim() == 2 else document_ids.unsqueeze(0)  # (B|1, T)
+    pos = positions if positions.dim() == 2 else positions.unsqueeze(0)  # (B|1, T)
+    pos, docs = torch.broadcast_tensors(pos.double(), docs)
+    _, index = torch.unique(docs, return_inverse=True)  # (B, T) dense document numbers
+    longest = torch.full((docs.shape[0], int(index.max()) + 1), -math.inf, dtype=torch.float64, device=pos.device)
+    longest = longest.scatter_reduce(1, index, pos, "amax")  # (B, documents)
+    return longest.gather(1, index) + 1  # (B, T)
+
+
+def _check_ignored_seq_len(seq_len: object) -> None:
+    """``seq_len`` for an encoding that does not read it: still a length, so a typo does not pass unnoticed."""
+    if isinstance(seq_len, torch.Tensor):
+        if seq_len.dtype == torch.bool or seq_len.is_complex():
+            fail("seq_len.dtype", seq_len.dtype, "an integer or floating point dtype")
+    else:
+        check_number("seq_len", seq_len, minimum=1.0)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -389,6 +432,12 @@ def _flex(q, k, v, encoding, q_pos, k_pos, mask, scale):  # noqa: ANN001, ANN202
     kwargs = {"score_mod": score_mod, "block_mask": block_mask, "scale": scale, "enable_gqa": k.shape[1] != q.shape[1]}
     if torch.compiler.is_compiling():
         return flex_attention(q, k, v, **kwargs)
+    if q.device.type == "cpu" and k.shape[2] < FLEX_BLOCK:
+        # Compiled CPU FlexAttention (torch 2.13, AVX2-only CPUs such as AMD EPYC without AVX-512) returns wrong
+        # rows or NaN when there are fewer keys than one block; the unfused form is exact, and tiny at this size.
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
+            return flex_attention(q, k, v, **kwargs)
     if _COMPILED_FLEX is None:
         # Static shapes: one kernel per shape. Dynamic-shape CPU kernels fail to build in torch 2.13 (inductor
         # emits an undeclared split-size variable), and the fixed shapes of training/evaluation compile once.

@@ -136,8 +136,10 @@ def test_scores_depend_only_on_relative_position(scaling, layout, partial, data)
     shift = data.draw(st.integers(1, 1000))
 
     if scaling in LENGTH_DEPENDENT:
-        # Frequencies follow the length: hold it fixed so that the shift is the only change.
-        length = data.draw(st.integers(1, 2000))
+        # Frequencies follow the length: hold it fixed so that the shift is the only change (a length that covers
+        # the shifted positions; shorter ones are refused).
+        reach = int(torch.cat([q_pos.flatten(), k_pos.flatten()]).max().ceil()) + shift + 1
+        length = reach + data.draw(st.integers(0, 2000))
 
         def rotate(q_pos, k_pos):
             return emb.rotate_one(q, q_pos, seq_len=length), emb.rotate_one(k, k_pos, seq_len=length)

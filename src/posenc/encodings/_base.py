@@ -47,6 +47,9 @@ class Encoding(nn.Module):
             also passes ``k=`` (the keys, ``(B, Hkv, T, D)``) and ``mask=`` (``(B|1, 1, S, T)`` bool, True where
             attention is allowed: causal and documents), and no ``score_mod`` can express it (no ``flex``).
         causal_only: the encoding is defined for causal attention only; attention refuses ``causal=False``.
+        depends_on_length: the rotation depends on the sequence length, not only on positions (RoPE with ``dynamic``
+            or ``longrope`` scaling): ``rotate`` then takes ``seq_len=`` and attention passes it (per document
+            with ``document_ids``).
 
     Shapes:
         x (B, S, Dm); q (B, H, S, D), k (B, Hkv, T, D); bias (B|1, H, S, T) float32;
@@ -59,6 +62,7 @@ class Encoding(nn.Module):
     position_kind: ClassVar[str] = "sequence"
     needs_keys: ClassVar[bool] = False
     causal_only: ClassVar[bool] = False
+    depends_on_length: bool = False
 
     def embed(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Token embeddings with absolute position information added: ``(B, S, Dm) -> (B, S, Dm)``."""
@@ -241,9 +245,13 @@ class RotaryModule(ConfiguredModule):
         self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, k_positions: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Rotate ``q`` and ``k``; keys use ``k_positions`` if given, else ``positions``."""
+        self._check_key_positions(q, k, k_positions)
+        return self.rotate(q, k, positions, positions if k_positions is None else k_positions)
+
+    @staticmethod
+    def _check_key_positions(q: torch.Tensor, k: torch.Tensor, k_positions: torch.Tensor | None) -> None:
         if k_positions is None and k.dim() >= 2 and q.dim() >= 2 and k.shape[-2] != q.shape[-2]:
             fail("k_positions", None, f"the keys' positions, since k has {k.shape[-2]} positions and q {q.shape[-2]}")
-        return self.rotate(q, k, positions, positions if k_positions is None else k_positions)
 
     def _table_pair(self, q, k, q_pos, k_pos, tables):  # noqa: ANN001, ANN202
         """``tables(positions, dtype)`` for q and for k, built once when they share positions and table dtype."""

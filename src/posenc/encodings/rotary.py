@@ -18,10 +18,10 @@ from typing import Any
 import torch
 
 from posenc import kernels
-from posenc._checks import check_choice, check_number, fail
+from posenc._checks import _readable, check_choice, check_number, fail
 from posenc._config import DictConfig
 from posenc.encodings._base import FrequencyModule, check_position_values, check_qk
-from posenc.functional.rope import LAYOUTS, rope_cos_sin, table_dtype
+from posenc.functional.rope import LAYOUTS, angles_of, rope_cos_sin, table_dtype
 from posenc.registry import register
 from posenc.scalings import RopeScaling, check_rotary_keys, parse_scaling, rope_frequencies, rotary_dim
 
@@ -68,6 +68,54 @@ def check_positions(positions: torch.Tensor, x: torch.Tensor, name: str = "posit
     return positions
 
 
+def check_seq_len(
+    seq_len: object, positions: torch.Tensor, name: str = "seq_len", *, queries: torch.Tensor | None = None
+) -> float | torch.Tensor:
+    """A length for length-dependent scalings: a number or 0-d tensor ``>= 1``, or one per position (``(T,)`` or
+    ``(B|1, T)`` for ``positions`` ``(T,)``/``(B, T)``). It must cover the positions it rotates: a length below
+    ``position + 1`` contradicts them (checked where values can be read without a sync under compile/vmap).
+
+    ``queries`` (the last ``S`` of the tokens) are checked against the last ``S`` lengths too.
+    """
+    if isinstance(seq_len, torch.Tensor):
+        if seq_len.dtype == torch.bool or seq_len.is_complex():
+            fail(f"{name}.dtype", seq_len.dtype, "an integer or floating point dtype")
+        t = positions.shape[-1]
+        if seq_len.dim() > 0:
+            rows_ok = seq_len.dim() == 1 or positions.dim() == 1 or seq_len.shape[0] in (1, positions.shape[0])
+            if seq_len.dim() > 2 or seq_len.shape[-1] != t or not rows_ok:
+                fail(
+                    f"{name}.shape",
+                    tuple(seq_len.shape),
+                    f"() for one length, or ({t},) / (B|1, {t}): one length per key position",
+                )
+        if seq_len.device != positions.device:
+            fail(f"{name}.device", seq_len.device, f"the positions' device, {positions.device}")
+        length = seq_len.double()
+    else:
+        length = check_number(name, seq_len, minimum=1.0)
+    if not (_readable(positions) and (not isinstance(length, torch.Tensor) or _readable(length))):
+        return length
+    for pos, lens in ((positions, length), (queries, length)):
+        if pos is None:
+            continue
+        if isinstance(lens, torch.Tensor) and lens.dim() > 0:
+            lens = lens[..., lens.shape[-1] - pos.shape[-1] :]
+        need = pos.double() + 1
+        short = ~(torch.as_tensor(lens, dtype=torch.float64, device=pos.device) >= need)  # NaN counts as short
+        if bool(short.any()):
+            where = tuple(short.nonzero()[0].tolist())
+            got = lens if not isinstance(lens, torch.Tensor) else torch.broadcast_to(lens, short.shape)[where].item()
+            fail(
+                name,
+                got,
+                f"a finite length >= position + 1 = {need.broadcast_to(short.shape)[where].item():g}: the length "
+                "whose frequencies rotate these tokens covers them (a context-parallel rank passes the global "
+                "length, a cache its current length)",
+            )
+    return length
+
+
 @register("rope")
 class RotaryEmbedding(FrequencyModule):
     """Rotary position embedding applied to queries and keys.
@@ -83,8 +131,9 @@ class RotaryEmbedding(FrequencyModule):
     Shapes:
         q (B, H, S, D), k (B, Hkv, T, D), positions (S,) or (B, S) -> q, k of the same shapes and dtypes.
 
-    Frequencies are a pure function of the config and, for ``dynamic``/``longrope``, of the current length
-    ``max(positions) + 1``: nothing is cached or mutated in ``forward``.
+    Frequencies are a pure function of the config and, for ``dynamic``/``longrope``, of the current length:
+    ``seq_len`` where it is given (per token for packed documents, the global length for a context-parallel shard),
+    else ``max(positions) + 1`` over the call. Nothing is cached or mutated in ``forward``.
     """
 
     inv_freq: torch.Tensor
@@ -134,58 +183,165 @@ class RotaryEmbedding(FrequencyModule):
             device=device,
         )
 
+    @property
+    def depends_on_length(self) -> bool:
+        """True for ``dynamic``/``longrope``: the frequencies depend on the sequence length (``seq_len``)."""
+        return self.config.scaling is not None and self.config.scaling.depends_on_length
+
     def cos_sin(
         self,
         positions: torch.Tensor,
         *,
-        seq_len: int | torch.Tensor | None = None,
+        seq_len: int | float | torch.Tensor | None = None,
         dtype: torch.dtype = torch.float32,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Cos/sin tables (attention factor included) for ``positions``: ``(S, F)`` or ``(B, S, F)``.
 
-        ``seq_len`` is the current length for ``dynamic``/``longrope``; default ``positions.max() + 1``.
+        ``seq_len`` is the current length for ``dynamic``/``longrope`` (ignored by the others): a number, a 0-d
+        tensor, or one length per token (a tensor broadcastable to ``positions``, e.g. per packed document); default
+        ``positions.max() + 1``.
         """
         inv_freq, factor = self.inv_freq, self.attention_factor
-        scaling = self.config.scaling
-        if scaling is not None and scaling.depends_on_length:
+        if self.depends_on_length:
             # The current length stays a tensor: no host sync, no graph break.
             length = positions.max() + 1 if seq_len is None else seq_len
-            inv_freq, factor = self._frequencies(length, device=positions.device)
-        return rope_cos_sin(positions, inv_freq.to(positions.device), attention_factor=factor, dtype=dtype)
+            if isinstance(length, torch.Tensor) and length.dim() > 0:
+                positions, length = torch.broadcast_tensors(positions, length.to(positions.device))
+            inv_freq, factor = self._frequencies(length, device=positions.device)  # (F,) or per token (..., S, F)
+        inv_freq = inv_freq.to(positions.device)
+        return rope_cos_sin(positions, inv_freq, attention_factor=factor, dtype=dtype, per_token=inv_freq.dim() > 1)
 
     def rotate_one(
-        self, x: torch.Tensor, positions: torch.Tensor, *, seq_len: int | torch.Tensor | None = None
+        self, x: torch.Tensor, positions: torch.Tensor, *, seq_len: int | float | torch.Tensor | None = None
     ) -> torch.Tensor:
-        """Rotate one tensor ``x (B, H, S, D)`` (or ``(S, D)``, ``(H, S, D)``) at ``positions``."""
+        """Rotate one tensor ``x (B, H, S, D)`` (or ``(S, D)``, ``(H, S, D)``) at ``positions``.
+
+        ``seq_len`` (``dynamic``/``longrope`` only): a number, a 0-d tensor or one length per position (the shape of
+        ``positions``); default ``positions.max() + 1``. Keys cached already rotated must be re-rotated with
+        ``rerotate`` when the length changes their frequencies (``same_frequencies`` says when).
+        """
         if x.shape[-1] != self.config.head_dim:
             fail("x.shape[-1]", x.shape[-1], f"head_dim = {self.config.head_dim}")
         check_positions(positions, x)
         check_position_values(positions, x)
+        if self.depends_on_length and seq_len is not None:
+            seq_len = check_seq_len(seq_len, positions)
         cos, sin = self.cos_sin(positions, seq_len=seq_len, dtype=table_dtype(x.dtype))
-        return self._apply_tables(x, cos, sin, batched=positions.dim() == 2)
+        return self._apply_tables(x, cos, sin, batched=cos.dim() == 3)
 
     def rotate(
-        self, q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        q_pos: torch.Tensor,
+        k_pos: torch.Tensor,
+        *,
+        seq_len: int | float | torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The ``Encoding`` hook: rotate queries at ``q_pos`` and keys at ``k_pos``."""
+        """The ``Encoding`` hook: rotate queries at ``q_pos`` and keys at ``k_pos``.
+
+        ``seq_len`` (read by ``dynamic``/``longrope`` only): the length whose frequencies to use -- a number or 0-d
+        tensor for every token (the global length on a context-parallel rank, the current length of a cache), or
+        one length per key, ``(T,)`` or ``(B|1, T)``, queries taking the last ``S`` (packed documents: each its own
+        length; ``posenc.document_lengths``). Default: ``max(q_pos, k_pos) + 1``, one length for the whole call.
+        """
         check_qk(q, k, self.config.head_dim)
         check_positions(q_pos, q, "positions")
         check_positions(k_pos, k, "k_positions")
         self._check_position_pair(q, k, q_pos, k_pos)
-        seq_len = None
-        if self.config.scaling is not None and self.config.scaling.depends_on_length and q_pos is not k_pos:
-            # One length for both, so q.k stays a function of distance (decoding passes fewer queries).
-            seq_len = torch.maximum(q_pos.max().double(), k_pos.max().to(device=q_pos.device).double()) + 1
+        q_len = k_len = None
+        if self.depends_on_length:
+            q_len, k_len = self._lengths(q_pos, k_pos, seq_len, q.shape[-2])
         q_tables, k_tables = self._table_pair(
-            q, k, q_pos, k_pos, lambda pos, dtype: self.cos_sin(pos, seq_len=seq_len, dtype=dtype)
+            q,
+            k,
+            q_pos,
+            k_pos,
+            lambda pos, dtype: self.cos_sin(pos, seq_len=q_len if pos is q_pos else k_len, dtype=dtype),
         )
         fused = kernels.rotate_qk(q, k, q_tables, k_tables, layout=self.config.layout)  # CUDA + Triton: one launch
         if fused is not None:
             return fused
         return (
-            self._apply_tables(q, *q_tables, batched=q_pos.dim() == 2),
-            self._apply_tables(k, *k_tables, batched=k_pos.dim() == 2),
+            self._apply_tables(q, *q_tables, batched=q_tables[0].dim() == 3),
+            self._apply_tables(k, *k_tables, batched=k_tables[0].dim() == 3),
         )
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        positions: torch.Tensor,
+        k_positions: torch.Tensor | None = None,
+        *,
+        seq_len: int | float | torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotate ``q`` and ``k``; keys use ``k_positions`` if given, else ``positions``; ``seq_len`` as in
+        ``rotate``."""
+        if seq_len is None:
+            return super().forward(q, k, positions, k_positions)
+        self._check_key_positions(q, k, k_positions)
+        return self.rotate(q, k, positions, positions if k_positions is None else k_positions, seq_len=seq_len)
+
+    def _lengths(self, q_pos, k_pos, seq_len, s: int):  # noqa: ANN001, ANN202
+        """The lengths for the query and key tables: one for both (q.k stays a function of distance when decoding
+        passes fewer queries than keys), or per key with the queries taking the last ``s``."""
+        if seq_len is None:
+            if q_pos is k_pos:
+                return None, None  # cos_sin takes positions.max() + 1, once for both
+            length = torch.maximum(q_pos.max().double(), k_pos.max().to(device=q_pos.device).double()) + 1
+            return length, length
+        length = check_seq_len(seq_len, k_pos, "seq_len", queries=q_pos)
+        if not isinstance(length, torch.Tensor) or length.dim() == 0:
+            return length, length
+        return length[..., length.shape[-1] - s :], length
+
+    def same_frequencies(self, seq_len: int | float, other_seq_len: int | float) -> bool:
+        """Whether lengths ``seq_len`` and ``other_seq_len`` rotate by the same angles (always, unless the scaling
+        depends on the length): keys cached already rotated at one are still valid at the other."""
+        if not self.depends_on_length:
+            return True
+        a = self._frequencies(check_number("seq_len", seq_len, minimum=1.0), device=None)
+        b = self._frequencies(check_number("other_seq_len", other_seq_len, minimum=1.0), device=None)
+        return a[1] == b[1] and torch.equal(a[0], b[0])
+
+    def rerotate(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        *,
+        from_seq_len: int | float | torch.Tensor,
+        to_seq_len: int | float | torch.Tensor,
+    ) -> torch.Tensor:
+        """Keys already rotated with the frequencies of ``from_seq_len``, rotated to those of ``to_seq_len``.
+
+        A rotation composes: ``R(p * theta_new) = R(p * (theta_new - theta_old)) R(p * theta_old)``, so a cache of
+        rotated keys follows a length-dependent scaling (LongRoPE switching to its long factors, dynamic NTK growing
+        its base) without keeping the unrotated keys. The angles ``p * (theta_new - theta_old)`` are float64; the
+        attention factor is rescaled by ``new / old``. Each re-rotation rounds ``x`` once more in its dtype.
+
+        Shapes:
+            x (B, Hkv, T, D) or (..., T, D), positions (T,) or (B, T); lengths a number, 0-d, or one per position.
+        """
+        if x.shape[-1] != self.config.head_dim:
+            fail("x.shape[-1]", x.shape[-1], f"head_dim = {self.config.head_dim}")
+        check_positions(positions, x)
+        check_position_values(positions, x)
+        old = check_seq_len(from_seq_len, positions, "from_seq_len")
+        new = check_seq_len(to_seq_len, positions, "to_seq_len")
+        if not self.depends_on_length:
+            return x
+        pos = positions
+        for length in (old, new):
+            if isinstance(length, torch.Tensor) and length.dim() > 0:
+                pos = torch.broadcast_tensors(pos, length.to(pos.device))[0]
+        inv_old, factor_old = self._frequencies(old, device=positions.device)
+        inv_new, factor_new = self._frequencies(new, device=positions.device)
+        delta = inv_new.double() - inv_old.double()  # (F,) or per token (..., T, F)
+        angles = angles_of(pos, delta.expand(*pos.shape, delta.shape[-1]) if delta.dim() > 1 else delta)
+        ratio = factor_new / factor_old
+        cos, sin = (angles.cos() * ratio).to(table_dtype(x.dtype)), (angles.sin() * ratio).to(table_dtype(x.dtype))
+        return self._apply_tables(x, cos, sin, batched=cos.dim() == 3)
 
     def extra_repr(self) -> str:
         c = self.config

@@ -79,11 +79,19 @@ def angles_of(positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
     return positions.to(dtype).unsqueeze(-1) * inv_freq.to(device=positions.device, dtype=dtype)  # (..., S, F)
 
 
-def check_inv_freq(inv_freq: object, name: str = "inv_freq") -> None:
-    """Frequencies are a floating point ``(F,)`` tensor (a 2-D one would broadcast against the positions)."""
-    if not isinstance(inv_freq, torch.Tensor) or inv_freq.dim() != 1 or not inv_freq.is_floating_point():
+def check_inv_freq(inv_freq: object, name: str = "inv_freq", positions: torch.Tensor | None = None) -> None:
+    """Frequencies are a floating point ``(F,)`` tensor, or per token ``(*positions.shape, F)`` when ``positions``
+    is given (length-dependent scalings with a length per document); any other shape would broadcast silently."""
+    ok = isinstance(inv_freq, torch.Tensor) and inv_freq.is_floating_point()
+    per_token = positions is not None and ok and inv_freq.dim() == positions.dim() + 1
+    if per_token:
+        ok = inv_freq.shape[:-1] == positions.shape
+    elif ok:
+        ok = inv_freq.dim() == 1
+    if not ok:
         shape = tuple(inv_freq.shape) if isinstance(inv_freq, torch.Tensor) else type(inv_freq).__name__
-        fail(f"{name}.shape", shape, "(F,) floating point frequencies, one per rotated channel pair")
+        tokens = "" if positions is None else f" or ({', '.join(map(str, positions.shape))}, F) per token"
+        fail(f"{name}.shape", shape, f"(F,){tokens} floating point frequencies, one per rotated channel pair")
 
 
 def rope_cos_sin(
@@ -92,21 +100,26 @@ def rope_cos_sin(
     *,
     attention_factor: float | torch.Tensor = 1.0,
     dtype: torch.dtype = torch.float32,
+    per_token: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Cosine and sine tables for ``positions``, scaled by ``attention_factor`` (HF's convention).
+
+    ``per_token=True`` takes one set of frequencies per token, ``inv_freq`` of shape ``(*positions.shape, F)``
+    (length-dependent scalings with a length per packed document); it must be asked for, so that a 2-D table passed
+    by mistake is refused rather than read that way.
 
     ``dtype`` is float32 (the default) or float64: trig tables are never kept in half precision. On CPU, float32
     tables come from the C kernel where it is built (``posenc.kernels.native``): the same numbers, in one pass.
 
     Shapes:
-        positions (S,) or (B, S); inv_freq (F,) -> cos, sin (S, F) or (B, S, F)
+        positions (S,) or (B, S); inv_freq (F,), or per token (S, F) / (B, S, F) -> cos, sin (S, F) or (B, S, F)
     """
     if dtype not in (torch.float32, torch.float64):
         fail("dtype", dtype, "torch.float32 or torch.float64 (trig tables are never kept in half precision)")
     if not isinstance(attention_factor, torch.Tensor):
         check_number("attention_factor", attention_factor, above=0.0)
     check_positions(positions)
-    check_inv_freq(inv_freq)
+    check_inv_freq(inv_freq, positions=positions if per_token else None)
     fused = _native_cos_sin(positions, inv_freq, attention_factor, dtype)
     if fused is not None:
         return fused
@@ -125,7 +138,7 @@ def _native_cos_sin(
     run instead: other devices or dtypes, autograd, tracing or compiling, or no kernel."""
     if not (kernels.use_native and dtype == torch.float32) or torch.compiler.is_compiling() or torch.jit.is_tracing():
         return None
-    if positions.device.type != "cpu" or inv_freq.device.type != "cpu":
+    if positions.device.type != "cpu" or inv_freq.device.type != "cpu" or inv_freq.dim() != 1:
         return None
     if torch.is_grad_enabled() and (positions.requires_grad or inv_freq.requires_grad):
         return None

@@ -3,7 +3,9 @@
 Every function takes the rotary dimension ``dim`` (= 2F) and keyword-only scalars, and returns
 ``(inv_freq, attention_factor)``: float32 frequencies of shape ``(dim // 2,)`` and the multiplier that Hugging Face
 applies to both cos and sin. Arithmetic is float64, rounded to float32 once at the end. ``seq_len`` may be an int, a
-0-d tensor (so a module can pass ``positions.max() + 1`` without a host sync or a graph break) or None.
+0-d tensor (so a module can pass ``positions.max() + 1`` without a host sync or a graph break), a tensor of
+lengths of any shape ``(...)`` (one per token: packed documents each with their own length), or None; a shaped
+``seq_len`` gives frequencies of shape ``(..., dim // 2)``.
 
 Reference implementation: ``transformers.modeling_rope_utils.ROPE_INIT_FUNCTIONS`` (tested to 1e-6 relative).
 
@@ -54,7 +56,9 @@ def _exponents(dim: int, device: torch.device | str | None) -> torch.Tensor:
 
 
 def _base_inv_freq(dim: int, base: float | torch.Tensor, device: torch.device | str | None) -> torch.Tensor:
-    return 1.0 / (base ** _exponents(dim, device))  # (F,) float64
+    if isinstance(base, torch.Tensor):
+        base = base.unsqueeze(-1)  # (...) -> (..., 1): one base per length
+    return 1.0 / (base ** _exponents(dim, device))  # (..., F) float64
 
 
 def _out(inv_freq: torch.Tensor, attention_factor: float) -> tuple[torch.Tensor, float]:
@@ -202,7 +206,8 @@ def longrope_frequencies(
     if seq_len is None:
         ext = short
     elif isinstance(seq_len, torch.Tensor):
-        ext = torch.where(seq_len.to(short.device) > original_max_position_embeddings, long, short)
+        past = seq_len.to(short.device).unsqueeze(-1) > original_max_position_embeddings  # (..., 1)
+        ext = torch.where(past, long, short)  # (..., F)
     else:
         ext = long if seq_len > original_max_position_embeddings else short
     return _out(_base_inv_freq(dim, base, device) / ext, attention_factor)
