@@ -144,10 +144,11 @@ def test_explicit_lengths(ids):
     assert report["max_position_embeddings"] == {"old": ORIGINAL, "new": 100}
 
 
-def test_second_call_replaces_the_first(ids):
+def test_a_second_call_with_replace_replaces_the_first(ids):
+    """Another method on a scaled model needs ``replace=True`` (tests/hf/test_extend_rules.py has the rule)."""
     twice = tiny_model("llama")
     extend_context(twice, "longrope", 2.0, long_factor=[2.0] * 4)
-    extend_context(twice, "yarn", FACTOR, original_max_position_embeddings=ORIGINAL)
+    extend_context(twice, "yarn", FACTOR, original_max_position_embeddings=ORIGINAL, replace=True)
     assert not hasattr(twice.model.rotary_emb, "long_inv_freq")  # LongRoPE's cache went with it
     native = tiny_model("llama", twice.state_dict(), **expected_overrides("llama", "yarn"))
     torch.testing.assert_close(logits(twice, ids), logits(native, ids), rtol=0, atol=0)

@@ -79,7 +79,7 @@ def test_factor_one_changes_nothing_and_calls_replace(kind, ids):
     extend_context(model, "linear", 1.0, max_position_embeddings=3 * ORIGINAL)
     torch.testing.assert_close(logits(model, ids), before, rtol=0, atol=0)
     extend_context(model, "linear", 2.0, max_position_embeddings=3 * ORIGINAL)
-    extend_context(model, "linear", FACTOR, max_position_embeddings=3 * ORIGINAL)  # replaces 2, not 2 * 4
+    extend_context(model, "linear", FACTOR, max_position_embeddings=3 * ORIGINAL, replace=True)  # 4, not 2 * 4
     once = tiny_model(kind, model.state_dict(), **({"max_seq_len": 3 * ORIGINAL} if kind == "mpt" else {}))
     extend_context(once, "linear", FACTOR, max_position_embeddings=3 * ORIGINAL)
     torch.testing.assert_close(logits(model, ids), logits(once, ids), rtol=0, atol=0)

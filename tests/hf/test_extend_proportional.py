@@ -40,11 +40,12 @@ def test_linear_is_the_proportional_factor(factor, ids):
     assert torch.equal(inv_freq[2:], torch.zeros(2))  # the non-rotating pairs stay at frequency zero
 
 
-def test_a_second_linear_replaces_the_factor(ids):
+def test_a_second_linear_composes_with_the_first(ids):
+    """The rule of tests/hf/test_extend_rules.py: linear x2 then x4 is linear x8, the context 32 -> 64 -> 256."""
     twice = _model()
     extend_context(twice, "linear", 2.0)
-    extend_context(twice, "linear", 4.0)
-    native = _model(twice.state_dict(), rope_parameters={**P_ROPE, "factor": 4.0}, max_position_embeddings=128)
+    assert extend_context(twice, "linear", 4.0)["rule"] == "composed"
+    native = _model(twice.state_dict(), rope_parameters={**P_ROPE, "factor": 8.0}, max_position_embeddings=256)
     torch.testing.assert_close(logits(twice, ids), logits(native, ids), rtol=0, atol=0)
 
 
@@ -53,7 +54,8 @@ def test_other_methods_are_refused_and_the_model_unchanged(method):
     model = _model()
     before = _snapshot(model)
     options = {"long_factor": [2.0, 2.0, 2.0, 2.0]} if method == "longrope" else {}
-    with pytest.raises(ValueError, match=rf"method='{method}' is invalid: expected 'linear' for llama.*proportional"):
+    expected = rf"method='{method}' is invalid: expected 'linear', which composes.*proportional"
+    with pytest.raises(ValueError, match=expected):
         extend_context(model, method, 2.0, **options)
     _assert_unchanged(model, before)
 
@@ -125,7 +127,7 @@ def test_gemma4_full_attention_refuses_other_methods():
     model = _gemma4()
     rotary = model.model.rotary_emb
     before = {k: b.clone() for k, b in rotary._buffers.items()}
-    with pytest.raises(ValueError, match=r"method='yarn' is invalid: expected 'linear' for gemma4_text"):
+    with pytest.raises(ValueError, match=r"method='yarn' is invalid: expected 'linear', which composes.*gemma4_text"):
         extend_context(model, "yarn", 4.0, layer_type="full_attention")
     assert all(torch.equal(rotary._buffers[k], b) for k, b in before.items())
     assert model.config.rope_parameters["full_attention"] == GEMMA4_ROPE["full_attention"]

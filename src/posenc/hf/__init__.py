@@ -11,6 +11,7 @@
 Only torch is imported here; transformers is imported lazily, when a model is patched.
 """
 
+from posenc.hf._rope_patch import CacheStaleWarning
 from posenc.hf.alibi import ALIBI_MODEL_TYPES, alibi_config_from_hf, alibi_config_to_hf
 from posenc.hf.extend import METHOD_OPTIONS, METHODS, extend_context
 from posenc.hf.load import ModelSource, inspect_gguf, load_causal_lm, load_config, original_context, resolve_model
@@ -20,6 +21,7 @@ from posenc.hf.setup import ROPE_MODEL_TYPES, positional_setup, supported_model_
 
 __all__ = [
     "ALIBI_MODEL_TYPES",
+    "CacheStaleWarning",
     "METHODS",
     "METHOD_OPTIONS",
     "ModelSource",

@@ -31,6 +31,7 @@ _BLOCKS = {
     "mpt": ("transformers.models.mpt.modeling_mpt", "MptBlock", "position_bias"),
 }
 _HOOKS_ATTR = "_posenc_alibi_hooks"
+_FACTOR_ATTR = "_posenc_alibi_factor"
 
 
 def _scale_bias(module: torch.nn.Module, args: tuple, kwargs: dict, *, key: str, scale: float) -> tuple[tuple, dict]:
@@ -44,8 +45,13 @@ def _scale_bias(module: torch.nn.Module, args: tuple, kwargs: dict, *, key: str,
     return args, kwargs
 
 
-def extend_alibi(model: torch.nn.Module, *, factor: float, original: int | None, target: int | None) -> dict[str, Any]:
-    """Interpolate the slopes of a BLOOM or MPT model by ``1 / factor``; see ``posenc.hf.extend_context``."""
+def extend_alibi(
+    model: torch.nn.Module, *, factor: float, original: int | None, target: int | None, replace: bool = False
+) -> dict[str, Any]:
+    """Interpolate the slopes of a BLOOM or MPT model by ``1 / factor``; see ``posenc.hf.extend_context``.
+
+    A second call composes (slopes times ``1 / (earlier_factor * factor)``), as every RoPE method does with itself;
+    ``replace=True`` drops the earlier interpolation instead."""
     import importlib
 
     config = model.config
@@ -64,12 +70,17 @@ def extend_alibi(model: torch.nn.Module, *, factor: float, original: int | None,
     elif original is not None and original > target:
         fail("original_max_position_embeddings", original, f"<= the target max_position_embeddings={target}")
 
-    for handle in getattr(model, _HOOKS_ATTR, ()):  # a second call replaces the first, never compounds
+    previous = getattr(model, _FACTOR_ATTR, None)
+    rule = "new" if previous is None else ("replaced" if replace else "composed")
+    earlier = 1.0 if previous is None or replace else previous
+    for handle in getattr(model, _HOOKS_ATTR, ()):  # one hook per block, carrying the total factor
         handle.remove()
-    scale = 1.0 / factor
+    total = earlier * factor
+    scale = 1.0 / total
     hook = functools.partial(_scale_bias, key=key, scale=scale)
     handles = [m.register_forward_pre_hook(hook, with_kwargs=True) for _, m in blocks]
     setattr(model, _HOOKS_ATTR, handles)
+    setattr(model, _FACTOR_ATTR, total)
     hooked = sum(1 for _, m in blocks if any(h is hook for h in m._forward_pre_hooks.values()))
     if hooked != len(blocks):
         raise RuntimeError(f"posenc.hf.extend_context hooked {hooked} of {len(blocks)} blocks of {architecture(model)}")
@@ -84,6 +95,8 @@ def extend_alibi(model: torch.nn.Module, *, factor: float, original: int | None,
         "model_class": type(model).__name__,
         "method": "linear",
         "factor": factor,
+        "rule": rule,
+        "description": f"slopes x 1/{total:g}" + (f" (x{earlier:g} earlier, then x{factor:g})" if earlier != 1 else ""),
         "original_max_position_embeddings": original,
         "max_position_embeddings": {"old": old_len, "new": config.max_seq_len if kind == "mpt" else target},
         "slopes": {"old": slopes, "new": (slopes.double() * scale).float()},

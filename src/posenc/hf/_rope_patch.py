@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -118,6 +119,7 @@ def extend_rope(
     target: int | None,
     layer_type: str | None,
     options: dict[str, Any],
+    replace: bool = False,
 ) -> dict[str, Any]:
     """Apply ``method`` to a loaded transformers RoPE model in place; see ``posenc.hf.extend_context``."""
     config = model.config
@@ -133,29 +135,27 @@ def extend_rope(
                 f"({name!r}, a {type(m).__name__}, is not)",
             )
     old_params = _layer_params(config, layer_type, model)
-    original = default_original(config, layer_type) if original is None else original
-    if target is None:
-        target = lengthen(original, factor)
-    elif original > target:
-        fail("original_max_position_embeddings", original, f"<= the target max_position_embeddings={target}")
     old_setup = rotary_config_from_hf(config, layer_type=layer_type)
-    if isinstance(old_setup.scaling, ProportionalScaling):
-        # One rope_type per config: p-RoPE carries only its own linear factor, so that is all that composes.
-        if method != "linear":
-            fail(
-                "method",
-                method,
-                f"'linear' for {architecture(model)}, whose rope_parameters are p-RoPE ('proportional'): its "
-                "rotating pairs are interpolated by the scaling's own factor; other methods have no HF form there",
-            )
-        scaling = dataclasses.replace(old_setup.scaling, factor=factor)
-    else:
-        scaling = _scaling(method, factor, original, old_setup.rotary_dim, options)
+    current = int(config.max_position_embeddings)
+    plan = plan_extension(
+        old_setup.scaling,
+        method=method,
+        factor=factor,
+        original=original,
+        target=target,
+        current=current,
+        default_original=default_original(config, layer_type),
+        rotary_dim=old_setup.rotary_dim,
+        options=options,
+        replace=replace,
+        model=architecture(model),
+    )
+    scaling, original = plan.scaling, plan.original
     exported = rotary_config_to_hf(dataclasses.replace(old_setup, scaling=scaling))
     new_params = exported["rope_parameters"]
     if "partial_rotary_factor" in old_params:  # Phi-3 and GPT-NeoX configs read it unconditionally
         new_params.setdefault("partial_rotary_factor", old_params["partial_rotary_factor"])
-    new_max = exported.get("max_position_embeddings", target)  # dynamic NTK: its threshold, the original length
+    new_max = exported.get("max_position_embeddings", plan.target)  # dynamic NTK: its threshold, the original length
 
     updates: dict[str, Any] = {"max_position_embeddings": new_max}
     if layer_type is None:
@@ -185,6 +185,8 @@ def extend_rope(
     for (_, m), new in zip(modules, fresh, strict=True):
         _adopt(m, new)
     _check_patched(model, modules, fresh)
+    new_setup = rotary_config_from_hf(config, layer_type=layer_type)
+    guard_cache(modules, new_setup, native_guard=config.model_type == "phi3")
     return {
         "architecture": config.model_type,
         "model_class": type(model).__name__,
@@ -195,10 +197,182 @@ def extend_rope(
         "max_position_embeddings": {"old": old_values["max_position_embeddings"], "new": new_max},
         "rope_parameters": {"old": copy.deepcopy(dict(old_params)), "new": copy.deepcopy(new_params)},
         "scaling": scaling,
-        "positional_setup": {"old": old_setup, "new": rotary_config_from_hf(config, layer_type=layer_type)},
+        "previous_scaling": old_setup.scaling,
+        "rule": plan.rule,
+        "description": plan.description,
+        "positional_setup": {"old": old_setup, "new": new_setup},
         "modules_patched": len(modules),
         "module_names": [name for name, _ in modules],
     }
+
+
+#: Methods that compose with themselves by multiplying their factor (over the same original length).
+COMPOSABLE = ("linear", "dynamic", "yarn", "llama3")
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """What ``extend_context`` will do to a RoPE model: the scaling, its original length, the target context, and
+    how it relates to the model's current scaling (``rule``: ``"new"``, ``"composed"`` or ``"replaced"``)."""
+
+    scaling: RopeScaling
+    original: int
+    target: int
+    rule: str
+    description: str
+
+
+def plan_extension(
+    old: RopeScaling | None,
+    *,
+    method: str,
+    factor: float,
+    original: int | None,
+    target: int | None,
+    current: int,
+    default_original: int,
+    rotary_dim: int,
+    options: dict[str, Any],
+    replace: bool,
+    model: str,
+) -> Plan:
+    """The rule for extending a model whose RoPE may already be scaled (its weights were trained with that scaling,
+    or an earlier call applied it):
+
+    - no scaling: ``method`` at ``factor`` over the original length (default: the context the model has);
+    - the same method (``linear``, ``dynamic``, ``yarn``, ``llama3``; ``linear`` on p-RoPE): composed, i.e. the
+      method at the total factor ``old_factor * factor`` over the scaling's own original length, its other options
+      kept unless given; the context grows by ``factor``. Exact for ``linear`` (and ``ntk``, whose result is a plain
+      RoPE base); for YaRN and Llama 3 it is the papers' own re-extension (YaRN's 64k -> 128k models, s = 16 -> 32
+      over the same 4k);
+    - anything else (another method on a scaled model, ``longrope`` on ``longrope``): refused, since it would drop
+      the frequencies the model was trained with; ``replace=True`` drops them knowingly.
+
+    A context shorter than the model's current one is refused unless ``max_position_embeddings`` asks for it.
+    """
+    replace_note = (
+        "; pass replace=True to drop it (right only when the weights were not trained with it, e.g. a zero-shot "
+        "scaling applied earlier)"
+    )
+    if old is None or replace:
+        if original is None:
+            original = default_original
+        if target is None:
+            target = lengthen(original, factor)
+            if method != "dynamic" and target < current:
+                fail(
+                    "factor",
+                    factor,
+                    f"a factor that reaches at least the model's context of {current} tokens: {method} x{factor:g} "
+                    f"over original_max_position_embeddings={original} covers only {target} (pass a larger factor, "
+                    "or max_position_embeddings to shorten the context on purpose)",
+                )
+        elif original > target:
+            fail("original_max_position_embeddings", original, f"<= the target max_position_embeddings={target}")
+        if isinstance(old, ProportionalScaling) and method != "linear":
+            fail(
+                "method",
+                method,
+                f"'linear' for {model}, whose rope_parameters are p-RoPE ('proportional'): its rotating pairs are "
+                "interpolated by the scaling's own factor; other methods have no HF form there",
+            )
+        if isinstance(old, ProportionalScaling):
+            scaling = dataclasses.replace(old, factor=factor)
+        else:
+            scaling = _scaling(method, factor, original, rotary_dim, options)
+        rule = "new" if old is None else "replaced"
+        dropped = "" if old is None else f", replacing {_describe(old)}"
+        return Plan(scaling, original, target, rule, f"{method} x{factor:g} over {original}{dropped}")
+    proportional = isinstance(old, ProportionalScaling) and method == "linear"
+    if not proportional and (old.rope_type != method or method not in COMPOSABLE):
+        why = (
+            "LongRoPE's factors are searched for one target length, so they do not compose"
+            if method == old.rope_type
+            else f"{method} would replace the {old.rope_type} frequencies the model runs with"
+        )
+        own = "linear" if isinstance(old, ProportionalScaling) else old.rope_type
+        allowed = f"'{own}', which composes with it" if own in (*COMPOSABLE, "linear") and own != method else "none"
+        if isinstance(old, ProportionalScaling):  # one rope_type per config: p-RoPE has no HF form but its own
+            why, replace_note = "p-RoPE carries only its own linear factor in a transformers config", ""
+        fail("method", method, f"{allowed}: {model}'s RoPE is already {_describe(old)}, and {why}{replace_note}")
+    old_factor = getattr(old, "effective_factor", None) or old.factor or 1.0
+    old_original = getattr(old, "original_max_position_embeddings", None) or getattr(
+        old, "max_position_embeddings", None
+    )
+    if original is not None and old_original is not None and original != old_original:
+        fail(
+            "original_max_position_embeddings",
+            original,
+            f"None or {old_original}: {model}'s {old.rope_type} scaling already fixes its original length"
+            f"{replace_note}",
+        )
+    total = old_factor * factor
+    if proportional or method == "linear":
+        scaling = dataclasses.replace(old, factor=total)
+    else:
+        extra = {"max_position_embeddings": None} if method == "yarn" else {}
+        scaling = dataclasses.replace(old, factor=total, **extra, **options)
+    if target is None:
+        target = lengthen(current, factor)
+    original = old_original if old_original is not None else current
+    description = f"{_describe(old)} then x{factor:g} = {method} x{total:g}"
+    return Plan(scaling, original, target, "composed", description)
+
+
+def _describe(scaling: RopeScaling) -> str:
+    factor = getattr(scaling, "effective_factor", None) or getattr(scaling, "factor", None)
+    original = getattr(scaling, "original_max_position_embeddings", None) or getattr(
+        scaling, "max_position_embeddings", None
+    )
+    text = scaling.rope_type + ("" if factor is None else f" x{factor:g}")
+    return text + ("" if original is None else f" over {original}")
+
+
+class CacheStaleWarning(UserWarning):
+    """A cached forward of a model whose RoPE frequencies depend on the length crossed to new frequencies: the keys
+    in its KV cache were rotated with the old ones."""
+
+
+_GUARD_ATTR = "_posenc_cache_guard"
+
+
+def guard_cache(modules: list[tuple[str, torch.nn.Module]], setup: Any, *, native_guard: bool) -> None:
+    """Warn (once per module) when a call continues a cache (its first position > 0) at a length whose frequencies
+    differ from the previous call's, for ``dynamic``/``longrope``; earlier guards are removed. ``native_guard``:
+    the architecture handles it itself (Phi-3's generation drops the cache at the LongRoPE switch)."""
+    from posenc.encodings.rotary import RotaryEmbedding
+
+    for _, m in modules:
+        handle = getattr(m, _GUARD_ATTR, None)
+        if handle is not None:
+            handle.remove()
+            delattr(m, _GUARD_ATTR)
+    scaling = setup.scaling
+    if scaling is None or not scaling.depends_on_length or native_guard:
+        return
+    rope = RotaryEmbedding.from_config(setup)
+    for _, m in modules:
+        state: dict[str, Any] = {"length": None, "warned": False}
+
+        def check(module, args, kwargs, state=state):  # noqa: ANN001, ANN202 - forward pre-hook
+            positions = kwargs.get("position_ids", args[1] if len(args) > 1 else None)
+            if not isinstance(positions, torch.Tensor) or torch.compiler.is_compiling() or positions.numel() == 0:
+                return None
+            start, length = int(positions.min()), int(positions.max()) + 1
+            last, state["length"] = state["length"], length
+            if start > 0 and last is not None and not state["warned"] and not rope.same_frequencies(last, length):
+                state["warned"] = True
+                warnings.warn(
+                    f"posenc.hf.extend_context: this {scaling.rope_type} model changes its RoPE frequencies between "
+                    f"length {last} and {length}, but the KV cache holds keys rotated with the old ones, so cached "
+                    "generation now differs from the full forward. Run without the cache (use_cache=False), or "
+                    "re-encode the prompt when crossing original_max_position_embeddings (as Phi-3 does).",
+                    CacheStaleWarning,
+                    stacklevel=2,
+                )
+            return None
+
+        setattr(m, _GUARD_ATTR, m.register_forward_pre_hook(check, with_kwargs=True))
 
 
 def _check_patched(model: torch.nn.Module, modules: list, fresh: list) -> None:

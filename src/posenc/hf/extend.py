@@ -40,6 +40,7 @@ def extend_context(
     original_max_position_embeddings: int | None = None,
     max_position_embeddings: int | None = None,
     layer_type: str | None = None,
+    replace: bool = False,
     **options: Any,
 ) -> dict[str, Any]:
     """Extend the context of a loaded transformers model in place; return what changed.
@@ -49,10 +50,22 @@ def extend_context(
     ``ntk``, which transformers lacks: default RoPE with base ``base * factor ** (d / (d - 2))``). ALiBi models get
     every slope multiplied by ``1 / factor``.
 
+    A model that is already scaled (trained with a scaling, like Llama 3.1 or Qwen2.5-1M, or extended by an earlier
+    call) follows one rule for every method and every call: the same method composes -- its total factor is the
+    product, over the scaling's own original length, and the context grows by ``factor`` (``linear``, ``dynamic``,
+    ``yarn``, ``llama3``; ``linear`` on p-RoPE; ALiBi's slope interpolation; ``ntk`` needs nothing, its result is
+    a plain RoPE base) -- and anything else is refused, because it would drop the frequencies the model runs with
+    (``replace=True`` drops them on purpose). A result shorter than the current context is refused unless
+    ``max_position_embeddings`` asks for it. The returned ``rule`` and ``description`` say which case applied.
+
     What persists: a RoPE model's scaling is in its config, so ``save_pretrained`` keeps it and a reload rebuilds the
     same model (the rebuilt ``inv_freq`` is float32 even in a bf16 model, as at load time). ALiBi's slope
-    interpolation is a forward pre-hook on each block (transformers has no config key for it): it is not saved, and a
-    second call replaces it rather than compounding.
+    interpolation is a forward pre-hook on each block (transformers has no config key for it): it is not saved.
+
+    ``dynamic`` and ``longrope`` change their frequencies with the length. transformers' KV cache keeps keys rotated
+    with the frequencies of the step that wrote them, so cached generation past the original length drifts from
+    the no-cache forward (Phi-3's own generation code drops the cache at the switch; other architectures do not):
+    the patched model warns once when a cached forward crosses to new frequencies (``posenc.hf.CacheStaleWarning``).
 
     Args:
         model: a transformers model (e.g. ``LlamaForCausalLM``) of a type in ``supported_model_types()``.
@@ -64,6 +77,8 @@ def extend_context(
         max_position_embeddings: the new context length written to the config (MPT: ``max_seq_len``); defaults to
             ``ceil(original * factor)``. ``dynamic`` keeps the original length there, as transformers expects.
         layer_type: for per-layer-type ``rope_parameters`` (Gemma 3, Gemma 4), the layer type to extend.
+        replace: drop the model's current scaling and apply ``method`` over its original length, instead of the
+            rule above (composing the same method, refusing another).
         **options: the method's own keys, ``METHOD_OPTIONS[method]``: YaRN's ``beta_fast``, ``beta_slow``,
             ``mscale``, ``mscale_all_dim``, ``attention_factor``, ``truncate``; LongRoPE's ``long_factor``
             (required), ``short_factor`` (default all ones) and ``attention_factor``; Llama 3's
@@ -72,15 +87,17 @@ def extend_context(
     Returns:
         A dict: ``architecture``, ``model_class``, ``method``, ``factor``, ``original_max_position_embeddings``,
         ``max_position_embeddings`` ``{"old", "new"}``, ``modules_patched`` (count) and ``module_names``; for RoPE
-        also ``layer_type``, ``scaling`` (the posenc ``RopeScaling`` applied), and ``rope_parameters`` and
+        also ``layer_type``, ``scaling`` (the posenc ``RopeScaling`` applied), ``previous_scaling`` (None if there was
+        none), ``rule`` (``"new"``, ``"composed"`` or ``"replaced"``), ``description``, and ``rope_parameters`` and
         ``positional_setup`` (``RotaryConfig``, as ``positional_setup`` reads the config) ``{"old", "new"}``; for
         ALiBi ``slopes`` ``{"old", "new"}``.
 
     Raises:
         ValueError: an architecture that is not handled (naming ``model.config.model_type`` and the class), an
-            unknown method or option, ``factor < 1``, an original length above the target, a method other than
-            ``linear`` on a p-RoPE (``proportional``) model, or a scaling the model's config class rejects. The
-            model is left unchanged.
+            unknown method or option, ``factor < 1``, an original length above the target, a method that would drop
+            the model's current scaling (another method, ``longrope`` twice, anything but ``linear`` on p-RoPE), a
+            context shorter than the current one, or a scaling the model's config class rejects. The model is left
+            unchanged.
     """
     if not isinstance(model, torch.nn.Module) or getattr(model, "config", None) is None:
         fail("model", type(model).__name__, "a transformers model (a torch.nn.Module with a .config)")
@@ -99,6 +116,8 @@ def extend_context(
         if method == "dynamic":
             fail("max_position_embeddings", max_position_embeddings, "None for 'dynamic' (it has no fixed target)")
 
+    if not isinstance(replace, bool):
+        fail("replace", replace, "True or False")
     if kind in ALIBI_MODEL_TYPES:
         if method != "linear":
             fail("method", method, f"'linear' (slope interpolation) for the ALiBi model {architecture(model)}")
@@ -106,7 +125,7 @@ def extend_context(
             fail("layer_type", layer_type, f"None for the ALiBi model {architecture(model)}")
         from posenc.hf._alibi_patch import extend_alibi
 
-        return extend_alibi(model, factor=factor, original=original, target=max_position_embeddings)
+        return extend_alibi(model, factor=factor, original=original, target=max_position_embeddings, replace=replace)
 
     from posenc.hf._rope_patch import extend_rope
 
@@ -118,4 +137,5 @@ def extend_context(
         target=max_position_embeddings,
         layer_type=layer_type,
         options=options,
+        replace=replace,
     )
