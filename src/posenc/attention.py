@@ -15,8 +15,9 @@ Backends:
     flex: FlexAttention (Dong et al. 2024, "Flex Attention: A Programming Model for Generating Optimized Attention
         Kernels", arXiv:2412.05496) with the encoding's ``score_mod`` and a block-sparse mask, compiled: memory
         linear in length, the bias kept in float32. No backward on CPU in current PyTorch; no float64 on CPU. On
-        CPU with fewer than ``FLEX_BLOCK`` keys it runs FlexAttention's unfused form: the compiled CPU kernel of
-        torch 2.13 returns wrong rows or NaN there on AVX2-only processors (seen on an AMD EPYC without AVX-512).
+        CPU, q and k with head dims below ``CPU_FLEX_MIN_HEAD_DIM`` are zero-padded to it (scores unchanged): the
+        compiled CPU kernel of torch 2.13 returns wrong rows or NaN for head dims of 16 and below on AVX2-only
+        processors (seen on an AMD EPYC without AVX-512).
     auto: ``eager`` for value terms; ``sdpa`` without a bias; with a bias, ``flex`` where it can run (CUDA, or CPU
         without gradients) once the materialised bias would exceed ``FLEX_MIN_BIAS_BYTES``, and at any size inside
         ``torch.compile`` (a compiled model keeps its FlexAttention kernel); ``sdpa`` otherwise.
@@ -33,7 +34,6 @@ Shapes:
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Sequence
 
 import torch
@@ -51,6 +51,9 @@ FLEX_MIN_BIAS_BYTES = 32 * 2**20
 
 #: FlexAttention's block size: the block mask has one entry per 128 x 128 tile.
 FLEX_BLOCK = 128
+
+#: On CPU, q and k narrower than this are zero-padded to it before FlexAttention (see ``_flex``).
+CPU_FLEX_MIN_HEAD_DIM = 32
 
 
 def attention(
@@ -428,16 +431,15 @@ def _flex(q, k, v, encoding, q_pos, k_pos, mask, scale):  # noqa: ANN001, ANN202
     score_mod = encoding.score_mod(q_pos, k_pos, q=q, scale=scale)
     if score_mod is None and type(encoding).bias is not Encoding.bias:
         fail("backend", "flex", f"'eager' or 'sdpa': {type(encoding).__name__} defines bias() but no score_mod()")
+    if q.device.type == "cpu" and q.shape[-1] < CPU_FLEX_MIN_HEAD_DIM:
+        # Compiled CPU FlexAttention (torch 2.13, AVX2-only CPUs such as AMD EPYC without AVX-512) returns wrong rows
+        # or NaN for q/k head dims of 16 and below. Zero channels leave every score as it is (scale is explicit).
+        pad = CPU_FLEX_MIN_HEAD_DIM - q.shape[-1]
+        q, k = F.pad(q, (0, pad)), F.pad(k, (0, pad))  # (B, H, S, D) -> (B, H, S, 32)
     block_mask = mask.block_mask(q.device)
     kwargs = {"score_mod": score_mod, "block_mask": block_mask, "scale": scale, "enable_gqa": k.shape[1] != q.shape[1]}
     if torch.compiler.is_compiling():
         return flex_attention(q, k, v, **kwargs)
-    if q.device.type == "cpu" and k.shape[2] < FLEX_BLOCK:
-        # Compiled CPU FlexAttention (torch 2.13, AVX2-only CPUs such as AMD EPYC without AVX-512) returns wrong
-        # rows or NaN when there are fewer keys than one block; the unfused form is exact, and tiny at this size.
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
-            return flex_attention(q, k, v, **kwargs)
     if _COMPILED_FLEX is None:
         # Static shapes: one kernel per shape. Dynamic-shape CPU kernels fail to build in torch 2.13 (inductor
         # emits an undeclared split-size variable), and the fixed shapes of training/evaluation compile once.
