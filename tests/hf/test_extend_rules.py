@@ -125,11 +125,16 @@ def test_replace_drops_the_scaling_on_purpose(ids):
 
 
 def test_a_shorter_context_only_when_asked():
+    """Refused when it would follow from defaults (the llama3 cases above); allowed when the caller says so: an
+    explicit target, or an explicit original length ("treat this model as trained at 8 tokens", as the lab does)."""
     model = tiny_model("llama")
-    with pytest.raises(ValueError, match="covers only 16"):
-        extend_context(model, "linear", 2.0, original_max_position_embeddings=8)
     report = extend_context(model, "linear", 2.0, original_max_position_embeddings=8, max_position_embeddings=16)
     assert model.config.max_position_embeddings == 16 and report["max_position_embeddings"]["new"] == 16
+    other = tiny_model("llama")
+    assert extend_context(other, "yarn", 2.0, original_max_position_embeddings=8)["max_position_embeddings"] == {
+        "old": ORIGINAL,
+        "new": 16,
+    }
 
 
 @pytest.mark.parametrize("kind", ["bloom", "mpt"])

@@ -248,24 +248,26 @@ def plan_extension(
     - anything else (another method on a scaled model, ``longrope`` on ``longrope``): refused, since it would drop
       the frequencies the model was trained with; ``replace=True`` drops them knowingly.
 
-    A context shorter than the model's current one is refused unless ``max_position_embeddings`` asks for it.
+    A context shorter than the model's current one is refused unless asked for (``max_position_embeddings``, or an
+    explicit ``original_max_position_embeddings``: "treat this model as trained at that length").
     """
     replace_note = (
         "; pass replace=True to drop it (right only when the weights were not trained with it, e.g. a zero-shot "
         "scaling applied earlier)"
     )
     if old is None or replace:
+        explicit = original is not None
         if original is None:
             original = default_original
         if target is None:
             target = lengthen(original, factor)
-            if method != "dynamic" and target < current:
+            if method != "dynamic" and target < current and not explicit:
                 fail(
                     "factor",
                     factor,
                     f"a factor that reaches at least the model's context of {current} tokens: {method} x{factor:g} "
                     f"over original_max_position_embeddings={original} covers only {target} (pass a larger factor, "
-                    "or max_position_embeddings to shorten the context on purpose)",
+                    "or max_position_embeddings or original_max_position_embeddings to shorten it on purpose)",
                 )
         elif original > target:
             fail("original_max_position_embeddings", original, f"<= the target max_position_embeddings={target}")

@@ -55,8 +55,9 @@ def extend_context(
     product, over the scaling's own original length, and the context grows by ``factor`` (``linear``, ``dynamic``,
     ``yarn``, ``llama3``; ``linear`` on p-RoPE; ALiBi's slope interpolation; ``ntk`` needs nothing, its result is
     a plain RoPE base) -- and anything else is refused, because it would drop the frequencies the model runs with
-    (``replace=True`` drops them on purpose). A result shorter than the current context is refused unless
-    ``max_position_embeddings`` asks for it. The returned ``rule`` and ``description`` say which case applied.
+    (``replace=True`` drops them on purpose). A result shorter than the current context is refused unless asked
+    for (``max_position_embeddings``, or an explicit ``original_max_position_embeddings``). The returned ``rule``
+    and ``description`` say which case applied.
 
     What persists: a RoPE model's scaling is in its config, so ``save_pretrained`` keeps it and a reload rebuilds the
     same model (the rebuilt ``inv_freq`` is float32 even in a bf16 model, as at load time). ALiBi's slope
