@@ -7,7 +7,8 @@ from hypothesis import strategies as st
 from torch.testing import assert_close
 
 from posenc.encodings.xpos import XPos, XPosConfig
-from posenc.functional.xpos import xpos_scale, xpos_zeta
+from posenc.functional.rope import apply_rotary, table_dtype
+from posenc.functional.xpos import cos_sin_of, xpos_cos_sin, xpos_scale, xpos_zeta
 from reference.xpos import xpos as reference_xpos
 from reference.xpos import xpos_factor
 
@@ -159,15 +160,144 @@ def test_center_cancels_in_scores(head_dim, layout, positions, center, seed):
 
 
 def test_center_keeps_long_positions_in_float32_range():
-    """At 100k positions the float32 factors over/underflow; centring at the positions in use keeps them finite."""
+    """At 100k positions the float32 factors over/underflow (refused); centring at the positions in use keeps them
+    finite and the scores unchanged."""
     d, s = 64, 4
     q = torch.randn(1, 1, s, d)
     pos = torch.arange(s) + 100_000
-    q_far, k_far = XPos(d)(q, q, pos)
-    assert not bool(torch.isfinite(k_far).all())
+    with pytest.raises(ValueError, match=r"^positions\[3\]=100003 is invalid"):
+        XPos(d)(q, q, pos)
     q_c, k_c = XPos(d, center=100_000.0)(q, q, pos)
     want = _scores(*XPos(d)(q.double(), q.double(), torch.arange(s))).float()
     assert_close(_scores(q_c, k_c), want)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Position range: one of the factors zeta ** (+-(p - center) / scale_base) leaves the dtype's range
+
+#: floor(xpos_max_distance) at scale_base=512: -ln(finfo.tiny) / ln(7/2) * 512 (zeta_0 = 2/7 for every D).
+#: float16 inputs are limited by their output dtype, although their tables are float32.
+LIMITS = {torch.float32: 35694, torch.bfloat16: 35694, torch.float16: 3966, torch.float64: 289519}
+
+
+def _pairs_of_norm(shape: tuple, norm: float, dtype: torch.dtype, layout: str = "interleaved") -> torch.Tensor:
+    """Random ``x`` whose every channel pair has the given norm (the factor multiplies the pair's norm)."""
+    pairs = (-1, 2) if layout == "interleaved" else (2, -1)  # (2i, 2i + 1) or (i, i + D/2)
+    x = torch.randn(*shape, dtype=torch.float64).unflatten(-1, pairs)
+    member = -1 if layout == "interleaved" else -2
+    return (x / x.norm(dim=member, keepdim=True) * norm).flatten(-2).to(dtype)
+
+
+def test_default_refuses_positions_past_float32_range():
+    """Used to return NaN keys at 40,000 (key factors (7/2) ** (40000/512) = 1e42 overflow float32) silently."""
+    q, k = torch.randn(1, 2, 4, 64), torch.randn(1, 1, 4, 64)
+    pos = torch.arange(4) + 40_000
+    with pytest.raises(ValueError) as error:
+        XPos(64)(q, k, pos)
+    message = str(error.value)
+    assert message.startswith(
+        "positions[3]=40003 is invalid: expected |position - center| <= 35694.1 for torch.float32"
+    )
+    assert "zeta**(±(n - center)/scale_base) overflows/underflows torch.float32" in message
+
+
+@pytest.mark.parametrize("dtype", list(LIMITS))
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_positions_up_to_the_limit_give_finite_outputs(dtype, layout):
+    enc = XPos(64, layout=layout)
+    limit = LIMITS[dtype]
+    assert int(enc.max_distance(dtype)) == limit
+    # Within the limit every factor lies in [tiny, 1 / tiny], so pairs of norm below tiny * max (~4) stay finite,
+    # and no query or key pair is flushed to zero.
+    x = _pairs_of_norm((2, 3, 4, 64), 3.9, dtype, layout)
+    pos = torch.tensor([limit, -limit, 0, limit - 1])
+    for out in enc(x, x, pos):
+        assert out.dtype == dtype
+        assert bool(torch.isfinite(out).all())
+        pairs = out.unflatten(-1, (32, 2) if layout == "interleaved" else (2, 32))
+        assert bool((pairs != 0).any(-1 if layout == "interleaved" else -2).all())
+
+
+@pytest.mark.parametrize("dtype", list(LIMITS))
+def test_the_limit_is_where_the_arithmetic_overflows(dtype):
+    """The refusal is not over-cautious: keys whose pairs (norm 3.9) rotate onto a channel stay finite at the limit
+    and overflow 25 positions (0.05 * scale_base) past it, on the unchecked path.
+
+    There the largest key factor is (7/2) ** (25/512) = 1.063 times 1 / tiny, past the 4 / 3.9 = 1.026 of headroom.
+    """
+    enc = XPos(64)
+    for position, finite in ((LIMITS[dtype], True), (LIMITS[dtype] + 25, False)):
+        pos = torch.tensor([position])
+        angles = pos.double()[:, None] * enc.inv_freq.double()  # (1, 32)
+        x = (3.9 * torch.stack((angles.cos(), -angles.sin()), dim=-1)).flatten(-2).to(dtype)  # rotates to (3.9, 0)
+        cos, sin = cos_sin_of(pos, enc.inv_freq, scale_base=512.0, center=0.0, downscale=True, dtype=table_dtype(dtype))
+        assert bool(torch.isfinite(apply_rotary(x, cos, sin, layout="interleaved")).all()) == finite
+
+
+@pytest.mark.parametrize("dtype", list(LIMITS))
+@pytest.mark.parametrize("sign", [1, -1])
+def test_positions_past_the_limit_are_refused(dtype, sign):
+    enc = XPos(64, center=1000.0)
+    q, k = torch.randn(1, 2, 3, 64).to(dtype), torch.randn(1, 1, 3, 64).to(dtype)
+    far = 1000 + sign * (LIMITS[dtype] + 1)
+    ok, bad = torch.tensor([1000, 1001, 1002]), torch.tensor([1000, far, 1002])
+    with pytest.raises(ValueError, match=rf"^positions\[1\]={far} is invalid: .*for {dtype} .*center=1000.0"):
+        enc(q, k, bad, ok)
+    with pytest.raises(ValueError, match=rf"^k_positions\[1\]={far} is invalid: .*for {dtype}"):
+        enc(q, k, ok, bad)
+    with pytest.raises(ValueError, match=rf"^positions\[0, 1\]={far} is invalid: .*for {dtype}"):
+        enc(q, k, bad[None])  # keys default to the query positions
+    with pytest.raises(ValueError, match=rf"^positions\[1\]={far} is invalid"):
+        enc.rotate_one(q, bad, downscale=True)
+
+
+def test_float_positions_and_the_message_bounds():
+    """The bounds in the message are rounded inwards: a refused float position is never shown as allowed."""
+    enc = XPos(8, scale_base=64.0, center=0.5)
+    limit = enc.max_distance(torch.float32)  # 4461.77...
+    x = torch.randn(1, 1, 2, 8)
+    enc(x, x, torch.tensor([0.5 + limit, 0.5 - limit], dtype=torch.float64))
+    with pytest.raises(ValueError) as error:
+        enc(x, x, torch.tensor([0.0, 0.5 + limit + 0.01], dtype=torch.float64))
+    assert "|position - center| <= 4461.7 for torch.float32 (positions -4461.2 .. 4462.2 with center=0.5" in str(
+        error.value
+    )
+
+
+def test_range_is_rechecked_after_an_in_place_change():
+    """The extremes are read once per tensor (one host sync for all layers) until the tensor changes."""
+    enc, x = XPos(16), torch.randn(1, 1, 4, 16)
+    pos = torch.arange(4)
+    enc(x, x, pos)
+    enc(x, x, pos)
+    pos[2] = 50_000
+    with pytest.raises(ValueError, match=r"^positions\[2\]=50000"):
+        enc(x, x, pos)
+    view = torch.arange(8)[:4]
+    enc(x, x, view)
+    view._base[1] = -50_000  # an in-place change through the base bumps the view's version too
+    with pytest.raises(ValueError, match=r"^positions\[1\]=-50000"):
+        enc(x, x, view)
+    with torch.inference_mode():  # no version counter: checked on every call
+        pos = torch.arange(4)
+        enc(x, x, pos)
+        pos[0] = 50_000
+        with pytest.raises(ValueError, match=r"^positions\[0\]=50000"):
+            enc(x, x, pos)
+
+
+def test_functions_refuse_positions_past_their_dtype():
+    pos = torch.tensor([0, 289_520])  # past float64's limit; factors are float64
+    with pytest.raises(ValueError, match=r"^positions\[1\]=289520 .*for torch\.float64"):
+        xpos_scale(pos, dim=8)
+    xpos_scale(torch.tensor([0, 289_519]), dim=8)
+    inv_freq = XPos(8).inv_freq
+    with pytest.raises(ValueError, match=r"^positions\[1\]=35695 .*for torch\.float32"):
+        xpos_cos_sin(torch.tensor([0, 35_695]), inv_freq)
+    cos, _ = xpos_cos_sin(torch.tensor([0, 35_695]), inv_freq, dtype=torch.float64)
+    assert bool(torch.isfinite(cos).all())
+    with pytest.raises(ValueError, match=r"^positions\[1\]=-35695 .*for torch\.float32"):
+        XPos(8).cos_sin(torch.tensor([0, -35_695]), downscale=True)
 
 
 def test_key_positions_default_to_query_positions():
@@ -249,3 +379,18 @@ def test_compiles_without_graph_breaks():
     want_q, want_k = enc(q, k, pos)
     assert_close(got_q, want_q)
     assert_close(got_k, want_k)
+
+
+def test_range_check_is_skipped_where_values_cannot_be_read():
+    """Like the finiteness check: no host sync (no graph break) under torch.compile or vmap, none for meta tensors;
+    the eager call in the same program refuses the same positions."""
+    enc, q = XPos(16), torch.randn(1, 2, 4, 16)
+    far = torch.arange(4) + 40_000
+    q_far, k_far = torch.compile(enc, fullgraph=True)(q, q, far)
+    assert not bool(torch.isfinite(k_far).all())  # what the eager check guards against
+    rotated = torch.vmap(lambda p: enc.rotate_one(q[0], p))(far[None])
+    assert rotated.shape == (1, 2, 4, 16)
+    meta = XPos(16).to("meta")
+    meta(q.to("meta"), q.to("meta"), far.to("meta"))
+    with pytest.raises(ValueError, match=r"^positions\[3\]=40003"):
+        enc(q, q, far)

@@ -20,7 +20,7 @@ from posenc._config import DictConfig
 from posenc.encodings._base import FrequencyModule, check_position_values, check_qk
 from posenc.encodings.rotary import check_positions
 from posenc.functional.rope import LAYOUTS, default_inv_freq, table_dtype
-from posenc.functional.xpos import xpos_cos_sin
+from posenc.functional.xpos import check_xpos_positions, cos_sin_of, xpos_cos_sin, xpos_max_distance
 from posenc.registry import register
 
 
@@ -58,8 +58,10 @@ class XPos(FrequencyModule):
         layout: ``"interleaved"`` (torchscale, GPT-J) pairs 2i with 2i + 1; ``"half"`` (GPT-NeoX / HF) pairs i with
             i + D/2. Pair ``i`` has frequency ``base ** (-2i / D)`` and decay base ``zeta_i`` in both layouts.
         center: position at which both factors are 1. It cancels in ``q . k``; it only keeps the factors of
-            positions far from 0 inside the float range (float32: ``|p - center| <~ 69 * scale_base``, float16:
-            ``<~ 7 * scale_base``; see ``posenc.functional.xpos``). torchscale centres at half the length.
+            positions far from 0 inside the float range. Positions with ``|p - center| > max_distance(x.dtype)``
+            (float32/bfloat16 ``69.7 * scale_base``, float16 ``7.7 * scale_base``, float64 ``565 * scale_base``;
+            see ``posenc.functional.xpos``) are refused with a ``ValueError``. torchscale centres at half the
+            length.
 
     Shapes:
         q (B, H, S, D), k (B, Hkv, T, D), positions (S,) or (B, S) -> q, k of the same shapes and dtypes.
@@ -99,6 +101,19 @@ class XPos(FrequencyModule):
             dtype=dtype,
         )
 
+    def max_distance(self, dtype: torch.dtype = torch.float32) -> float:
+        """The largest ``|position - center|`` whose factors stay normal ``dtype`` numbers (inputs of ``dtype``)."""
+        return xpos_max_distance(self.config.head_dim, scale_base=self.config.scale_base, dtype=dtype)
+
+    def check_position_range(self, positions: torch.Tensor, x_dtype: torch.dtype, name: str = "positions") -> None:
+        """Refuse positions past ``max_distance(x_dtype)`` from ``center`` (one host sync per positions tensor,
+        none under ``torch.compile``/``vmap``). The factors live in the tables (float32, float64 for float64) and
+        then in the output, ``x_dtype``: the narrower range of the two, which is ``x_dtype``'s."""
+        c = self.config
+        check_xpos_positions(
+            positions, dim=c.head_dim, scale_base=c.scale_base, center=c.center, dtype=x_dtype, name=name
+        )
+
     def rotate_one(self, x: torch.Tensor, positions: torch.Tensor, *, downscale: bool = False) -> torch.Tensor:
         """Rotate and scale one tensor ``x (B, H, S, D)`` (or ``(S, D)``, ``(H, S, D)``) at ``positions``.
 
@@ -108,8 +123,8 @@ class XPos(FrequencyModule):
             fail("x.shape[-1]", x.shape[-1], f"head_dim = {self.config.head_dim}")
         check_positions(positions, x)
         check_position_values(positions, x)
-        cos, sin = self.cos_sin(positions, downscale=downscale, dtype=table_dtype(x.dtype))
-        return self._apply_tables(x, cos, sin, batched=positions.dim() == 2)
+        self.check_position_range(positions, x.dtype)
+        return self._scaled_rotation(x, positions, downscale)
 
     def rotate(
         self, q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor
@@ -120,7 +135,23 @@ class XPos(FrequencyModule):
         check_positions(q_pos, q, "positions")
         check_positions(k_pos, k, "k_positions")
         self._check_position_pair(q, k, q_pos, k_pos)
-        return self.rotate_one(q, q_pos), self.rotate_one(k, k_pos, downscale=True)
+        self.check_position_range(q_pos, q.dtype, "positions")
+        if k_pos is not q_pos or k.dtype != q.dtype:
+            self.check_position_range(k_pos, k.dtype, "positions" if k_pos is q_pos else "k_positions")
+        return self._scaled_rotation(q, q_pos, False), self._scaled_rotation(k, k_pos, True)
+
+    def _scaled_rotation(self, x: torch.Tensor, positions: torch.Tensor, downscale: bool) -> torch.Tensor:
+        """``rotate_one`` for arguments already checked."""
+        c = self.config
+        cos, sin = cos_sin_of(
+            positions,
+            self.inv_freq.to(positions.device),
+            scale_base=c.scale_base,
+            center=c.center,
+            downscale=downscale,
+            dtype=table_dtype(x.dtype),
+        )
+        return self._apply_tables(x, cos, sin, batched=positions.dim() == 2)
 
     def extra_repr(self) -> str:
         c = self.config

@@ -30,7 +30,7 @@ from posenc.functional.rope_scaling import (
 from posenc.functional.sandwich import sandwich_bias, sandwich_frequencies
 from posenc.functional.sinusoidal import sinusoidal_2d_encoding, sinusoidal_encoding
 from posenc.functional.temperature import apply_temperature, attention_temperature
-from posenc.functional.xpos import xpos_cos_sin, xpos_scale, xpos_zeta
+from posenc.functional.xpos import check_xpos_positions, xpos_cos_sin, xpos_max_distance, xpos_scale, xpos_zeta
 
 __all__ = [
     "alibi_2d_bias",
@@ -83,6 +83,8 @@ __all__ = [
     "t5_relative_position_bucket",
     "table_dtype",
     "xpos_cos_sin",
+    "xpos_max_distance",
+    "check_xpos_positions",
     "xpos_scale",
     "xpos_zeta",
     "yarn_frequencies",
