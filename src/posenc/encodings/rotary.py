@@ -338,7 +338,7 @@ class RotaryEmbedding(FrequencyModule):
         inv_old, factor_old = self._frequencies(old, device=positions.device)
         inv_new, factor_new = self._frequencies(new, device=positions.device)
         delta = inv_new.double() - inv_old.double()  # (F,) or per token (..., T, F)
-        angles = angles_of(pos, delta.expand(*pos.shape, delta.shape[-1]) if delta.dim() > 1 else delta)
+        angles = angles_of(pos, delta)  # (..., T, F)
         ratio = factor_new / factor_old
         cos, sin = (angles.cos() * ratio).to(table_dtype(x.dtype)), (angles.sin() * ratio).to(table_dtype(x.dtype))
         return self._apply_tables(x, cos, sin, batched=cos.dim() == 3)

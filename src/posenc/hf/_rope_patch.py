@@ -271,14 +271,14 @@ def plan_extension(
                 )
         elif original > target:
             fail("original_max_position_embeddings", original, f"<= the target max_position_embeddings={target}")
-        if isinstance(old, ProportionalScaling) and method != "linear":
-            fail(
-                "method",
-                method,
-                f"'linear' for {model}, whose rope_parameters are p-RoPE ('proportional'): its rotating pairs are "
-                "interpolated by the scaling's own factor; other methods have no HF form there",
-            )
         if isinstance(old, ProportionalScaling):
+            if method != "linear":
+                fail(
+                    "method",
+                    method,
+                    f"'linear' for {model}, whose rope_parameters are p-RoPE ('proportional'): its rotating pairs are "
+                    "interpolated by the scaling's own factor; other methods have no HF form there",
+                )
             scaling = dataclasses.replace(old, factor=factor)
         else:
             scaling = _scaling(method, factor, original, rotary_dim, options)
@@ -297,10 +297,7 @@ def plan_extension(
         if isinstance(old, ProportionalScaling):  # one rope_type per config: p-RoPE has no HF form but its own
             why, replace_note = "p-RoPE carries only its own linear factor in a transformers config", ""
         fail("method", method, f"{allowed}: {model}'s RoPE is already {_describe(old)}, and {why}{replace_note}")
-    old_factor = getattr(old, "effective_factor", None) or old.factor or 1.0
-    old_original = getattr(old, "original_max_position_embeddings", None) or getattr(
-        old, "max_position_embeddings", None
-    )
+    old_factor, old_original = _factor_of(old) or 1.0, _original_of(old)
     if original is not None and old_original is not None and original != old_original:
         fail(
             "original_max_position_embeddings",
@@ -309,11 +306,9 @@ def plan_extension(
             f"{replace_note}",
         )
     total = old_factor * factor
-    if proportional or method == "linear":
-        scaling = dataclasses.replace(old, factor=total)
-    else:
-        extra = {"max_position_embeddings": None} if method == "yarn" else {}
-        scaling = dataclasses.replace(old, factor=total, **extra, **options)
+    # YaRN's max_position_embeddings would otherwise derive a factor of its own; linear takes no options.
+    extra = {"max_position_embeddings": None} if method == "yarn" else {}
+    scaling = dataclasses.replace(old, factor=total, **extra, **options)
     if target is None:
         target = lengthen(current, factor)
     original = old_original if old_original is not None else current
@@ -321,11 +316,20 @@ def plan_extension(
     return Plan(scaling, original, target, "composed", description)
 
 
-def _describe(scaling: RopeScaling) -> str:
-    factor = getattr(scaling, "effective_factor", None) or getattr(scaling, "factor", None)
-    original = getattr(scaling, "original_max_position_embeddings", None) or getattr(
+def _factor_of(scaling: RopeScaling) -> float | None:
+    """The scaling's factor (YaRN/LongRoPE: derived where only lengths are given); None if it has none."""
+    return getattr(scaling, "effective_factor", None) or getattr(scaling, "factor", None)
+
+
+def _original_of(scaling: RopeScaling) -> int | None:
+    """The length the scaling starts from: its original length (dynamic NTK: its threshold); None if it has none."""
+    return getattr(scaling, "original_max_position_embeddings", None) or getattr(
         scaling, "max_position_embeddings", None
     )
+
+
+def _describe(scaling: RopeScaling) -> str:
+    factor, original = _factor_of(scaling), _original_of(scaling)
     text = scaling.rope_type + ("" if factor is None else f" x{factor:g}")
     return text + ("" if original is None else f" over {original}")
 
