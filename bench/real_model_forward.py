@@ -6,8 +6,15 @@ every position (perplexity by position), over the same tokens (Python standard l
 model's tokenizer), and runs in a fresh process so its peak RSS is its own:
 
 - ``attn``: transformers' ``eager`` attention (materialises the (S, S) scores per head) or ``sdpa``;
-- ``dtype``: ``float32`` or ``bfloat16`` weights and activations, or ``autocast``: float32 weights and residual
-  stream, matrix products in bfloat16 (``torch.autocast("cpu", torch.bfloat16)``);
+- ``dtype`` (the precision split; the first setting is the reference the others are compared with):
+  ``float32``; ``bf16weights`` (a float32 model whose weights are rounded to bfloat16: the weights' share of the
+  error alone); ``bfloat16`` (weights and every activation; transformers casts its cos/sin tables to bfloat16 and
+  rotates in bfloat16); ``bfloat16+rope32`` (bfloat16 weights, RoPE tables and the rotation in float32, q and k
+  cast to bfloat16 after it); ``bfloat16+attn32`` (attention scores, softmax and the value sum in float32, from
+  bfloat16 q, k, v); ``bfloat16+rope32+attn32`` (both); ``autocast`` (float32 weights, residual stream, norms and
+  RoPE; linear layers and attention in bfloat16: ``torch.autocast("cpu", torch.bfloat16)``); ``autocast+attn32``
+  (autocast with attention left in float32: only the linear layers in bfloat16); ``int8`` (dynamic int8 ``Linear``
+  layers, ``torch.ao.quantization.quantize_dynamic``, the output head kept float32);
 - ``mode``: ``logits`` (one forward, the full (S, vocab) float logits, then the loss: 2.4 GB at 12288 tokens);
   ``hidden`` (one forward to the last hidden states, then the head and the loss in 1024-row chunks); ``prefill``
   (2048-token chunks through a KV cache, head and loss per chunk: attention memory linear in S);
@@ -23,6 +30,7 @@ Usage:
   python bench/real_model_forward.py                    # the default settings at 4096 tokens
   python bench/real_model_forward.py --length 12288 --repeats 1 \
       --settings sdpa,float32,hidden sdpa,float32,prefill sdpa,autocast,hidden sdpa,bfloat16,hidden
+  python bench/real_model_forward.py --length 4096 --settings precision     # every precision split, sdpa, hidden
 """
 
 from __future__ import annotations
@@ -55,6 +63,18 @@ DEFAULT_SETTINGS = (
     "sdpa,bfloat16,hidden",
     "sdpa,bfloat16,prefill",
 )
+PRECISIONS = (
+    "float32",
+    "bf16weights",
+    "bfloat16",
+    "bfloat16+rope32",
+    "bfloat16+attn32",
+    "bfloat16+rope32+attn32",
+    "autocast",
+    "autocast+attn32",
+    "int8",
+)
+ORIGINAL = 8192  # SmolLM2's context: the study's ppl_past scores query positions from here on
 CHUNK = 2048  # tokens per prefill step
 HEAD_CHUNK = 1024  # rows of hidden states through the output head at a time: (1024, 49152) float32 logits = 192 MiB
 WARMUP = 256  # tokens of an untimed first forward: kernel set-up and first-touch costs, not the model's
@@ -117,15 +137,74 @@ def forward_loss(model, ids: torch.Tensor, mode: str) -> tuple[torch.Tensor, tor
     return torch.cat(losses), torch.cat(top1)
 
 
+def _rope_in_float32(model) -> None:
+    """RoPE tables and the rotation in float32 whatever the weights' dtype; q and k cast back after the rotation.
+
+    transformers' Llama rotary module casts its float32 cos/sin to the hidden states' dtype, and the attention
+    rotates in q's dtype: both replaced here for the process (this script runs one setting per process)."""
+    from transformers.models.llama import modeling_llama
+
+    rotary, apply = model.model.rotary_emb, modeling_llama.apply_rotary_pos_emb
+    table = rotary.forward
+    rotary.forward = lambda x, position_ids: table(x[..., :0].float(), position_ids)  # x gives device and dtype
+
+    def rotate(q, k, cos, sin, unsqueeze_dim=1):  # noqa: ANN001, ANN202
+        q32, k32 = apply(q.float(), k.float(), cos.float(), sin.float(), unsqueeze_dim)
+        return q32.to(q.dtype), k32.to(k.dtype)
+
+    modeling_llama.apply_rotary_pos_emb = rotate
+
+
+def _attention_in_float32(attn: str) -> None:
+    """Attention scores, softmax and value sum in float32 (autocast off inside), output cast back to v's dtype."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    base = ALL_ATTENTION_FUNCTIONS[attn] if attn != "eager" else None
+    if base is None:
+        raise SystemExit("attn32 splits need a registered attention function (sdpa), not eager")
+
+    def attention(module, q, k, v, mask, **kwargs):  # noqa: ANN001, ANN202
+        mask = mask.float() if mask is not None and mask.is_floating_point() else mask
+        with torch.autocast("cpu", enabled=False):
+            out, weights = base(module, q.float(), k.float(), v.float(), mask, **kwargs)
+        return out.to(v.dtype), weights
+
+    ALL_ATTENTION_FUNCTIONS[attn] = attention
+
+
+def _int8_linears(model) -> torch.nn.Module:
+    """Every ``Linear`` of the transformer body as a dynamic int8 one (weights int8 per tensor, activations
+    quantized per call); the output head stays float32."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.ao.quantization's deprecation notices
+        from torch.ao.quantization import quantize_dynamic
+
+        model.model = quantize_dynamic(model.model, {torch.nn.Linear}, dtype=torch.qint8)
+    return model
+
+
 def run_one(setting: str, length: int, repeats: int, out: Path) -> dict:
     """Load the model, warm up, run ``repeats`` forwards of one setting, save its loss, return timings and memory."""
     from posenc.hf import load_causal_lm
 
     attn, dtype, mode, *grad = setting.split(",")
     grad = grad[0] if grad else "inference"
+    base, *parts = dtype.split("+")
+    if base not in ("float32", "bf16weights", "bfloat16", "autocast", "int8") or not set(parts) <= {"rope32", "attn32"}:
+        raise SystemExit(f"unknown dtype {dtype!r}: one of {', '.join(PRECISIONS)}")
     start = time.perf_counter()
-    weights = "float32" if dtype == "autocast" else dtype
+    weights = "bfloat16" if base in ("bfloat16", "bf16weights") else "float32"
     model, tokenizer = load_causal_lm("smollm2", dtype=weights, attn_implementation=attn)
+    if base == "bf16weights":
+        model = model.float()  # every weight rounded to bfloat16, then computed with in float32
+    if base == "int8":
+        model = _int8_linears(model)
+    if "rope32" in parts:
+        _rope_in_float32(model)
+    if "attn32" in parts:
+        _attention_in_float32(attn)
     load_s = time.perf_counter() - start
     ids = text_ids(tokenizer, length)
     rss_before = _rss_mb()
@@ -134,7 +213,7 @@ def run_one(setting: str, length: int, repeats: int, out: Path) -> dict:
     def context() -> contextlib.ExitStack:
         stack = contextlib.ExitStack()
         stack.enter_context(grad_mode())
-        if dtype == "autocast":
+        if base == "autocast":
             stack.enter_context(torch.autocast("cpu", dtype=torch.bfloat16))
         return stack
 
@@ -159,7 +238,9 @@ def _rss_mb() -> float:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--length", type=int, default=4096)
-    p.add_argument("--settings", nargs="+", default=list(DEFAULT_SETTINGS), help="attn,dtype,mode[,no_grad] each")
+    p.add_argument(
+        "--settings", nargs="+", default=list(DEFAULT_SETTINGS), help="attn,dtype,mode[,no_grad] each, or 'precision'"
+    )
     p.add_argument("--repeats", type=int, default=2, help="timed forwards per setting (first and best reported)")
     p.add_argument("--one", help=argparse.SUPPRESS)  # internal: run one setting in this process
     p.add_argument("--out", help=argparse.SUPPRESS)
@@ -168,15 +249,22 @@ def main() -> None:
         print(json.dumps(run_one(args.one, args.length, args.repeats, Path(args.out))))
         return
 
+    settings = [f"sdpa,{d},hidden" for d in PRECISIONS] if args.settings == ["precision"] else args.settings
+    caps = torch.cpu.get_capabilities() if hasattr(torch.cpu, "get_capabilities") else {}
+    flags = ", ".join(k for k in ("avx512_f", "avx512_bf16", "amx_bf16") if caps.get(k)) or "no AVX-512, no bf16 units"
     print(
         f"# SmolLM2-135M, one forward of {args.length} tokens, {datetime.date.today()}, "
-        f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}"
+        f"{caps.get('cpu_name') or platform.processor() or platform.machine()} ({flags}), "
+        f"{torch.get_num_threads()} threads, torch {torch.__version__}"
     )
-    print("| setting | ppl | load s | forward s (first, best) | peak RSS MiB | RSS before | load | max Δloss | top-1 |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print(
+        "| setting | ppl | Δppl % | Δppl % past 8192 | forward s (first, best) | × first row | |Δloss| mean | p99 "
+        "| max | mean, last quarter | top-1 same | peak RSS MiB | load |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     reference = None
     with tempfile.TemporaryDirectory() as tmp:
-        for i, setting in enumerate(args.settings):
+        for i, setting in enumerate(settings):
             out = Path(tmp) / f"{i}.pt"
             load = os.getloadavg()[0]
             cmd = [sys.executable, __file__, "--one", setting, "--length", str(args.length)]
@@ -188,14 +276,24 @@ def main() -> None:
             row = json.loads(done.stdout.strip().splitlines()[-1])
             result = torch.load(out)
             if reference is None:
-                reference = result
-            delta = float((result["loss"] - reference["loss"]).abs().max())
+                reference = {**result, "best": min(row["seconds"])}
+            delta = (result["loss"] - reference["loss"]).abs().double()  # (S - 1,) per-position |Δ loss|
+            tail = delta[-(delta.numel() // 4) :]
             agree = float((result["top1"] == reference["top1"]).float().mean())
-            ppl = math.exp(float(result["loss"].mean()))
+            ppl, ppl_ref = (
+                math.exp(float(result["loss"].double().mean())),
+                math.exp(float(reference["loss"].double().mean())),
+            )
+            past = "n/a"  # the study's ppl_past: targets predicted at query positions >= SmolLM2's 8192
+            if result["loss"].numel() > ORIGINAL:
+                shift = float(result["loss"][ORIGINAL:].double().mean() - reference["loss"][ORIGINAL:].double().mean())
+                past = f"{100 * math.expm1(shift):+.3f}"
             first, best = row["seconds"][0], min(row["seconds"])
             print(
-                f"| {setting} | {ppl:.3f} | {row['load_s']:.1f} | {first:.1f}, {best:.1f} | {row['peak_mb']:.0f} "
-                f"| {row['rss_before_mb']:.0f} | {load:.1f} | {delta:.2e} | {agree:.4f} |",
+                f"| {setting} | {ppl:.3f} | {100 * (ppl / ppl_ref - 1):+.3f} | {past} | {first:.1f}, {best:.1f} "
+                f"| {best / reference['best']:.2f} | {float(delta.mean()):.4f} | {float(delta.quantile(0.99)):.3f} "
+                f"| {float(delta.max()):.3f} | {float(tail.mean()):.4f} | {agree:.4f} | {row['peak_mb']:.0f} "
+                f"| {load:.1f} |",
                 flush=True,
             )
 

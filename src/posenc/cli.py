@@ -294,6 +294,7 @@ def extend(args: argparse.Namespace) -> int:
         train_len=args.train_len,
         train_steps=args.train_steps,
         device=args.device,  # kept as given ("auto" stays "auto" in extend.json); checked here
+        dtype=None if args.dtype == "auto" else args.dtype,  # auto: resolved for the machine, then stored
         seed=args.seed,
     )
     resolve_device(args.device, allow_auto=True)
@@ -305,6 +306,7 @@ def extend(args: argparse.Namespace) -> int:
 
 
 def _add_extend(sub: argparse._SubParsersAction) -> None:
+    from posenc.hf.dtypes import DTYPE_CHOICES
     from posenc.lab.extend.config import ExtendConfig
 
     d = ExtendConfig(model="new", task="passkey")
@@ -370,6 +372,13 @@ def _add_extend(sub: argparse._SubParsersAction) -> None:
         "--train-steps", type=A.positive_int, default=d.train_steps, help="passkey training steps (--task passkey)"
     )
     p.add_argument("--device", default=d.device, help="auto (CUDA when present), cpu, cuda, cuda:<index> or mps")
+    p.add_argument(
+        "--dtype",
+        default="auto",
+        choices=list(DTYPE_CHOICES),
+        help="a pretrained model's weights and activations (RoPE stays float32); auto: bfloat16 on a CPU with "
+        "bfloat16 units (AVX512-BF16/AMX), else float32; on CUDA the checkpoint's own (default: auto)",
+    )
     p.add_argument("--seed", type=A.nonnegative_int, default=d.seed, help="seed of every random draw")
     _add_run_options(p, "extend", "run")
     p.set_defaults(func=extend)

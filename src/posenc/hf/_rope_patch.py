@@ -25,6 +25,7 @@ import torch
 
 from posenc._checks import fail
 from posenc.hf._common import architecture
+from posenc.hf.rope_float32 import keep_rope_float32
 from posenc.hf.rotary import rotary_config_from_hf, rotary_config_to_hf
 from posenc.scalings import (
     DynamicNTKScaling,
@@ -187,6 +188,7 @@ def extend_rope(
     _check_patched(model, modules, fresh)
     new_setup = rotary_config_from_hf(config, layer_type=layer_type)
     guard_cache(modules, new_setup, native_guard=config.model_type == "phi3")
+    keep_rope_float32(model)  # a bfloat16/float16 model: tables and rotation in float32, cast once after
     return {
         "architecture": config.model_type,
         "model_class": type(model).__name__,

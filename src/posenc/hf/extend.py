@@ -60,7 +60,9 @@ def extend_context(
     and ``description`` say which case applied.
 
     What persists: a RoPE model's scaling is in its config, so ``save_pretrained`` keeps it and a reload rebuilds the
-    same model (the rebuilt ``inv_freq`` is float32 even in a bf16 model, as at load time). ALiBi's slope
+    same model (the rebuilt ``inv_freq`` is float32 even in a bf16 model, as at load time). A patched bfloat16 or
+    float16 RoPE model also keeps its cos/sin tables and the q/k rotation in float32, cast once after the rotation
+    (``posenc.hf.keep_rope_float32``; transformers casts the tables to the model's dtype). ALiBi's slope
     interpolation is a forward pre-hook on each block (transformers has no config key for it): it is not saved.
 
     ``dynamic`` and ``longrope`` change their frequencies with the length. transformers' KV cache keeps keys rotated

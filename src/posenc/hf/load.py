@@ -20,6 +20,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import warnings
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ import torch
 
 from posenc._checks import check_choice, fail
 from posenc.hf.alibi import ALIBI_MODEL_TYPES
+from posenc.hf.dtypes import slow_reason
 from posenc.hf.gguf_header import GGUFHeader, read_gguf_header
 from posenc.hf.setup import check_model_type
 
@@ -304,7 +306,9 @@ def load_causal_lm(
     Args:
         source: a ``ModelSource`` or anything ``resolve_model`` takes.
         device: where the model goes.
-        dtype: the weights' dtype; None means float32 (a GGUF is dequantized to it in memory).
+        dtype: the weights' dtype; None means float32 (a GGUF is dequantized to it in memory). bfloat16 or float16
+            on a CPU without units for it (``posenc.hf.dtypes``) warns: its forwards are several times slower
+            than float32 there.
         attn_implementation: transformers' attention (``"sdpa"``, its default; ``"eager"``; ...).
 
     Returns:
@@ -318,6 +322,8 @@ def load_causal_lm(
         device = torch.device(device)
     except (RuntimeError, TypeError):
         fail("device", device, "a torch device, e.g. 'cpu' or 'cuda'")
+    if (reason := slow_reason(dtype, device)) is not None:
+        warnings.warn(f"load_causal_lm(dtype={dtype}): {reason}; float32 is faster here", stacklevel=2)
     kwargs = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
     if source.kind == "gguf":
         from posenc.hf import gguf_llama

@@ -401,7 +401,7 @@ def test_the_plan_is_printed_and_every_planned_forward_is_counted(llama_folder, 
     passkeys = 2 * sum(n >= target.min_passkey for n in (32, 64))  # 2 depths x 1 key where the prompt fits
     forwards = 2 * (128 // 32 + 128 // 64 + passkeys)  # none and yarn x2: ppl windows + passkey prompts
     assert f"Plan: 2 models (none, yarn x2) x perplexity and passkey (2 depths x 1 key) at lengths 32, 64 (original " \
-           f"32): {forwards} forwards, about 0:00:" in said  # fmt: skip
+           f"32): {forwards} forwards in float32, about 0:00:" in said  # fmt: skip
     [study] = studies
     assert (study.forwards, study.forwards_done) == (forwards, forwards)
     assert study.done == pytest.approx(study.total) and study.seconds_per_unit > 0
@@ -433,3 +433,62 @@ def test_alibi_models_need_their_original_length_and_cannot_be_saved(corpus, tmp
              "--original-len", tmp_path / "out")  # fmt: skip
     _refused([*args, "--original-len", "32", "--save", tmp_path / "s"], f"save='{tmp_path / 's'}' is invalid: "
              "expected a RoPE model: ALiBi's slope interpolation is a forward hook", tmp_path / "out")  # fmt: skip
+
+
+def _cpu_caps(monkeypatch, **units) -> None:
+    """This CPU as one with (or without) the named units, e.g. ``amx_bf16=True``."""
+    caps = {**torch.cpu.get_capabilities(), "avx512_bf16": False, "amx_bf16": False, "amx_fp16": False,
+            "avx512_fp16": False, **units}  # fmt: skip
+    monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: caps)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_a_dtype_this_cpu_cannot_run_fast_is_refused(dtype, llama_folder, corpus, tmp_path, monkeypatch, no_weights):
+    _cpu_caps(monkeypatch)
+    args = [llama_folder, "--corpus", corpus, *TINY_REAL[2:], "--dtype", dtype]
+    _refused(args, f"dtype='{dtype}' is invalid: expected float32 or auto on this machine (", tmp_path / "out")
+
+
+def test_a_lab_model_runs_in_float32_only(tmp_path):
+    _refused(["new", "--task", "passkey", "--dtype", "bfloat16"], "dtype='bfloat16' is invalid: expected float32 or "
+             "auto for a posenc lab model", tmp_path / "out")  # fmt: skip
+
+
+@pytest.mark.parametrize(("units", "want"), [({}, "float32"), ({"amx_bf16": True}, "bfloat16"),
+                                             ({"avx512_bf16": True}, "bfloat16")])  # fmt: skip
+def test_auto_picks_bfloat16_only_on_a_cpu_with_bfloat16_units(units, want, llama_folder, corpus, tmp_path,
+                                                                monkeypatch):  # fmt: skip
+    """auto resolves once, is stored in extend.json (a resume keeps it), and the report says it; the loaded model
+    (the unpatched one, copied for every patch) computes its RoPE tables in float32."""
+    _cpu_caps(monkeypatch, **units)
+    target = _loaded(_tiny_cfg(llama_folder, corpus), tmp_path)
+    target.load()
+    assert str(target.model.dtype) == f"torch.{want}"
+    assert hasattr(target.model.model.rotary_emb, "_posenc_float32_tables")
+    out = tmp_path / "out"
+    run_extend(_tiny_cfg(llama_folder, corpus), out, progress=False)
+    assert json.loads((out / "extend.json").read_text())["dtype"] == want
+    shown = "bfloat16 (RoPE tables and rotation in float32)" if want == "bfloat16" else "float32"
+    assert f" in {shown}, original context" in (out / "report.md").read_text()
+    rows = read_results(out / "results.csv")
+    assert {r["method"] for r in rows} == {"none", "yarn"}
+    _cpu_caps(monkeypatch)  # a resume on a machine without the units keeps the study's dtype
+    if want == "bfloat16":
+        with pytest.raises(ValueError, match="dtype='bfloat16' is invalid"):
+            run_extend(_tiny_cfg(llama_folder, corpus, dtype="bfloat16"), out, resume=True, progress=False)
+    else:
+        assert run_extend(_tiny_cfg(llama_folder, corpus), out, resume=True, progress=False) == rows
+
+
+def test_a_study_from_before_dtype_resumes_in_float32(llama_folder, corpus, tmp_path, monkeypatch):
+    _cpu_caps(monkeypatch)
+    out = tmp_path / "out"
+    run_extend(_tiny_cfg(llama_folder, corpus), out, progress=False)
+    settings = json.loads((out / "extend.json").read_text())
+    del settings["dtype"]  # as an older posenc wrote it
+    (out / "extend.json").write_text(json.dumps(settings))
+    rows = read_results(out / "results.csv")
+    assert run_extend(_tiny_cfg(llama_folder, corpus), out, resume=True, progress=False) == rows
+    _cpu_caps(monkeypatch, amx_bf16=True)  # now auto would mean bfloat16: not the dtype the study ran in
+    with pytest.raises(ValueError, match=r"these differ: \['dtype'\]"):
+        run_extend(_tiny_cfg(llama_folder, corpus), out, resume=True, progress=False)

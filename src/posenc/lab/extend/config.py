@@ -11,6 +11,7 @@ import torch
 
 from posenc._checks import check_choice, check_number, check_positive_int, fail
 from posenc._config import DictConfig
+from posenc.hf.dtypes import DTYPE_CHOICES
 from posenc.lab.common.scaling import EXTEND_METHODS
 
 TASKS = ("lm", "passkey")
@@ -49,6 +50,9 @@ class ExtendConfig(DictConfig):
             there in ~800 steps, measured on CPU, while at 256 it had not after 700).
         train_steps: passkey training steps (task passkey).
         device: ``auto`` (CUDA when present), ``cpu``, ``cuda``, ``cuda:1``...
+        dtype: a pretrained model's weights and activations (RoPE always in float32): ``float32``, ``bfloat16``,
+            ``float16``; None (``auto``): bfloat16 on a CPU with bfloat16 units (AVX512-BF16, AMX), float32 on other
+            CPUs, the checkpoint's own on CUDA (``posenc.hf.dtypes``). Lab models are float32.
         seed: seed of every random draw (keys, depths, batches).
         out: default output folder (``run_extend``'s ``out`` argument wins); not compared on resume.
     """
@@ -70,6 +74,7 @@ class ExtendConfig(DictConfig):
     train_len: int = 128
     train_steps: int = 1000
     device: str = "auto"
+    dtype: str | None = None
     seed: int = 0
     out: str | None = None
 
@@ -133,6 +138,8 @@ class ExtendConfig(DictConfig):
                 )
         if not isinstance(self.device, str) or not self.device:
             fail("device", self.device, "'auto', 'cpu', 'cuda' or 'cuda:<index>'")
+        if self.dtype is not None:
+            check_choice("dtype", self.dtype, [d for d in DTYPE_CHOICES if d != "auto"])
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             fail("seed", self.seed, "an integer >= 0")
 

@@ -350,7 +350,8 @@ def write_report(
     lines = [
         "# posenc extend: context extension",
         "",
-        f"Model: {target.name}, original context {original} {unit}s. Each method patched at factors "
+        f"Model: {target.name} in {precision_text(cfg.dtype, target.kind)}, original context {original} {unit}s. "
+        "Each method patched at factors "
         f"{', '.join(f'{f:g}' for f in cfg.factors)} and measured at "
         f"{', '.join(map(str, sorted({r['length'] for r in rows})))} {unit}s; `none` is the model as trained. "
         f"Time taken: {duration(seconds)}.",
@@ -397,6 +398,12 @@ def write_report(
     lines += [f"- `{label}`: `{json.dumps(d, default=str)}`" for label, d in described.items()] or ["- (none this run)"]
     lines += ["", *config_and_environment({**cfg.to_dict(), "original_len": original}, env, seconds)]
     return write_text_atomic(out / "report.md", "\n".join(lines))
+
+
+def precision_text(dtype: str | None, kind: str) -> str:
+    """How the model computes: ``float32``, or ``bfloat16 (RoPE tables and rotation in float32)``."""
+    dtype = dtype or "float32"
+    return dtype if dtype == "float32" or kind == "lab" else f"{dtype} (RoPE tables and rotation in float32)"
 
 
 def unit_of(target: LabTarget | HFTarget) -> str:

@@ -34,6 +34,7 @@ checked on resume), ``runs/`` (training and fine-tuning runs of lab models).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -47,7 +48,7 @@ from posenc.lab.common.progress import skipped
 from posenc.lab.common.runfiles import KeyedCSV, check_out, check_settings
 from posenc.lab.extend import plan
 from posenc.lab.extend.config import ExtendConfig, check_lengths
-from posenc.lab.extend.report import finish, label
+from posenc.lab.extend.report import finish, label, precision_text
 from posenc.lab.extend.targets import load_target, original_len_of
 
 #: ``metric`` values: perplexity over whole windows, over the targets at positions >= the original context (the query
@@ -162,7 +163,7 @@ def run_extend(
     if out is None and cfg.out is None:
         fail("out", None, "an output folder (the out argument or ExtendConfig.out)")
     out = Path(out if out is not None else cfg.out)
-    check_out(out, "extend")  # a folder that is not an extend run is refused before the model is loaded
+    before = check_out(out, "extend")  # a folder that is not an extend run is refused before the model is loaded
     device = resolve_device(cfg.device, allow_auto=True)
     torch.manual_seed(cfg.seed)
     if cfg.lengths is not None and (known := original_len_of(cfg)) is not None:
@@ -171,6 +172,7 @@ def run_extend(
     cfg = plan.resolve(
         cfg, kind=target.kind, original=target.original_len, default_methods=target.default_methods, device=device
     )
+    cfg = dataclasses.replace(cfg, dtype=str(target.dtype).removeprefix("torch."))  # auto resolved, kept on resume
     target.use(cfg)
     plan.check(cfg, target, device=device)
     original = target.original_len
@@ -179,6 +181,8 @@ def run_extend(
         target.check_patch(method, cfg.factors[0])
     save_to = check_save(save, cfg, target, out)
     settings = {k: v for k, v in cfg.to_dict().items() if k != "out"}
+    if before is not None and "dtype" not in before and target.dtype == target.legacy_dtype():
+        del settings["dtype"]  # a study started before dtype was a setting, resumed in the dtype it ran in
     check_settings(out, settings, resume, command="extend", what="run")
     target.load()
     if save_to is not None:
@@ -192,9 +196,9 @@ def run_extend(
     done = {result_key(r) for r in read_results(results)} if results.exists() else set()
     grid = _measurements(cfg, lengths)
     work = [(u, [m for m in grid if not _keys(u, original, *m) <= done]) for u in _units(cfg, cfg.methods)]
-    costs = [_cost(target, cfg, m[0], m[1]) for _, todo in work for m in todo]
-    total, forwards = sum(c for c, _ in costs), sum(n for _, n in costs)
-    calibration = target.calibrate(lengths) if progress and forwards else None
+    forwards = sum(_cost(target, cfg, m[0], m[1])[1] for _, todo in work for m in todo)
+    calibration = target.calibrate(lengths) if progress and forwards else None  # may refit the cost model
+    total = sum(_cost(target, cfg, m[0], m[1])[0] for _, todo in work for m in todo)
     study = plan.StudyProgress(progress, total, forwards, calibration[0] if calibration else None)
     if progress and forwards:
         print(_plan_text(cfg, target, work, lengths, forwards, study, calibration))
@@ -231,7 +235,8 @@ def _plan_text(cfg: ExtendConfig, target: Any, work: list, lengths: Sequence[int
     per_length = f"perplexity and passkey ({keys})" if cfg.task == "lm" else f"passkey ({keys})"
     text = (
         f"Plan: {len(models)} models ({', '.join(models)}) x {per_length} at lengths "
-        f"{', '.join(map(str, lengths))} (original {target.original_len}): {forwards} forwards"
+        f"{', '.join(map(str, lengths))} (original {target.original_len}): {forwards} forwards in "
+        f"{precision_text(cfg.dtype, target.kind)}"
     )
     if calibration is not None:
         _, n, seconds = calibration

@@ -127,10 +127,16 @@ class LabTarget:
 
     kind = "lab"
 
+    def legacy_dtype(self) -> torch.dtype:
+        return torch.float32
+
     def __init__(self, cfg: ExtendConfig, out: Path, device: str, progress: bool) -> None:
         self.cfg, self.out, self.device, self.progress = cfg, out, device, progress
         if cfg.layer_type is not None:
             fail("layer_type", cfg.layer_type, "None for a posenc lab model (one encoding serves all its layers)")
+        if cfg.dtype not in (None, "float32"):
+            fail("dtype", cfg.dtype, "float32 or auto for a posenc lab model (lab models run in float32)")
+        self.dtype = torch.float32
         if cfg.is_new:
             encoding = cfg.model.partition(":")[2] or "rope"
             config = ModelConfig(dim=64, n_layers=2, n_heads=4, max_len=cfg.train_len, encoding=encoding)
@@ -424,6 +430,7 @@ class HFTarget:
         meta = _meta_model(self.config)
         self.class_name = type(meta).__name__
         self.dims = plan.ModelDims.of(self.config, sum(p.numel() for p in meta.parameters()))
+        self.l0 = self.dims.l0  # the cost model's crossover length; calibrate() fits this machine's
         self.attn = "sdpa" if getattr(type(meta), "_supports_sdpa", False) else None
         self.name = f"{self.class_name} ({self.model_type}) from {label}"
         self.encoding = self.model_type
@@ -447,14 +454,24 @@ class HFTarget:
         self._prompts: dict = {}
 
     def _dtype(self) -> torch.dtype:
-        """float32 on CPU (bf16 per-position losses differ by up to 0.7 nats); on CUDA the checkpoint's own half
-        dtype, else bfloat16 (a GGUF is dequantized, it has none)."""
-        if not self.device.startswith("cuda"):
-            return torch.float32
+        """``cfg.dtype``, refused where the device cannot run it fast; None (auto): ``posenc.hf.dtypes.auto_dtype``
+        (bfloat16 on a CPU with bfloat16 units, else float32; on CUDA the checkpoint's own half dtype)."""
+        from posenc.hf.dtypes import auto_dtype, check_runs_fast
+
+        if self.cfg.dtype is not None:
+            dtype = getattr(torch, self.cfg.dtype)
+            check_runs_fast("dtype", dtype, self.device)
+            return dtype
         own = getattr(self.config, "dtype", None)
         if isinstance(own, str):
             own = getattr(torch, own, None)
-        return own if own in (torch.float16, torch.bfloat16, torch.float32) else torch.bfloat16
+        return auto_dtype(self.device, own if isinstance(own, torch.dtype) else None)
+
+    def legacy_dtype(self) -> torch.dtype:
+        """The dtype studies ran in before ``dtype`` was a setting (float32 on CPU): a resumed older study keeps it."""
+        from posenc.hf.dtypes import auto_dtype
+
+        return auto_dtype(self.device, None) if self.device.startswith("cuda") else torch.float32
 
     def use(self, cfg: ExtendConfig) -> None:
         """Take the study's settings with every default filled in; tokenize the corpus (no weights yet)."""
@@ -471,7 +488,7 @@ class HFTarget:
         return torch.tensor(self.tokenizer(text, verbose=False)["input_ids"], dtype=torch.long)  # (N,)
 
     def forward_cost(self, length: int) -> float:
-        return plan.forward_cost(length, self.dims.l0)
+        return plan.forward_cost(length, self.l0)
 
     def windows(self, length: int) -> int:
         return plan.windows(self.heldout_tokens, length, self.cfg.eval_tokens)
@@ -533,12 +550,13 @@ class HFTarget:
     def load(self) -> None:
         """Read the weights (a GGUF dequantized in memory), and check the fast loss path against the model's logits
         on the first held-out tokens (else measure through the full logits)."""
-        from posenc.hf import load_causal_lm
+        from posenc.hf import keep_rope_float32, load_causal_lm
 
         with _no_transformers_bars():
             self.model, _ = load_causal_lm(
                 self.source, device=self.device, dtype=self.dtype, attn_implementation=self.attn
             )
+        keep_rope_float32(self.model)  # the unpatched model too: bfloat16 weights, RoPE in float32
         n = min(64, self.heldout_tokens - 1)
         x, y = self.val[None, :n].to(self.device), self.val[None, 1 : n + 1].to(self.device)  # (1, n) each
         with torch.inference_mode():
@@ -550,18 +568,37 @@ class HFTarget:
                 print(f"{self.class_name}: its head is not the plain output layer; measuring through full logits")
 
     def calibrate(self, lengths: Sequence[int]) -> tuple[float, int, float]:
-        """Seconds per ``forward_cost`` unit from one timed forward of up to 1024 tokens (after a warm-up: the
-        first forward pays kernel set-up and page faults). Returns (seconds per unit, tokens, seconds)."""
-        n = min(1024, max(lengths), self.heldout_tokens - 1)
+        """Seconds per ``forward_cost`` unit, and the cost model's crossover length ``l0``, from timed forwards on
+        this machine (after a warm-up: the first forward pays kernel set-up and page faults).
+
+        One forward of ``n1`` = up to 1024 tokens gives the seconds per unit with the model's own ``l0`` (from its
+        dimensions). Where the study goes to 2048 tokens or more, a second forward of ``n2`` = up to 4096 tokens fits
+        ``t(n) = a*n + b*n**2`` through both, so that the linear (weights) and quadratic (attention) parts are this
+        machine's: their ratio differs between CPUs (on SmolLM2, 12288 tokens took 5.3x a 4096-token forward on an
+        Intel Xeon, 5.9x on an AMD EPYC), and a single short forward extrapolated with the wrong ratio misjudged a
+        study by 45%. Returns (seconds per unit, tokens of the longest timed forward, its seconds)."""
+        n1 = min(1024, max(lengths), self.heldout_tokens - 1)
+        n2 = min(4096, max(lengths), self.heldout_tokens - 1)
+        t1 = self._timed_forward(n1, warm_up=True)
+        if n2 < 2 * n1:
+            return t1 / self.forward_cost(n1), n1, t1
+        t2 = self._timed_forward(n2, warm_up=False)
+        b = (t2 / n2 - t1 / n1) / (n2 - n1)  # seconds per token**2
+        a = t1 / n1 - b * n1  # seconds per token
+        if a > 0 and b > 0:  # else timing noise: keep the model's l0
+            self.l0 = a / b
+        return t2 / self.forward_cost(n2), n2, t2
+
+    def _timed_forward(self, n: int, *, warm_up: bool) -> float:
         x, y = self.val[None, :n].to(self.device), self.val[None, 1 : n + 1].to(self.device)  # (1, n) each
         with torch.inference_mode():
-            self._losses(self.model, x[:, :128], y[:, :128])
-            _sync(self.device)
+            if warm_up:
+                self._losses(self.model, x[:, :128], y[:, :128])
+                _sync(self.device)
             start = time.perf_counter()
             self._losses(self.model, x, y)
             _sync(self.device)
-        seconds = time.perf_counter() - start
-        return seconds / self.forward_cost(n), n, seconds
+        return time.perf_counter() - start
 
     def prepare(self) -> None:
         return
