@@ -117,7 +117,7 @@ def lab(args: argparse.Namespace) -> int:
     from posenc.lab.common.devices import resolve_device
     from posenc.lab.common.runfiles import check_out
     from posenc.lab.length.config import TASK_DEFAULTS, StudyConfig
-    from posenc.lab.length.study import run_study
+    from posenc.lab.length.study import default_jobs, run_study
 
     task_defaults = TASK_DEFAULTS[args.task]
     cfg = StudyConfig(
@@ -139,7 +139,8 @@ def lab(args: argparse.Namespace) -> int:
         device=resolve_device(args.device, allow_auto=False),
     )
     check_out(args.out, "lab")
-    run_study(cfg, Path(args.out), resume=args.resume, progress=not args.quiet)
+    jobs = default_jobs(cfg) if args.jobs is None else args.jobs
+    run_study(cfg, Path(args.out), resume=args.resume, progress=not args.quiet, jobs=jobs)
     if args.quiet:
         _wrote(args.out)
     return 0
@@ -192,6 +193,11 @@ def _add_lab(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--corpus", help="a text file or folder (default: the Python standard library)")
     p.add_argument("--device", default=d.device, help="cpu, cuda, cuda:<index> or mps")
+    p.add_argument(
+        "--jobs",
+        type=A.positive_int,
+        help="encodings trained at once, each in its own process (CPU); default: one per core, one on a GPU",
+    )
     _add_run_options(p, "lab", "study")
     p.set_defaults(func=lab)
 

@@ -313,3 +313,37 @@ def test_later_papers_claims_are_checked_against_the_measured_table():
     assert "Here sandwich 9.50 vs alibi 8.70: this run agrees." in text  # parity claim: within 10%
     assert "Here rope/nope:2 23.40 vs rope 21.80: this run does NOT agree." in text
     assert "p_rope" not in text and "CoPE" not in text  # claims whose encodings did not run are left out
+
+
+def test_encodings_at_once_give_the_numbers_of_one_after_another(corpus, tmp_path):
+    """``jobs=2``: two worker processes, one thread each; the same rows as in this process with one thread, and a
+    resume of a parallel study that lost an encoding's rows redoes only those."""
+    import torch
+
+    cfg = StudyConfig(**{**TINY, "steps": 6}, encodings=("rope", "alibi", "t5"), corpus=str(corpus))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        one = run_study(cfg, tmp_path / "one", progress=False)
+    finally:
+        torch.set_num_threads(threads)
+    torch.set_num_threads(2)  # two jobs: one thread each
+    try:
+        out = tmp_path / "two"
+        two = run_study(cfg, out, progress=True, jobs=2)
+        assert (out / "runs" / "alibi" / "done.json").is_file() and (out / "report.md").is_file()
+        from posenc.lab.length.report import write_csv_atomic
+
+        write_csv_atomic([r for r in two if r["encoding"] != "t5"], out / "results.csv")
+        resumed = run_study(cfg, out, resume=True, progress=False, jobs=2)
+    finally:
+        torch.set_num_threads(threads)
+    key = lambda r: (r["encoding"], r["scaling"], r["eval_len"])  # noqa: E731
+    assert sorted(one, key=key) == sorted(two, key=key) == sorted(resumed, key=key)
+
+
+@pytest.mark.parametrize("jobs", [0, -1, 1.5, True])
+def test_jobs_must_be_a_positive_count(jobs, corpus, tmp_path):
+    with pytest.raises(ValueError, match=rf"jobs={jobs!r} is invalid: expected a positive number"):
+        run_study(StudyConfig(**TINY, corpus=str(corpus)), tmp_path / "out", progress=False, jobs=jobs)
+    assert not (tmp_path / "out").exists()

@@ -7,12 +7,19 @@ study continues with ``--resume`` where it stopped and never redoes or loses a c
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import multiprocessing
+import os
+import signal
+import threading
 import time
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
 
 import torch
 
+from posenc._checks import fail
 from posenc.lab.common import dist
 from posenc.lab.common import evaluate as ev
 from posenc.lab.common.corpus import load_corpus, train_batch
@@ -97,11 +104,20 @@ def _task_batches(cfg: StudyConfig):  # noqa: ANN202
     return batch_fn
 
 
-def run_study(cfg: StudyConfig, out: Path, *, resume: bool = False, progress: bool = True) -> list[dict]:
-    """Run (or continue) the study; returns the result rows. Files land in ``out``."""
+def run_study(cfg: StudyConfig, out: Path, *, resume: bool = False, progress: bool = True, jobs: int = 1) -> list[dict]:
+    """Run (or continue) the study; returns the result rows. Files land in ``out``.
+
+    ``jobs`` > 1 trains and evaluates that many encodings at once, each in its own process with ``threads // jobs``
+    torch threads (CPU only, not under torchrun). A tiny lab model does not keep two threads busy: on a 2-core CPU
+    one 1-thread step took 1.25x a 2-thread one, so two encodings at a time finish the study ~1.6x sooner
+    (``default_jobs``). Each encoding's rows are written as soon as it finishes; an interrupted study keeps every
+    finished encoding, and each training run its checkpoint.
+    """
     start = time.perf_counter()
     out = Path(out)
     resolve_device(cfg.device, allow_auto=False)
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        fail("jobs", jobs, "a positive number of encodings to run at once")
     dist.init()
     torch.manual_seed(cfg.seed)
     corpus = load_corpus(cfg.corpus, max_bytes=cfg.corpus_bytes) if cfg.task == "lm" else None
@@ -111,33 +127,17 @@ def run_study(cfg: StudyConfig, out: Path, *, resume: bool = False, progress: bo
     dist.barrier()
     results_csv = out / "results.csv"
     done = {_key(r) for r in read_results(results_csv)} if results_csv.exists() else set()
-    for encoding in cfg.encodings:
-        device = dist.device() if cfg.device.startswith("cuda") and dist.is_distributed() else cfg.device
-        model = GPT(_model_config(cfg, encoding), seed=cfg.seed).to(device)
-        tcfg = TrainConfig(steps=cfg.steps, batch_size=cfg.batch_size, lr=cfg.lr, seed=cfg.seed, length=cfg.train_len)
-        if not dist.is_main():  # other ranks only train; rank 0 evaluates and writes
-            run_dir = out / "runs" / run_name(encoding)
-            train(model, batch_fn_for(cfg, corpus), tcfg, run_dir, resume=True, progress=False)
-            continue
-        batch_fn = batch_fn_for(cfg, corpus)
-        if progress and not (out / "runs" / run_name(encoding) / DONE_FILE).is_file():  # else train() says so
-            print(f"\n[{encoding}] training at length {cfg.train_len} for {cfg.steps} steps")
-        train(model, batch_fn, tcfg, out / "runs" / run_name(encoding), resume=True, progress=progress)
-        extensions = extension_names(encoding) if cfg.extensions else ("none",)
-        plan = [(extension, length) for extension in extensions for length in cfg.lengths]
-        todo = [(e, n) for e, n in plan if (encoding, e, 0, cfg.train_len, n, cfg.stride or 0) not in done]
-        if progress and (message := skipped(encoding, len(plan) - len(todo), len(plan))):
-            print(message)
-        with progress_bar(progress, len(todo), f"{encoding} evaluation") as advance:
-            for extension, length in todo:
-                row = _evaluate(model, cfg, corpus, encoding, extension, length)
-                upsert_results(results_csv, [row])  # kept as soon as measured: an interrupted study loses no row
-                done.add(_key(row))
-                advance()
-        if encoding == "rope" and cfg.finetune_steps:
-            for row in _finetune(model, cfg, corpus, out, done, progress):
-                upsert_results(results_csv, [row])
-                done.add(_key(row))
+
+    def keep(rows: list[dict]) -> None:
+        upsert_results(results_csv, rows)  # kept as soon as measured: an interrupted study loses no row
+        done.update(_key(r) for r in rows)
+
+    jobs = min(jobs, len(cfg.encodings))
+    if jobs > 1 and not dist.is_distributed() and cfg.device == "cpu":
+        _run_parallel(cfg, out, done, jobs, keep, progress)
+    else:
+        for encoding in cfg.encodings:
+            _run_encoding(cfg, corpus, out, encoding, frozenset(done), keep, progress)
     if not dist.is_main():
         dist.cleanup()
         return []
@@ -145,6 +145,92 @@ def run_study(cfg: StudyConfig, out: Path, *, resume: bool = False, progress: bo
     _finish(out, cfg, rows, corpus, time.perf_counter() - start, progress)
     dist.cleanup()
     return rows
+
+
+def default_jobs(cfg: StudyConfig) -> int:
+    """Encodings run at once by ``posenc lab`` unless told: one per CPU core on CPU (each with one thread of the
+    cores), one on a GPU or under torchrun."""
+    if cfg.device != "cpu" or dist.is_distributed():
+        return 1
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(cores, torch.get_num_threads(), len(cfg.encodings)))
+
+
+def _run_encoding(cfg: StudyConfig, corpus, out: Path, encoding: str, done: frozenset, keep, progress: bool) -> None:  # noqa: ANN001
+    """Train ``encoding`` (resumed or skipped once done), evaluate what ``done`` lacks, pass each row to ``keep``."""
+    device = dist.device() if cfg.device.startswith("cuda") and dist.is_distributed() else cfg.device
+    model = GPT(_model_config(cfg, encoding), seed=cfg.seed).to(device)
+    tcfg = TrainConfig(steps=cfg.steps, batch_size=cfg.batch_size, lr=cfg.lr, seed=cfg.seed, length=cfg.train_len)
+    if not dist.is_main():  # other ranks only train; rank 0 evaluates and writes
+        run_dir = out / "runs" / run_name(encoding)
+        train(model, batch_fn_for(cfg, corpus), tcfg, run_dir, resume=True, progress=False)
+        return
+    batch_fn = batch_fn_for(cfg, corpus)
+    if progress and not (out / "runs" / run_name(encoding) / DONE_FILE).is_file():  # else train() says so
+        print(f"\n[{encoding}] training at length {cfg.train_len} for {cfg.steps} steps")
+    train(model, batch_fn, tcfg, out / "runs" / run_name(encoding), resume=True, progress=progress)
+    extensions = extension_names(encoding) if cfg.extensions else ("none",)
+    plan = [(extension, length) for extension in extensions for length in cfg.lengths]
+    todo = [(e, n) for e, n in plan if (encoding, e, 0, cfg.train_len, n, cfg.stride or 0) not in done]
+    if progress and (message := skipped(encoding, len(plan) - len(todo), len(plan))):
+        print(message)
+    with progress_bar(progress, len(todo), f"{encoding} evaluation") as advance:
+        for extension, length in todo:
+            keep([_evaluate(model, cfg, corpus, encoding, extension, length)])
+            advance()
+    if encoding == "rope" and cfg.finetune_steps:
+        for row in _finetune(model, cfg, corpus, out, set(done), progress):
+            keep([row])
+
+
+def _worker(cfg: StudyConfig, out: Path, encoding: str, done: frozenset, threads: int) -> list[dict]:
+    """One encoding in a worker process (``run_study(jobs > 1)``): its rows, returned to the parent to write."""
+    torch.set_num_threads(threads)
+    torch.manual_seed(cfg.seed)
+    corpus = load_corpus(cfg.corpus, max_bytes=cfg.corpus_bytes) if cfg.task == "lm" else None
+    rows: list[dict] = []
+    _run_encoding(cfg, corpus, out, encoding, done, rows.extend, False)
+    return rows
+
+
+def _run_parallel(cfg: StudyConfig, out: Path, done: set, jobs: int, keep, progress: bool) -> None:  # noqa: ANN001
+    """Every encoding in a pool of ``jobs`` spawned processes; rows written by this process as each finishes."""
+    threads = max(1, torch.get_num_threads() // jobs)
+    context = multiprocessing.get_context("spawn")  # no fork of a process holding torch's thread pools
+    if progress:
+        print(f"Training and evaluating {len(cfg.encodings)} encodings, {jobs} at a time ({threads} thread each)")
+    stop = {"term": False}
+
+    def on_term(signum, frame):  # noqa: ANN001, ANN202 - SIGTERM to this process alone: stop the workers cleanly
+        stop["term"] = True
+        raise KeyboardInterrupt
+
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, on_term) if main_thread else None
+    pool = ProcessPoolExecutor(max_workers=jobs, mp_context=context)
+    try:
+        with progress_bar(progress, len(cfg.encodings), "encodings") as advance:
+            waiting, running = list(cfg.encodings), set()
+            while waiting or running:  # at most `jobs` submitted: nothing queued to start after an interruption
+                while waiting and len(running) < jobs:
+                    running.add(pool.submit(_worker, cfg, out, waiting.pop(0), frozenset(done), threads))
+                finished, running = wait(running, return_when=FIRST_COMPLETED)
+                for future in finished:
+                    keep(future.result())
+                    advance()
+    except KeyboardInterrupt:
+        # Ctrl-C reached the workers too (one process group); a SIGTERM to this process is passed on. Each worker
+        # finishes its step and checkpoints (train's handler); the encodings not started are dropped.
+        if stop["term"]:
+            for process in list(getattr(pool, "_processes", {}).values()):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(process.pid, signal.SIGTERM)
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def _finetune(model, cfg: StudyConfig, corpus, out: Path, done: set, progress: bool):  # noqa: ANN001, ANN202
