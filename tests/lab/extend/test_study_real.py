@@ -492,3 +492,30 @@ def test_a_study_from_before_dtype_resumes_in_float32(llama_folder, corpus, tmp_
     _cpu_caps(monkeypatch, amx_bf16=True)  # now auto would mean bfloat16: not the dtype the study ran in
     with pytest.raises(ValueError, match=r"these differ: \['dtype'\]"):
         run_extend(_tiny_cfg(llama_folder, corpus), out, resume=True, progress=False)
+
+
+@pytest.mark.parametrize(("a", "b"), [(2e-3, 3e-7), (1e-3, 1e-8)])
+def test_calibration_fits_this_machines_linear_and_quadratic_costs(a, b, llama_folder, corpus, tmp_path, monkeypatch):
+    """Two timed forwards fit t(n) = a*n + b*n**2: the cost model then predicts any length exactly (a single
+    short forward with the model's own l0 misjudged a study by 45% on a CPU whose ratio differed)."""
+    target = _loaded(_tiny_cfg(llama_folder, corpus, lengths=(32, 4096), eval_tokens=4096), tmp_path)
+    target.heldout_tokens = 10_000  # as if the held-out text were long enough: only the timings are faked
+    timed = []
+    monkeypatch.setattr(target, "_timed_forward", lambda n, warm_up: timed.append(n) or a * n + b * n * n)
+    rate, n, seconds = target.calibrate([32, 4096])
+    assert timed == [1024, 4096] and (n, seconds) == (4096, a * 4096 + b * 4096**2)
+    assert target.l0 == pytest.approx(a / b, rel=1e-9)
+    for length in (4096, 12288, 65536):  # the estimate of a forward at any length is the fitted time
+        assert rate * target.forward_cost(length) == pytest.approx(a * length + b * length**2, rel=1e-9)
+
+
+def test_calibration_keeps_the_models_cost_ratio_when_timings_are_noise(llama_folder, corpus, tmp_path, monkeypatch):
+    target = _loaded(_tiny_cfg(llama_folder, corpus, lengths=(32, 4096), eval_tokens=4096), tmp_path)
+    target.heldout_tokens = 10_000
+    l0 = target.l0
+    monkeypatch.setattr(target, "_timed_forward", lambda n, warm_up: 1.0 if n == 1024 else 3.0)  # b < 0
+    rate, n, seconds = target.calibrate([32, 4096])
+    assert target.l0 == l0 and (n, seconds) == (4096, 3.0) and rate == 3.0 / target.forward_cost(4096)
+    target = _loaded(_tiny_cfg(llama_folder, corpus), tmp_path)  # lengths 32, 64: one forward, of 64 tokens
+    monkeypatch.setattr(target, "_timed_forward", lambda n, warm_up: 0.5)
+    assert target.calibrate([32, 64]) == (0.5 / target.forward_cost(64), 64, 0.5) and target.l0 == l0
