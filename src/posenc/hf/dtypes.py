@@ -3,9 +3,9 @@
 On a CPU, bfloat16 matrix products are fast only with bfloat16 units (AVX512-BF16, AMX-BF16): measured on
 SmolLM2-135M (BENCHMARKS.md), a 12k-token forward with bfloat16 weights took 0.32x the float32 time on an Intel
 Xeon with AMX, but 2.8-5.0x on an AVX2-only AMD EPYC, where oneDNN emulates bfloat16. float16 on CPU is the same
-story with AMX-FP16 / AVX512-FP16. So ``auto`` picks bfloat16 only where the units are there (on CUDA: the checkpoint's own half dtype,
-else bfloat16), and an explicit low-precision dtype the CPU cannot run fast is refused with the reason, never run
-at minutes per forward.
+story with AMX-FP16 / AVX512-FP16. So ``auto`` picks bfloat16 only where the units are there (on CUDA: the
+checkpoint's own dtype, else bfloat16), and an explicit low-precision dtype the CPU cannot run fast is refused with
+the reason, never run at minutes per forward.
 
 bfloat16 here means bfloat16 weights and activations with RoPE's tables and rotation in float32
 (``posenc.hf.keep_rope_float32``): the split that kept SmolLM2's perplexity within 0.05% of float32 at 4k and 12k
