@@ -42,6 +42,9 @@ def check_compiled_flex_matches_bias(enc, device: str, *, t: int = 16, q_offset:
     from torch.nn.attention.flex_attention import flex_attention
     from torch.testing import assert_close
 
+    from encoding_cases import score_error
+    from tolerances import attention_atol
+
     # qk head dim >= 24: torch 2.13's compiled CPU FlexAttention is wrong at 16 and below on AVX2-only CPUs
     b, s, d = 2, 8, 32
     q = torch.randn(b, H, s, d, device=device)
@@ -51,8 +54,12 @@ def check_compiled_flex_matches_bias(enc, device: str, *, t: int = 16, q_offset:
     k_pos = torch.arange(t, device=device)
     with torch.no_grad():
         got = torch.compile(flex_attention, dynamic=False)(q, k, v, score_mod=enc.score_mod(q_pos, k_pos))
-        scores = q @ k.transpose(-1, -2) * d**-0.5 + enc.bias(q_pos, k_pos)
-    assert_close(got, torch.softmax(scores, dim=-1) @ v, rtol=1e-5, atol=1e-5)
+        bias = enc.bias(q_pos, k_pos)
+        scores = q @ k.transpose(-1, -2) * d**-0.5 + bias
+    # score_mod and bias may sum their terms apart (score_error), on top of the attention's own rounding
+    bias_max = float(bias.abs().max())
+    atol = attention_atol(q, k, v, bias_max=bias_max, extra_score_error=score_error(enc, q, k, t, bias_max))
+    assert_close(got, torch.softmax(scores, dim=-1) @ v, rtol=0.0, atol=atol)
 
 
 def check_attention_compiles(enc, backend: str) -> None:  # noqa: ANN001
@@ -61,6 +68,7 @@ def check_attention_compiles(enc, backend: str) -> None:  # noqa: ANN001
     from torch.testing import assert_close
 
     import posenc
+    from encoding_cases import attention_tol
 
     q, k, v = torch.randn(3, B, H, 32, 16).unbind(0)
     pos = torch.arange(40, 72)
@@ -70,4 +78,4 @@ def check_attention_compiles(enc, backend: str) -> None:  # noqa: ANN001
 
     with torch.no_grad():
         compiled = torch.compile(step, fullgraph=True, dynamic=False)
-        assert_close(compiled(q, k, v), step(q, k, v), rtol=2e-5, atol=2e-5)
+        assert_close(compiled(q, k, v), step(q, k, v), **attention_tol(q, k, v, encoding=enc, q_positions=pos))

@@ -86,3 +86,64 @@ def shard(encoding: posenc.Encoding, pos: torch.Tensor, start: int, stop: int) -
     if encoding.position_kind == "grid":
         return pos[..., start:stop, :]
     return pos[..., start:stop]
+
+
+def score_error(encoding: posenc.Encoding, q: torch.Tensor, k: torch.Tensor, t: int, bias_max: float = 0.0) -> float:
+    """How far two float32 computations of one attention score may be apart because of the encoding itself, beyond
+    the q.k dot product and a few roundings of the bias (``tests/tolerances.attention_atol`` counts those): the
+    encodings whose bias or rotation is itself a sum, summed in another order by another path (a chunk, a backend,
+    a compiled graph). 0 for elementwise encodings. ``q``, ``k``: unrotated, as given to attention; ``t``: keys;
+    ``bias_max``: max |bias|."""
+    from tolerances import dot_magnitude, mlp_atol, sum_atol, unit_roundoff
+
+    d = q.shape[-1]
+    scale = d**-0.5
+    u = unit_roundoff()
+    name = type(encoding).__name__
+    if name == "FIRE":  # bias = W2 relu(W1 x + b1) + b2 for x in [0, 1]: a sum over the MLP's hidden units
+        mlp = encoding.mlp
+        return mlp_atol(mlp[0].weight[:, 0], mlp[0].bias, mlp[2].weight, mlp[2].bias)
+    if name == "Sandwich":  # the same terms in the same order on every path; SLEEF vs libm: 2 ulps of each sine,
+        return 9 * u * bias_max  # 8 u relative on each (same-sign) term of the sum (tests/functional/test_sandwich)
+    if name == "ShawRelative":  # bias = q . a_ij: a D-term dot product
+        return sum_atol(d, dot_magnitude(q, encoding.relative_keys))
+    if name == "CoPE":  # p_ij = sum of t gates sigmoid(scale q.k), then bias = scale q . e[p] interpolated
+        table = encoding.embeddings.detach().reshape(-1, d)
+        qe = dot_magnitude(q, table) * scale  # max |scale q . e_n|
+        gate = sum_atol(d, dot_magnitude(q, k) * scale) / 4  # sigmoid' <= 1/4
+        position = sum_atol(t, t) + t * gate
+        return position * 2 * qe + sum_atol(d, qe)  # |scale q . (e[n + 1] - e[n])| <= 2 qe per unit of position
+    if name == "FoPE":  # each table entry sums M products coef * cos/sin; a rotated channel mixes two entries
+        m = encoding.cos_coef.shape[1]
+        cos_coef, sin_coef = encoding.cos_coef.detach().abs(), encoding.sin_coef.detach().abs()
+        column = float(torch.maximum(cos_coef.sum(1), sin_coef.sum(1)).max())
+        rotated = 2 * (2 * (m - 1) + 2) * torch.finfo(torch.float32).eps * column  # per unit of |x|, per channel
+        # ||dq|| <= 2 rotated ||q||, ||k'|| <= 2 column ||k||: q and k each moved, against the other's size
+        q_norm, k_norm = float(q.detach().norm(dim=-1).max()), float(k.detach().norm(dim=-1).max())
+        return scale * 2 * (2 * rotated * q_norm) * (2 * column * k_norm)
+    return 0.0
+
+
+def attention_tol(q, k, v, *, encoding=None, q_positions=None, k_positions=None, scale=None, bias=None) -> dict:
+    """``assert_close`` arguments bounding two float32 computations of this attention (``tests/tolerances.py``):
+    from q and k as the encoding rotates them, the size of its bias and of the values, and the encoding's own
+    sums (``encoding_cases.score_error``). Never a fixed number: blocking differs between CPUs and BLAS builds."""
+    from tolerances import attention_atol
+
+    value_max = float(v.detach().abs().max())
+    extra = 0.0
+    if encoding is not None:
+        k_positions = torch.arange(k.shape[-2]) if k_positions is None else k_positions
+        t, s = k.shape[-2], q.shape[-2]
+        q_positions = shard(encoding, k_positions, t - s, t) if q_positions is None else q_positions
+        with torch.no_grad():
+            if encoding.has_bias:
+                bias = encoding.bias(q_positions, k_positions, q=q, **content(encoding, k))
+            bias_max = 0.0 if bias is None else float(bias.abs().max())
+            extra = score_error(encoding, q, k, k.shape[-2], bias_max)
+            q, k = encoding.rotate(q, k, q_positions, k_positions)
+            if encoding.has_value_term:
+                value_max += float(encoding.relative_values.abs().max())
+    bias_max = 0.0 if bias is None else float(bias.abs().max())
+    atol = attention_atol(q, k, v, scale=scale, bias_max=bias_max, extra_score_error=extra, value_max=value_max)
+    return {"rtol": 0.0, "atol": atol}

@@ -14,6 +14,7 @@ from posenc.attention import _resolve_backend
 from posenc.encodings.cope import CoPE, CoPEConfig
 from posenc.functional.cope import cope_bias
 from reference import cope as ref
+from tolerances import sum_atol, unit_roundoff
 
 B, H, HKV, D, DV = 2, 4, 2, 8, 5
 TOL = {"atol": 2e-5, "rtol": 2e-5}
@@ -130,7 +131,8 @@ def test_positions_method_counts():
     k = torch.full((1, 1, 6, D), 3.0)  # q . k / sqrt(D) = 25.5: every gate ~1
     i, j = torch.arange(6)[:, None], torch.arange(6)[None, :]
     want = torch.where(j <= i, (i - j + 1).clamp(max=4), 0).float().expand(1, H, 6, 6)
-    assert_close(enc.positions(q, k), want, rtol=0, atol=1e-5)
+    # each gate is within an ulp of 1 (1 - 8e-12 rounds to 1): a count of <= 6 gates, within 6 u + its summation
+    assert_close(enc.positions(q, k), want, rtol=0, atol=6 * unit_roundoff() + sum_atol(6, 6.0))
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -3,6 +3,7 @@ listing, score_mod == bias (eagerly and through compiled FlexAttention), gradien
 and score_mod, progressive interpolation, float32 math in a bf16 model, and bad input."""
 
 import copy
+import math
 
 import pytest
 import torch
@@ -24,6 +25,7 @@ from bias_grid import (
 )
 from posenc.encodings.fire import FIRE, FIREConfig
 from reference.fire import fire, fire_listing
+from tolerances import grad_atols, mlp_atol
 
 
 def _positions(kind):
@@ -38,6 +40,11 @@ def _fire(**kwargs):
         enc.c.fill_(0.3)
         enc.L_multiplier.fill_(-1.0)  # the threshold is |L_multiplier * init_L|
     return enc
+
+
+def _atol(enc):
+    """Two float32 evaluations of the MLP (or one against float64): tests/tolerances.mlp_atol."""
+    return mlp_atol(enc.mlp[0].weight[:, 0], enc.mlp[0].bias, enc.mlp[2].weight, enc.mlp[2].bias)
 
 
 def _reference(enc, q_pos, k_pos):
@@ -101,7 +108,7 @@ def test_bias_and_score_mod(kind):
     with torch.no_grad():
         bias = enc.bias(q_pos, k_pos)
         assert bias.dtype == torch.float32
-        assert_close(bias.double(), _reference(enc, q_pos, k_pos), rtol=1e-5, atol=1e-5)
+        assert_close(bias.double(), _reference(enc, q_pos, k_pos), rtol=0, atol=_atol(enc))
         assert_close(score_mod_grid(enc, q_pos, k_pos), bias.expand(B, -1, -1, -1), **EXACT)
         assert_close(enc(q_pos, k_pos), bias, **EXACT)
         assert_close(enc(q_pos), enc.bias(q_pos, q_pos), **EXACT)
@@ -113,7 +120,7 @@ def test_default_module_matches_the_listing():
     with torch.no_grad():
         got = enc(torch.arange(60))
         ref = fire_listing(60, enc.mlp, enc.c, enc.L_multiplier, 40.0, 1e-6)
-    assert_close(got, ref, rtol=1e-5, atol=1e-6)
+    assert_close(got, ref, rtol=0, atol=_atol(enc))
 
 
 def test_gradients_reach_every_parameter_through_bias_and_score_mod():
@@ -124,10 +131,16 @@ def test_gradients_reach_every_parameter_through_bias_and_score_mod():
         enc = _fire()
         out = enc.bias(q_pos, k_pos) if path == "bias" else score_mod_grid(enc, q_pos, k_pos)
         grads.append(torch.autograd.grad((out * weights).sum(), list(enc.parameters())))
-    names = [n for n, _ in _fire().named_parameters()]
-    for name, g_bias, g_mod in zip(names, *grads, strict=True):
+    reference = _fire()
+    names = [n for n, _ in reference.named_parameters()]
+
+    def bias_of(*params):
+        return torch.func.functional_call(reference, dict(zip(names, params, strict=True)), (q_pos, k_pos))
+
+    atols = grad_atols(lambda *ps: bias_of(*ps).expand(B, H, S, T), list(reference.parameters()), weights)
+    for name, g_bias, g_mod, atol in zip(names, *grads, atols, strict=True):
         assert g_bias.abs().sum() > 0, name
-        assert_close(g_mod, g_bias, rtol=1e-5, atol=1e-6, msg=name)
+        assert_close(g_mod, g_bias, rtol=0, atol=atol, msg=name)
 
 
 @pytest.mark.parametrize("backend", ["eager", "sdpa"])
@@ -156,12 +169,15 @@ def test_beyond_the_threshold_the_bias_follows_the_query_position():
         near = enc.bias(torch.tensor([100]), torch.tensor([0, 50, 100]))
         far = enc.bias(torch.tensor([1100]), torch.tensor([1000, 1050, 1100]))  # same distances, later query
         assert (near - far).abs().max() > 0.1  # the same distances, not the same bias
-        assert_close(far.double(), _reference(enc, torch.tensor([1100]), torch.tensor([1000, 1050, 1100])),
-                     rtol=1e-5, atol=1e-5)  # fmt: skip
+        far_ref = _reference(enc, torch.tensor([1100]), torch.tensor([1000, 1050, 1100]))
+        assert_close(far.double(), far_ref, rtol=0, atol=_atol(enc))
         # The key at distance i (position 0) always maps to ~1: every query past the threshold sees the same bias.
         first = [enc.bias(torch.tensor([i]), torch.tensor([0]))[0, :, 0, 0] for i in (100, 1000, 100000)]
-    assert_close(first[1], first[0], rtol=0, atol=1e-5)
-    assert_close(first[2], first[0], rtol=0, atol=1e-5)
+    # psi(i) / (psi(i) + eps) is 1 - eps / psi(i): within eps / psi(100) of the query at 100, moved through the MLP
+    w2_w1 = float((enc.mlp[2].weight.abs() @ enc.mlp[0].weight.abs()).max())
+    atol = _atol(enc) + w2_w1 * enc.config.eps / math.log1p(abs(float(enc.c)) * 100)
+    assert_close(first[1], first[0], rtol=0, atol=atol)
+    assert_close(first[2], first[0], rtol=0, atol=atol)
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])

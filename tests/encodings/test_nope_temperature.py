@@ -1,5 +1,6 @@
 """NoPETemperature == transformers' Llama 4 NoPE layers (attention temperature tuning), on full tensors."""
 
+import copy
 import math
 
 import pytest
@@ -9,7 +10,9 @@ from transformers import DynamicCache, Llama4TextConfig
 from transformers.models.llama4 import modeling_llama4
 
 import posenc
+from encoding_cases import attention_tol
 from posenc.functional import apply_temperature, attention_temperature
+from tolerances import like_reference_atol
 
 B, S, H, HKV, D = 2, 12, 4, 2, 8
 FLOOR, STRENGTH = 4, 0.5  # small floor_scale so the temperature changes inside a short test sequence
@@ -52,9 +55,10 @@ def test_equals_llama4_nope_layer_forward():
     layer = _llama4_nope_attention()
     x = torch.randn(B, S, H * D)
     want, _ = layer(x, None, _causal_mask(S))
+    exact, _ = copy.deepcopy(layer).double()(x.double(), None, _causal_mask(S).double())
     encoding = posenc.build("nope_temperature", floor_scale=FLOOR, attn_scale=STRENGTH)
     got, _, _ = _posenc_attention(layer, x, encoding, torch.arange(S), torch.arange(S))
-    assert_close(got, want, rtol=1e-6, atol=1e-6)
+    assert_close(got.double(), exact, rtol=0, atol=like_reference_atol(want, exact))
     plain, _, _ = _posenc_attention(layer, x, posenc.NoPE(), torch.arange(S), torch.arange(S))
     assert not torch.allclose(plain, want, atol=1e-4)  # the temperature matters at these positions
 
@@ -64,17 +68,18 @@ def test_equals_llama4_decoding_with_a_kv_cache():
     """Transformers places the new queries after the cached tokens; posenc is given those positions explicitly."""
     layer = _llama4_nope_attention()
     x = torch.randn(B, S, H * D)
-    cache = DynamicCache()
+    cache, cache64, layer64 = DynamicCache(), DynamicCache(), copy.deepcopy(layer).double()
     encoding = posenc.NoPETemperature(floor_scale=FLOOR, attn_scale=STRENGTH)
     k = v = None
     for start, stop in [(0, 7), (7, 8), (8, 12)]:
         mask = torch.zeros(1, 1, stop - start, stop)  # the cached keys visible, causal among the new ones
         mask[..., start:] = _causal_mask(stop - start)
         want, _ = layer(x[:, start:stop], None, mask, past_key_values=cache)
+        exact, _ = layer64(x[:, start:stop].double(), None, mask.double(), past_key_values=cache64)
         got, k, v = _posenc_attention(
             layer, x[:, start:stop], encoding, torch.arange(start, stop), torch.arange(stop), k, v
         )
-        assert_close(got, want, rtol=1e-6, atol=1e-6)
+        assert_close(got.double(), exact, rtol=0, atol=like_reference_atol(want, exact))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
@@ -137,7 +142,7 @@ def test_decode_and_chunks_equal_the_full_forward(backend):
         )
         for a, b in [(0, 9), (9, 10), (10, 16), (16, 20)]
     ]  # fmt: skip
-    assert_close(torch.cat(steps, dim=2), full, rtol=2e-5, atol=2e-5)
+    assert_close(torch.cat(steps, dim=2), full, **attention_tol(q, k, v, encoding=encoding, k_positions=pos))
     nope = posenc.attention(q, k, v, encoding=posenc.NoPE(), q_positions=pos, k_positions=pos, backend=backend)
     assert not torch.allclose(nope, full, atol=1e-3)
 

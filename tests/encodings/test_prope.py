@@ -14,6 +14,7 @@ import posenc
 from hf_oracle import angle_atol, hf_config, hf_frequencies, hf_rotary, neox_apply
 from posenc import ProportionalScaling, RotaryConfig, RotaryEmbedding
 from posenc.hf import positional_setup, rotary_config_from_hf, rotary_config_to_hf
+from tolerances import frequency_rtol
 
 HEAD_DIMS = [8, 64, 80, 128, 256, 512]
 FRACTIONS = [0.0, 0.25, 0.3, 0.5, 0.75, 1.0]  # 0.3 * 64 = 19.2: the reference floors it to 9 rotating pairs
@@ -90,7 +91,8 @@ def test_gemma4_full_attention_is_proportional_at_its_own_head_dim():
     assert torch.equal(RotaryEmbedding.from_config(full).inv_freq, hf.full_attention_inv_freq)
     sliding = rotary_config_from_hf(config.to_dict(), layer_type="sliding_attention")
     assert sliding == RotaryConfig(head_dim=256, base=10000.0)
-    assert_close(RotaryEmbedding.from_config(sliding).inv_freq, hf.sliding_attention_inv_freq, rtol=1e-6, atol=0)
+    got = RotaryEmbedding.from_config(sliding).inv_freq
+    assert_close(got, hf.sliding_attention_inv_freq, rtol=frequency_rtol(10000.0), atol=0)
 
 
 # ---------------------------------------------------------------------------------------------------------------

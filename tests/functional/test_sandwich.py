@@ -11,6 +11,7 @@ from torch.testing import assert_close
 
 from posenc.functional.sandwich import sandwich_bias, sandwich_frequencies, sandwich_kernel, sandwich_ratios
 from reference.sandwich import sandwich
+from tolerances import gamma, ulps, unit_roundoff
 
 EXACT = {"rtol": 0.0, "atol": 0.0}
 B, S, T = 2, 5, 7
@@ -79,8 +80,9 @@ def test_depends_only_on_distance(shift, s, t, batch):
     freqs = sandwich_frequencies(64, sandwich_ratios(3))
     bias = sandwich_bias(q_pos, k_pos, freqs)
     assert_close(sandwich_bias(q_pos + shift, k_pos + shift, freqs), bias, **EXACT)
-    # Transposed, elements fall elsewhere in the vectorised loops: SLEEF and libm may differ by an ulp there.
-    assert_close(sandwich_bias(k_pos, q_pos, freqs), bias.transpose(-1, -2), rtol=3e-7, atol=1e-7)
+    # Transposed, elements fall elsewhere in the vectorised loops: SLEEF and libm may differ by an ulp of each sine
+    # there (4 u relative), 8 u on its square; every term has the bias's sign, so the sum keeps that relative bound.
+    assert_close(sandwich_bias(k_pos, q_pos, freqs), bias.transpose(-1, -2), **ulps(4.5))
 
 
 def test_zero_on_the_diagonal_negative_elsewhere():
@@ -97,7 +99,13 @@ def test_kernel_sums_cosines():
     freqs = torch.tensor([1.0, 0.1, 0.01])
     got = sandwich_kernel(d, freqs * 0.5)
     expected = [sum(math.cos(x * f) - 1 for f in freqs.tolist()) for x in d.tolist()]
-    assert_close(got, torch.tensor(expected), rtol=0, atol=2e-6)
+    # Per term: the float32 angle rounds once (u |angle|, and |d(cos - 1)/d angle| <= 1), sin, square and doubling
+    # 3 u |term|; the float32 sum of the terms 2 gamma(F) sum |term|.
+    u, f = unit_roundoff(), len(freqs)
+    angle = [sum(u * abs(x * w) for w in freqs.tolist()) for x in d.tolist()]
+    size = [sum(abs(math.cos(x * w) - 1) for w in freqs.tolist()) for x in d.tolist()]
+    atol = torch.tensor(angle) + (3 * u + 2 * gamma(f)) * torch.tensor(size)
+    assert ((got.double() - torch.tensor(expected, dtype=torch.float64)).abs() <= atol).all()
 
 
 def test_bad_input():

@@ -14,6 +14,7 @@ import transformers.models.bloom.modeling_bloom as bloom
 from hf.tiny import ORIGINAL, logits, tiny_model
 from posenc.functional import alibi_slopes
 from posenc.hf import extend_context
+from tolerances import like_reference_atol, ulps
 
 FACTOR = 4.0
 
@@ -40,10 +41,14 @@ def test_bloom_equals_bloom_with_interpolated_slopes(padded, ids, monkeypatch):
     slopes = bloom._get_alibi_slopes
     monkeypatch.setattr(bloom, "_get_alibi_slopes", lambda n, device: slopes(n, device) / FACTOR)
     reference = logits(tiny_model("bloom", model.state_dict()), ids, **kwargs)
-    torch.testing.assert_close(patched, reference, rtol=1e-5, atol=1e-6)
+    # The float32 rounding of this model on this machine, measured against float64 without padding (BLOOM's float64
+    # masks give NaN): the two float32 models may differ by a few times that (tests/tolerances.like_reference_atol).
+    unpadded = tiny_model("bloom", model.state_dict())
+    atol = like_reference_atol(logits(unpadded, ids), logits(unpadded.double(), ids))
+    torch.testing.assert_close(patched, reference, rtol=0, atol=atol)
     assert not torch.allclose(patched, before, rtol=1e-3, atol=1e-4)
     assert report["modules_patched"] == 2 and report["method"] == "linear"
-    torch.testing.assert_close(report["slopes"]["new"], alibi_slopes(4) / FACTOR, rtol=1e-7, atol=0)
+    torch.testing.assert_close(report["slopes"]["new"], alibi_slopes(4) / FACTOR, **ulps(1))
 
 
 @pytest.mark.parametrize("heads", [4, 6])

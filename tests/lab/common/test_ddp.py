@@ -13,7 +13,7 @@ import torch
 
 from posenc.lab.common import checkpoint as ckpt
 from posenc.lab.common.gpt import GPT
-from posenc.lab.common.train import CHECKPOINT_FILE, DONE_FILE, METRICS_FILE, load_model, train
+from posenc.lab.common.train import CHECKPOINT_FILE, DONE_FILE, METRICS_FILE, load_checkpoint, train
 
 # Run as a script by each rank, and loaded with runpy by the test for the single-process reference.
 WORKER = textwrap.dedent(
@@ -42,7 +42,7 @@ WORKER = textwrap.dedent(
 
     if __name__ == "__main__":
         torch.set_num_threads(1)
-        train(GPT(MODEL, seed=CFG.seed), batch_fn, CFG, sys.argv[1], progress=False)
+        train(GPT(MODEL, seed=CFG.seed).double(), batch_fn, CFG, sys.argv[1], progress=False)
         dist.cleanup()
     """
 )
@@ -84,16 +84,19 @@ def test_two_processes_match_one(tmp_path):
         assert p.returncode == 0, f"rank {r} failed:\n{out}"
 
     worker = runpy.run_path(str(script))  # not __main__: defines the same batch_fn and configs
-    single = GPT(worker["MODEL"], seed=worker["CFG"].seed)
+    single = GPT(worker["MODEL"], seed=worker["CFG"].seed).double()
     summary = train(single, worker["batch_fn"], worker["CFG"], tmp_path / "single", progress=False)
 
-    ddp = load_model(run_dir)
+    ddp = GPT(worker["MODEL"]).double()
+    load_checkpoint(run_dir / CHECKPOINT_FILE, model=ddp, restore_rng=False)
     for name, value in single.state_dict().items():
-        # gloo sums the ranks' gradients in another order than one process does, and Adam's normalised steps
-        # carry that rounding (about 1e-6 after 6 steps at lr 1e-2); normalising the loss per rank instead of by
-        # the global count of scored targets moves the weights by about 3e-2
-        torch.testing.assert_close(ddp.state_dict()[name], value, rtol=0, atol=1e-5, msg=name)
-    assert not torch.allclose(GPT(worker["MODEL"]).blocks[0].attn.qkv.weight, single.blocks[0].attn.qkv.weight)
+        # gloo sums the ranks' gradients in another order than one process does, and Adam divides by sqrt(v) + eps:
+        # a gradient that is only rounding noise gets a step of up to lr, in float32 on some CPUs. In float64 that
+        # noise (~n u64 |g| ~ 1e-15 for gradients of order 1) stays far below eps (1e-8): a step differs by at most
+        # lr 1e-15 / 1e-8 = 1e-9, six steps by 6e-9. Normalising the loss per rank instead of by the global count of
+        # scored targets moves the weights by about 3e-2.
+        torch.testing.assert_close(ddp.state_dict()[name], value, rtol=0, atol=1e-8, msg=name)
+    assert not torch.allclose(GPT(worker["MODEL"]).double().blocks[0].attn.qkv.weight, single.blocks[0].attn.qkv.weight)
     for f in (CHECKPOINT_FILE, DONE_FILE, METRICS_FILE):
         assert (run_dir / f).is_file(), f
     ddp_lines = (run_dir / METRICS_FILE).read_text().splitlines()
@@ -143,7 +146,7 @@ INTERRUPTED = WORKER.split('if __name__ == "__main__":')[0] + textwrap.dedent(
         torch.set_num_threads(1)
         try:
             cfg = dataclasses.replace(CFG, checkpoint_every=0)  # the checkpoint found is the signal's
-            train(GPT(MODEL, seed=CFG.seed), signalled, cfg, sys.argv[1], progress=False)
+            train(GPT(MODEL, seed=CFG.seed).double(), signalled, cfg, sys.argv[1], progress=False)
         except KeyboardInterrupt:
             print("stopped")
             sys.exit(130)
@@ -164,8 +167,10 @@ def test_a_signal_to_one_rank_stops_every_rank_at_the_same_log_step(tmp_path):
     for r, (code, out) in enumerate(launch(tmp_path / "worker.py", run_dir)):
         assert code == 0, f"rank {r} failed:\n{out}"
     worker = runpy.run_path(str(tmp_path / "worker.py"))
-    single = GPT(worker["MODEL"], seed=worker["CFG"].seed)
+    single = GPT(worker["MODEL"], seed=worker["CFG"].seed).double()
     train(single, worker["batch_fn"], worker["CFG"], tmp_path / "single", progress=False)
-    for name, value in load_model(run_dir).state_dict().items():
-        torch.testing.assert_close(value, single.state_dict()[name], rtol=0, atol=1e-5, msg=name)  # as above
+    ddp = GPT(worker["MODEL"]).double()
+    load_checkpoint(run_dir / CHECKPOINT_FILE, model=ddp, restore_rng=False)
+    for name, value in ddp.state_dict().items():
+        torch.testing.assert_close(value, single.state_dict()[name], rtol=0, atol=1e-8, msg=name)  # as above
     assert len((run_dir / METRICS_FILE).read_text().splitlines()) == 2
