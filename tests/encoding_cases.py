@@ -132,18 +132,18 @@ def attention_tol(q, k, v, *, encoding=None, q_positions=None, k_positions=None,
 
     value_max = float(v.detach().abs().max())
     extra = 0.0
-    if encoding is not None:
-        k_positions = torch.arange(k.shape[-2]) if k_positions is None else k_positions
-        t, s = k.shape[-2], q.shape[-2]
-        q_positions = shard(encoding, k_positions, t - s, t) if q_positions is None else q_positions
-        with torch.no_grad():
+    with torch.no_grad():
+        if encoding is not None:
+            t, s = k.shape[-2], q.shape[-2]
+            k_positions = positions(encoding, t) if k_positions is None else k_positions
+            q_positions = shard(encoding, k_positions, t - s, t) if q_positions is None else q_positions
             if encoding.has_bias:
                 bias = encoding.bias(q_positions, k_positions, q=q, **content(encoding, k))
-            bias_max = 0.0 if bias is None else float(bias.abs().max())
+        bias_max = 0.0 if bias is None else float(bias.abs().max())
+        if encoding is not None:
             extra = score_error(encoding, q, k, k.shape[-2], bias_max)
             q, k = encoding.rotate(q, k, q_positions, k_positions)
             if encoding.has_value_term:
                 value_max += float(encoding.relative_values.abs().max())
-    bias_max = 0.0 if bias is None else float(bias.abs().max())
     atol = attention_atol(q, k, v, scale=scale, bias_max=bias_max, extra_score_error=extra, value_max=value_max)
     return {"rtol": 0.0, "atol": atol}

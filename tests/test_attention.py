@@ -16,7 +16,7 @@ from encoding_cases import SCALED, build, positions, shard
 from encoding_cases import attention_tol as tol
 from posenc.attention import FLEX_MIN_BIAS_BYTES, _resolve_backend
 from reference.attention import naive_attention
-from tolerances import unit_roundoff
+from tolerances import like_reference_atol
 
 B, H, HKV, D, DV = 2, 4, 2, 16, 8
 #: Every registered encoding, and RoPE under every scaling (the length-dependent ones included).
@@ -146,9 +146,7 @@ def test_sdpa_matches_eager_backward(name):
     # FlashAttention's test criterion: SDPA's float32 gradients are within a few times float32 eager's own distance
     # from float64 (this machine's rounding, measured on the same computation) plus a few roundings of the gradient.
     for exact, eager, sdpa in zip(*grads, strict=True):
-        eager_error = float((eager.double() - exact).abs().max())
-        atol = 4 * eager_error + 8 * unit_roundoff() * float(exact.abs().max())
-        assert_close(sdpa.double(), exact, rtol=0.0, atol=atol)
+        assert_close(sdpa.double(), exact, rtol=0.0, atol=like_reference_atol(eager, exact))
 
 
 @pytest.mark.gpu
