@@ -42,8 +42,7 @@ def check_compiled_flex_matches_bias(enc, device: str, *, t: int = 16, q_offset:
     from torch.nn.attention.flex_attention import flex_attention
     from torch.testing import assert_close
 
-    from encoding_cases import score_error
-    from tolerances import attention_atol
+    from encoding_cases import attention_tol
 
     # qk head dim >= 24: torch 2.13's compiled CPU FlexAttention is wrong at 16 and below on AVX2-only CPUs
     b, s, d = 2, 8, 32
@@ -54,12 +53,10 @@ def check_compiled_flex_matches_bias(enc, device: str, *, t: int = 16, q_offset:
     k_pos = torch.arange(t, device=device)
     with torch.no_grad():
         got = torch.compile(flex_attention, dynamic=False)(q, k, v, score_mod=enc.score_mod(q_pos, k_pos))
-        bias = enc.bias(q_pos, k_pos)
-        scores = q @ k.transpose(-1, -2) * d**-0.5 + bias
-    # score_mod and bias may sum their terms apart (score_error), on top of the attention's own rounding
-    bias_max = float(bias.abs().max())
-    atol = attention_atol(q, k, v, bias_max=bias_max, extra_score_error=score_error(enc, q, k, t, bias_max))
-    assert_close(got, torch.softmax(scores, dim=-1) @ v, rtol=0.0, atol=atol)
+        scores = q @ k.transpose(-1, -2) * d**-0.5 + enc.bias(q_pos, k_pos)
+    # score_mod and bias may sum their terms apart (encoding_cases.score_error), on top of the attention's rounding
+    tol = attention_tol(q, k, v, encoding=enc, q_positions=q_pos, k_positions=k_pos)
+    assert_close(got, torch.softmax(scores, dim=-1) @ v, **tol)
 
 
 def check_attention_compiles(enc, backend: str) -> None:  # noqa: ANN001

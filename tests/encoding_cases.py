@@ -94,7 +94,7 @@ def score_error(encoding: posenc.Encoding, q: torch.Tensor, k: torch.Tensor, t: 
     encodings whose bias or rotation is itself a sum, summed in another order by another path (a chunk, a backend,
     a compiled graph). 0 for elementwise encodings. ``q``, ``k``: unrotated, as given to attention; ``t``: keys;
     ``bias_max``: max |bias|."""
-    from tolerances import dot_magnitude, mlp_atol, sum_atol, unit_roundoff
+    from tolerances import dot_magnitude, fope_rotation_atol, mlp_atol, sum_atol, unit_roundoff
 
     d = q.shape[-1]
     scale = d**-0.5
@@ -114,10 +114,9 @@ def score_error(encoding: posenc.Encoding, q: torch.Tensor, k: torch.Tensor, t: 
         position = sum_atol(t, t) + t * gate
         return position * 2 * qe + sum_atol(d, qe)  # |scale q . (e[n + 1] - e[n])| <= 2 qe per unit of position
     if name == "FoPE":  # each table entry sums M products coef * cos/sin; a rotated channel mixes two entries
-        m = encoding.cos_coef.shape[1]
-        cos_coef, sin_coef = encoding.cos_coef.detach().abs(), encoding.sin_coef.detach().abs()
-        column = float(torch.maximum(cos_coef.sum(1), sin_coef.sum(1)).max())
-        rotated = 2 * (2 * (m - 1) + 2) * torch.finfo(torch.float32).eps * column  # per unit of |x|, per channel
+        cos_coef, sin_coef = encoding.cos_coef.detach(), encoding.sin_coef.detach()
+        column = float(torch.maximum(cos_coef.abs().sum(1), sin_coef.abs().sum(1)).max())
+        rotated = fope_rotation_atol(cos_coef, sin_coef, 1.0)  # per unit of |x|, per channel
         # ||dq|| <= 2 rotated ||q||, ||k'|| <= 2 column ||k||: q and k each moved, against the other's size
         q_norm, k_norm = float(q.detach().norm(dim=-1).max()), float(k.detach().norm(dim=-1).max())
         return scale * 2 * (2 * rotated * q_norm) * (2 * column * k_norm)

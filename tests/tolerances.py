@@ -167,3 +167,25 @@ def like_reference_atol(reference: torch.Tensor, exact: torch.Tensor, *, factor:
     exact = exact.detach().double()
     own = float((reference.detach().double() - exact).abs().max())
     return factor * own + 8 * unit_roundoff() * float(exact.abs().max())
+
+
+def bicubic_atol(table_max: float, *, sides: int = 1) -> float:
+    """Bound on a float32 bicubic resize against the exact one (``sides=2``: two float32 resizes against each other).
+
+    Each output is a weighted sum of at most 16 table entries (4 taps per axis) whose weights add up to at most 1.5
+    in absolute value per axis (bicubic's negative lobes), each weight rounded once: within gamma(16 + 2) 1.5**2
+    max|table| of the exact sum.
+    """
+    return sides * gamma(16 + 2) * 1.5**2 * float(table_max)
+
+
+def fope_rotation_atol(cos_coef: torch.Tensor, sin_coef: torch.Tensor, x_max: float) -> float:
+    """Bound on two float32 FoPE rotations of one channel (e.g. a chunk and the full call) of inputs |x| <= x_max.
+
+    Each table entry is a float32 sum of M products ``|coef| * 1``: two summation orders differ by at most
+    2 (M - 1) eps sum_j |coef[j, d]| (plus one rounding of the entry); an output mixes two entries with two channels
+    of x, each rounded once more.
+    """
+    m = cos_coef.shape[1]
+    column = float(torch.maximum(cos_coef.detach().abs().sum(1), sin_coef.detach().abs().sum(1)).max())
+    return 2 * float(x_max) * (2 * (m - 1) + 2) * torch.finfo(torch.float32).eps * column

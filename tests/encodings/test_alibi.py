@@ -6,11 +6,11 @@ import torch
 from torch.nn.attention.flex_attention import flex_attention
 from torch.testing import assert_close
 
+from encoding_cases import attention_tol
 from posenc.encodings.alibi import ALiBi, ALiBi2D, ALiBi2DConfig, ALiBiConfig
 from posenc.functional.alibi import alibi_2d_bias, alibi_bias, alibi_slopes
 from posenc.functional.axial_rope import grid_positions
 from posenc.registry import build
-from tolerances import attention_atol
 
 EXACT = {"rtol": 0.0, "atol": 0.0}
 
@@ -129,8 +129,7 @@ def test_score_mod_in_compiled_flex_attention(device, encoding):
         q_pos, k_pos = grid_positions(4, 2, device=device), grid_positions(4, 4, device=device)
     got = torch.compile(flex_attention, dynamic=False)(q, k, v, score_mod=enc.score_mod(q_pos, k_pos))
     bias = enc.bias(q_pos, k_pos)
-    atol = attention_atol(q, k, v, bias_max=float(bias.abs().max()))
-    assert_close(got, _eager_attention(q, k, v, bias), rtol=0, atol=atol)
+    assert_close(got, _eager_attention(q, k, v, bias), **attention_tol(q, k, v, bias=bias))
 
 
 # ---- slopes ---------------------------------------------------------------------------------------------------------

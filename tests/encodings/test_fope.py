@@ -22,7 +22,7 @@ from posenc.functional.fope import (
 )
 from posenc.functional.rope import default_inv_freq, rope_cos_sin
 from reference import fope as ref
-from tolerances import unit_roundoff
+from tolerances import fope_rotation_atol, unit_roundoff
 
 # (head_dim, base, train_len, num_frequencies): kept M of F = head_dim / 2 in the comment
 CASES = [
@@ -231,13 +231,8 @@ def test_chunks_equal_the_full_rotation():
     x = torch.randn(2, 4, 20, 64)
     pos = torch.arange(20) + 100
     full = enc.rotate_one(x, pos)
-    # Bound from the computation, not from one BLAS: each table entry is a float32 sum of M products |coef| * 1, so
-    # two summation orders differ by at most 2 (M - 1) eps sum_j |coef[j, d]| (plus one rounding of the entry); an
-    # output mixes two entries with two channels of x, each rounded once more.
-    eps = torch.finfo(torch.float32).eps
-    m = enc.cos_coef.shape[1]
-    column = torch.maximum(enc.cos_coef.abs().sum(1), enc.sin_coef.abs().sum(1)).max().item()  # max_d sum_j |coef|
-    atol = 2 * x.abs().max().item() * (2 * (m - 1) + 2) * eps * column
+    # Bound from the computation, not from one BLAS (tests/tolerances.fope_rotation_atol)
+    atol = fope_rotation_atol(enc.cos_coef, enc.sin_coef, x.abs().max().item())
     for a, b in [(0, 7), (7, 8), (8, 20)]:
         assert_close(enc.rotate_one(x[:, :, a:b], pos[a:b]), full[:, :, a:b], rtol=0, atol=atol)
 

@@ -8,20 +8,18 @@ from hypothesis import strategies as st
 
 from posenc.functional.learned import resize_table_1d, resize_table_2d
 from reference.resize import bicubic_antialias_resize, bicubic_resize, linear_resize
-from tolerances import gamma, unit_roundoff
+from tolerances import bicubic_atol, unit_roundoff
 
 DTYPES = [torch.float32, torch.float64, torch.bfloat16]
 
 
 def _tol(dtype: torch.dtype) -> dict:
-    """For float64-promoted outputs vs the float64 reference. Each output is a weighted sum of at most 16 table
-    entries (4 bicubic taps per axis; antialiased downsampling widens that, and runs in float64 here) whose weights
-    add up to at most 1.5 in absolute value per axis (bicubic's negative lobes), each weight rounded once: within
-    gamma(16 + 2) * 1.5**2 * max|table| of the exact sum, max|table| < 5 (checked in _table); bfloat16 rounds the
-    result once more (u relative)."""
+    """For float64-promoted outputs vs the float64 reference: ``tests/tolerances.bicubic_atol`` (linear resizing has
+    fewer taps; antialiased downsampling has more but runs in float64 here), max|table| < 5 (checked in _table);
+    bfloat16 rounds the result once more (u relative)."""
     if dtype == torch.float64:
         return dict(rtol=1e-12, atol=1e-12)
-    atol = gamma(16 + 2, torch.float32) * 1.5**2 * 5.0
+    atol = bicubic_atol(5.0)
     return dict(rtol=unit_roundoff(dtype) if dtype == torch.bfloat16 else 0.0, atol=atol)
 
 

@@ -10,7 +10,7 @@ import posenc
 from posenc.functional.axial_rope import grid_positions
 from posenc.lab.common.train import TrainConfig, step_generator, train
 from posenc.lab.vision.vit import ViT, ViTConfig, registry_name, vision_encodings
-from tolerances import gamma
+from tolerances import bicubic_atol
 
 ENCODINGS = ["learned", "sinusoidal", "nope", "rope_axial", "rope_mixed", "alibi_2d"]
 TINY = {"image_size": 8, "patch_size": 2, "dim": 16, "n_layers": 2, "n_heads": 2, "num_classes": 4}
@@ -89,9 +89,7 @@ def test_learned_table_resizes_like_transformers_vit(new_hw):
     ours = model.input_encoding((w // patch, h // patch))
     positions = grid_positions(w // patch, h // patch)
     got = ours.embed(torch.zeros(1, n, dim), positions)[0]
-    # both bicubic: <= 16 taps, weights summing to <= 1.5 in absolute value per axis (tests/tolerances.py), each
-    # side within gamma(18) of the exact sum
-    atol = 2 * gamma(16 + 2) * 1.5**2 * float(table.abs().max())
+    atol = bicubic_atol(table.abs().max(), sides=2)  # both bicubic in float32
     torch.testing.assert_close(got, expected, rtol=0, atol=atol)
 
 
