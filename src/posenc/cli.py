@@ -295,6 +295,8 @@ def extend(args: argparse.Namespace) -> int:
         corpus=None if args.corpus is None else str(Path(args.corpus).resolve()),
         eval_tokens=args.eval_tokens,
         task=args.task,
+        ruler_tasks=args.ruler_tasks,
+        ruler_samples=args.ruler_samples,
         original_len=args.original_len,
         layer_type=args.layer_type,
         train_len=args.train_len,
@@ -350,8 +352,20 @@ def _add_extend(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--task",
         default="lm",
-        choices=["lm", "passkey"],
-        help="lm: perplexity and passkey zero-shot; passkey: train the task first (lab models), then test",
+        choices=["lm", "ruler", "passkey"],
+        help="lm: perplexity and passkey zero-shot; ruler: the same plus RULER through lm-evaluation-harness "
+        '(pretrained models; pip install "lm-eval[ruler]==0.4.13"); passkey: train the task first (lab models)',
+    )
+    p.add_argument(
+        "--ruler-tasks",
+        type=A.names,
+        help="--task ruler: lm-eval RULER tasks that build their data offline, comma-separated, from "
+        "niah_single_1, niah_multikey_2, niah_multikey_3, ruler_vt, ruler_cwe, ruler_fwe; default niah_single_1",
+    )
+    p.add_argument(
+        "--ruler-samples",
+        type=A.positive_int,
+        help="--task ruler: documents per task and length; default 2 (CPU), 10 (CUDA)",
     )
     p.add_argument("--corpus", help="a text file or folder (default: the Python standard library)")
     p.add_argument(

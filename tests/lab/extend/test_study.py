@@ -562,9 +562,10 @@ def test_passkey_heatmap_is_sequential_and_numbers_contrast(tmp_path, monkeypatc
         image = ax.images[0]
         assert image.get_cmap().name.startswith(HEATMAP)
         for text in ax.texts:
-            value = None if text.get_text() == "n/a" else int(text.get_text()) / 100
+            hits, _, n = text.get_text().partition("/")  # keys found / keys tried
+            value = None if text.get_text() == "n/a" else int(hits) / int(n)
             cell = image.get_cmap()(float("nan") if value is None else value)
             assert text.get_color() == text_colour_on(cell)
     texts = {t.get_text(): t.get_color() for ax in panels for t in ax.texts}
-    assert texts == {"n/a": "black", "0": "white", "100": "black"}  # dark bottom of cividis, light top, grey n/a
+    assert texts == {"n/a": "black", "0/5": "white", "5/5": "black"}  # dark bottom of cividis, light top, grey n/a
     assert text_colour_on(colormaps[HEATMAP](0.0)) == "white" and text_colour_on((1.0, 1.0, 1.0, 1.0)) == "black"

@@ -523,3 +523,22 @@ def test_calibration_keeps_the_models_cost_ratio_when_timings_are_noise(llama_fo
     target = _loaded(_tiny_cfg(llama_folder, corpus), tmp_path)  # lengths 32, 64: one forward, of 64 tokens
     monkeypatch.setattr(target, "_timed_forward", lambda n, warm_up: 0.5)
     assert target.calibrate([32, 64]) == (0.5 / target.forward_cost(64), 64, 0.5) and target.l0 == l0
+
+
+@needs_smollm2
+def test_smollm2_finds_lm_evals_ruler_needle_in_context():
+    """Real weights through lm-eval's RULER at a short length: the unpatched model retrieves the needle in its own
+    context, so the documents, the prompt (whole) and the scoring reach the model as lm-eval means them."""
+    pytest.importorskip("lm_eval", reason="needs lm-evaluation-harness")
+    from posenc.hf import load_causal_lm, resolve_model
+    from posenc.lab.extend import ruler
+    from posenc.lab.extend.targets import _load_tokenizer
+
+    source = resolve_model("smollm2")
+    tokenizer = _load_tokenizer(source)
+    suite = ruler.build(["niah_single_1"], tokenizer, [1024], 2)
+    model, _ = load_causal_lm(source, device="cpu", dtype=torch.float32, attn_implementation="sdpa")
+    score = ruler.evaluate(suite, model, tokenizer, "niah_single_1", 1024, device="cpu")
+    docs = suite.tasks["niah_single_1"].test_docs()
+    needles = [docs[i]["outputs"][0] for i in suite.samples["niah_single_1"][1024]]
+    assert score.n == 2 and score.hits == sum(n in a for n, a in zip(needles, score.answers, strict=True)) >= 1

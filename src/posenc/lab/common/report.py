@@ -111,7 +111,9 @@ def wilson_interval(accuracy: float, n: int, *, z: float = 1.959963984540054) ->
     z2 = z * z
     centre = (accuracy + z2 / (2 * n)) / (1 + z2 / n)
     half = z * math.sqrt(accuracy * (1 - accuracy) / n + z2 / (4 * n * n)) / (1 + z2 / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
+    low = 0.0 if accuracy == 0 else max(0.0, centre - half)  # exactly 0 and 1 at the ends, not 1e-17 off
+    high = 1.0 if accuracy == 1 else min(1.0, centre + half)
+    return low, high
 
 
 def findings_markdown(findings: Sequence[str]) -> list[str]:

@@ -85,6 +85,13 @@ def check_settings(out: str | Path, settings: Mapping[str, Any], resume: bool, *
     stopped before doing any work) is taken over with the new settings, with or without ``resume``: nothing there
     can be lost or mixed.
     """
+    now = check_resumable(out, settings, resume, command=command, what=what)
+    write_marker(out, command, now)
+
+
+def check_resumable(out: str | Path, settings: Mapping[str, Any], resume: bool, *, command: str, what: str) -> dict:
+    """``check_settings`` without writing: raises where ``out`` holds another run, or this one with other settings
+    (e.g. before slow preparation that would otherwise come first); returns the settings as JSON would store them."""
     out = Path(out)
     before = check_out(out, command)
     now = json.loads(json.dumps(dict(settings)))
@@ -94,7 +101,7 @@ def check_settings(out: str | Path, settings: Mapping[str, Any], resume: bool, *
         if before != now:
             changed = sorted(k for k in set(before) | set(now) if before.get(k) != now.get(k))
             fail("--resume", str(out), f"the same settings as the {what} there; these differ: {changed}")
-    write_marker(out, command, now)
+    return now
 
 
 def write_marker(out: str | Path, command: str, settings: Mapping[str, Any]) -> Path:

@@ -14,7 +14,7 @@ from posenc._config import DictConfig
 from posenc.hf.dtypes import DTYPE_CHOICES
 from posenc.lab.common.scaling import EXTEND_METHODS
 
-TASKS = ("lm", "passkey")
+TASKS = ("lm", "passkey", "ruler")
 #: ``model`` keyword for a fresh lab model (``new`` is RoPE; ``new:alibi`` picks the encoding).
 NEW = "new"
 
@@ -42,7 +42,11 @@ class ExtendConfig(DictConfig):
         corpus_bytes: cap on corpus bytes read.
         eval_tokens: tokens scored per perplexity length, at least the longest length; None: the longest length
             (pretrained models: the same tokens at every length), ``max(16384, longest)`` (lab models).
-        task: ``lm`` (perplexity and passkey, zero-shot) or ``passkey`` (lab models: train the task, then test).
+        task: ``lm`` (perplexity and passkey, zero-shot), ``ruler`` (the same plus RULER through lm-evaluation-harness;
+            pretrained models) or ``passkey`` (lab models: train the task, then test).
+        ruler_tasks: task ``ruler``: lm-eval's RULER tasks to run (``posenc.lab.extend.ruler.OFFLINE_TASKS``); None:
+            ``niah_single_1``.
+        ruler_samples: task ``ruler``: documents per task and length; None: the plan's (2 on CPU, 10 on CUDA).
         original_len: the model's original context; None: read from the model (required when its config has none).
         layer_type: for per-layer-type RoPE (Gemma 3): the layer type to extend, or ``all``; None: the
             ``full_attention`` layers. Refused for models with one RoPE for all layers.
@@ -69,6 +73,8 @@ class ExtendConfig(DictConfig):
     corpus_bytes: int = 4_000_000
     eval_tokens: int | None = None
     task: str = "lm"
+    ruler_tasks: tuple[str, ...] | None = None
+    ruler_samples: int | None = None
     original_len: int | None = None
     layer_type: str | None = None
     train_len: int = 128
@@ -120,6 +126,22 @@ class ExtendConfig(DictConfig):
         if self.finetune_lr is not None:
             check_number("finetune_lr", self.finetune_lr, above=0.0)
         check_choice("task", self.task, TASKS)
+        if self.ruler_tasks is not None:
+            from posenc.lab.extend.ruler import check_tasks
+
+            object.__setattr__(self, "ruler_tasks", check_tasks(self.ruler_tasks))
+        if self.ruler_samples is not None:
+            from posenc.lab.extend.ruler import DOCUMENTS_PER_LENGTH
+
+            check_positive_int("ruler_samples", self.ruler_samples)
+            if self.ruler_samples > DOCUMENTS_PER_LENGTH:
+                fail("ruler_samples", self.ruler_samples, f"at most {DOCUMENTS_PER_LENGTH}, the documents lm-eval "
+                     "generates per task and length")  # fmt: skip
+        if self.task != "ruler":
+            for name in ("ruler_tasks", "ruler_samples"):
+                if getattr(self, name) is not None:
+                    value = getattr(self, name)
+                    fail(name, value, f"None unless task is 'ruler' (task is {self.task!r}; pass --task ruler)")
         if self.original_len is not None:
             check_positive_int("original_len", self.original_len)
         if self.is_new:

@@ -199,7 +199,7 @@ def prompt_ids(tokenizer, length: int, depth: float, key: int, cache: dict | Non
 
 
 @contextlib.contextmanager
-def _past_max_length_allowed() -> Iterator[None]:
+def past_max_length_allowed() -> Iterator[None]:
     """Silence transformers' "exceeded the model's predefined maximum length" reminder: running past the trained
     length is what a passkey test past the original context does, on purpose."""
     log = logging.getLogger("transformers.generation.stopping_criteria")
@@ -241,7 +241,7 @@ def hf_accuracy(
         ids = prompt_ids(tokenizer, length, depth, key, prompts).to(device)  # (1, ~length)
         new = len(tokenizer(" " + str(key), add_special_tokens=False)["input_ids"]) + 2
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        with _past_max_length_allowed():
+        with past_max_length_allowed():
             out = model.generate(
                 ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, do_sample=False, pad_token_id=pad
             )  # (1, ~length + new)

@@ -30,11 +30,18 @@ DEFAULT_DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
 LAB_EVAL_TOKENS = 16384
 #: Settings left out, by target: lab models (the toy study), pretrained models on CPU and on CUDA. ``multiples``
 #: are lengths as multiples of the original context. The CPU plan fits 10 minutes on 2 cores for SmolLM2-135M:
-#: 3 models x (ppl: 3 forwards at 4096 + 1 at 12288; passkey: 2 depths x 1 key at each length).
+#: 3 models x (ppl: 3 forwards at 4096 + 1 at 12288; passkey: 2 depths x 1 key at each length). ``ruler``: RULER
+#: documents per task and length (task ``ruler``).
 PLANS: dict[str, dict[str, Any]] = {
-    "lab": {"factors": (2.0, 4.0), "multiples": (1, 2, 4, 8), "depths": DEFAULT_DEPTHS, "trials": 5},
-    "cpu": {"factors": (2.0,), "multiples": (0.5, 1.5), "depths": (0.25, 0.75), "trials": 1},
-    "cuda": {"factors": (2.0, 4.0, 8.0), "multiples": (0.5, 2, 4, 8), "depths": (0.1, 0.5, 0.9), "trials": 2},
+    "lab": {"factors": (2.0, 4.0), "multiples": (1, 2, 4, 8), "depths": DEFAULT_DEPTHS, "trials": 5, "ruler": None},
+    "cpu": {"factors": (2.0,), "multiples": (0.5, 1.5), "depths": (0.25, 0.75), "trials": 1, "ruler": 2},
+    "cuda": {
+        "factors": (2.0, 4.0, 8.0),
+        "multiples": (0.5, 2, 4, 8),
+        "depths": (0.1, 0.5, 0.9),
+        "trials": 2,
+        "ruler": 10,
+    },  # fmt: skip
 }
 HEAD_CHUNK = 1024  # rows of hidden states through the output head at a time (SmolLM2: 192 MiB of float32 logits)
 _GIB = 2**30
@@ -53,6 +60,14 @@ def resolve(cfg: ExtendConfig, *, kind: str, original: int, default_methods: Seq
     lengths = cfg.lengths or tuple(sorted({max(1, round(original * m)) for m in plan["multiples"]}))
     longest = max(lengths)
     eval_tokens = cfg.eval_tokens
+    ruler = {}
+    if cfg.task == "ruler":
+        from posenc.lab.extend.ruler import DEFAULT_TASKS
+
+        ruler = {
+            "ruler_tasks": cfg.ruler_tasks or DEFAULT_TASKS,
+            "ruler_samples": cfg.ruler_samples if cfg.ruler_samples is not None else plan["ruler"],
+        }
     if eval_tokens is None:
         eval_tokens = max(LAB_EVAL_TOKENS, longest) if kind == "lab" else longest
     return dataclasses.replace(
@@ -63,6 +78,7 @@ def resolve(cfg: ExtendConfig, *, kind: str, original: int, default_methods: Seq
         depths=cfg.depths if cfg.depths is not None else plan["depths"],
         trials=cfg.trials if cfg.trials is not None else plan["trials"],
         eval_tokens=eval_tokens,
+        **ruler,
     )
 
 

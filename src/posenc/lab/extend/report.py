@@ -14,6 +14,7 @@ import torch
 from posenc.lab.common.files import write_text_atomic
 from posenc.lab.common.report import config_and_environment, duration, environment, wide_console
 from posenc.lab.extend.config import ExtendConfig
+from posenc.lab.extend.rates import RULER_PREFIX, Rate, is_rate_metric, plot_rates, pool, rates, ruler_task
 
 if TYPE_CHECKING:
     from posenc.lab.extend.targets import HFTarget, LabTarget
@@ -44,13 +45,20 @@ def _mean(values: Sequence[float]) -> float | None:
 
 
 def table(rows: Sequence[Mapping[str, Any]], metric: str) -> tuple[list[str], list[list[str]]]:
-    """Headers and cells: one line per method and factor, one column per length (passkey: mean over depths)."""
+    """Headers and cells: one line per method and factor, one column per length; passkey and RULER cells are rates
+    (``3/4 75% [30-95]``: hits of n pooled over depths, the 95% Wilson interval in percent)."""
     original = next((r["original_len"] for r in rows if r["original_len"]), None)
     lengths = sorted({r["length"] for r in rows if r["metric"] == metric})
     headers = ["method"] + [
         f"{n} (original)" if n == original else f"{n} ({n / original:g}x)" if original else str(n) for n in lengths
     ]
     cells = []
+    if is_rate_metric(metric):
+        for unit, by_rate in rates(rows, metric).items():
+            cells.append([label(*unit)] + [
+                "-" if n not in by_rate else "n/a" if by_rate[n] is None else by_rate[n].text() for n in lengths
+            ])  # fmt: skip
+        return headers, cells
     for unit, by_length in _lines(rows, metric).items():
         line = [label(*unit)]
         for n in lengths:
@@ -78,8 +86,8 @@ def print_table(rows: Sequence[Mapping[str, Any]], metric: str) -> None:
     title = {
         "ppl": "Perplexity by length (lower is better)",
         "ppl_past": "Perplexity past the original context only (lower is better)",
-        "passkey": "Passkey accuracy by length, mean over depths (higher is better)",
-    }[metric]
+        "passkey": "Passkey keys found by length, pooled over depths: hits/n, %, 95% interval (higher is better)",
+    }.get(metric) or f"RULER {ruler_task(metric)} (lm-eval) by length: score hits/n, %, 95% interval"
     out = Table(title=title)
     for j, h in enumerate(headers):
         out.add_column(h, justify="left" if j == 0 else "right", style="cyan" if j == 0 else None)
@@ -128,7 +136,7 @@ def findings_for(
     ``cfg`` (the settings used) and ``kind`` (``lab`` or ``hf``, the target's) make the advice fit what was run."""
     lines = []
     units = "bytes" if kind == "lab" else "tokens"  # the lab's models read bytes
-    ppl, keys = _lines(rows, "ppl"), _lines(rows, "passkey")
+    ppl, keys = _lines(rows, "ppl"), rates(rows, "passkey")
     if ppl:
         far = max(n for by in ppl.values() for n in by)
         base = ppl.get(("none", 1.0, 0), {})
@@ -166,40 +174,123 @@ def findings_for(
                 f"{far}-{units[:-1]} windows): " + ", ".join(f"{label(*u)} {v:.2f}" for u, v in beyond.items()) + "."
             )
     if keys:
+        lines += _passkey_findings(rows, original, cfg, kind)
+    lines += _ruler_findings(rows, original, units)
+    return lines or ["- Nothing measured."]
 
-        def inside(by: Mapping[int, list[float]], past: bool) -> float | None:
-            return _mean([v for n, vs in by.items() if (n > original) == past for v in vs])
 
-        base = keys.get(("none", 1.0, 0), {})
-        within, beyond = inside(base, False), inside(base, True)
-        if within is not None or beyond is not None:
+def _split(by: Mapping[int, Rate | None], original: int, past: bool) -> Rate | None:
+    """The rate pooled over the lengths within (``past`` False) or past the original context."""
+    return pool([r for n, r in by.items() if (n > original) == past])
+
+
+def _versus(rate: Rate, base: Rate | None, name: str = "the unpatched model") -> str:
+    if base is None:
+        return ""
+    if not rate.beyond_noise(base):
+        return f" (within noise of {name})"
+    return f" ({'above' if rate.value > base.value else 'below'} {name} beyond noise)"
+
+
+def _passkey_findings(
+    rows: Sequence[Mapping[str, Any]], original: int, cfg: ExtendConfig | None, kind: str
+) -> list[str]:
+    """Passkey as rates: hits of n pooled over depths and lengths within / past the original context, each with its
+    Wilson 95% interval; a difference is called real only where the intervals are disjoint."""
+    keys = rates(rows, "passkey")
+    base = keys.get(("none", 1.0, 0), {})
+    within, beyond = _split(base, original, False), _split(base, original, True)
+    lines = []
+    if within is not None or beyond is not None:
+        lines.append(
+            "- Passkey, unpatched (keys found, pooled over depths; 95% interval): "
+            + (f"{within.text()} within the original length" if within is not None else "not measured within")
+            + (f", {beyond.text()} past it." if beyond is not None else ".")
+        )
+    patched = {u: by for u, by in keys.items() if u[0] != "none" or u[2]}
+    kept = {u: r for u, by in patched.items() if (r := _split(by, original, False)) is not None}
+    past = {u: r for u, by in patched.items() if (r := _split(by, original, True)) is not None}
+    if kept and within is not None:
+        lines.append(
+            "- Passkey within the original length after patching: "
+            + ", ".join(f"{label(*u)} {r.text()}{_versus(r, within)}" for u, r in kept.items())
+            + "."
+        )
+    if past and all(r.hits == 0 for r in past.values()):
+        tried = any(r["metric"] == "passkey" and r["length"] <= original for r in rows)
+        why = _passkey_advice(None if within is None else within.value, original, cfg, kind, tried_within=tried)
+        lines.append(f"- Passkey past the original length: no method retrieved a single key ({why}).")
+    elif past:
+        best = max(past, key=lambda u: past[u].value)
+        tied = [label(*u) for u, r in past.items() if u != best and not r.beyond_noise(past[best])]
+        lines.append(
+            f"- Passkey past the original length (pooled over lengths and depths): best {label(*best)} with "
+            f"{past[best].text()}{_versus(past[best], beyond)}"
+            + "".join(f"; {label(*u)} {r.text()}{_versus(r, beyond)}" for u, r in past.items() if u != best)
+            + (f". Within noise of the best: {', '.join(tied)}." if tied else ".")
+        )
+    return lines
+
+
+def _ruler_findings(rows: Sequence[Mapping[str, Any]], original: int, units: str) -> list[str]:
+    """Per RULER task, each model at the longest length and within the original context, against the unpatched
+    model; then whether RULER, passkey and perplexity name the same best method at the longest length."""
+    lines = []
+    metrics = [m for m in dict.fromkeys(r["metric"] for r in rows) if m.startswith(RULER_PREFIX)]
+    for metric in metrics:
+        task = ruler_task(metric)
+        groups = rates(rows, metric)
+        lengths = sorted({n for by in groups.values() for n, r in by.items() if r is not None})
+        if not lengths:
+            continue
+        base = groups.get(("none", 1.0, 0), {})
+        for n in sorted({lengths[-1], *[m for m in lengths if m <= original][-1:]}, reverse=True):
+            where = f"past the original {original} {units}" if n > original else "within the original context"
+            scored = [(u, by.get(n)) for u, by in groups.items() if by.get(n) is not None]
             lines.append(
-                "- Passkey, unpatched: "
-                + (f"{100 * within:.0f}% within the original length" if within is not None else "not measured within")
-                + (f", {100 * beyond:.0f}% past it." if beyond is not None else ".")
-            )
-        past = {u: inside(by, True) for u, by in keys.items() if u[0] != "none" or u[2]}
-        past = {u: v for u, v in past.items() if v is not None}
-        kept = {u: inside(by, False) for u, by in keys.items() if u[0] != "none" or u[2]}
-        kept = {u: v for u, v in kept.items() if v is not None}
-        if kept and within is not None:
-            lines.append(
-                f"- Passkey within the original length after patching (unpatched {100 * within:.0f}%): "
-                + ", ".join(f"{label(*u)} {100 * v:.0f}%" for u, v in kept.items())
+                f"- RULER {task} at {n} {units} ({where}): "
+                + ", ".join(
+                    f"{label(*u)} {r.text()}" + ("" if u == ("none", 1.0, 0) else _versus(r, base.get(n)))
+                    for u, r in scored
+                )
                 + "."
             )
-        if past and max(past.values()) == 0:
-            tried = any(r["metric"] == "passkey" and r["length"] <= original for r in rows)
-            why = _passkey_advice(within, original, cfg, kind, tried_within=tried)
-            lines.append(f"- Passkey past the original length: no method retrieved a single key ({why}).")
-        elif past:
-            best = max(past, key=past.get)
-            others = ", ".join(f"{label(*u)} {100 * v:.0f}%" for u, v in past.items() if u != best)
-            lines.append(
-                f"- Passkey past the original length: best {label(*best)} with {100 * past[best]:.0f}% (mean over "
-                f"lengths and depths){'; ' + others if others else ''}."
-            )
-    return lines or ["- Nothing measured."]
+    far = max((r["length"] for r in rows if is_rate_metric(r["metric"]) or r["metric"] == "ppl"), default=None)
+    if metrics and far is not None and far > original:
+        lines += _agreement(rows, metrics, far, units)
+    return lines
+
+
+def _agreement(rows: Sequence[Mapping[str, Any]], metrics: Sequence[str], far: int, units: str) -> list[str]:
+    """Which method each measure ranks first at ``far`` (and which are within noise of it), and whether they agree.
+    A retrieval measure on which nothing scored names no best."""
+    bests: dict[str, tuple[str, list[str]] | None] = {}  # measure -> (best, others within noise of it) or None
+    for metric in [*metrics, "passkey"]:
+        at = {u: r for u, by in rates(rows, metric).items() if (r := by.get(far)) is not None}
+        if at:
+            best = max(at, key=lambda u: at[u].value)
+            tied = [label(*u) for u, r in at.items() if u != best and not r.beyond_noise(at[best])]
+            name = "passkey" if metric == "passkey" else f"RULER {ruler_task(metric)}"
+            bests[name] = (label(*best), tied) if at[best].hits > 0 else None
+    ppl = {u: v for u, by in _lines(rows, "ppl").items() if (v := _mean(by.get(far, []))) is not None}
+    if ppl:
+        bests["perplexity"] = (label(*min(ppl, key=ppl.get)), [])
+    named = "; ".join(
+        f"{m}: " + ("nothing found" if b is None else b[0] + (f" (within noise of {', '.join(b[1])})" if b[1] else ""))
+        for m, b in bests.items()
+    )
+    ranked = {m: b for m, b in bests.items() if b is not None}
+    if len(ranked) < 2:
+        return [f"- Best method at {far} {units} by each measure: {named}."] if len(bests) > 1 else []
+    winners = {b[0] for b in ranked.values()}
+    if len(winners) == 1:
+        verdict = f"they agree on {winners.pop()}"
+    else:
+        noisy = [m for m, b in ranked.items() if b[1]]
+        verdict = "they disagree" + (
+            f" (where {', '.join(noisy)} cannot tell the best apart from others)" if noisy else ""
+        )
+    return [f"- Best method at {far} {units} by each measure: {named} — {verdict}."]
 
 
 #: Line styles of ``extend.png`` by factor (the unpatched model is solid): dashed, dash-dot, dash-dot-dot, long dash.
@@ -270,7 +361,8 @@ def plot_extend(
 def plot_passkey(
     rows: Sequence[Mapping[str, Any]], out_png: str | Path, *, original: int, unit: str = "token"
 ) -> Path | None:
-    """Passkey accuracy heatmaps, depth (rows) x length (columns), one panel per method and factor; returns
+    """Passkey heatmaps, depth (rows) x length (columns), one panel per method and factor, each cell coloured by its
+    rate and labelled with keys found / keys tried; returns
     ``out_png``, or None and writes nothing when no passkey cell was measured.
 
     Colours from cividis (sequential, readable with any colour vision and in grey), each cell's number in black or
@@ -303,16 +395,19 @@ def plot_passkey(
             continue
         unit_ = groups[k][0]
         grid = torch.full((len(depths), len(lengths)), float("nan"))
+        found: dict[tuple[int, int], str] = {}  # (i, j) -> "k/n"
         for i, d in enumerate(depths):
             for j, n in enumerate(lengths):
                 r = cells.get((*unit_, n, d))
                 if r is not None and r["status"] == "ok" and r["accuracy"] is not None:
                     grid[i, j] = r["accuracy"]
+                    hits = rates([r], "passkey")[unit_][n]
+                    found[i, j] = f"{hits.hits:g}/{hits.n}"
         image = ax.imshow(grid.numpy(), cmap=cmap, vmin=0.0, vmax=1.0, aspect="auto")
         for i in range(len(depths)):
             for j in range(len(lengths)):
                 value = float(grid[i, j])
-                text = "n/a" if math.isnan(value) else f"{100 * value:.0f}"
+                text = "n/a" if math.isnan(value) else found[i, j]
                 colour = text_colour_on(cmap(float("nan") if math.isnan(value) else value))
                 ax.text(j, i, text, ha="center", va="center", fontsize=7, color=colour)
         ax.set_xticks(range(len(lengths)), [str(n) for n in lengths], fontsize=7, rotation=45)
@@ -325,11 +420,11 @@ def plot_passkey(
         ax.set_xlabel(f"length ({unit}s)", fontsize=8)
         ax.set_ylabel("depth of the key (0: first)", fontsize=8)
     if image is not None:
-        colorbar = fig.colorbar(image, ax=axes, shrink=0.8, label="keys retrieved (%)")
+        colorbar = fig.colorbar(image, ax=axes, shrink=0.8, label="keys found (%)")
         colorbar.set_ticks([0, 0.25, 0.5, 0.75, 1.0], labels=["0", "25", "50", "75", "100"])
     fig.suptitle(
-        f"Passkey retrieval, % of keys found per cell (edged line: past the original {original} {unit}s; "
-        "grey: n/a, shorter than the prompt)",
+        f"Passkey retrieval, keys found / keys tried per cell (edged line: past the original {original} {unit}s; "
+        "grey: n/a, shorter than the prompt; intervals: rates.png)",
         fontsize=10,
     )
     return save_png(fig, out_png)
@@ -343,6 +438,7 @@ def write_report(
     described: Mapping[str, Any],
     findings: Sequence[str],
     seconds: float,
+    resumed: int = 0,
 ) -> Path:
     env = environment(target.device)
     original = target.original_len
@@ -354,7 +450,8 @@ def write_report(
         "Each method patched at factors "
         f"{', '.join(f'{f:g}' for f in cfg.factors)} and measured at "
         f"{', '.join(map(str, sorted({r['length'] for r in rows})))} {unit}s; `none` is the model as trained. "
-        f"Time taken: {duration(seconds)}.",
+        f"Time taken: {duration(seconds)}"
+        + (f" by this run, which resumed a study with {resumed} measurements already made." if resumed else "."),
         "",
         f"Layers changed by each patch: {target.layers_note}.",
         "",
@@ -386,18 +483,55 @@ def write_report(
         lines += [
             "## Passkey retrieval",
             "",
-            f"Exact-match accuracy over {cfg.trials} keys per cell, averaged over depths "
-            f"{', '.join(f'{d:g}' for d in cfg.depths)} (Mohtashami & Jaggi 2023). `n/a`: the length is shorter than "
-            f"the prompt ({target.min_passkey} {unit}s). The heatmaps give every depth.",
+            f"Keys found (exact match) of keys tried, {cfg.trials} per depth, pooled over depths "
+            f"{', '.join(f'{d:g}' for d in cfg.depths)} (Mohtashami & Jaggi 2023): `hits/n rate [95% Wilson "
+            f"interval]`. `n/a`: the length is shorter than the prompt ({target.min_passkey} {unit}s). The heatmaps "
+            "give every depth; two rates differ beyond noise only where their intervals are disjoint.",
             "",
             format_table(rows, "passkey"),
         ]
         if (out / "passkey.png").is_file():
-            lines += ["![passkey accuracy by length and depth](passkey.png)", ""]
+            lines += ["![passkey keys found by length and depth](passkey.png)", ""]
+    ruler_metrics = [m for m in dict.fromkeys(r["metric"] for r in rows) if m.startswith(RULER_PREFIX)]
+    if ruler_metrics:
+        lines += _ruler_section(rows, ruler_metrics, cfg, target)
+    if (out / "rates.png").is_file():
+        lines += ["![retrieval rates by length with 95% intervals](rates.png)", ""]
     lines += ["## Findings", "", *findings, "", "## Patches applied", ""]
     lines += [f"- `{label}`: `{json.dumps(d, default=str)}`" for label, d in described.items()] or ["- (none this run)"]
     lines += ["", *config_and_environment({**cfg.to_dict(), "original_len": original}, env, seconds)]
     return write_text_atomic(out / "report.md", "\n".join(lines))
+
+
+def _ruler_section(rows: Sequence[Mapping[str, Any]], metrics: Sequence[str], cfg: ExtendConfig, target: Any) -> list:
+    """The RULER tables, how they were measured, and the ``lm_eval`` commands that rebuild them for a saved model."""
+    from posenc.lab.extend import ruler
+
+    suite = getattr(target, "suite", None)
+    lines = [
+        "## RULER (lm-evaluation-harness)",
+        "",
+        f"RULER (Hsieh et al. 2024) as lm-eval {ruler.LM_EVAL_VERSION} builds it from the model's tokenizer: the first "
+        f"{cfg.ruler_samples} documents of each length, greedy decoding, every prompt whole (max_length = the "
+        "longest prompt + the generation bound; a truncated prompt is an error). Score: the share of expected "
+        "strings in the answer (lm-eval's `string_match_all`), as `hits/n rate [95% Wilson interval]`.",
+        "",
+    ]
+    for metric in metrics:
+        task = ruler_task(metric)
+        bound = ruler.GEN_TOKENS.get(task, "?")
+        lines += [f"### {task} (generation bound {bound} tokens)", "", format_table(rows, metric)]
+    if suite is not None:
+        lines += [
+            "The same documents through the `lm_eval` command line, for a model written by `posenc extend --save "
+            "DIR` (one method and factor; the numbers equal this table's row for it):",
+            "",
+            "```bash",
+            *(ruler.lm_eval_command("DIR", suite, ruler_task(m), dtype=cfg.dtype or "float32") for m in metrics),
+            "```",
+            "",
+        ]
+    return lines
 
 
 def precision_text(dtype: str | None, kind: str) -> str:
@@ -411,7 +545,8 @@ def unit_of(target: LabTarget | HFTarget) -> str:
     return "byte" if target.kind == "lab" else "token"
 
 
-def finish(out: Path, cfg: ExtendConfig, target, rows, described, seconds: float, progress: bool) -> None:  # noqa: ANN001
+def finish(out: Path, cfg: ExtendConfig, target, rows, described, seconds: float, progress: bool,  # noqa: ANN001
+           resumed: int = 0) -> None:  # fmt: skip
     """Draw the figures (only those with something to show), write the report, print the tables and findings."""
     original = target.original_len
     unit = unit_of(target)
@@ -421,13 +556,14 @@ def finish(out: Path, cfg: ExtendConfig, target, rows, described, seconds: float
         for path in (
             plot_extend(rows, out / "extend.png", original=original, title=title, unit=unit),
             plot_passkey(rows, out / "passkey.png", original=original, unit=unit),
+            plot_rates(rows, out / "rates.png", original=original, unit=unit),
         )
         if path is not None
     ]
     findings = findings_for(rows, original, cfg, kind=target.kind)
-    write_report(out, rows, cfg, target, described, findings, seconds)
+    write_report(out, rows, cfg, target, described, findings, seconds, resumed)
     if progress:
-        for metric in ("ppl", "ppl_past", "passkey"):
+        for metric in dict.fromkeys(["ppl", "ppl_past", "passkey", *(r["metric"] for r in rows)]):
             if any(r["metric"] == metric for r in rows):
                 print_table(rows, metric)
         for line in findings:

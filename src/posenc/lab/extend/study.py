@@ -45,18 +45,22 @@ import torch
 from posenc._checks import fail
 from posenc.lab.common.devices import resolve_device
 from posenc.lab.common.progress import skipped
-from posenc.lab.common.runfiles import KeyedCSV, check_out, check_settings
+from posenc.lab.common.report import wilson_interval
+from posenc.lab.common.runfiles import KeyedCSV, check_out, check_resumable, check_settings
 from posenc.lab.extend import plan
 from posenc.lab.extend.config import ExtendConfig, check_lengths
+from posenc.lab.extend.rates import RULER_PREFIX
 from posenc.lab.extend.report import finish, label, precision_text
 from posenc.lab.extend.targets import load_target, original_len_of
 
 #: ``metric`` values: perplexity over whole windows, over the targets at positions >= the original context (the query
-#: position past anything trained; same forward), and passkey accuracy.
+#: position past anything trained; same forward), passkey accuracy, and ``ruler:<task>`` (a RULER task's score).
 METRICS = ("ppl", "ppl_past", "passkey")
+#: ``accuracy`` = ``hits / n`` (passkey: keys found of ``n``; RULER: the sum of per-document scores in [0, 1]) with
+#: its Wilson 95% interval ``ci_low``-``ci_high``. Files written before these columns read them as empty.
 COLUMNS = [
     "metric", "method", "factor", "finetune_steps", "original_len", "length", "depth",
-    "loss", "ppl", "accuracy", "n", "status",
+    "loss", "ppl", "accuracy", "hits", "n", "ci_low", "ci_high", "status",
 ]  # fmt: skip
 KEY_COLUMNS = ("metric", "method", "factor", "finetune_steps", "length", "depth")
 #: ``OUT/results.csv``: one row per measurement, keyed by ``KEY_COLUMNS``.
@@ -64,7 +68,7 @@ RESULTS = KeyedCSV(
     columns=tuple(COLUMNS),
     key=KEY_COLUMNS,
     ints=frozenset({"finetune_steps", "original_len", "length", "n"}),
-    floats=frozenset({"factor", "depth", "loss", "ppl", "accuracy"}),
+    floats=frozenset({"factor", "depth", "loss", "ppl", "accuracy", "hits", "ci_low", "ci_high"}),
     command="posenc extend",
 )
 read_results = RESULTS.read
@@ -80,8 +84,16 @@ def _row(metric: str, unit: tuple[str, float, int], original: int, length: int, 
     method, factor, steps = unit
     return {
         "metric": metric, "method": method, "factor": factor, "finetune_steps": steps, "original_len": original,
-        "length": length, "depth": depth, "loss": None, "ppl": None, "accuracy": None, "n": 0, "status": "n/a",
+        "length": length, "depth": depth, "loss": None, "ppl": None, "accuracy": None, "hits": None, "n": 0,
+        "ci_low": None, "ci_high": None, "status": "n/a",
     }  # fmt: skip
+
+
+def rate(row: dict, hits: float, n: int) -> dict:
+    """``row`` with a rate measured: ``hits`` of ``n`` (sum of scores in [0, 1]) and its Wilson 95% interval."""
+    low, high = wilson_interval(hits / n, n)
+    row.update(accuracy=hits / n, hits=hits, n=n, ci_low=low, ci_high=high, status="ok")
+    return row
 
 
 def _units(cfg: ExtendConfig, methods: Sequence[str]) -> list[tuple[str, float, int]]:
@@ -95,8 +107,9 @@ def _units(cfg: ExtendConfig, methods: Sequence[str]) -> list[tuple[str, float, 
 
 def _measurements(cfg: ExtendConfig, lengths: Sequence[int]) -> list[tuple[str, int, float | None]]:
     """(metric, length, depth) per model; a ``ppl`` measurement also writes ``ppl_past`` past the original length."""
-    ppl = [("ppl", n, None) for n in lengths] if cfg.task == "lm" else []
-    return ppl + [("passkey", n, d) for n in lengths for d in cfg.depths]
+    ppl = [("ppl", n, None) for n in lengths] if cfg.task in ("lm", "ruler") else []
+    ruler = [(RULER_PREFIX + t, n, None) for t in cfg.ruler_tasks for n in lengths] if cfg.task == "ruler" else []
+    return ppl + [("passkey", n, d) for n in lengths for d in cfg.depths] + ruler
 
 
 def _keys(unit: tuple[str, float, int], original: int, metric: str, length: int, depth: float | None) -> set:
@@ -107,7 +120,10 @@ def _keys(unit: tuple[str, float, int], original: int, metric: str, length: int,
 
 def _cost(target: Any, cfg: ExtendConfig, metric: str, length: int) -> tuple[float, int]:
     """(compute in ``plan.forward_cost`` units, forwards) of one measurement."""
-    n = target.windows(length) if metric == "ppl" else cfg.trials if length >= target.min_passkey else 0
+    if metric.startswith(RULER_PREFIX):
+        n = cfg.ruler_samples
+    else:
+        n = target.windows(length) if metric == "ppl" else cfg.trials if length >= target.min_passkey else 0
     return n * target.forward_cost(length), n
 
 
@@ -165,6 +181,10 @@ def run_extend(
     out = Path(out if out is not None else cfg.out)
     before = check_out(out, "extend")  # a folder that is not an extend run is refused before the model is loaded
     device = resolve_device(cfg.device, allow_auto=True)
+    if cfg.task == "ruler":
+        from posenc.lab.extend.ruler import require
+
+        require()  # lm-eval missing: the pip command, before anything is loaded
     torch.manual_seed(cfg.seed)
     if cfg.lengths is not None and (known := original_len_of(cfg)) is not None:
         check_lengths(cfg.lengths, known)  # from the model's config alone: fails before any weights are loaded
@@ -181,8 +201,15 @@ def run_extend(
         target.check_patch(method, cfg.factors[0])
     save_to = check_save(save, cfg, target, out)
     settings = {k: v for k, v in cfg.to_dict().items() if k != "out"}
+    if cfg.task != "ruler":  # studies started before RULER existed resume with the same settings
+        settings = {k: v for k, v in settings.items() if not k.startswith("ruler_")}
     if before is not None and "dtype" not in before and target.dtype == target.legacy_dtype():
         del settings["dtype"]  # a study started before dtype was a setting, resumed in the dtype it ran in
+    if cfg.task == "ruler":  # lm-eval builds the documents from the tokenizer: bad lengths and counts fail here
+        check_resumable(out, settings, resume, command="extend", what="run")  # before the slow build
+        if progress:
+            print(f"Building RULER documents with lm-eval: {', '.join(cfg.ruler_tasks)} at lengths {list(lengths)}")
+        target.build_ruler(lengths)
     check_settings(out, settings, resume, command="extend", what="run")
     target.load()
     if save_to is not None:
@@ -194,6 +221,7 @@ def run_extend(
     target.prepare()
     results = out / "results.csv"
     done = {result_key(r) for r in read_results(results)} if results.exists() else set()
+    resumed = len(done)
     grid = _measurements(cfg, lengths)
     work = [(u, [m for m in grid if not _keys(u, original, *m) <= done]) for u in _units(cfg, cfg.methods)]
     forwards = sum(_cost(target, cfg, m[0], m[1])[1] for _, todo in work for m in todo)
@@ -224,7 +252,7 @@ def run_extend(
                 done.update(result_key(r) for r in rows)
         del model
     rows = read_results(results)
-    finish(out, cfg, target, rows, described, time.perf_counter() - start, progress)
+    finish(out, cfg, target, rows, described, time.perf_counter() - start, progress, resumed)
     return rows
 
 
@@ -232,7 +260,9 @@ def _plan_text(cfg: ExtendConfig, target: Any, work: list, lengths: Sequence[int
                calibration: tuple[float, int, float] | None) -> str:  # fmt: skip
     models = [label(*u) for u, todo in work if todo]
     keys = f"{_count(len(cfg.depths), 'depth')} x {_count(cfg.trials, 'key')}"
-    per_length = f"perplexity and passkey ({keys})" if cfg.task == "lm" else f"passkey ({keys})"
+    per_length = f"perplexity and passkey ({keys})" if cfg.task != "passkey" else f"passkey ({keys})"
+    if cfg.task == "ruler":
+        per_length += f" and RULER {', '.join(cfg.ruler_tasks)} ({_count(cfg.ruler_samples, 'document')} each)"
     text = (
         f"Plan: {len(models)} models ({', '.join(models)}) x {per_length} at lengths "
         f"{', '.join(map(str, lengths))} (original {target.original_len}): {forwards} forwards in "
@@ -259,7 +289,11 @@ def _measure(target, model, unit, metric: str, length: int, depth: float | None,
         beyond = _row("ppl_past", unit, original, length, depth)
         beyond.update(loss=past.loss, ppl=past.ppl, n=past.tokens, status=past.status)
         return [row, beyond]
+    if metric.startswith(RULER_PREFIX):
+        score = target.ruler(model, metric.removeprefix(RULER_PREFIX), length, tick=tick)
+        return [rate(row, score.hits, score.n)]
     if length >= target.min_passkey:
         seed = target.cfg.seed * 1_000_003 + length * 101 + round(1000 * depth)  # the same keys for every method
-        row.update(accuracy=target.passkey(model, length, depth, seed, tick=tick), n=target.cfg.trials, status="ok")
+        trials = target.cfg.trials
+        rate(row, round(target.passkey(model, length, depth, seed, tick=tick) * trials), trials)
     return [row]

@@ -136,6 +136,13 @@ class LabTarget:
             fail("layer_type", cfg.layer_type, "None for a posenc lab model (one encoding serves all its layers)")
         if cfg.dtype not in (None, "float32"):
             fail("dtype", cfg.dtype, "float32 or auto for a posenc lab model (lab models run in float32)")
+        if cfg.task == "ruler":
+            fail(
+                "task",
+                cfg.task,
+                "'lm' or 'passkey' for a posenc lab model: RULER runs through lm-eval on a pretrained model (a GGUF "
+                "file, a transformers folder, smollm2) with a tokenizer; lab models read bytes",
+            )
         self.dtype = torch.float32
         if cfg.is_new:
             encoding = cfg.model.partition(":")[2] or "rope"
@@ -452,6 +459,7 @@ class HFTarget:
         self.val = self.train = None
         self._losses = token_losses
         self._prompts: dict = {}
+        self.suite = None  # task ruler: the RULER documents (``build_ruler``)
 
     def _dtype(self) -> torch.dtype:
         """``cfg.dtype``, refused where the device cannot run it fast; None (auto): ``posenc.hf.dtypes.auto_dtype``
@@ -633,6 +641,23 @@ class HFTarget:
         return pk.hf_accuracy(
             model, self.tokenizer, length=length, depth=depth, trials=self.cfg.trials, seed=seed,
             prompts=self._prompts, on_trial=None if tick is None else lambda: tick(cost, 1),
+        )  # fmt: skip
+
+    def build_ruler(self, lengths: Sequence[int]) -> Any:
+        """Task ruler: lm-eval builds its documents with this model's tokenizer (no weights needed)."""
+        from posenc.lab.extend import ruler
+
+        self.suite = ruler.build(self.cfg.ruler_tasks, self.tokenizer, lengths, self.cfg.ruler_samples)
+        return self.suite
+
+    def ruler(self, model, task: str, length: int, tick: Tick | None = None) -> Any:  # noqa: ANN001
+        """``task``'s documents at ``length`` through lm-eval (``posenc.lab.extend.ruler.evaluate``)."""
+        from posenc.lab.extend import ruler
+
+        cost = self.forward_cost(length)
+        return ruler.evaluate(
+            self.suite, model, self.tokenizer, task, length, device=self.device,
+            on_answer=None if tick is None else lambda: tick(cost, 1),
         )  # fmt: skip
 
     def finetune(self, model, label: str, target: int) -> None:  # noqa: ANN001
