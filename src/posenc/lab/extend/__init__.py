@@ -2,19 +2,22 @@
 
 For each method (linear / PI, NTK, dynamic NTK, YaRN, Llama 3; ALiBi slope interpolation) and factor, a fresh copy
 of the model is patched and measured at lengths up to past its original context: perplexity over whole windows and
-past the original context, and passkey retrieval over a length x depth grid; the unpatched model is measured the
+past the original context, passkey retrieval over a length x depth grid and, with ``--task ruler``, lm-eval's RULER
+tasks (pretrained models), every retrieval score a rate with a Wilson interval; the unpatched model is measured the
 same way, and ``--finetune-steps`` adds Position Interpolation's short fine-tune. The model is a ``posenc lab`` run
 folder, a pretrained model (a GGUF file, a transformers folder, ``smollm2``), or ``new`` (``--task passkey``: a fresh
 lab GPT trained on the passkey task first). Every setting is checked against the model and the machine before any
 weight is loaded.
 
-Command: ``posenc extend MODEL [--methods yarn,dynamic] [--factors 2,4] [--out OUT] [--resume] [--save DIR]``.
+Command: ``posenc extend MODEL [--methods yarn,dynamic] [--factors 2,4] [--task ruler --ruler-tasks niah_single_1]
+[--out OUT] [--resume] [--save DIR]``.
 
 Files in ``OUT``:
     extend.json         the settings (``ExtendConfig``, the plan's defaults filled in), checked on ``--resume``
     results.csv         one row per measurement, upserted as each finishes (``study.COLUMNS``)
     extend.png          perplexity against length, one line per method and factor (task ``lm``)
-    passkey.png         passkey accuracy heatmaps, length x depth
+    passkey.png         passkey heatmaps, length x depth, keys found / tried per cell
+    rates.png           passkey and RULER rates vs length per method, Wilson 95% intervals
     report.md           tables, figures, findings, configuration and environment
     runs/               training and fine-tuning runs of lab models
 
@@ -25,6 +28,8 @@ Where to change what:
     ``targets``     the models: ``LabTarget`` (a lab GPT) and ``HFTarget`` (transformers / GGUF) behind one
                     interface: load, patch, perplexity, passkey, fine-tune
     ``passkey``     the passkey prompt, for byte-level and tokenized models
+    ``ruler``       RULER through lm-evaluation-harness: task checks, documents per length, the truncation guard
+    ``rates``       hits of n with Wilson intervals, pooled over depths; ``rates.png``
     ``report``      the tables, the findings, ``extend.png``, ``passkey.png`` and ``report.md``
     a lab model's GPT, corpus, scoring and RoPE patches are ``posenc.lab.common`` (``gpt``, ``corpus``,
     ``evaluate``, ``scaling``); transformers models are patched by ``posenc.hf``.

@@ -179,7 +179,7 @@ class Suite:
         tasks: task name -> lm-eval ``ConfigurableTask`` (documents built, generation bound set).
         samples: task -> length -> document indices in lm-eval's test split (the first ``n`` of that length).
         prompt_tokens: task -> length -> tokens of the longest selected prompt (generation prefix included).
-        tokenizer_name: the tokenizer folder the documents were built with.
+        lengths: the lengths, ascending (lm-eval's ``max_seq_lengths``).
     """
 
     tasks: dict[str, Any]

@@ -27,9 +27,11 @@ long-context configs do. ``run_extend(save=DIR)`` writes the one patched model a
 the model's training length (``OUT/runs/passkey``, resumable), then tests each method at the long lengths.
 
 Files in ``OUT``: ``results.csv`` (long form, ``COLUMNS``, upserted atomically as each measurement finishes, so
-``resume`` skips finished rows), ``extend.png`` (perplexity vs length; task ``lm`` only, none is drawn without
-perplexities), ``passkey.png`` (accuracy heatmaps), ``report.md``, ``extend.json`` (the settings,
-checked on resume), ``runs/`` (training and fine-tuning runs of lab models).
+``resume`` skips finished rows), ``extend.png`` (perplexity vs length; tasks ``lm`` and ``ruler``, none is drawn
+without perplexities), ``passkey.png`` (heatmaps), ``rates.png`` (passkey and RULER rates with intervals),
+``report.md``, ``extend.json`` (the settings, checked on resume), ``runs/`` (training and fine-tuning runs of lab
+models). ``task="ruler"`` (pretrained models) adds lm-eval's RULER tasks (``posenc.lab.extend.ruler``), their
+documents built from the tokenizer before any weight is loaded.
 """
 
 from __future__ import annotations
