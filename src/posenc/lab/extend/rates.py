@@ -90,10 +90,8 @@ def plot_rates(
     """Retrieval rate vs length, one panel per measure (passkey pooled over depths, each RULER task), one line per
     method and factor, Wilson 95% intervals as error bars (lines nudged apart so bars do not hide each other); returns
     ``out_png``, or None and writes nothing without any rate measured."""
-    from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
-
     from posenc.lab.common.plots import MARKERS, PALETTE, new_figure, save_png
-    from posenc.lab.extend.report import label
+    from posenc.lab.extend.report import label, length_axis
 
     metrics = [m for m in dict.fromkeys(r["metric"] for r in rows) if is_rate_metric(m)]
     panels = [(m, rates(rows, m)) for m in metrics]
@@ -124,12 +122,7 @@ def plot_rates(
                 linestyle="-" if method == "none" else "--", linewidth=1.4, markersize=6,
                 markerfacecolor="white" if unit_[2] else colour, label=label(*unit_),
             )  # fmt: skip
-        ax.set_xscale("log", base=2)
-        ax.xaxis.set_major_locator(FixedLocator(lengths))
-        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-        ax.xaxis.set_minor_locator(NullLocator())
-        ax.set_xlim(min(lengths[0], original) / 1.4, lengths[-1] * 1.4)
-        ax.axvline(original, color="0.35", linestyle=":", linewidth=1.5, zorder=1)
+        length_axis(ax, lengths, original, margin=1.4)
         ax.text(original * 1.03, 0.02, f"original {original}", transform=ax.get_xaxis_transform(), fontsize=8,
                 color="0.25", va="bottom")  # fmt: skip
         ax.set_ylim(-4, 104)

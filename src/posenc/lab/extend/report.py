@@ -297,6 +297,19 @@ def _agreement(rows: Sequence[Mapping[str, Any]], metrics: Sequence[str], far: i
 FACTOR_STYLES = ("--", "-.", (0, (5, 1.5, 1, 1.5, 1, 1.5)), (0, (8, 2)))
 
 
+def length_axis(ax: Any, lengths: Sequence[int], original: int, *, margin: float) -> None:
+    """A log2 length axis with a tick at each measured length (plain numbers), ``margin`` room either side, and the
+    original length as a dotted vertical line."""
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
+
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_locator(FixedLocator(lengths))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.set_xlim(min(lengths[0], original) / margin, lengths[-1] * margin)
+    ax.axvline(original, color="0.35", linestyle=":", linewidth=1.5, zorder=1)
+
+
 def plot_extend(
     rows: Sequence[Mapping[str, Any]], out_png: str | Path, *, original: int, title: str, unit: str = "token"
 ) -> Path | None:
@@ -307,8 +320,6 @@ def plot_extend(
     a line identical to an earlier one is dotted with large hollow markers and its label says "= ...". The original
     length is a dotted vertical line. ``unit`` names what a length counts ("byte" for lab models).
     """
-    from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
-
     from posenc.lab.common.plots import MARKERS, PALETTE, log_axis, new_figure, same_points, save_png
 
     groups = {u: by for u, by in _lines(rows, "ppl").items() if any(by.values())}
@@ -335,12 +346,7 @@ def plot_extend(
             label=label(*unit_) + (f" (= {twin})" if twin else ""),
         )  # fmt: skip
     lengths = sorted({n for by in groups.values() for n, v in by.items() if v})
-    ax.set_xscale("log", base=2)
-    ax.xaxis.set_major_locator(FixedLocator(lengths))
-    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-    ax.xaxis.set_minor_locator(NullLocator())
-    ax.set_xlim(min(lengths[0], original) / 1.3, lengths[-1] * 1.3)
-    ax.axvline(original, color="0.35", linestyle=":", linewidth=1.5, zorder=1)
+    length_axis(ax, lengths, original, margin=1.3)
     box = {"facecolor": "white", "edgecolor": "none", "alpha": 0.8, "pad": 1.0}
     ax.text(original * 1.03, 0.98, f"original length {original}", transform=ax.get_xaxis_transform(), fontsize=9,
             color="0.25", va="top", bbox=box)  # fmt: skip
