@@ -175,6 +175,17 @@ def test_dependencies_run_one_way(graph):
     assert not errors, "\n".join(errors)
 
 
+def test_the_core_never_imports_the_interop_package(graph):
+    """``posenc.hf`` (transformers, GGUF) builds on the core, never the reverse, lazily either: the core's own Hugging
+    Face config translation (``RotaryEmbedding.from_hf``) lives in ``posenc.encodings.rotary_hf``. The package root
+    is the public facade (``posenc.hf`` is one of its names), not a module the core's code imports."""
+    interop = {m for m in graph if m == "posenc.hf" or m.startswith("posenc.hf.")}
+    core = {m for m in graph if lab_part(m) == "core"} - interop - {"posenc"}
+    wrong = [f"{m} -> {t}" for m in sorted(core) for t, _ in graph[m] if t == "posenc.hf" or t.startswith("posenc.hf.")]
+    assert not wrong, "\n".join(wrong)
+    assert ("posenc.hf.rotary", "posenc.encodings.rotary_hf") in {(m, t) for m, i in graph.items() for t, _ in i}
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # The checks themselves, on made-up modules
 

@@ -159,13 +159,13 @@ class RotaryEmbedding(FrequencyModule):
     @classmethod
     def from_hf(cls, config: Any, *, layer_type: str | None = None) -> RotaryEmbedding:
         """Build from a Hugging Face model config (``PretrainedConfig`` or its dict); see ``posenc.hf``."""
-        from posenc.hf import rotary_config_from_hf
+        from posenc.encodings.rotary_hf import rotary_config_from_hf
 
         return cls.from_config(rotary_config_from_hf(config, layer_type=layer_type))
 
     def to_hf(self) -> dict[str, Any]:
         """The Hugging Face config keys that describe this RoPE; see ``posenc.hf``."""
-        from posenc.hf import rotary_config_to_hf
+        from posenc.encodings.rotary_hf import rotary_config_to_hf
 
         return rotary_config_to_hf(self.config)
 

@@ -5,21 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import torch
-
-from posenc._checks import fail
-
-
-def as_dict(config: Any) -> dict[str, Any]:
-    """A ``PretrainedConfig`` (or a model holding one) or a ``config.json`` dict, as a plain dict."""
-    if isinstance(config, torch.nn.Module) and hasattr(config, "config"):
-        config = config.config
-    if isinstance(config, Mapping):
-        return dict(config)
-    if hasattr(config, "to_dict"):
-        return config.to_dict()
-    fail("config", type(config).__name__, "a transformers PretrainedConfig, its dict, or a model holding one")
-    raise AssertionError  # unreachable
+from posenc.encodings.rotary_hf import as_dict  # noqa: F401 - re-exported for posenc.hf
 
 
 def model_type(config: Any) -> str | None:
