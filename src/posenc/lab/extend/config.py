@@ -139,8 +139,7 @@ class ExtendConfig(DictConfig):
                      "generates per task and length")  # fmt: skip
         if self.task != "ruler":
             for name in ("ruler_tasks", "ruler_samples"):
-                if getattr(self, name) is not None:
-                    value = getattr(self, name)
+                if (value := getattr(self, name)) is not None:
                     fail(name, value, f"None unless task is 'ruler' (task is {self.task!r}; pass --task ruler)")
         if self.original_len is not None:
             check_positive_int("original_len", self.original_len)

@@ -53,29 +53,27 @@ def ruler_task(metric: str) -> str:
     return metric.removeprefix(RULER_PREFIX)
 
 
-def _hits(row: Mapping[str, Any]) -> float:
-    """A row's hits; files written before the ``hits`` column give ``accuracy * n`` (whole keys for passkey)."""
+def row_rate(row: Mapping[str, Any]) -> Rate | None:
+    """One ``results.csv`` row's rate (None: n/a); files written before the ``hits`` column give ``accuracy * n``
+    (whole keys for passkey)."""
+    if row["status"] != "ok" or row["accuracy"] is None or not row["n"]:
+        return None
     if row.get("hits") is not None:
-        return float(row["hits"])
+        return Rate(float(row["hits"]), int(row["n"]))
     value = float(row["accuracy"]) * int(row["n"])
-    return float(round(value)) if row["metric"] == "passkey" else value
+    return Rate(float(round(value)) if row["metric"] == "passkey" else value, int(row["n"]))
 
 
 def rates(rows: Sequence[Mapping[str, Any]], metric: str) -> dict[tuple, dict[int, Rate | None]]:
     """(method, factor, finetune_steps) -> length -> the rate pooled over depths (None: n/a, nothing measured), the
     unpatched model first, then in run order."""
-    pooled: dict[tuple, dict[int, list[float]]] = {}
+    pooled: dict[tuple, dict[int, list[Rate | None]]] = {}
     for r in rows:
-        if r["metric"] != metric:
-            continue
-        cell = pooled.setdefault((r["method"], r["factor"], r["finetune_steps"] or 0), {}).setdefault(r["length"], [])
-        if r["status"] == "ok" and r["accuracy"] is not None and r["n"]:
-            cell.append((_hits(r), int(r["n"])))
+        if r["metric"] == metric:
+            unit = (r["method"], r["factor"], r["finetune_steps"] or 0)
+            pooled.setdefault(unit, {}).setdefault(r["length"], []).append(row_rate(r))
     ordered = sorted(pooled.items(), key=lambda g: (g[0][2], g[0][0] != "none"))
-    return {
-        unit: {n: Rate(sum(h for h, _ in c), sum(k for _, k in c)) if c else None for n, c in by.items()}
-        for unit, by in ordered
-    }
+    return {unit: {n: pool(cell) for n, cell in by.items()} for unit, by in ordered}
 
 
 def pool(values: Sequence[Rate | None]) -> Rate | None:

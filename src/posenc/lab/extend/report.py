@@ -14,7 +14,7 @@ import torch
 from posenc.lab.common.files import write_text_atomic
 from posenc.lab.common.report import config_and_environment, duration, environment, wide_console
 from posenc.lab.extend.config import ExtendConfig
-from posenc.lab.extend.rates import RULER_PREFIX, Rate, is_rate_metric, plot_rates, pool, rates, ruler_task
+from posenc.lab.extend.rates import RULER_PREFIX, Rate, is_rate_metric, plot_rates, pool, rates, row_rate, ruler_task
 
 if TYPE_CHECKING:
     from posenc.lab.extend.targets import HFTarget, LabTarget
@@ -184,6 +184,12 @@ def _split(by: Mapping[int, Rate | None], original: int, past: bool) -> Rate | N
     return pool([r for n, r in by.items() if (n > original) == past])
 
 
+def _best(at: Mapping[tuple, Rate]) -> tuple[tuple, list[str]]:
+    """The unit with the highest rate, and the labels of the others within noise of it."""
+    best = max(at, key=lambda u: at[u].value)
+    return best, [label(*u) for u, r in at.items() if u != best and not r.beyond_noise(at[best])]
+
+
 def _versus(rate: Rate, base: Rate | None, name: str = "the unpatched model") -> str:
     if base is None:
         return ""
@@ -221,8 +227,7 @@ def _passkey_findings(
         why = _passkey_advice(None if within is None else within.value, original, cfg, kind, tried_within=tried)
         lines.append(f"- Passkey past the original length: no method retrieved a single key ({why}).")
     elif past:
-        best = max(past, key=lambda u: past[u].value)
-        tied = [label(*u) for u, r in past.items() if u != best and not r.beyond_noise(past[best])]
+        best, tied = _best(past)
         lines.append(
             f"- Passkey past the original length (pooled over lengths and depths): best {label(*best)} with "
             f"{past[best].text()}{_versus(past[best], beyond)}"
@@ -268,8 +273,7 @@ def _agreement(rows: Sequence[Mapping[str, Any]], metrics: Sequence[str], far: i
     for metric in [*metrics, "passkey"]:
         at = {u: r for u, by in rates(rows, metric).items() if (r := by.get(far)) is not None}
         if at:
-            best = max(at, key=lambda u: at[u].value)
-            tied = [label(*u) for u, r in at.items() if u != best and not r.beyond_noise(at[best])]
+            best, tied = _best(at)
             name = "passkey" if metric == "passkey" else f"RULER {ruler_task(metric)}"
             bests[name] = (label(*best), tied) if at[best].hits > 0 else None
     ppl = {u: v for u, by in _lines(rows, "ppl").items() if (v := _mean(by.get(far, []))) is not None}
@@ -407,8 +411,8 @@ def plot_passkey(
                 r = cells.get((*unit_, n, d))
                 if r is not None and r["status"] == "ok" and r["accuracy"] is not None:
                     grid[i, j] = r["accuracy"]
-                    hits = rates([r], "passkey")[unit_][n]
-                    found[i, j] = f"{hits.hits:g}/{hits.n}"
+                    cell = row_rate(r)
+                    found[i, j] = f"{cell.hits:g}/{cell.n}"
         image = ax.imshow(grid.numpy(), cmap=cmap, vmin=0.0, vmax=1.0, aspect="auto")
         for i in range(len(depths)):
             for j in range(len(lengths)):

@@ -47,11 +47,10 @@ import torch
 from posenc._checks import fail
 from posenc.lab.common.devices import resolve_device
 from posenc.lab.common.progress import skipped
-from posenc.lab.common.report import wilson_interval
 from posenc.lab.common.runfiles import KeyedCSV, check_out, check_resumable, check_settings
 from posenc.lab.extend import plan
 from posenc.lab.extend.config import ExtendConfig, check_lengths
-from posenc.lab.extend.rates import RULER_PREFIX
+from posenc.lab.extend.rates import RULER_PREFIX, Rate
 from posenc.lab.extend.report import finish, label, precision_text
 from posenc.lab.extend.targets import load_target, original_len_of
 
@@ -93,7 +92,7 @@ def _row(metric: str, unit: tuple[str, float, int], original: int, length: int, 
 
 def rate(row: dict, hits: float, n: int) -> dict:
     """``row`` with a rate measured: ``hits`` of ``n`` (sum of scores in [0, 1]) and its Wilson 95% interval."""
-    low, high = wilson_interval(hits / n, n)
+    low, high = Rate(hits, n).interval
     row.update(accuracy=hits / n, hits=hits, n=n, ci_low=low, ci_high=high, status="ok")
     return row
 
