@@ -189,3 +189,24 @@ def fope_rotation_atol(cos_coef: torch.Tensor, sin_coef: torch.Tensor, x_max: fl
     m = cos_coef.shape[1]
     column = float(torch.maximum(cos_coef.detach().abs().sum(1), sin_coef.detach().abs().sum(1)).max())
     return 2 * float(x_max) * (2 * (m - 1) + 2) * torch.finfo(torch.float32).eps * column
+
+
+def rotated_softmax_atol(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    dtype: torch.dtype,
+    *,
+    max_position: float,
+    logit_factor: float = 1.0,
+) -> float:
+    """RoPE attention in ``dtype`` against a float64 reference: the scores' error is the dot product's summation
+    (``sum_atol``) plus the rotation's on each factor -- an angle ``position * inv_freq`` rounded to
+    ``max_position * u`` radians, cos/sin and the products a few roundings (8 u) -- times the scale and any logit
+    factor; the output's then follows from ``softmax_atol`` over every key."""
+    d, t = q.shape[-1], k.shape[-2]
+    mag = dot_magnitude(q.reshape(-1, d), k.reshape(-1, d))
+    u = unit_roundoff(dtype)
+    rotation = 2 * mag * (max_position * u + 8 * u)
+    score_error = logit_factor * d**-0.5 * (sum_atol(d, mag, dtype) + rotation)
+    return softmax_atol(score_error, t, float(v.abs().max()), dtype)

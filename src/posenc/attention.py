@@ -42,6 +42,7 @@ import torch.nn.functional as F
 from posenc._checks import check_choice, check_number, check_positions, check_same_device, fail
 from posenc.encodings._base import Encoding, check_sequence_positions
 from posenc.encodings.nope import NoPE
+from posenc.remapping import RemapMethod, remap_attention
 
 BACKENDS = ("auto", "eager", "sdpa", "flex")
 
@@ -69,6 +70,7 @@ def attention(
     seq_len: int | float | torch.Tensor | None = None,
     scale: float | None = None,
     backend: str = "auto",
+    remap: RemapMethod | None = None,
 ) -> torch.Tensor:
     """Scaled dot-product attention with a positional encoding.
 
@@ -89,12 +91,34 @@ def attention(
             (``document_lengths``), else ``max(q_positions, k_positions) + 1``.
         scale: score scale, a positive finite number; default ``1 / sqrt(D)``.
         backend: one of ``BACKENDS``; see the module docstring.
+        remap: a remapping method (``posenc.remapping``: Self-Extend, Dual Chunk Attention, ReRoPE, LM-Infinite)
+            with a ``RotaryEmbedding`` encoding: each (query, key) pair is rotated at the positions of the method's
+            branch for it (``posenc.remapping.remap_attention``, causal only; backends ``auto``, ``eager``,
+            ``sdpa``).
 
     Shapes:
         q (B, H, S, D), k (B, Hkv, T, D), v (B, Hkv, T, Dv) -> (B, H, S, Dv).
     """
     _check_qkv(q, k, v)
     check_choice("backend", backend, BACKENDS)
+    if remap is not None:
+        if not causal:
+            fail("causal", causal, "True with remap= (remapping methods are defined over the causal past)")
+        if backend == "flex":
+            fail("backend", backend, "'auto', 'eager' or 'sdpa' with remap=")
+        return remap_attention(
+            q,
+            k,
+            v,
+            method=remap,
+            encoding=encoding,
+            q_positions=q_positions,
+            k_positions=k_positions,
+            document_ids=document_ids,
+            seq_len=seq_len,
+            scale=scale,
+            backend=backend,
+        )
     if not isinstance(causal, bool):
         fail("causal", causal, "True or False")
     if scale is not None:

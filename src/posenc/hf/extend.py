@@ -5,6 +5,9 @@ RoPE models (Llama, Mistral, Qwen2/3, Phi-3, GPT-NeoX, Gemma 1/2/3/4) take any o
 (Peng et al. 2023), ``longrope`` (Ding et al. 2024) and ``llama3`` (Meta 2024); see ``posenc.hf._rope_patch``. A
 model whose RoPE is p-RoPE (``rope_type: "proportional"``, e.g. Gemma 4's full-attention layers) takes ``linear``
 only, applied to its rotating pairs.
+The remapping methods ``self_extend`` (Jin et al. 2024), ``dca`` (Dual Chunk Attention, An et al. 2024), ``rerope``
+and ``leaky_rerope`` (Su 2023) and ``lm_infinite`` (Han et al. 2024) keep the frequencies and change which positions
+each (query, key) pair is rotated at; see ``posenc.remapping`` and ``posenc.hf._remap_patch``.
 ALiBi models (BLOOM, MPT) take ``linear``, which for ALiBi is slope interpolation (Al-Khateeb et al. 2023); see
 ``posenc.hf._alibi_patch``. transformers is imported only when a model is patched.
 """
@@ -19,9 +22,15 @@ from posenc._checks import check_choice, check_number, check_positive_int, fail
 from posenc.hf._common import architecture, model_type
 from posenc.hf.alibi import ALIBI_MODEL_TYPES
 from posenc.hf.setup import check_model_type
+from posenc.remapping import METHODS as REMAPPING
 
-METHODS = ("linear", "ntk", "dynamic", "yarn", "longrope", "llama3")
-#: The keyword options each method accepts (names and defaults as in Hugging Face ``rope_parameters``).
+#: Frequency methods: new RoPE frequencies, in the config (``rope_parameters``).
+FREQUENCY_METHODS = ("linear", "ntk", "dynamic", "yarn", "longrope", "llama3")
+#: Remapping methods (``posenc.remapping``): the same frequencies, other positions per (query, key) pair.
+REMAP_METHODS = tuple(REMAPPING)
+METHODS = (*FREQUENCY_METHODS, *REMAP_METHODS)
+#: The keyword options each method accepts (frequency methods: names and defaults as in Hugging Face
+#: ``rope_parameters``; remapping methods: the parameters ``posenc.remapping.remap_method`` derives, to override).
 METHOD_OPTIONS: dict[str, tuple[str, ...]] = {
     "linear": (),
     "ntk": (),
@@ -29,6 +38,7 @@ METHOD_OPTIONS: dict[str, tuple[str, ...]] = {
     "yarn": ("beta_fast", "beta_slow", "mscale", "mscale_all_dim", "attention_factor", "truncate"),
     "longrope": ("long_factor", "short_factor", "attention_factor"),
     "llama3": ("low_freq_factor", "high_freq_factor"),
+    **{name: options for name, (_, options) in REMAPPING.items()},
 }
 
 
@@ -121,6 +131,28 @@ def extend_context(
 
     if not isinstance(replace, bool):
         fail("replace", replace, "True or False")
+    remapped = getattr(model, "_posenc_remap", None)
+    if remapped is not None:
+        fail(
+            "model",
+            f"{architecture(model)} patched with {remapped.method.name}",
+            "a model without a remapping method: apply frequency methods first (yarn, then self_extend), and one "
+            "remapping method per model",
+        )
+    if method in REMAP_METHODS:
+        if kind in ALIBI_MODEL_TYPES:
+            fail(
+                "method", method, f"a frequency method: {architecture(model)} is ALiBi, which has no positions to remap"
+            )
+        if layer_type is not None or replace:
+            fail(
+                "layer_type" if layer_type is not None else "replace",
+                layer_type or replace,
+                f"None/False for {method!r} (it applies to every layer)",
+            )
+        from posenc.hf._remap_patch import extend_remap
+
+        return extend_remap(model, method, factor, original=original, target=max_position_embeddings, options=options)
     if kind in ALIBI_MODEL_TYPES:
         if method != "linear":
             fail("method", method, f"'linear' (slope interpolation) for the ALiBi model {architecture(model)}")

@@ -40,6 +40,33 @@ def _copy_for_saving(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Mod
     return clone
 
 
+def remap_config(model: torch.nn.Module) -> dict[str, int] | None:
+    """The config block that records a model's remapping method: Dual Chunk Attention's
+    ``dual_chunk_attention_config`` (the keys vLLM and SGLang read for Qwen2.5-1M: ``chunk_size``, ``local_size``,
+    ``original_max_position_embeddings``); None for a model without one. Any other remapping method raises: no
+    format people serve from records it, so the error names the call that re-applies it."""
+    remap = getattr(model, "_posenc_remap", None)
+    if remap is None:
+        return None
+    method, original = remap.method, remap.original
+    if method.name == "dca":
+        return {
+            "chunk_size": method.chunk_size,
+            "local_size": method.local_window,
+            "original_max_position_embeddings": original,
+        }
+    options = ", ".join(f"{k}={v!r}" for k, v in remap.options.items())
+    fail(
+        "model",
+        f"patched with {method.name} ({method!r})",
+        "a model whose extension a config records (frequency methods, or 'dca'); no serving format records "
+        f"{method.name}: save the model without it and re-apply it after loading with "
+        f"posenc.hf.extend_context(model, {method.name!r}, {remap.factor:g}"
+        f"{', ' + options if options else ''})",
+    )
+    raise AssertionError  # unreachable
+
+
 def save_pretrained(
     model: torch.nn.Module,
     tokenizer: Any,
@@ -61,7 +88,8 @@ def save_pretrained(
 
     Raises:
         ValueError: ``out_dir`` is a file or a non-empty folder (posenc never overwrites files), ``model`` is not a
-            transformers model, or an unknown ``dtype``.
+            transformers model, an unknown ``dtype``, or a model patched with a remapping method other than Dual
+            Chunk Attention (written as ``dual_chunk_attention_config``; the others have no config format).
     """
     from posenc.hf.load import as_dtype
 
@@ -71,7 +99,11 @@ def save_pretrained(
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         fail("out_dir", str(out), "a new or empty folder (posenc never overwrites files)")
     target = model.dtype if dtype is None else as_dtype(dtype)
+    remap = remap_config(model)  # refuses a remapping method no config format records, before anything is written
     clone = _copy_for_saving(model, target)
+    if remap is not None:
+        clone.config.dual_chunk_attention_config = remap
+        clone.set_attn_implementation("sdpa")  # the loader's own attention reads the block (vLLM, SGLang)
     out.mkdir(parents=True, exist_ok=True)
     clone.save_pretrained(out)
     if tokenizer is not None:

@@ -1,0 +1,117 @@
+"""Remapped attention against plain causal SDPA: time ratio and peak memory, per method and length.
+
+    python bench/remap_attention.py [--lengths 4096 8192 16384] [--repeats 3] [--methods self_extend dca ...]
+
+Shapes are SmolLM2-135M's attention (B=1, 9 query heads, 3 key/value heads, head_dim 64, float32, inference); each
+method takes its paper's parameters for a 2x extension (``original = length / 2``). Both sides include the RoPE
+rotation: ``plain`` is ``posenc.attention`` with RoPE (rotation + ``torch.nn.functional.scaled_dot_product_attention``
+causal, the fused kernel), ``remap`` is ``posenc.remapping.remap_attention`` (rotation per branch, branches merged).
+Every (method, length) runs in a fresh process: a warm-up call, then the median of ``--repeats`` calls, and the
+peak resident memory of one call above what the process held just before it (``VmHWM`` reset through
+``/proc/self/clear_refs``). On CUDA (when there is a GPU) the same, with ``torch.cuda.max_memory_allocated``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+import posenc
+from posenc.remapping import METHODS, remap_attention, remap_method
+
+B, H, HKV, D, BASE = 1, 9, 3, 64, 1e5
+
+
+def _rss_kb(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field):
+            return int(line.split()[1])
+    raise RuntimeError(field)
+
+
+def measure_one(method: str, length: int, repeats: int, device: str) -> dict:
+    """In a child process: warm-up, median time, and peak memory of one call above the inputs."""
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(B, H, length, D, generator=gen).to(device)
+    k, v = (torch.randn(B, HKV, length, D, generator=gen).to(device) for _ in range(2))
+    enc = posenc.build("rope", head_dim=D, base=BASE).to(device)
+    if method == "plain":
+
+        def call():  # noqa: ANN202
+            return posenc.attention(q, k, v, encoding=enc)
+    else:
+        spec = remap_method(method, original=length // 2, target=length)
+
+        def call():  # noqa: ANN202
+            return remap_attention(q, k, v, method=spec, encoding=enc)
+
+    cuda = device.startswith("cuda")
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    with torch.inference_mode():
+        call()
+        sync()
+        samples = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            call()
+            sync()
+            samples.append(time.perf_counter() - start)
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
+            before = torch.cuda.memory_allocated()
+            out = call()
+            sync()
+            extra = (torch.cuda.max_memory_allocated() - before) / 2**20
+        else:
+            before = _rss_kb("VmRSS")
+            Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current RSS
+            out = call()  # kept alive until the peak is read: the output counts
+            extra = (_rss_kb("VmHWM") - before) / 1024
+        del out
+    return {"method": method, "length": length, "seconds": statistics.median(samples), "extra_mib": extra}
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "one":
+        print(json.dumps(measure_one(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5])))
+        return
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--lengths", type=int, nargs="+", default=[4096, 8192, 16384])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = parser.parse_args()
+    where = torch.cuda.get_device_name() if args.device.startswith("cuda") else platform.processor() or "cpu"
+    print(
+        f"# remapped vs plain causal attention, B={B} H={H} Hkv={HKV} D={D} float32, inference, median of"
+        f" {args.repeats}; torch {torch.__version__}, {torch.get_num_threads()} threads, {where}"
+    )
+    print("| method | branches | L | time s | plain s | time / plain | peak MiB | plain MiB |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for length in args.lengths:
+        plain = _child("plain", length, args.repeats, args.device)
+        for method in args.methods:
+            row = _child(method, length, args.repeats, args.device)
+            n = len(remap_method(method, original=length // 2, target=length).branches())
+            print(
+                f"| {method} | {n} | {length} | {row['seconds']:.3f} | {plain['seconds']:.3f} |"
+                f" {row['seconds'] / plain['seconds']:.2f} | {row['extra_mib']:.0f} | {plain['extra_mib']:.0f} |",
+                flush=True,
+            )
+
+
+def _child(method: str, length: int, repeats: int, device: str) -> dict:
+    cmd = [sys.executable, __file__, "one", method, str(length), str(repeats), device]
+    return json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,59 @@
+"""Training-free context extension by remapping positions: Self-Extend, Dual Chunk Attention, ReRoPE (and Leaky
+ReRoPE), LM-Infinite.
+
+Each method is a frozen description of its branches (``Branch``: a query position map, a key position map, a
+region of (query, key) pairs); ``remap_attention`` runs any of them with one exact softmax and memory linear in the
+length; ``posenc.attention(..., remap=method)`` routes to it. ``remap_method(name, original=, target=, **options)``
+builds a method with its paper's parameters for a pretraining length and a target length (options override them).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from posenc._checks import check_choice, check_positive_int, fail
+from posenc.remapping._branch import Branch, RemapMethod
+from posenc.remapping.dual_chunk import DualChunk
+from posenc.remapping.lm_infinite import LMInfinite
+from posenc.remapping.operator import remap_attention
+from posenc.remapping.rerope import ReRoPE
+from posenc.remapping.self_extend import SelfExtend
+
+#: name -> (class, the options ``remap_method`` takes for it)
+METHODS: dict[str, tuple[type, tuple[str, ...]]] = {
+    "self_extend": (SelfExtend, ("window", "group")),
+    "dca": (DualChunk, ("chunk_size", "local_window")),
+    "rerope": (ReRoPE, ("window", "log_scale")),
+    "leaky_rerope": (ReRoPE, ("window", "leak", "log_scale")),
+    "lm_infinite": (LMInfinite, ("window", "global_tokens")),
+}
+
+
+def remap_method(name: str, *, original: int, target: int, **options: Any) -> RemapMethod:
+    """The method ``name`` for a model pretrained at ``original`` tokens run at ``target``, with its paper's
+    parameters unless ``options`` give them; refuses parameters that reach less than ``target``."""
+    check_choice("method", name, tuple(METHODS))
+    original = check_positive_int("original", original)
+    target = check_positive_int("target", target)
+    if target < original:
+        fail("target", target, f"at least the pretraining length {original}")
+    cls, allowed = METHODS[name]
+    for key, value in options.items():
+        if key not in allowed:
+            fail(key, value, f"one of the options {list(allowed)} of {name!r} (or none)")
+    if name == "leaky_rerope":
+        options = {"leak": "auto", **options}
+    return cls.for_target(original, target, **options)
+
+
+__all__ = [
+    "METHODS",
+    "Branch",
+    "DualChunk",
+    "LMInfinite",
+    "ReRoPE",
+    "RemapMethod",
+    "SelfExtend",
+    "remap_attention",
+    "remap_method",
+]

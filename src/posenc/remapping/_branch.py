@@ -1,0 +1,84 @@
+"""What a remapping method is: branches, each a pair of position maps and a region of (query, key) pairs.
+
+A *remapping* method (Self-Extend, Dual Chunk Attention, ReRoPE, LM-Infinite) keeps RoPE's frequencies and changes
+which positions a query and a key are rotated at, depending on where the pair lies. It is described by its
+``branches()``: for a query at position ``i`` and a key at position ``j <= i``, exactly one branch (or none: the
+pair is masked) scores the pair, as ``q_i`` rotated at ``branch.query(i)`` dotted with ``k_j`` rotated at
+``branch.key(j)``, times ``branch.query_scale(i)`` where the method scales logits. One softmax runs over every
+scored pair of a query. ``posenc.remapping.remap_attention`` executes any such description without an L x L matrix.
+
+Shapes:
+    position maps: positions (..., N) -> (..., N) (integer or float); regions: i (..., S, 1), j (..., 1, T) ->
+    bool (..., S, T); query_scale: i (..., S) -> (..., S) float.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from posenc._checks import fail
+from posenc._config import DictConfig
+
+PositionMap = Callable[[torch.Tensor], torch.Tensor]
+Region = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Branch:
+    """One branch of a remapping method.
+
+    Attributes:
+        name: what the branch is called in its paper (``"neighbor"``, ``"grouped"``, ``"intra"``...).
+        query: the position query ``i`` is rotated at.
+        key: the position key ``j`` is rotated at.
+        region: which pairs ``(i, j)`` (with ``j <= i``) this branch scores; the branches' regions are disjoint.
+        query_scale: a per-query logit factor (ReRoPE's ``log`` scaling), or None.
+    """
+
+    name: str
+    query: PositionMap
+    key: PositionMap
+    region: Region
+    query_scale: PositionMap | None = None
+
+
+def identity(positions: torch.Tensor) -> torch.Tensor:
+    return positions
+
+
+class RemapMethod(DictConfig):
+    """Base of the method configs (frozen ``kw_only`` dataclasses): a name, branches, and the length it reaches."""
+
+    __slots__ = ()
+    name: str = ""
+
+    def branches(self) -> tuple[Branch, ...]:  # pragma: no cover - every method defines it
+        raise NotImplementedError
+
+    def reach(self, original: int) -> float:
+        """The longest sequence whose every pair is scored at a relative distance below ``original`` (the
+        pretraining length); ``inf`` when there is no limit."""
+        raise NotImplementedError  # pragma: no cover
+
+    def check_target(self, original: int, target: int) -> None:
+        """Refuse parameters that reach less than ``target`` tokens for a model trained on ``original``."""
+        reach = self.reach(original)
+        if reach < target:
+            name, value = self.limiting_parameter()
+            fail(
+                name,
+                value,
+                f"a value with which {self.name} reaches {target} tokens from a pretraining length of {original}"
+                f" (reaches {int(reach)})",
+            )
+
+    def limiting_parameter(self) -> tuple[str, object]:  # pragma: no cover
+        raise NotImplementedError
+
+
+def distance(i: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
+    """``i - j`` broadcast to ``(..., S, T)``."""
+    return i - j

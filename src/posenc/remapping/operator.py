@@ -1,0 +1,271 @@
+"""``remap_attention``: one attention for every remapping method, in query blocks, without an L x L matrix.
+
+Each branch of the method rotates the queries and keys at its own positions (``encoding.rotate``, so every RoPE
+variant and scaling posenc has applies: a YaRN-scaled Self-Extend is ``encoding=build("rope", scaling=yarn)``).
+Queries are processed ``block`` rows at a time; for each block and branch only the span of keys that the branch's
+region touches is scored (a window for the neighbour branches, the far past for the grouped ones), and the
+branches are merged exactly: each keeps its row maximum ``m``, its sum of ``exp(s - m)`` and its weighted values,
+and the merge rescales them to one common maximum -- the same numbers as one softmax over every scored key
+(Milakov & Gimelshein 2018, "Online normalizer calculation for softmax"; FlashAttention's merge). Memory is
+``O(block * T)`` per branch, linear in the length.
+
+Masks are built from indices as in ``posenc.attention``: queries are the last ``S`` of the ``T`` keys, query index
+``a`` sees key index ``b <= a + T - S``; the method's regions are functions of *positions* (which default to the
+indices), so KV-cache decoding, chunked prefill and packed rows are "pass the right positions".
+
+Shapes:
+    q (B, H, S, D), k (B, Hkv, T, D), v (B, Hkv, T, Dv), Hkv dividing H; positions (S,)/(B, S) and (T,)/(B, T);
+    document_ids (T,)/(B, T); key_mask (B, T) bool -> output (B, H, S, Dv) in q's dtype.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from posenc._checks import check_choice, check_positions, check_positive_int, check_same_device, fail
+from posenc.encodings.rotary import RotaryEmbedding
+from posenc.remapping._branch import Branch, RemapMethod
+
+#: Query rows per block. Scores of one block are ``B * H * block * T`` float32 per branch: 300 MB for SmolLM2's
+#: 9 heads at 16k tokens with 512 rows.
+DEFAULT_BLOCK = 256
+
+BACKENDS = ("auto", "sdpa", "eager")
+
+# PyTorch's CPU flash-attention kernel returns the log-sum-exp the exact merge needs (public SDPA does not).
+_CPU_FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+
+
+def remap_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    method: RemapMethod,
+    encoding: RotaryEmbedding,
+    q_positions: torch.Tensor | None = None,
+    k_positions: torch.Tensor | None = None,
+    document_ids: torch.Tensor | None = None,
+    key_mask: torch.Tensor | None = None,
+    seq_len: int | float | torch.Tensor | None = None,
+    scale: float | None = None,
+    block: int = DEFAULT_BLOCK,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """Causal attention in which each (query, key) pair is scored by the method's branch for it.
+
+    Args:
+        q, k, v: queries, keys and values, *not rotated*; see Shapes. Same dtype and device.
+        method: a remapping method (``SelfExtend``, ``DualChunk``, ``ReRoPE``, ``LMInfinite``, or your own
+            ``RemapMethod``).
+        encoding: the ``RotaryEmbedding`` (any layout, partial rotary, scaling) every branch rotates with.
+        q_positions, k_positions: positions, integer (the methods' regions compare them exactly). Defaults: keys
+            ``arange(T)``, queries the last ``S`` of them.
+        document_ids: packed rows: a document id per key; a query sees only keys of its own document.
+        key_mask: ``(B, T)`` bool, False for keys no query may see (padding).
+        seq_len: the length whose frequencies a length-dependent scaling (``dynamic``, ``longrope``) uses; default
+            the largest key position + 1 (one length for every branch).
+        scale: score scale, default ``1 / sqrt(D)``.
+        block: query rows per block (memory ``O(block * T)``).
+        backend: ``"sdpa"`` (PyTorch's fused CPU flash kernel per branch and block, CPU only), ``"eager"``
+            (scores written out; any device) or ``"auto"`` (``sdpa`` on CPU, ``eager`` elsewhere).
+
+    Returns:
+        ``(B, H, S, Dv)`` in q's dtype. Scores and the softmax run in float32 (float64 for float64 inputs). A query
+        that no branch lets see any key (possible only with ``key_mask``/``document_ids`` removing its own key)
+        gets zeros.
+
+    Shapes:
+        q (B, H, S, D), k (B, Hkv, T, D), v (B, Hkv, T, Dv) -> (B, H, S, Dv).
+    """
+    if not isinstance(method, RemapMethod):
+        fail("method", type(method).__name__, "a posenc remapping method (SelfExtend, DualChunk, ReRoPE, LMInfinite)")
+    if not isinstance(encoding, RotaryEmbedding):
+        fail(
+            "encoding",
+            type(encoding).__name__,
+            f"a RotaryEmbedding: {method.name} remaps the positions RoPE rotates by, which a bias or absolute "
+            "encoding does not have",
+        )
+    _check_qkv(q, k, v)
+    block = check_positive_int("block", block)
+    if scale is not None and not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
+        fail("scale", scale, "a positive finite number")
+    b, h, s, _ = q.shape
+    t = k.shape[2]
+    if s > t:
+        fail("q.shape[2]", s, f"at most the number of keys, {t} (queries are the last keys)")
+    q_pos, k_pos = _positions(q_positions, k_positions, s, t, b, q.device)
+    docs = _batch_rows(document_ids, "document_ids", t, b, q.device, integer=True)
+    keep = _batch_rows(key_mask, "key_mask", t, b, q.device, boolean=True)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    if encoding.depends_on_length and seq_len is None:
+        seq_len = k_pos.max() + 1
+
+    backend = _backend(backend, q, v)
+    work = torch.float64 if q.dtype == torch.float64 else torch.float32
+    branches = method.branches()
+    rotated = [_rotate(branch, encoding, q, k, q_pos, k_pos, seq_len, work) for branch in branches]
+    v = _repeat_kv(v.to(work), h)
+    offset = t - s
+    out = torch.empty(b, h, s, v.shape[-1], dtype=work, device=q.device)
+    for r0 in range(0, s, block):
+        r1 = min(s, r0 + block)
+        hi = r1 + offset  # keys at index < hi are the block's causal past
+        i = q_pos[:, r0:r1, None]  # (B|1, Sb, 1)
+        j = k_pos[:, None, :hi]  # (B|1, 1, hi)
+        allowed = torch.arange(r0 + offset, hi, device=q.device)[:, None] >= torch.arange(hi, device=q.device)
+        if docs is not None:
+            allowed = allowed & (docs[:, r0 + offset : hi, None] == docs[:, None, :hi])  # (B|1, Sb, hi)
+        if keep is not None:
+            allowed = allowed & keep[:, None, :hi]
+        parts = []
+        for branch, (qb, kb) in zip(branches, rotated, strict=True):
+            region = branch.region(i, j) & allowed  # (B|1, Sb, hi)
+            cols = region.any(dim=(0, 1)).nonzero()
+            if cols.numel() == 0:
+                continue
+            lo, up = int(cols[0]), int(cols[-1]) + 1  # the span of keys this branch scores for the block
+            region = region[:, None, :, lo:up]  # (B|1, 1, Sb, n)
+            values, lse = _span(backend, qb[:, :, r0:r1], kb[:, :, lo:up], v[:, :, lo:up], region, scale)
+            parts.append((values, lse.masked_fill(~region.any(dim=-1), -math.inf)))  # rows with no key: weight 0
+        out[:, :, r0:r1] = _merge(parts, out[:, :, r0:r1])
+    return out.to(q.dtype)
+
+
+def _span(
+    backend: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, region: torch.Tensor, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention of a block of queries over a span of keys where ``region`` is True: ``(values, log-sum-exp)``.
+
+    ``sdpa``: PyTorch's fused CPU flash-attention kernel, which also returns the log-sum-exp; ``eager``: written
+    out. A row with no True gets values 0 (the caller gives it weight 0).
+    """
+    mask = torch.zeros(region.shape, dtype=q.dtype, device=q.device).masked_fill_(~region, -math.inf)
+    if backend == "sdpa":
+        return _CPU_FLASH(q, k, v, attn_mask=mask, scale=scale)
+    scores = (q @ k.transpose(-1, -2)) * scale + mask  # (B, H, Sb, n)
+    lse = torch.logsumexp(scores, dim=-1)  # (B, H, Sb)
+    weights = torch.exp(scores - lse.clamp_min(torch.finfo(q.dtype).min)[..., None])
+    return weights @ v, lse
+
+
+def _merge(parts: list[tuple[torch.Tensor, torch.Tensor]], like: torch.Tensor) -> torch.Tensor:
+    """One softmax from per-branch (values, log-sum-exp): weight each branch by ``exp(lse_b - lse)``."""
+    if not parts:
+        return torch.zeros_like(like)
+    total = torch.logsumexp(torch.stack([lse for _, lse in parts]), dim=0)  # (B, H, Sb)
+    finite = torch.isfinite(total)
+    total = torch.where(finite, total, 0.0)
+    out = torch.zeros_like(like)
+    for values, lse in parts:
+        out = out + torch.exp(lse - total)[..., None] * values
+    return torch.where(finite[..., None], out, 0.0)
+
+
+def _backend(backend: str, q: torch.Tensor, v: torch.Tensor) -> str:
+    check_choice("backend", backend, BACKENDS)
+    why = None
+    if q.device.type != "cpu" or _CPU_FLASH is None:
+        why = f"'sdpa' is PyTorch's CPU flash kernel, and q is on {q.device.type}"
+    elif v.shape[-1] != q.shape[-1]:
+        why = f"PyTorch's CPU flash kernel needs v's head_dim ({v.shape[-1]}) equal to q's ({q.shape[-1]})"
+    if backend == "auto":
+        return "eager" if why else "sdpa"
+    if backend == "sdpa" and why:
+        fail("backend", backend, f"'eager' or 'auto' here: {why}")
+    return backend
+
+
+def _repeat_kv(x: torch.Tensor, heads: int) -> torch.Tensor:
+    """Key/value head ``g`` serves query heads ``g * r ... g * r + r - 1`` (Hugging Face's ``repeat_kv`` order)."""
+    return x if x.shape[1] == heads else x.repeat_interleave(heads // x.shape[1], dim=1)  # (B, Hkv, T, D) -> H
+
+
+def _rotate(
+    branch: Branch,
+    encoding: RotaryEmbedding,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    q_pos: torch.Tensor,
+    k_pos: torch.Tensor,
+    seq_len: int | float | torch.Tensor | None,
+    work: torch.dtype,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The branch's rotated queries ``(B, Hkv, rep, S, D)`` and keys ``(B, Hkv, T, D)`` in the working dtype."""
+    qp, kp = branch.query(q_pos), branch.key(k_pos)
+    # One length for both rotations keeps q.k a function of the two positions only (dynamic/longrope).
+    length = None if not encoding.depends_on_length else seq_len
+    if length is None:
+        qr, kr = encoding.rotate(q, k, qp, kp)
+    else:
+        qr, kr = encoding.rotate(q, k, qp, kp, seq_len=length)
+    if branch.query_scale is not None:
+        qr = qr * branch.query_scale(q_pos).to(qr.dtype)[:, None, :, None]  # per-query logit factor
+    return qr.to(work), _repeat_kv(kr.to(work), q.shape[1])
+
+
+def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(x, torch.Tensor) or x.dim() != 4 or not x.is_floating_point():
+            shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+            fail(name, shape, "a floating-point tensor of 4 dimensions (B, heads, length, head_dim)")
+    for name, x in (("k", k), ("v", v)):
+        if x.dtype != q.dtype or x.device != q.device or x.shape[0] != q.shape[0]:
+            fail(name, f"{x.dtype} {x.device} {tuple(x.shape)}", f"q's dtype, device and batch, {q.dtype} {q.device}")
+    if k.shape[-1] != q.shape[-1]:
+        fail("k.shape[-1]", k.shape[-1], f"q's head_dim, {q.shape[-1]}")
+    if v.shape[1:3] != k.shape[1:3]:
+        fail("v.shape", tuple(v.shape), f"k's heads and length, (B, {k.shape[1]}, {k.shape[2]}, Dv)")
+    if k.shape[1] == 0 or q.shape[1] % k.shape[1] != 0:
+        fail("k.shape[1]", k.shape[1], f"a number of key/value heads that divides the {q.shape[1]} query heads")
+
+
+def _positions(
+    q_pos: torch.Tensor | None, k_pos: torch.Tensor | None, s: int, t: int, b: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Both as ``(B|1, N)`` integer tensors on ``device``."""
+    if k_pos is None:
+        if q_pos is not None and s != t:
+            fail("k_positions", None, f"the positions of all {t} keys, since S={s} != T={t}")
+        k_pos = torch.arange(t, device=device) if q_pos is None else q_pos
+    if q_pos is None:
+        q_pos = k_pos[..., t - s :]
+    out = []
+    for name, pos, n in (("q_positions", q_pos, s), ("k_positions", k_pos, t)):
+        check_positions(pos, name)
+        check_same_device(name, pos, device, "q's device")
+        if pos.is_floating_point():
+            fail(f"{name}.dtype", pos.dtype, "an integer dtype: remapping regions compare positions exactly")
+        pos = pos if pos.dim() == 2 else pos.unsqueeze(0)
+        if pos.dim() != 2 or pos.shape[1] != n or pos.shape[0] not in (1, b):
+            fail(f"{name}.shape", tuple(pos.shape), f"({n},) or ({b}, {n})")
+        out.append(pos)
+    return out[0], out[1]
+
+
+def _batch_rows(
+    x: torch.Tensor | None,
+    name: str,
+    t: int,
+    b: int,
+    device: torch.device,
+    *,
+    integer: bool = False,
+    boolean: bool = False,
+) -> torch.Tensor | None:
+    if x is None:
+        return None
+    if not isinstance(x, torch.Tensor):
+        fail(name, type(x).__name__, f"a tensor of shape ({t},) or ({b}, {t})")
+    if boolean and x.dtype != torch.bool:
+        fail(f"{name}.dtype", x.dtype, "torch.bool (True where a key may be seen)")
+    if integer and (x.is_floating_point() or x.is_complex() or x.dtype == torch.bool):
+        fail(f"{name}.dtype", x.dtype, "an integer dtype")
+    x = x if x.dim() == 2 else x.unsqueeze(0)
+    if x.dim() != 2 or x.shape[1] != t or x.shape[0] not in (1, b):
+        fail(f"{name}.shape", tuple(x.shape), f"({t},) or ({b}, {t})")
+    check_same_device(name, x, device, "q's device")
+    return x

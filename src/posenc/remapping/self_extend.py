@@ -1,0 +1,64 @@
+"""Self-Extend (Jin et al. 2024, "LLM Maybe LongLM: Self-Extend LLM Context Window Without Tuning",
+arXiv:2401.01325).
+
+Two branches: neighbours closer than ``window`` keep their positions; farther keys are seen through *grouped*
+positions, the key at ``j // group`` and the query at ``i // group + window - window // group``, so that the grouped
+distance continues where the window ends. Reach: ``(L - window) * group + window`` tokens for pretraining length
+``L``. Reference implementation: ``datamllab/LongLM`` (``self_extend_patch/Llama.py``: ``self_extend_forward``,
+``group_size_1`` = ``group``, ``group_size_2`` = ``window``), checked in ``tests/reference/remapping.py``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from posenc._checks import check_positive_int, fail
+from posenc.remapping._branch import Branch, RemapMethod, identity
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SelfExtend(RemapMethod):
+    """Self-Extend with neighbour ``window`` (``W``) and ``group`` size (``G``)."""
+
+    window: int
+    group: int
+    name = "self_extend"
+
+    def __post_init__(self) -> None:
+        check_positive_int("window", self.window)
+        check_positive_int("group", self.group)
+
+    @classmethod
+    def for_target(cls, original: int, target: int, *, window: int | None = None, group: int | None = None):  # noqa: ANN206
+        """The paper's rule: a window of ``original // 4`` (the paper's settings keep it well inside the pretraining
+        length), and the smallest group reaching ``target``: ``G = ceil((target - W) / (original - W))``."""
+        window = max(1, original // 4) if window is None else window
+        check_positive_int("window", window)
+        if window >= original:
+            fail("window", window, f"less than the pretraining length {original}")
+        group = max(1, math.ceil((target - window) / (original - window))) if group is None else group
+        method = cls(window=window, group=group)
+        method.check_target(original, target)
+        return method
+
+    def reach(self, original: int) -> float:
+        return (original - self.window) * self.group + self.window
+
+    def limiting_parameter(self) -> tuple[str, object]:
+        return "group", self.group
+
+    def branches(self) -> tuple[Branch, ...]:
+        w, g = self.window, self.group
+        shift = w - w // g
+        return (
+            Branch(name="neighbor", query=identity, key=identity, region=lambda i, j: (i - j) < w),
+            Branch(
+                name="grouped",
+                query=lambda i: torch.div(i, g, rounding_mode="floor") + shift,
+                key=lambda j: torch.div(j, g, rounding_mode="floor"),
+                region=lambda i, j: (i - j) >= w,
+            ),
+        )

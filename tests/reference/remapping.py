@@ -1,0 +1,119 @@
+"""The remapping methods written out one (query, key) pair at a time, in float64, from their reference code.
+
+Each function decides for every pair ``(i, j)``, ``j <= i``, with an explicit if/else taken from the reference
+repository (not from posenc's branch descriptions), the two positions RoPE rotates the query and the key at, and
+any logit factor; then one softmax per query. Sources:
+
+- Self-Extend: ``datamllab/LongLM`` ``self_extend_patch/Llama.py`` -- neighbour positions where ``i - j <
+  group_size_2`` (the window), else the key at ``j // group_size_1`` and the query at ``i // group_size_1 +
+  group_size_2 - group_size_2 // group_size_1``.
+- Dual Chunk Attention: ``HKUNLP/ChunkLlama`` ``chunkllama_attn_replace.py`` -- ``chunk_len = chunk_size -
+  local_window``; tables ``q_t = arange(chunk_len)``, ``qc_t = (q_t + chunk_len).clamp(max=chunk_size)``, ``k_t =
+  arange % chunk_len``; keys at ``k_t[j]``; the query's own chunk with ``q_t[i % chunk_len]``, the previous chunk
+  with ``qc_t[i % chunk_len]``, earlier chunks with ``qc_t[chunk_len - 1]``.
+- ReRoPE / Leaky ReRoPE: ``bojone/rerope`` -- queries times ``max(1, log(i + 1) / log(L))``; ``i - j < window``:
+  normal positions; else ReRoPE the query at ``window`` and the key un-rotated, Leaky ReRoPE the query at
+  ``window + (i - window) / k`` and the key at ``j / k``.
+- LM-Infinite: ``Glaciohound/LM-Infinite`` ``models/llama.py`` + ``lambda_attention.py`` -- ``i - j <
+  local_branch``: normal positions; ``j < global_branch`` farther: the query at ``limit_distance`` (= local_branch)
+  and the key un-rotated; every other pair masked.
+
+Shapes:
+    q (B, H, S, D), k (B, Hkv, T, D), v (B, Hkv, T, Dv); positions are 0..T-1, queries the last S ->
+    (B, H, S, Dv) float64.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from reference.rope_float64 import rotate_float64
+
+
+def _attend(q, k, v, pair, inv_freq, *, layout="half", attention_factor=1.0, scale=None):
+    """``pair(i, j) -> (query_pos, key_pos, logit_factor) or None`` (masked) for every causal pair."""
+    b_, h_, s_, d_ = q.shape
+    hkv, t_ = k.shape[1], k.shape[2]
+    scale = d_**-0.5 if scale is None else scale
+    out = torch.zeros(b_, h_, s_, v.shape[-1], dtype=torch.float64)
+
+    def rot(x, p):
+        return rotate_float64(
+            x[None, :],
+            torch.tensor([p], dtype=torch.float64),
+            inv_freq,
+            layout=layout,
+            attention_factor=attention_factor,
+        )[0]
+
+    for b in range(b_):
+        for h in range(h_):
+            g = h // (h_ // hkv)
+            for a in range(s_):
+                i = t_ - s_ + a
+                logits, keys = [], []
+                for j in range(i + 1):
+                    chosen = pair(i, j)
+                    if chosen is None:
+                        continue
+                    qp, kp, factor = chosen
+                    logits.append(float(rot(q[b, h, a], qp) @ rot(k[b, g, j], kp)) * scale * factor)
+                    keys.append(j)
+                w = torch.softmax(torch.tensor(logits, dtype=torch.float64), dim=0)
+                out[b, h, a] = w @ v[b, g, keys].double()
+    return out
+
+
+def self_extend(q, k, v, inv_freq, *, window, group, **rope):
+    def pair(i, j):
+        if i - j < window:
+            return i, j, 1.0
+        return i // group + window - window // group, j // group, 1.0
+
+    return _attend(q, k, v, pair, inv_freq, **rope)
+
+
+def dual_chunk(q, k, v, inv_freq, *, chunk_size, local_window, **rope):
+    chunk_len = chunk_size - local_window
+    q_t = list(range(chunk_len))
+    qc_t = [min(p + chunk_len, chunk_size) for p in q_t]
+
+    def pair(i, j):
+        ci, cj = i // chunk_len, j // chunk_len
+        if ci == cj:
+            return q_t[i % chunk_len], j % chunk_len, 1.0
+        if cj == ci - 1:
+            return qc_t[i % chunk_len], j % chunk_len, 1.0
+        return qc_t[chunk_len - 1], j % chunk_len, 1.0
+
+    return _attend(q, k, v, pair, inv_freq, **rope)
+
+
+def rerope(q, k, v, inv_freq, *, window, training_length, leak=None, **rope):
+    def pair(i, j):
+        factor = max(1.0, math.log(i + 1) / math.log(training_length)) if training_length else 1.0
+        if i - j < window:
+            return i, j, factor
+        if leak is None:
+            return window, 0, factor
+        return window + (i - window) / leak, j / leak, factor
+
+    return _attend(q, k, v, pair, inv_freq, **rope)
+
+
+def lm_infinite(q, k, v, inv_freq, *, local_branch, global_branch, **rope):
+    def pair(i, j):
+        if i - j < local_branch:
+            return i, j, 1.0
+        if j < global_branch:
+            return local_branch, 0, 1.0
+        return None
+
+    return _attend(q, k, v, pair, inv_freq, **rope)
+
+
+def plain(q, k, v, inv_freq, **rope):
+    """Causal RoPE attention: every method inside its window."""
+    return _attend(q, k, v, lambda i, j: (i, j, 1.0), inv_freq, **rope)
