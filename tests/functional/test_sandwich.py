@@ -128,3 +128,24 @@ def test_bad_input():
         sandwich_bias(pos.half(), pos, torch.ones(2, 4))
     with pytest.raises(ValueError, match=r"num_heads=0"):
         sandwich_ratios(0)
+
+
+@pytest.mark.parametrize(("num_heads", "head_dim", "s", "t"), [(8, 64, 24, 24), (4, 16, 5, 40), (12, 128, 33, 33)])
+def test_nemo_form_is_posenc_with_its_frequencies_times_its_head_scale(num_heads, head_dim, s, t):
+    """NVIDIA NeMo's Sandwich, written out (``tests/reference/sandwich_nemo.py``), as a second reference: its
+    frequencies ``k = 1..d'/2`` are posenc's with ratio ``10000 ** (2/d')`` (every head), and its head ``n`` divides
+    that bias by ``8n/H`` where posenc's default divides the distance. So, full tensors:
+    ``nemo[n] * (8n/H) == sandwich_bias(ratios=[10000 ** (2/d')] * H, pe_dim=d')[n]``. Where the two readings differ
+    (compressing the distance vs scaling the bias) is documented in ``posenc.functional.sandwich``."""
+    from reference.sandwich_nemo import nemo_sandwich
+
+    nemo = nemo_sandwich(s, t, num_heads=num_heads, head_dim=head_dim)
+    scale = torch.tensor([8.0 * n / num_heads for n in range(1, num_heads + 1)], dtype=torch.float64)
+    ratios = [10000.0 ** (2.0 / head_dim)] * num_heads
+    got = sandwich_bias(torch.arange(t - s, t), torch.arange(t), sandwich_frequencies(head_dim, ratios))[0]
+    assert_close(got.double(), nemo * scale[:, None, None], **_tolerance(torch.arange(t), torch.arange(t)))
+    # posenc's default (distance / r_h) is another function of the head than NeMo's (bias / r_h): not equal past h=1
+    default = sandwich_bias(
+        torch.arange(t - s, t), torch.arange(t), sandwich_frequencies(head_dim, sandwich_ratios(num_heads))
+    )[0].double()
+    assert (default[-1] - nemo[-1]).abs().max() > 0.1

@@ -12,7 +12,14 @@ with a compression ratio ``r_h`` per head that, like ALiBi's slopes, gives each 
 Default ratios ``r_h = 8h / H`` (``h = 1..H``) follow the paper's per-head exponents for ALiBi (its Fig. 1, slope
 ``1 / 2**h`` with ``h = 8n / H``); pass ``ratios`` to use others (all 1 for the plain inner product).
 Checked against the embeddings' dot products, built independently with the Vaswani formula in float64
-(``tests/reference/sandwich.py``).
+(``tests/reference/sandwich.py``), and against NVIDIA NeMo's implementation written out
+(``tests/reference/sandwich_nemo.py``; NeMo PR #6666), which reads the paper differently on two points: its
+frequencies run over ``k = 1..d'/2`` with ``d'`` the head dimension (posenc: ``k = 0..d'/2 - 1``, the Vaswani
+embedding's indices, and ``d' = pe_dim``), and its head value ``8n/H`` divides the *bias* instead of the distance.
+The first is posenc with ratios ``10000 ** (2/d')``; with it, NeMo's head ``n`` times ``8n/H`` equals posenc's bias
+exactly (tested on full tensors). The second is a different function of the head (a compressed distance vs a scaled
+amplitude) and is posenc's reading of ``p_{m/r_h}``; the paper's Sec. 5 text was not available to settle it (see
+the issue 25 note), so the default is unchanged.
 
 Shapes:
     H heads, F = d' / 2 frequencies, S query positions, T key positions.

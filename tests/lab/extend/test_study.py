@@ -569,3 +569,40 @@ def test_passkey_heatmap_is_sequential_and_numbers_contrast(tmp_path, monkeypatc
     texts = {t.get_text(): t.get_color() for ax in panels for t in ax.texts}
     assert texts == {"n/a": "black", "0/5": "white", "5/5": "black"}  # dark bottom of cividis, light top, grey n/a
     assert text_colour_on(colormaps[HEATMAP](0.0)) == "white" and text_colour_on((1.0, 1.0, 1.0, 1.0)) == "black"
+
+
+def test_hf_llama_remapping_methods_end_to_end_and_save(corpus, tmp_path):
+    """Remapping methods through ``posenc extend``: each measured (the patch recorded with its parameters), their
+    in-window numbers equal the unpatched model's (every method is plain RoPE inside its window), DCA saved as
+    ``dual_chunk_attention_config``, another remapping method's --save refused before anything is written."""
+    import transformers
+
+    folder = _hf_folder(tmp_path / "llama")
+    methods = ("self_extend", "dca", "rerope", "lm_infinite")
+    cfg = ExtendConfig(
+        model=str(folder), methods=methods, factors=(2.0,), lengths=(8, 128), corpus=str(corpus),
+        **{**TINY, "trials": 1},
+    )  # fmt: skip
+    rows = run_extend(cfg, tmp_path / "out", progress=False)
+    assert all(r["status"] == "ok" for r in rows if r["metric"] in ("ppl", "ppl_past"))
+    none = _by(rows, "ppl", "none", 1.0, 8)["ppl"]
+    for method in methods:  # 8 tokens: inside every window (DCA's first chunk is 48 - 4 = 44 tokens)
+        assert _by(rows, "ppl", method, 2.0, 8)["ppl"] == pytest.approx(none, rel=1e-5)
+        assert _by(rows, "ppl_past", method, 2.0, 128)["ppl"] > 0
+    settings = json.loads((tmp_path / "out" / "extend.json").read_text())
+    assert settings["methods"] == list(methods)
+
+    dca = ExtendConfig(model=str(folder), methods=("dca",), factors=(2.0,), lengths=(32, 128), corpus=str(corpus),
+                       **{**TINY, "trials": 1})  # fmt: skip
+    run_extend(dca, tmp_path / "out-dca", progress=False, save=tmp_path / "saved")
+    config = json.loads((tmp_path / "saved" / "config.json").read_text())
+    assert config["dual_chunk_attention_config"] == {
+        "chunk_size": 48, "local_size": 4, "original_max_position_embeddings": 64,
+    }  # fmt: skip
+    assert transformers.AutoConfig.from_pretrained(tmp_path / "saved").max_position_embeddings == 128
+
+    se = ExtendConfig(model=str(folder), methods=("self_extend",), factors=(2.0,), lengths=(32, 128),
+                      corpus=str(corpus), **{**TINY, "trials": 1})  # fmt: skip
+    with pytest.raises(ValueError, match=r"extend_context\(model, 'self_extend', 2\)"):
+        run_extend(se, tmp_path / "out-se", progress=False, save=tmp_path / "saved-se")
+    assert not (tmp_path / "out-se").exists() and not (tmp_path / "saved-se").exists()

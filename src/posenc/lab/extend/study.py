@@ -147,6 +147,17 @@ def check_save(save: str | Path | None, cfg: ExtendConfig, target: Any, out: Pat
             f"exactly one method and one factor, the model to write (the study has methods {list(cfg.methods)} and "
             f"factors {list(cfg.factors)}): e.g. --methods {cfg.methods[0]} --factors {cfg.factors[0]:g}",
         )
+    from posenc.hf.extend import REMAP_METHODS
+
+    method = cfg.methods[0]
+    if method in REMAP_METHODS and method != "dca":
+        fail(
+            "save",
+            str(save),
+            f"a method a config records (frequency methods, or dca): no serving format records {method}; save the "
+            f"model unpatched and re-apply it after loading with posenc.hf.extend_context(model, {method!r}, "
+            f"{cfg.factors[0]:g})",
+        )
     if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
         fail("save", str(save), "a new or empty folder (posenc never overwrites files)")
     if folder.resolve() == out.resolve():
