@@ -82,7 +82,13 @@ def extend_context(
 
     Args:
         model: a transformers model (e.g. ``LlamaForCausalLM``) of a type in ``supported_model_types()``.
-        method: one of ``METHODS``; ALiBi models take ``"linear"`` only (slope interpolation).
+        method: one of ``METHODS``; ALiBi models take ``"linear"`` only (slope interpolation). A remapping method
+            (``REMAP_METHODS``) patches the rotary modules to the identity and the attention to
+            ``posenc.remapping.remap_attention`` with the model's own RoPE (scaling included), for the
+            architectures in ``posenc.hf._remap_patch.REMAP_MODEL_TYPES``; ``factor`` gives the target length
+            ``ceil(original * factor)`` its parameters are derived for (``posenc.remapping.remap_method``). It is
+            a run-time patch: ``save_pretrained`` writes DCA as ``dual_chunk_attention_config`` and refuses the
+            others. One remapping method per model, after any frequency method.
         factor: the extension factor, ``>= 1``. For ``dynamic`` it is the NTK growth rate past the original length.
         original_max_position_embeddings: the pretraining length. Defaults to the config's: the current scaling's
             ``original_max_position_embeddings`` if it has one, else ``max_position_embeddings`` (MPT:
@@ -95,7 +101,10 @@ def extend_context(
         **options: the method's own keys, ``METHOD_OPTIONS[method]``: YaRN's ``beta_fast``, ``beta_slow``,
             ``mscale``, ``mscale_all_dim``, ``attention_factor``, ``truncate``; LongRoPE's ``long_factor``
             (required), ``short_factor`` (default all ones) and ``attention_factor``; Llama 3's
-            ``low_freq_factor`` (default 1) and ``high_freq_factor`` (default 4).
+            ``low_freq_factor`` (default 1) and ``high_freq_factor`` (default 4); remapping methods their parameters
+            (``self_extend``: ``window``, ``group``; ``dca``: ``chunk_size``, ``local_window``; ``rerope``:
+            ``window``, ``log_scale``; ``leaky_rerope``: also ``leak``; ``lm_infinite``: ``window``,
+            ``global_tokens``), each overriding the paper's rule.
 
     Returns:
         A dict: ``architecture``, ``model_class``, ``method``, ``factor``, ``original_max_position_embeddings``,

@@ -5,7 +5,10 @@ Two branches: neighbours closer than ``window`` keep their positions; farther ke
 positions, the key at ``j // group`` and the query at ``i // group + window - window // group``, so that the grouped
 distance continues where the window ends. Reach: ``(L - window) * group + window`` tokens for pretraining length
 ``L``. Reference implementation: ``datamllab/LongLM`` (``self_extend_patch/Llama.py``: ``self_extend_forward``,
-``group_size_1`` = ``group``, ``group_size_2`` = ``window``), checked in ``tests/reference/remapping.py``.
+``group_size_1`` = ``group``, ``group_size_2`` = ``window``), checked in ``tests/reference/remapping.py``. The
+query shift uses integer division ``window // group`` as the reference's flash-attention and decoding paths do
+(``Llama.py``'s eager path divides exactly, which gives fractional positions when ``group`` does not divide
+``window``); the reference's optional query log-scaling (off by default there) is not applied.
 """
 
 from __future__ import annotations
