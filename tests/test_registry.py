@@ -9,10 +9,10 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 from torch.testing import assert_close
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import posenc
 from encoding_cases import MODEL, build, content, positions, score_error
+from largest_tensor import LargestTensor
 from posenc.registry import _ENCODINGS
 from tolerances import unit_roundoff
 
@@ -196,21 +196,6 @@ def test_low_precision_model_matches_float32(name):
     assert_close(out.float(), ref, atol=4e-2, rtol=4e-2)
 
 
-class _LargestTensor(TorchDispatchMode):
-    """Records the largest tensor any operation produces."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.numel = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in out if isinstance(out, (tuple, list)) else (out,):
-            if isinstance(t, torch.Tensor):
-                self.numel = max(self.numel, t.numel())
-        return out
-
-
 @pytest.mark.parametrize("name", SCORE_MOD_BIAS)
 def test_score_mod_builds_nothing_quadratic(name):
     """Preparing a score_mod (validation included) must stay linear in length: that is flex's whole point."""
@@ -218,6 +203,6 @@ def test_score_mod_builds_nothing_quadratic(name):
     n = 3000
     pos = positions(enc, n) if enc.position_kind == "sequence" else torch.rand(n, 2) * 100
     q = torch.randn(1, MODEL["num_heads"], n, MODEL["head_dim"])
-    with torch.no_grad(), _LargestTensor() as largest:
+    with torch.no_grad(), LargestTensor() as largest:
         enc.score_mod(pos, pos, q=q, scale=0.25)
     assert largest.numel < n * n // 4

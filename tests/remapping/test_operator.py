@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 from torch.testing import assert_close
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import posenc
+from largest_tensor import LargestTensor
 from posenc.remapping import SelfExtend, remap_attention
 from reference import remapping as ref
 from tolerances import rotated_softmax_atol
@@ -94,24 +94,13 @@ def test_attention_entry_point_routes_remap():
     )
 
 
-def test_decode_and_chunked_prefill_equal_the_full_forward():
-    """Keys cached un-rotated; each step passes the cached keys' positions and its own: same rows as the full
-    call (the same computation per row, so the same float64 result up to summation order)."""
+def test_chunked_prefill_equals_the_full_forward():
+    """Keys cached un-rotated; each chunk's queries are the last of its keys: the full call's rows (decoding one
+    token at a time is checked for every method in ``test_methods.py``)."""
     q, k, v = qkv(2, 4, 2, 40, 16)
     enc, method = rope(16), SelfExtend(window=6, group=3)
     full = remap_attention(q, k, v, method=method, encoding=enc, block=8)
     tol = rotated_softmax_atol(q, k, v, torch.float64, max_position=40)
-    for t in (33, 34, 39, 40):  # one token at a time
-        step = remap_attention(
-            q[:, :, t - 1 : t],
-            k[:, :, :t],
-            v[:, :, :t],
-            method=method,
-            encoding=enc,
-            q_positions=torch.tensor([t - 1]),
-            k_positions=torch.arange(t),
-        )
-        assert_close(step, full[:, :, t - 1 : t], atol=tol, rtol=0)
     chunks = [
         remap_attention(q[:, :, a:e], k[:, :, :e], v[:, :, :e], method=method, encoding=enc, block=4)
         for a, e in ((0, 13), (13, 27), (27, 40))
@@ -159,30 +148,15 @@ def test_compiled_equals_eager():
     assert_close(compiled(q, k, v), run(q, k, v), atol=tol, rtol=0)
 
 
-class _Largest(TorchDispatchMode):
-    """Records the largest tensor any operation returns."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.largest = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for x in out if isinstance(out, (tuple, list)) else (out,):
-            if isinstance(x, torch.Tensor):
-                self.largest = max(self.largest, x.numel())
-        return out
-
-
 def test_no_tensor_grows_with_the_square_of_the_length():
     """At S = T = 2048 with blocks of 64 rows, nothing holds S x T values: the largest tensor is one block's
     scores, heads x 64 x T."""
     s, h, block = 2048, 2, 64
     q, k, v = qkv(1, h, 1, s, 8, dtype=torch.float32)
-    with torch.no_grad(), _Largest() as seen:
+    with torch.no_grad(), LargestTensor() as seen:
         remap_attention(q, k, v, method=SelfExtend(window=128, group=4), encoding=rope(8), block=block)
-    assert seen.largest <= h * block * s + 1
-    assert seen.largest < s * s // 4
+    assert seen.numel <= h * block * s + 1
+    assert seen.numel < s * s // 4
 
 
 @pytest.mark.parametrize(
