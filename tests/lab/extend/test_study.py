@@ -591,6 +591,9 @@ def test_hf_llama_remapping_methods_end_to_end_and_save(corpus, tmp_path):
         assert _by(rows, "ppl_past", method, 2.0, 128)["ppl"] > 0
     settings = json.loads((tmp_path / "out" / "extend.json").read_text())
     assert settings["methods"] == list(methods)
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "self_extend: `SelfExtend(window=16, group=3): reaches 160 tokens from 64`" in report
+    assert "dca: `DualChunk(chunk_size=48, local_window=4)" in report
 
     dca = ExtendConfig(model=str(folder), methods=("dca",), factors=(2.0,), lengths=(32, 128), corpus=str(corpus),
                        **{**TINY, "trials": 1})  # fmt: skip

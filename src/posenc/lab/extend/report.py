@@ -466,6 +466,14 @@ def write_report(
         f"Layers changed by each patch: {target.layers_note}.",
         "",
     ]
+    notes = getattr(target, "remap_notes", {})
+    if notes:
+        lines += [
+            "Remapping methods (every layer's attention; the rotary module returns the identity), with the "
+            "parameters their papers' rules give for the original context and the factor (overridable through "
+            "`posenc.hf.extend_context`): " + "; ".join(f"{m}: `{text}`" for m, text in notes.items()) + ".",
+            "",
+        ]
     if any(r["metric"] == "ppl" for r in rows):
         corpus = cfg.corpus or "the Python standard library"
         lines += [

@@ -455,6 +455,7 @@ class HFTarget:
         self.dtype = self._dtype()
         self.weight_bytes = self.act_bytes = torch.empty((), dtype=self.dtype).element_size()
         self.layers_note = ""
+        self.remap_notes: dict[str, str] = {}  # remapping method -> its parameters, for the report
         self.model = None
         self.val = self.train = None
         self._losses = token_losses
@@ -526,7 +527,11 @@ class HFTarget:
             description["rope_parameters"] = {
                 d["layer_type"]: d["rope_parameters"] for d in described if "rope_parameters" in d
             }
-        self.layers_note = self._layers_text(description, layers)
+        if "parameters" in description:  # a remapping method: what the paper's rule set its parameters to
+            self.remap_notes[method] = description["description"]
+            self.layers_note = self.layers_note or self._layers_text(description, layers)
+        else:
+            self.layers_note = self._layers_text(description, layers)
         return description
 
     def _changed_layers(self) -> list[int]:
@@ -538,6 +543,8 @@ class HFTarget:
     def _layers_text(self, description: Mapping[str, Any], layers: list[int]) -> str:
         names = ", ".join(description.get("module_names", ())[:3])
         n = self.dims.layers
+        if "parameters" in description:
+            return f"all {n} layers (remapping: the rotary module returns the identity, each attention remaps)"
         if self.patch_types == (None,):
             how = "a hook on each block" if _is_alibi(self.model_type) else f"rotary embedding {names}"
             return f"all {n} layers ({how})"
