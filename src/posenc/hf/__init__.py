@@ -3,8 +3,9 @@
 - ``rotary_config_from_hf`` / ``rotary_config_to_hf``: RoPE (``RotaryConfig``) from and to HF config keys.
 - ``alibi_config_from_hf`` / ``alibi_config_to_hf``: ALiBi (``ALiBiConfig``) from and to BLOOM / MPT configs.
 - ``positional_setup``: the posenc config(s) for any supported architecture's config.
-- ``extend_context``: linear / ntk / dynamic / yarn / longrope / llama3 on a loaded RoPE model, slope interpolation
-  on an ALiBi model, in place; a patched bfloat16/float16 model computes its RoPE tables and rotation in float32
+- ``extend_context``: linear / ntk / dynamic / yarn / longrope / llama3 on a loaded RoPE model, the remapping
+  methods self_extend / dca / rerope / leaky_rerope / lm_infinite (``REMAP_METHODS``), slope interpolation on an
+  ALiBi model, in place; a patched bfloat16/float16 model computes its RoPE tables and rotation in float32
   (``keep_rope_float32``, also callable on its own).
 - ``resolve_model`` / ``inspect_gguf`` / ``load_config`` / ``original_context`` / ``load_causal_lm``: pretrained
   models from GGUF files, transformers folders or ``"smollm2"``, offline; ``save_pretrained`` writes one back.
@@ -14,7 +15,7 @@ Only torch is imported here; transformers is imported lazily, when a model is pa
 
 from posenc.hf._rope_patch import CacheStaleWarning
 from posenc.hf.alibi import ALIBI_MODEL_TYPES, alibi_config_from_hf, alibi_config_to_hf
-from posenc.hf.extend import METHOD_OPTIONS, METHODS, extend_context
+from posenc.hf.extend import METHOD_OPTIONS, METHODS, REMAP_METHODS, extend_context
 from posenc.hf.load import ModelSource, inspect_gguf, load_causal_lm, load_config, original_context, resolve_model
 from posenc.hf.rope_float32 import keep_rope_float32
 from posenc.hf.rotary import rotary_config_from_hf, rotary_config_to_hf
@@ -27,6 +28,7 @@ __all__ = [
     "METHODS",
     "METHOD_OPTIONS",
     "ModelSource",
+    "REMAP_METHODS",
     "ROPE_MODEL_TYPES",
     "alibi_config_from_hf",
     "alibi_config_to_hf",

@@ -28,8 +28,9 @@ from posenc._checks import check_choice, check_positions, check_positive_int, ch
 from posenc.encodings.rotary import RotaryEmbedding
 from posenc.remapping._branch import Branch, RemapMethod
 
-#: Query rows per block. Scores of one block are ``B * H * block * T`` float32 per branch: 300 MB for SmolLM2's
-#: 9 heads at 16k tokens with 512 rows.
+#: Query rows per block. Per block and branch: a ``block x span`` float32 mask (16 MiB at 16k keys), and on the
+#: ``eager`` path the ``B * H * block * span`` scores (151 MiB for SmolLM2's 9 heads at 16k keys); the ``sdpa`` path's
+#: fused kernel keeps its scores in tiles.
 DEFAULT_BLOCK = 256
 
 BACKENDS = ("auto", "sdpa", "eager")
