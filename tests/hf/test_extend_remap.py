@@ -153,13 +153,17 @@ def test_dca_saves_its_config_block_and_the_others_are_refused(tmp_path):
         ("llama", "self_extend", {"chunk_size": 8}, "chunk_size"),
         ("llama", "dca", {"chunk_size": 40}, "chunk_size"),
         ("llama", "rerope", {"window": 32}, "window"),
+        ("llama", "self_extend", {"factor": 1.0}, "factor"),
+        ("llama", "lm_infinite", {"global_tokens": 0}, "global_tokens"),
     ],
 )
 def test_bad_input_is_refused_before_the_model_changes(kind, name, options, match):
     model = tiny_model(kind)
     before = model.config.to_dict()
+    options = dict(options)
+    factor = options.pop("factor", 2.0)
     with pytest.raises(ValueError, match=match):
-        extend_context(model, name, 2.0, **options)
+        extend_context(model, name, factor, **options)
     assert model.config.to_dict() == before
     assert getattr(model, "_posenc_remap", None) is None
 

@@ -157,7 +157,7 @@ def test_decode_one_token_at_a_time_equals_the_full_forward(method):
 def test_regions_are_disjoint_and_cover_the_causal_past(name, original, factor, s):
     """Every causal pair is scored by exactly one branch (LM-Infinite: at most one, the rest masked), and no scored
     distance exceeds the pretraining length within the method's reach."""
-    target = max(original, int(original * factor))
+    target = max(original + 1, int(original * factor))
     method = remap_method(name, original=original, target=target)
     i = torch.arange(s)[:, None]
     j = torch.arange(s)[None, :]
@@ -222,9 +222,10 @@ def test_bad_parameters_name_the_parameter(name, options, match):
         remap_method(name, original=8192, target=16384, **options)
 
 
-def test_target_below_original_is_refused():
+@pytest.mark.parametrize("target", [4096, 8192])
+def test_a_target_within_the_original_context_is_refused(target):
     with pytest.raises(ValueError, match="target"):
-        remap_method("dca", original=8192, target=4096)
+        remap_method("dca", original=8192, target=target)
 
 
 def test_methods_round_trip_through_dicts():

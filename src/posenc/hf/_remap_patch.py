@@ -184,8 +184,12 @@ def extend_remap(
     check_remappable(model)
     original = default_original(model.config, None) if original is None else original
     target = math.ceil(original * factor) if target is None else target
-    if target < original:
-        fail("max_position_embeddings", target, f"at least the original length {original}")
+    if target <= original:
+        fail(
+            "factor" if factor <= 1 else "max_position_embeddings",
+            factor if factor <= 1 else target,
+            f"a target beyond the original length {original} (within it a remapping method changes nothing)",
+        )
     method = remap_method(name, original=original, target=target, **options)
     old = int(model.config.max_position_embeddings)
     description = apply_remap(model, method, original=original, factor=factor, options=options)

@@ -35,8 +35,8 @@ def remap_method(name: str, *, original: int, target: int, **options: Any) -> Re
     check_choice("method", name, tuple(METHODS))
     original = check_positive_int("original", original)
     target = check_positive_int("target", target)
-    if target < original:
-        fail("target", target, f"at least the pretraining length {original}")
+    if target <= original:
+        fail("target", target, f"beyond the pretraining length {original} (within it there is nothing to remap)")
     cls, allowed = METHODS[name]
     for key, value in options.items():
         if key not in allowed:

@@ -44,6 +44,8 @@ class SelfExtend(RemapMethod):
             fail("window", window, f"less than the pretraining length {original}")
         group = max(1, math.ceil((target - window) / (original - window))) if group is None else group
         method = cls(window=window, group=group)
+        if method.group == 1:
+            fail("group", group, "at least 2 (group 1 is plain RoPE: Self-Extend would change nothing)")
         method.check_target(original, target)
         return method
 
