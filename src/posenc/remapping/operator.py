@@ -108,7 +108,8 @@ def remap_attention(
     backend = _backend(backend, q, v)
     work = torch.float64 if q.dtype == torch.float64 else torch.float32
     branches = method.branches()
-    rotated = [_rotate(branch, encoding, q, k, q_pos, k_pos, seq_len, work) for branch in branches]
+    rotate = _Rotations(encoding, q, k, q_pos, k_pos, seq_len, work)
+    rotated = [(rotate.queries(branch), rotate.keys(branch)) for branch in branches]
     v = _repeat_kv(v.to(work), h)
     offset = t - s
     out = torch.empty(b, h, s, v.shape[-1], dtype=work, device=q.device)
@@ -185,27 +186,38 @@ def _repeat_kv(x: torch.Tensor, heads: int) -> torch.Tensor:
     return x if x.shape[1] == heads else x.repeat_interleave(heads // x.shape[1], dim=1)  # (B, Hkv, T, D) -> H
 
 
-def _rotate(
-    branch: Branch,
-    encoding: RotaryEmbedding,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    q_pos: torch.Tensor,
-    k_pos: torch.Tensor,
-    seq_len: int | float | torch.Tensor | None,
-    work: torch.dtype,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The branch's rotated queries ``(B, Hkv, rep, S, D)`` and keys ``(B, Hkv, T, D)`` in the working dtype."""
-    qp, kp = branch.query(q_pos), branch.key(k_pos)
-    # One length for both rotations keeps q.k a function of the two positions only (dynamic/longrope).
-    length = None if not encoding.depends_on_length else seq_len
-    if length is None:
-        qr, kr = encoding.rotate(q, k, qp, kp)
-    else:
-        qr, kr = encoding.rotate(q, k, qp, kp, seq_len=length)
-    if branch.query_scale is not None:
-        qr = qr * branch.query_scale(q_pos).to(qr.dtype)[:, None, :, None]  # per-query logit factor
-    return qr.to(work), _repeat_kv(kr.to(work), q.shape[1])
+class _Rotations:
+    """Each branch's rotated queries and keys in the working dtype; branches sharing a position map (DCA's three
+    key maps) share one rotation. One length for every rotation keeps q.k a function of the two positions only
+    (``dynamic``/``longrope``)."""
+
+    def __init__(self, encoding, q, k, q_pos, k_pos, seq_len, work) -> None:  # noqa: ANN001
+        self.encoding, self.q, self.k, self.q_pos, self.k_pos, self.work = encoding, q, k, q_pos, k_pos, work
+        self.length = seq_len if encoding.depends_on_length else None
+        self.done: dict[tuple, torch.Tensor] = {}
+
+    def _rotate(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        if self.length is None:
+            return self.encoding.rotate_one(x, positions)
+        return self.encoding.rotate_one(x, positions, seq_len=self.length)
+
+    def queries(self, branch: Branch) -> torch.Tensor:
+        """``(B, H, S, D)``, times the branch's per-query logit factor."""
+        key = ("q", branch.query, branch.query_scale)
+        if key not in self.done:
+            rotated = self._rotate(self.q, branch.query(self.q_pos))
+            if branch.query_scale is not None:
+                rotated = rotated * branch.query_scale(self.q_pos).to(rotated.dtype)[:, None, :, None]
+            self.done[key] = rotated.to(self.work)
+        return self.done[key]
+
+    def keys(self, branch: Branch) -> torch.Tensor:
+        """``(B, H, T, D)``: key heads repeated for the query heads they serve."""
+        key = ("k", branch.key)
+        if key not in self.done:
+            rotated = self._rotate(self.k, branch.key(self.k_pos))
+            self.done[key] = _repeat_kv(rotated.to(self.work), self.q.shape[1])
+        return self.done[key]
 
 
 def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
