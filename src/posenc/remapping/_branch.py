@@ -77,8 +77,3 @@ class RemapMethod(DictConfig):
 
     def limiting_parameter(self) -> tuple[str, object]:  # pragma: no cover
         raise NotImplementedError
-
-
-def distance(i: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
-    """``i - j`` broadcast to ``(..., S, T)``."""
-    return i - j
