@@ -310,7 +310,9 @@ def extend(args: argparse.Namespace) -> int:
     )
     resolve_device(args.device, allow_auto=True)
     check_out(args.out, "extend")
-    run_extend(cfg, Path(args.out), resume=args.resume, progress=not args.quiet, save=args.save)
+    run_extend(
+        cfg, Path(args.out), resume=args.resume, progress=not args.quiet, save=args.save, save_type=args.save_type
+    )
     if args.quiet:
         _wrote(args.out)
     return 0
@@ -318,6 +320,7 @@ def extend(args: argparse.Namespace) -> int:
 
 def _add_extend(sub: argparse._SubParsersAction) -> None:
     from posenc.hf.dtypes import DTYPE_CHOICES
+    from posenc.hf.gguf_write import TENSOR_TYPES
     from posenc.lab.extend.config import ExtendConfig
 
     d = ExtendConfig(model="new", task="passkey")
@@ -399,9 +402,17 @@ def _add_extend(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--save",
-        metavar="DIR",
+        metavar="DIR|FILE.gguf",
         help="also write the patched model (one --methods, one --factors) as a transformers folder: a new or empty "
-        "DIR, written before the measurements",
+        "DIR, written before the measurements (after fine-tuning); a name ending in .gguf writes a GGUF file that "
+        "llama.cpp runs with the extension (a GGUF model; none, linear, ntk, yarn, llama3, longrope)",
+    )
+    p.add_argument(
+        "--save-type",
+        choices=TENSOR_TYPES,
+        default="source",
+        help="tensor type of --save FILE.gguf: source (default) copies unchanged weights as they are and "
+        "re-quantizes fine-tuned ones to each tensor's source type; or one type for every matrix",
     )
     p.add_argument(
         "--train-len", type=A.positive_int, default=d.train_len, help="training length of a `new` model (bytes)"

@@ -195,11 +195,15 @@ def test_inspect_gguf(llama):
     ],
 )
 def test_inspect_refuses_rope_scaling_transformers_drops(tmp_path, kv, extra_tensor, message):
-    model = tiny_model("llama")
-    tensors = llama_tensors(model)
+    """A Qwen2 GGUF loads through transformers, which drops the scaling: refused. (Llama files posenc loads itself,
+    scaling included: tests/hf/test_gguf_export.py.)"""
+    model = tiny_model("qwen2")
+    tensors = llama_tensors(model, arch="qwen2")
     if extra_tensor:
         tensors[extra_tensor] = torch.ones(4).numpy()
-    path = write_gguf(tmp_path / "scaled.gguf", "llama", tensors, kv=llama_kv(model.config, **kv))
+    kv = {k.replace("llama.", "qwen2."): v for k, v in kv.items()}
+    message = message.replace("llama.", "qwen2.")
+    path = write_gguf(tmp_path / "scaled.gguf", "qwen2", tensors, kv=llama_kv(model.config, "qwen2", **kv))
     with pytest.raises(ValueError, match=message + ".*transformers' GGUF loader drops it"):
         inspect_gguf(path)
 

@@ -8,7 +8,8 @@
   ALiBi model, in place; a patched bfloat16/float16 model computes its RoPE tables and rotation in float32
   (``keep_rope_float32``, also callable on its own).
 - ``resolve_model`` / ``inspect_gguf`` / ``load_config`` / ``original_context`` / ``load_causal_lm``: pretrained
-  models from GGUF files, transformers folders or ``"smollm2"``, offline; ``save_pretrained`` writes one back.
+  models from GGUF files, transformers folders or ``"smollm2"``, offline; ``save_pretrained`` writes one back as a
+  transformers folder, ``save_gguf`` as a GGUF file llama.cpp runs with its RoPE scaling (``posenc.hf.gguf_rope``).
 
 Only torch is imported here; transformers is imported lazily, when a model is patched.
 """
@@ -16,6 +17,7 @@ Only torch is imported here; transformers is imported lazily, when a model is pa
 from posenc.hf._rope_patch import CacheStaleWarning
 from posenc.hf.alibi import ALIBI_MODEL_TYPES, alibi_config_from_hf, alibi_config_to_hf
 from posenc.hf.extend import METHOD_OPTIONS, METHODS, REMAP_METHODS, extend_context
+from posenc.hf.gguf_write import save_gguf
 from posenc.hf.load import ModelSource, inspect_gguf, load_causal_lm, load_config, original_context, resolve_model
 from posenc.hf.rope_float32 import keep_rope_float32
 from posenc.hf.rotary import rotary_config_from_hf, rotary_config_to_hf
@@ -42,6 +44,7 @@ __all__ = [
     "resolve_model",
     "rotary_config_from_hf",
     "rotary_config_to_hf",
+    "save_gguf",
     "save_pretrained",
     "supported_model_types",
 ]

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from posenc._checks import fail
+from posenc.hf import gguf_rope
 from posenc.hf.gguf_header import GGUFHeader
 
 #: (GGUF key under the architecture, config key) as in transformers' GGUF_CONFIG_MAPPING["llama"].
@@ -58,8 +59,31 @@ def handles(header: GGUFHeader) -> bool:
     )
 
 
+def rope_tensors(header: GGUFHeader) -> dict[str, tuple[float, ...]]:
+    """The file's RoPE factor tensors (``rope_freqs``, LongRoPE's ``rope_factors_long/short``) as float values.
+
+    Raises:
+        ValueError: naming the tensor, when one is not a float32 vector (llama.cpp reads them as such).
+    """
+    out = {}
+    with header.path.open("rb") as f:
+        for t in header.tensors:
+            if t.name in gguf_rope.ROPE_TENSORS:
+                if t.ggml_type != 0 or len(t.shape) != 1:
+                    fail(t.name, f"type {t.ggml_type}, shape {t.shape}", f"an F32 vector in {header.path}")
+                f.seek(t.offset)
+                out[t.name] = tuple(np.frombuffer(f.read(t.n_bytes), dtype=header.byte_order + "f4").tolist())
+    return out
+
+
+def rope_config(header: GGUFHeader) -> tuple[dict[str, Any], int, bool]:
+    """``(rope_parameters, max_position_embeddings, exact)`` of the file (``posenc.hf.gguf_rope.from_gguf``)."""
+    return gguf_rope.from_gguf(header.metadata, rope_tensors(header), arch="llama", path=str(header.path))
+
+
 def llama_config(header: GGUFHeader) -> Any:
-    """The ``LlamaConfig`` transformers builds for this file (no weights read)."""
+    """The ``LlamaConfig`` for this file (no weights read): what transformers builds, plus the RoPE scaling the file
+    carries for llama.cpp (``posenc.hf.gguf_rope.from_gguf``), which transformers' GGUF loader drops."""
     from transformers import LlamaConfig
 
     meta = header.metadata
@@ -72,7 +96,12 @@ def llama_config(header: GGUFHeader) -> Any:
             kwargs[name] = meta[f"tokenizer.ggml.{key}"]
     if "vocab_size" not in kwargs and "tokenizer.ggml.tokens" in meta:  # as transformers: the vocabulary's size
         kwargs["vocab_size"] = meta["tokenizer.ggml.tokens"].count
-    return LlamaConfig(**kwargs)
+    config = LlamaConfig(**kwargs)
+    params, context, _ = rope_config(header)
+    if params.get("rope_type", "default") != "default" or params["rope_theta"] != config.rope_parameters["rope_theta"]:
+        config.rope_parameters = params  # an unscaled file keeps exactly the config transformers builds
+        config.max_position_embeddings = context
+    return config
 
 
 def _unpermute(w: torch.Tensor, heads: int) -> torch.Tensor:
@@ -83,6 +112,16 @@ def _unpermute(w: torch.Tensor, heads: int) -> torch.Tensor:
     """
     rows = w.shape[0]
     return w.reshape(heads, rows // heads // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
+
+
+def permute(w: torch.Tensor, heads: int) -> torch.Tensor:
+    """llama.cpp's ``permute`` (the inverse of ``_unpermute``): each head's rows from the half layout to pairs.
+
+    Shapes:
+        w (heads * D, hidden) -> same; within a head, row ``j * D/2 + i`` moves to ``2i + j``.
+    """
+    rows = w.shape[0]
+    return w.reshape(heads, 2, rows // heads // 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
 
 
 def _dequantize(buf: mmap.mmap, tensor: Any) -> torch.Tensor:
@@ -118,12 +157,13 @@ def state_dict(header: GGUFHeader, config: Any) -> dict[str, torch.Tensor]:
         gguf_name = names.get_name(base)
         if gguf_name is not None:
             to_hf[f"{gguf_name}.{suffix}"] = hf_name
-    unknown = [t.name for t in header.tensors if t.name not in to_hf]
+    weights = [t for t in header.tensors if t.name not in gguf_rope.ROPE_TENSORS]  # RoPE factors: in the config
+    unknown = [t.name for t in weights if t.name not in to_hf]
     if unknown:
         fail("path", str(header.path), f"a Llama GGUF whose tensors all map to LlamaForCausalLM (not {unknown[:5]})")
     out = {}
     with header.path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-        for tensor in header.tensors:
+        for tensor in weights:
             w = _dequantize(buf, tensor)
             if ".attn_q." in tensor.name:
                 w = _unpermute(w, config.num_attention_heads)

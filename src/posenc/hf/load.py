@@ -176,9 +176,17 @@ def _check_gguf(header: GGUFHeader) -> None:
     context = header.arch_value("context_length")
     if isinstance(context, bool) or not isinstance(context, int) or context <= 0:
         fail(f"{arch}.context_length", context, f"a positive integer in the header of {path}")
+    from posenc.hf import gguf_llama
+
+    if gguf_llama.handles(header):  # posenc's own loader reads the scaling llama.cpp runs (posenc.hf.gguf_rope)
+        from posenc.hf import gguf_rope
+
+        rope = gguf_rope.read_gguf(header.metadata, gguf_llama.rope_tensors(header), arch=arch, path=str(path))
+        gguf_rope.to_hf(rope)  # a scaling type or factor tensor llama.cpp would not read is refused here
+        return
     dropped = (
         f"a GGUF without RoPE scaling: transformers' GGUF loader drops it, so the loaded model would not be the one "
-        f"the file describes (file {path})"
+        f"the file describes (posenc reads it only for Llama files with a byte-level BPE vocabulary; file {path})"
     )
     if header.arch_value("rope.scaling.type") not in (None, "none"):
         fail(f"{arch}.rope.scaling.type", header.arch_value("rope.scaling.type"), dropped)

