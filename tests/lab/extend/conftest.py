@@ -20,6 +20,16 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
+@pytest.fixture(autouse=True)
+def _auto_means_float32(monkeypatch):
+    """``--dtype auto`` means float32 here whatever this CPU has: studies compare their numbers with float32
+    recomputations, and on a CPU with AVX512-BF16 or AMX auto would pick bfloat16. Tests of that choice name the
+    units they pretend to have (``_cpu_caps`` in ``test_study_real.py``), which replaces this."""
+    caps = {**torch.cpu.get_capabilities(), "avx512_bf16": False, "amx_bf16": False, "amx_fp16": False,
+            "avx512_fp16": False}  # fmt: skip
+    monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: caps)
+
+
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> Path:
     """Eight small Python files (~40 kB): held-out and training text for tiny studies."""

@@ -396,8 +396,13 @@ def test_save_needs_a_new_folder_and_a_pretrained_rope_model(llama_folder, corpu
 def test_save_gguf_needs_a_gguf_a_method_llamacpp_runs_and_a_new_file(llama_gguf, llama_folder, corpus, tmp_path,
                                                                        no_weights):  # fmt: skip
     args = ["--corpus", corpus, "--device", "cpu", "--lengths", "32,96", "--factors", "2"]
+    from posenc.remapping import remap_method
+
     target = tmp_path / "x.gguf"
-    for method, message in [("dynamic", "no GGUF key records"), ("self_extend", "llama-cli --grp-attn-n G"),
+    original = inspect_gguf(llama_gguf)["context_length"]
+    rule = remap_method("self_extend", original=original, target=2 * original)  # the rule's G and W, named
+    grouped = f"llama-cli --grp-attn-n {rule.group} --grp-attn-w {rule.window}"
+    for method, message in [("dynamic", "no GGUF key records"), ("self_extend", grouped),
                             ("rerope", "llama.cpp has no rerope")]:  # fmt: skip
         expected = "expected a method llama.cpp runs from a GGUF (none, linear, ntk, yarn, llama3, longrope): "
         _refused([llama_gguf, *args, "--methods", method, "--save", target], expected, tmp_path / "out")
@@ -405,7 +410,8 @@ def test_save_gguf_needs_a_gguf_a_method_llamacpp_runs_and_a_new_file(llama_gguf
     _refused([llama_folder, *args, "--methods", "yarn", "--save", target], "a GGUF model to start from",
              tmp_path / "out")  # fmt: skip
     target.write_bytes(b"mine")
-    _refused([llama_gguf, *args, "--methods", "yarn", "--save", target], "posenc never overwrites", tmp_path / "out")
+    _refused([llama_gguf, *args, "--methods", "yarn", "--save", target], f"save='{target}' is invalid: expected a file "
+             "that does not exist yet (posenc never overwrites", tmp_path / "out")  # fmt: skip
     assert target.read_bytes() == b"mine"
     expected = "save_type='F16' is invalid: expected 'source' unless --save names a .gguf file"
     _refused([llama_gguf, *args, "--methods", "yarn", "--save", tmp_path / "dir", "--save-type", "F16"], expected,
@@ -434,7 +440,6 @@ def test_the_plan_is_printed_and_every_planned_forward_is_counted(llama_folder, 
         return studies[-1]
 
     monkeypatch.setattr(plan, "StudyProgress", capture)
-    _cpu_caps(monkeypatch)  # auto means float32 on any CPU
     cfg = _tiny_cfg(llama_folder, corpus, depths=(0.0, 1.0))
     run_extend(cfg, tmp_path / "out", progress=True)
     said = capsys.readouterr().out

@@ -148,18 +148,27 @@ def _check_save_gguf(save: str | Path, cfg: ExtendConfig, target: Any) -> Path:
 
     method = cfg.methods[0]
     if method not in GGUF_METHODS:
+        grouped = "--grp-attn-n G --grp-attn-w W"
+        if method == "self_extend" and target.original_len:
+            from posenc.remapping import remap_method
+
+            original = target.original_len
+            rule = remap_method(method, original=original, target=round(original * cfg.factors[0]))
+            grouped = f"--grp-attn-n {rule.group} --grp-attn-w {rule.window}"
         instead = {
             "dynamic": "dynamic NTK changes its frequencies with the sequence length, which no GGUF key records "
             "(write ntk or yarn instead)",
-            "self_extend": "llama.cpp runs its own Self-Extend from the unpatched file: llama-cli --grp-attn-n G "
-            "--grp-attn-w W",
+            "self_extend": f"llama.cpp runs its own Self-Extend from the unpatched file: llama-cli {grouped}",
         }.get(method, f"llama.cpp has no {method}; save a transformers folder (--save DIR) instead")
         fail("save", str(save), f"a method llama.cpp runs from a GGUF ({', '.join(GGUF_METHODS)}): {instead}")
     if target.source.kind != "gguf":
         fail("save", str(save), "a GGUF model to start from (a transformers folder: --save DIR writes a folder that "
              "llama.cpp's convert_hf_to_gguf.py converts with its RoPE scaling)")  # fmt: skip
     gguf_write.check_source(target.source.path)
-    return gguf_write.check_out(save)
+    try:
+        return gguf_write.check_out(save)
+    except ValueError as err:  # the same refusal, named as the option it came from
+        fail("save", str(save), str(err).split("expected ", 1)[-1])
 
 
 #: Methods ``--save FILE.gguf`` writes (``posenc.hf.gguf_rope``: what llama.cpp runs from GGUF metadata).
