@@ -396,6 +396,26 @@ def test_resume_command_replaces_out_and_adds_resume_once():
     assert extend == "posenc extend new --task passkey --out o --resume"
 
 
+def test_resume_command_drops_save_once_the_model_was_saved(tmp_path):
+    """The model is written before the measurements: a resume with the same --save would be refused (the file
+    exists), so the command leaves it out once it exists, and keeps it while it does not."""
+    saved = tmp_path / "m.gguf"
+    argv = ["extend", "smollm2", "--save", str(saved), "--save-type", "F16", "--factors", "2"]
+    keep = f"posenc extend smollm2 --save {saved} --save-type F16 --factors 2 --out o --resume"
+    assert resume_command(argv, "o") == keep
+    saved.write_bytes(b"GGUF")
+    assert resume_command(argv, "o") == "posenc extend smollm2 --factors 2 --out o --resume"
+    assert resume_command(["extend", "smollm2", f"--save={saved}", "--save-type=F16"], "o") == (
+        "posenc extend smollm2 --out o --resume"
+    )
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    argv = ["extend", "smollm2", "--save", str(folder)]
+    assert resume_command(argv, "o") == f"posenc extend smollm2 --save {folder} --out o --resume"  # empty: kept
+    (folder / "config.json").write_text("{}")
+    assert resume_command(argv, "o") == "posenc extend smollm2 --out o --resume"
+
+
 def test_an_interruption_names_the_folder_and_the_command_that_continues(tmp_path, capsys, monkeypatch):
     from posenc.lab.length import study
 

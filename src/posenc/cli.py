@@ -573,16 +573,32 @@ RESUMABLE = ("lab", "vision", "extend")
 
 
 def resume_command(argv: Sequence[str], out: str) -> str:
-    """The command that continues ``posenc *argv`` in ``out``: its ``--out`` replaced, ``--resume`` once."""
+    """The command that continues ``posenc *argv`` in ``out``: its ``--out`` replaced, ``--resume`` once, and
+    ``--save``/``--save-type`` left out once what ``--save`` names was written (the model is saved before the
+    measurements, and a rerun would refuse to overwrite it)."""
+    drop = {"--out", "--save", "--save-type"} if _saved(argv) else {"--out"}
     kept, skip = [], False
     for token in argv:
+        name = token.split("=", 1)[0]
         if skip:
             skip = False
-        elif token == "--out":
-            skip = True
-        elif not token.startswith("--out=") and token != "--resume":
+        elif name in drop:
+            skip = "=" not in token
+        elif token != "--resume":
             kept.append(token)
     return shlex.join(["posenc", *kept, "--out", out, "--resume"])
+
+
+def _saved(argv: Sequence[str]) -> bool:
+    """Whether ``--save`` in ``argv`` names a file, or a folder with something in it."""
+    for i, token in enumerate(argv):
+        value = token.split("=", 1)[1] if token.startswith("--save=") else None
+        if token == "--save" and i + 1 < len(argv):
+            value = argv[i + 1]
+        if value is not None:
+            path = Path(value).expanduser()
+            return path.is_file() or (path.is_dir() and any(path.iterdir()))
+    return False
 
 
 def _interrupt(signum: int, frame: object) -> None:

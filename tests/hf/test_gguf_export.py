@@ -9,6 +9,7 @@ written files. (llama.cpp itself, when installed: ``test_gguf_llamacpp.py``.)
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 import pytest
@@ -155,6 +156,9 @@ def test_an_extended_model_round_trips_bit_equal(sources, tmp_path, method, opti
     out = tmp_path / "sub" / "extended.gguf"
     written = save_gguf(model, out, source=sources[weights])
     assert written["weights"] == "copied" and written["path"] == out and out.stat().st_size == written["bytes"]
+    umask = os.umask(0)
+    os.umask(umask)
+    assert out.stat().st_mode & 0o777 == 0o666 & ~umask  # as a plain open() makes it, not a private temp file
 
     # llama.cpp's view of the written file: the model's frequencies
     meta, tensors = _file_keys(out)

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +34,7 @@ import numpy as np
 import torch
 
 from posenc._checks import check_choice, fail
+from posenc._files import create_temp
 from posenc.hf import gguf_llama, gguf_rope
 
 #: Tensor types ``tensor_type`` takes (``gguf.quants`` writes each); ``"source"`` keeps each tensor's source type.
@@ -261,7 +261,7 @@ def save_gguf(
     file_type = None if tensor_type == "source" else _FILE_TYPES[tensor_type]
     metadata = _metadata(reader, rope, gguf_rope.record(model.config), file_type)
     out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent)
+    fd, tmp_name = create_temp(out)  # the mode a plain open() gives (mkstemp's 0600 would make the model private)
     os.close(fd)
     tmp = Path(tmp_name)
     try:
