@@ -241,22 +241,19 @@ def to_gguf(config: Any) -> GGUFRope:
 
 
 def _llama3_divisors(params: Mapping[str, Any], d: int) -> tuple[float, ...]:
-    """Llama 3.1's scaling as divisors of each plain frequency, as llama.cpp's converter writes ``rope_freqs``: 1 for
-    wavelengths under ``original / high_freq_factor``, ``factor`` over ``original / low_freq_factor``, and
-    ``1 / ((1 - s) / factor + s)`` between, ``s = (original / wavelength - low) / (high - low)``."""
-    factor, original = float(params["factor"]), float(params["original_max_position_embeddings"])
-    low, high = float(params.get("low_freq_factor", 1.0)), float(params.get("high_freq_factor", 4.0))
-    out = []
-    for i in range(0, d, 2):
-        wavelength = 2 * math.pi * float(params["rope_theta"]) ** (i / d)
-        if wavelength < original / high:
-            out.append(1.0)
-        elif wavelength > original / low:
-            out.append(factor)
-        else:
-            s = (original / wavelength - low) / (high - low)
-            out.append(1.0 / ((1 - s) / factor + s))
-    return tuple(out)
+    """Llama 3.1's scaling as ``rope_freqs``, the divisor of each plain frequency (llama.cpp's converter writes the
+    same): plain over ``posenc.functional.llama3_frequencies``, both in that function's float32 (1 where it leaves a
+    frequency as it is, ``factor`` where it divides, the blend between)."""
+    from posenc.functional.rope_scaling import llama3_frequencies
+
+    base = float(params["rope_theta"])
+    scaled, _ = llama3_frequencies(
+        d, base=base, factor=float(params["factor"]), low_freq_factor=float(params.get("low_freq_factor", 1.0)),
+        high_freq_factor=float(params.get("high_freq_factor", 4.0)),
+        original_max_position_embeddings=int(params["original_max_position_embeddings"]),
+    )  # fmt: skip
+    plain = 1.0 / (base ** (torch.arange(0, d, 2).float() / d))  # (d/2,) the same float32 pow as llama3_frequencies
+    return tuple((plain.double() / scaled.double()).tolist())
 
 
 def check_same(config: Any, rope: GGUFRope) -> None:

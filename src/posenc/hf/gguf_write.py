@@ -80,15 +80,16 @@ def check_source(source: str | os.PathLike) -> Any:
     return header
 
 
-def check_out(path: str | os.PathLike) -> Path:
-    """``path`` as the file to write: a ``.gguf`` name that does not exist yet (its folder is created)."""
+def check_out(path: str | os.PathLike, name: str = "path") -> Path:
+    """``path`` as the file to write: a ``.gguf`` name that does not exist yet (its folder is created). Refusals name
+    the parameter ``name`` (the CLI's ``save``)."""
     out = Path(path).expanduser()
     if out.suffix.lower() != ".gguf":
-        fail("path", str(path), "a file name ending in .gguf")
+        fail(name, str(path), "a file name ending in .gguf")
     if out.exists() or out.is_symlink():
-        fail("path", str(path), "a file that does not exist yet (posenc never overwrites files)")
+        fail(name, str(path), "a file that does not exist yet (posenc never overwrites files)")
     if out.parent.exists() and not out.parent.is_dir():
-        fail("path", str(path), f"a file in a folder ({out.parent} is a file)")
+        fail(name, str(path), f"a file in a folder ({out.parent} is a file)")
     return out
 
 

@@ -165,10 +165,7 @@ def _check_save_gguf(save: str | Path, cfg: ExtendConfig, target: Any) -> Path:
         fail("save", str(save), "a GGUF model to start from (a transformers folder: --save DIR writes a folder that "
              "llama.cpp's convert_hf_to_gguf.py converts with its RoPE scaling)")  # fmt: skip
     gguf_write.check_source(target.source.path)
-    try:
-        return gguf_write.check_out(save)
-    except ValueError as err:  # the same refusal, named as the option it came from
-        fail("save", str(save), str(err).split("expected ", 1)[-1])
+    return gguf_write.check_out(save, name="save")
 
 
 #: Methods ``--save FILE.gguf`` writes (``posenc.hf.gguf_rope``: what llama.cpp runs from GGUF metadata).
