@@ -21,8 +21,14 @@ def check_positive_int(name: str, value: object) -> int:
 
 
 def check_number(name: str, value: object, *, minimum: float | None = None, above: float | None = None) -> float:
-    """A finite real number, optionally ``>= minimum`` or ``> above``."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    """A finite real number, optionally ``>= minimum`` or ``> above``.
+
+    Traceable: under ``torch.compile`` a Python number the caller passes per call (``seq_len``, ``scale``) turns
+    symbolic once it changes between calls (dynamo's automatic dynamic shapes, kept per code object across
+    compilations), and ``math.isfinite`` on a symbolic number breaks the graph. Comparisons become guards instead
+    (NaN fails both; a symbolic ``inf`` is not caught: its value is unknown while tracing).
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not -math.inf < value < math.inf:
         fail(name, value, "a finite number")
     if minimum is not None and value < minimum:
         fail(name, value, f"a number >= {minimum}")

@@ -365,7 +365,8 @@ def _add_extend(sub: argparse._SubParsersAction) -> None:
         type=A.names,
         default=("plain",),
         help="comma-separated, one fine-tuned model each: plain (0..W-1), pose (PoSE's skipped chunks), random "
-        "(sorted random positions up to the target); pose and random need --finetune-window; default plain",
+        "(sorted random positions up to the target); pose and random need --finetune-window and a model that "
+        "reads position ids (not BLOOM or MPT); default plain",
     )
     p.add_argument(
         "--finetune-corpus", help="text file or folder to fine-tune on (default: the training split of --corpus)"

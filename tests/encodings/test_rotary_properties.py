@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 import posenc
 from posenc import RotaryEmbedding, apply_rotary, rope_frequencies
 from reference.rope_float64 import rotate_float64
+from tolerances import rotated_softmax_atol
 
 LAYOUTS = ("half", "interleaved")
 PARTIALS = (1.0, 0.5)
@@ -565,6 +566,35 @@ class TestCompile:
             positions = torch.arange(start, start + 12)
             torch.testing.assert_close(compiled(q, k, positions), emb(q, k, positions))
         assert counter.frame_count == 1  # one graph, no recompile for new position values
+
+    @pytest.mark.parametrize("order", [LENGTH_DEPENDENT, LENGTH_DEPENDENT[::-1]], ids="-then-".join)
+    @pytest.mark.parametrize("kind", [int, float])
+    def test_fullgraph_after_another_length_dependent_compile(self, order, kind):
+        """Two length-dependent scalings compiled one after the other in one process, through one function (one
+        code object), as ``torch.compile(fn, fullgraph=True)`` with its default ``dynamic=None``. Dynamo keeps
+        per-code-object state across compilations: the second compile sees that the Python ``seq_len`` changed
+        since the first and traces it as a symbolic number. Checking it with ``math.isfinite`` broke that graph
+        ("torch.* op returned non-Tensor"), whichever scaling came second."""
+        torch._dynamo.reset()  # the scenario starts from a fresh process's dynamo state, whatever ran before
+
+        def step(q, k, v, encoding, seq_len):
+            return posenc.attention(q, k, v, encoding=encoding, seq_len=seq_len, backend="eager")
+
+        q, k, v = (randn((1, 2, 12, 16), seed, torch.float32) for seed in range(3))
+        # The first scaling runs at one length, the second at others, within and past both original lengths (16):
+        # each scaling's output moves by 2e-2 and more between them, so a length baked into a graph fails too.
+        for name, lengths in zip(order, [(20,), (28, 12, 36)], strict=True):
+            enc = build(name, 16)
+            # Both sides are float32 computations of the same rotated attention (positions 0..11), each within the
+            # bound of the exact one; the attention factor multiplies cos and sin, so the logits by its square.
+            atol = 2 * rotated_softmax_atol(
+                q, k, v, torch.float32, max_position=11, logit_factor=enc.attention_factor**2
+            )
+            compiled = torch.compile(step, backend="eager", fullgraph=True)
+            for seq_len in map(kind, lengths):
+                torch.testing.assert_close(
+                    compiled(q, k, v, enc, seq_len), step(q, k, v, enc, seq_len), rtol=0, atol=atol
+                )
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -10,11 +10,13 @@ import json
 
 import pytest
 import torch
+import transformers
 from torch.testing import assert_close
 
 import posenc.hf._remap_patch as remap_patch
 from hf.tiny import ORIGINAL, tiny_model
-from posenc.hf import extend_context, save_pretrained
+from hf.tiny_gguf import write_llama
+from posenc.hf import ServedOnlyWarning, extend_context, save_gguf, save_pretrained
 from posenc.hf._remap_patch import REMAP_MODEL_TYPES
 from posenc.remapping import METHODS, DualChunk, ReRoPE, SelfExtend
 from reference import remapping as ref
@@ -23,9 +25,9 @@ KINDS = [k for k in REMAP_MODEL_TYPES]
 _OVERRIDES = {"mistral": {"sliding_window": None}, "qwen2": {"use_sliding_window": False}}
 
 
-def model_of(kind, dtype=torch.float32):
+def model_of(kind, dtype=torch.float32, **overrides):
     torch.manual_seed(0)
-    return tiny_model(kind, **_OVERRIDES.get(kind, {})).to(dtype)
+    return tiny_model(kind, **{**_OVERRIDES.get(kind, {}), **overrides}).to(dtype)
 
 
 def ids(n, seed=1):
@@ -55,13 +57,32 @@ def test_every_architecture_inside_the_window_is_the_unpatched_model(kind):
 def _reference_attention(method):
     """An attention function that runs ``method``'s written-out float64 reference on the layer's q, k, v."""
 
-    def run(q, k, v, *, method, encoding, q_positions, k_positions, key_mask, scale):
-        assert key_mask is None and int(k_positions[0, 0]) == 0
+    def run(q, k, v, *, method, encoding, q_positions, k_positions, mask, seq_len, scale):
+        assert mask is None and torch.equal(k_positions[0], torch.arange(k.shape[2]))
+        assert torch.equal(seq_len, torch.full_like(seq_len, k.shape[2]))
         inv = encoding.inv_freq
         if isinstance(method, SelfExtend):
             return ref.self_extend(q, k, v, inv, window=method.window, group=method.group)
+        if isinstance(method, DualChunk) and method.name == "dca_vllm":
+            return ref.dual_chunk_vllm(
+                q,
+                k,
+                v,
+                inv,
+                chunk_size=method.chunk_size,
+                local_size=method.local_window,
+                original_max_position_embeddings=method.original_max_position_embeddings,
+            )
         if isinstance(method, DualChunk):
-            return ref.dual_chunk(q, k, v, inv, chunk_size=method.chunk_size, local_window=method.local_window)
+            return ref.dual_chunk(
+                q,
+                k,
+                v,
+                inv,
+                chunk_size=method.chunk_size,
+                local_window=method.local_window,
+                pretraining_length=method.original_max_position_embeddings,
+            )
         if isinstance(method, ReRoPE):
             return ref.rerope(
                 q, k, v, inv, window=method.window, training_length=method.log_scale_length, leak=method.leak
@@ -83,22 +104,125 @@ def test_each_method_through_the_model_equals_its_reference(name, monkeypatch):
     assert_close(fast, logits(model, x).to(fast.dtype), atol=1e-9, rtol=0)
 
 
+@pytest.mark.parametrize("layers", [1, 2])
 @pytest.mark.parametrize("name", sorted(METHODS))
-def test_generation_with_the_cache_equals_the_full_forward(name):
-    """Greedy generation (KV cache of un-rotated keys, one query per step) picks the tokens the full forward
-    ranks first at every step, and its step logits equal the full forward's rows."""
-    model = model_of("llama", torch.float64)
+def test_generation_with_the_cache_equals_the_full_forward_of_each_prefix(name, layers):
+    """Greedy generation (KV cache of un-rotated keys and their recorded positions, one query per step) picks the
+    tokens the full forward of each prefix ranks first, and each step's logits equal that forward's last row. DCA's
+    factor follows the length: its attention at each step is the prefix's, but in a deeper layer the cached keys and
+    values were computed (from the layer below) at the length of the step that wrote them, as in ChunkLlama and
+    vLLM -- only a forward without the cache recomputes them -- so DCA is exact with one layer and checked there."""
+    if layers > 1 and name.startswith("dca"):
+        pytest.skip("a length factor: cached hidden states of deeper layers keep the length they were written at")
+    model = model_of("llama", torch.float64, num_hidden_layers=layers)
     extend_context(model, name, 2.0)
     prompt = ids(40, seed=2)
     with torch.no_grad():
         out = model.generate(
             prompt, max_new_tokens=12, do_sample=False, pad_token_id=0, output_logits=True, return_dict_in_generate=True
         )
-    full = logits(model, out.sequences)
     steps = torch.stack(out.logits, dim=1).double()  # (1, 12, V); generate returns them in float32
-    expected = full[:, 39:-1]
+    expected = torch.stack([logits(model, out.sequences[:, :n])[:, -1] for n in range(40, 52)], dim=1)
     assert_close(steps, expected, atol=4 * torch.finfo(torch.float32).eps * float(expected.abs().max()), rtol=0)
-    assert torch.equal(out.sequences[0, 40:], full[0, 39:-1].argmax(-1))
+    assert torch.equal(out.sequences[0, 40:], expected[0].argmax(-1))
+
+
+def _f64_tol(expected):
+    """float64 through a 2-layer model: a few hundred roundings of the logits' magnitude."""
+    return 512 * torch.finfo(torch.float64).eps * float(expected.abs().max())
+
+
+@pytest.mark.parametrize("name", sorted(METHODS))
+def test_explicit_positions_equal_the_implied_ones(name):
+    model = model_of("llama", torch.float64)
+    extend_context(model, name, 2.0)
+    x = ids(50, seed=3)
+    with torch.no_grad():
+        given = model(input_ids=x, position_ids=torch.arange(50)[None], use_cache=False).logits
+    implied = logits(model, x)
+    assert_close(given, implied, atol=_f64_tol(implied), rtol=0)
+
+
+@pytest.mark.parametrize("name", sorted(METHODS))
+def test_a_packed_row_equals_each_document_alone(name):
+    """Two documents of 40 and 44 tokens (past the original 32) in one row, positions restarting: transformers
+    builds the block-diagonal mask from the position resets and the patch rotates at the given positions, so each
+    document (its length factor included) equals itself run alone."""
+    model = model_of("llama", torch.float64)
+    extend_context(model, name, 2.0)
+    a, b = ids(40, seed=4), ids(44, seed=5)
+    positions = torch.cat([torch.arange(40), torch.arange(44)])[None]
+    with torch.no_grad():
+        packed = model(input_ids=torch.cat([a, b], dim=1), position_ids=positions, use_cache=False).logits
+    for part, alone in ((packed[:, :40], logits(model, a)), (packed[:, 40:], logits(model, b))):
+        assert_close(part, alone, atol=_f64_tol(alone), rtol=0)
+
+
+@pytest.mark.parametrize("name", sorted(METHODS))
+def test_a_left_padded_row_equals_the_prompt_alone(name):
+    """A plain forward with an attention_mask and no position_ids (as in scoring): the positions are derived from
+    the mask as generate derives them, and the padding is masked, so the padded row equals the prompt alone."""
+    model = model_of("llama", torch.float64)
+    extend_context(model, name, 2.0)
+    long, short = ids(50, seed=6), ids(37, seed=7)
+    batch = torch.cat([long, torch.cat([torch.zeros(1, 13, dtype=torch.long), short], dim=1)])
+    mask = torch.ones_like(batch)
+    mask[1, :13] = 0
+    with torch.no_grad():
+        out = model(input_ids=batch, attention_mask=mask, use_cache=False).logits
+    for row, alone in ((out[0:1], logits(model, long)), (out[1:2, 13:], logits(model, short))):
+        assert_close(row, alone, atol=_f64_tol(alone), rtol=0)
+
+
+@pytest.mark.parametrize("name", sorted(METHODS))
+def test_left_padded_generation_equals_each_prompt_alone(name):
+    model = model_of("llama", torch.float64)  # both rows cache at their own lengths: equal for every method
+    extend_context(model, name, 2.0)
+    long, short = ids(45, seed=8), ids(34, seed=9)
+    batch = torch.cat([long, torch.cat([torch.zeros(1, 11, dtype=torch.long), short], dim=1)])
+    mask = torch.ones_like(batch)
+    mask[1, :11] = 0
+    settings = dict(max_new_tokens=8, do_sample=False, pad_token_id=0, output_logits=True, return_dict_in_generate=True)
+    with torch.no_grad():
+        both = model.generate(batch, attention_mask=mask, **settings)
+        alone = [model.generate(x, **settings) for x in (long, short)]
+    for row, single in enumerate(alone):
+        steps = torch.stack(both.logits, dim=1)[row].double()
+        expected = torch.stack(single.logits, dim=1)[0].double()
+        assert_close(steps, expected, atol=4 * torch.finfo(torch.float32).eps * float(expected.abs().max()), rtol=0)
+        assert torch.equal(both.sequences[row, -8:], single.sequences[0, -8:])
+
+
+@pytest.mark.parametrize("name", sorted(METHODS))
+def test_a_decode_loop_with_explicit_positions_and_a_cache(name):
+    """Chunked prefill then single tokens, positions passed by hand and a DynamicCache: each call's last row equals
+    the full forward of the prefix so far."""
+    from transformers import DynamicCache
+
+    model = model_of("llama", torch.float64, num_hidden_layers=1 if name.startswith("dca") else 2)  # see above
+    extend_context(model, name, 2.0)
+    x = ids(52, seed=10)
+    cache = DynamicCache(config=model.config)
+    bounds = [0, 20, 41, *range(42, 53)]
+    with torch.no_grad():
+        for lo, hi in zip(bounds, bounds[1:], strict=False):
+            step = model(input_ids=x[:, lo:hi], position_ids=torch.arange(lo, hi)[None], cache=cache, use_cache=True)
+            expected = logits(model, x[:, :hi])[:, -1]
+            assert_close(step.logits[:, -1], expected, atol=_f64_tol(expected), rtol=0)
+
+
+@pytest.mark.parametrize("name", sorted(METHODS))
+def test_a_cache_the_patched_model_did_not_fill_is_refused(name):
+    from transformers import DynamicCache
+
+    model = model_of("llama", torch.float64)
+    x = ids(30, seed=11)
+    cache = DynamicCache(config=model.config)
+    with torch.no_grad():
+        model(input_ids=x[:, :20], cache=cache, use_cache=True)  # filled before the patch: rotated keys
+    extend_context(model, name, 2.0)
+    with pytest.raises(ValueError, match="cache"), torch.no_grad():
+        model(input_ids=x[:, 20:], cache=cache, use_cache=True)
 
 
 def test_a_frequency_scaling_first_then_remapping_composes():
@@ -120,27 +244,106 @@ def test_meta_model_patches_without_weights():
     with torch.device("meta"):
         model = model_of("llama")
     description = extend_context(model, "dca", 2.0)
-    assert description["parameters"] == {"chunk_size": 24, "local_window": 2}
+    assert description["parameters"] == {
+        "chunk_size": 24,
+        "local_window": 4,
+        "original_max_position_embeddings": ORIGINAL,
+        "mscale": 0.05,
+    }
     assert description["max_position_embeddings"] == {"old": ORIGINAL, "new": 2 * ORIGINAL}
 
 
-def test_dca_saves_its_config_block_and_the_others_are_refused(tmp_path):
+def test_dca_vllm_on_qwen_saves_its_config_block_and_warns_that_transformers_ignores_it(tmp_path):
     model = model_of("qwen2")
-    extend_context(model, "dca", 2.0)
-    save_pretrained(model, None, tmp_path / "dca")
+    extend_context(model, "dca_vllm", 2.0)
+    with pytest.warns(ServedOnlyWarning, match="transformers ignores"):
+        save_pretrained(model, None, tmp_path / "dca")
     config = json.loads((tmp_path / "dca" / "config.json").read_text())
     assert config["dual_chunk_attention_config"] == {
         "chunk_size": 24,
-        "local_size": 2,
+        "local_size": 4,
         "original_max_position_embeddings": ORIGINAL,
     }
     assert config["max_position_embeddings"] == 2 * ORIGINAL
     assert model.config._attn_implementation == "posenc_remap"  # the caller's model keeps running DCA
-    other = model_of("llama")
-    extend_context(other, "self_extend", 2.0, window=8)
-    with pytest.raises(ValueError, match=r"extend_context\(model, 'self_extend', 2, window=8\)"):
-        save_pretrained(other, None, tmp_path / "se")
-    assert not (tmp_path / "se").exists()
+    x = ids(50)  # past the original 32: DCA differs from the plain model there
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "dca").double().eval()
+    plain = logits(model_of("qwen2", torch.float64), x)
+    tol = 64 * 50 * torch.finfo(torch.float32).eps * float(plain.abs().max())  # float32 RoPE tables (see above)
+    assert_close(logits(reloaded, x), plain, atol=tol, rtol=0)  # transformers runs the unextended model
+    assert float((logits(model, x).double() - plain).abs().max()) > 3 * tol  # (a tiny random model: small)
+
+
+def _patched(kind, name):
+    model = model_of(kind)
+    extend_context(model, name, 2.0)
+    return model
+
+
+@pytest.mark.parametrize("name", sorted(METHODS))
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_every_save_path_after_every_method_runs_what_was_measured_or_refuses(name, kind, tmp_path):
+    """posenc.hf.save_pretrained writes only dca_vllm on Qwen2/Qwen3 (what vLLM/SGLang run as measured) and refuses
+    the rest naming why and the call that re-applies the method; the model's own save_pretrained (which would reload
+    as the unextended model claiming 2x its context) and save_gguf refuse every method; nothing is written."""
+    model = _patched(kind, name)
+    served = name == "dca_vllm" and kind == "qwen2"
+    if served:
+        with pytest.warns(ServedOnlyWarning):
+            save_pretrained(model, None, tmp_path / "posenc")
+    else:
+        why = "0.05 ln" if name == "dca" else ("qwen2" if name == "dca_vllm" else f"no serving format records {name}")
+        with pytest.raises(ValueError, match=rf"(?s){why}.*extend_context\(model, '{name}', 2\)"):
+            save_pretrained(model, None, tmp_path / "posenc")
+        assert not (tmp_path / "posenc").exists()
+    with pytest.raises(ValueError, match="model.save_pretrained writes no record"):
+        model.save_pretrained(tmp_path / "plain")
+    assert not (tmp_path / "plain").exists()
+    if kind == "llama":  # GGUF export takes Llama models
+        source = write_llama(tmp_path / "source.gguf", model_of("llama"))
+        with pytest.raises(ValueError, match="GGUF"):
+            save_gguf(model, tmp_path / "m.gguf", source=source)
+        assert not (tmp_path / "m.gguf").exists()
+
+
+@pytest.mark.parametrize("name", sorted(METHODS))
+@pytest.mark.parametrize("implementation", ["sdpa", "eager"])
+def test_another_attention_implementation_is_refused(name, implementation):
+    model = _patched("llama", name)
+    with pytest.raises(ValueError, match="attn_implementation"):
+        model.set_attn_implementation(implementation)
+    assert model.config._attn_implementation == "posenc_remap"
+
+
+@pytest.mark.parametrize("name", sorted(METHODS))
+def test_a_frequency_method_then_a_remapping_method_grows_the_context_again(name):
+    """YaRN x2 then a remapping method x2: the remapping method is derived for the YaRN model's context (64 -> 128),
+    so the model reaches 4x its pretraining length (the rule of every second call)."""
+    model = model_of("llama")
+    extend_context(model, "yarn", 2.0)
+    description = extend_context(model, name, 2.0)
+    assert description["original_max_position_embeddings"] == 2 * ORIGINAL
+    assert model.config.max_position_embeddings == 4 * ORIGINAL
+    assert model._posenc_remap.method.reach(2 * ORIGINAL) >= 4 * ORIGINAL
+
+
+@pytest.mark.parametrize("scaling", ["dynamic", "longrope"])
+@pytest.mark.parametrize("name", sorted(METHODS))
+@pytest.mark.parametrize("length", [10, 50])
+def test_a_length_dependent_scaling_then_any_remapping_method_runs_short_and_long_inputs(scaling, name, length):
+    """dynamic x2 / LongRoPE then a remapping method: 10 tokens (inside the original 32: once refused because the
+    length check read a remapped query position) and 50; each equals the same call with explicit positions, and
+    the 10-token input equals the model with the remapping method's own frequencies at that length."""
+    model = model_of("llama", torch.float64)
+    options = {"long_factor": [1.0 + 0.5 * i for i in range(4)]} if scaling == "longrope" else {}
+    extend_context(model, scaling, 2.0, **options)
+    extend_context(model, name, 2.0)
+    x = ids(length, seed=12)
+    implied = logits(model, x)
+    assert torch.isfinite(implied).all()
+    with torch.no_grad():
+        given = model(input_ids=x, position_ids=torch.arange(length)[None], use_cache=False).logits
+    assert_close(given, implied, atol=_f64_tol(implied), rtol=0)
 
 
 @pytest.mark.parametrize(

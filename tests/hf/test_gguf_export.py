@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 
 import numpy as np
 import pytest
@@ -299,6 +300,10 @@ def test_bad_paths_sources_and_types(sources, tmp_path):
     _refused(tmp_path, lambda: save_gguf(model, mine, source=sources["f32"]), "posenc never overwrites files")
     assert mine.read_bytes() == b"mine"
     _refused(tmp_path, lambda: save_gguf(model, tmp_path / "x.bin", source=sources["f32"]), "ending in .gguf")
+    folder_like = f"{tmp_path / 'x' / 'sub.gguf'}/"  # Path() would drop the slash and write the file x/sub.gguf
+    _refused(tmp_path, lambda: save_gguf(model, folder_like, source=sources["f32"]),
+             rf"^path='{re.escape(folder_like)}' is invalid: expected a file path \(it ends with '/', which names a "
+             r"folder\)$")  # fmt: skip
     _refused(tmp_path, lambda: save_gguf(model, tmp_path / "x.gguf", source=sources["f32"], tensor_type="Q4_K"),
              "tensor_type='Q4_K' is invalid")  # fmt: skip
     folder = tmp_path / "hf"

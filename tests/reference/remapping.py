@@ -7,10 +7,17 @@ any logit factor; then one softmax per query. Sources:
 - Self-Extend: ``datamllab/LongLM`` ``self_extend_patch/Llama.py`` -- neighbour positions where ``i - j <
   group_size_2`` (the window), else the key at ``j // group_size_1`` and the query at ``i // group_size_1 +
   group_size_2 - group_size_2 // group_size_1``.
-- Dual Chunk Attention: ``HKUNLP/ChunkLlama`` ``chunkllama_attn_replace.py`` -- ``chunk_len = chunk_size -
-  local_window``; tables ``q_t = arange(chunk_len)``, ``qc_t = (q_t + chunk_len).clamp(max=chunk_size)``, ``k_t =
-  arange % chunk_len``; keys at ``k_t[j]``; the query's own chunk with ``q_t[i % chunk_len]``, the previous chunk
-  with ``qc_t[i % chunk_len]``, earlier chunks with ``qc_t[chunk_len - 1]``.
+- Dual Chunk Attention: ``HKUNLP/ChunkLlama`` ``chunkllama_attn_replace.py`` (commit 847ae71, 2024-06-09, its
+  latest) -- ``chunk_len = chunk_size - local_window``; tables ``q_t = arange(chunk_len)``, ``qc_t = (q_t +
+  chunk_len).clamp(max=chunk_size)``, ``k_t = arange % chunk_len``; keys at ``k_t[j]``; the query's own chunk with
+  ``q_t[i % chunk_len]``, the previous chunk with ``qc_t[i % chunk_len]``, earlier chunks with ``qc_t[chunk_len -
+  1]``; every cos/sin table (queries and keys) times ``get_mscale(kv_seq_len / L)`` (``0.05 ln(scale) + 1`` for
+  ``scale > 1``, else 1), ``L`` the model's ``max_position_embeddings``.
+- Dual Chunk Attention as vLLM serves it: ``vllm-project/vllm`` ``vllm/attention/backends/dual_chunk_flash_attn.py``
+  (``DualChunkFlashAttentionMetadata.scaling_factor = (0.1 * log(orig_seq_len / original_max_position_embeddings) +
+  1).clip(min=1)``; the keys ``mul_(scaling_factor)`` before the cache, ``softmax_scale * scaling_factor`` in the
+  prefill) with ``vllm/model_executor/layers/rotary_embedding/dual_chunk_rope.py`` (the same ``q``/``qc``/``k``
+  tables as ChunkLlama; ``query_inter`` at ``qc[chunk_len - 1]``).
 - ReRoPE / Leaky ReRoPE: ``bojone/rerope`` -- queries times ``max(1, log(i + 1) / log(L))``; ``i - j < window``:
   normal positions; else ReRoPE the query at ``window`` and the key un-rotated, Leaky ReRoPE the query at
   ``window + (i - window) / k`` and the key at ``j / k``.
@@ -75,20 +82,46 @@ def self_extend(q, k, v, inv_freq, *, window, group, **rope):
     return _attend(q, k, v, pair, inv_freq, **rope)
 
 
-def dual_chunk(q, k, v, inv_freq, *, chunk_size, local_window, **rope):
+def _chunk_positions(chunk_size, local_window):
     chunk_len = chunk_size - local_window
     q_t = list(range(chunk_len))
     qc_t = [min(p + chunk_len, chunk_size) for p in q_t]
 
-    def pair(i, j):
+    def positions(i, j):
         ci, cj = i // chunk_len, j // chunk_len
         if ci == cj:
-            return q_t[i % chunk_len], j % chunk_len, 1.0
+            return q_t[i % chunk_len], j % chunk_len
         if cj == ci - 1:
-            return qc_t[i % chunk_len], j % chunk_len, 1.0
-        return qc_t[chunk_len - 1], j % chunk_len, 1.0
+            return qc_t[i % chunk_len], j % chunk_len
+        return qc_t[chunk_len - 1], j % chunk_len
 
-    return _attend(q, k, v, pair, inv_freq, **rope)
+    return positions
+
+
+def dual_chunk(q, k, v, inv_freq, *, chunk_size, local_window, pretraining_length=None, seq_len=None, **rope):
+    """ChunkLlama; ``pretraining_length=None``: no ``get_mscale`` (the code before 2024-04-25). ``seq_len``: the
+    reference's ``kv_seq_len``, default the number of keys."""
+    positions = _chunk_positions(chunk_size, local_window)
+    mscale = 1.0
+    if pretraining_length is not None:
+        scale = (k.shape[2] if seq_len is None else seq_len) / pretraining_length
+        mscale = 1.0 if scale <= 1 else 0.05 * math.log(scale) + 1.0
+    # mscale multiplies the query's and the key's cos/sin tables: the logit gets it twice.
+    return _attend(q, k, v, lambda i, j: (*positions(i, j), mscale * mscale), inv_freq, **rope)
+
+
+def dual_chunk_vllm(
+    q, k, v, inv_freq, *, chunk_size, local_size, original_max_position_embeddings, seq_len=None, **rope
+):
+    """vLLM's dual-chunk attention without sparse attention: keys and the softmax scale times ``scaling_factor``."""
+    positions = _chunk_positions(chunk_size, local_size)
+    orig_seq_len = k.shape[2] if seq_len is None else seq_len
+    scaling_factor = max(1.0, 0.1 * math.log(orig_seq_len / original_max_position_embeddings) + 1.0)
+    k = k * scaling_factor
+    d = q.shape[-1]
+    scale = rope.pop("scale", None)
+    scale = (d**-0.5 if scale is None else scale) * scaling_factor
+    return _attend(q, k, v, lambda i, j: (*positions(i, j), 1.0), inv_freq, scale=scale, **rope)
 
 
 def rerope(q, k, v, inv_freq, *, window, training_length, leak=None, **rope):

@@ -13,7 +13,17 @@ from hypothesis import strategies as st
 from torch.testing import assert_close
 
 import posenc
-from posenc.remapping import METHODS, DualChunk, LMInfinite, ReRoPE, SelfExtend, remap_attention, remap_method
+from posenc.remapping import (
+    CHUNKLLAMA_MSCALE,
+    METHODS,
+    VLLM_MSCALE,
+    DualChunk,
+    LMInfinite,
+    ReRoPE,
+    SelfExtend,
+    remap_attention,
+    remap_method,
+)
 from reference import remapping as ref
 from tolerances import rotated_softmax_atol
 
@@ -36,8 +46,22 @@ def reference(method, q, k, v, enc, layout="half"):
     rot = dict(inv_freq=enc.inv_freq, layout=layout)
     if isinstance(method, SelfExtend):
         return ref.self_extend(q, k, v, window=method.window, group=method.group, **rot)
+    if isinstance(method, DualChunk) and method.mscale == VLLM_MSCALE:
+        return ref.dual_chunk_vllm(
+            q,
+            k,
+            v,
+            chunk_size=method.chunk_size,
+            local_size=method.local_window,
+            original_max_position_embeddings=method.original_max_position_embeddings,
+            **rot,
+        )
     if isinstance(method, DualChunk):
-        return ref.dual_chunk(q, k, v, chunk_size=method.chunk_size, local_window=method.local_window, **rot)
+        assert method.mscale in (0, CHUNKLLAMA_MSCALE)
+        original = method.original_max_position_embeddings if method.mscale else None
+        return ref.dual_chunk(
+            q, k, v, chunk_size=method.chunk_size, local_window=method.local_window, pretraining_length=original, **rot
+        )
     if isinstance(method, ReRoPE):
         return ref.rerope(
             q, k, v, window=method.window, training_length=method.log_scale_length, leak=method.leak, **rot
@@ -48,13 +72,16 @@ def reference(method, q, k, v, enc, layout="half"):
 def logit_factor(method, s):
     if isinstance(method, ReRoPE) and method.log_scale_length:
         return max(1.0, math.log(s) / math.log(method.log_scale_length))
+    if isinstance(method, DualChunk) and method.mscale:
+        return float(method.logit_factor(torch.tensor(float(s))))
     return 1.0
 
 
 CASES = [
     SelfExtend(window=6, group=3),
-    DualChunk(chunk_size=9, local_window=3),
-    DualChunk(chunk_size=7, local_window=1),
+    DualChunk(chunk_size=9, local_window=3, original_max_position_embeddings=12),  # ChunkLlama: m(S)^2 past 12
+    DualChunk(chunk_size=9, local_window=2, original_max_position_embeddings=10, mscale=VLLM_MSCALE),  # vLLM
+    DualChunk(chunk_size=7, local_window=1, mscale=0),  # no factor
     ReRoPE(window=5, log_scale_length=12),
     ReRoPE(window=4, leak=3.0, log_scale_length=16),
     ReRoPE(window=7),
@@ -113,7 +140,7 @@ def test_inside_the_window_every_method_is_plain_rope_attention(method):
     "method",
     [
         SelfExtend(window=3, group=1),
-        DualChunk(chunk_size=60, local_window=10),
+        DualChunk(chunk_size=60, local_window=10, original_max_position_embeddings=60),  # S <= L: factor 1
         ReRoPE(window=50),
         LMInfinite(window=50, global_tokens=4),
     ],
@@ -130,11 +157,16 @@ def test_no_op_settings_equal_plain_rope(method):
 
 @pytest.mark.parametrize("method", CASES, ids=repr)
 def test_decode_one_token_at_a_time_equals_the_full_forward(method):
+    """Each step (one query, the keys so far) equals the last row of the full forward over its prefix; for a method
+    without a length factor that is also the full forward's row."""
     q, k, v = qkv(1, 4, 2, 30, 8, seed=7)
     enc = rope(8)
     full = remap_attention(q, k, v, method=method, encoding=enc)
     tol = rotated_softmax_atol(q, k, v, torch.float64, max_position=30, logit_factor=logit_factor(method, 30))
     for t in range(20, 31):
+        prefix = remap_attention(q[:, :, :t], k[:, :, :t], v[:, :, :t], method=method, encoding=enc)[:, :, -1:]
+        if not (isinstance(method, DualChunk) and method.mscale):
+            assert_close(prefix, full[:, :, t - 1 : t], atol=tol, rtol=0)
         step = remap_attention(
             q[:, :, t - 1 : t],
             k[:, :, :t],
@@ -144,7 +176,7 @@ def test_decode_one_token_at_a_time_equals_the_full_forward(method):
             q_positions=torch.tensor([t - 1]),
             k_positions=torch.arange(t),
         )
-        assert_close(step, full[:, :, t - 1 : t], atol=tol, rtol=0)
+        assert_close(step, prefix, atol=tol, rtol=0)
 
 
 @settings(max_examples=60, deadline=None)
@@ -182,7 +214,13 @@ def test_regions_are_disjoint_and_cover_the_causal_past(name, original, factor, 
     [
         ("self_extend", 8192, 16384, SelfExtend(window=2048, group=3)),
         ("self_extend", 4096, 16384, SelfExtend(window=1024, group=5)),
-        ("dca", 8192, 16384, DualChunk(chunk_size=6144, local_window=512)),
+        ("dca", 8192, 16384, DualChunk(chunk_size=6144, local_window=1024, original_max_position_embeddings=8192)),
+        (
+            "dca_vllm",
+            8192,
+            16384,
+            DualChunk(chunk_size=6144, local_window=1024, original_max_position_embeddings=8192, mscale=0.1),
+        ),
         ("rerope", 8192, 16384, ReRoPE(window=1024, log_scale_length=8192)),
         ("leaky_rerope", 8192, 16384, ReRoPE(window=1024, leak=2.15, log_scale_length=8192)),
         ("lm_infinite", 8192, 16384, LMInfinite(window=8192, global_tokens=10)),

@@ -229,6 +229,23 @@ class RotaryEmbedding(FrequencyModule):
         cos, sin = self.cos_sin(positions, seq_len=seq_len, dtype=table_dtype(x.dtype))
         return self._apply_tables(x, cos, sin, batched=cos.dim() == 3)
 
+    def rotate_mapped(
+        self, x: torch.Tensor, positions: torch.Tensor, *, seq_len: int | float | torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Rotate ``x (B, H, S, D)`` at ``positions`` a remapping method derived from the sequence positions
+        (Self-Extend's grouped positions, LM-Infinite's distance cap...), with the frequencies of the sequence's length
+        ``seq_len`` (a number, a 0-d tensor or one per position; ``dynamic``/``longrope`` only). Unlike
+        ``rotate_one``, ``seq_len`` is not checked against these positions (a mapped position may exceed the
+        length); the caller checks it against the sequence positions (``posenc.remapping.remap_attention`` does)."""
+        if x.shape[-1] != self.config.head_dim:
+            fail("x.shape[-1]", x.shape[-1], f"head_dim = {self.config.head_dim}")
+        check_positions(positions, x)
+        check_position_values(positions, x)
+        cos, sin = self.cos_sin(
+            positions, seq_len=seq_len if self.depends_on_length else None, dtype=table_dtype(x.dtype)
+        )
+        return self._apply_tables(x, cos, sin, batched=cos.dim() == 3)
+
     def rotate(
         self,
         q: torch.Tensor,

@@ -21,7 +21,7 @@ from posenc.hf.gguf_write import save_gguf
 from posenc.hf.load import ModelSource, inspect_gguf, load_causal_lm, load_config, original_context, resolve_model
 from posenc.hf.rope_float32 import keep_rope_float32
 from posenc.hf.rotary import rotary_config_from_hf, rotary_config_to_hf
-from posenc.hf.save import save_pretrained
+from posenc.hf.save import ServedOnlyWarning, save_pretrained
 from posenc.hf.setup import ROPE_MODEL_TYPES, positional_setup, supported_model_types
 
 __all__ = [
@@ -32,6 +32,7 @@ __all__ = [
     "ModelSource",
     "REMAP_METHODS",
     "ROPE_MODEL_TYPES",
+    "ServedOnlyWarning",
     "alibi_config_from_hf",
     "alibi_config_to_hf",
     "extend_context",

@@ -81,8 +81,13 @@ def check_source(source: str | os.PathLike) -> Any:
 
 
 def check_out(path: str | os.PathLike, name: str = "path") -> Path:
-    """``path`` as the file to write: a ``.gguf`` name that does not exist yet (its folder is created). Refusals name
-    the parameter ``name`` (the CLI's ``save``)."""
+    """``path`` as the file to write: a ``.gguf`` name that does not exist yet (its folder is created), not ending in
+    a path separator (``Path`` drops it: ``x/sub.gguf/`` would write the file ``x/sub.gguf``). Refusals name the
+    parameter ``name`` (the CLI's ``save``)."""
+    text = os.fspath(path)
+    separators = tuple(s for s in (os.sep, os.altsep) if s)
+    if isinstance(text, str) and text.endswith(separators):
+        fail(name, text, f"a file path (it ends with {text[-1]!r}, which names a folder)")
     out = Path(path).expanduser()
     if out.suffix.lower() != ".gguf":
         fail(name, str(path), "a file name ending in .gguf")
@@ -109,8 +114,11 @@ def check_model(model: torch.nn.Module) -> Any:
                 f"llama.cpp has no {method.name}; save a transformers folder and re-apply it after loading with "
                 f"posenc.hf.extend_context(model, {method.name!r}, {remap.factor:g})"
             )
-            if method.name == "dca":
-                instead += " (vLLM and SGLang read DCA from a transformers folder's dual_chunk_attention_config)"
+            if method.name.startswith("dca"):
+                instead += (
+                    " (vLLM and SGLang run DCA in their form, dca_vllm, from a Qwen2/Qwen3 transformers folder's "
+                    "dual_chunk_attention_config)"
+                )
         fail("model", f"patched with {method.name}", f"a model whose RoPE a GGUF records: {instead}")
     config = getattr(model, "config", None)
     if getattr(config, "model_type", None) != "llama":
@@ -231,7 +239,8 @@ def save_gguf(
         model: a ``LlamaForCausalLM`` loaded from ``source`` (``posenc.hf.load_causal_lm``), extended with a method
             llama.cpp can express (``linear``, ``ntk``, ``yarn``, ``llama3``, ``longrope``, or none) and possibly
             fine-tuned.
-        path: the new ``.gguf`` file; it must not exist (its folder is created).
+        path: the new ``.gguf`` file; it must not exist (its folder is created) and names a file, not a folder (no
+            trailing ``/``).
         source: the Llama GGUF the model was loaded from (file, folder holding one, or ``"smollm2"``).
         tensor_type: ``"source"`` (unchanged weights copied as they are, changed ones re-quantized to each tensor's
             source type) or one of ``TENSOR_TYPES`` to write every 2-D weight in.
@@ -241,10 +250,10 @@ def save_gguf(
         ``rope`` (the ``GGUFRope`` written) and ``bytes``.
 
     Raises:
-        ValueError: before anything is written: an existing ``path``, a ``source`` that is not a Llama GGUF posenc
-            writes (or not the model's: another architecture), a model patched with a method llama.cpp cannot run
-            (naming what it would need instead: e.g. llama-cli's ``--grp-attn-n/--grp-attn-w`` for Self-Extend), an
-            unknown ``tensor_type`` or one ``gguf`` cannot produce for a tensor.
+        ValueError: before anything is written: an existing ``path`` or one ending in ``/``, a ``source`` that is
+            not a Llama GGUF posenc writes (or not the model's: another architecture), a model patched with a method
+            llama.cpp cannot run (naming what it would need instead: e.g. llama-cli's ``--grp-attn-n/--grp-attn-w``
+            for Self-Extend), an unknown ``tensor_type`` or one ``gguf`` cannot produce for a tensor.
     """
     import gguf
 

@@ -1,8 +1,12 @@
 """``save_pretrained``: write a (context-extended) transformers model and its tokenizer as a transformers folder.
 
-The folder loads back with ``AutoModelForCausalLM.from_pretrained(out_dir)`` and carries the extension in its
-``config.json`` (``rope_parameters``, ``max_position_embeddings``), so anything that reads transformers folders runs
-the extended model. Two things the plain ``model.save_pretrained`` gets in the way of:
+A frequency method's folder loads back with ``AutoModelForCausalLM.from_pretrained(out_dir)`` and carries the
+extension in its ``config.json`` (``rope_parameters``, ``max_position_embeddings``), so anything that reads
+transformers folders runs the extended model. Remapping methods have no such key: Dual Chunk Attention in vLLM's
+form (``dca_vllm``) on Qwen2/Qwen3 is written as ``dual_chunk_attention_config``, which vLLM and SGLang run as posenc
+measured it and transformers ignores (a ``ServedOnlyWarning`` says so); every other remapping method (ChunkLlama's
+DCA included, which those engines would run with another logit factor) is refused, naming the call that re-applies
+it after loading. Two things the plain ``model.save_pretrained`` gets in the way of:
 
 - a model transformers loaded from GGUF keeps ``config.quantization_config`` and ``model.hf_quantizer``, and refuses
   to save although its weights are plain floats; both are dropped on a copy, the caller's model keeps them;
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -40,29 +45,66 @@ def _copy_for_saving(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Mod
     return clone
 
 
+#: Architectures whose ``dual_chunk_attention_config`` vLLM and SGLang read (their Qwen2/Qwen3 model files pass it
+#: to a dual-chunk RoPE and attention backend; Llama, Mistral, Phi-3, GPT-NeoX and Gemma ignore it), among those the
+#: remapping patch handles. transformers reads it for none.
+DCA_SERVED_MODEL_TYPES = ("qwen2", "qwen3")
+
+
+class ServedOnlyWarning(UserWarning):
+    """A saved folder runs its extension in serving engines only: transformers loads it as the unextended model."""
+
+
+def remap_save_problem(config: Any, method: Any, encoding: Any = None) -> str | None:
+    """Why no saved config runs ``method`` (a ``RemapMethod``, or its name) as posenc measures it, or None when
+    vLLM and SGLang do: Dual Chunk Attention in their form (``dca_vllm``: logits times ``max(1, 0.1 ln(S/L) +
+    1)**2``) on an architecture whose ``dual_chunk_attention_config`` they read, over plain RoPE (their dual-chunk
+    RoPE reads only the base)."""
+    name = method if isinstance(method, str) else method.name
+    kind = getattr(config, "model_type", None) if not isinstance(config, str) else config
+    if name == "dca":
+        return (
+            "vLLM and SGLang scale DCA's logits by max(1, 0.1 ln(S/L) + 1)^2, ChunkLlama's form (this model) by "
+            "max(1, 0.05 ln(S/L) + 1)^2: extend with 'dca_vllm' to measure what they serve"
+        )
+    if name != "dca_vllm":
+        return f"no serving format records {name}"
+    if kind not in DCA_SERVED_MODEL_TYPES:
+        return (
+            f"vLLM and SGLang read dual_chunk_attention_config for {list(DCA_SERVED_MODEL_TYPES)} only, not "
+            f"{kind!r} (and transformers for none)"
+        )
+    scaling = getattr(getattr(encoding, "config", None), "scaling", None)
+    if scaling is not None:
+        return (
+            "vLLM's dual-chunk RoPE rotates with the plain base and ignores rope_parameters, so the "
+            f"{scaling.rope_type} scaling under DCA would be dropped"
+        )
+    return None
+
+
 def remap_config(model: torch.nn.Module) -> dict[str, int] | None:
-    """The config block that records a model's remapping method: Dual Chunk Attention's
-    ``dual_chunk_attention_config`` (the keys vLLM and SGLang read for Qwen2.5-1M: ``chunk_size``, ``local_size``,
-    ``original_max_position_embeddings``); None for a model without one. Any other remapping method raises: no
-    format people serve from records it, so the error names the call that re-applies it."""
+    """The config block that records a model's remapping method: Dual Chunk Attention in vLLM's form as
+    ``dual_chunk_attention_config`` (the keys vLLM and SGLang read for Qwen2/Qwen3, as Qwen2.5-1M ships it:
+    ``chunk_size``, ``local_size``, ``original_max_position_embeddings``); None for a model without one. Anything
+    else raises, naming why (``remap_save_problem``) and the call that re-applies the method after loading."""
     remap = getattr(model, "_posenc_remap", None)
     if remap is None:
         return None
-    method, original = remap.method, remap.original
-    if method.name == "dca":
+    method = remap.method
+    problem = remap_save_problem(model.config, method, remap.encoding)
+    if problem is None:
         return {
             "chunk_size": method.chunk_size,
             "local_size": method.local_window,
-            "original_max_position_embeddings": original,
+            "original_max_position_embeddings": method.original_max_position_embeddings,
         }
-    options = ", ".join(f"{k}={v!r}" for k, v in remap.options.items())
     fail(
         "model",
         f"patched with {method.name} ({method!r})",
-        "a model whose extension a config records (frequency methods, or 'dca'); no serving format records "
-        f"{method.name}: save the model without it and re-apply it after loading with "
-        f"posenc.hf.extend_context(model, {method.name!r}, {remap.factor:g}"
-        f"{', ' + options if options else ''})",
+        f"a model whose extension a saved config runs as posenc measures it (frequency methods; 'dca_vllm' on "
+        f"{list(DCA_SERVED_MODEL_TYPES)}): {problem}. Save the model as loaded and re-apply it after loading with "
+        f"{remap.call()}",
     )
     raise AssertionError  # unreachable
 
@@ -88,8 +130,8 @@ def save_pretrained(
 
     Raises:
         ValueError: ``out_dir`` is a file or a non-empty folder (posenc never overwrites files), ``model`` is not a
-            transformers model, an unknown ``dtype``, or a model patched with a remapping method other than Dual
-            Chunk Attention (written as ``dual_chunk_attention_config``; the others have no config format).
+            transformers model, an unknown ``dtype``, or a model patched with a remapping method no saved config
+            runs as measured (``remap_save_problem``).
     """
     from posenc.hf.load import as_dtype
 
@@ -101,9 +143,20 @@ def save_pretrained(
     target = model.dtype if dtype is None else as_dtype(dtype)
     remap = remap_config(model)  # refuses a remapping method no config format records, before anything is written
     clone = _copy_for_saving(model, target)
+    if getattr(clone, "_posenc_remap", None) is not None:
+        from posenc.hf._remap_patch import remove_remap
+
+        remove_remap(clone)  # the copy saves as the model it is; the block below is what serving engines run
     if remap is not None:
         clone.config.dual_chunk_attention_config = remap
-        clone.set_attn_implementation("sdpa")  # the loader's own attention reads the block (vLLM, SGLang)
+        warnings.warn(
+            f"{out}: vLLM and SGLang run this folder with Dual Chunk Attention (dual_chunk_attention_config, as "
+            "posenc measured it); transformers ignores that key and loads it as the unextended model with "
+            f"max_position_embeddings {clone.config.max_position_embeddings}: re-apply it after loading with "
+            f"{model._posenc_remap.call()}",
+            ServedOnlyWarning,
+            stacklevel=2,
+        )
     out.mkdir(parents=True, exist_ok=True)
     clone.save_pretrained(out)
     if tokenizer is not None:

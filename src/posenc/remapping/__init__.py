@@ -1,5 +1,5 @@
-"""Training-free context extension by remapping positions: Self-Extend, Dual Chunk Attention, ReRoPE (and Leaky
-ReRoPE), LM-Infinite.
+"""Training-free context extension by remapping positions: Self-Extend, Dual Chunk Attention (ChunkLlama's form, and
+vLLM's as ``dca_vllm``), ReRoPE (and Leaky ReRoPE), LM-Infinite.
 
 Each method is a frozen description of its branches (``Branch``: a query position map, a key position map, a
 region of (query, key) pairs); ``remap_attention`` runs any of them with one exact softmax and memory linear in the
@@ -13,7 +13,7 @@ from typing import Any
 
 from posenc._checks import check_choice, check_positive_int, fail
 from posenc.remapping._branch import Branch, RemapMethod
-from posenc.remapping.dual_chunk import DualChunk
+from posenc.remapping.dual_chunk import CHUNKLLAMA_MSCALE, VLLM_MSCALE, DualChunk
 from posenc.remapping.lm_infinite import LMInfinite
 from posenc.remapping.operator import remap_attention
 from posenc.remapping.rerope import ReRoPE
@@ -22,7 +22,8 @@ from posenc.remapping.self_extend import SelfExtend
 #: name -> (class, the options ``remap_method`` takes for it)
 METHODS: dict[str, tuple[type, tuple[str, ...]]] = {
     "self_extend": (SelfExtend, ("window", "group")),
-    "dca": (DualChunk, ("chunk_size", "local_window")),
+    "dca": (DualChunk, ("chunk_size", "local_window", "mscale")),
+    "dca_vllm": (DualChunk, ("chunk_size", "local_window")),
     "rerope": (ReRoPE, ("window", "log_scale")),
     "leaky_rerope": (ReRoPE, ("window", "leak", "log_scale")),
     "lm_infinite": (LMInfinite, ("window", "global_tokens")),
@@ -43,10 +44,13 @@ def remap_method(name: str, *, original: int, target: int, **options: Any) -> Re
             fail(key, value, f"one of the options {list(allowed)} of {name!r} (or none)")
     if name == "leaky_rerope":
         options = {"leak": "auto", **options}
+    if name == "dca_vllm":
+        options = {**options, "mscale": VLLM_MSCALE}
     return cls.for_target(original, target, **options)
 
 
 __all__ = [
+    "CHUNKLLAMA_MSCALE",
     "METHODS",
     "Branch",
     "DualChunk",
@@ -54,6 +58,7 @@ __all__ = [
     "ReRoPE",
     "RemapMethod",
     "SelfExtend",
+    "VLLM_MSCALE",
     "remap_attention",
     "remap_method",
 ]

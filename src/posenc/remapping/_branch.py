@@ -4,7 +4,8 @@ A *remapping* method (Self-Extend, Dual Chunk Attention, ReRoPE, LM-Infinite) ke
 which positions a query and a key are rotated at, depending on where the pair lies. It is described by its
 ``branches()``: for a query at position ``i`` and a key at position ``j <= i``, exactly one branch (or none: the
 pair is masked) scores the pair, as ``q_i`` rotated at ``branch.query(i)`` dotted with ``k_j`` rotated at
-``branch.key(j)``, times ``branch.query_scale(i)`` where the method scales logits. One softmax runs over every
+``branch.key(j)``, times ``branch.query_scale(i)`` where the method scales logits and ``logit_factor(S)`` where it
+scales them by the sequence's length ``S``. One softmax runs over every
 scored pair of a query. ``posenc.remapping.remap_attention`` executes any such description without an L x L matrix.
 
 Shapes:
@@ -77,3 +78,8 @@ class RemapMethod(DictConfig):
 
     def limiting_parameter(self) -> tuple[str, object]:  # pragma: no cover
         raise NotImplementedError
+
+    def logit_factor(self, length: torch.Tensor) -> torch.Tensor | None:
+        """A factor on every logit of a query, from the length ``S`` of its sequence (Dual Chunk Attention's
+        ``m(S)**2``); None where the method has none. ``length``: float64, any shape -> the same shape."""
+        return None

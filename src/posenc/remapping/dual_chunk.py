@@ -5,11 +5,28 @@ The sequence is cut into chunks of ``c = chunk_size - local_window`` tokens; eve
 within its chunk, ``j mod c``. The query's position depends on where the key is: the same chunk (*intra*:
 ``i mod c``), the previous chunk (*successive*: ``min(i mod c + c, chunk_size)``, so neighbours across the boundary
 keep their order and distance up to ``chunk_size``), any earlier chunk (*inter*: the constant
-``min(2c - 1, chunk_size)``). No distance exceeds ``chunk_size``, so the reach is unlimited; the defaults are the
-reference's ``chunk_size = 3L/4``, ``local_window = L/16`` for pretraining length ``L``.
-Reference implementation: ``HKUNLP/ChunkLlama`` (``chunkllama_attn_replace.py``: ``ChunkLlamaRotaryEmbedding``
-``q_t``/``qc_t``/``k_t`` tables and the three flash-attention calls merged by log-sum-exp), which vLLM's
-``DualChunkRotaryEmbedding`` follows; checked in ``tests/reference/remapping.py``.
+``min(2c - 1, chunk_size)``). No distance exceeds ``chunk_size``, so the reach is unlimited.
+
+Past the pretraining length ``L`` every logit is multiplied by ``m(S)**2``, ``m(S) = max(1, mscale * ln(S / L) + 1)``
+for a sequence of ``S`` tokens (the number of keys, as the reference counts them: a query of a KV-cache step sees
+the length so far, so decoding equals the full forward of each prefix):
+
+- ``mscale=0.05``, ``local_window = L // 8``: ``HKUNLP/ChunkLlama``'s current code (``chunkllama_attn_replace.py`` at
+  847ae71, 2024-06-09: ``replace_with_chunkllama`` sets ``chunk_size = L * 3 // 4`` and ``local_window = L // 8``;
+  ``ChunkLlamaRotaryEmbedding`` multiplies the cos/sin tables of queries and keys by ``get_mscale(S / L)``). The
+  default. Its ``ppl/test_ppl.py`` passes ``local_window = L // 4``.
+- ``mscale=0.1`` (method name ``dca_vllm``): vLLM's and SGLang's dual-chunk attention, which a
+  ``dual_chunk_attention_config`` switches on (``dual_chunk_flash_attn.py``: keys and the softmax scale each times
+  ``clip(0.1 * ln(S / L) + 1, min=1)``). What a saved DCA model is served with.
+- ``mscale=0``, ``local_window = L // 16``: the paper's equations without the factor, as ChunkLlama before
+  2024-04-25 and its ``chunkqwen_attn_replace.py`` (posenc's DCA before this factor).
+
+The reference keeps its tables for the longest length it has seen in the process (a shorter input after a longer
+one keeps the longer one's factor) and rotates cached keys with the factor of the step that wrote them; vLLM also
+scales each key once, when written. posenc computes the factor from the current length for every key (its cache
+holds un-rotated keys), so prefill equals both and each decoding step equals the full forward of its prefix;
+vLLM's decoding differs from that by at most ``0.1 * ln((S + n) / S)`` in the factor of keys written ``n`` steps
+earlier. Reference implementation: checked in ``tests/reference/remapping.py`` (``dual_chunk``, ``dual_chunk_vllm``).
 """
 
 from __future__ import annotations
@@ -19,34 +36,67 @@ from dataclasses import dataclass
 
 import torch
 
-from posenc._checks import check_positive_int, fail
+from posenc._checks import check_number, check_positive_int, fail
 from posenc.remapping._branch import Branch, RemapMethod
+
+#: ``get_mscale``'s coefficient in ChunkLlama's current code.
+CHUNKLLAMA_MSCALE = 0.05
+#: The coefficient of vLLM's and SGLang's dual-chunk attention (``scaling_factor``).
+VLLM_MSCALE = 0.1
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class DualChunk(RemapMethod):
-    """Dual Chunk Attention with ``chunk_size`` and ``local_window`` (vLLM/SGLang: ``chunk_size``, ``local_size``)."""
+    """Dual Chunk Attention with ``chunk_size`` and ``local_window`` (vLLM/SGLang: ``chunk_size``, ``local_size``),
+    and the logit factor ``max(1, mscale * ln(S / L) + 1) ** 2`` past ``L = original_max_position_embeddings``
+    (``mscale=0``: none, and ``L`` may be None)."""
 
     chunk_size: int
     local_window: int
-    name = "dca"
+    original_max_position_embeddings: int | None = None
+    mscale: float = CHUNKLLAMA_MSCALE
 
     def __post_init__(self) -> None:
         check_positive_int("chunk_size", self.chunk_size)
         check_positive_int("local_window", self.local_window)
         if self.local_window >= self.chunk_size:
             fail("local_window", self.local_window, f"less than chunk_size = {self.chunk_size}")
+        object.__setattr__(self, "mscale", check_number("mscale", self.mscale, minimum=0.0))
+        if self.original_max_position_embeddings is not None:
+            check_positive_int("original_max_position_embeddings", self.original_max_position_embeddings)
+        elif self.mscale > 0:
+            fail(
+                "original_max_position_embeddings",
+                None,
+                f"the pretraining length L of the logit factor max(1, {self.mscale:g} ln(S/L) + 1)^2, or mscale=0 "
+                "for no factor",
+            )
 
     @classmethod
-    def for_target(cls, original: int, target: int, *, chunk_size: int | None = None, local_window: int | None = None):  # noqa: ANN206
-        """The reference's rule (``replace_with_chunkllama``): ``chunk_size = 3L // 4``, ``local_window = L // 16``."""
+    def for_target(
+        cls,
+        original: int,
+        target: int,
+        *,
+        chunk_size: int | None = None,
+        local_window: int | None = None,
+        mscale: float = CHUNKLLAMA_MSCALE,
+    ):  # noqa: ANN206
+        """The reference's rule (``replace_with_chunkllama``): ``chunk_size = 3L // 4``, ``local_window = L // 8``,
+        the factor over ``L = original``."""
         chunk_size = original * 3 // 4 if chunk_size is None else chunk_size
-        local_window = max(1, original // 16) if local_window is None else local_window
-        method = cls(chunk_size=chunk_size, local_window=local_window)
+        local_window = max(1, original // 8) if local_window is None else local_window
+        method = cls(
+            chunk_size=chunk_size, local_window=local_window, original_max_position_embeddings=original, mscale=mscale
+        )
         if method.chunk_size >= original:
             fail("chunk_size", chunk_size, f"less than the pretraining length {original} (no distance exceeds it)")
         method.check_target(original, target)
         return method
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return "dca_vllm" if self.mscale == VLLM_MSCALE else "dca"
 
     @property
     def chunk_len(self) -> int:
@@ -57,6 +107,13 @@ class DualChunk(RemapMethod):
 
     def limiting_parameter(self) -> tuple[str, object]:
         return "chunk_size", self.chunk_size
+
+    def logit_factor(self, length: torch.Tensor) -> torch.Tensor | None:
+        """``max(1, mscale * ln(S / L) + 1) ** 2`` for lengths ``S`` (float64); None without a factor."""
+        if self.mscale == 0:
+            return None
+        m = (self.mscale * torch.log(length.double() / self.original_max_position_embeddings) + 1).clamp_min(1.0)
+        return m * m
 
     def branches(self) -> tuple[Branch, ...]:
         c, size = self.chunk_len, self.chunk_size

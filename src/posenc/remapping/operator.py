@@ -15,7 +15,8 @@ indices), so KV-cache decoding, chunked prefill and packed rows are "pass the ri
 
 Shapes:
     q (B, H, S, D), k (B, Hkv, T, D), v (B, Hkv, T, Dv), Hkv dividing H; positions (S,)/(B, S) and (T,)/(B, T);
-    document_ids (T,)/(B, T); key_mask (B, T) bool -> output (B, H, S, Dv) in q's dtype.
+    document_ids (T,)/(B, T); key_mask (B, T) bool; mask (S, T)/(B, S, T) bool; seq_len () or (T,)/(B, T)
+    -> output (B, H, S, Dv) in q's dtype.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import math
 import torch
 
 from posenc._checks import check_choice, check_positions, check_positive_int, check_same_device, fail
-from posenc.encodings.rotary import RotaryEmbedding
+from posenc.encodings.rotary import RotaryEmbedding, check_seq_len
 from posenc.remapping._branch import Branch, RemapMethod
 
 #: Query rows per block. Per block and branch: a ``block x span`` float32 mask (16 MiB at 16k keys), and on the
@@ -50,6 +51,7 @@ def remap_attention(
     k_positions: torch.Tensor | None = None,
     document_ids: torch.Tensor | None = None,
     key_mask: torch.Tensor | None = None,
+    mask: torch.Tensor | None = None,
     seq_len: int | float | torch.Tensor | None = None,
     scale: float | None = None,
     block: int = DEFAULT_BLOCK,
@@ -66,8 +68,14 @@ def remap_attention(
             ``arange(T)``, queries the last ``S`` of them.
         document_ids: packed rows: a document id per key; a query sees only keys of its own document.
         key_mask: ``(B, T)`` bool, False for keys no query may see (padding).
-        seq_len: the length whose frequencies a length-dependent scaling (``dynamic``, ``longrope``) uses; default
-            the largest key position + 1 (one length for every branch).
+        mask: ``(S, T)`` or ``(B|1, S, T)`` bool, False for (query, key) pairs no branch may score (e.g. the mask a
+            transformers model built: padding, packed documents); applied on top of causality.
+        seq_len: the length ``S`` of the sequence a query belongs to: the frequencies of a length-dependent scaling
+            (``dynamic``, ``longrope``) and a method's length factor (Dual Chunk Attention's ``m(S)**2``) follow it,
+            one length for every branch of a query. A number, a 0-d tensor, or one per key (``(T,)`` or
+            ``(B|1, T)``, queries taking the last ``S``). It must cover the sequence positions (``>= position + 1``;
+            the positions a branch maps to may exceed it). Default: each document's length with ``document_ids``
+            (``posenc.document_lengths``), else the largest key position + 1.
         scale: score scale, default ``1 / sqrt(D)``.
         block: query rows per block (memory ``O(block * T)``).
         backend: ``"sdpa"`` (PyTorch's fused CPU flash kernel per branch and block, CPU only), ``"eager"``
@@ -101,14 +109,16 @@ def remap_attention(
     q_pos, k_pos = _positions(q_positions, k_positions, s, t, b, q.device)
     docs = _batch_rows(document_ids, "document_ids", t, b, q.device, integer=True)
     keep = _batch_rows(key_mask, "key_mask", t, b, q.device, boolean=True)
+    pairs = _pair_mask(mask, s, t, b, q.device)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    if encoding.depends_on_length and seq_len is None:
-        seq_len = k_pos.max() + 1
+    lengths = None
+    if encoding.depends_on_length or method.logit_factor(torch.ones(())) is not None:
+        lengths = _lengths(seq_len, q_pos, k_pos, docs)
 
     backend = _backend(backend, q, v)
     work = torch.float64 if q.dtype == torch.float64 else torch.float32
     branches = method.branches()
-    rotate = _Rotations(encoding, q, k, q_pos, k_pos, seq_len, work)
+    rotate = _Rotations(encoding, method, q, k, q_pos, k_pos, lengths, work)
     rotated = [(rotate.queries(branch), rotate.keys(branch)) for branch in branches]
     v = _repeat_kv(v.to(work), h)
     offset = t - s
@@ -123,6 +133,8 @@ def remap_attention(
             allowed = allowed & (docs[:, r0 + offset : hi, None] == docs[:, None, :hi])  # (B|1, Sb, hi)
         if keep is not None:
             allowed = allowed & keep[:, None, :hi]
+        if pairs is not None:
+            allowed = allowed & pairs[:, r0:r1, :hi]
         parts = []
         for branch, (qb, kb) in zip(branches, rotated, strict=True):
             region = branch.region(i, j) & allowed  # (B|1, Sb, hi)
@@ -188,36 +200,73 @@ def _repeat_kv(x: torch.Tensor, heads: int) -> torch.Tensor:
 
 class _Rotations:
     """Each branch's rotated queries and keys in the working dtype; branches sharing a position map (DCA's three
-    key maps) share one rotation. One length for every rotation keeps q.k a function of the two positions only
-    (``dynamic``/``longrope``)."""
+    key maps) share one rotation. The frequencies of a length-dependent scaling and the method's length factor follow
+    the length of the sequence a token belongs to, the same for every branch, so q.k stays a function of the two
+    mapped positions (``dynamic``/``longrope``)."""
 
-    def __init__(self, encoding, q, k, q_pos, k_pos, seq_len, work) -> None:  # noqa: ANN001
+    def __init__(self, encoding, method, q, k, q_pos, k_pos, lengths, work) -> None:  # noqa: ANN001
         self.encoding, self.q, self.k, self.q_pos, self.k_pos, self.work = encoding, q, k, q_pos, k_pos, work
-        self.length = seq_len if encoding.depends_on_length else None
+        s = q.shape[2]
+        per_key = isinstance(lengths, torch.Tensor) and lengths.dim() > 0
+        self.q_len = lengths[..., lengths.shape[-1] - s :] if per_key else lengths
+        self.k_len = lengths
+        self.factor = None
+        if lengths is not None:
+            factor = method.logit_factor(torch.as_tensor(self.q_len, dtype=torch.float64, device=q.device))
+            if factor is not None:  # (B|1, S) or 0-d -> broadcast over heads and channels
+                self.factor = factor.reshape(-1, 1, s, 1) if factor.dim() > 0 else factor
         self.done: dict[tuple, torch.Tensor] = {}
 
-    def _rotate(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        if self.length is None:
-            return self.encoding.rotate_one(x, positions)
-        return self.encoding.rotate_one(x, positions, seq_len=self.length)
+    def _rotate(self, x: torch.Tensor, positions: torch.Tensor, length) -> torch.Tensor:  # noqa: ANN001
+        return self.encoding.rotate_mapped(x, positions, seq_len=length)
 
     def queries(self, branch: Branch) -> torch.Tensor:
-        """``(B, H, S, D)``, times the branch's per-query logit factor."""
+        """``(B, H, S, D)``, times the branch's per-query logit factor and the method's length factor."""
         key = ("q", branch.query, branch.query_scale)
         if key not in self.done:
-            rotated = self._rotate(self.q, branch.query(self.q_pos))
+            rotated = self._rotate(self.q, branch.query(self.q_pos), self.q_len).to(self.work)
             if branch.query_scale is not None:
                 rotated = rotated * branch.query_scale(self.q_pos).to(rotated.dtype)[:, None, :, None]
-            self.done[key] = rotated.to(self.work)
+            if self.factor is not None:
+                rotated = rotated * self.factor.to(rotated.dtype)
+            self.done[key] = rotated
         return self.done[key]
 
     def keys(self, branch: Branch) -> torch.Tensor:
         """``(B, H, T, D)``: key heads repeated for the query heads they serve."""
         key = ("k", branch.key)
         if key not in self.done:
-            rotated = self._rotate(self.k, branch.key(self.k_pos))
+            rotated = self._rotate(self.k, branch.key(self.k_pos), self.k_len)
             self.done[key] = _repeat_kv(rotated.to(self.work), self.q.shape[1])
         return self.done[key]
+
+
+def _lengths(
+    seq_len: int | float | torch.Tensor | None, q_pos: torch.Tensor, k_pos: torch.Tensor, docs: torch.Tensor | None
+) -> torch.Tensor:
+    """The length of the sequence each key belongs to (queries: the last ``S``), checked against the sequence
+    positions: float64, 0-d or ``(B|1, T)``."""
+    if seq_len is None:
+        if docs is not None:
+            from posenc.attention import document_lengths  # posenc.attention imports this module
+
+            return document_lengths(k_pos, docs)
+        return k_pos.max().double() + 1
+    length = check_seq_len(seq_len, k_pos, "seq_len", queries=q_pos)
+    length = torch.as_tensor(length, dtype=torch.float64, device=k_pos.device)
+    return length if length.dim() != 1 else length.unsqueeze(0)
+
+
+def _pair_mask(mask: torch.Tensor | None, s: int, t: int, b: int, device: torch.device) -> torch.Tensor | None:
+    if mask is None:
+        return None
+    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+        fail("mask", getattr(mask, "dtype", type(mask).__name__), "a torch.bool tensor (True where a pair may attend)")
+    pairs = mask if mask.dim() == 3 else mask.unsqueeze(0)
+    if pairs.dim() != 3 or pairs.shape[1:] != (s, t) or pairs.shape[0] not in (1, b):
+        fail("mask.shape", tuple(mask.shape), f"({s}, {t}) or ({b}, {s}, {t})")
+    check_same_device("mask", pairs, device, "q's device")
+    return pairs
 
 
 def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:

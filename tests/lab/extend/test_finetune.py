@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 from pathlib import Path
 
@@ -283,6 +284,127 @@ def test_pose_positions_with_a_remapping_method_are_refused_before_loading(corpu
     cfg = _hf_cfg(folder, corpus, methods=("self_extend",))
     with pytest.raises(ValueError, match=r"^finetune_positions=\['pose'\] is invalid: expected 'plain' for remapping"):
         run_extend(cfg, tmp_path / "out", progress=False)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# ALiBi: a transformers ALiBi model takes no position ids (refused); a lab ALiBi model reads them (allowed)
+
+
+def _bloom_folder(folder: Path) -> Path:
+    pytest.importorskip("transformers")
+    from hf.tiny import tiny_model
+    from lab.extend.test_passkey import byte_bpe_tokenizer
+
+    tokenizer = byte_bpe_tokenizer(folder)
+    tiny_model("bloom", vocab_size=len(tokenizer)).save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture
+def no_weights(monkeypatch):
+    """Any weight read fails the test: the refusal must come before the load."""
+    from posenc.lab.extend.targets import HFTarget
+
+    def load(self):
+        raise AssertionError("weights were loaded before the settings were refused")
+
+    monkeypatch.setattr(HFTarget, "load", load)
+
+
+ALIBI_REFUSAL = (
+    "is invalid: expected --finetune-positions plain for an ALiBi model (bloom): ALiBi models take no position ids "
+    "(their bias depends only on the token distance), so PoSE's skipped positions and random ones cannot reach them"
+)
+
+
+@pytest.mark.parametrize("kind", ["bloom", "mpt"])
+def test_transformers_alibi_models_drop_position_ids(kind):
+    """Why they are refused: the logits at PoSE's skipped positions are bit for bit those at 0..S-1 (if a
+    transformers release starts reading position_ids, this fails and the refusal must go)."""
+    pytest.importorskip("transformers")
+    from hf.tiny import logits, tiny_model
+
+    model = tiny_model(kind)
+    ids = torch.randint(0, 64, (1, 16), generator=torch.Generator().manual_seed(0))
+    skipped = torch.cat([torch.arange(8), torch.arange(40, 48)])[None]  # (1, 16)
+    assert torch.equal(logits(model, ids, position_ids=skipped), logits(model, ids))
+
+
+@pytest.mark.parametrize("positions", ["pose", "random", "plain,pose,random"])
+def test_cli_refuses_pose_and_random_for_a_transformers_alibi_model_in_one_line(
+    positions, corpus, tmp_path, capsys, no_weights
+):
+    """BLOOM accepts position_ids and drops them: a PoSE or random fine-tune would be a plain one (bit for bit)."""
+    folder = _bloom_folder(tmp_path / "bloom")
+    capsys.readouterr()  # transformers' bar while writing the folder
+    from posenc.cli import main
+
+    out = tmp_path / "out"
+    code = main([
+        "extend", str(folder), "--corpus", str(corpus), "--device", "cpu", "--original-len", "32", "--lengths",
+        "32,64", "--factors", "2", "--finetune-steps", "2", "--finetune-window", "16", "--finetune-positions",
+        positions, "--out", str(out),
+    ])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+    listed = positions.split(",")
+    assert err.startswith(f"posenc extend: finetune_positions={listed!r} {ALIBI_REFUSAL}"), err
+    assert "use plain fine-tuning" in err
+    assert not out.exists()
+
+
+def test_library_refuses_pose_and_random_for_a_transformers_alibi_model(corpus, tmp_path, no_weights):
+    folder = _bloom_folder(tmp_path / "bloom")
+    settings = dict(model=str(folder), corpus=str(corpus), original_len=32, methods=("linear",), factors=(2.0,),
+                    lengths=(32, 64), finetune_steps=2, finetune_window=16, **{**TINY, "depths": (0.5,)})  # fmt: skip
+    cfg = ExtendConfig(**settings, finetune_positions=("random",))
+    with pytest.raises(ValueError, match="^" + re.escape(f"finetune_positions=['random'] {ALIBI_REFUSAL}")):
+        run_extend(cfg, tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists()
+
+    # The target's own fine-tune (which builds the batches) refuses too, before it reads a batch or the model.
+    from posenc.lab.extend.targets import HFTarget
+
+    target = HFTarget(ExtendConfig(**settings), tmp_path / "out", "cpu", False)
+    for kind in ("pose", "random"):
+        with pytest.raises(ValueError, match=rf"^finetune_positions=\['{kind}'\] is invalid: .*ALiBi model"):
+            target.finetune(None, "linear-x2-ft2", 64, kind)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_lab_alibi_model_reads_its_positions_so_pose_stays_allowed(corpus, tmp_path, monkeypatch):
+    """A lab GPT's ALiBi bias is -m (i - j) of the positions it is given: a PoSE skip changes what it computes (a
+    shift of every position does not), so pose and random fine-tuning are meaningful there and not refused."""
+    alibi_run = _lab_run(tmp_path / "alibi", "alibi", corpus, steps=5)
+    from posenc.lab.common.train import load_model
+
+    model = load_model(alibi_run, device="cpu").eval()
+    tokens = torch.randint(0, 256, (1, 16), generator=torch.Generator().manual_seed(0))
+    plain = torch.arange(16)
+    skipped = torch.cat([torch.arange(8), torch.arange(40, 48)])  # PoSE: two chunks, the second 32 further on
+    with torch.no_grad():
+        at_plain, shifted, at_pose = (model(tokens, p) for p in (plain, plain + 100, skipped))
+    assert torch.equal(shifted, at_plain)  # distances alone matter: integer differences, the same float ops
+    assert torch.equal(at_pose[0, :8], at_plain[0, :8])  # the first chunk: the same positions, causal
+    # The second chunk's queries see the first chunk 32 further away; were positions ignored, these logits would be
+    # the plain ones bit for bit (equal distances give equal bits, as the shift shows).
+    assert not torch.equal(at_pose[0, 8:], at_plain[0, 8:])
+
+    seen: list[int] = []
+    forward = GPT.forward
+
+    def spy(self, tokens, positions=None):
+        if self.training:
+            seen.append(int(positions.max()))
+        return forward(self, tokens, positions)
+
+    monkeypatch.setattr(GPT, "forward", spy)
+    cfg = ExtendConfig(model=str(alibi_run), methods=("linear",), factors=(4.0,), lengths=(ORIGINAL, 128),
+                       corpus=str(corpus), finetune_steps=1, finetune_window=16, finetune_positions=("pose",),
+                       **{**TINY, "trials": 1, "depths": (0.5,)})  # fmt: skip
+    rows = run_extend(cfg, tmp_path / "out", progress=False)
+    assert {r["finetune_positions"] for r in rows if r["finetune_steps"]} == {"pose"}
+    assert seen and max(seen) >= 16  # the fine-tune's positions went past its 16-byte window
 
 
 def test_a_study_written_before_finetune_positions_existed_resumes(rope_run, corpus, tmp_path):

@@ -83,6 +83,45 @@ def test_missing_lm_eval_prints_the_pip_command_before_any_model_work(tmp_path, 
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("saved", [True, False])
+def test_report_names_the_folder_save_wrote_in_its_lm_eval_commands(saved, corpus, tmp_path, monkeypatch):
+    """With ``--save DIR`` the report's ``lm_eval`` commands load that folder (they said ``pretrained=DIR``, a
+    placeholder, even then); without one they keep the placeholder. lm-eval itself is stubbed out: the documents
+    and scores are made up, the commands are what is checked."""
+    from lab.extend.test_study import _hf_folder, _needs_extend_context
+    from posenc.lab.extend.targets import HFTarget
+
+    _needs_extend_context()
+    folder = _hf_folder(tmp_path / "llama")
+    lengths = (64, 128)
+    suite = ruler.Suite(
+        tasks={TASK: None}, samples={TASK: {n: [n, n + 1] for n in lengths}},
+        prompt_tokens={TASK: {n: n - 10 for n in lengths}}, lengths=lengths,
+    )  # fmt: skip
+
+    def build_ruler(self, lengths):
+        self.suite = suite
+        return suite
+
+    monkeypatch.setattr(ruler, "require", lambda: None)
+    monkeypatch.setattr(HFTarget, "build_ruler", build_ruler)
+    monkeypatch.setattr(HFTarget, "ruler", lambda self, model, task, length, tick=None: ruler.Score(1.0, 2, ("a",)))
+    cfg = ExtendConfig(
+        model=str(folder), task="ruler", ruler_tasks=(TASK,), ruler_samples=2, methods=("yarn",), factors=(2.0,),
+        lengths=lengths, depths=(0.5,), trials=1, eval_tokens=256, corpus=str(corpus), device="cpu",
+    )  # fmt: skip
+    target = tmp_path / "saved model"  # a space: the command quotes it
+    run_extend(cfg, tmp_path / "out", progress=False, save=target if saved else None)
+    report = (tmp_path / "out" / "report.md").read_text()
+    commands = [line for line in report.splitlines() if line.startswith("lm_eval ")]
+    assert commands == [ruler.lm_eval_command(target if saved else "DIR", suite, TASK)]
+    model_args = shlex.split(commands[0])[shlex.split(commands[0]).index("--model_args") + 1]
+    assert model_args.startswith(f"pretrained={target}," if saved else "pretrained=DIR,")
+    if saved:
+        assert (target / "config.json").is_file() and "DIR" not in report
+        assert f"saved to `{target}` (`yarn x2`" in report
+
+
 def test_documents_are_taken_from_every_length_not_only_the_first():
     stacked = [512] * 4 + [1024] * 3  # lm-eval's order: every document of one length, then the next
     assert ruler.select(stacked, LENGTHS, 2, TASK) == {512: [0, 1], 1024: [4, 5]}
@@ -202,7 +241,7 @@ def test_study_with_ruler_and_the_lm_eval_cli_on_the_saved_model_agree(tiny, sui
     report = (tmp_path / "out" / "report.md").read_text()
     assert "## RULER (lm-evaluation-harness)" in report and (tmp_path / "out" / "rates.png").is_file()
     command = ruler.lm_eval_command(tmp_path / "saved", suite, TASK)
-    assert command.replace(str(tmp_path / "saved"), "DIR") in report
+    assert command in report  # the folder --save wrote, not a placeholder
 
     # The patched model in memory, as the study evaluates it ...
     patched = copy.deepcopy(model)

@@ -271,13 +271,17 @@ def _hf_folder(folder: Path, kind: str = "llama") -> Path:
     from lab.extend.test_passkey import byte_bpe_tokenizer
 
     tokenizer = byte_bpe_tokenizer(folder)
-    if kind == "llama":
-        config = transformers.LlamaConfig(
+    if kind in ("llama", "qwen2"):
+        config_class, model_class = {
+            "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+            "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+        }[kind]
+        config = config_class(
             vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
             bos_token_id=0, eos_token_id=1,
         )  # fmt: skip
-        model = transformers.LlamaForCausalLM(config)
+        model = model_class(config)
     else:
         config = transformers.GPT2Config(vocab_size=len(tokenizer), n_embd=32, n_layer=1, n_head=2, n_positions=64)
         model = transformers.GPT2LMHeadModel(config)
@@ -559,8 +563,9 @@ def test_passkey_heatmap_is_sequential_and_numbers_contrast(tmp_path, monkeypatc
 
 def test_hf_llama_remapping_methods_end_to_end_and_save(corpus, tmp_path):
     """Remapping methods through ``posenc extend``: each measured (the patch recorded with its parameters), their
-    in-window numbers equal the unpatched model's (every method is plain RoPE inside its window), DCA saved as
-    ``dual_chunk_attention_config``, another remapping method's --save refused before anything is written."""
+    in-window numbers equal the unpatched model's (every method is plain RoPE inside its window); DCA in vLLM's form
+    on a Qwen2 saved as ``dual_chunk_attention_config``; ChunkLlama's DCA, DCA on a Llama (vLLM reads the block for
+    Qwen2/Qwen3 only) and another remapping method's --save refused before anything is written."""
     import transformers
 
     folder = _hf_folder(tmp_path / "llama")
@@ -579,19 +584,26 @@ def test_hf_llama_remapping_methods_end_to_end_and_save(corpus, tmp_path):
     assert settings["methods"] == list(methods)
     report = (tmp_path / "out" / "report.md").read_text()
     assert "self_extend: `SelfExtend(window=16, group=3): reaches 160 tokens from 64`" in report
-    assert "dca: `DualChunk(chunk_size=48, local_window=4)" in report
+    assert "dca: `DualChunk(chunk_size=48, local_window=8, original_max_position_embeddings=64, mscale=0.05)" in report
 
-    dca = ExtendConfig(model=str(folder), methods=("dca",), factors=(2.0,), lengths=(32, 128), corpus=str(corpus),
+    qwen = _hf_folder(tmp_path / "qwen2", "qwen2")
+    dca = ExtendConfig(model=str(qwen), methods=("dca_vllm",), factors=(2.0,), lengths=(32, 128), corpus=str(corpus),
                        **{**TINY, "trials": 1})  # fmt: skip
-    run_extend(dca, tmp_path / "out-dca", progress=False, save=tmp_path / "saved")
+    with pytest.warns(UserWarning, match="transformers ignores"):
+        run_extend(dca, tmp_path / "out-dca", progress=False, save=tmp_path / "saved")
     config = json.loads((tmp_path / "saved" / "config.json").read_text())
     assert config["dual_chunk_attention_config"] == {
-        "chunk_size": 48, "local_size": 4, "original_max_position_embeddings": 64,
+        "chunk_size": 48, "local_size": 8, "original_max_position_embeddings": 64,
     }  # fmt: skip
     assert transformers.AutoConfig.from_pretrained(tmp_path / "saved").max_position_embeddings == 128
 
-    se = ExtendConfig(model=str(folder), methods=("self_extend",), factors=(2.0,), lengths=(32, 128),
-                      corpus=str(corpus), **{**TINY, "trials": 1})  # fmt: skip
-    with pytest.raises(ValueError, match=r"extend_context\(model, 'self_extend', 2\)"):
-        run_extend(se, tmp_path / "out-se", progress=False, save=tmp_path / "saved-se")
-    assert not (tmp_path / "out-se").exists() and not (tmp_path / "saved-se").exists()
+    for model, method, match in (
+        (folder, "self_extend", r"extend_context\(model, 'self_extend', 2\)"),
+        (qwen, "dca", r"0.05 ln\(S/L\) \+ 1\)\^2.*'dca_vllm'"),
+        (folder, "dca_vllm", r"for \['qwen2', 'qwen3'\] only, not 'llama'"),
+    ):
+        cfg = ExtendConfig(model=str(model), methods=(method,), factors=(2.0,), lengths=(32, 128),
+                           corpus=str(corpus), **{**TINY, "trials": 1})  # fmt: skip
+        with pytest.raises(ValueError, match=match):
+            run_extend(cfg, tmp_path / "out-refused", progress=False, save=tmp_path / "saved-refused")
+        assert not (tmp_path / "out-refused").exists() and not (tmp_path / "saved-refused").exists()

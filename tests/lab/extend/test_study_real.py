@@ -413,6 +413,10 @@ def test_save_gguf_needs_a_gguf_a_method_llamacpp_runs_and_a_new_file(llama_gguf
     _refused([llama_gguf, *args, "--methods", "yarn", "--save", target], f"save='{target}' is invalid: expected a file "
              "that does not exist yet (posenc never overwrites", tmp_path / "out")  # fmt: skip
     assert target.read_bytes() == b"mine"
+    folder_like = f"{tmp_path / 'sub.gguf'}/"  # a folder's name: Path() would drop the slash and write sub.gguf
+    _refused([llama_gguf, *args, "--methods", "yarn", "--save", folder_like], f"save='{folder_like}' is invalid: "
+             "expected a file path (it ends with '/', which names a folder)", tmp_path / "out")  # fmt: skip
+    assert not (tmp_path / "sub.gguf").exists()
     expected = "save_type='F16' is invalid: expected 'source' unless --save names a .gguf file"
     _refused([llama_gguf, *args, "--methods", "yarn", "--save", tmp_path / "dir", "--save-type", "F16"], expected,
              tmp_path / "out")  # fmt: skip

@@ -46,7 +46,8 @@ class ExtendConfig(DictConfig):
         finetune_positions: position ids of the fine-tuning windows, one fine-tuned model each: ``plain`` (0..W-1,
             never beyond the window), ``pose`` (PoSE's two chunks with a skip, Zhu et al. 2024), ``random`` (a
             sorted random subset of the target's positions, Ruoss et al. 2023). ``pose`` and ``random`` need a
-            window shorter than every target (``posenc.functional.position_sampling``).
+            window shorter than every target (``posenc.functional.position_sampling``) and a model that reads
+            position ids: refused for a transformers ALiBi model (BLOOM, MPT), allowed for a lab ALiBi one.
         finetune_corpus: text file or folder to fine-tune on (all of it); None: the training split of ``corpus``.
             Either way disjoint from the held-out text that perplexity and passkey read.
         corpus: text file or folder for perplexity and fine-tuning; None: the Python standard library.

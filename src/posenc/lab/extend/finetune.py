@@ -13,6 +13,10 @@ learns about the far positions it will be read at:
     random  Randomized positional encodings (Ruoss et al., ACL 2023): a contiguous window at a sorted random subset
             of ``[0, T)`` (``randomized_positions``).
 
+``pose`` and ``random`` need a model that reads the positions it is given. A lab ``GPT`` does, whatever its encoding
+(its ALiBi bias is ``-m (i - j)`` of those positions); a transformers ALiBi model (BLOOM, MPT) takes no position
+ids, so both are refused for it (``check_positions_reach``) rather than run as plain fine-tuning.
+
 Every input token's next-token target is the token that follows it in the text (for PoSE's last first-chunk token,
 the text's next token, not the second chunk's first: the reference scores the latter, a prediction across the jump
 no model can make). Batches are a pure function of ``(seed, step)``, so a resumed fine-tune sees the same batches.
@@ -25,7 +29,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +42,24 @@ from posenc.lab.extend.config import FINETUNE_POSITIONS
 
 #: PoSE's text span per sample, in windows (the reference tokenizes each document up to 5 training windows).
 POSE_SPAN = 5
+
+
+def check_positions_reach(kinds: Sequence[str], model_type: str | None) -> None:
+    """Refuse ``pose`` and ``random`` fine-tuning positions (``kinds``) for a transformers model that ignores
+    position ids: BLOOM and MPT (``posenc.hf.ALIBI_MODEL_TYPES``) accept ``position_ids`` and drop them, their ALiBi
+    bias built from the token distance alone, so the fine-tune would silently be a plain one. ``model_type``: the
+    transformers config's (None for a lab model, which reads its positions)."""
+    from posenc.hf.alibi import ALIBI_MODEL_TYPES
+
+    sampled = [k for k in kinds if k != "plain"]
+    if sampled and model_type in ALIBI_MODEL_TYPES:
+        fail(
+            "finetune_positions",
+            list(kinds),
+            f"--finetune-positions plain for an ALiBi model ({model_type}): ALiBi models take no position ids (their "
+            "bias depends only on the token distance), so PoSE's skipped positions and random ones cannot reach "
+            f"them and a {sampled[0]} fine-tune would be plain fine-tuning; use plain fine-tuning",
+        )
 
 
 def needed_tokens(window: int) -> int:

@@ -120,9 +120,15 @@ def check(cfg: ExtendConfig, target: Any, *, device: str) -> None:
 
 
 def check_finetune(cfg: ExtendConfig, target: Any) -> None:
-    """The fine-tuning window against the targets (``factor * original``) and the fine-tuning text."""
+    """The fine-tuning positions against the model (``pose`` and ``random`` need one that reads position ids:
+    not a transformers ALiBi model), the window against the targets (``factor * original``) and the fine-tuning
+    text."""
     if not cfg.finetune_steps or (target.kind == "lab" and cfg.task == "passkey"):
         return
+    if target.kind != "lab":  # a lab model reads its positions, ALiBi included
+        from posenc.lab.extend.finetune import check_positions_reach
+
+        check_positions_reach(cfg.finetune_positions, target.model_type)
     targets = sorted(round(target.original_len * f) for f in cfg.factors)
     window = cfg.finetune_window
     if window is not None and window > targets[0]:

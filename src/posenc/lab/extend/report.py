@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -459,7 +460,10 @@ def write_report(
     findings: Sequence[str],
     seconds: float,
     resumed: int = 0,
+    saved: Path | None = None,
 ) -> Path:
+    """``OUT/report.md``. ``saved``: the folder or GGUF file ``run_extend(save=...)`` wrote this run (the RULER
+    section's ``lm_eval`` commands then name that folder instead of a ``DIR`` placeholder)."""
     env = environment(target.device)
     original = target.original_len
     unit = unit_of(target)
@@ -522,7 +526,7 @@ def write_report(
             lines += ["![passkey keys found by length and depth](passkey.png)", ""]
     ruler_metrics = [m for m in dict.fromkeys(r["metric"] for r in rows) if m.startswith(RULER_PREFIX)]
     if ruler_metrics:
-        lines += _ruler_section(rows, ruler_metrics, cfg, target)
+        lines += _ruler_section(rows, ruler_metrics, cfg, target, saved)
     if (out / "rates.png").is_file():
         lines += ["![retrieval rates by length with 95% intervals](rates.png)", ""]
     lines += _finetune_section(out, cfg, target)
@@ -557,8 +561,12 @@ def _finetune_section(out: Path, cfg: ExtendConfig, target: Any) -> list[str]:
     return lines
 
 
-def _ruler_section(rows: Sequence[Mapping[str, Any]], metrics: Sequence[str], cfg: ExtendConfig, target: Any) -> list:
-    """The RULER tables, how they were measured, and the ``lm_eval`` commands that rebuild them for a saved model."""
+def _ruler_section(
+    rows: Sequence[Mapping[str, Any]], metrics: Sequence[str], cfg: ExtendConfig, target: Any, saved: Path | None
+) -> list:
+    """The RULER tables, how they were measured, and the ``lm_eval`` commands that rebuild them for a saved model:
+    the folder this run saved (``saved``), else a ``DIR`` placeholder for one ``--save DIR`` would write (a GGUF
+    file is not what ``lm_eval --model hf`` loads)."""
     from posenc.lab.extend import ruler
 
     suite = getattr(target, "suite", None)
@@ -576,12 +584,21 @@ def _ruler_section(rows: Sequence[Mapping[str, Any]], metrics: Sequence[str], cf
         bound = ruler.GEN_TOKENS.get(task, "?")
         lines += [f"### {task} (generation bound {bound} tokens)", "", format_table(rows, metric)]
     if suite is not None:
+        if saved is not None and saved.suffix.lower() != ".gguf":
+            folder = Path(os.path.abspath(saved))  # the commands run from anywhere
+            unit = (cfg.methods[0], cfg.factors[0], cfg.finetune_steps, cfg.finetune_positions[0])
+            intro = f"for the model this run saved to `{folder}` (`{label(*unit)}`; the numbers equal its row above):"
+        else:
+            folder = "DIR"
+            intro = (
+                "for a model written by `posenc extend --save DIR` (one method and factor; the numbers equal this "
+                "table's row for it):"
+            )
         lines += [
-            "The same documents through the `lm_eval` command line, for a model written by `posenc extend --save "
-            "DIR` (one method and factor; the numbers equal this table's row for it):",
+            f"The same documents through the `lm_eval` command line, {intro}",
             "",
             "```bash",
-            *(ruler.lm_eval_command("DIR", suite, ruler_task(m), dtype=cfg.dtype or "float32") for m in metrics),
+            *(ruler.lm_eval_command(folder, suite, ruler_task(m), dtype=cfg.dtype or "float32") for m in metrics),
             "```",
             "",
         ]
@@ -600,8 +617,9 @@ def unit_of(target: LabTarget | HFTarget) -> str:
 
 
 def finish(out: Path, cfg: ExtendConfig, target, rows, described, seconds: float, progress: bool,  # noqa: ANN001
-           resumed: int = 0) -> None:  # fmt: skip
-    """Draw the figures (only those with something to show), write the report, print the tables and findings."""
+           resumed: int = 0, saved: Path | None = None) -> None:  # fmt: skip
+    """Draw the figures (only those with something to show), write the report, print the tables and findings.
+    ``saved``: what ``--save`` wrote this run, named in the report."""
     original = target.original_len
     unit = unit_of(target)
     title = f"{target.name}: original context {original} {unit}s"
@@ -615,7 +633,7 @@ def finish(out: Path, cfg: ExtendConfig, target, rows, described, seconds: float
         if path is not None
     ]
     findings = findings_for(rows, original, cfg, kind=target.kind)
-    write_report(out, rows, cfg, target, described, findings, seconds, resumed)
+    write_report(out, rows, cfg, target, described, findings, seconds, resumed, saved)
     if progress:
         for metric in dict.fromkeys(["ppl", "ppl_past", "passkey", *(r["metric"] for r in rows)]):
             if any(r["metric"] == metric for r in rows):

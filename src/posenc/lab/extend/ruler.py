@@ -30,6 +30,7 @@ import json
 import logging
 import os
 import random
+import shlex
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -357,8 +358,9 @@ def lm_eval_command(folder: str | Path, suite: Suite, task: str, *, device: str 
     samples = json.dumps({task: [i for n in suite.lengths for i in suite.samples[task][n]]}, separators=(",", ":"))
     lengths = json.dumps({"max_seq_lengths": list(suite.lengths)}, separators=(",", ":"))
     longest = max(suite.max_length(task, n) for n in suite.lengths)
+    model_args = shlex.quote(f"pretrained={folder},dtype={dtype},max_length={longest}")  # a folder with spaces
     return (
-        f"lm_eval --model hf --model_args pretrained={folder},dtype={dtype},max_length={longest} --device {device} "
+        f"lm_eval --model hf --model_args {model_args} --device {device} "
         f"--batch_size 1 --tasks {task} --metadata '{lengths}' --gen_kwargs max_gen_toks={GEN_TOKENS[task]} "
         f"--samples '{samples}' --log_samples --output_path lm_eval_results"
     )

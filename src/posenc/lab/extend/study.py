@@ -208,15 +208,17 @@ def check_save(
     if folder.suffix.lower() == ".gguf":
         return _check_save_gguf(save, cfg, target)
     from posenc.hf.extend import REMAP_METHODS
+    from posenc.hf.save import remap_save_problem
 
     method = cfg.methods[0]
-    if method in REMAP_METHODS and method != "dca":
+    problem = remap_save_problem(target.model_type, method) if method in REMAP_METHODS else None
+    if problem is not None:
         fail(
             "save",
             str(save),
-            f"a method a config records (frequency methods, or dca): no serving format records {method}; save the "
-            f"model unpatched and re-apply it after loading with posenc.hf.extend_context(model, {method!r}, "
-            f"{cfg.factors[0]:g})",
+            f"a method a saved config runs as posenc measures it (frequency methods; dca_vllm on Qwen2/Qwen3): "
+            f"{problem}; save the model unpatched and re-apply it after loading with "
+            f"posenc.hf.extend_context(model, {method!r}, {cfg.factors[0]:g})",
         )
     if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
         fail("save", str(save), "a new or empty folder (posenc never overwrites files)")
@@ -243,8 +245,10 @@ def run_extend(
     ``save``: a new or empty folder; the study's one patched model (exactly one method and one factor) is written
     there as a transformers folder (``from_pretrained`` loads it with the extension in its config) as soon as the
     weights are loaded, before anything is measured, so stopping the study early still leaves it (a fine-tuned one
-    once fine-tuned). A path ending in ``.gguf`` writes a GGUF file instead (``posenc.hf.save_gguf``; a GGUF source
-    and a method llama.cpp runs, ``GGUF_METHODS``), its tensors in ``save_type`` (default each source tensor's).
+    once fine-tuned); with task ``ruler``, ``report.md``'s ``lm_eval`` commands name that folder. A path ending in
+    ``.gguf`` writes a GGUF file instead (``posenc.hf.save_gguf``; a GGUF source and a method llama.cpp runs,
+    ``GGUF_METHODS``), its tensors in ``save_type`` (default each source tensor's); a path ending in a separator
+    (``x.gguf/``) names a folder and is refused.
 
     Raises:
         ValueError: bad settings, a path that holds no model (a truncated or corrupt GGUF, an architecture posenc
@@ -352,7 +356,7 @@ def run_extend(
         del model
     rows = read_results(results)
     plot_losses(tuned, out / "finetune.png", unit="byte" if target.kind == "lab" else "token")
-    finish(out, cfg, target, rows, described, time.perf_counter() - start, progress, resumed)
+    finish(out, cfg, target, rows, described, time.perf_counter() - start, progress, resumed, saved=save_to)
     return rows
 
 

@@ -716,9 +716,11 @@ class HFTarget:
         """AdamW (no weight decay, warmup over ``finetune.warmup_steps``, then constant; gradients clipped at 1) on one
         window of ``cfg.finetune_window`` tokens per step (default the target) read at ``positions``, through the
         lab's resumable loop: checkpoints in ``OUT/runs/finetune-<label>`` at Ctrl-C / SIGTERM and every 5 minutes, the
-        loss in its ``metrics.jsonl``. Returns that folder."""
-        from posenc.lab.extend.finetune import CausalLMTrainer, run_folder, warmup_steps
+        loss in its ``metrics.jsonl``. Returns that folder. ``pose`` and ``random`` positions are refused for an ALiBi
+        model (BLOOM, MPT: no position ids; ``finetune.check_positions_reach``)."""
+        from posenc.lab.extend.finetune import CausalLMTrainer, check_positions_reach, run_folder, warmup_steps
 
+        check_positions_reach((positions,), self.model_type)  # BLOOM and MPT drop position ids
         window = self.cfg.finetune_window_for(target)
         steps = self.cfg.finetune_steps
         tcfg = TrainConfig(
