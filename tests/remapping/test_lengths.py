@@ -11,7 +11,7 @@ import torch
 from torch.testing import assert_close
 
 import posenc
-from posenc.remapping import METHODS, DualChunk, remap_method
+from posenc.remapping import METHODS, remap_method
 from posenc.scalings import DynamicNTKScaling, LongRoPEScaling
 from remapping.test_methods import logit_factor, qkv, reference
 from tolerances import rotated_softmax_atol
@@ -39,49 +39,9 @@ def at_length(enc, length):
     return inv_freq, float(factor)
 
 
-class _Static:
-    """What ``reference`` reads of an encoding: ``inv_freq`` (the attention factor goes in separately)."""
-
-    def __init__(self, inv_freq):
-        self.inv_freq = inv_freq
-
-
 def expected(method, q, k, v, enc, length):
     inv_freq, factor = at_length(enc, length)
-    if factor == 1.0:
-        return reference(method, q, k, v, _Static(inv_freq))
-    # the reference multiplies q and k by the attention factor inside its rotation
-    from reference import remapping as ref
-
-    rot = dict(inv_freq=inv_freq, layout="half", attention_factor=factor)
-    return _with_factor(ref, method, q, k, v, rot)
-
-
-def _with_factor(ref, method, q, k, v, rot):
-    import posenc.remapping as rm
-
-    if isinstance(method, rm.SelfExtend):
-        return ref.self_extend(q, k, v, window=method.window, group=method.group, **rot)
-    if isinstance(method, DualChunk) and method.mscale == rm.VLLM_MSCALE:
-        return ref.dual_chunk_vllm(
-            q,
-            k,
-            v,
-            chunk_size=method.chunk_size,
-            local_size=method.local_window,
-            original_max_position_embeddings=method.original_max_position_embeddings,
-            **rot,
-        )
-    if isinstance(method, DualChunk):
-        original = method.original_max_position_embeddings if method.mscale else None
-        return ref.dual_chunk(
-            q, k, v, chunk_size=method.chunk_size, local_window=method.local_window, pretraining_length=original, **rot
-        )
-    if isinstance(method, rm.ReRoPE):
-        return ref.rerope(
-            q, k, v, window=method.window, training_length=method.log_scale_length, leak=method.leak, **rot
-        )
-    return ref.lm_infinite(q, k, v, local_branch=method.window, global_branch=method.global_tokens, **rot)
+    return reference(method, q, k, v, enc, inv_freq=inv_freq, attention_factor=factor)
 
 
 @pytest.mark.parametrize("scaling", ["dynamic", "longrope"])

@@ -41,9 +41,12 @@ def rope(d, layout="half"):
     return posenc.build("rope", head_dim=d, base=100.0, layout=layout)
 
 
-def reference(method, q, k, v, enc, layout="half"):
-    """The written-out reference of ``method`` (a posenc method object: only its numbers are read)."""
-    rot = dict(inv_freq=enc.inv_freq, layout=layout)
+def reference(method, q, k, v, enc, layout="half", *, inv_freq=None, attention_factor=1.0):
+    """The written-out reference of ``method`` (a posenc method object: only its numbers are read), with ``enc``'s
+    frequencies or ``inv_freq`` and an attention factor on the rotated q and k."""
+    rot = dict(inv_freq=enc.inv_freq if inv_freq is None else inv_freq, layout=layout)
+    if attention_factor != 1.0:
+        rot["attention_factor"] = attention_factor
     if isinstance(method, SelfExtend):
         return ref.self_extend(q, k, v, window=method.window, group=method.group, **rot)
     if isinstance(method, DualChunk) and method.mscale == VLLM_MSCALE:

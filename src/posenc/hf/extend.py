@@ -5,7 +5,8 @@ RoPE models (Llama, Mistral, Qwen2/3, Phi-3, GPT-NeoX, Gemma 1/2/3/4) take any o
 (Peng et al. 2023), ``longrope`` (Ding et al. 2024) and ``llama3`` (Meta 2024); see ``posenc.hf._rope_patch``. A
 model whose RoPE is p-RoPE (``rope_type: "proportional"``, e.g. Gemma 4's full-attention layers) takes ``linear``
 only, applied to its rotating pairs.
-The remapping methods ``self_extend`` (Jin et al. 2024), ``dca`` (Dual Chunk Attention, An et al. 2024), ``rerope``
+The remapping methods ``self_extend`` (Jin et al. 2024), ``dca`` and ``dca_vllm`` (Dual Chunk Attention, An et al.
+2024, as ChunkLlama runs it and as vLLM serves it), ``rerope``
 and ``leaky_rerope`` (Su 2023) and ``lm_infinite`` (Han et al. 2024) keep the frequencies and change which positions
 each (query, key) pair is rotated at; see ``posenc.remapping`` and ``posenc.hf._remap_patch``.
 ALiBi models (BLOOM, MPT) take ``linear``, which for ALiBi is slope interpolation (Al-Khateeb et al. 2023); see
@@ -87,8 +88,11 @@ def extend_context(
             ``posenc.remapping.remap_attention`` with the model's own RoPE (scaling included), for the
             architectures in ``posenc.hf._remap_patch.REMAP_MODEL_TYPES``; ``factor`` gives the target length
             ``ceil(original * factor)`` its parameters are derived for (``posenc.remapping.remap_method``). It is
-            a run-time patch: ``save_pretrained`` writes DCA as ``dual_chunk_attention_config`` and refuses the
-            others. One remapping method per model, after any frequency method.
+            a run-time patch: ``posenc.hf.save_pretrained`` writes ``dca_vllm`` on Qwen2/Qwen3 as
+            ``dual_chunk_attention_config`` (what vLLM and SGLang serve) and refuses the others; the model's own
+            ``save_pretrained`` and ``set_attn_implementation`` are refused. One remapping method per model, after
+            any frequency method; its original length is the model's current context (``max_position_embeddings``),
+            so the context grows by ``factor`` again.
         factor: the extension factor, ``>= 1``. For ``dynamic`` it is the NTK growth rate past the original length.
         original_max_position_embeddings: the pretraining length. Defaults to the config's: the current scaling's
             ``original_max_position_embeddings`` if it has one, else ``max_position_embeddings`` (MPT:
@@ -102,7 +106,8 @@ def extend_context(
             ``mscale``, ``mscale_all_dim``, ``attention_factor``, ``truncate``; LongRoPE's ``long_factor``
             (required), ``short_factor`` (default all ones) and ``attention_factor``; Llama 3's
             ``low_freq_factor`` (default 1) and ``high_freq_factor`` (default 4); remapping methods their parameters
-            (``self_extend``: ``window``, ``group``; ``dca``: ``chunk_size``, ``local_window``; ``rerope``:
+            (``self_extend``: ``window``, ``group``; ``dca``: ``chunk_size``, ``local_window``, ``mscale``;
+            ``dca_vllm``: ``chunk_size``, ``local_window``; ``rerope``:
             ``window``, ``log_scale``; ``leaky_rerope``: also ``leak``; ``lm_infinite``: ``window``,
             ``global_tokens``), each overriding the paper's rule.
 
