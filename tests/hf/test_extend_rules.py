@@ -164,35 +164,37 @@ def _generate(model, length, new_tokens):
     return [w for w in caught if issubclass(w.category, CacheStaleWarning)]
 
 
-@pytest.mark.parametrize(
-    ("kind", "method", "options"),
-    [("llama", "dynamic", {}), ("mistral", "longrope", {"long_factor": [1.0 + 1.5 * i for i in range(4)]})],
-)
-def test_cached_generation_across_the_switch_warns(kind, method, options):
-    model = tiny_model(kind)
-    extend_context(model, method, 4.0, **options)
+def test_cached_generation_across_the_switch_warns():
+    """Dynamic NTK: the cached keys are re-rotated (tests/hf/test_cache_rerotate.py), but the deeper layers' cache
+    was computed from hidden states of earlier lengths, so cached generation still differs from the full forward."""
+    model = tiny_model("llama")
+    extend_context(model, "dynamic", 4.0)
     assert _generate(model, ORIGINAL - 8, 4) == []  # stays within the original length: nothing stale
     caught = _generate(model, ORIGINAL - 2, 6)
-    assert len(caught) == 1 and f"between length {ORIGINAL} and {ORIGINAL + 1}" in str(caught[0].message)
+    assert len(caught) == 1 and "cached decoding differs from the full forward" in str(caught[0].message)
 
 
 def test_the_drift_the_warning_is_about_is_real():
-    """The warned-about case, measured: cached greedy logits differ from the no-cache forward past the switch."""
-    model = tiny_model("mistral")
+    """The warned-about case, measured in float64 (eager attention's float32 softmax leaves ~1e-8): past the
+    switch, a cached step differs from the no-cache forward even with the cached keys re-rotated."""
+    model = tiny_model("mistral").double()
     extend_context(model, "longrope", 4.0, long_factor=[1.0 + 1.5 * i for i in range(4)])
     ids = torch.randint(1, 64, (1, ORIGINAL), generator=torch.Generator().manual_seed(1))
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore", CacheStaleWarning)
         out = model(ids, use_cache=True)
         nxt = torch.tensor([[5]])
-        cached = model(nxt, past_key_values=out.past_key_values, use_cache=True).logits[:, -1]
+        cached = model(nxt, cache=out.past_key_values, use_cache=True).logits[:, -1]
     full = logits(model, torch.cat([ids, nxt], dim=1))[:, -1]
-    assert (cached - full).abs().max() > 1e-4
+    assert (cached - full).abs().max() > 1e-6
 
 
-@pytest.mark.parametrize(("kind", "method"), [("llama", "yarn"), ("llama", "linear"), ("phi3", "longrope")])
+@pytest.mark.parametrize(
+    ("kind", "method"), [("llama", "yarn"), ("llama", "linear"), ("phi3", "longrope"), ("mistral", "longrope")]
+)
 def test_no_warning_where_no_cache_goes_stale(kind, method):
-    """Fixed frequencies never go stale; Phi-3's own generation drops its cache at the LongRoPE switch."""
+    """Fixed frequencies never go stale; at the LongRoPE switch generate drops its cache and re-encodes (Phi-3's own
+    generation code does; posenc's patch does it for the other architectures)."""
     model = tiny_model(kind)
     extend_context(model, method, 4.0, **({"long_factor": [2.0] * 4} if method == "longrope" else {}))
     assert _generate(model, ORIGINAL - 2, 6) == []
@@ -202,6 +204,7 @@ def test_a_second_call_replaces_the_guard():
     model = tiny_model("llama")
     extend_context(model, "dynamic", 2.0)
     extend_context(model, "dynamic", 2.0)
-    hooks = model.model.rotary_emb._forward_pre_hooks
-    assert len(hooks) == 2  # the cache guard and keep_rope_float32's float32 tables, each once
+    assert len(model.model.rotary_emb._forward_pre_hooks) == 1  # keep_rope_float32's float32 tables, once
+    for layer in model.model.layers:  # the cache finder and the re-rotation, each once
+        assert len(layer.self_attn._forward_pre_hooks) == 2
     assert len(_generate(model, ORIGINAL - 2, 6)) == 1

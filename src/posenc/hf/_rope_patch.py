@@ -187,7 +187,7 @@ def extend_rope(
         _adopt(m, new)
     _check_patched(model, modules, fresh)
     new_setup = rotary_config_from_hf(config, layer_type=layer_type)
-    guard_cache(modules, new_setup, native_guard=config.model_type == "phi3")
+    guard_cache(model, modules, new_setup)
     keep_rope_float32(model)  # a bfloat16/float16 model: tables and rotation in float32, cast once after
     return {
         "architecture": config.model_type,
@@ -337,26 +337,92 @@ def _describe(scaling: RopeScaling) -> str:
 
 
 class CacheStaleWarning(UserWarning):
-    """A cached forward of a model whose RoPE frequencies depend on the length crossed to new frequencies: the keys
-    in its KV cache were rotated with the old ones."""
+    """A cached forward of a model whose RoPE frequencies depend on the length ran at frequencies other than those its
+    cache was filled with, so it differs from the full forward: the cached keys were rotated to the new frequencies
+    but earlier tokens' hidden states keep those of their own step (or, where posenc found no attention module to
+    hook, the cached keys keep their old rotation)."""
 
 
 _GUARD_ATTR = "_posenc_cache_guard"
 
 
-def guard_cache(modules: list[tuple[str, torch.nn.Module]], setup: Any, *, native_guard: bool) -> None:
-    """Warn (once per module) when a call continues a cache (its first position > 0) at a length whose frequencies
-    differ from the previous call's, for ``dynamic``/``longrope``; earlier guards are removed. ``native_guard``:
-    the architecture handles it itself (Phi-3's generation drops the cache at the LongRoPE switch)."""
+def length_dependent_layer_types(config: Any, setup: Any) -> dict[str | None, RopeScaling]:
+    """The layer types whose frequencies change with the length (``dynamic``, ``longrope``) and their scaling:
+    key ``None`` for a config with one ``rope_parameters`` for every layer, else the per-layer-type keys (Gemma 3/4)."""
+    params = config.rope_parameters
+    nested = sorted(k for k, v in params.items() if isinstance(v, Mapping))
+    if not nested:
+        scaling = setup.scaling
+        return {None: scaling} if scaling is not None and scaling.depends_on_length else {}
+    found: dict[str | None, RopeScaling] = {}
+    for layer_type in nested:
+        scaling = rotary_config_from_hf(config, layer_type=layer_type).scaling
+        if scaling is not None and scaling.depends_on_length:
+            found[layer_type] = scaling
+    return found
+
+
+def guard_cache(model: torch.nn.Module, modules: list[tuple[str, torch.nn.Module]], setup: Any) -> None:
+    """Keep cached decoding of a ``dynamic``/``longrope`` model as close to the full forward as a cache allows
+    (``posenc.hf._cache_rerotate``); earlier hooks, wrappers and guards are removed first, so a second
+    ``extend_context`` replaces them.
+
+    - Hooks on the attention modules of the layers whose frequencies change re-rotate the cached keys to each call's
+      frequencies. That makes cached decoding equal the full forward only where no attention layer follows the first
+      such layer; otherwise earlier tokens' hidden states (so the later layers' keys and values) keep the frequencies
+      of the step that computed them (dynamic scaling with a KV cache as YaRN, Peng et al. 2023, section 3.3,
+      defines it), and the first call that re-rotates warns once (``CacheStaleWarning``).
+    - ``longrope``: ``generate`` drops its cache once when the sequence passes ``original_max_position_embeddings``
+      and re-encodes the sequence with the long factors (Phi-3's own rule), so generation equals the full forward.
+    - Where no attention module is recognised or the model has several rotary modules: the former guard, which warns
+      once per module when a call continues a cache at a length whose frequencies differ from the previous call's.
+    """
     from posenc.encodings.rotary import RotaryEmbedding
+    from posenc.hf._cache_rerotate import (
+        attention_modules,
+        exact_with_cache,
+        install_rerotation,
+        reencode_at_switch,
+        remove_rerotation,
+    )
 
     for _, m in modules:
         handle = getattr(m, _GUARD_ATTR, None)
         if handle is not None:
             handle.remove()
             delattr(m, _GUARD_ATTR)
+    remove_rerotation(model)
+    dependent = length_dependent_layer_types(model.config, setup)
+    if not dependent:
+        return
+    kinds = " and ".join(sorted({s.rope_type for s in dependent.values()}))
+    notify = None
+    if not exact_with_cache(model, set(dependent)):
+        warned: list[bool] = []
+
+        def notify() -> None:
+            if not warned:
+                warned.append(True)
+                message = (
+                    f"posenc.hf.extend_context: this {kinds} model's RoPE frequencies changed since its KV cache was "
+                    "filled. posenc rotated the cached keys to the current frequencies, but the earlier tokens' "
+                    "hidden states, and so every later layer's cached keys and values, keep the frequencies of the "
+                    "step that computed them: cached decoding differs from the full forward at this length (it is "
+                    "dynamic scaling with a KV cache as YaRN, section 3.3, defines it). Run without the cache "
+                    "(use_cache=False) for the full forward"
+                )
+                if "longrope" in kinds:
+                    message += "; generate re-encodes the sequence once at LongRoPE's switch instead"
+                warnings.warn(message + ".", CacheStaleWarning, stacklevel=2)
+
+    if len(modules) == 1 and attention_modules(model):
+        if install_rerotation(model, modules[0][1], set(dependent), notify=notify):
+            switches = {s.original_max_position_embeddings for s in dependent.values() if s.rope_type == "longrope"}
+            if switches and hasattr(type(model), "prepare_inputs_for_generation"):
+                reencode_at_switch(model, min(switches))
+        return  # else no layer of the extended type: nothing goes stale
     scaling = setup.scaling
-    if scaling is None or not scaling.depends_on_length or native_guard:
+    if scaling is None or not scaling.depends_on_length:
         return
     rope = RotaryEmbedding.from_config(setup)
     for _, m in modules:
@@ -372,9 +438,9 @@ def guard_cache(modules: list[tuple[str, torch.nn.Module]], setup: Any, *, nativ
                 state["warned"] = True
                 warnings.warn(
                     f"posenc.hf.extend_context: this {scaling.rope_type} model changes its RoPE frequencies between "
-                    f"length {last} and {length}, but the KV cache holds keys rotated with the old ones, so cached "
-                    "generation now differs from the full forward. Run without the cache (use_cache=False), or "
-                    "re-encode the prompt when crossing original_max_position_embeddings (as Phi-3 does).",
+                    f"length {last} and {length}, but the KV cache holds keys rotated with the old ones and posenc "
+                    "found no attention module to re-rotate them in, so cached generation now differs from the full "
+                    "forward. Run without the cache (use_cache=False).",
                     CacheStaleWarning,
                     stacklevel=2,
                 )

@@ -76,10 +76,15 @@ def extend_context(
     (``posenc.hf.keep_rope_float32``; transformers casts the tables to the model's dtype). ALiBi's slope
     interpolation is a forward pre-hook on each block (transformers has no config key for it): it is not saved.
 
-    ``dynamic`` and ``longrope`` change their frequencies with the length. transformers' KV cache keeps keys rotated
-    with the frequencies of the step that wrote them, so cached generation past the original length drifts from
-    the no-cache forward (Phi-3's own generation code drops the cache at the switch; other architectures do not):
-    the patched model warns once when a cached forward crosses to new frequencies (``posenc.hf.CacheStaleWarning``).
+    ``dynamic`` and ``longrope`` change their frequencies with the length, while transformers' KV cache keeps keys
+    rotated with the frequencies of the step that wrote them. The patched model hands the attention the cached keys
+    re-rotated to each call's frequencies (a ``DynamicCache``, generate's default; a static or quantized cache is
+    refused once the frequencies change), and for ``longrope`` ``generate`` re-encodes the sequence once when it
+    passes ``original_max_position_embeddings``, as Phi-3's own generation does, so cached generation equals the
+    no-cache forward. For ``dynamic`` that holds only where the first scaled attention layer is the model's last:
+    deeper layers cache keys and values computed from hidden states of earlier lengths, which no cache can
+    recompute, so cached decoding follows dynamic scaling with a KV cache as YaRN (section 3.3) describes it and
+    warns once (``posenc.hf.CacheStaleWarning``); ``use_cache=False`` gives the full forward.
 
     Args:
         model: a transformers model (e.g. ``LlamaForCausalLM``) of a type in ``supported_model_types()``.

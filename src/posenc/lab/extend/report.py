@@ -488,6 +488,15 @@ def write_report(
             "`posenc.hf.extend_context`): " + "; ".join(f"{m}: `{text}`" for m, text in notes.items()) + ".",
             "",
         ]
+    generated = {r["method"] for r in rows if r["metric"] == "passkey" or r["metric"].startswith("ruler")}
+    if "dynamic" in generated and target.kind != "lab":
+        lines += [
+            "Dynamic NTK's answers (passkey, RULER) are generated with the KV cache: posenc re-rotates the cached keys "
+            "to each step's frequencies, but the earlier tokens' hidden states keep the frequencies of the step that "
+            "computed them, so this is dynamic scaling with a KV cache (YaRN, section 3.3), not the full forward at "
+            "each length (`posenc.hf.CacheStaleWarning`).",
+            "",
+        ]
     if any(r["metric"] == "ppl" for r in rows):
         corpus = cfg.corpus or "the Python standard library"
         lines += [
