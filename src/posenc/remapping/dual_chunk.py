@@ -17,7 +17,8 @@ the length so far, so decoding equals the full forward of each prefix):
   default. Its ``ppl/test_ppl.py`` passes ``local_window = L // 4``.
 - ``mscale=0.1`` (method name ``dca_vllm``): vLLM's and SGLang's dual-chunk attention, which a
   ``dual_chunk_attention_config`` switches on (``dual_chunk_flash_attn.py``: keys and the softmax scale each times
-  ``clip(0.1 * ln(S / L) + 1, min=1)``). What a saved DCA model is served with.
+  ``clip(0.1 * ln(S / L) + 1, min=1)``). What a saved DCA model is served with (posenc writes no
+  ``sparse_attention_config``, so their sparse MInference path, and its unclamped "critical" query positions, stay off).
 - ``mscale=0``, ``local_window = L // 16``: the paper's equations without the factor, as ChunkLlama before
   2024-04-25 and its ``chunkqwen_attn_replace.py`` (posenc's DCA before this factor).
 
