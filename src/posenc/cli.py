@@ -300,6 +300,7 @@ def extend(args: argparse.Namespace) -> int:
         task=args.task,
         ruler_tasks=args.ruler_tasks,
         ruler_samples=args.ruler_samples,
+        **({} if args.stop_width is None else {"stop_width": args.stop_width}),  # left out: ExtendConfig's 0.3
         original_len=args.original_len,
         layer_type=args.layer_type,
         train_len=args.train_len,
@@ -388,6 +389,12 @@ def _add_extend(sub: argparse._SubParsersAction) -> None:
         "--ruler-samples",
         type=A.positive_int,
         help="--task ruler: documents per task and length; default 2 (CPU), 10 (CUDA)",
+    )
+    p.add_argument(
+        "--stop-width",
+        type=A.unit_interval,
+        help="--trials and --ruler-samples are caps: samples are drawn in rounds of 4 per cell until its 95%% "
+        "interval is disjoint from the best's or at most this wide; default 0.3; 0: fixed counts",
     )
     p.add_argument("--corpus", help="a text file or folder (default: the Python standard library)")
     p.add_argument(

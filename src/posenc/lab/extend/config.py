@@ -19,6 +19,8 @@ TASKS = ("lm", "passkey", "ruler")
 FINETUNE_POSITIONS = ("plain", "pose", "random")
 #: ``model`` keyword for a fresh lab model (``new`` is RoPE; ``new:alibi`` picks the encoding).
 NEW = "new"
+#: ``stop_width``'s default: a rate is clear once its 95% interval is at most this wide (``lab.extend.sampling``).
+STOP_WIDTH = 0.3
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -37,7 +39,7 @@ class ExtendConfig(DictConfig):
         lengths: evaluation lengths in tokens (bytes for lab models), at least one beyond the original length
             (shorter ones are in-context references); None: the plan's (lab: 1x, 2x, 4x, 8x the original).
         depths: passkey depths in [0, 1]; None: the plan's.
-        trials: passkey keys per (length, depth) cell; None: the plan's.
+        trials: passkey keys per (length, depth) cell, at most (``stop_width``); None: the plan's.
         finetune_steps: 0, or steps of fine-tuning at the target length after patching (also measured zero-shot).
         finetune_lr: learning rate of that fine-tuning; None: 3e-4 (lab), 2e-5 (transformers).
         finetune_window: tokens per fine-tuning sequence; None: the target length (Position Interpolation's
@@ -58,7 +60,13 @@ class ExtendConfig(DictConfig):
             pretrained models) or ``passkey`` (lab models: train the task, then test).
         ruler_tasks: task ``ruler``: lm-eval's RULER tasks to run (``posenc.lab.extend.ruler.OFFLINE_TASKS``); None:
             ``niah_single_1``.
-        ruler_samples: task ``ruler``: documents per task and length; None: the plan's (2 on CPU, 10 on CUDA).
+        ruler_samples: task ``ruler``: documents per task and length, at most (``stop_width``); None: the plan's (2 on
+            CPU, 10 on CUDA).
+        stop_width: sample until the answer is clear (``posenc.lab.extend.sampling``): passkey keys and RULER
+            documents are measured in rounds of ``min(4, cap)`` per cell, and a cell stops once its Wilson 95%
+            interval is disjoint from the best cell's at the same length (and depth / task) or at most this wide;
+            ``trials`` and ``ruler_samples`` are then caps. 0 or None: every cell gets exactly ``trials`` /
+            ``ruler_samples`` (fixed counts, as studies made before this setting).
         original_len: the model's original context; None: read from the model (required when its config has none).
         layer_type: for per-layer-type RoPE (Gemma 3): the layer type to extend, or ``all``; None: the
             ``full_attention`` layers. Refused for models with one RoPE for all layers.
@@ -90,6 +98,7 @@ class ExtendConfig(DictConfig):
     task: str = "lm"
     ruler_tasks: tuple[str, ...] | None = None
     ruler_samples: int | None = None
+    stop_width: float | None = STOP_WIDTH
     original_len: int | None = None
     layer_type: str | None = None
     train_len: int = 128
@@ -153,6 +162,11 @@ class ExtendConfig(DictConfig):
             if self.ruler_samples > DOCUMENTS_PER_LENGTH:
                 fail("ruler_samples", self.ruler_samples, f"at most {DOCUMENTS_PER_LENGTH}, the documents lm-eval "
                      "generates per task and length")  # fmt: skip
+        if self.stop_width is not None:
+            check_number("stop_width", self.stop_width)
+            if not 0 <= self.stop_width < 1:
+                fail("stop_width", self.stop_width, "a Wilson interval width in [0, 1) (0 or None: fixed counts)")
+            object.__setattr__(self, "stop_width", float(self.stop_width))
         if self.task != "ruler":
             for name in ("ruler_tasks", "ruler_samples"):
                 if (value := getattr(self, name)) is not None:
@@ -217,6 +231,11 @@ class ExtendConfig(DictConfig):
     def finetune_window_for(self, target: int) -> int:
         """Tokens per fine-tuning sequence for a ``target`` context: ``finetune_window``, or the target."""
         return target if self.finetune_window is None else self.finetune_window
+
+    @property
+    def adaptive(self) -> bool:
+        """Whether rates are sampled in rounds until clear (``stop_width`` > 0) rather than at fixed counts."""
+        return bool(self.stop_width)
 
     @property
     def is_new(self) -> bool:

@@ -91,9 +91,20 @@ def rates(rows: Sequence[Mapping[str, Any]], metric: str) -> dict[tuple, dict[in
 
 
 def pool(values: Sequence[Rate | None]) -> Rate | None:
-    """Several rates as one (hits and n summed); None when none was measured."""
+    """Several rates (cells: depths, lengths) as one, each weighing the same; None when none was measured.
+
+    Cells with the same ``n``: hits and n summed. Cells with different ``n`` (``stop_width`` stops each cell on its own
+    round) would weigh by ``n`` if summed, so a model whose good depths took more keys would look better than one
+    whose bad depths did; instead the rate is the mean of the cells' rates and ``n`` is Kish's effective count for
+    equal weights, ``k^2 / sum(1 / n_i)`` rounded down (equal to the sum when the ``n_i`` are equal), so the Wilson
+    interval is no narrower than the evidence allows."""
     kept = [r for r in values if r is not None]
-    return Rate(sum(r.hits for r in kept), sum(r.n for r in kept)) if kept else None
+    if not kept:
+        return None
+    if len({r.n for r in kept}) == 1:
+        return Rate(sum(r.hits for r in kept), sum(r.n for r in kept))
+    n = max(1, int(len(kept) ** 2 / sum(1 / r.n for r in kept)))
+    return Rate(round(n * sum(r.value for r in kept) / len(kept), 9), n)
 
 
 def plot_rates(

@@ -28,6 +28,7 @@ from posenc.lab.extend.rates import (
     ruler_task,
     unit_order,
 )
+from posenc.lab.extend.sampling import rule_text
 
 if TYPE_CHECKING:
     from posenc.lab.extend.targets import HFTarget, LabTarget
@@ -89,8 +90,35 @@ def table(rows: Sequence[Mapping[str, Any]], metric: str) -> tuple[list[str], li
     return headers, cells
 
 
+def counts(rows: Sequence[Mapping[str, Any]], metric: str, depths: Sequence[float]) -> tuple[list, list[list[str]]]:
+    """Headers and cells of the samples each cell got: one line per model, one column per length, ``n`` per depth
+    joined by ``/`` (``-``: not measured; ``n/a``: the length is too short for the task)."""
+    headers, _ = table(rows, metric)
+    lengths = sorted({r["length"] for r in rows if r["metric"] == metric})
+    n: dict[tuple, dict[tuple, int]] = {}
+    for r in rows:
+        if r["metric"] == metric:
+            n.setdefault(model_of(r), {})[(r["length"], r["depth"])] = int(r["n"] or 0)
+    cells = []
+    for unit in sorted(n, key=unit_order):
+        by = n[unit]
+        line = [label(*unit)]
+        for length in lengths:
+            got = [by.get((length, d)) for d in depths]
+            line.append("n/a" if all(n == 0 for n in got) else "/".join("-" if n is None else str(n) for n in got))
+        cells.append(line)
+    return headers, cells
+
+
+def format_counts(rows: Sequence[Mapping[str, Any]], metric: str, depths: Sequence[float]) -> str:
+    return _markdown(*counts(rows, metric, depths))
+
+
 def format_table(rows: Sequence[Mapping[str, Any]], metric: str) -> str:
-    headers, cells = table(rows, metric)
+    return _markdown(*table(rows, metric))
+
+
+def _markdown(headers: list[str], cells: list[list[str]]) -> str:
     rule = "|:--|" + "--:|" * (len(headers) - 1)
     return "\n".join(["| " + " | ".join(headers) + " |", rule, *("| " + " | ".join(c) + " |" for c in cells)]) + "\n"
 
@@ -524,13 +552,23 @@ def write_report(
         lines += [
             "## Passkey retrieval",
             "",
-            f"Keys found (exact match) of keys tried, {cfg.trials} per depth, pooled over depths "
+            f"Keys found (exact match) of keys tried, pooled over depths "
             f"{', '.join(f'{d:g}' for d in cfg.depths)} (Mohtashami & Jaggi 2023): `hits/n rate [95% Wilson "
             f"interval]`. `n/a`: the length is shorter than the prompt ({target.min_passkey} {unit}s). The heatmaps "
-            "give every depth; two rates differ beyond noise only where their intervals are disjoint.",
+            "give every depth; two rates differ beyond noise only where their intervals are disjoint. Keys: "
+            f"{rule_text(cfg, 'keys', cfg.trials)}; a cell is a model at one length and depth.",
             "",
             format_table(rows, "passkey"),
         ]
+        if cfg.adaptive:
+            lines += [
+                f"Keys tried per cell (n at depths {', '.join(f'{d:g}' for d in cfg.depths)}, in that order). Where "
+                "a model's depths got different n, its pooled rate above is the mean of its depths' rates, with "
+                "Kish's effective n for equal weights (k^2 / sum 1/n_i), so no depth counts more for having taken "
+                "more keys:",
+                "",
+                format_counts(rows, "passkey", cfg.depths),
+            ]
         if (out / "passkey.png").is_file():
             lines += ["![passkey keys found by length and depth](passkey.png)", ""]
     ruler_metrics = [m for m in dict.fromkeys(r["metric"] for r in rows) if m.startswith(RULER_PREFIX)]
@@ -583,9 +621,11 @@ def _ruler_section(
         "## RULER (lm-evaluation-harness)",
         "",
         f"RULER (Hsieh et al. 2024) as lm-eval {ruler.LM_EVAL_VERSION} builds it from the model's tokenizer: the first "
-        f"{cfg.ruler_samples} documents of each length, greedy decoding, every prompt whole (max_length = the "
+        "n documents of each length, greedy decoding, every prompt whole (max_length = the "
         "longest prompt + the generation bound; a truncated prompt is an error). Score: the share of expected "
-        "strings in the answer (lm-eval's `string_match_all`), as `hits/n rate [95% Wilson interval]`.",
+        "strings in the answer (lm-eval's `string_match_all`), as `hits/n rate [95% Wilson interval]`. Documents: "
+        f"{rule_text(cfg, 'documents', cfg.ruler_samples)}; a cell is a model at one task and length, its n in the "
+        "table.",
         "",
     ]
     for metric in metrics:
@@ -593,25 +633,39 @@ def _ruler_section(
         bound = ruler.GEN_TOKENS.get(task, "?")
         lines += [f"### {task} (generation bound {bound} tokens)", "", format_table(rows, metric)]
     if suite is not None:
+        suites = {m: suite for m in metrics}
         if saved is not None and saved.suffix.lower() != ".gguf":
             folder = Path(os.path.abspath(saved))  # the commands run from anywhere
             unit = (cfg.methods[0], cfg.factors[0], cfg.finetune_steps, cfg.finetune_positions[0])
             intro = f"for the model this run saved to `{folder}` (`{label(*unit)}`; the numbers equal its row above):"
+            suites = {m: _documents_of(suite, rows, m, unit) for m in metrics}  # the n its cells stopped at
         else:
             folder = "DIR"
+            early = ", where its cells took every document (a cell that stopped at n: the first n)" * cfg.adaptive
             intro = (
                 "for a model written by `posenc extend --save DIR` (one method and factor; the numbers equal this "
-                "table's row for it):"
+                f"table's row for it{early}):"
             )
         lines += [
             f"The same documents through the `lm_eval` command line, {intro}",
             "",
             "```bash",
-            *(ruler.lm_eval_command(folder, suite, ruler_task(m), dtype=cfg.dtype or "float32") for m in metrics),
+            *(ruler.lm_eval_command(folder, suites[m], ruler_task(m), dtype=cfg.dtype or "float32") for m in metrics),
             "```",
             "",
         ]
     return lines
+
+
+def _documents_of(suite: Any, rows: Sequence[Mapping[str, Any]], metric: str, unit: tuple) -> Any:
+    """``suite`` with each length's documents cut to the ``n`` one model's cell took (``stop_width``: cells stop
+    early); lengths it did not measure keep them all."""
+    import dataclasses
+
+    task = ruler_task(metric)
+    took = {r["length"]: r["n"] for r in rows if r["metric"] == metric and model_of(r) == unit and r["n"]}
+    documents = {n: docs[: took.get(n, len(docs))] for n, docs in suite.samples[task].items()}
+    return dataclasses.replace(suite, samples={**suite.samples, task: documents})
 
 
 def precision_text(dtype: str | None, kind: str) -> str:

@@ -49,10 +49,10 @@ from posenc._checks import check_choice, fail
 from posenc.lab.common.devices import resolve_device
 from posenc.lab.common.progress import skipped
 from posenc.lab.common.runfiles import KeyedCSV, check_out, check_resumable, check_settings, write_marker
-from posenc.lab.extend import plan
-from posenc.lab.extend.config import ExtendConfig, check_lengths
+from posenc.lab.extend import plan, sampling
+from posenc.lab.extend.config import STOP_WIDTH, ExtendConfig, check_lengths
 from posenc.lab.extend.finetune import plot_losses, run_folder
-from posenc.lab.extend.rates import RULER_PREFIX, Rate
+from posenc.lab.extend.rates import RULER_PREFIX, Rate, model_of
 from posenc.lab.extend.report import finish, label, precision_text
 from posenc.lab.extend.targets import load_target, original_len_of
 
@@ -133,12 +133,13 @@ def _keys(unit: Unit, original: int, metric: str, length: int, depth: float | No
     return {result_key(_row(m, unit, original, length, depth)) for m in metrics}
 
 
-def _cost(target: Any, cfg: ExtendConfig, metric: str, length: int) -> tuple[float, int]:
-    """(compute in ``plan.forward_cost`` units, forwards) of one measurement."""
+def _cost(target: Any, cfg: ExtendConfig, metric: str, length: int, measured: int = 0) -> tuple[float, int]:
+    """(compute in ``plan.forward_cost`` units, forwards) of one measurement, at most (a rate's cap, less the
+    ``measured`` samples it already has)."""
     if metric.startswith(RULER_PREFIX):
-        n = cfg.ruler_samples
+        n = cfg.ruler_samples - measured
     else:
-        n = target.windows(length) if metric == "ppl" else cfg.trials if length >= target.min_passkey else 0
+        n = target.windows(length) if metric == "ppl" else cfg.trials - measured if length >= target.min_passkey else 0
     return n * target.forward_cost(length), n
 
 
@@ -278,6 +279,9 @@ def run_extend(
         cfg, kind=target.kind, original=target.original_len, default_methods=target.default_methods, device=device
     )
     cfg = dataclasses.replace(cfg, dtype=str(target.dtype).removeprefix("torch."))  # auto resolved, kept on resume
+    made_before_rounds = before is not None and "stop_width" not in before
+    if made_before_rounds and cfg.stop_width in (None, 0.0, STOP_WIDTH):
+        cfg = dataclasses.replace(cfg, stop_width=None)  # a study made before rounds resumes with its fixed counts
     target.use(cfg)
     plan.check(cfg, target, device=device)
     original = target.original_len
@@ -291,6 +295,8 @@ def run_extend(
         settings = {k: v for k, v in settings.items() if not k.startswith("ruler_")}
     if before is not None and "dtype" not in before and target.dtype == target.legacy_dtype():
         del settings["dtype"]  # a study started before dtype was a setting, resumed in the dtype it ran in
+    if made_before_rounds and cfg.stop_width is None:
+        del settings["stop_width"]
     adding_ruler = _adds_ruler(before, settings, resume)
     if cfg.task == "ruler":  # lm-eval builds the documents from the tokenizer: bad lengths and counts fail here
         if not adding_ruler:
@@ -321,12 +327,16 @@ def run_extend(
     resumed = len(done)
     grid = _measurements(cfg, lengths)
     work = [(u, [m for m in grid if not _keys(u, original, *m) <= done]) for u in _units(cfg, cfg.methods, target.kind)]
-    forwards = sum(_cost(target, cfg, m[0], m[1])[1] for _, todo in work for m in todo)
+    more = sampling.pending(read_results(results), cfg) if results.exists() else []  # resumed cells under way
+    measurements = [(m[0], m[1], 0) for _, todo in work for m in todo]
+    measurements += [(r["metric"], r["length"], r["n"]) for r in more]
+    forwards = sum(_cost(target, cfg, *m)[1] for m in measurements)
     calibration = target.calibrate(lengths) if progress and forwards else None  # may refit the cost model
-    total = sum(_cost(target, cfg, m[0], m[1])[0] for _, todo in work for m in todo)
+    total = sum(_cost(target, cfg, *m)[0] for m in measurements)
     study = plan.StudyProgress(progress, total, forwards, calibration[0] if calibration else None)
     if progress and forwards:
-        print(_plan_text(cfg, target, work, lengths, forwards, study, calibration))
+        rounds = {model_of(r) for r in more}  # models with only further rounds left (a resumed study)
+        print(_plan_text(cfg, target, work, lengths, forwards, study, calibration, rounds))
     described: dict[str, Any] = {}
     tuned: dict[str, Path] = {}
     for unit, todo in work:
@@ -339,13 +349,9 @@ def run_extend(
             tuned[name] = run_dir
         if not todo and unit != save_unit:
             continue
-        if method == "none":
-            model, description = (target.copy() if steps else target.model), {"method": "none"}
-        else:
-            model, description = target.patched(method, factor)
-        described[name] = description
-        if steps:
-            tuned[name] = target.finetune(model, _slug(name), round(original * factor), positions)
+        model, described[name], tuned_dir = _model_for(target, unit)
+        if tuned_dir is not None:
+            tuned[name] = tuned_dir
         if unit == save_unit:
             target.save(model, save_to, tensor_type=save_type)
             if progress:
@@ -356,10 +362,85 @@ def run_extend(
                 upsert_results(results, rows)
                 done.update(result_key(r) for r in rows)
         del model
+    _more_rounds(target, cfg, _units(cfg, cfg.methods, target.kind), grid, results, study, described)
     rows = read_results(results)
     plot_losses(tuned, out / "finetune.png", unit="byte" if target.kind == "lab" else "token")
     finish(out, cfg, target, rows, described, time.perf_counter() - start, progress, resumed, saved=save_to)
     return rows
+
+
+def _model_for(target: Any, unit: Unit) -> tuple[Any, dict, Path | None]:
+    """One measured model: (model, its patch's description, its fine-tuning run folder or None). A fine-tune that
+    finished before is reloaded, not rerun."""
+    method, factor, steps, positions = unit
+    if method == "none":
+        model, description = (target.copy() if steps else target.model), {"method": "none"}
+    else:
+        model, description = target.patched(method, factor)
+    tuned = None
+    if steps:
+        tuned = target.finetune(model, _slug(label(*unit)), round(target.original_len * factor), positions)
+    return model, description, tuned
+
+
+def _more_rounds(target: Any, cfg: ExtendConfig, units: Sequence[Unit], grid: Sequence[tuple], results: Path,
+                 study: Any, described: dict) -> None:  # fmt: skip
+    """``stop_width``: further rounds for the rate cells not yet decided (``posenc.lab.extend.sampling``).
+
+    The next round always goes to the undecided cell with the fewest samples (then the first model, then the first
+    measurement in the study's order): round by round over the cells, each model loaded once per round. The choice
+    depends only on the rows in ``results.csv``, so a study stopped anywhere and resumed takes the same rounds and
+    ends with the same counts."""
+    rows = {result_key(r): r for r in read_results(results)} if results.exists() else {}
+    order = {unit: i for i, unit in enumerate(units)}
+    place = {m: i for i, m in enumerate(grid)}
+
+    def next_round() -> dict | None:
+        todo = [r for r in sampling.pending(list(rows.values()), cfg) if model_of(r) in order]
+        rank = lambda r: (r["n"], order[model_of(r)], place.get((r["metric"], r["length"], r["depth"]), 0))  # noqa: E731
+        return min(todo, key=rank, default=None)
+
+    cell = next_round()
+    while cell is not None:
+        unit = model_of(cell)
+        name = label(*unit)
+        model, described[name], _ = _model_for(target, unit)
+        with study.bar(f"{name}: more samples") as tick:
+            while cell is not None and model_of(cell) == unit:
+                count = min(sampling.round_size(cfg, cell["metric"]), sampling.cap(cfg, cell["metric"]) - cell["n"])
+                row = _more(target, model, dict(cell), count, tick)
+                upsert_results(results, [row])
+                rows[result_key(row)] = row
+                cell = next_round()
+        del model
+
+
+def _more(target: Any, model: Any, row: dict, count: int, tick: Any) -> dict:
+    """``row`` (a rate cell, ``n`` samples measured) with the next ``count`` samples of its fixed sequence added."""
+    start, hits = row["n"] or 0, row["hits"] or 0.0
+    metric, length, depth = row["metric"], row["length"], row["depth"]
+    if metric.startswith(RULER_PREFIX):
+        task, suite = metric.removeprefix(RULER_PREFIX), target.suite
+        documents = suite.samples[task][length][start : start + count]  # lm-eval's documents of this length, in order
+        samples = {**suite.samples, task: {**suite.samples[task], length: documents}}
+        target.suite = dataclasses.replace(suite, samples=samples)  # this round's documents only
+        try:
+            score = target.ruler(model, task, length, tick=tick)
+        finally:
+            target.suite = suite
+        return rate(row, hits + score.hits, start + score.n)
+    cfg, seed = target.cfg, sampling.round_seed(_passkey_seed(target.cfg, length, depth), start)
+    target.cfg = dataclasses.replace(cfg, trials=count)  # one call per round: its keys share one prompt prefix
+    try:
+        found = round(target.passkey(model, length, depth, seed, tick=tick) * count)
+    finally:
+        target.cfg = cfg
+    return rate(row, hits + found, start + count)
+
+
+def _passkey_seed(cfg: ExtendConfig, length: int, depth: float) -> int:
+    """A passkey cell's seed: the same keys for every method."""
+    return cfg.seed * 1_000_003 + length * 101 + round(1000 * depth)
 
 
 def _adds_ruler(before: dict | None, settings: dict, resume: bool) -> bool:
@@ -379,15 +460,18 @@ def _slug(name: str) -> str:
 
 
 def _plan_text(cfg: ExtendConfig, target: Any, work: list, lengths: Sequence[int], forwards: int, study: Any,
-               calibration: tuple[float, int, float] | None) -> str:  # fmt: skip
-    models = [label(*u) for u, todo in work if todo]
-    keys = f"{_count(len(cfg.depths), 'depth')} x {_count(cfg.trials, 'key')}"
+               calibration: tuple[float, int, float] | None, rounds: set = frozenset()) -> str:  # fmt: skip
+    models = [label(*u) for u, todo in work if todo or u in rounds]
+    keys = f"{_count(len(cfg.depths), 'depth')} x {_up_to(cfg, cfg.trials)}{_count(cfg.trials, 'key')}"
     per_length = f"perplexity and passkey ({keys})" if cfg.task != "passkey" else f"passkey ({keys})"
+    most = _up_to(cfg, cfg.trials)
     if cfg.task == "ruler":
-        per_length += f" and RULER {', '.join(cfg.ruler_tasks)} ({_count(cfg.ruler_samples, 'document')} each)"
+        documents = _count(cfg.ruler_samples, "document")
+        per_length += f" and RULER {', '.join(cfg.ruler_tasks)} ({_up_to(cfg, cfg.ruler_samples)}{documents} each)"
+        most = most or _up_to(cfg, cfg.ruler_samples)
     text = (
         f"Plan: {len(models)} models ({', '.join(models)}) x {per_length} at lengths "
-        f"{', '.join(map(str, lengths))} (original {target.original_len}): {forwards} forwards in "
+        f"{', '.join(map(str, lengths))} (original {target.original_len}): {most}{forwards} forwards in "
         f"{precision_text(cfg.dtype, target.kind)}"
     )
     if calibration is not None:
@@ -402,6 +486,11 @@ def _plan_text(cfg: ExtendConfig, target: Any, work: list, lengths: Sequence[int
             f"{windows} (each with its own bar and ETA; a finished one is reloaded, not rerun)"
         )
     return text
+
+
+def _up_to(cfg: ExtendConfig, cap: int) -> str:
+    """``"up to "`` where a count is a cap that rounds may stop short of (``stop_width``, a cap above one round)."""
+    return "up to " if cfg.adaptive and cap > sampling.ROUND else ""
 
 
 def _count(n: int, noun: str) -> str:
@@ -419,11 +508,14 @@ def _measure(target, model, unit, metric: str, length: int, depth: float | None,
         beyond = _row("ppl_past", unit, original, length, depth)
         beyond.update(loss=past.loss, ppl=past.ppl, n=past.tokens, status=past.status)
         return [row, beyond]
+    rated = metric.startswith(RULER_PREFIX) or length >= target.min_passkey
+    if target.cfg.adaptive and rated:  # the first round; _more_rounds adds the others the cell needs
+        return [_more(target, model, row, sampling.round_size(target.cfg, metric), tick)]
     if metric.startswith(RULER_PREFIX):
         score = target.ruler(model, metric.removeprefix(RULER_PREFIX), length, tick=tick)
         return [rate(row, score.hits, score.n)]
     if length >= target.min_passkey:
-        seed = target.cfg.seed * 1_000_003 + length * 101 + round(1000 * depth)  # the same keys for every method
+        seed = _passkey_seed(target.cfg, length, depth)  # fixed counts: the keys studies drew before rounds
         trials = target.cfg.trials
         rate(row, round(target.passkey(model, length, depth, seed, tick=tick) * trials), trials)
     return [row]
