@@ -351,7 +351,11 @@ def _add_extend(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--depths", type=A.unit_intervals, help="passkey depths in [0, 1], comma-separated; default 0.25,0.75 (CPU)"
     )
-    p.add_argument("--trials", type=A.positive_int, help="passkey keys per length and depth; default 1 (CPU), 5 (lab)")
+    p.add_argument(
+        "--trials",
+        type=A.positive_int,
+        help="passkey keys per length and depth, at most (see --stop-width); default 1 (CPU), 5 (lab)",
+    )
     p.add_argument(
         "--finetune-steps", type=A.nonnegative_int, default=0, help="also fine-tune each patch at its target length"
     )
@@ -388,7 +392,7 @@ def _add_extend(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--ruler-samples",
         type=A.positive_int,
-        help="--task ruler: documents per task and length; default 2 (CPU), 10 (CUDA)",
+        help="--task ruler: documents per task and length, at most (see --stop-width); default 2 (CPU), 10 (CUDA)",
     )
     p.add_argument(
         "--stop-width",
