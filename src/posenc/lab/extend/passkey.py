@@ -222,6 +222,8 @@ def hf_accuracy(
     seed: int,
     prompts: dict | None = None,
     on_trial: Callable[[], None] | None = None,
+    share_prefix: bool = False,
+    answers: list[list[int]] | None = None,
 ) -> float:
     """Exact-match passkey accuracy of a transformers causal LM: the prompt fitted to ``length`` tokens, greedy
     ``generate`` of enough tokens for the key (one prefill, then a few decode steps on the KV cache), and the first
@@ -230,22 +232,40 @@ def hf_accuracy(
     Args:
         prompts: a dict caching the prompts' token ids across calls (see ``prompt_ids``).
         on_trial: called after each key, for progress.
+        share_prefix: the keys' prompts share everything before the key: compute its KV cache once and generate
+            each key's answer on a copy (``posenc.lab.extend.needles``; never for dynamic, longrope, dca, dca_vllm).
+            Off by default: on SmolLM2 in bfloat16 it was not faster on a loaded 2-core CPU and one of two 8k answers
+            changed (rounding), see BENCHMARKS.md; False: a fresh ``generate`` per key.
+        answers: a list that gets each key's generated token ids.
     """
+    from posenc.lab.extend.needles import SharedPrefix, cache_name, split_cached_attention
+
     generator = torch.Generator().manual_seed(seed)
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
+    keys = [int(torch.randint(KEY_LOW, KEY_HIGH, (), generator=generator)) for _ in range(trials)]
+    inputs = [prompt_ids(tokenizer, length, depth, key, prompts).to(device) for key in keys]  # each (1, ~length)
+    shared = SharedPrefix(model, inputs) if share_prefix else None
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     right = 0
-    for _ in range(trials):
-        key = int(torch.randint(KEY_LOW, KEY_HIGH, (), generator=generator))
-        ids = prompt_ids(tokenizer, length, depth, key, prompts).to(device)  # (1, ~length)
+    for key, ids in zip(keys, inputs, strict=True):
         new = len(tokenizer(" " + str(key), add_special_tokens=False)["input_ids"]) + 2
-        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        with past_max_length_allowed():
+        cache = None if shared is None else shared.cache_for(ids)
+        extra = {} if cache is None else {cache_name(model): cache}
+        with past_max_length_allowed(), split_cached_attention() if cache is not None else contextlib.nullcontext():
             out = model.generate(
-                ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, do_sample=False, pad_token_id=pad
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=new,
+                do_sample=False,
+                pad_token_id=pad,
+                **extra,
             )  # (1, ~length + new)
-        right += answer_matches(tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True), key)
+        answer = out[0, ids.shape[1] :]
+        if answers is not None:
+            answers.append(answer.tolist())
+        right += answer_matches(tokenizer.decode(answer, skip_special_tokens=True), key)
         if on_trial is not None:
             on_trial()
     model.train(was_training)

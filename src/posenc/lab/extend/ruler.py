@@ -272,8 +272,14 @@ def _whole_prompt_lm() -> type:
     """lm-eval's HFLM that refuses to truncate a prompt, and reports each generated answer."""
     from lm_eval.models.huggingface import HFLM
 
+    from posenc.lab.extend.needles import SharedPrefix, cache_name, split_cached_attention
+
     class WholePromptHFLM(HFLM):
         on_answer: Callable[[], None] | None = None
+        #: Answer the documents of one ``generate_until`` on copies of their shared prefix's KV cache, where exact
+        #: (``posenc.lab.extend.needles``); lm-eval still builds, stops and scores every answer. Off by default.
+        share_prefix: bool = False
+        shared: SharedPrefix | None = None
 
         def tok_batch_encode(self, strings, padding_side="left", left_truncate_len=None, truncation=False):  # noqa: ANN001, ANN202
             ids, mask = super().tok_batch_encode(strings, padding_side=padding_side, truncation=truncation)
@@ -287,10 +293,23 @@ def _whole_prompt_lm() -> type:
             return ids, mask
 
         def generate_until(self, requests, disable_tqdm: bool = True):  # noqa: ANN001, ANN201
-            return super().generate_until(requests, disable_tqdm=True)
+            self.shared = None
+            if self.share_prefix and len(requests) > 1:  # the contexts as HFLM encodes them (batch 1: no padding)
+                self.shared = SharedPrefix(self.model, [self.tok_batch_encode([r.args[0]])[0] for r in requests])
+            try:
+                return super().generate_until(requests, disable_tqdm=True)
+            finally:
+                self.shared = None  # its cache is dropped with the requests
 
-        def _model_generate(self, *args, **kwargs):  # noqa: ANN002, ANN003, ANN202
-            out = super()._model_generate(*args, **kwargs)
+        def _model_generate(self, context, max_length, stop, **kwargs):  # noqa: ANN001, ANN003, ANN202
+            cache = None if self.shared is None else self.shared.cache_for(context)
+            if cache is None:
+                out = super()._model_generate(context, max_length, stop, **kwargs)
+            else:
+                with split_cached_attention():
+                    out = super()._model_generate(
+                        context, max_length, stop, **{cache_name(self.model): cache, **kwargs}
+                    )
             if self.on_answer is not None:
                 self.on_answer()
             return out
@@ -337,15 +356,22 @@ def parse(results: dict, task: str, length: int, expected: Sequence[int]) -> Sco
 
 def evaluate(
     suite: Suite, model: torch.nn.Module, tokenizer: Any, task: str, length: int, *, device: str,
-    on_answer: Callable[[], None] | None = None,
+    on_answer: Callable[[], None] | None = None, share_prefix: bool = False,
 ) -> Score:  # fmt: skip
-    """``task``'s selected documents at ``length`` on ``model``, greedy, batch size 1, each prompt whole."""
+    """``task``'s selected documents at ``length`` on ``model``, greedy, batch size 1, each prompt whole.
+
+    ``share_prefix``: the documents' common haystack (each one's tokens up to its needle) goes through the model
+    once and each answer is generated on a copy of its KV cache, where that gives the same answers
+    (``posenc.lab.extend.needles``: not for dynamic, longrope, dca, dca_vllm). Off by default (False: lm-eval's own
+    generation): see ``passkey.hf_accuracy``.
+    """
     from lm_eval import evaluator
 
     from posenc.lab.extend.passkey import past_max_length_allowed
 
     lm = language_model(model, tokenizer, suite.max_length(task, length), device)
     lm.on_answer = on_answer
+    lm.share_prefix = share_prefix
     indices = suite.samples[task][length]
     with _quiet(), past_max_length_allowed():
         results = evaluator.evaluate(lm, {task: suite.tasks[task]}, samples={task: indices}, log_samples=True)
