@@ -174,8 +174,8 @@ def test_beyond_the_threshold_the_bias_follows_the_query_position():
         # The key at distance i (position 0) always maps to ~1: every query past the threshold sees the same bias.
         first = [enc.bias(torch.tensor([i]), torch.tensor([0]))[0, :, 0, 0] for i in (100, 1000, 100000)]
     # psi(i) / (psi(i) + eps) is 1 - eps / psi(i): within eps / psi(100) of the query at 100, moved through the MLP
-    w2_w1 = float((enc.mlp[2].weight.abs() @ enc.mlp[0].weight.abs()).max())
-    atol = _atol(enc) + w2_w1 * enc.config.eps / math.log1p(abs(float(enc.c)) * 100)
+    w2_w1 = float((enc.mlp[2].weight.detach().abs() @ enc.mlp[0].weight.detach().abs()).max())
+    atol = _atol(enc) + w2_w1 * enc.config.eps / math.log1p(abs(float(enc.c.detach())) * 100)
     assert_close(first[1], first[0], rtol=0, atol=atol)
     assert_close(first[2], first[0], rtol=0, atol=atol)
 

@@ -74,8 +74,8 @@ def test_equals_llama4_decoding_with_a_kv_cache():
     for start, stop in [(0, 7), (7, 8), (8, 12)]:
         mask = torch.zeros(1, 1, stop - start, stop)  # the cached keys visible, causal among the new ones
         mask[..., start:] = _causal_mask(stop - start)
-        want, _ = layer(x[:, start:stop], None, mask, past_key_values=cache)
-        exact, _ = layer64(x[:, start:stop].double(), None, mask.double(), past_key_values=cache64)
+        want, _ = layer(x[:, start:stop], None, mask, cache=cache)
+        exact, _ = layer64(x[:, start:stop].double(), None, mask.double(), cache=cache64)
         got, k, v = _posenc_attention(
             layer, x[:, start:stop], encoding, torch.arange(start, stop), torch.arange(stop), k, v
         )
