@@ -165,19 +165,19 @@ def _refuse_save(self: torch.nn.Module, *args: Any, **kwargs: Any) -> None:
 
     remap = self.__dict__["_posenc_remap"]
     problem = remap_save_problem(self.config, remap.method, remap.encoding)
-    where = (
-        "posenc.hf.save_pretrained(model, tokenizer, out_dir), which writes it as dual_chunk_attention_config "
+    instead = (
+        "use posenc.hf.save_pretrained(model, tokenizer, out_dir), which writes it as dual_chunk_attention_config "
         "for vLLM and SGLang"
         if problem is None
-        else f"nothing records it ({problem}): save the model as loaded and re-apply it after loading with "
-        f"{remap.call()}"
+        else f"no saved config runs it as measured ({problem}): save the model as loaded and re-apply it after "
+        f"loading with {remap.call()}"
     )
     fail(
         "model",
         f"{architecture(self)} patched with {remap.method.name}",
         f"a model whose save reloads as what it runs: model.save_pretrained writes no record of {remap.method.name} "
         f"(it would reload as the unextended model with max_position_embeddings "
-        f"{self.config.max_position_embeddings}); use {where}",
+        f"{self.config.max_position_embeddings}); {instead}",
     )
 
 
