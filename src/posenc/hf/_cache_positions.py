@@ -41,9 +41,7 @@ def watch_cache(module: torch.nn.Module) -> None:
             bound = signature.bind_partial(*args, **kwargs).arguments
         except TypeError:
             bound = kwargs
-        found = next((bound[n] for n in _CACHE_NAMES if bound.get(n) is not None), None)
-        found = found if found is not None else next((kwargs[n] for n in _CACHE_NAMES if kwargs.get(n)), None)
-        mod.__dict__[_CACHE] = found
+        mod.__dict__[_CACHE] = next((bound[n] for n in _CACHE_NAMES if bound.get(n) is not None), None)
         return None
 
     def after(mod, args, output):  # noqa: ANN001, ANN202 - forward hook

@@ -79,6 +79,11 @@ class RemapMethod(DictConfig):
     def limiting_parameter(self) -> tuple[str, object]:  # pragma: no cover
         raise NotImplementedError
 
+    @property
+    def depends_on_length(self) -> bool:
+        """True where ``logit_factor`` reads the sequence's length (Dual Chunk Attention with ``mscale > 0``)."""
+        return False
+
     def logit_factor(self, length: torch.Tensor) -> torch.Tensor | None:
         """A factor on every logit of a query, from the length ``S`` of its sequence (Dual Chunk Attention's
         ``m(S)**2``); None where the method has none. ``length``: float64, any shape -> the same shape."""

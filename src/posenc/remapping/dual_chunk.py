@@ -109,9 +109,13 @@ class DualChunk(RemapMethod):
     def limiting_parameter(self) -> tuple[str, object]:
         return "chunk_size", self.chunk_size
 
+    @property
+    def depends_on_length(self) -> bool:  # type: ignore[override]
+        return self.mscale > 0
+
     def logit_factor(self, length: torch.Tensor) -> torch.Tensor | None:
         """``max(1, mscale * ln(S / L) + 1) ** 2`` for lengths ``S`` (float64); None without a factor."""
-        if self.mscale == 0:
+        if not self.depends_on_length:
             return None
         m = (self.mscale * torch.log(length.double() / self.original_max_position_embeddings) + 1).clamp_min(1.0)
         return m * m

@@ -112,7 +112,7 @@ def remap_attention(
     pairs = _pair_mask(mask, s, t, b, q.device)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     lengths = None
-    if encoding.depends_on_length or method.logit_factor(torch.ones(())) is not None:
+    if encoding.depends_on_length or method.depends_on_length:
         lengths = _lengths(seq_len, q_pos, k_pos, docs)
 
     backend = _backend(backend, q, v)
