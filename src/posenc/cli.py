@@ -277,11 +277,18 @@ def _add_vision(sub: argparse._SubParsersAction) -> None:
 
 
 def extend(args: argparse.Namespace) -> int:
+    from posenc._checks import fail
     from posenc.lab.common.devices import resolve_device
     from posenc.lab.common.runfiles import check_out
     from posenc.lab.extend.config import ExtendConfig
     from posenc.lab.extend.study import run_extend
 
+    if not args.pick:
+        for flag, value in (("--target", args.target), ("--budget", args.budget), ("--plan", args.plan or None)):
+            if value is not None:
+                fail(flag, value, "a setting of --pick (add --pick --target T)")
+    elif args.target is None:
+        fail("--target", None, "the length to pick a method for, with --pick: tokens (32768) or a multiple (4x)")
     path = Path(args.model).expanduser()
     cfg = ExtendConfig(  # a path is stored absolute; names ('smollm2', 'new', 'new:alibi') as given
         model=str(path.resolve()) if path.exists() else args.model,
@@ -310,6 +317,15 @@ def extend(args: argparse.Namespace) -> int:
         seed=args.seed,
     )
     resolve_device(args.device, allow_auto=True)
+    if args.pick:
+        from posenc.lab.extend.picking import run_pick
+
+        check_out(args.out, "pick")
+        run_pick(cfg, args.target, Path(args.out), budget=args.budget, resume=args.resume, progress=not args.quiet,
+                 save=args.save, save_type=args.save_type, plan_only=args.plan)  # fmt: skip
+        if args.quiet and not args.plan:
+            _wrote(args.out)
+        return 0
     check_out(args.out, "extend")
     run_extend(
         cfg, Path(args.out), resume=args.resume, progress=not args.quiet, save=args.save, save_type=args.save_type
@@ -441,6 +457,23 @@ def _add_extend(sub: argparse._SubParsersAction) -> None:
         "bfloat16 units (AVX512-BF16/AMX), else float32; on CUDA the checkpoint's own (default: auto)",
     )
     p.add_argument("--seed", type=A.nonnegative_int, default=d.seed, help="seed of every random draw")
+    p.add_argument(
+        "--pick",
+        action="store_true",
+        help="answer 'which method makes this model work at --target, and how sure?': screen every training-free "
+        "method (perplexity at the target, passkeys at a shorter length), race the best at the target in rounds "
+        "until each needle rate is decided, rank them with 95%% intervals, pick (tied: the cheapest to serve); a "
+        "plan with a time estimate is printed before any weight is loaded; --save writes the pick",
+    )
+    p.add_argument(
+        "--target", help="--pick: the length to work at, in tokens (32768) or a multiple of the context (4x)"
+    )
+    p.add_argument(
+        "--budget",
+        help="--pick: time for the whole pick (5400, 90m, 1.5h): sets the most samples per cell from the estimate; "
+        "default 20 samples per cell",
+    )
+    p.add_argument("--plan", action="store_true", help="--pick: print the plan and its estimate, write nothing")
     _add_run_options(p, "extend", "run")
     p.set_defaults(func=extend)
 
@@ -660,7 +693,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return args.func(args)
     except ValueError as err:
         if out is not None and not existed:
-            _remove_if_unused(out, args.command)
+            _remove_if_unused(out, "pick" if getattr(args, "pick", False) else args.command)
         print(f"{name}: {_one_line(err)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

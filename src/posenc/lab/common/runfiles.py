@@ -28,6 +28,7 @@ SETTINGS_FILES = {
     "lab": "study.json",
     "vision": "vision.json",
     "extend": "extend.json",
+    "pick": "pick.json",
     "figures": "figures.json",
     "bench": "bench.json",
 }

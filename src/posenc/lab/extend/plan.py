@@ -210,6 +210,41 @@ def forward_cost(length: int, l0: float) -> float:
     return length * (1.0 + length / l0)
 
 
+#: How fast a whole forward runs relative to ``probe_seconds_per_unit``'s matrix products (FLOPs per second of the
+#: model's ``2 * params`` per token-equivalent over the probe's). Measured: SmolLM2-135M, bfloat16, 2-core AMD EPYC
+#: (AVX512-BF16), torch 2.13.0, idle machine, 2026-11-26: a 16,384-token forward took 88.9 s (1.75 ms per
+#: token-equivalent) while the probe ran at ~405 GFLOP/s (396-421 in three probes): 2 * 134.5e6 / (1.75e-3 * 405e9).
+#: Attention dominates that forward (80% of its CPU time, ``torch.profiler``); shorter ones run nearer the probe.
+PROBE_EFFICIENCY = 0.38
+
+
+def probe_seconds_per_unit(dims: ModelDims, dtype: torch.dtype, device: str, seconds: float = 0.25) -> float:
+    """Seconds per ``forward_cost`` unit on this machine, estimated before any weight is loaded: the speed of the
+    model's own MLP matrix product (512 tokens x hidden x intermediate, in ``dtype`` on ``device``) for about
+    ``seconds``, scaled by ``PROBE_EFFICIENCY``. Rough (elementwise work, attention and the machine's other load are
+    not in it); a study refines it after loading (``calibrate``)."""
+    tokens = 512
+    a = torch.randn(tokens, dims.hidden, dtype=dtype, device=device)
+    b = torch.randn(dims.hidden, dims.intermediate, dtype=dtype, device=device)
+    a @ b  # warm-up
+    _sync_device(device)
+    runs, start = 0, time.perf_counter()
+    while (elapsed := time.perf_counter() - start) < seconds or runs < 3:
+        a @ b
+        runs += 1
+        if runs % 8 == 0:
+            _sync_device(device)
+    _sync_device(device)
+    elapsed = time.perf_counter() - start
+    rate = 2.0 * tokens * dims.hidden * dims.intermediate * runs / elapsed  # FLOP/s
+    return 2.0 * dims.params / (rate * PROBE_EFFICIENCY)
+
+
+def _sync_device(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize(torch.device(device))
+
+
 def memory_needed(dims: ModelDims, length: int, *, weight_bytes: int, act_bytes: int) -> dict[str, float]:
     """A conservative estimate (bytes) of a study's peak at ``length`` tokens: the weights twice (the model and its
     patched copy), one layer's activations (inference mode keeps no others; attention through SDPA, no (S, S)

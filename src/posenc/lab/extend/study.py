@@ -120,6 +120,30 @@ def _units(cfg: ExtendConfig, methods: Sequence[str], kind: str) -> list[Unit]:
     return units
 
 
+def _only(grid: list[Unit], units: Sequence[Unit] | None) -> list[Unit]:
+    """The study's models: ``grid`` (``_units``), or the ``units`` of it asked for, in the grid's order."""
+    if units is None:
+        return grid
+    asked = set()
+    for unit in units:
+        unit = (str(unit[0]), float(unit[1]), int(unit[2]), str(unit[3])) if len(unit) == 4 else unit
+        if unit not in grid:
+            fail("units", list(unit), f"models of the study's grid {[list(u) for u in grid]}")
+        asked.add(unit)
+    return [u for u in grid if u[0] == "none" and not u[2] or u in asked]
+
+
+def _only_measurements(grid: list[tuple], asked: Sequence[tuple] | None) -> list[tuple]:
+    """The study's measurements: ``grid``, or those of it asked for, in the grid's order."""
+    if asked is None:
+        return grid
+    wanted = {(str(m), int(n), None if d is None else float(d)) for m, n, d in asked}
+    unknown = wanted - set(grid)
+    if unknown:
+        fail("measurements", sorted(map(list, unknown), key=str), f"measurements of the study's grid {grid}")
+    return [m for m in grid if m in wanted]
+
+
 def _measurements(cfg: ExtendConfig, lengths: Sequence[int]) -> list[tuple[str, int, float | None]]:
     """(metric, length, depth) per model; a ``ppl`` measurement also writes ``ppl_past`` past the original length."""
     ppl = [("ppl", n, None) for n in lengths] if cfg.task in ("lm", "ruler") else []
@@ -240,8 +264,15 @@ def run_extend(
     progress: bool = True,
     save: str | Path | None = None,
     save_type: str = "source",
+    units: Sequence[Unit] | None = None,
+    measurements: Sequence[tuple[str, int, float | None]] | None = None,
 ) -> list[dict[str, Any]]:
     """Run (or continue) the study; returns the rows of ``OUT/results.csv``. Files land in ``out`` (or ``cfg.out``).
+
+    ``units``: measure only these models of the study's ``methods x factors`` (and fine-tuned) grid, each a
+    ``(method, factor, finetune_steps, finetune_positions)`` tuple (``--pick``'s stages); the unpatched model is
+    always measured. ``measurements``: likewise only these ``(metric, length, depth)`` of the study's grid (depth None
+    but for passkey). Both are stored with the settings and checked on resume.
 
     ``save``: a new or empty folder; the study's one patched model (exactly one method and one factor) is written
     there as a transformers folder (a frequency method's config carries it, so ``from_pretrained`` loads it extended;
@@ -284,6 +315,7 @@ def run_extend(
         cfg = dataclasses.replace(cfg, stop_width=None)  # a study made before rounds resumes with its fixed counts
     target.use(cfg)
     plan.check(cfg, target, device=device)
+    measured = _only(_units(cfg, cfg.methods, target.kind), units)
     original = target.original_len
     lengths = tuple(sorted(set(cfg.lengths)))
     for method in cfg.methods:  # every patch is checked before anything is measured (pretrained: on a meta copy)
@@ -297,6 +329,11 @@ def run_extend(
         del settings["dtype"]  # a study started before dtype was a setting, resumed in the dtype it ran in
     if made_before_rounds and cfg.stop_width is None:
         del settings["stop_width"]
+    if units is not None:
+        settings["units"] = [list(u) for u in measured]
+    grid = _only_measurements(_measurements(cfg, lengths), measurements)
+    if measurements is not None:
+        settings["measurements"] = [list(m) for m in grid]
     adding_ruler = _adds_ruler(before, settings, resume)
     if cfg.task == "ruler":  # lm-eval builds the documents from the tokenizer: bad lengths and counts fail here
         if not adding_ruler:
@@ -325,8 +362,7 @@ def run_extend(
     results = out / "results.csv"
     done = {result_key(r) for r in read_results(results)} if results.exists() else set()
     resumed = len(done)
-    grid = _measurements(cfg, lengths)
-    work = [(u, [m for m in grid if not _keys(u, original, *m) <= done]) for u in _units(cfg, cfg.methods, target.kind)]
+    work = [(u, [m for m in grid if not _keys(u, original, *m) <= done]) for u in measured]
     more = sampling.pending(read_results(results), cfg) if results.exists() else []  # resumed cells under way
     measurements = [(m[0], m[1], 0) for _, todo in work for m in todo]
     measurements += [(r["metric"], r["length"], r["n"]) for r in more]
@@ -336,7 +372,8 @@ def run_extend(
     study = plan.StudyProgress(progress, total, forwards, calibration[0] if calibration else None)
     if progress and forwards:
         rounds = {model_of(r) for r in more}  # models with only further rounds left (a resumed study)
-        print(_plan_text(cfg, target, work, lengths, forwards, study, calibration, rounds))
+        print(_plan_text(cfg, target, work, lengths, forwards, study, calibration, rounds,
+                         grid if measurements is not None else None))  # fmt: skip
     described: dict[str, Any] = {}
     tuned: dict[str, Path] = {}
     for unit, todo in work:
@@ -362,7 +399,7 @@ def run_extend(
                 upsert_results(results, rows)
                 done.update(result_key(r) for r in rows)
         del model
-    _more_rounds(target, cfg, _units(cfg, cfg.methods, target.kind), grid, results, study, described)
+    _more_rounds(target, cfg, measured, grid, results, study, described)
     rows = read_results(results)
     plot_losses(tuned, out / "finetune.png", unit="byte" if target.kind == "lab" else "token")
     finish(out, cfg, target, rows, described, time.perf_counter() - start, progress, resumed, saved=save_to)
@@ -460,18 +497,28 @@ def _slug(name: str) -> str:
 
 
 def _plan_text(cfg: ExtendConfig, target: Any, work: list, lengths: Sequence[int], forwards: int, study: Any,
-               calibration: tuple[float, int, float] | None, rounds: set = frozenset()) -> str:  # fmt: skip
+               calibration: tuple[float, int, float] | None, rounds: set = frozenset(),
+               grid: Sequence[tuple] | None = None) -> str:  # fmt: skip
     models = [label(*u) for u, todo in work if todo or u in rounds]
-    keys = f"{_count(len(cfg.depths), 'depth')} x {_up_to(cfg, cfg.trials)}{_count(cfg.trials, 'key')}"
-    per_length = f"perplexity and passkey ({keys})" if cfg.task != "passkey" else f"passkey ({keys})"
-    most = _up_to(cfg, cfg.trials)
-    if cfg.task == "ruler":
+    metrics = {m for m, _, _ in grid} if grid is not None else None  # None: every measurement of the settings
+    depths = sorted({d for m, _, d in grid if m == "passkey"}) if grid is not None else cfg.depths
+    keys = f"{_count(len(depths), 'depth')} x {_up_to(cfg, cfg.trials)}{_count(cfg.trials, 'key')}"
+    parts = []
+    if cfg.task != "passkey" and (metrics is None or "ppl" in metrics):
+        parts.append("perplexity")
+    if metrics is None or "passkey" in metrics:
+        parts.append(f"passkey ({keys})")
+    most = _up_to(cfg, cfg.trials) if "passkey" in (metrics or {"passkey"}) else ""
+    ruler = [t for t in (cfg.ruler_tasks or ()) if metrics is None or RULER_PREFIX + t in metrics]
+    if cfg.task == "ruler" and ruler:
         documents = _count(cfg.ruler_samples, "document")
-        per_length += f" and RULER {', '.join(cfg.ruler_tasks)} ({_up_to(cfg, cfg.ruler_samples)}{documents} each)"
+        parts.append(f"RULER {', '.join(ruler)} ({_up_to(cfg, cfg.ruler_samples)}{documents} each)")
         most = most or _up_to(cfg, cfg.ruler_samples)
+    per_length = " and ".join(parts)
+    shown = sorted({n for _, n, _ in grid}) if grid is not None else lengths
     text = (
         f"Plan: {len(models)} models ({', '.join(models)}) x {per_length} at lengths "
-        f"{', '.join(map(str, lengths))} (original {target.original_len}): {most}{forwards} forwards in "
+        f"{', '.join(map(str, shown))} (original {target.original_len}): {most}{forwards} forwards in "
         f"{precision_text(cfg.dtype, target.kind)}"
     )
     if calibration is not None:
