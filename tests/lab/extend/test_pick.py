@@ -329,3 +329,15 @@ def test_a_resumed_pick_keeps_its_budget_and_cap_whatever_the_machine_speed_now(
     assert again["cap"] == first["cap"] and again["standings"] == first["standings"]
     with pytest.raises(ValueError, match=r"these differ: \['budget'\]"):
         run_pick(cfg, "2x", tmp_path / "pick", budget="2h", resume=True, progress=False)
+
+
+def test_stop_width_zero_gives_every_race_cell_its_cap(llama, corpus, tmp_path):
+    """--stop-width 0 (fixed counts, e.g. n = 100 for a study) is kept, never replaced by the default."""
+    cfg = _cfg(llama, corpus, methods=("yarn",), trials=8, stop_width=0.0)
+    run_pick(cfg, "2x", tmp_path / "pick", progress=False)
+    final = json.loads((tmp_path / "pick" / "final" / "extend.json").read_text())
+    assert final["stop_width"] == 0.0
+    from posenc.lab.extend.study import read_results
+
+    rows = read_results(tmp_path / "pick" / "final" / "results.csv")
+    assert sorted(r["n"] for r in rows if r["metric"] == "passkey") == [8] * len(final["units"])

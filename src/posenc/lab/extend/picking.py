@@ -31,7 +31,7 @@ from posenc.lab.common.files import write_text_atomic
 from posenc.lab.common.runfiles import check_out, check_settings
 from posenc.lab.extend import pick as rules
 from posenc.lab.extend import plan, sampling
-from posenc.lab.extend.config import STOP_WIDTH, ExtendConfig
+from posenc.lab.extend.config import ExtendConfig
 from posenc.lab.extend.rates import RULER_PREFIX, UNPATCHED
 from posenc.lab.extend.report import label
 from posenc.lab.extend.targets import load_target
@@ -237,7 +237,7 @@ def stage_configs(cfg: ExtendConfig, decided: PickPlan, cap: int) -> tuple[Exten
         common["methods"] = (*methods, FINETUNED_METHOD)
     final = dataclasses.replace(cfg, **common, lengths=(decided.target,), trials=cfg.trials or cap,
                                 ruler_samples=(cfg.ruler_samples or cap) if cfg.task == "ruler" else None,
-                                stop_width=cfg.stop_width or STOP_WIDTH)  # fmt: skip
+                                stop_width=cfg.stop_width)  # fmt: skip
     return ppl, keys, final
 
 
