@@ -125,6 +125,13 @@ def test_the_pick_is_the_best_beyond_noise_or_the_cheapest_to_serve_among_the_ti
                          name)  # fmt: skip
     assert clear.pick.unit[0] == "self_extend" and clear.runner_up.unit[0] == "yarn"
     assert "beyond noise above every other method (yarn)" in clear.reason
+    assert clear.reason.endswith("the unpatched model finds 0/20 0% [0-16], beyond noise below it: the method "
+                                 "rescues retrieval")  # fmt: skip
+    close = rules.choose(_standings({"none": (3, 4, 90.0), "yarn": (4, 4, 5.0)}), name)
+    assert close.reason.endswith("within noise of it: that it rescues retrieval at all is not shown at this n")
+    nothing = rules.choose(_standings({"none": (0, 8, 90.0), "yarn": (0, 8, 5.0), "ntk": (0, 8, 6.0)}), name)
+    assert nothing.reason.endswith("No method found a needle at the target: nothing here rescues retrieval at this "
+                                   "length")  # fmt: skip
     # 18/20 and 20/20 are within noise: the frequency config (every engine reads it) beats the run-time patch.
     tied = rules.choose(_standings({"none": (0, 20, 90.0), "self_extend": (20, 20, 6.0), "yarn": (18, 20, 5.0),
                                     "dynamic": (19, 20, 5.0)}), name)  # fmt: skip

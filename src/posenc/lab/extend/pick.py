@@ -315,4 +315,18 @@ def choose(ranked: Sequence[Standing], name: Any, savable: Any = None) -> Pick:
                   f"the cheapest of them to serve: {where}")  # fmt: skip
         if pick is not best:
             reason += f" (the highest point estimate, {name(best.unit)}, is not beyond noise of it)"
+    reason += _versus_unpatched(pick, [s for s in ranked if s.unit[0] == "none"])
     return Pick(pick, runner_up, tied, reason)
+
+
+def _versus_unpatched(pick: Standing, unpatched: list[Standing]) -> str:
+    """Whether the pick rescues retrieval at all: its rate against the unpatched model's."""
+    if not pick.needles.hits:
+        return ". No method found a needle at the target: nothing here rescues retrieval at this length"
+    if not unpatched or unpatched[0].needles is None:
+        return ""
+    base = unpatched[0].needles
+    if pick.needles.beyond_noise(base) and pick.needles.value > base.value:
+        return f"; the unpatched model finds {base.text()}, beyond noise below it: the method rescues retrieval"
+    return (f"; the unpatched model finds {base.text()}, within noise of it: that it rescues retrieval at all is not "
+            "shown at this n")  # fmt: skip

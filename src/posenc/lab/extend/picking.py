@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import shlex
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -140,7 +141,9 @@ def run_pick(
     why_not = _savable(model, save, save_type, cfg, out, decided.target) if save is not None else None
     outcome = rules.choose(ranked, lambda u: label(*u), savable=why_not)
     saved = _save(final_cfg, out, outcome.pick.unit, save, save_type, device, progress) if save else None
-    text = report(cfg, model, decided, cap, verdicts, ranked, outcome, saved, time.perf_counter() - start)
+    reference = rules.survivors(screen_rows, [UNPATCHED], target=decided.target, screen=decided.screen)
+    reference = [dataclasses.replace(r, kept=False, why="the model as trained (reference)") for r in reference]
+    text = report(cfg, model, decided, cap, verdicts, ranked, outcome, saved, time.perf_counter() - start, reference)
     write_text_atomic(out / "pick.md", text)
     if progress:
         print(summary(ranked, outcome, saved))
@@ -362,18 +365,20 @@ def commands(model: Any, decided: PickPlan, outcome: rules.Pick, saved: Path | N
         lines.append("Write it: the same command with `--resume --save DIR` (a new folder; `FILE.gguf` for llama.cpp "
                      "where the method has a GGUF key) writes the pick without measuring again.")  # fmt: skip
     if saved is not None and saved.suffix.lower() == ".gguf":
-        lines.append(f"    llama-cli -m {shlex.quote(folder)} -c {t}")
-        return lines
+        return [*lines, "```bash", f"llama-cli -m {shlex.quote(folder)} -c {t}", "```"]
     task = _ruler_tasks(cfg)[0]
     meta = f"'{{\"max_seq_lengths\":[{t}]}}'"
+    shell = []
     if kind in ("config", "dynamic"):
-        lines.append(f"    lm_eval --model hf --model_args {shlex.quote(f'pretrained={folder},max_length={t}')} "
+        shell.append(f"lm_eval --model hf --model_args {shlex.quote(f'pretrained={folder},max_length={t}')} "
                      f"--tasks {task} --metadata {meta} --batch_size 1")  # fmt: skip
     if kind in ("config", "dynamic", "dca_vllm"):
-        lines.append(f"    lm_eval --model vllm --model_args {shlex.quote(f'pretrained={folder},max_model_len={t}')} "
+        shell.append(f"lm_eval --model vllm --model_args {shlex.quote(f'pretrained={folder},max_model_len={t}')} "
                      f"--tasks {task} --metadata {meta} --batch_size auto")  # fmt: skip
+    if shell:
+        lines += ["", "```bash", *shell, "```"]
     if kind == "dca_vllm":
-        lines.append("    (transformers loads this folder unextended: evaluate it with vLLM, or in posenc)")
+        lines.append("transformers loads this folder unextended: evaluate it with vLLM, or in posenc.")
     if kind == "patch":
         factor = f"{outcome.pick.unit[1]:g}"
         lines.append(f"No saved config runs {method}: load the model, then "
@@ -383,7 +388,8 @@ def commands(model: Any, decided: PickPlan, outcome: rules.Pick, saved: Path | N
 
 
 def report(cfg: ExtendConfig, model: Any, decided: PickPlan, cap: int, verdicts: list[rules.Screened],
-           ranked: list[rules.Standing], outcome: rules.Pick, saved: Path | None, seconds: float) -> str:  # fmt: skip
+           ranked: list[rules.Standing], outcome: rules.Pick, saved: Path | None, seconds: float,
+           reference: Sequence[rules.Screened] = ()) -> str:  # fmt: skip
     lines = [
         f"# Which method for {model.name} at {decided.target} tokens?",
         "",
@@ -409,7 +415,7 @@ def report(cfg: ExtendConfig, model: Any, decided: PickPlan, cap: int, verdicts:
         f"| candidate | ppl past L at {decided.target} | passkey at {decided.screen} | verdict |",
         "|---|---|---|---|",
     ]
-    for v in verdicts:
+    for v in [*reference, *verdicts]:
         ppl = "n/a" if v.ppl_past is None else f"{v.ppl_past:.3g}"
         lines.append(f"| {label(*v.unit)} | {ppl} | {v.passkey.text() if v.passkey else 'n/a'} | {v.why} |")
     stages = "`screen-ppl/report.md`, `screen-passkey/report.md`, `final/report.md`"
