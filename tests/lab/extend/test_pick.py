@@ -250,6 +250,8 @@ def test_plan_only_writes_nothing_and_the_budget_sets_the_cap(llama, corpus, tmp
         ({"lengths": (128,)}, "2x", "lengths=.*left out with --pick"),
         ({}, "64", "target='64' is invalid: expected a length beyond the original context of 64"),
         ({"methods": ("nope",)}, "2x", "methods=.* is invalid"),
+        # the race's fine-tune is checked before screening runs: PoSE needs a window shorter than the target
+        ({"finetune_steps": 2, "finetune_positions": ("pose",), "finetune_window": 128}, "2x", "finetune_window"),
     ],
 )
 def test_bad_pick_settings_fail_before_anything_is_written(llama, corpus, tmp_path, settings, target, match):

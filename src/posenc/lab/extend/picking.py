@@ -114,6 +114,12 @@ def run_pick(
                         stored=stored.get("candidates"), cap=stored.get("cap"))  # fmt: skip
     settings = {k: v for k, v in cfg.to_dict().items() if k != "out"}
     settings.update(decided.settings(), budget=budget)
+    stages = stage_configs(cfg, decided, decided.cap)
+    for stage in stages:  # every stage's settings against the model and the machine, before anything is written
+        resolved = plan.resolve(stage, kind=model.kind, original=model.original_len,
+                                default_methods=model.default_methods, device=device)  # fmt: skip
+        model.use(dataclasses.replace(resolved, dtype=str(model.dtype).removeprefix("torch.")))
+        plan.check(resolved, model, device=device)
     if progress or plan_only:
         print(plan_text(decided, model, cfg))
     if plan_only:
@@ -122,7 +128,7 @@ def run_pick(
     cap = decided.cap
     from posenc.lab.extend.study import run_extend
 
-    ppl_cfg, keys_cfg, final_cfg = stage_configs(cfg, decided, cap)
+    ppl_cfg, keys_cfg, final_cfg = stages
     units = [c.unit for c in decided.candidates]
     ppl_rows = run_extend(ppl_cfg, out / "screen-ppl", resume=True, progress=progress, units=units,
                           measurements=[("ppl", decided.target, None)])  # fmt: skip
