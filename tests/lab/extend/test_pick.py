@@ -350,3 +350,38 @@ def test_stop_width_zero_gives_every_race_cell_its_cap(llama, corpus, tmp_path):
 
     rows = read_results(tmp_path / "pick" / "final" / "results.csv")
     assert sorted(r["n"] for r in rows if r["metric"] == "passkey") == [8] * len(final["units"])
+
+
+def test_a_scripted_race_stops_each_cell_once_decided_and_picks_the_clear_winner(llama, corpus, tmp_path, monkeypatch):
+    """Passkey answers scripted by model: screening at 96 tokens drops linear (0/4 against 4/4, beyond noise); at the
+    target yarn x2 finds every key, yarn x4 half, ntk and the unpatched model none. The race stops the unpatched
+    model and ntk after one round (disjoint from the best), yarn x4 once its interval clears the best's, the best
+    once narrow (<= 0.3), and the pick is yarn x2, beyond noise."""
+    which = {}
+    patched = HFTarget.patched
+
+    def tagged(self, method, factor):
+        model, described = patched(self, method, factor)
+        which[id(model)] = (method, factor)
+        return model, described
+
+    def passkey(self, model, length, depth, seed, tick=None):
+        method = which.get(id(model), ("none", 1.0))
+        if length == 96:
+            return 0.0 if method[0] in ("linear", "none") else 1.0
+        return {("yarn", 2.0): 1.0, ("yarn", 4.0): 0.5}.get(method, 0.0)
+
+    monkeypatch.setattr(HFTarget, "patched", tagged)
+    monkeypatch.setattr(HFTarget, "passkey", passkey)
+    cfg = _cfg(llama, corpus, methods=("linear", "ntk", "yarn"), trials=20)
+    result = run_pick(cfg, "2x", tmp_path / "pick", progress=False)
+    from posenc.lab.extend.study import read_results
+
+    rows = read_results(tmp_path / "pick" / "final" / "results.csv")
+    n = {(r["method"], r["factor"]): r["n"] for r in rows if r["metric"] == "passkey"}
+    assert n == {("none", 1.0): 4, ("ntk", 2.0): 4, ("yarn", 2.0): 12, ("yarn", 4.0): 12}
+    assert result["pick"] == "yarn x2" and "beyond noise above every other method" in result["reason"]
+    assert "the method rescues retrieval" in result["reason"]
+    report = (tmp_path / "pick" / "pick.md").read_text()
+    assert "| linear x2 |" in report and "beyond noise below the best (4/4" in report
+    assert "| **pick** | yarn x2 | 12/12 100% [76-100] |" in report
