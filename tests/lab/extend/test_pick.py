@@ -385,3 +385,17 @@ def test_a_scripted_race_stops_each_cell_once_decided_and_picks_the_clear_winner
     report = (tmp_path / "pick" / "pick.md").read_text()
     assert "| linear x2 |" in report and "beyond noise below the best (4/4" in report
     assert "| **pick** | yarn x2 | 12/12 100% [76-100] |" in report
+
+
+def test_a_pose_fine_tuned_yarn_joins_the_race(llama, corpus, tmp_path):
+    """--finetune-steps adds YaRN at the target fine-tuned with PoSE's positions in a shorter window: it skips
+    screening (a fine-tune is the expensive option) and is raced and ranked with the zero-shot survivors."""
+    cfg = _cfg(llama, corpus, methods=("ntk",), trials=4, finetune_steps=2, finetune_window=48,
+               finetune_positions=("pose",))  # fmt: skip
+    result = run_pick(cfg, "2x", tmp_path / "pick", progress=False)
+    final = json.loads((tmp_path / "pick" / "final" / "extend.json").read_text())
+    assert ["yarn", 2.0, 2, "pose"] in final["units"] and final["finetune_window"] == 48
+    ppl = json.loads((tmp_path / "pick" / "screen-ppl" / "extend.json").read_text())
+    assert ppl["finetune_steps"] == 0 and ["yarn", 2.0, 2, "pose"] not in ppl["units"]
+    assert "yarn x2 +ft2 pose" in [r["model"] for r in result["standings"]]
+    assert (tmp_path / "pick" / "final" / "runs").is_dir()
