@@ -399,3 +399,13 @@ def test_a_pose_fine_tuned_yarn_joins_the_race(llama, corpus, tmp_path):
     assert ppl["finetune_steps"] == 0 and ["yarn", 2.0, 2, "pose"] not in ppl["units"]
     assert "yarn x2 +ft2 pose" in [r["model"] for r in result["standings"]]
     assert (tmp_path / "pick" / "final" / "runs").is_dir()
+
+
+def test_a_ruler_pick_without_lm_eval_fails_first_with_the_pip_command(tmp_path, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "lm_eval", None)  # `import lm_eval` raises ImportError
+    cfg = ExtendConfig(model=str(tmp_path / "nowhere"), task="ruler", device="cpu")
+    with pytest.raises(ValueError, match=r'pip install "lm-eval\[ruler\]==0.4.13"'):
+        run_pick(cfg, "2x", tmp_path / "pick", progress=False)
+    assert not (tmp_path / "pick").exists()

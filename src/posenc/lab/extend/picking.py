@@ -106,6 +106,10 @@ def run_pick(
     if resume and budget is None and before:
         budget = before.get("budget")  # a resumed pick keeps its budget (and the cap it bought)
     device = resolve_device(cfg.device, allow_auto=True)
+    if cfg.task == "ruler":
+        from posenc.lab.extend.ruler import require
+
+        require()  # lm-eval missing: the pip command now, not after screening
     model = load_target(cfg, out / "final", device=device, progress=progress)  # config and tokenizer only
     if model.kind == "lab":
         fail("model", cfg.model, "a pretrained model for --pick (a lab model cannot follow a passkey prompt)")
