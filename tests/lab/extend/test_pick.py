@@ -409,3 +409,14 @@ def test_a_ruler_pick_without_lm_eval_fails_first_with_the_pip_command(tmp_path,
     with pytest.raises(ValueError, match=r'pip install "lm-eval\[ruler\]==0.4.13"'):
         run_pick(cfg, "2x", tmp_path / "pick", progress=False)
     assert not (tmp_path / "pick").exists()
+
+
+def test_needles_pool_passkey_depths_and_ruler_tasks_each_weighing_the_same():
+    unit = _u("yarn")
+    rows = (_rows(unit, 128, ppl=5.0, keys=(4, 4), depth=0.25) + _rows(unit, 128, keys=(2, 4), depth=0.75)
+            + _rows(unit, 128, keys=(3.5, 8), metric="ruler:niah_single_1") + _rows(unit, 96, keys=(0, 4)))  # fmt: skip
+    (standing,) = rules.standings(rows, [unit], target=128, model_type="llama")
+    assert list(standing.by_metric) == ["passkey", "ruler:niah_single_1"]
+    assert standing.by_metric["passkey"] == Rate(6, 8)  # the depths pooled; the 96-token row is not at the target
+    assert standing.by_metric["ruler:niah_single_1"] == Rate(3.5, 8)
+    assert standing.needles == Rate(9.5, 16) and standing.ppl_past == 5.0 and standing.serving == "config"
