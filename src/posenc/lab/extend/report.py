@@ -194,7 +194,13 @@ def findings_for(
             )
         scored = {u: _mean(by.get(far, [])) for u, by in ppl.items() if u[0] != "none" or u[2]}
         scored = {u: v for u, v in scored.items() if v is not None}
-        if scored and at_far is not None:
+        if scored and not base:  # --no-baseline: the methods against each other only
+            best = min(scored, key=scored.get)
+            lines.append(
+                f"- At {far} {units} the best is {label(*best)} with perplexity {scored[best]:.2f} (the unpatched "
+                "model was left out of this study: --no-baseline)."
+            )
+        elif scored and at_far is not None:
             best = min(scored, key=scored.get)
             rescued = sorted(label(*u) for u, v in scored.items() if v < at_far)
             lines.append(
@@ -206,7 +212,9 @@ def findings_for(
             if u[0] == "none" and not u[2]:
                 continue
             near, long = _mean(by.get(ref, [])), _mean(by.get(far, []))
-            if near is not None and long is not None and at_orig is not None:
+            if near is not None and long is not None and not base:
+                lines.append(f"- {label(*u)}: {near:.2f} at {ref}, {long:.2f} at {far}.")
+            elif near is not None and long is not None and at_orig is not None:
                 lines.append(
                     f"- {label(*u)}: {near:.2f} at {ref} ({near / at_orig:.2f}x unpatched there), {long:.2f} at {far}."
                 )
@@ -260,7 +268,7 @@ def _passkey_findings(
     patched = {u: by for u, by in keys.items() if u[0] != "none" or u[2]}
     kept = {u: r for u, by in patched.items() if (r := _split(by, original, False)) is not None}
     past = {u: r for u, by in patched.items() if (r := _split(by, original, True)) is not None}
-    if kept and within is not None:
+    if kept and (within is not None or not base):  # without a baseline (--no-baseline): the rates alone
         lines.append(
             "- Passkey within the original length after patching: "
             + ", ".join(f"{label(*u)} {r.text()}{_versus(r, within)}" for u, r in kept.items())
@@ -269,6 +277,9 @@ def _passkey_findings(
     if past and all(r.hits == 0 for r in past.values()):
         tried = any(r["metric"] == "passkey" and r["length"] <= original for r in rows)
         why = _passkey_advice(None if within is None else within.value, original, cfg, kind, tried_within=tried)
+        if not base and not any(r["method"] == "none" for r in rows):
+            why = ("the unpatched model was left out (--no-baseline), so whether the model retrieves at all is not "
+                   "in this study")  # fmt: skip
         lines.append(f"- Passkey past the original length: no method retrieved a single key ({why}).")
     elif past:
         best, tied = _best(past)
@@ -495,13 +506,15 @@ def write_report(
     env = environment(target.device)
     original = target.original_len
     unit = unit_of(target)
+    baseline = "`none` is the model as trained. " if any(r["method"] == "none" for r in rows) else (
+        "the unpatched model was left out (`--no-baseline`). ")  # fmt: skip
     lines = [
         "# posenc extend: context extension",
         "",
         f"Model: {target.name} in {precision_text(cfg.dtype, target.kind)}, original context {original} {unit}s. "
         "Each method patched at factors "
         f"{', '.join(f'{f:g}' for f in cfg.factors)} and measured at "
-        f"{', '.join(map(str, sorted({r['length'] for r in rows})))} {unit}s; `none` is the model as trained. "
+        f"{', '.join(map(str, sorted({r['length'] for r in rows})))} {unit}s; {baseline}"
         f"Time taken: {duration(seconds)}"
         + (f" by this run, which resumed a study with {resumed} measurements already made." if resumed else "."),
         "",

@@ -7,8 +7,9 @@ then measured at every length: perplexity on held-out text (Press et al. 2022's 
 whole windows (metric ``ppl``) and over the targets predicted at positions past the original context (``ppl_past``,
 from the same forward's per-position losses), and passkey retrieval over a length x depth grid (Mohtashami & Jaggi 2023,
 ``posenc.lab.extend.passkey``). Method ``none``, the model as trained, is measured the same way, so the table shows what
-each method rescues. ``finetune_steps`` adds Position Interpolation's recipe (Chen et al. 2023, sec. 3): each patched
-model fine-tuned briefly at its target length ``factor * original`` before it is measured again.
+each method rescues (``baseline=False``, ``--no-baseline``, leaves it out: the methods against each other only).
+``finetune_steps`` adds Position Interpolation's recipe (Chen et al. 2023, sec. 3): each patched model fine-tuned
+briefly at its target length ``factor * original`` before it is measured again.
 
 Models (``ExtendConfig.model``):
     a ``posenc lab`` run folder: ``config.json`` with a ``"model"`` section and ``checkpoint.safetensors``;
@@ -50,7 +51,7 @@ from posenc.lab.common.devices import resolve_device
 from posenc.lab.common.progress import skipped
 from posenc.lab.common.runfiles import KeyedCSV, check_out, check_resumable, check_settings, write_marker
 from posenc.lab.extend import plan, sampling
-from posenc.lab.extend.config import STOP_WIDTH, ExtendConfig, check_lengths
+from posenc.lab.extend.config import STOP_WIDTH, ExtendConfig, check_lengths, resolve_lengths
 from posenc.lab.extend.finetune import plot_losses, run_folder
 from posenc.lab.extend.rates import RULER_PREFIX, Rate, model_of
 from posenc.lab.extend.report import finish, label, precision_text
@@ -70,7 +71,7 @@ KEY_COLUMNS = ("metric", "method", "factor", "finetune_steps", "finetune_positio
 RULER_SETTINGS = ("task", "ruler_tasks", "ruler_samples")
 #: Settings added after studies were first written: left out of a study's settings while at their default, so a
 #: study started before them resumes.
-LATER_SETTINGS = {"finetune_window": None, "finetune_positions": ["plain"], "finetune_corpus": None}
+LATER_SETTINGS = {"finetune_window": None, "finetune_positions": ["plain"], "finetune_corpus": None, "baseline": True}
 #: ``OUT/results.csv``: one row per measurement, keyed by ``KEY_COLUMNS``.
 RESULTS = KeyedCSV(
     columns=tuple(COLUMNS),
@@ -112,12 +113,13 @@ def rate(row: dict, hits: float, n: int) -> dict:
 def _units(cfg: ExtendConfig, methods: Sequence[str], kind: str) -> list[Unit]:
     """The models to measure: the unpatched one first, each patch zero-shot, then each patch fine-tuned with each
     kind of positions. A lab model is also fine-tuned unpatched at each target (what fine-tuning alone gives); a
-    pretrained model is not (each fine-tune costs minutes there, and the methods are what the study compares)."""
+    pretrained model is not (each fine-tune costs minutes there, and the methods are what the study compares).
+    ``cfg.baseline`` False: no unpatched model at all (``--no-baseline``)."""
     units = [("none", 1.0, 0, "plain")] + [(m, f, 0, "plain") for m in methods for f in cfg.factors]
     if cfg.finetune_steps:
         tuned = ("none", *methods) if kind == "lab" else tuple(methods)
         units += [(m, f, cfg.finetune_steps, p) for p in cfg.finetune_positions for m in tuned for f in cfg.factors]
-    return units
+    return units if cfg.baseline else [u for u in units if u[0] != "none"]
 
 
 def _only(grid: list[Unit], units: Sequence[Unit] | None) -> list[Unit]:
@@ -266,13 +268,21 @@ def run_extend(
     save_type: str = "source",
     units: Sequence[Unit] | None = None,
     measurements: Sequence[tuple[str, int, float | None]] | None = None,
+    plan_only: bool = False,
 ) -> list[dict[str, Any]]:
     """Run (or continue) the study; returns the rows of ``OUT/results.csv``. Files land in ``out`` (or ``cfg.out``).
 
+    ``plan_only`` (``posenc extend --plan``): every check below, then the plan and a time estimate printed, and
+    nothing written (``out`` is not created; a ``--resume`` plan reads what is there and counts what is left): the
+    estimate comes from the model's dimensions and a short matrix-multiply probe of this machine
+    (``plan.probe_seconds_per_unit``), not from the weights, which are never loaded. Returns the rows already
+    measured (a new study: none).
+
     ``units``: measure only these models of the study's ``methods x factors`` (and fine-tuned) grid, each a
     ``(method, factor, finetune_steps, finetune_positions)`` tuple (``--pick``'s stages); the unpatched model is
-    always measured. ``measurements``: likewise only these ``(metric, length, depth)`` of the study's grid (depth None
-    but for passkey). Both are stored with the settings and checked on resume.
+    always measured (unless ``cfg.baseline`` is False). ``measurements``: likewise only these ``(metric, length,
+    depth)`` of the study's grid (depth None but for passkey). Both are stored with the settings and checked on
+    resume.
 
     ``save``: a new or empty folder; the study's one patched model (exactly one method and one factor) is written
     there as a transformers folder (a frequency method's config carries it, so ``from_pretrained`` loads it extended;
@@ -304,8 +314,9 @@ def run_extend(
         require()  # lm-eval missing: the pip command, before anything is loaded
     torch.manual_seed(cfg.seed)
     if cfg.lengths is not None and (known := original_len_of(cfg)) is not None:
-        check_lengths(cfg.lengths, known)  # from the model's config alone: fails before any weights are loaded
+        check_lengths(resolve_lengths(cfg, known).lengths, known)  # from the config alone, before any weights
     target = load_target(cfg, out, device=device, progress=progress)  # pretrained: config and tokenizer only
+    cfg = resolve_lengths(cfg, target.original_len)  # "2x" -> tokens: extend.json and resume compare integers
     cfg = plan.resolve(
         cfg, kind=target.kind, original=target.original_len, default_methods=target.default_methods, device=device
     )
@@ -335,6 +346,10 @@ def run_extend(
     if measurements is not None:
         settings["measurements"] = [list(m) for m in grid]
     adding_ruler = _adds_ruler(before, settings, resume)
+    if plan_only:
+        if not adding_ruler:
+            check_resumable(out, settings, resume, command="extend", what="run")  # reads only
+        return _print_plan(cfg, target, out, grid, lengths, measured, measurements is not None, device, save_to)
     if cfg.task == "ruler":  # lm-eval builds the documents from the tokenizer: bad lengths and counts fail here
         if not adding_ruler:
             check_resumable(out, settings, resume, command="extend", what="run")  # before the slow build
@@ -403,6 +418,50 @@ def run_extend(
     rows = read_results(results)
     plot_losses(tuned, out / "finetune.png", unit="byte" if target.kind == "lab" else "token")
     finish(out, cfg, target, rows, described, time.perf_counter() - start, progress, resumed, saved=save_to)
+    return rows
+
+
+def _print_plan(cfg: ExtendConfig, target: Any, out: Path, grid: list[tuple], lengths: Sequence[int],
+                measured: list[Unit], subset: bool, device: str, save_to: Path | None) -> list[dict]:  # fmt: skip
+    """``plan_only``: print what the study would run and an estimate of its time, from the settings, the model's
+    dimensions and this machine's matrix-multiply speed (no weight loaded, nothing written); returns the rows
+    already measured in ``out`` (a resumed study's), else []."""
+    results = out / "results.csv"
+    rows = read_results(results) if results.exists() else []
+    done = {result_key(r) for r in rows}
+    original = target.original_len
+    work = [(u, [m for m in grid if not _keys(u, original, *m) <= done]) for u in measured]
+    more = sampling.pending(rows, cfg) if rows else []
+    todo = [(m[0], m[1], 0) for _, left in work for m in left] + [(r["metric"], r["length"], r["n"]) for r in more]
+    forwards = sum(_cost(target, cfg, *m)[1] for m in todo)
+    units = sum(_cost(target, cfg, *m)[0] for m in todo)
+    tunes = [u for u, left in work if left and u[2] and not run_folder(out, _slug(label(*u))).is_dir()]
+    lines = []
+    if not forwards and not tunes:
+        lines.append(f"Plan: nothing left to measure in {out} ({len(rows)} measurements there)")
+    else:
+        rounds = {model_of(r) for r in more}
+        study = plan.StudyProgress(False, units, forwards)
+        lines.append(_plan_text(cfg, target, work, lengths, forwards, study, None, rounds, grid if subset else None))
+        if target.kind == "lab":
+            lines.append("Time: no estimate before the run for a lab model (small; the study's bar times it)")
+        else:
+            spu = plan.probe_seconds_per_unit(target.dims, target.dtype, device)
+            tuning = sum(cfg.finetune_steps * 3 * target.forward_cost(cfg.finetune_window_for(
+                round(original * u[1]))) for u in tunes)  # fmt: skip
+            caps = [cfg.trials] + ([cfg.ruler_samples] if cfg.task == "ruler" else [])
+            most = " at most" if any(_up_to(cfg, cap) for cap in caps) else ""  # rounds may stop a cell early
+            lines.append(
+                f"Time:{most} about {plan.duration_text((units + tuning) * spu)} on {device}, estimated from this "
+                f"machine's matrix-multiply speed and the model's size ({spu * 1e3:.3g} ms per token-equivalent) "
+                "before any weight is loaded; the study refines it after two timed forwards"
+                + (" (fine-tuning included)" if tunes else "")
+            )
+    if save_to is not None:
+        name = label(cfg.methods[0], cfg.factors[0], cfg.finetune_steps, cfg.finetune_positions[0])
+        lines.append(f"Would write {name} to {save_to} ({_saved_as(save_to)})")
+    lines.append(f"Nothing written (--plan): the same command without --plan runs it into {out}")
+    print("\n".join(lines))
     return rows
 
 
@@ -517,7 +576,7 @@ def _plan_text(cfg: ExtendConfig, target: Any, work: list, lengths: Sequence[int
     per_length = " and ".join(parts)
     shown = sorted({n for _, n, _ in grid}) if grid is not None else lengths
     text = (
-        f"Plan: {len(models)} models ({', '.join(models)}) x {per_length} at lengths "
+        f"Plan: {_count(len(models), 'model')} ({', '.join(models)}) x {per_length} at lengths "
         f"{', '.join(map(str, shown))} (original {target.original_len}): {most}{forwards} forwards in "
         f"{precision_text(cfg.dtype, target.kind)}"
     )

@@ -1,0 +1,176 @@
+"""``posenc export MODEL --method M --factor F --save PATH``: one patched model written, no study run.
+
+The model is extended as ``posenc extend --save`` extends it (``HFTarget``: ``posenc.hf.extend_context`` for every
+layer the study would patch) and written with the same checks (``study.check_save``): a pretrained RoPE model
+(ALiBi's slope interpolation is a forward hook no config records), a method a saved config runs as posenc measures
+it (frequency methods; ``dca_vllm`` on Qwen2/Qwen3, which vLLM and SGLang read), a new or empty folder, or a new
+``.gguf`` file from a GGUF source with a method llama.cpp runs (``study.GGUF_METHODS``). Everything is checked from
+the config, tokenizer and a weight-free (meta) copy before any weight is read; nothing but ``PATH`` is written, and
+``PATH`` appears whole or not at all (a folder is written beside it under a temporary name and renamed into place;
+a GGUF file is written atomically by ``posenc.hf.save_gguf``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import shlex
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from posenc._checks import fail
+from posenc.lab.common.devices import resolve_device
+from posenc.lab.extend.config import ExtendConfig
+from posenc.lab.extend.report import label
+
+
+@dataclasses.dataclass(frozen=True)
+class Exported:
+    """What ``export`` wrote: ``path`` (a folder or a ``.gguf`` file), the model's ``label`` (``yarn x2``), its
+    original and extended contexts, the patch's description, and how to load or run it (``how``)."""
+
+    path: Path
+    label: str
+    original_len: int
+    context: int
+    description: dict
+    how: list[str]
+    seconds: float
+
+
+def export(
+    model: str,
+    method: str,
+    factor: float,
+    save: str | Path,
+    *,
+    save_type: str = "source",
+    original_len: int | None = None,
+    layer_type: str | None = None,
+    device: str = "cpu",
+    dtype: str | None = None,
+    progress: bool = True,
+) -> Exported:
+    """Load ``model``, extend it by ``method`` x ``factor`` and write it to ``save``: a transformers folder (a new or
+    empty one), or a GGUF file llama.cpp runs when ``save`` ends in ``.gguf`` (tensors in ``save_type``).
+
+    ``model``: what ``posenc extend`` takes for a pretrained model (a ``.gguf`` file or a folder holding one, a
+    transformers folder, ``smollm2``). ``original_len``: the context the model was trained for (default: its
+    config's). ``layer_type``: per-layer-type RoPE (Gemma 3), as ``posenc extend --layer-type``. ``dtype``: the
+    weights' dtype while patching (default as ``posenc extend``: a transformers folder is written in its checkpoint's
+    own dtype).
+
+    Raises:
+        ValueError: a lab model, an ALiBi model, a method the model does not take or the format does not carry, a
+            path that exists (a non-empty folder, any file): all before any weight is read.
+    """
+    from posenc.lab.extend.study import check_save
+    from posenc.lab.extend.targets import load_target
+
+    start = time.perf_counter()
+    path = Path(model).expanduser()
+    cfg = ExtendConfig(
+        model=str(path.resolve()) if path.exists() else model, methods=(method,), factors=(factor,),
+        original_len=original_len, layer_type=layer_type, device=device, dtype=dtype,
+    )  # fmt: skip
+    device = resolve_device(cfg.device, allow_auto=True)
+    if save is None or not str(save):
+        fail("save", save, "a new folder, or a new FILE.gguf, to write the extended model to")
+    folder = Path(save).expanduser()
+    target = load_target(cfg, folder, device=device, progress=False)  # config, tokenizer, meta model; no weights
+    if target.kind == "lab":
+        fail("model", model, "a pretrained model (a .gguf file, a transformers folder, smollm2); a lab model has no "
+             "format to export to")  # fmt: skip
+    # check_save's last check (not the study's own folder) compares with an output folder export does not have.
+    written = check_save(save, cfg, target, folder.parent / f".{folder.name}.no-study", save_type)
+    description = target.check_patch(method, cfg.factors[0])  # on a weight-free copy: refused before the load
+    name = label(method, cfg.factors[0], 0)
+    if progress:
+        print(f"Loading {target.name} ({str(target.dtype).removeprefix('torch.')}) to write {name}")
+    weights = _load(target)
+    description = target._extend(weights, method, cfg.factors[0])
+    if written.suffix.lower() == ".gguf":
+        target.save(weights, written, tensor_type=save_type)  # posenc.hf.save_gguf writes atomically
+    else:
+        _save_folder(target, weights, written)
+    context = round(target.original_len * cfg.factors[0])
+    result = Exported(
+        path=written, label=name, original_len=target.original_len, context=context,
+        description={k: v for k, v in description.items() if isinstance(v, (str, int, float, bool, list, dict))},
+        how=how_to_run(written, method, cfg.factors[0], context), seconds=time.perf_counter() - start,
+    )  # fmt: skip
+    if progress:
+        kind = "a GGUF file llama.cpp runs" if written.suffix.lower() == ".gguf" else "a transformers folder"
+        print(f"Wrote {name} of {target.name} to {written} ({kind}; context {target.original_len} -> {context} "
+              f"tokens) in {result.seconds:.1f} s")  # fmt: skip
+        print("\n".join(result.how))
+    return result
+
+
+def _load(target: Any) -> Any:
+    """The weights, as ``HFTarget.load`` reads them (RoPE tables kept in float32), without its held-out text."""
+    from posenc.hf import keep_rope_float32, load_causal_lm
+    from posenc.lab.extend.targets import _no_transformers_bars
+
+    with _no_transformers_bars():
+        model, _ = load_causal_lm(target.source, device=target.device, dtype=target.dtype,
+                                  attn_implementation=target.attn)  # fmt: skip
+    keep_rope_float32(model)
+    target.model = model
+    return model
+
+
+def _save_folder(target: Any, model: Any, folder: Path) -> None:
+    """Write the folder beside ``folder`` under a temporary name, then rename it into place: an interrupted export
+    leaves no half-written model (and an empty ``folder`` the user made is replaced only once the model is whole)."""
+    folder = folder.absolute()
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    partial = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".partial", dir=folder.parent))
+    try:
+        target.save(model, partial)
+        if folder.is_dir():
+            folder.rmdir()  # empty (check_save): nothing of the user's is lost
+        os.rename(partial, folder)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    with contextlib.suppress(OSError):
+        os.chmod(folder, 0o777 & ~_umask())  # mkdtemp's 0700 would make the model private
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def how_to_run(path: Path, method: str, factor: float, context: int) -> list[str]:
+    """How to load or run what ``export`` wrote, as commands and code to paste."""
+    quoted = shlex.quote(str(path))
+    if path.suffix.lower() == ".gguf":
+        return [
+            "Run it with llama.cpp (the extension is in the file's rope.scaling keys; -c sets the context to use):",
+            f"  llama-cli -m {quoted} -c {context}",
+            f"  ollama: a Modelfile with 'FROM {path}' and 'PARAMETER num_ctx {context}', then ollama create",
+            f"In Python: posenc.hf.load_causal_lm({str(path)!r}) gives the extended transformers model.",
+        ]
+    if method == "dca_vllm":
+        return [
+            "Serve it with vLLM or SGLang (they read its dual_chunk_attention_config):",
+            f"  vllm serve {quoted} --max-model-len {context}",
+            "transformers loads it unextended: re-apply the method after loading with "
+            f"posenc.hf.extend_context(model, 'dca_vllm', {factor:g}).",
+        ]
+    lines = [
+        "Load it with transformers (the extension is in its config's RoPE parameters):",
+        f"  AutoModelForCausalLM.from_pretrained({str(path)!r}); AutoTokenizer.from_pretrained({str(path)!r})",
+        f"  vllm serve {quoted} --max-model-len {context}",
+    ]
+    if method == "dynamic":
+        lines.append("Dynamic NTK with transformers' KV cache re-rotates cached keys (posenc.hf.CacheStaleWarning); "
+                     "generate(..., use_cache=False) runs the full forward each step.")  # fmt: skip
+    return lines
