@@ -18,10 +18,18 @@ from hf.tiny import ORIGINAL, tiny_model
 from hf.tiny_gguf import write_llama
 from posenc.hf import ServedOnlyWarning, extend_context, save_gguf, save_pretrained
 from posenc.hf._remap_patch import REMAP_MODEL_TYPES
-from posenc.remapping import METHODS, DualChunk, ReRoPE, SelfExtend
+from posenc.remapping import METHODS, DualChunk, ReRoPE, SelfExtend, StreamingLLM, String
 from reference import remapping as ref
 
 KINDS = [k for k in REMAP_MODEL_TYPES]
+#: The factor each method is applied with: 2x, STRING 1.5x (it reaches 2L - W at most: 60 tokens from 32).
+FACTORS = {"string": 1.5}
+
+
+def factor_of(name):
+    return FACTORS.get(name, 2.0)
+
+
 _OVERRIDES = {"mistral": {"sliding_window": None}, "qwen2": {"use_sliding_window": False}}
 
 
@@ -87,6 +95,18 @@ def _reference_attention(method):
             return ref.rerope(
                 q, k, v, inv, window=method.window, training_length=method.log_scale_length, leak=method.leak
             )
+        if isinstance(method, String):
+            return ref.string(
+                q,
+                k,
+                v,
+                inv,
+                diag_size=method.shifted_offset,
+                local_window=method.local_window,
+                attention_factor_string=method.mscale,
+            )
+        if isinstance(method, StreamingLLM):
+            return ref.streaming_llm(q, k, v, inv, start_size=method.sinks, recent_size=method.window)
         return ref.lm_infinite(q, k, v, inv, local_branch=method.window, global_branch=method.global_tokens)
 
     return run
@@ -97,7 +117,7 @@ def test_each_method_through_the_model_equals_its_reference(name, monkeypatch):
     """Past the original context (48 tokens on a 32-token model, factor 2): the patched Llama equals the same model
     whose attention is the method's written-out reference (float64)."""
     model = model_of("llama", torch.float64)
-    extend_context(model, name, 2.0)
+    extend_context(model, name, factor_of(name))
     x = ids(48)
     fast = logits(model, x)
     monkeypatch.setattr(remap_patch, "remap_attention", _reference_attention(model._posenc_remap.method))
@@ -115,7 +135,7 @@ def test_generation_with_the_cache_equals_the_full_forward_of_each_prefix(name, 
     if layers > 1 and name.startswith("dca"):
         pytest.skip("a length factor: cached hidden states of deeper layers keep the length they were written at")
     model = model_of("llama", torch.float64, num_hidden_layers=layers)
-    extend_context(model, name, 2.0)
+    extend_context(model, name, factor_of(name))
     prompt = ids(40, seed=2)
     with torch.no_grad():
         out = model.generate(
@@ -135,7 +155,7 @@ def _f64_tol(expected):
 @pytest.mark.parametrize("name", sorted(METHODS))
 def test_explicit_positions_equal_the_implied_ones(name):
     model = model_of("llama", torch.float64)
-    extend_context(model, name, 2.0)
+    extend_context(model, name, factor_of(name))
     x = ids(50, seed=3)
     with torch.no_grad():
         given = model(input_ids=x, position_ids=torch.arange(50)[None], use_cache=False).logits
@@ -149,7 +169,7 @@ def test_a_packed_row_equals_each_document_alone(name):
     builds the block-diagonal mask from the position resets and the patch rotates at the given positions, so each
     document (its length factor included) equals itself run alone."""
     model = model_of("llama", torch.float64)
-    extend_context(model, name, 2.0)
+    extend_context(model, name, factor_of(name))
     a, b = ids(40, seed=4), ids(44, seed=5)
     positions = torch.cat([torch.arange(40), torch.arange(44)])[None]
     with torch.no_grad():
@@ -163,7 +183,7 @@ def test_a_left_padded_row_equals_the_prompt_alone(name):
     """A plain forward with an attention_mask and no position_ids (as in scoring): the positions are derived from
     the mask as generate derives them, and the padding is masked, so the padded row equals the prompt alone."""
     model = model_of("llama", torch.float64)
-    extend_context(model, name, 2.0)
+    extend_context(model, name, factor_of(name))
     long, short = ids(50, seed=6), ids(37, seed=7)
     batch = torch.cat([long, torch.cat([torch.zeros(1, 13, dtype=torch.long), short], dim=1)])
     mask = torch.ones_like(batch)
@@ -177,7 +197,7 @@ def test_a_left_padded_row_equals_the_prompt_alone(name):
 @pytest.mark.parametrize("name", sorted(METHODS))
 def test_left_padded_generation_equals_each_prompt_alone(name):
     model = model_of("llama", torch.float64)  # both rows cache at their own lengths: equal for every method
-    extend_context(model, name, 2.0)
+    extend_context(model, name, factor_of(name))
     long, short = ids(45, seed=8), ids(34, seed=9)
     batch = torch.cat([long, torch.cat([torch.zeros(1, 11, dtype=torch.long), short], dim=1)])
     mask = torch.ones_like(batch)
@@ -200,7 +220,7 @@ def test_a_decode_loop_with_explicit_positions_and_a_cache(name):
     from transformers import DynamicCache
 
     model = model_of("llama", torch.float64, num_hidden_layers=1 if name.startswith("dca") else 2)  # see above
-    extend_context(model, name, 2.0)
+    extend_context(model, name, factor_of(name))
     x = ids(52, seed=10)
     cache = DynamicCache(config=model.config)
     bounds = [0, 20, 41, *range(42, 53)]
@@ -220,7 +240,7 @@ def test_a_cache_the_patched_model_did_not_fill_is_refused(name):
     cache = DynamicCache(config=model.config)
     with torch.no_grad():
         model(input_ids=x[:, :20], cache=cache, use_cache=True)  # filled before the patch: rotated keys
-    extend_context(model, name, 2.0)
+    extend_context(model, name, factor_of(name))
     with pytest.raises(ValueError, match="cache"), torch.no_grad():
         model(input_ids=x[:, 20:], cache=cache, use_cache=True)
 
@@ -276,7 +296,7 @@ def test_dca_vllm_on_qwen_saves_its_config_block_and_warns_that_transformers_ign
 
 def _patched(kind, name):
     model = model_of(kind)
-    extend_context(model, name, 2.0)
+    extend_context(model, name, factor_of(name))
     return model
 
 
@@ -292,8 +312,10 @@ def test_every_save_path_after_every_method_runs_what_was_measured_or_refuses(na
         with pytest.warns(ServedOnlyWarning):
             save_pretrained(model, None, tmp_path / "posenc")
     else:
-        why = "0.05 ln" if name == "dca" else ("qwen2" if name == "dca_vllm" else f"no serving format records {name}")
-        with pytest.raises(ValueError, match=rf"(?s){why}.*extend_context\(model, '{name}', 2\)"):
+        why = {"dca": "0.05 ln", "dca_vllm": "qwen2", "string": "string_config"}.get(
+            name, f"no serving format records {name}"
+        )
+        with pytest.raises(ValueError, match=rf"(?s){why}.*extend_context\(model, '{name}', {factor_of(name):g}\)"):
             save_pretrained(model, None, tmp_path / "posenc")
         assert not (tmp_path / "posenc").exists()
     with pytest.raises(ValueError, match="model.save_pretrained writes no record"):
@@ -317,14 +339,15 @@ def test_another_attention_implementation_is_refused(name, implementation):
 
 @pytest.mark.parametrize("name", sorted(METHODS))
 def test_a_frequency_method_then_a_remapping_method_grows_the_context_again(name):
-    """YaRN x2 then a remapping method x2: the remapping method is derived for the YaRN model's context (64 -> 128),
-    so the model reaches 4x its pretraining length (the rule of every second call)."""
+    """YaRN x2 then a remapping method x2 (STRING x1.5): the remapping method is derived for the YaRN model's context
+    (64 -> 128), so the model reaches 4x its pretraining length (the rule of every second call)."""
     model = model_of("llama")
     extend_context(model, "yarn", 2.0)
-    description = extend_context(model, name, 2.0)
+    description = extend_context(model, name, factor_of(name))
+    target = int(2 * ORIGINAL * factor_of(name))
     assert description["original_max_position_embeddings"] == 2 * ORIGINAL
-    assert model.config.max_position_embeddings == 4 * ORIGINAL
-    assert model._posenc_remap.method.reach(2 * ORIGINAL) >= 4 * ORIGINAL
+    assert model.config.max_position_embeddings == target
+    assert model._posenc_remap.method.reach(2 * ORIGINAL) >= target
 
 
 @pytest.mark.parametrize("scaling", ["dynamic", "longrope"])
@@ -337,7 +360,7 @@ def test_a_length_dependent_scaling_then_any_remapping_method_runs_short_and_lon
     model = model_of("llama", torch.float64)
     options = {"long_factor": [1.0 + 0.5 * i for i in range(4)]} if scaling == "longrope" else {}
     extend_context(model, scaling, 2.0, **options)
-    extend_context(model, name, 2.0)
+    extend_context(model, name, factor_of(name))
     x = ids(length, seed=12)
     implied = logits(model, x)
     assert torch.isfinite(implied).all()
@@ -358,6 +381,10 @@ def test_a_length_dependent_scaling_then_any_remapping_method_runs_short_and_lon
         ("llama", "rerope", {"window": 32}, "window"),
         ("llama", "self_extend", {"factor": 1.0}, "factor"),
         ("llama", "lm_infinite", {"global_tokens": 0}, "global_tokens"),
+        ("llama", "string", {}, "at most 60 tokens"),  # 2x is past STRING's longest reach, 2L - W
+        ("llama", "string", {"shifted_offset": 4, "local_window": 8}, "local_window"),
+        ("llama", "streaming_llm", {"window": 30}, "window"),
+        ("llama", "streaming_llm", {"factor": 1.0}, "factor"),
     ],
 )
 def test_bad_input_is_refused_before_the_model_changes(kind, name, options, match):
@@ -377,3 +404,22 @@ def test_one_remapping_per_model_and_no_frequency_method_after_it():
     for method in ("dca", "yarn"):
         with pytest.raises(ValueError, match="remapping method"):
             extend_context(model, method, 2.0)
+
+
+def test_string_runs_at_the_training_length_and_changes_it():
+    """STRING at factor 1 (its README's use: the model's own context): the patched model equals the reference
+    through the whole model and differs from the model as loaded past the offset (10 of 32 tokens)."""
+    model = model_of("llama", torch.float64)
+    plain = logits(model, ids(32))
+    description = extend_context(model, "string", 1.0)
+    assert description["parameters"]["shifted_offset"] == 10 and description["parameters"]["local_window"] == 4
+    assert model.config.max_position_embeddings == ORIGINAL
+    assert float((logits(model, ids(32)) - plain).abs().max()) > 1e-6
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_no_serving_format_records_string_or_streaming_llm(kind):
+    from posenc.hf.save import remap_save_problem
+
+    assert "string_config" in remap_save_problem(kind, "string")
+    assert remap_save_problem(kind, "streaming_llm") == "no serving format records streaming_llm"

@@ -24,6 +24,14 @@ any logit factor; then one softmax per query. Sources:
 - LM-Infinite: ``Glaciohound/LM-Infinite`` ``models/llama.py`` + ``lambda_attention.py`` -- ``i - j <
   local_branch``: normal positions; ``j < global_branch`` farther: the query at ``limit_distance`` (= local_branch)
   and the key un-rotated; every other pair masked.
+- STRING: ``HKUNLP/STRING`` ``string_for_llama.py`` (read in ``justHungryMan/STRING`` at 9594e5b), its decoding
+  path: with ``kv_seq_len = i + 1`` keys, ``shifted_size = kv_seq_len - diag_size``; the keys from
+  ``shifted_size`` on (the last ``diag_size``) with the query at ``i``, the earlier ones with the query at ``i -
+  diag_size + local_window``; keys at ``j``; every cos/sin table times ``attention_factor`` (the logit twice).
+- StreamingLLM: ``mit-han-lab/streaming-llm`` ``kv_cache.py`` (``StartRecentKVCache.__call__`` after each token)
+  and ``pos_shift/modify_llama.py``: the cache simulated token by token as ``examples/eval_long_ppl.py`` runs it;
+  the query at the cache length before it is appended, each key at its index in the cache; keys not in the cache
+  masked.
 
 Shapes:
     q (B, H, S, D), k (B, Hkv, T, D), v (B, Hkv, T, Dv); positions are 0..T-1, queries the last S ->
@@ -143,6 +151,39 @@ def lm_infinite(q, k, v, inv_freq, *, local_branch, global_branch, **rope):
         if j < global_branch:
             return local_branch, 0, 1.0
         return None
+
+    return _attend(q, k, v, pair, inv_freq, **rope)
+
+
+def string(q, k, v, inv_freq, *, diag_size, local_window, attention_factor_string, **rope):
+    def pair(i, j):
+        kv_seq_len = i + 1
+        shifted_size = kv_seq_len - diag_size
+        factor = attention_factor_string * attention_factor_string
+        if j >= shifted_size:  # k_cache[:, shifted_size:kv_seq_len]: query_states_1, at position_ids
+            return i, j, factor
+        return i - diag_size + local_window, j, factor  # k_cache[:, :shifted_size]: query_states_2
+
+    return _attend(q, k, v, pair, inv_freq, **rope)
+
+
+def streaming_llm(q, k, v, inv_freq, *, start_size, recent_size, **rope):
+    cache_size = start_size + recent_size
+    cached: dict[int, list[int]] = {}  # query i -> the token indices in the cache its forward attends to
+
+    def keys_of(i):
+        if i not in cached:
+            past = list(range(i))  # the cache after token i - 1, evicted as StartRecentKVCache.__call__ does
+            if len(past) > cache_size:
+                past = past[:start_size] + past[len(past) - recent_size :]
+            cached[i] = past + [i]  # torch.cat([past_key_value[0], key_states])
+        return cached[i]
+
+    def pair(i, j):
+        keys = keys_of(i)
+        if j not in keys:
+            return None
+        return len(keys) - 1, keys.index(j), 1.0  # query: position_ids = the past length; key: arange(kv_seq_len)
 
     return _attend(q, k, v, pair, inv_freq, **rope)
 

@@ -4,9 +4,9 @@
 - ``alibi_config_from_hf`` / ``alibi_config_to_hf``: ALiBi (``ALiBiConfig``) from and to BLOOM / MPT configs.
 - ``positional_setup``: the posenc config(s) for any supported architecture's config.
 - ``extend_context``: linear / ntk / dynamic / yarn / longrope / llama3 on a loaded RoPE model, the remapping
-  methods self_extend / dca / rerope / leaky_rerope / lm_infinite (``REMAP_METHODS``), slope interpolation on an
-  ALiBi model, in place; a patched bfloat16/float16 model computes its RoPE tables and rotation in float32
-  (``keep_rope_float32``, also callable on its own).
+  methods self_extend / dca / dca_vllm / rerope / leaky_rerope / lm_infinite / string / streaming_llm
+  (``REMAP_METHODS``), slope interpolation on an ALiBi model, in place; a patched bfloat16/float16 model computes
+  its RoPE tables and rotation in float32 (``keep_rope_float32``, also callable on its own).
 - ``resolve_model`` / ``inspect_gguf`` / ``load_config`` / ``original_context`` / ``load_causal_lm``: pretrained
   models from GGUF files, transformers folders or ``"smollm2"``, offline; ``save_pretrained`` writes one back as a
   transformers folder, ``save_gguf`` as a GGUF file llama.cpp runs with its RoPE scaling (``posenc.hf.gguf_rope``).

@@ -1,4 +1,5 @@
-"""Remapping methods (Self-Extend, Dual Chunk Attention, ReRoPE, LM-Infinite) on a loaded transformers model.
+"""Remapping methods (Self-Extend, Dual Chunk Attention, ReRoPE, LM-Infinite, STRING, StreamingLLM) on a loaded
+transformers model.
 
 The rotation moves from the model into the attention: every ``*RotaryEmbedding`` module returns the identity
 (``cos = 1``, ``sin = 0``), so the projections' queries and keys reach the attention -- and the KV cache -- un-rotated,
@@ -37,7 +38,7 @@ from posenc.encodings.rotary import RotaryEmbedding
 from posenc.hf import _cache_positions as cache_positions
 from posenc.hf._common import architecture, model_type
 from posenc.hf._rope_patch import rotary_modules
-from posenc.remapping import RemapMethod, remap_attention, remap_method
+from posenc.remapping import WITHIN_TRAINING, RemapMethod, remap_attention, remap_method
 
 IMPLEMENTATION = "posenc_remap"
 
@@ -310,11 +311,11 @@ def extend_remap(
     check_remappable(model)
     original = int(model.config.max_position_embeddings) if original is None else original
     target = math.ceil(original * factor) if target is None else target
-    if target <= original:
+    if target <= original and name not in WITHIN_TRAINING:  # STRING is meant to run at the training length too
         fail(
             "factor" if factor <= 1 else "max_position_embeddings",
             factor if factor <= 1 else target,
-            f"a target beyond the original length {original} (within it a remapping method changes nothing)",
+            f"a target beyond the original length {original} (within it {name} changes nothing)",
         )
     method = remap_method(name, original=original, target=target, **options)
     old = int(model.config.max_position_embeddings)

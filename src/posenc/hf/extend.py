@@ -7,8 +7,9 @@ model whose RoPE is p-RoPE (``rope_type: "proportional"``, e.g. Gemma 4's full-a
 only, applied to its rotating pairs.
 The remapping methods ``self_extend`` (Jin et al. 2024), ``dca`` and ``dca_vllm`` (Dual Chunk Attention, An et al.
 2024, as ChunkLlama runs it and as vLLM serves it), ``rerope``
-and ``leaky_rerope`` (Su 2023) and ``lm_infinite`` (Han et al. 2024) keep the frequencies and change which positions
-each (query, key) pair is rotated at; see ``posenc.remapping`` and ``posenc.hf._remap_patch``.
+and ``leaky_rerope`` (Su 2023), ``lm_infinite`` (Han et al. 2024), ``string`` (An et al. 2025; also at factor 1, the
+training length) and ``streaming_llm`` (Xiao et al. 2024) keep the frequencies and change which positions each
+(query, key) pair is rotated at; see ``posenc.remapping`` and ``posenc.hf._remap_patch``.
 ALiBi models (BLOOM, MPT) take ``linear``, which for ALiBi is slope interpolation (Al-Khateeb et al. 2023); see
 ``posenc.hf._alibi_patch``. transformers is imported only when a model is patched.
 """
@@ -99,6 +100,7 @@ def extend_context(
             any frequency method; its original length is the model's current context (``max_position_embeddings``),
             so the context grows by ``factor`` again.
         factor: the extension factor, ``>= 1``. For ``dynamic`` it is the NTK growth rate past the original length.
+            ``string`` takes 1 (the training length, where its paper runs it) and reaches at most ``2 - W / L``.
         original_max_position_embeddings: the pretraining length. Defaults to the config's: the current scaling's
             ``original_max_position_embeddings`` if it has one, else ``max_position_embeddings`` (MPT:
             ``max_seq_len``; BLOOM has none, which only leaves the target length unset).
@@ -114,7 +116,8 @@ def extend_context(
             (``self_extend``: ``window``, ``group``; ``dca``: ``chunk_size``, ``local_window``, ``mscale``;
             ``dca_vllm``: ``chunk_size``, ``local_window``; ``rerope``:
             ``window``, ``log_scale``; ``leaky_rerope``: also ``leak``; ``lm_infinite``: ``window``,
-            ``global_tokens``), each overriding the paper's rule.
+            ``global_tokens``; ``string``: ``shifted_offset``, ``local_window``, ``mscale``; ``streaming_llm``:
+            ``window``, ``sinks``), each overriding the paper's rule.
 
     Returns:
         A dict: ``architecture``, ``model_class``, ``method``, ``factor``, ``original_max_position_embeddings``,

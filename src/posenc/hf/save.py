@@ -67,6 +67,11 @@ def remap_save_problem(config: Any, method: Any, encoding: Any = None) -> str | 
             "vLLM and SGLang scale DCA's logits by max(1, 0.1 ln(S/L) + 1)^2, ChunkLlama's form (this model) by "
             "max(1, 0.05 ln(S/L) + 1)^2: extend with 'dca_vllm' to measure what they serve"
         )
+    if name == "string":
+        return (
+            "vLLM reads no string_config: only the STRING authors' fork of vLLM 0.5.0 (vllm_string) does, and "
+            "vLLM's own LlamaAttention passes no such key to its RoPE or attention (transformers reads none either)"
+        )
     if name != "dca_vllm":
         return f"no serving format records {name}"
     if kind not in DCA_SERVED_MODEL_TYPES:

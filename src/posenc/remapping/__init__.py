@@ -1,10 +1,11 @@
 """Training-free context extension by remapping positions: Self-Extend, Dual Chunk Attention (ChunkLlama's form, and
-vLLM's as ``dca_vllm``), ReRoPE (and Leaky ReRoPE), LM-Infinite.
+vLLM's as ``dca_vllm``), ReRoPE (and Leaky ReRoPE), LM-Infinite, STRING, StreamingLLM.
 
 Each method is a frozen description of its branches (``Branch``: a query position map, a key position map, a
 region of (query, key) pairs); ``remap_attention`` runs any of them with one exact softmax and memory linear in the
 length; ``posenc.attention(..., remap=method)`` routes to it. ``remap_method(name, original=, target=, **options)``
 builds a method with its paper's parameters for a pretraining length and a target length (options override them).
+STRING (``WITHIN_TRAINING``) also takes a target at or within the pretraining length, where it is meant to run.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from posenc.remapping.lm_infinite import LMInfinite
 from posenc.remapping.operator import remap_attention
 from posenc.remapping.rerope import ReRoPE
 from posenc.remapping.self_extend import SelfExtend
+from posenc.remapping.streaming_llm import StreamingLLM
+from posenc.remapping.string import STRING_MSCALE, String
 
 #: name -> (class, the options ``remap_method`` takes for it)
 METHODS: dict[str, tuple[type, tuple[str, ...]]] = {
@@ -27,7 +30,12 @@ METHODS: dict[str, tuple[type, tuple[str, ...]]] = {
     "rerope": (ReRoPE, ("window", "log_scale")),
     "leaky_rerope": (ReRoPE, ("window", "leak", "log_scale")),
     "lm_infinite": (LMInfinite, ("window", "global_tokens")),
+    "string": (String, ("shifted_offset", "local_window", "mscale")),
+    "streaming_llm": (StreamingLLM, ("window", "sinks")),
 }
+#: Methods that change attention at and within the pretraining length too (STRING overwrites the least-trained
+#: distances there); the others change nothing inside it and refuse such a target.
+WITHIN_TRAINING = ("string",)
 
 
 def remap_method(name: str, *, original: int, target: int, **options: Any) -> RemapMethod:
@@ -36,7 +44,7 @@ def remap_method(name: str, *, original: int, target: int, **options: Any) -> Re
     check_choice("method", name, tuple(METHODS))
     original = check_positive_int("original", original)
     target = check_positive_int("target", target)
-    if target <= original:
+    if target <= original and name not in WITHIN_TRAINING:
         fail("target", target, f"beyond the pretraining length {original} (within it there is nothing to remap)")
     cls, allowed = METHODS[name]
     for key, value in options.items():
@@ -57,8 +65,12 @@ __all__ = [
     "LMInfinite",
     "ReRoPE",
     "RemapMethod",
+    "STRING_MSCALE",
     "SelfExtend",
+    "StreamingLLM",
+    "String",
     "VLLM_MSCALE",
+    "WITHIN_TRAINING",
     "remap_attention",
     "remap_method",
 ]

@@ -6,8 +6,8 @@ positions, and the first ``global_tokens`` tokens; the distance to those is capp
 rotated at ``window``, the key un-rotated, at 0). Everything else is masked. Reach unlimited.
 Reference implementation: ``Glaciohound/LM-Infinite`` (``models/llama.py`` with ``models/lambda_attention.py``;
 ``convert_llama_model(model, local_branch=L, global_branch=10)``, ``limit_distance = local_branch``), checked in
-``tests/reference/remapping.py``. Attention sinks with a bounded cache (Xiao et al. 2024, StreamingLLM) evict the
-middle of the KV cache, which is a cache policy, not a scoring rule: not provided here.
+``tests/reference/remapping.py``. Attention sinks with a rolling cache (Xiao et al. 2024, StreamingLLM) mask the
+middle too, but re-index positions within the cache: ``streaming_llm.py``, which says how the two differ.
 """
 
 from __future__ import annotations

@@ -44,7 +44,8 @@ def _patched(model, method: str):  # noqa: ANN001, ANN202
         return model
     patched = copy.deepcopy(model)
     options = {"long_factor": [1.0 + 1.5 * i for i in range(4)]} if method == "longrope" else {}
-    extend_context(patched, method, 4.0, original_max_position_embeddings=ORIGINAL, **options)
+    factor = 1.5 if method == "string" else 4.0  # STRING reaches 2L - W at most
+    extend_context(patched, method, factor, original_max_position_embeddings=ORIGINAL, **options)
     return patched
 
 

@@ -103,6 +103,11 @@ def test_plan_of_a_lab_model_says_it_has_no_estimate(corpus, tmp_path):
     assert code == 0, text
     assert "Plan: 2 models (none, yarn x2)" in text and "at lengths 32, 64 (original 32)" in text
     assert "no estimate before the run for a lab model" in text and _tree(tmp_path) == before
+    code, text = _cli("extend", "new", "--task", "passkey", "--train-len", "104", "--train-steps", "7", "--lengths",
+                      "1x,2x", "--methods", "yarn", "--out", tmp_path / "o", "--plan")  # fmt: skip
+    assert code == 0 and "at lengths 104, 208 (original 104)" in text, text
+    assert f"First: the passkey task trained for 7 steps at 104 bytes ({tmp_path / 'o' / 'runs' / 'passkey'}" in text
+    assert _tree(tmp_path) == before
 
 
 def test_plan_checks_the_save_path_and_names_it(llama, corpus, tmp_path, no_weights):

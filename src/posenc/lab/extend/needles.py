@@ -7,8 +7,9 @@ generation from a cache that already holds those tokens' keys and values gives t
 on the whole prompt, for every patch whose keys and values at a position do not depend on the rest of the sequence:
 
 - shared: the unpatched model, static frequency methods (linear, ntk, yarn, llama3, ...), ALiBi slopes, and the
-  remapping methods ``self_extend``, ``rerope``, ``leaky_rerope``, ``lm_infinite`` (posenc keeps their keys
-  un-rotated and records each cached key's position on the cache, so a copied, cropped cache continues exactly);
+  remapping methods ``self_extend``, ``rerope``, ``leaky_rerope``, ``lm_infinite``, ``string``, ``streaming_llm``
+  (posenc keeps their keys un-rotated and records each cached key's position on the cache, so a copied, cropped
+  cache continues exactly);
 - not shared (a fresh ``generate`` per prompt, as before): ``dynamic`` and ``longrope`` (their frequencies follow the
   total length; the hidden states of a prefix computed at a shorter length differ) and ``dca`` / ``dca_vllm``
   (their logit factor follows the total length), and any model whose cache is not one plain, croppable

@@ -443,6 +443,9 @@ def _print_plan(cfg: ExtendConfig, target: Any, out: Path, grid: list[tuple], le
         rounds = {model_of(r) for r in more}
         study = plan.StudyProgress(False, units, forwards)
         lines.append(_plan_text(cfg, target, work, lengths, forwards, study, None, rounds, grid if subset else None))
+        if target.kind == "lab" and cfg.task == "passkey":
+            lines.append(f"First: the passkey task trained for {cfg.train_steps} steps at {original} bytes "
+                         f"({out / 'runs' / 'passkey'}; resumed or skipped where a run is there)")  # fmt: skip
         if target.kind == "lab":
             lines.append("Time: no estimate before the run for a lab model (small; the study's bar times it)")
         else:
