@@ -3,7 +3,8 @@
     python bench/remap_attention.py [--lengths 4096 8192 16384] [--repeats 3] [--methods self_extend dca ...]
 
 Shapes are SmolLM2-135M's attention (B=1, 9 query heads, 3 key/value heads, head_dim 64, float32, inference); each
-method takes its paper's parameters for a 2x extension (``original = length / 2``). Both sides include the RoPE
+method takes its paper's parameters for a 2x extension (``original = length / 2``; STRING, which reaches less than
+2x, for the training length itself, where its paper runs it: ``original = length``). Both sides include the RoPE
 rotation: ``plain`` is ``posenc.attention`` with RoPE (rotation + ``torch.nn.functional.scaled_dot_product_attention``
 causal, the fused kernel), ``remap`` is ``posenc.remapping.remap_attention`` (rotation per branch, branches merged).
 Every (method, length) runs in a fresh process: a warm-up call, then the median of ``--repeats`` calls, and the
@@ -25,7 +26,7 @@ from pathlib import Path
 import torch
 
 import posenc
-from posenc.remapping import METHODS, remap_attention, remap_method
+from posenc.remapping import METHODS, WITHIN_TRAINING, remap_attention, remap_method
 
 B, H, HKV, D, BASE = 1, 9, 3, 64, 1e5
 
@@ -35,6 +36,12 @@ def _rss_kb(field: str) -> int:
         if line.startswith(field):
             return int(line.split()[1])
     raise RuntimeError(field)
+
+
+def spec_for(method: str, length: int):  # noqa: ANN201
+    """The method's paper parameters for ``length`` tokens: a 2x extension, or the training length (STRING)."""
+    original = length if method in WITHIN_TRAINING else length // 2
+    return remap_method(method, original=original, target=length)
 
 
 def measure_one(method: str, length: int, repeats: int, device: str) -> dict:
@@ -48,7 +55,7 @@ def measure_one(method: str, length: int, repeats: int, device: str) -> dict:
         def call():  # noqa: ANN202
             return posenc.attention(q, k, v, encoding=enc)
     else:
-        spec = remap_method(method, original=length // 2, target=length)
+        spec = spec_for(method, length)
 
         def call():  # noqa: ANN202
             return remap_attention(q, k, v, method=spec, encoding=enc)
@@ -100,7 +107,7 @@ def main() -> None:
         plain = _child("plain", length, args.repeats, args.device)
         for method in args.methods:
             row = _child(method, length, args.repeats, args.device)
-            n = len(remap_method(method, original=length // 2, target=length).branches())
+            n = len(spec_for(method, length).branches())
             print(
                 f"| {method} | {n} | {length} | {row['seconds']:.3f} | {plain['seconds']:.3f} |"
                 f" {row['seconds'] / plain['seconds']:.2f} | {row['extra_mib']:.0f} | {plain['extra_mib']:.0f} |",
