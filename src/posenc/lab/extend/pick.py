@@ -69,17 +69,14 @@ def serving(method: str, model_type: str | None) -> str:
 
 
 def parse_target(text: str | int, original: int | None) -> int:
-    """``--target``: tokens (``32768``) or a multiple of the original context (``4x``, ``1.5x``), above it."""
-    value = str(text).strip().lower()
-    multiple = re.fullmatch(r"(\d+(?:\.\d+)?)x", value)
-    if multiple:
-        if original is None:
-            fail("target", text, "a length in tokens (the model's original context is unknown, so no multiple)")
-        length = math.ceil(float(multiple.group(1)) * original)
-    elif re.fullmatch(r"\d+", value):
-        length = int(value)
-    else:
-        fail("target", text, "a length in tokens (32768) or a multiple of the original context (4x)")
+    """``--target``: tokens (``32768``) or a multiple of the original context (``4x``, ``1.5x``; rounded as
+    ``--lengths`` multiples are, ``config.resolve_length``), beyond the original context."""
+    from posenc.lab.extend.config import length_form, resolve_length
+
+    form = length_form("target", text)
+    if isinstance(form, str) and original is None:
+        fail("target", text, "a length in tokens (the model's original context is unknown, so no multiple)")
+    length = resolve_length("target", form, original) if isinstance(form, str) else form
     if original is not None and length <= original:
         fail("target", text, f"a length beyond the original context of {original} tokens")
     return length
