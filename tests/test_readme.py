@@ -186,8 +186,8 @@ def test_the_lean_install_line_names_what_import_posenc_needs():
     needs_numpy = without_numpy.returncode != 0
     if needs_numpy:
         assert "numpy" in without_numpy.stderr
-    intro = README[: README.index("```bash")]
-    lean = re.search(r"A lean\s+install for using the library from a clone: `([^`]+)`", intro)
+    intro = README[: README.index("## What's in it")]
+    lean = re.search(r"A lean\s+install for using the library from a clone:\s+`([^`]+)`", intro)
     assert lean, "README names no lean install line"
     line = " ".join(lean.group(1).split())
     assert "--index-url https://download.pytorch.org/whl/cpu" in line

@@ -19,7 +19,6 @@ from __future__ import annotations
 import mmap
 from typing import Any
 
-import numpy as np
 import torch
 
 from posenc._checks import fail
@@ -65,6 +64,7 @@ def rope_tensors(header: GGUFHeader) -> dict[str, tuple[float, ...]]:
     Raises:
         ValueError: naming the tensor, when one is not a float32 vector (llama.cpp reads them as such).
     """
+    import numpy as np  # only here: `import posenc` needs torch alone
     out = {}
     with header.path.open("rb") as f:
         for t in header.tensors:
@@ -126,6 +126,7 @@ def permute(w: torch.Tensor, heads: int) -> torch.Tensor:
 
 def _dequantize(buf: mmap.mmap, tensor: Any) -> torch.Tensor:
     """One tensor of the file as float32 (a fresh array: the map is read-only)."""
+    import numpy as np  # only here: `import posenc` needs torch alone
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
     from gguf.quants import dequantize
 

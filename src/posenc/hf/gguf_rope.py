@@ -39,10 +39,12 @@ import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import torch
+
+if TYPE_CHECKING:
+    import numpy as np
 
 from posenc._checks import fail
 
@@ -102,12 +104,14 @@ class GGUFRope:
 
     def tensors(self) -> dict[str, np.ndarray]:
         """The per-frequency factor tensors, float32 ``(head_dim / 2,)`` each."""
+        import numpy as np  # only here: `import posenc` needs torch alone
         named = {FREQS: self.freqs, LONG: self.long_factors, SHORT: self.short_factors}
         return {name: np.asarray(values, dtype=np.float32) for name, values in named.items() if values is not None}
 
 
 def _f32(x: float) -> float:
     """``x`` as llama.cpp holds it: a float32 key."""
+    import numpy as np  # only here: `import posenc` needs torch alone
     return float(np.float32(x))
 
 
@@ -123,6 +127,7 @@ def llamacpp_frequencies(rope: GGUFRope, *, n_ctx: int | None = None) -> tuple[n
     Returns:
         ``(theta, mscale)``: theta ``(head_dim / 2,)`` radians per position.
     """
+    import numpy as np  # only here: `import posenc` needs torch alone
     d = rope.head_dim
     base = _f32(rope.freq_base)
     i = np.arange(d // 2, dtype=np.float64)
@@ -259,6 +264,7 @@ def _llama3_divisors(params: Mapping[str, Any], d: int) -> tuple[float, ...]:
 def check_same(config: Any, rope: GGUFRope) -> None:
     """Refuse ``rope`` unless llama.cpp's frequencies and cos/sin scale from it equal transformers' for ``config``,
     past the original context and (LongRoPE) within it."""
+    import numpy as np  # only here: `import posenc` needs torch alone
     lengths = [rope.context_length]
     if rope.scaling_type == "longrope":  # llama.cpp picks the factors by n_ctx, transformers by the sequence length
         lengths.append(rope.original_context_length)
@@ -376,6 +382,7 @@ def from_gguf(
 
 def _same_rope(rope: GGUFRope, params: dict[str, Any], context: int, *, d: int) -> bool:
     """Whether posenc's record, translated again, gives exactly the keys and tensors the file holds."""
+    import numpy as np  # only here: `import posenc` needs torch alone
     from transformers import LlamaConfig
 
     try:

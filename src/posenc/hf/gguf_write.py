@@ -28,10 +28,12 @@ from __future__ import annotations
 import contextlib
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import torch
+
+if TYPE_CHECKING:
+    import numpy as np
 
 from posenc._checks import check_choice, fail
 from posenc._files import create_temp
