@@ -19,8 +19,8 @@ Models (``ExtendConfig.model``):
 
 Settings left out (None) are filled in by the model's kind (``posenc.lab.extend.plan.PLANS``): a lab model keeps the
 lab's study; a pretrained one gets a study sized for the device (CPU: none, yarn x2, dynamic x2 at half and 1.5x its
-context, ~8 minutes for SmolLM2-135M on 2 cores). Everything is checked against everything else (lengths, tokens
-scored, held-out text, the passkey prompt, memory) before any weight is loaded. A model with per-layer-type RoPE
+context, 7-14 minutes for SmolLM2-135M on 2 cores, README). Everything is checked against everything else (lengths,
+tokens scored, held-out text, the passkey prompt, memory) before any weight is loaded. A model with per-layer-type RoPE
 (Gemma 3) has only its ``full_attention`` layers extended unless ``layer_type`` says otherwise, as its own
 long-context configs do. ``run_extend(save=DIR)`` writes the one patched model as a transformers folder.
 
