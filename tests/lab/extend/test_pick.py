@@ -54,6 +54,9 @@ def test_candidates_follow_the_model_and_the_save():
                             ("self_extend", 2), ("self_extend", 4), ("dca", 2), ("rerope", 2), ("leaky_rerope", 2),
                             ("lm_infinite", 2)]  # fmt: skip
     assert "longrope" in left and "search" in left["longrope"]
+    assert "at most 16256 tokens for STRING" in left["string"] and "cannot retrieve" in left["streaming_llm"]
+    near, left = rules.candidates(8192, 12288, model_type="llama", remapping=True)
+    assert ("string", 1.5) in names(near) and "string" not in left
     qwen, _ = rules.candidates(8192, 32768, model_type="qwen2", remapping=True)
     assert ("dca_vllm", 4) in names(qwen) and ("dca_vllm", 4) not in names(llama)
     gpt2, _ = rules.candidates(1024, 2048, model_type="gpt2", remapping=False)
@@ -63,7 +66,8 @@ def test_candidates_follow_the_model_and_the_save():
     assert names(folder) == [("yarn", 2), ("yarn", 4), ("dca_vllm", 2)] and left["rerope"] == "cannot"
     chosen, _ = rules.candidates(8192, 16384, model_type="llama", remapping=True, methods=("yarn", "dca"))
     assert names(chosen) == [("yarn", 2), ("yarn", 4), ("dca", 2)]
-    for methods, match in ((("yarn", "nope"), "candidates --pick can measure"), (("longrope",), "search")):
+    for methods, match in ((("yarn", "nope"), "candidates --pick can measure"), (("longrope",), "search"),
+                           (("streaming_llm",), "streaming_llm is not one"), (("string",), "at least one candidate")):
         with pytest.raises(ValueError, match=match):
             rules.candidates(8192, 16384, model_type="llama", remapping=True, methods=methods)
 

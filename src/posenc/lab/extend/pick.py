@@ -5,9 +5,10 @@ The question: *this model was trained for L tokens; which method makes it work a
 
 - Candidates (``candidates``): every training-free method of both families with its paper's parameters at the
   factor ``T / L`` -- frequency scalings (``linear``, ``ntk``, ``dynamic``, ``yarn``, ``llama3``) and remapping methods
-  (``self_extend``, ``dca``, ``rerope``, ``leaky_rerope``, ``lm_infinite``; ``dca_vllm``, what vLLM serves, on
-  Qwen2/Qwen3) -- plus the variants their papers offer as a setting: YaRN and Self-Extend set for twice the target
-  (``VARIANTS``; YaRN's scale factor and Self-Extend's group size grow with it). LongRoPE is not a candidate: its
+  (``self_extend``, ``dca``, ``rerope``, ``leaky_rerope``, ``lm_infinite``; ``string`` where the target is within its
+  reach of 2L - W; ``dca_vllm``, what vLLM serves, on Qwen2/Qwen3; not ``streaming_llm``, ``NOT_CANDIDATES``) --
+  plus the variants their papers offer as a setting: YaRN and Self-Extend set for twice the target (``VARIANTS``;
+  YaRN's scale factor and Self-Extend's group size grow with it). LongRoPE is not a candidate: its
   per-frequency factors come from a search, not a rule. With ``--save`` only what that format can carry competes.
 - Screening (``broken``, ``survivors``): each candidate's perplexity past L at T (one forward); out if more than
   ``PPL_BREAK`` times the best one's (the method breaks the language model). The others get one round of passkeys at
@@ -34,7 +35,12 @@ from posenc._checks import fail
 from posenc.lab.extend.rates import RULER_PREFIX, Rate, is_rate_metric, model_of, pool, row_rate
 
 FREQUENCY_CANDIDATES = ("linear", "ntk", "dynamic", "yarn", "llama3")
-REMAP_CANDIDATES = ("self_extend", "dca", "rerope", "leaky_rerope", "lm_infinite")
+REMAP_CANDIDATES = ("self_extend", "dca", "rerope", "leaky_rerope", "lm_infinite", "string")
+#: Remapping methods that never compete, and why.
+NOT_CANDIDATES = {
+    "streaming_llm": "it attends to its sinks and a window of recent tokens only: by design it cannot retrieve what "
+    "lies before its window (a streaming method, not a retrieval one)",
+}
 #: Methods also measured at this multiple of the target's factor (the setting their papers vary).
 VARIANTS = {"yarn": 2.0, "self_extend": 2.0}
 #: Screening: a perplexity past L above this multiple of the best candidate's is out.
@@ -133,6 +139,9 @@ def candidates(
     left_out: dict[str, str] = {}
     if methods is not None:
         unknown = [m for m in methods if m not in every and m != "longrope"]
+        if remapping and any(m in NOT_CANDIDATES for m in methods):
+            bad = next(m for m in methods if m in NOT_CANDIDATES)
+            fail("methods", list(methods), f"candidates --pick can measure: {bad} is not one: {NOT_CANDIDATES[bad]}")
         if unknown:
             fail("methods", list(methods), f"candidates --pick can measure on this model: {every}")
         if "longrope" in methods:
@@ -141,8 +150,18 @@ def candidates(
         every = [m for m in every if m in methods]
     else:
         left_out["longrope"] = "its per-frequency factors come from a search, not from a rule"
+        if remapping:
+            left_out.update(NOT_CANDIDATES)
     out = []
     for method in every:
+        if method == "string":  # STRING shifts distances into the training length: it reaches at most 2L - W
+            from posenc.remapping import remap_method
+
+            try:
+                remap_method("string", original=original, target=target)
+            except ValueError as err:
+                left_out["string"] = str(err).split(": expected ", 1)[-1]
+                continue
         why = savable(method) if savable is not None else None
         if why:
             left_out[method] = why
@@ -152,7 +171,8 @@ def candidates(
             bigger = factor * VARIANTS[method]
             out.append(Candidate(method, bigger, f"the paper's rule set for {round(original * bigger)} tokens"))
     if not out:
-        fail("methods", list(methods or every), f"at least one candidate the save can write; left out: {left_out}")
+        fail("methods", list(methods or every), f"at least one candidate for this model, target and save; left out: "
+             f"{left_out}")  # fmt: skip
     return out, left_out
 
 
