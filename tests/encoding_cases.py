@@ -35,6 +35,10 @@ SCALINGS = {
         "original_max_position_embeddings": 8,
     },
     "proportional": {"rope_type": "proportional", "partial_rotary_factor": 0.5},
+    "ntk_alpha": {"rope_type": "dynamic", "alpha": 4.0},  # Hunyuan's spelling
+    "ntk_mixed": {"rope_type": "ntk", "factor": 4.0, "mixed_b": 0.625},  # vLLM's spelling
+    "telechat3_yarn": {"rope_type": "telechat3-yarn", "factor": 4.0, "original_max_position_embeddings": 8},
+    "yarn_log": {"rope_type": "yarn_log", "factor": 4.0, "original_max_position_embeddings": 8},
 }
 SCALED = [f"rope+{name}" for name in SCALINGS]
 

@@ -33,7 +33,7 @@ def positive_list(n: int):
 
 
 def scaling_st(rotary_dim: int, *, hf_only: bool = False):
-    """Every valid scaling config (NTK is posenc-only: not in Hugging Face)."""
+    """Every valid scaling config (``hf_only``: those a Hugging Face config holds as they are)."""
     f = rotary_dim // 2
     linear = st.builds(posenc.LinearScaling, factor=factor_st)
     ntk = st.builds(posenc.NTKScaling, factor=factor_st)
@@ -84,7 +84,36 @@ def scaling_st(rotary_dim: int, *, hf_only: bool = False):
             original_max_position_embeddings=draw(positive_int),
         )
 
-    choices = [linear, dynamic, yarn(), longrope(), llama3()] + ([] if hf_only else [ntk])
+    ntk_mixed = st.builds(posenc.MixedNTKScaling, factor=factor_st, mixed_b=st.floats(0.05, 4.0))
+    ntk_alpha = st.builds(posenc.NTKAlphaScaling, alpha=st.floats(1.0, 4096.0))
+
+    @st.composite
+    def telechat3_yarn(draw):
+        beta_slow = draw(st.floats(0.01, 8.0))
+        return posenc.TeleChat3YaRNScaling(
+            factor=draw(factor_st),
+            original_max_position_embeddings=draw(positive_int),
+            beta_slow=beta_slow,
+            beta_fast=beta_slow + draw(st.floats(0.01, 64.0)),
+            truncate=draw(st.booleans()),
+            attn_factor=draw(maybe(st.floats(0.01, 4.0))),
+        )
+
+    @st.composite
+    def yarn_log(draw):
+        beta_slow = draw(st.floats(0.01, 8.0))
+        return posenc.YaRNLogScaling(
+            factor=draw(factor_st),
+            original_max_position_embeddings=draw(positive_int),
+            beta_slow=beta_slow,
+            beta_fast=beta_slow + draw(st.floats(0.01, 64.0)),
+            extrapolation_factor=draw(st.floats(0.0, 2.0)),
+        )
+
+    # Written to HF configs in another form (NTK and NTK-by-alpha as a base, TeleChat3 as plain yarn) or refused
+    # (yarn_log): posenc's own dicts round-trip, HF configs only for the rest.
+    posenc_only = [ntk, ntk_alpha, telechat3_yarn(), yarn_log()]
+    choices = [linear, dynamic, yarn(), longrope(), llama3(), ntk_mixed] + ([] if hf_only else posenc_only)
     return st.none() | st.one_of(choices)
 
 

@@ -83,7 +83,10 @@ def test_bad_layout(layout):
 
 
 def test_unknown_rope_type_lists_available():
-    every = "'default', 'dynamic', 'linear', 'llama3', 'longrope', 'ntk', 'proportional', 'yarn'"
+    every = (
+        "'default', 'dynamic', 'linear', 'llama3', 'longrope', 'ntk', 'ntk_alpha', 'ntk_mixed', 'proportional', "
+        "'telechat3_yarn', 'yarn', 'yarn_log'"
+    )
     with raises(rf"^rope_type='super' .*{every}"):
         RotaryEmbedding(8, scaling={"rope_type": "super", "factor": 2.0})
     with raises(r"^rope_type='super'"):

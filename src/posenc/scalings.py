@@ -38,6 +38,11 @@ class RopeScaling:
     def check_dim(self, dim: int) -> None:
         """Raise ``ValueError`` if this scaling cannot serve rotary dimension ``dim``."""
 
+    def to_hf_dict(self) -> dict[str, Any]:
+        """The ``rope_scaling`` / ``rope_parameters`` dict a model's ``config.json`` carries for this scaling, in the
+        form runtimes read (``to_dict`` unless a runtime spells it otherwise)."""
+        return self.to_dict()
+
     def to_dict(self) -> dict[str, Any]:
         """HF-style dict: ``rope_type`` plus every field that is set."""
         out: dict[str, Any] = {"rope_type": self.rope_type}
@@ -52,6 +57,7 @@ class RopeScaling:
         """Build from an HF-style dict; ``rope_type`` / ``type`` may be present and must match."""
         if cls is RopeScaling:
             return parse_scaling(config)
+        config = _released_form(config)
         given = config.get("rope_type") or config.get("type")
         if given is not None and given != cls.rope_type:
             fail("rope_type", given, f"{cls.rope_type!r} for {cls.__name__} (or use RopeScaling.from_dict)")
@@ -96,6 +102,7 @@ def parse_scaling(scaling: RopeScaling | Mapping[str, Any] | None) -> RopeScalin
         return scaling
     if not isinstance(scaling, Mapping):
         fail("scaling", scaling, "None, a posenc RopeScaling config, or a Hugging Face rope_scaling dict")
+    scaling = _released_form(scaling)
     rope_type, legacy = scaling.get("rope_type"), scaling.get("type")
     if rope_type is not None and legacy is not None and rope_type != legacy:
         fail("rope_scaling['type']", legacy, f"the same value as rope_scaling['rope_type'] ({rope_type!r})")
@@ -108,6 +115,42 @@ def parse_scaling(scaling: RopeScaling | Mapping[str, Any] | None) -> RopeScalin
     if rope_type not in available_scalings():
         fail("rope_type", rope_type, f"one of {available_scalings()}")
     return _from_dict(scaling_class(rope_type), scaling)
+
+
+#: Keys a released ``{"type": "dynamic", "alpha": ...}`` dict (Hunyuan) carries that vLLM's alpha path ignores:
+#: accepted at the values that change nothing anywhere (Hunyuan ships exactly these), refused otherwise.
+_ALPHA_NO_OP_KEYS = {"factor": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0}
+#: ... and YaRN ramp keys, which have no meaning without a ramp (Hunyuan ships beta_fast 32, beta_slow 1).
+_ALPHA_IGNORED_KEYS = ("beta_fast", "beta_slow", "max_position_embeddings")
+
+
+def _released_form(config: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A released config's spelling of a posenc scaling, as posenc's own ``rope_type`` (vLLM's ``get_rope`` rules):
+
+    - ``"dynamic"`` with an ``"alpha"`` key is Hunyuan's NTK-by-alpha (``"ntk_alpha"``), not dynamic NTK;
+    - ``"ntk"`` with a ``"mixed_b"`` key is mixed NTK (``"ntk_mixed"``); without it ``"ntk"`` stays posenc's
+      NTK-aware base change (vLLM's fixed ``"ntk"`` is ``ntk_mixed`` with ``mixed_b = 1``, a different formula);
+    - ``"telechat3-yarn"`` is ``"telechat3_yarn"``.
+
+    Any other dict comes back as it is.
+    """
+    rope_type = config.get("rope_type") or config.get("type")
+    if rope_type == "dynamic" and config.get("alpha") is not None:
+        out = {k: v for k, v in config.items() if k not in ("rope_type", "type", *_ALPHA_IGNORED_KEYS)}
+        for key, value in _ALPHA_NO_OP_KEYS.items():
+            given = out.pop(key, None)
+            if given is not None and float(check_number(f"rope_scaling[{key!r}]", given)) != value:
+                fail(
+                    f"rope_scaling[{key!r}]",
+                    given,
+                    f"{value} (or absent) with 'alpha': vLLM and Hunyuan read only alpha, so {key} would be ignored",
+                )
+        return {"rope_type": "ntk_alpha", **out}
+    if rope_type == "ntk" and config.get("mixed_b") is not None:
+        return {"rope_type": "ntk_mixed", **{k: v for k, v in config.items() if k not in ("rope_type", "type")}}
+    if rope_type == "telechat3-yarn":
+        return {"rope_type": "telechat3_yarn", **{k: v for k, v in config.items() if k not in ("rope_type", "type")}}
+    return config
 
 
 def _check_factor(value: float) -> float:
@@ -360,6 +403,156 @@ class ProportionalScaling(RopeScaling):
         )
 
 
+@register_scaling
+@dataclass(frozen=True, kw_only=True, slots=True)
+class NTKAlphaScaling(RopeScaling):
+    """NTK-by-alpha (Tencent Hunyuan): default RoPE at base ``base * alpha ** (dim / (dim - 2))``.
+
+    Released configs spell it ``{"type": "dynamic", "alpha": 1000.0, ...}``, which vLLM's ``get_rope`` sends to
+    ``DynamicNTKAlphaRotaryEmbedding``, a static base change (no length dependence) despite the name; posenc reads
+    that form into this class. Exported to Hugging Face configs as default RoPE with the enlarged base, which
+    transformers, vLLM and llama.cpp all run exactly as this.
+    """
+
+    rope_type: ClassVar[str] = "ntk_alpha"
+    alpha: float
+
+    def __post_init__(self) -> None:
+        check_number("alpha", self.alpha, minimum=1.0)
+
+    def check_dim(self, dim: int) -> None:
+        _check_rotary_dim_for_ntk(dim)
+
+    def frequencies(self, dim, *, base, seq_len=None, device=None):
+        self.check_dim(dim)
+        return F.ntk_alpha_frequencies(dim, base=base, alpha=self.alpha, device=device)
+
+
+@register_scaling
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MixedNTKScaling(RopeScaling):
+    """Mixed NTK (Su 2023, kexue.fm/archives/9706): pair ``m = 1..F`` divided by ``exp(a m ** mixed_b)``,
+    ``a = ln(factor) / F ** mixed_b``; the lowest frequency by exactly ``factor``.
+
+    vLLM reads it as ``{"rope_type": "ntk", "factor": ..., "mixed_b": ...}`` (``NTKScalingRotaryEmbedding``); posenc
+    reads that form into this class and writes it back for Hugging Face configs (transformers has no ``"ntk"``).
+    """
+
+    rope_type: ClassVar[str] = "ntk_mixed"
+    factor: float
+    mixed_b: float
+
+    def __post_init__(self) -> None:
+        _check_factor(self.factor)
+        check_number("mixed_b", self.mixed_b, above=0.0)
+
+    def to_hf_dict(self) -> dict[str, Any]:
+        return {"rope_type": "ntk", "factor": self.factor, "mixed_b": self.mixed_b}
+
+    def frequencies(self, dim, *, base, seq_len=None, device=None):
+        return F.ntk_mixed_frequencies(dim, base=base, factor=self.factor, mixed_b=self.mixed_b, device=device)
+
+
+@register_scaling
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TeleChat3YaRNScaling(RopeScaling):
+    """TeleChat3's YaRN (``"telechat3-yarn"``): YaRN's frequencies, temperature ``0.07 ln(factor) + 1`` (times
+    ``attn_factor``, vLLM's multiplier) instead of ``0.1 ln(factor) + 1``.
+
+    Exported to Hugging Face configs as plain ``"yarn"`` with that ``attention_factor`` (as vLLM's config loader now
+    normalises it): the same frequencies and factor, in a form transformers reads.
+    """
+
+    rope_type: ClassVar[str] = "telechat3_yarn"
+    factor: float
+    original_max_position_embeddings: int
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    truncate: bool = True
+    attn_factor: float | None = None
+
+    def __post_init__(self) -> None:
+        _check_factor(self.factor)
+        check_positive_int("original_max_position_embeddings", self.original_max_position_embeddings)
+        check_number("beta_slow", self.beta_slow, above=0.0)
+        if check_number("beta_fast", self.beta_fast) <= self.beta_slow:
+            fail("beta_fast", self.beta_fast, f"a number > beta_slow = {self.beta_slow}")
+        if not isinstance(self.truncate, bool):
+            fail("truncate", self.truncate, "True or False")
+        if self.attn_factor is not None:
+            check_number("attn_factor", self.attn_factor, above=0.0)
+
+    @property
+    def attention_factor(self) -> float:
+        return F.telechat3_attention_factor(self.factor) * (1.0 if self.attn_factor is None else self.attn_factor)
+
+    def as_yarn(self) -> YaRNScaling:
+        """The same frequencies and attention factor as a plain ``YaRNScaling``."""
+        return YaRNScaling(
+            factor=self.factor,
+            original_max_position_embeddings=self.original_max_position_embeddings,
+            beta_fast=self.beta_fast,
+            beta_slow=self.beta_slow,
+            truncate=self.truncate,
+            attention_factor=self.attention_factor,
+        )
+
+    def to_hf_dict(self) -> dict[str, Any]:
+        return self.as_yarn().to_dict()
+
+    def frequencies(self, dim, *, base, seq_len=None, device=None):
+        return F.telechat3_yarn_frequencies(
+            dim,
+            base=base,
+            factor=self.factor,
+            original_max_position_embeddings=self.original_max_position_embeddings,
+            beta_fast=self.beta_fast,
+            beta_slow=self.beta_slow,
+            truncate=self.truncate,
+            attn_factor=1.0 if self.attn_factor is None else self.attn_factor,
+            device=device,
+        )
+
+
+@register_scaling
+@dataclass(frozen=True, kw_only=True, slots=True)
+class YaRNLogScaling(RopeScaling):
+    """Grok's ``yarn_log``: YaRN's ramp with the two frequencies blended in log space (a pair in the ramp divided by
+    ``factor ** (1 - w)``), attention factor 1 (vLLM's ``Grok1ScalingRotaryEmbedding`` leaves mscale out).
+
+    Grok configs carry it as top-level keys (``rope_type``, ``scaling_factor``, ``original_max_position_embeddings``,
+    ``extrapolation_factor``, ``beta_fast``, ``beta_slow``), read only by vLLM's Grok model, not in ``rope_scaling``:
+    ``rotary_config_to_hf`` refuses it rather than write a dict no runtime reads.
+    """
+
+    rope_type: ClassVar[str] = "yarn_log"
+    factor: float
+    original_max_position_embeddings: int
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    extrapolation_factor: float = 1.0
+
+    def __post_init__(self) -> None:
+        _check_factor(self.factor)
+        check_positive_int("original_max_position_embeddings", self.original_max_position_embeddings)
+        check_number("beta_slow", self.beta_slow, above=0.0)
+        if check_number("beta_fast", self.beta_fast) <= self.beta_slow:
+            fail("beta_fast", self.beta_fast, f"a number > beta_slow = {self.beta_slow}")
+        check_number("extrapolation_factor", self.extrapolation_factor, minimum=0.0)
+
+    def frequencies(self, dim, *, base, seq_len=None, device=None):
+        return F.yarn_log_frequencies(
+            dim,
+            base=base,
+            factor=self.factor,
+            original_max_position_embeddings=self.original_max_position_embeddings,
+            beta_fast=self.beta_fast,
+            beta_slow=self.beta_slow,
+            extrapolation_factor=self.extrapolation_factor,
+            device=device,
+        )
+
+
 __all__ = [
     "RopeScaling",
     "LinearScaling",
@@ -369,6 +562,10 @@ __all__ = [
     "LongRoPEScaling",
     "Llama3Scaling",
     "ProportionalScaling",
+    "NTKAlphaScaling",
+    "MixedNTKScaling",
+    "TeleChat3YaRNScaling",
+    "YaRNLogScaling",
     "parse_scaling",
 ]
 

@@ -22,6 +22,7 @@ from tolerances import rotated_softmax_atol
 LAYOUTS = ("half", "interleaved")
 PARTIALS = (1.0, 0.5)
 SCALINGS = ("none", "linear", "ntk", "yarn", "llama3", "longrope", "dynamic")
+SCALINGS += ("ntk_alpha", "ntk_mixed", "telechat3_yarn", "yarn_log")  # vLLM's variants (issue 40, item 5)
 LENGTH_DEPENDENT = ("dynamic", "longrope")
 HEAD_DIMS = (8, 12, 16, 20, 32, 64)  # every one gives an even rotary dim >= 4 at both partial factors
 
@@ -67,6 +68,14 @@ def make_scaling(name: str, rotary_dim: int):
         }
     if name == "dynamic":
         return posenc.DynamicNTKScaling(factor=4.0, max_position_embeddings=DYNAMIC_MAX)
+    if name == "ntk_alpha":
+        return {"type": "dynamic", "alpha": 4.0}  # Hunyuan's spelling
+    if name == "ntk_mixed":
+        return posenc.MixedNTKScaling(factor=4.0, mixed_b=0.625)
+    if name == "telechat3_yarn":
+        return {"rope_type": "telechat3-yarn", "factor": YARN_FACTOR, "original_max_position_embeddings": 32}
+    if name == "yarn_log":
+        return posenc.YaRNLogScaling(factor=YARN_FACTOR, original_max_position_embeddings=32)
     raise AssertionError(name)
 
 
@@ -74,6 +83,8 @@ def expected_attention_factor(name: str) -> float:
     """Written out from the papers, not read from posenc."""
     if name == "yarn":
         return 0.1 * math.log(YARN_FACTOR) + 1.0
+    if name == "telechat3_yarn":
+        return 0.07 * math.log(YARN_FACTOR) + 1.0
     if name == "longrope":
         return math.sqrt(1.0 + math.log(LONGROPE_FACTOR) / math.log(LONGROPE_ORIGINAL))
     return 1.0

@@ -22,11 +22,11 @@ import torch
 
 from posenc._checks import fail
 from posenc.encodings.rotary import RotaryConfig
-from posenc.scalings import NTKScaling, parse_scaling
+from posenc.scalings import NTKAlphaScaling, NTKScaling, YaRNLogScaling, parse_scaling
 
 # Scalings that read the model's max_position_embeddings / original_max_position_embeddings in HF.
 _NEEDS_MAX_POS = ("dynamic", "yarn", "longrope")
-_NEEDS_ORIGINAL = ("llama3", "yarn", "longrope")
+_NEEDS_ORIGINAL = ("llama3", "yarn", "longrope", "telechat3-yarn", "telechat3_yarn")
 
 
 def as_dict(config: Any) -> dict[str, Any]:
@@ -105,8 +105,10 @@ def rotary_config_to_hf(config: RotaryConfig, *, legacy: bool = False) -> dict[s
     """The HF config keys for this RoPE: ``head_dim`` and ``rope_parameters`` (transformers >= 5), or with
     ``legacy=True`` the older ``rope_theta`` / ``rope_scaling`` / ``partial_rotary_factor`` keys.
 
-    Static NTK, which HF lacks, is exported exactly as default RoPE with the enlarged base. ``max_position_embeddings``
-    is included when the scaling carries it.
+    Static NTK, which HF lacks, and NTK-by-alpha are exported exactly as default RoPE with the enlarged base; other
+    scalings as their ``to_hf_dict()`` (mixed NTK in vLLM's ``"ntk"`` form, TeleChat3's YaRN as plain ``"yarn"`` with
+    its attention factor). Grok's ``yarn_log`` is refused: no runtime reads it from ``rope_scaling``.
+    ``max_position_embeddings`` is included when the scaling carries it.
     """
     if config.layout != "half":
         fail(
@@ -115,10 +117,18 @@ def rotary_config_to_hf(config: RotaryConfig, *, legacy: bool = False) -> dict[s
             "'half' for Hugging Face (HF models use the half layout; permute q/k projection weights to convert)",
         )
     base, scaling = config.base, config.scaling
-    if isinstance(scaling, NTKScaling):
+    if isinstance(scaling, (NTKScaling, NTKAlphaScaling)):
         dim = config.rotary_dim
-        base, scaling = base * scaling.factor ** (dim / (dim - 2)), None
-    rope = {"rope_type": "default"} if scaling is None else scaling.to_dict()
+        scale = scaling.factor if isinstance(scaling, NTKScaling) else scaling.alpha
+        base, scaling = base * scale ** (dim / (dim - 2)), None
+    if isinstance(scaling, YaRNLogScaling):
+        fail(
+            "scaling",
+            "yarn_log",
+            "a scaling with a rope_scaling form: Grok's yarn_log lives in top-level config keys that only vLLM's Grok "
+            "model reads (rope_type, scaling_factor, ...), and no runtime reads it from rope_scaling",
+        )
+    rope = {"rope_type": "default"} if scaling is None else scaling.to_hf_dict()
     max_pos = rope.pop("max_position_embeddings", None)
     out: dict[str, Any] = {"head_dim": config.head_dim}
     if max_pos is not None:

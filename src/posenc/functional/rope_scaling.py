@@ -18,6 +18,12 @@ Papers:
     llama3    Meta 2024, "The Llama 3 Herd of Models" (arXiv:2407.21783), rope scaling of Llama 3.1
     proportional  Barbero et al. 2024, "Round and Round We Go! What makes Rotary Positional Encodings useful?"
               (arXiv:2410.06205), p-RoPE; Gemma 4's ``rope_type: "proportional"``
+    ntk_alpha Tencent Hunyuan's "DynamicNTKAlpha" (static despite the name): ``base * alpha ** (dim / (dim - 2))``
+    ntk_mixed Su 2023, "Mixed NTK" (kexue.fm/archives/9706), as vLLM's ``NTKScalingRotaryEmbedding(mixed_b=)``
+    telechat3_yarn  TeleChat3's YaRN: temperature ``0.07 ln(factor) + 1`` instead of ``0.1 ln(factor) + 1``
+    yarn_log  xAI Grok's YaRN with a geometric (log-space) blend of the two frequencies across the ramp
+
+The last four are checked against vLLM's ``vllm/model_executor/layers/rotary_embedding/`` (see each function).
 """
 
 from __future__ import annotations
@@ -268,3 +274,111 @@ def proportional_frequencies(
     exponent = torch.arange(0, 2 * rotating, 2, dtype=torch.int64, device=device).float() / dim
     inv_freq = torch.cat((1.0 / (base**exponent), torch.zeros(dim // 2 - rotating, dtype=torch.float32, device=device)))
     return _out(inv_freq / factor, 1.0)
+
+
+def ntk_alpha_frequencies(dim: int, *, base: float, alpha: float, device=None) -> tuple[torch.Tensor, float]:
+    """NTK-by-alpha (Tencent Hunyuan): default RoPE at base ``base * alpha ** (dim / (dim - 2))``.
+
+    The NTK-aware base change with the scale given directly as ``alpha`` (Hunyuan ships ``alpha = 1000``); it is
+    static, though released configs spell it ``{"type": "dynamic", "alpha": ...}``. The lowest frequency is divided by
+    exactly ``alpha``, the highest is untouched.
+
+    Reference implementation: vLLM ``DynamicNTKAlphaRotaryEmbedding._compute_cos_sin_cache``
+    (``vllm/model_executor/layers/rotary_embedding/dynamic_ntk_alpha_rope.py``).
+    """
+    _check(dim, base, ntk=True, alpha=alpha)
+    return _out(_base_inv_freq(dim, base * alpha ** (dim / (dim - 2)), device), 1.0)
+
+
+def ntk_mixed_frequencies(
+    dim: int, *, base: float, factor: float, mixed_b: float, device=None
+) -> tuple[torch.Tensor, float]:
+    """Mixed NTK (Su 2023): pair ``i`` (``m = i + 1``) divided by ``lambda_m = exp(a m ** b)``,
+    ``a = ln(factor) / (dim / 2) ** b``.
+
+    The lowest frequency (``m = dim / 2``) is divided by exactly ``factor``; ``b`` sets how fast the division grows
+    from the highest frequency (``b = 1``: ``factor ** (2m / dim)``, vLLM's fixed ``"ntk"``, which also divides the
+    highest frequency, by ``factor ** (2 / dim)``, unlike bloc97's NTK-aware base change).
+
+    Reference implementation: vLLM ``NTKScalingRotaryEmbedding._compute_inv_freq``
+    (``vllm/model_executor/layers/rotary_embedding/ntk_scaling_rope.py``).
+    """
+    _check(dim, base, factor=factor, mixed_b=mixed_b)
+    a = math.log(factor) / (dim / 2) ** mixed_b
+    m = torch.arange(1, dim // 2 + 1, dtype=torch.float64, device=device)  # (F,)
+    return _out(_base_inv_freq(dim, base, device) / torch.exp(a * m**mixed_b), 1.0)
+
+
+def telechat3_attention_factor(factor: float) -> float:
+    """TeleChat3's YaRN temperature ``0.07 ln(factor) + 1`` (1 for ``factor <= 1``)."""
+    return 1.0 if factor <= 1 else 0.07 * math.log(factor) + 1.0
+
+
+def telechat3_yarn_frequencies(
+    dim: int,
+    *,
+    base: float,
+    factor: float,
+    original_max_position_embeddings: int,
+    beta_fast: float = 32.0,
+    beta_slow: float = 1.0,
+    truncate: bool = True,
+    attn_factor: float = 1.0,
+    device=None,
+) -> tuple[torch.Tensor, float]:
+    """TeleChat3's YaRN: YaRN's frequencies, attention factor ``(0.07 ln(factor) + 1) * attn_factor``.
+
+    Reference implementation: vLLM ``TeleChat3RoPEScaledRotaryEmbedding``
+    (``vllm/model_executor/layers/rotary_embedding/telechat3_scaling_rope.py``: its ``get_mscale``, YaRN's
+    ``_compute_inv_freq`` and cos/sin times that mscale).
+    """
+    check_number("attn_factor", attn_factor, above=0.0)
+    return yarn_frequencies(
+        dim,
+        base=base,
+        factor=factor,
+        original_max_position_embeddings=original_max_position_embeddings,
+        beta_fast=beta_fast,
+        beta_slow=beta_slow,
+        truncate=truncate,
+        attention_factor=telechat3_attention_factor(factor) * attn_factor,
+        device=device,
+    )
+
+
+def yarn_log_frequencies(
+    dim: int,
+    *,
+    base: float,
+    factor: float,
+    original_max_position_embeddings: int,
+    beta_fast: float = 32.0,
+    beta_slow: float = 1.0,
+    extrapolation_factor: float = 1.0,
+    device=None,
+) -> tuple[torch.Tensor, float]:
+    """Grok's ``yarn_log``: YaRN's ramp, but the two frequencies blended in log space,
+    ``exp(ln(theta) * w + ln(theta / factor) * (1 - w))`` with ``w = (1 - ramp) * extrapolation_factor``: a pair
+    inside the ramp is divided by ``factor ** (1 - w)`` instead of YaRN's ``1 / (w + (1 - w) / factor)``.
+    The attention factor is 1: vLLM computes YaRN's mscale for it but leaves it out of the cos/sin tables.
+
+    Reference implementation: vLLM ``Grok1ScalingRotaryEmbedding`` (``extra_method="yarn_log"``,
+    ``vllm/model_executor/layers/rotary_embedding/grok1_scaling_rope.py``).
+    """
+    lengths = {"original_max_position_embeddings": original_max_position_embeddings}
+    _check(dim, base, lengths=lengths, factor=factor, beta_fast=beta_fast, beta_slow=beta_slow)
+    check_number("extrapolation_factor", extrapolation_factor, minimum=0.0)
+    low, high = yarn_correction_range(
+        dim,
+        base=base,
+        original_max_position_embeddings=original_max_position_embeddings,
+        beta_fast=beta_fast,
+        beta_slow=beta_slow,
+        truncate=True,
+    )
+    if low == high:
+        high += 0.001  # as YaRN: a zero-width ramp would divide by zero
+    ramp = ((torch.arange(dim // 2, dtype=torch.float64, device=device) - low) / (high - low)).clamp(0, 1)
+    kept = (1 - ramp) * extrapolation_factor  # (F,) weight of the unscaled frequency
+    extrapolated = _base_inv_freq(dim, base, device)
+    return _out(extrapolated * factor ** (kept - 1), 1.0)
