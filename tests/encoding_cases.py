@@ -58,6 +58,8 @@ def _randomize(encoding: torch.nn.Module) -> None:
     for p in encoding.parameters():
         if p.dim() >= 2 and p.abs().max() < 0.5:
             p.normal_(0.0, 1.0)
+    if isinstance(encoding, posenc.SSMax):  # one s per head, all equal at init: make them differ, so heads matter
+        encoding.s.copy_(torch.linspace(0.25, 1.0, encoding.s.numel()))
 
 
 def positions(encoding: posenc.Encoding, length: int, *, start: int = 0, batch: int | None = None) -> torch.Tensor:

@@ -19,6 +19,7 @@ from posenc.encodings.rotary import RotaryConfig, RotaryEmbedding
 from posenc.encodings.sandwich import Sandwich, SandwichConfig
 from posenc.encodings.shaw import ShawRelative, ShawRelativeConfig
 from posenc.encodings.sinusoidal import Sinusoidal, Sinusoidal2D, Sinusoidal2DConfig, SinusoidalConfig
+from posenc.encodings.ssmax import SSMax, SSMaxConfig, rope_ssmax
 from posenc.encodings.t5 import T5Bias, T5BiasConfig
 from posenc.encodings.xpos import XPos, XPosConfig
 from posenc.functional.alibi import alibi_slopes
@@ -93,6 +94,8 @@ __all__ = [
     "Sinusoidal2D",
     "Sinusoidal2DConfig",
     "SinusoidalConfig",
+    "SSMax",
+    "SSMaxConfig",
     "T5Bias",
     "T5BiasConfig",
     "TeleChat3YaRNScaling",
@@ -121,5 +124,6 @@ __all__ = [
     "rope_angles",
     "rope_cos_sin",
     "rope_frequencies",
+    "rope_ssmax",
     "t5_relative_position_bucket",
 ]

@@ -29,6 +29,7 @@ from posenc.functional.rope_scaling import (
 )
 from posenc.functional.sandwich import sandwich_bias, sandwich_frequencies
 from posenc.functional.sinusoidal import sinusoidal_2d_encoding, sinusoidal_encoding
+from posenc.functional.ssmax import apply_ssmax, ssmax_key_count, ssmax_scale
 from posenc.functional.temperature import apply_temperature, attention_temperature
 from posenc.functional.xpos import check_xpos_positions, xpos_cos_sin, xpos_max_distance, xpos_scale, xpos_zeta
 
@@ -39,6 +40,7 @@ __all__ = [
     "angle_dtype",
     "apply_fope",
     "apply_rotary",
+    "apply_ssmax",
     "apply_temperature",
     "attention_temperature",
     "axial_angles",
@@ -79,6 +81,8 @@ __all__ = [
     "shaw_value_term",
     "sinusoidal_2d_encoding",
     "sinusoidal_encoding",
+    "ssmax_key_count",
+    "ssmax_scale",
     "t5_bias",
     "t5_relative_position_bucket",
     "table_dtype",

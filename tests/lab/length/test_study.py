@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 import posenc
 from cli_runs import one_and_two_processes
@@ -347,3 +348,22 @@ def test_jobs_must_be_a_positive_count(jobs, corpus, tmp_path):
     with pytest.raises(ValueError, match=rf"jobs={jobs!r} is invalid: expected a positive number"):
         run_study(StudyConfig(**TINY, corpus=str(corpus)), tmp_path / "out", progress=False, jobs=jobs)
     assert not (tmp_path / "out").exists()
+
+
+def test_ssmax_over_rope_and_nope_trains_evaluates_past_l_and_reloads_its_s(corpus, tmp_path):
+    """``posenc lab --encodings rope_ssmax,ssmax`` (RoPE + SSMax, NoPE + SSMax): s is learned, saved and reloaded."""
+    code, out = _cli("lab", "--encodings", "rope_ssmax,ssmax", "--train-len", "16", "--eval-lens", "16,32",
+                     "--steps", "12", "--batch-size", "8", "--dim", "32", "--layers", "1", "--heads", "2",
+                     "--eval-tokens", "256", "--corpus", str(corpus), "--quiet",
+                     "--out", str(tmp_path / "out"))  # fmt: skip
+    assert code == 0, out
+    rows = read_results(tmp_path / "out" / "results.csv")
+    assert {(r["encoding"], r["scaling"], r["eval_len"]) for r in rows if r["status"] == "ok"} == {
+        (e, "none", n) for e in ("rope_ssmax", "ssmax") for n in (16, 32)
+    }
+    for name in ("rope_ssmax", "ssmax"):
+        model = load_model(tmp_path / "out" / "runs" / name)
+        assert isinstance(model.encoding, posenc.SSMax) and (model.encoding.rope is not None) == (name == "rope_ssmax")
+        assert not torch.allclose(model.encoding.s, torch.full_like(model.encoding.s, 0.43))  # trained, reloaded
+    cfg = StudyConfig(encodings=("all",))
+    assert {"rope_ssmax", "ssmax"} <= set(cfg.encodings)

@@ -1,0 +1,181 @@
+"""``SSMax``: Scalable-Softmax, queries scaled by ``s * log(n)`` with ``s`` learned per head; over NoPE or RoPE.
+
+Paper: Nakanishi 2025, "Scalable-Softmax Is Superior for Attention" (arXiv:2501.19399): ``softmax((s log n) z)``
+over the ``n`` keys a query sees, ``s`` a learnable scalar per layer and head. One module per attention layer gives
+the paper's per-layer-and-head ``s``: a module shared by several layers (the lab's ``GPT`` shares one encoding per
+kind) has one ``s`` per head for all of them. ``s`` starts at 0.43 (``S_INIT``: the value of the paper's Figure 1
+and axolotl's default ``scaling_softmax_factor``).
+
+Llama 4's temperature tuning (``posenc.build("nope_temperature")``) cites SSMax but is a different thing: a fixed,
+unlearned factor ``log(1 + floor((p + 1) / floor_scale)) * attn_scale + 1`` on the queries of NoPE layers only, equal
+to 1 for the first ``floor_scale - 1`` positions. SSMax scales every query by a learned ``s log(p + 1)``, from the
+first position, and composes with RoPE: ``rope=`` (or ``posenc.build("rope_ssmax")``) rotates queries and keys by
+RoPE, then scales the queries. Without ``rope=`` it is NoPE + SSMax.
+
+``n`` is read from the query's position (``p + 1``, capped at ``window``), which is the number of keys it sees in
+causal attention with positions counted from 0 per document (packing, a KV cache, context-parallel shards all pass
+such positions): hence ``causal_only``. With position-skipping fine-tuning (PoSE, randomized positions) ``n`` follows
+the simulated positions, as in axolotl, which reads ``position_ids``.
+
+Reference implementation checked against: axolotl ``src/axolotl/monkeypatch/scaled_softmax_attn.py`` (commit
+258ce8d4fa04c27ab49e169ba7751d8f4f1a423e), written out in float64 in ``tests/reference/ssmax.py``; compared on full
+attention outputs and gradients in ``tests/encodings/test_ssmax.py``. Formula and numerics:
+``posenc.functional.ssmax``.
+
+Shapes:
+    q (B, H, S, D), k (B, Hkv, T, D); positions (S,) or (B, S), integer or float -> q scaled (and, with RoPE, q and k
+    rotated), shapes and dtypes kept; ``s`` (H,) float32.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from posenc._checks import check_number, check_positive_int, fail
+from posenc._config import DictConfig
+from posenc.encodings._base import RotaryModule, check_qk
+from posenc.encodings.rotary import RotaryConfig, RotaryEmbedding, check_positions
+from posenc.functional.ssmax import S_INIT, apply_ssmax
+from posenc.registry import register
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SSMaxConfig(DictConfig):
+    """SSMax for ``num_heads`` heads: initial ``s`` (``s_init``), an optional sliding ``window`` (keys) capping
+    ``n``, and an optional RoPE under it (``rope``: ``RotaryEmbedding``'s keywords, ``{}`` for the defaults; needs
+    ``head_dim``). ``rope`` is stored normalised (every RoPE field, the scaling as a dict)."""
+
+    num_heads: int
+    head_dim: int | None = None
+    s_init: float = S_INIT
+    window: int | None = None
+    rope: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        check_positive_int("num_heads", self.num_heads)
+        if self.head_dim is not None:
+            check_positive_int("head_dim", self.head_dim)
+        check_number("s_init", self.s_init)
+        if self.window is not None:
+            check_positive_int("window", self.window)
+        if self.rope is not None:
+            if not isinstance(self.rope, Mapping):
+                fail("rope", self.rope, "None (NoPE + SSMax) or a dict of RotaryEmbedding keywords ({} for RoPE)")
+            if self.head_dim is None:
+                fail("head_dim", None, "the head size, which RoPE under SSMax needs (rope= is given)")
+            if "head_dim" in self.rope:
+                fail("rope['head_dim']", self.rope["head_dim"], "no head_dim inside rope=: SSMax's head_dim is used")
+            rope = RotaryConfig.from_dict({**self.rope, "head_dim": self.head_dim}).to_dict()
+            del rope["head_dim"]
+            object.__setattr__(self, "rope", rope)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = DictConfig.to_dict(self)
+        out["rope"] = None if self.rope is None else dict(self.rope)
+        return out
+
+
+@register("ssmax")
+class SSMax(RotaryModule):
+    """Scalable-Softmax: queries multiplied by ``s[h] * log(n)``, ``n = min(p + 1, window)``; NoPE or RoPE under it.
+
+    Args:
+        num_heads: query heads ``H``; ``s`` has one entry per head.
+        head_dim: channels per head ``D``; needed with ``rope=``.
+        s_init: initial value of every ``s[h]`` (default 0.43, ``posenc.functional.ssmax.S_INIT``).
+        window: a sliding window of this many keys (``n`` stops growing there), or None.
+        rope: None for NoPE + SSMax, or ``RotaryEmbedding``'s keywords (``{}``, ``{"base": 500.0}``,
+            ``{"scaling": {...}}``) for RoPE + SSMax.
+
+    Attributes:
+        s: the learned scaling parameter, ``nn.Parameter`` of shape ``(H,)``.
+        rope: the ``RotaryEmbedding`` under SSMax, or None.
+
+    Shapes:
+        q (B, H, S, D), k (B, Hkv, T, D), positions (S,) or (B, S) -> q, k of the same shapes and dtypes.
+    """
+
+    config_class = SSMaxConfig
+    causal_only = True  # n = p + 1 counts the keys of a causal query; a bidirectional one sees every key
+
+    def __init__(
+        self,
+        *,
+        num_heads: int,
+        head_dim: int | None = None,
+        s_init: float = S_INIT,
+        window: int | None = None,
+        rope: Mapping[str, Any] | None = None,
+    ) -> None:
+        super().__init__()
+        self.config = SSMaxConfig(
+            num_heads=num_heads, head_dim=head_dim, s_init=s_init, window=window, rope=None if rope is None else rope
+        )
+        self.s = nn.Parameter(torch.empty(num_heads))
+        self.rope = None if self.config.rope is None else RotaryEmbedding(head_dim, **self.config.rope)
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """``s`` back to ``s_init`` (after ``to_empty()``, e.g. a meta-device build)."""
+        self.s.fill_(self.config.s_init)
+
+    @property
+    def depends_on_length(self) -> bool:
+        """True when the RoPE under SSMax is ``dynamic``/``longrope`` (``rotate`` then takes ``seq_len``)."""
+        return self.rope is not None and self.rope.depends_on_length
+
+    def rotate(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        q_pos: torch.Tensor,
+        k_pos: torch.Tensor,
+        *,
+        seq_len: int | float | torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The ``Encoding`` hook: RoPE (if any) on ``q`` and ``k``, then queries scaled at ``q_pos``.
+
+        ``seq_len`` goes to a length-dependent RoPE (``dynamic``/``longrope``) and is ignored otherwise.
+        """
+        check_qk(q, k, self.config.head_dim)
+        check_positions(q_pos, q, "positions")
+        check_positions(k_pos, k, "k_positions")
+        self._check_position_pair(q, k, q_pos, k_pos)
+        self.check_heads(q)
+        if self.rope is not None:
+            extra = {"seq_len": seq_len} if self.rope.depends_on_length else {}
+            q, k = self.rope.rotate(q, k, q_pos, k_pos, **extra)
+        return apply_ssmax(q, q_pos, self.s, window=self.config.window), k
+
+    def extra_repr(self) -> str:
+        c = self.config
+        return f"num_heads={c.num_heads}, s_init={c.s_init}, window={c.window}, rope={c.rope is not None}"
+
+
+def rope_ssmax(
+    *,
+    num_heads: int,
+    head_dim: int,
+    s_init: float = S_INIT,
+    window: int | None = None,
+    base: float = 10000.0,
+    scaling: Mapping[str, Any] | None = None,
+    layout: str = "half",
+    partial_rotary_factor: float = 1.0,
+) -> SSMax:
+    """RoPE + SSMax, buildable by name (``posenc.build("rope_ssmax", ...)``, the lab's ``rope_ssmax``).
+
+    ``SSMax(num_heads=, head_dim=, s_init=, window=, rope={"base": base, "scaling": scaling, "layout": layout,
+    "partial_rotary_factor": partial_rotary_factor})``: RoPE's keywords as ``posenc.build("rope")`` takes them.
+    """
+    rope = {"base": base, "scaling": scaling, "layout": layout, "partial_rotary_factor": partial_rotary_factor}
+    return SSMax(num_heads=num_heads, head_dim=head_dim, s_init=s_init, window=window, rope=rope)
+
+
+register("rope_ssmax", rope_ssmax)

@@ -1,0 +1,111 @@
+"""Scalable-Softmax (SSMax): each query scaled by ``s * log(n)``, n the number of keys it attends to.
+
+Softmax over ``n`` scores spreads its weight thinner as ``n`` grows ("attention fading"). SSMax (Nakanishi 2025,
+"Scalable-Softmax Is Superior for Attention", arXiv:2501.19399) replaces it by
+
+    SSMax(z)_i = n^(s z_i) / sum_j n^(s z_j) = softmax((s log n) z)_i
+
+with ``s`` a learned scalar per layer and head, so it is one multiplication of the query by ``s log n`` before the
+usual ``q . k / sqrt(D)``. In causal attention the query at position ``p`` (counted from 0 in its document, as
+packing and a KV cache give it) sees ``n = p + 1`` keys; a sliding window of ``window`` keys caps it,
+``n = min(p + 1, window)``. A query seeing one key gets the factor 0 and its single weight 1 either way.
+
+How it differs from Llama 4's temperature tuning (:mod:`posenc.functional.temperature`, which cites SSMax): Llama 4
+multiplies the queries of its NoPE layers by the fixed ``log(1 + floor((p + 1) / floor_scale)) * attn_scale + 1``
+-- 1 for the first ``floor_scale - 1`` positions, then growing in steps, and no learned parameter. SSMax's factor is
+``s log(p + 1)`` at every position (below 1 for short contexts, so the logits are rescaled from the first token), with
+``s`` learned, and is meant for every layer, with or without RoPE.
+
+Reference implementation checked against: axolotl's merged SSMax (axolotl-ai-cloud/axolotl,
+``src/axolotl/monkeypatch/scaled_softmax_attn.py``, commit 258ce8d4fa04c27ab49e169ba7751d8f4f1a423e, PR #3338):
+a FlexAttention ``score_mod`` ``score * (s * log(clamp(position_ids + 1, min=2)) + b)`` with ``b = 0`` (the paper's
+recommended form), here per head; ``tests/reference/ssmax.py`` writes it out in float64 and
+``tests/encodings/test_ssmax.py`` compares on full tensors. Its clamp only changes the factor of a query that sees
+one key, whose output it cannot change; this module follows the paper's ``log n`` there.
+
+Numerics: ``log n`` is taken in float64 (float32 on MPS) and rounded once to float32; the factor ``s log n`` is
+float32 (``s`` is cast, so a bfloat16 model keeps its factor in float32 and ``s`` still gets a gradient), float64
+for float64 queries; it multiplies ``q`` by torch's type promotion, then the result is cast back to ``q``'s dtype.
+
+Shapes:
+    positions (S,) or (B, S), integer or float; s a number or a tensor () or (H,)
+    -> factor (S,) / (H, S) / (B, H, S) float32 or float64 (``ssmax_scale``); q (B, H, S, D) -> q's shape and dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from posenc._checks import check_number, check_positions, check_positive_int, fail
+from posenc.functional.rope import angle_dtype
+
+#: The paper's Figure 1 value of ``s``, axolotl's default (``scaling_softmax_factor``) and posenc's initial ``s``.
+S_INIT = 0.43
+
+
+def ssmax_key_count(positions: torch.Tensor, *, window: int | None = None) -> torch.Tensor:
+    """``n``: the number of keys a causal query at each position sees, ``max(p + 1, 1)``, capped at ``window``.
+
+    Shapes:
+        positions (S,) or (B, S) -> (S,) or (B, S) float64 (float32 on MPS)
+    """
+    check_positions(positions)
+    if window is not None:
+        check_positive_int("window", window)
+    wide = angle_dtype(positions.device, torch.float32)
+    n = (positions.to(wide) + 1.0).clamp(min=1.0)  # a padded query (negative position) sees at least itself
+    return n if window is None else n.clamp(max=float(window))
+
+
+def ssmax_scale(
+    positions: torch.Tensor,
+    s: float | torch.Tensor,
+    *,
+    window: int | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """``s * log(n)`` in ``dtype``: the factor of each query, per head when ``s`` is ``(H,)``.
+
+    Args:
+        positions: query positions (exact: integer, float32 or float64), counted from 0 in each document.
+        s: the scaling parameter, a number, a 0-d tensor or one per head ``(H,)`` (differentiable).
+        window: sliding-window size in keys, or None for full causal attention.
+        dtype: float32 (default) or float64.
+
+    Shapes:
+        positions (S,) or (B, S); s () -> (S,) or (B, S); s (H,) -> (H, S) or (B, H, S); in ``dtype``
+    """
+    if dtype not in (torch.float32, torch.float64):
+        fail("dtype", dtype, "torch.float32 or torch.float64")
+    log_n = torch.log(ssmax_key_count(positions, window=window)).to(dtype)  # (S,) or (B, S)
+    if not isinstance(s, torch.Tensor):
+        return log_n * check_number("s", s)
+    if not s.is_floating_point() or s.dim() > 1:
+        fail("s", tuple(s.shape), "a number, or a floating point tensor () or (H,): one scaling parameter per head")
+    if s.device != positions.device:
+        fail("s.device", s.device, f"the positions' device, {positions.device}")
+    s = s.to(dtype)
+    if s.dim() == 0:
+        return log_n * s
+    return s[:, None] * log_n.unsqueeze(-2)  # (H, 1) * (S,) or (B, 1, S) -> (H, S) or (B, H, S)
+
+
+def apply_ssmax(
+    q: torch.Tensor, positions: torch.Tensor, s: float | torch.Tensor, *, window: int | None = None
+) -> torch.Tensor:
+    """Queries multiplied by :func:`ssmax_scale` at their positions, in ``q``'s dtype.
+
+    Shapes:
+        q (B, H, S, D) (or (H, S, D), (S, D) with positions (S,) and a scalar ``s``); positions (S,) or (B, S);
+        s () or (H,) -> q's shape
+    """
+    if not isinstance(q, torch.Tensor) or not q.is_floating_point() or q.dim() < 2:
+        fail("q", getattr(q, "shape", type(q).__name__), "a floating point tensor (..., S, D)")
+    dtype = torch.promote_types(q.dtype, torch.float32)  # float32, or float64 for float64 queries
+    scale = ssmax_scale(positions, s, window=window, dtype=dtype)  # (S,), (B, S), (H, S) or (B, H, S)
+    per_head = isinstance(s, torch.Tensor) and s.dim() == 1
+    if per_head and (q.dim() < 3 or q.shape[-3] != s.shape[0]):
+        fail("s.shape", tuple(s.shape), f"(H,) with H the heads of q (q.shape={tuple(q.shape)})")
+    if positions.dim() == 2 and not per_head:
+        scale = scale.unsqueeze(-2)  # (B, S) -> (B, 1, S): the same factor for every head
+    return (q * scale.unsqueeze(-1)).to(q.dtype)  # one factor per query row

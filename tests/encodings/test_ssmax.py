@@ -1,0 +1,255 @@
+"""SSMax (Scalable-Softmax) == axolotl's score_mod written out in float64 (``tests/reference/ssmax.py``), on full
+attention outputs and gradients, over NoPE and RoPE; the functional's formula; the learned ``s``. The registry-wide
+properties (decode == full, chunked == full, packed == alone, GQA, backends) cover ``ssmax`` and ``rope_ssmax``
+through ``posenc.available()`` in tests/test_attention.py and tests/test_registry.py."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch.testing import assert_close
+
+import posenc
+from encoding_cases import attention_tol
+from posenc.functional import apply_ssmax, apply_temperature, ssmax_key_count, ssmax_scale
+from posenc.functional.ssmax import S_INIT
+from reference.ssmax import ssmax_attention
+
+B, H, HKV, D = 2, 4, 2, 8
+S_VALUES = torch.tensor([0.25, 0.43, 0.7, 1.1])
+ROPES = {
+    "nope": None,
+    "rope": {},
+    "rope_interleaved_yarn": {
+        "base": 500.0,
+        "layout": "interleaved",
+        "scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8},
+    },
+}
+
+
+def _encoding(rope, dtype=torch.float64, s=S_VALUES, **kw):
+    enc = posenc.build("ssmax", num_heads=H, head_dim=D, rope=rope, **kw).to(dtype)
+    with torch.no_grad():
+        enc.s.copy_(s)
+    return enc
+
+
+def _rope_reference(enc):
+    if enc.rope is None:
+        return None
+    rope = enc.rope
+    return {"inv_freq": rope.inv_freq, "layout": rope.config.layout, "attention_factor": rope.attention_factor}
+
+
+def _qkv(s, t, dtype=torch.float64, requires_grad=False):
+    g = torch.Generator().manual_seed(s * 100 + t)
+    shapes = [(B, H, s, D), (B, HKV, t, D), (B, HKV, t, 6)]
+    return [(torch.randn(*x, generator=g) * 2).to(dtype).requires_grad_(requires_grad) for x in shapes]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The formula
+
+
+def test_functional_is_s_log_n():
+    pos = torch.tensor([[0, 1, 5, 99, 4095], [3, 0, 1, 2, 70000]])
+    n = (pos.double() + 1).clamp(max=64)
+    assert_close(ssmax_key_count(pos, window=64), n, rtol=0, atol=0)
+    log_n = n.log().float()  # log in float64, rounded once; then the float32 product with s
+    want = S_VALUES.float()[:, None] * log_n[:, None, :]  # (B, H, S)
+    assert_close(ssmax_scale(pos, S_VALUES, window=64), want, rtol=0, atol=0)
+    s = torch.tensor(0.43)
+    assert_close(ssmax_scale(pos[0], 0.43), s * (pos[0].double() + 1).log().float(), rtol=0, atol=0)
+    assert ssmax_key_count(torch.tensor([-3, -1])).tolist() == [1.0, 1.0]  # a padded query sees at least itself
+    q = torch.randn(B, H, 5, D, dtype=torch.bfloat16)
+    got = apply_ssmax(q, pos, S_VALUES, window=64)
+    assert got.dtype == torch.bfloat16
+    assert_close(got, (q.float() * want[..., None]).bfloat16(), rtol=0, atol=0)  # float32 product, one rounding
+
+
+def test_differs_from_llama4_temperature():
+    """Llama 4's factor is 1 up to floor_scale - 1 and has no learned s; SSMax's is s log(p + 1) from the start."""
+    q = torch.ones(1, 1, 4, 2)
+    pos = torch.arange(4)
+    llama4 = apply_temperature(q, pos, floor_scale=8192, attn_scale=0.1)
+    assert (llama4 == 1).all()
+    ssmax = apply_ssmax(q, pos, torch.tensor([S_INIT]))
+    assert_close(ssmax[0, 0, :, 0], torch.tensor([S_INIT * math.log(n) for n in (1, 2, 3, 4)]))
+
+
+def test_errors_name_the_problem():
+    with pytest.raises(ValueError, match=r"head_dim=None.*RoPE under SSMax"):
+        posenc.build("ssmax", num_heads=4, rope={})
+    with pytest.raises(ValueError, match=r"config\['bas'\]"):
+        posenc.build("ssmax", num_heads=4, head_dim=8, rope={"bas": 1.0})
+    with pytest.raises(ValueError, match=r"window=0"):
+        posenc.build("ssmax", num_heads=4, window=0)
+    with pytest.raises(ValueError, match=r"s.shape=\(3,\)"):
+        apply_ssmax(torch.randn(1, 4, 2, 8), torch.arange(2), torch.ones(3))
+    enc = posenc.build("ssmax", num_heads=4)
+    q = torch.randn(1, 4, 3, 8)
+    with pytest.raises(ValueError, match=r"causal=False.*SSMax"):
+        posenc.attention(q, q[:, :2], q[:, :2], encoding=enc, causal=False)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Against axolotl's form, on full tensors
+
+
+@pytest.mark.parametrize("rope", list(ROPES))
+@pytest.mark.parametrize("backend", ["eager", "sdpa"])
+@pytest.mark.parametrize("batched", [False, True])
+def test_equals_reference_float64(rope, backend, batched):
+    enc = _encoding(ROPES[rope])
+    q, k, v = _qkv(5, 12)
+    k_pos = torch.arange(3, 15) if not batched else torch.stack([torch.arange(3, 15), torch.arange(40, 52)])
+    q_pos = k_pos[..., -5:]
+    with torch.no_grad():
+        got = posenc.attention(q, k, v, encoding=enc, q_positions=q_pos, k_positions=k_pos, backend=backend)
+    want = ssmax_attention(q, k, v, S_VALUES, q_positions=q_pos, k_positions=k_pos, rope=_rope_reference(enc))
+    assert_close(got, want, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("rope", list(ROPES))
+def test_packed_documents_equal_reference_float64(rope):
+    """Positions restart per document: n is the query's position within its document, as axolotl's packing."""
+    enc = _encoding(ROPES[rope])
+    q, k, v = _qkv(18, 18)
+    pos, docs = posenc.packed_positions([1, 11, 6])  # a one-token document: n = 1, a single key
+    with torch.no_grad():
+        got = posenc.attention(q, k, v, encoding=enc, q_positions=pos, document_ids=docs, backend="sdpa")
+    want = ssmax_attention(q, k, v, S_VALUES, q_positions=pos, document_ids=docs, rope=_rope_reference(enc))
+    assert_close(got, want, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("rope", ["nope", "rope"])
+def test_gradients_equal_reference_float64(rope):
+    """Gradients in q, k, v and the learned s, through posenc's SDPA path and through the written-out form."""
+    enc = _encoding(ROPES[rope])
+    q, k, v = _qkv(9, 9, requires_grad=True)
+    pos = torch.arange(9)
+    out = posenc.attention(q, k, v, encoding=enc, q_positions=pos, backend="sdpa")
+    weight = torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)
+    got = torch.autograd.grad((out * weight).sum(), [q, k, v, enc.s])
+    s = enc.s.detach().clone().requires_grad_()
+    want_out = ssmax_attention(q, k, v, s, q_positions=pos, rope=_rope_reference(enc))
+    want = torch.autograd.grad((want_out * weight).sum(), [q, k, v, s])
+    assert got[3].abs().min() > 0  # every head's s learns
+    for g, w in zip(got, want, strict=True):
+        assert_close(g, w, rtol=0, atol=1e-11)
+
+
+@pytest.mark.parametrize("rope", list(ROPES))
+def test_float32_near_reference(rope):
+    enc = _encoding(ROPES[rope], dtype=torch.float32)
+    q, k, v = _qkv(12, 12, dtype=torch.float32)
+    pos = torch.arange(20, 32)
+    with torch.no_grad():
+        got = posenc.attention(q, k, v, encoding=enc, q_positions=pos)
+    want = ssmax_attention(q, k, v, S_VALUES, q_positions=pos, rope=_rope_reference(enc))
+    assert_close(got.double(), want, **attention_tol(q, k, v, encoding=enc, q_positions=pos))
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    rope=st.sampled_from(list(ROPES)),
+    lengths=st.lists(st.integers(1, 9), min_size=1, max_size=3),
+    cut=st.integers(0, 8),
+)
+def test_explicit_positions_equal_implied_and_decode_equals_full(rope, lengths, cut):
+    """Default positions == explicit arange; packed == each document alone; a decode step against the cache of its
+    document == its row of the full forward."""
+    enc = _encoding(ROPES[rope])
+    t = sum(lengths)
+    q, k, v = _qkv(t, t)
+    with torch.no_grad():
+        implied = posenc.attention(q, k, v, encoding=enc, backend="eager")
+        explicit = posenc.attention(q, k, v, encoding=enc, q_positions=torch.arange(t), backend="eager")
+        assert_close(implied, explicit, rtol=0, atol=0)
+        pos, docs = posenc.packed_positions(lengths)
+        packed = posenc.attention(q, k, v, encoding=enc, q_positions=pos, document_ids=docs, backend="eager")
+        start = 0
+        for n in lengths:
+            alone = posenc.attention(*(x[:, :, start : start + n] for x in (q, k, v)), encoding=enc, backend="eager")
+            assert_close(packed[:, :, start : start + n], alone, rtol=0, atol=1e-12)
+            start += n
+        i = min(cut, t - 1)
+        step = posenc.attention(
+            q[:, :, i : i + 1], k[:, :, : i + 1], v[:, :, : i + 1], encoding=enc,
+            q_positions=torch.tensor([i]), k_positions=torch.arange(i + 1), backend="eager",
+        )  # fmt: skip
+        assert_close(step, implied[:, :, i : i + 1], rtol=0, atol=1e-12)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The module: a trainable s per head, configs, composition
+
+
+def test_s_is_a_trainable_parameter_per_head_initialised_as_the_paper():
+    enc = posenc.build("rope_ssmax", dim=32, num_heads=H, head_dim=D, max_len=16)
+    assert [name for name, _ in enc.named_parameters()] == ["s"]
+    assert enc.s.requires_grad and enc.s.shape == (H,) and (enc.s == torch.tensor(S_INIT)).all()
+    assert enc.s.dtype == torch.float32
+    with torch.device("meta"):
+        meta = posenc.build("ssmax", num_heads=H)
+    meta.to_empty(device="cpu")
+    meta.reset_parameters()
+    assert (meta.s == torch.tensor(S_INIT)).all()
+    assert "s" in enc.state_dict() and not any(k.startswith("rope.") for k in enc.state_dict())  # RoPE: buffers only
+
+
+def test_rope_ssmax_is_rope_then_ssmax():
+    """``rope_ssmax`` == ``SSMax(rope={...})``; its rotation is RoPE's, its query factor SSMax's."""
+    scaling = {"rope_type": "linear", "factor": 2.0}
+    enc = posenc.build("rope_ssmax", num_heads=H, head_dim=D, base=500.0, scaling=scaling)
+    same = posenc.SSMax(num_heads=H, head_dim=D, rope={"base": 500.0, "scaling": scaling})
+    assert enc.config == same.config and type(enc).from_config(enc.config.to_dict()).config == enc.config
+    rope = posenc.build("rope", head_dim=D, base=500.0, scaling=scaling)
+    q, k, _ = _qkv(6, 6, dtype=torch.float32)
+    pos = torch.arange(6)
+    rq, rk = rope.rotate(q, k, pos, pos)
+    sq, sk = enc.rotate(q, k, pos, pos)
+    assert_close(sk, rk, rtol=0, atol=0)
+    assert_close(sq, apply_ssmax(rq, pos, enc.s.detach()), rtol=0, atol=0)
+
+
+def test_dynamic_rope_under_ssmax_takes_seq_len():
+    enc = posenc.build("rope_ssmax", num_heads=H, head_dim=D, scaling={"rope_type": "dynamic", "factor": 2.0,
+                                                                       "max_position_embeddings": 4})  # fmt: skip
+    assert enc.depends_on_length and not posenc.build("ssmax", num_heads=H).depends_on_length
+    q, k, v = _qkv(3, 10, dtype=torch.float32)
+    with torch.no_grad():
+        pos = {"q_positions": torch.arange(7, 10), "k_positions": torch.arange(10)}
+        short = posenc.attention(q, k, v, encoding=enc, seq_len=10, **pos)
+        long = posenc.attention(q, k, v, encoding=enc, seq_len=40, **pos)
+    assert not torch.equal(short, long)
+
+
+def test_the_lab_trains_it_a_few_steps():
+    """A tiny lab GPT with RoPE + SSMax in every layer, and NoPE + SSMax in every 2nd: s moves, the loss falls."""
+    from posenc.lab.common.gpt import GPT, ModelConfig
+
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(dim=32, n_layers=2, n_heads=4, max_len=16, encoding="rope_ssmax/ssmax:2"))
+    s_before = [e.s.detach().clone() for e in (model.encoding, model.nth_encoding)]
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    tokens = torch.randint(0, 8, (4, 17))
+    losses = []
+    for _ in range(15):
+        logits = model(tokens[:, :-1])
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(float(loss.detach()))
+    assert losses[-1] < losses[0]
+    for before, enc in zip(s_before, (model.encoding, model.nth_encoding), strict=True):
+        assert not torch.equal(enc.s.detach(), before)
+    again = copy.deepcopy(model)
+    assert torch.equal(again.encoding.s, model.encoding.s)
