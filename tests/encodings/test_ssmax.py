@@ -231,6 +231,21 @@ def test_dynamic_rope_under_ssmax_takes_seq_len():
     assert not torch.equal(short, long)
 
 
+@pytest.mark.parametrize("name", ["ssmax", "rope_ssmax"])
+def test_compiles_without_graph_breaks(name):
+    enc = posenc.build(name, num_heads=H, head_dim=D)
+    q, k, v = _qkv(7, 7, dtype=torch.float32)
+    pos = torch.arange(7)
+
+    def f(q, k, v, pos):
+        return posenc.attention(q, k, v, encoding=enc, q_positions=pos, backend="sdpa")
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        got = torch.compile(f, fullgraph=True)(q, k, v, pos)
+        assert_close(got, f(q, k, v, pos), **attention_tol(q, k, v, encoding=enc, q_positions=pos))
+
+
 def test_the_lab_trains_it_a_few_steps():
     """A tiny lab GPT with RoPE + SSMax in every layer, and NoPE + SSMax in every 2nd: s moves, the loss falls."""
     from posenc.lab.common.gpt import GPT, ModelConfig
