@@ -4,6 +4,7 @@ registered encoding -- forward, backward, KV-cache decoding, chunking, packing a
 from __future__ import annotations
 
 import copy
+import sys
 
 import pytest
 import torch
@@ -14,7 +15,8 @@ from torch.testing import assert_close
 import posenc
 from encoding_cases import SCALED, build, positions, shard
 from encoding_cases import attention_tol as tol
-from posenc.attention import FLEX_MIN_BIAS_BYTES, _resolve_backend
+from largest_tensor import LargestTensor
+from posenc.attention import FLEX_BLOCK, FLEX_MIN_BIAS_BYTES, _resolve_backend
 from reference.attention import naive_attention
 from tolerances import like_reference_atol
 
@@ -453,3 +455,314 @@ def test_packed_positions():
     for bad in ([], [3, 0], [[2]], [1.5]):
         with pytest.raises(ValueError, match=r"lengths="):
             posenc.packed_positions(bad)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Attention sinks (GPT-OSS) and chunked local attention (Llama 4): issue 40, items 2(b) and 4
+
+
+def _sink_formula(q, k, v, sinks, allowed, scale):
+    """``softmax([q k^T * scale, sink])[..., :T] v`` in float64, masked by ``allowed`` (B|1, 1, S, T)."""
+    r = q.shape[1] // k.shape[1]
+    kf, vf = (x.double().repeat_interleave(r, dim=1) for x in (k, v))
+    scores = (q.double() @ kf.transpose(-1, -2)) * scale
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    sink = sinks.double().view(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
+    return torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1] @ vf
+
+
+def _chunk_allowed(q_pos, k_pos, c, *, docs=None, s=None, t=None):
+    """Causal (bottom-right), same document, same chunk of positions: the mask written out, (B|1, 1, S, T)."""
+    s, t = q_pos.shape[-1], k_pos.shape[-1]
+    i, j = torch.arange(s)[:, None] + t - s, torch.arange(t)[None, :]
+    qp, kp = q_pos.reshape(-1, s), k_pos.reshape(-1, t)
+    allowed = (j <= i) & (qp[:, :, None] // c == kp[:, None, :] // c)
+    if docs is not None:
+        allowed = allowed & (docs[:, t - s :, None] == docs[:, None, :])
+    return allowed[:, None]
+
+
+@pytest.mark.parametrize("backend", ["eager", "sdpa", "flex"])
+@pytest.mark.parametrize(("s", "t", "chunk", "docs"), [(9, 9, None, False), (3, 11, 4, False), (200, 200, 48, True)])
+def test_sinks_and_chunks_are_the_formula(backend, s, t, chunk, docs):
+    """Every backend against the written-out formula, GQA, a KV-cache shape, documents and chunks across 128-tiles."""
+    q, k, v = qkv(s, t)
+    sinks = torch.randn(H) * 2
+    k_pos = torch.arange(t) + 5
+    document_ids = (torch.arange(t) * 3 // t)[None].expand(B, -1) if docs else None
+    with torch.no_grad():
+        out = posenc.attention(
+            q,
+            k,
+            v,
+            q_positions=k_pos[t - s :],
+            k_positions=k_pos,
+            document_ids=document_ids,
+            sinks=sinks,
+            chunk_size=chunk,
+            backend=backend,
+        )
+    allowed = _chunk_allowed(k_pos[t - s :], k_pos, chunk or 10**9, docs=document_ids)
+    ref = _sink_formula(q, k, v, sinks, allowed, D**-0.5)
+    assert_close(out, ref.float(), atol=2e-6, rtol=2e-6)
+
+
+@pytest.mark.parametrize("name", ["alibi", "t5", "fire", "rope", "xpos", "shaw"])
+def test_sinks_and_chunks_with_encodings_match_eager(name):
+    """An encoding's bias/score_mod and rotation combine with sinks and chunks the same way on every backend."""
+    enc, (q, k, v), pos = _inputs(name, s=20, t=24, batched=True)
+    sinks = torch.randn(H)
+    with torch.no_grad():
+        ref = posenc.attention(q, k, v, encoding=enc, backend="eager", sinks=sinks, chunk_size=7, **pos)
+        plain = posenc.attention(q, k, v, encoding=enc, backend="eager", **pos)
+        assert not torch.allclose(ref, plain)
+        for backend in _backends(enc):
+            out = posenc.attention(q, k, v, encoding=enc, backend=backend, sinks=sinks, chunk_size=7, **pos)
+            assert_close(out, ref, **tol(q, k, v, encoding=enc, **pos), msg=lambda m, b=backend: f"{name}/{b}: {m}")
+
+
+def test_sink_gradients_match_eager():
+    """Sinks are trainable: sdpa's gradients (through its float mask column) equal eager's, for q, k, v and sinks."""
+    q, k, v = qkv(10, 10, requires_grad=True)
+    sinks = torch.randn(H, requires_grad=True)
+    grads = {}
+    for backend in ("eager", "sdpa"):
+        out = posenc.attention(q, k, v, sinks=sinks, chunk_size=4, backend=backend)
+        grads[backend] = torch.autograd.grad((out * torch.linspace(-1, 1, DV)).sum(), (q, k, v, sinks))
+    for g, g_ref in zip(grads["sdpa"], grads["eager"], strict=True):
+        assert_close(g, g_ref, atol=1e-5, rtol=1e-5)
+    assert grads["eager"][3].abs().min() > 0
+
+
+def _gpt_oss(hkv):
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.gpt_oss import modeling_gpt_oss
+
+    cfg = transformers.GptOssConfig(
+        hidden_size=32,
+        num_attention_heads=H,
+        num_key_value_heads=hkv,
+        head_dim=D,
+        num_hidden_layers=1,
+        layer_types=["full_attention"],
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        vocab_size=10,
+        intermediate_size=8,
+        num_local_experts=2,
+        num_experts_per_tok=1,
+    )
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(1)
+    layer = modeling_gpt_oss.GptOssAttention(cfg, 0).double()
+    torch.nn.init.normal_(layer.sinks, std=2.0)
+    return modeling_gpt_oss, cfg, layer
+
+
+@pytest.mark.parametrize("hkv", [1, 2, 4])
+@pytest.mark.parametrize("backend", ["eager", "sdpa", "flex"])
+def test_sinks_match_transformers_gpt_oss(hkv, backend):
+    """transformers' GptOssAttention (eager, its sink implementation) against posenc.attention(sinks=layer.sinks):
+    the whole layer on full tensors, a prefill of 6 tokens and a decode of 3 through transformers' DynamicCache.
+    q and k are rotated by transformers' own RoPE tables (float32, as GPT-OSS builds them) on both sides, so what is
+    compared is the attention. float64 on eager and sdpa; float32 on flex (no float64 on CPU)."""
+    from transformers import DynamicCache
+
+    mod, cfg, layer = _gpt_oss(hkv)
+    x = torch.randn(B, 9, 32, dtype=torch.float64)
+    cos, sin = mod.GptOssRotaryEmbedding(cfg)(x, torch.arange(9)[None].expand(B, -1))
+
+    def causal(a, b):  # transformers' additive mask for queries a..b-1 over keys 0..b-1
+        return torch.full((b, b), float("-inf"), dtype=torch.float64).triu(1)[a:][None, None]
+
+    with torch.no_grad():
+        cache = DynamicCache(config=cfg)
+        ref = [layer(x[:, a:b], (cos[:, a:b], sin[:, a:b]), causal(a, b), cache=cache)[0] for a, b in [(0, 6), (6, 9)]]
+        q, k, v = (p(x).view(B, 9, -1, D).transpose(1, 2) for p in (layer.q_proj, layer.k_proj, layer.v_proj))
+        q, k = mod.apply_rotary_pos_emb(q, k, cos, sin)
+        dtype = torch.float32 if backend == "flex" else torch.float64
+        q, k, v, sinks = (y.to(dtype) for y in (q, k, v, layer.sinks))
+        ours = []
+        for a, b in [(0, 6), (6, 9)]:
+            o = posenc.attention(q[:, :, a:b], k[:, :, :b], v[:, :, :b], sinks=sinks, backend=backend)
+            ours.append(layer.o_proj(o.double().transpose(1, 2).reshape(B, b - a, -1)))
+    atol = 1e-5 if backend == "flex" else 1e-12
+    for got, want in zip(ours, ref, strict=True):
+        assert_close(got, want, atol=atol, rtol=atol)
+
+
+def test_sink_gradient_matches_transformers_gpt_oss():
+    """The sinks' gradient through posenc (eager and sdpa) equals transformers' through GptOssAttention."""
+    mod, cfg, layer = _gpt_oss(2)
+    x = torch.randn(B, 7, 32, dtype=torch.float64)
+    cos, sin = mod.GptOssRotaryEmbedding(cfg)(x, torch.arange(7)[None].expand(B, -1))
+    mask = torch.full((7, 7), float("-inf"), dtype=torch.float64).triu(1)[None, None]
+    weights = torch.randn(B, 7, 32, dtype=torch.float64)
+    (want,) = torch.autograd.grad((layer(x, (cos, sin), mask)[0] * weights).sum(), layer.sinks)
+    q, k, v = (p(x).view(B, 7, -1, D).transpose(1, 2) for p in (layer.q_proj, layer.k_proj, layer.v_proj))
+    q, k = mod.apply_rotary_pos_emb(q, k, cos, sin)
+    for backend in ("eager", "sdpa"):
+        o = posenc.attention(q, k, v, sinks=layer.sinks, backend=backend)
+        out = layer.o_proj(o.transpose(1, 2).reshape(B, 7, -1))
+        (got,) = torch.autograd.grad((out * weights).sum(), layer.sinks, retain_graph=True)
+        assert_close(got, want, atol=1e-12, rtol=1e-10)
+
+
+def _llama4(chunk):
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.llama4 import modeling_llama4
+
+    cfg = transformers.Llama4TextConfig(
+        hidden_size=32,
+        num_attention_heads=H,
+        num_key_value_heads=HKV,
+        head_dim=D,
+        num_hidden_layers=1,
+        attention_chunk_size=chunk,
+        vocab_size=10,
+        intermediate_size=8,
+        intermediate_size_mlp=8,
+        num_local_experts=2,
+    )
+    cfg._attn_implementation = "eager"
+    assert cfg.layer_types == ["chunked_attention"] and cfg.no_rope_layers == [1]  # a RoPE layer: chunked
+    return modeling_llama4, cfg, modeling_llama4.Llama4TextAttention(cfg, 0).double()
+
+
+@pytest.mark.parametrize("backend", ["eager", "sdpa", "flex"])
+@pytest.mark.parametrize("case", ["full", "kv_cache", "packed"])
+def test_chunks_match_transformers_llama4(backend, case):
+    """Llama 4's chunked RoPE-layer mask, as transformers builds it (``create_chunked_causal_mask`` for the full
+    and the packed row -- packing detected from position_ids that restart --; its ``eager_mask`` with
+    ``chunked_causal_mask_function`` at a cache's query offset for 3 queries after 17 cached keys), fed to Llama 4's
+    ``eager_attention_forward``, against ``posenc.attention(chunk_size=)`` on the same q, k, v."""
+    from transformers import masking_utils
+
+    chunk, t = 6, 20
+    mod, cfg, layer = _llama4(chunk)
+    s = 3 if case == "kv_cache" else t
+    q, k, v = (x.double() for x in qkv(s, t, dv=D))
+    x = torch.zeros(B, s, 32, dtype=torch.float64)
+    document_ids = None
+    if case == "full":
+        k_pos = torch.arange(t)
+        mask = masking_utils.create_chunked_causal_mask(cfg, x, None, None, position_ids=k_pos[None])
+    elif case == "packed":
+        k_pos, document_ids = posenc.packed_positions([9, 11])
+        mask = masking_utils.create_chunked_causal_mask(cfg, x, None, None, position_ids=k_pos[None])
+    else:
+        k_pos = torch.arange(t)
+        function = masking_utils.chunked_causal_mask_function(chunk, torch.zeros(B, dtype=torch.long))
+        mask = masking_utils.eager_mask(
+            batch_size=B, q_length=s, kv_length=t, q_offset=t - s, mask_function=function, dtype=torch.float64
+        )
+    want = (mask == 0)[:1]
+    docs = None if document_ids is None else document_ids[None]
+    assert_close(want, _chunk_allowed(k_pos[t - s :], k_pos, chunk, docs=docs))
+    ref = mod.eager_attention_forward(layer, q, k, v, mask, scaling=layer.scaling)[0].transpose(1, 2)
+    dtype = torch.float32 if backend == "flex" else torch.float64
+    with torch.no_grad():
+        out = posenc.attention(
+            *(y.to(dtype) for y in (q, k, v)),
+            q_positions=k_pos[t - s :],
+            k_positions=k_pos,
+            document_ids=document_ids,
+            chunk_size=chunk,
+            backend=backend,
+        )
+    atol = 1e-5 if backend == "flex" else 1e-12
+    assert_close(out.double(), ref, atol=atol, rtol=atol)
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "flex"])
+def test_chunked_decode_and_packing_equal_alone(backend):
+    """Decoding one token at a time against a cache equals the full forward's rows; a packed row with per-document
+    positions equals each document alone (its chunks restart with its positions), with sinks too."""
+    t, chunk = 150, 32
+    q, k, v = qkv(t, t)
+    sinks = torch.randn(H)
+    with torch.no_grad():
+        full = posenc.attention(q, k, v, chunk_size=chunk, sinks=sinks, backend=backend)
+        for a in (0, 31, 32, 100, 149):
+            step = posenc.attention(
+                q[:, :, a : a + 1], k[:, :, : a + 1], v[:, :, : a + 1], chunk_size=chunk, sinks=sinks, backend=backend
+            )
+            assert_close(step, full[:, :, a : a + 1], atol=2e-6, rtol=2e-6)
+        pos, ids = posenc.packed_positions([70, 80])
+        packed = posenc.attention(
+            q, k, v, q_positions=pos, document_ids=ids, chunk_size=chunk, sinks=sinks, backend=backend
+        )
+        for a, b in [(0, 70), (70, 150)]:
+            alone = posenc.attention(
+                q[:, :, a:b], k[:, :, a:b], v[:, :, a:b], chunk_size=chunk, sinks=sinks, backend=backend
+            )
+            assert_close(packed[:, :, a:b], alone, atol=2e-6, rtol=2e-6)
+
+
+def test_flex_chunks_and_sinks_build_nothing_quadratic(monkeypatch):
+    """Everything posenc prepares for FlexAttention with chunks and sinks (chunk ids, block mask, the sink's extra
+    key) stays linear in length; the kernel itself (stubbed here: a dispatch mode cannot enter it) is FlexAttention's
+    block-sparse one, whose block mask must skip the tiles outside every chunk."""
+    module = sys.modules["posenc.attention"]
+    seen_kwargs = {}
+
+    def kernel(q, k, v, **kwargs):
+        seen_kwargs.update(kwargs)
+        return q.new_zeros(*q.shape[:-1], v.shape[-1])
+
+    monkeypatch.setattr(module, "_COMPILED_FLEX", kernel)
+    n, chunk = 4096, 256
+    q, k, v = torch.randn(1, 2, n, 32), torch.randn(1, 1, n, 32), torch.randn(1, 1, n, 32)
+    with torch.no_grad(), LargestTensor() as seen:
+        posenc.attention(q, k, v, chunk_size=chunk, sinks=torch.randn(2), k_positions=torch.arange(n), backend="flex")
+    assert seen.numel < n * n // 16
+    block_mask = seen_kwargs["block_mask"]
+    assert block_mask.shape[-2:] == (n, n + 1)
+    tiles = int(block_mask.kv_num_blocks.sum() + block_mask.full_kv_num_blocks.sum())
+    m = chunk // FLEX_BLOCK  # tiles per chunk: each chunk's causal triangle of tiles, and the sink's column
+    assert tiles == (n // chunk) * m * (m + 1) // 2 + n // FLEX_BLOCK
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "flex"])
+def test_sinks_and_chunks_compile_without_graph_breaks(backend):
+    q, k, v = qkv(32, 32)
+    sinks = torch.randn(H)
+
+    def step(q, k, v):
+        return posenc.attention(q, k, v, sinks=sinks, chunk_size=8, backend=backend)
+
+    with torch.no_grad():
+        compiled = torch.compile(step, fullgraph=True, dynamic=False)
+        assert_close(compiled(q, k, v), step(q, k, v), atol=2e-6, rtol=2e-6)
+
+
+def test_sinks_and_chunks_auto_backend_and_bad_arguments():
+    rope = posenc.build("rope", head_dim=D)
+    small = qkv(8, 8)
+    big_len = int((FLEX_MIN_BIAS_BYTES / (B * H * 4)) ** 0.5) + 1
+    big = [torch.zeros(()).expand(B, h, big_len, D) for h in (H, HKV, HKV)]
+    assert _resolve_backend("auto", rope, *small, sinks=torch.zeros(H)) == "sdpa"
+    assert _resolve_backend("auto", rope, *big) == "sdpa"
+    assert _resolve_backend("auto", rope, *big, sinks=torch.zeros(H)) == "flex"
+    assert _resolve_backend("auto", rope, *big, chunked=True) == "flex"
+    assert _resolve_backend("auto", rope, *big, sinks=torch.zeros(H, requires_grad=True)) == "sdpa"  # CPU backward
+
+    q, k, v = small
+    for bad, match in [
+        (torch.zeros(H + 1), r"sinks\.shape=\(5,\)"),
+        (torch.zeros(H, dtype=torch.long), r"sinks\.dtype"),
+        ([0.0] * H, r"sinks='list'"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            posenc.attention(q, k, v, sinks=bad)
+    for bad in (0, -3, 2.0, True):
+        with pytest.raises(ValueError, match=r"chunk_size="):
+            posenc.attention(q, k, v, chunk_size=bad)
+    grid = posenc.build("rope_axial", head_dim=D)
+    from posenc.functional.axial_rope import grid_positions
+
+    with pytest.raises(ValueError, match=r"q_positions\.shape=\(8, 2\).*chunk_size"):
+        posenc.attention(q, k, v, encoding=grid, q_positions=grid_positions(4, 2), chunk_size=4)
+    method = posenc.remapping.remap_method("self_extend", original=8, target=16)
+    for kwargs, name in [({"sinks": torch.zeros(H)}, "sinks"), ({"chunk_size": 4}, "chunk_size")]:
+        with pytest.raises(ValueError, match=rf"{name}=.*remap="):
+            posenc.attention(q, k, v, encoding=rope, remap=method, **kwargs)

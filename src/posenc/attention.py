@@ -20,7 +20,29 @@ Backends:
         processors (seen on an AMD EPYC without AVX-512).
     auto: ``eager`` for value terms; ``sdpa`` without a bias; with a bias, ``flex`` where it can run (CUDA, or CPU
         without gradients) once the materialised bias would exceed ``FLEX_MIN_BIAS_BYTES``, and at any size inside
-        ``torch.compile`` (a compiled model keeps its FlexAttention kernel); ``sdpa`` otherwise.
+        ``torch.compile`` (a compiled model keeps its FlexAttention kernel); ``sdpa`` otherwise. ``sinks`` and
+        ``chunk_size`` count as a bias here (sdpa materialises a mask for them).
+
+Two options for the softmax and the mask that released models use (issue 40):
+    sinks: learned per-head attention sinks (GPT-OSS, OpenAI 2025, "gpt-oss-120b & gpt-oss-20b Model Card",
+        arXiv:2508.10925; after Xiao et al. 2024's attention sinks, arXiv:2309.17453): a logit per head added to
+        each softmax's denominator, a key that takes probability mass and gives no value,
+        ``softmax([q k^T * scale + bias, sink])[..., :T] v``. Exact on every backend: eager appends the sink column
+        to the float32 scores; sdpa appends a zero key and value whose float mask column holds the sink (its logit
+        is ``q . 0 * scale + sink = sink`` exactly; the mask is then ``(B|1, H, S, T + 1)`` in q's dtype, so the
+        sink is rounded to it); flex appends the same zero key and value, and its ``score_mod`` sets that key's score
+        to the sink in float32 (memory stays linear: K and V are copied with one more row). Rescaling the output by
+        ``sigmoid(lse - sink)`` from FlexAttention's log-sum-exp would be exact too, but compiled CPU FlexAttention
+        has no ``return_lse`` in torch 2.13. Checked against transformers' GPT-OSS ``eager_attention_forward`` and
+        ``GptOssAttention`` (the computation vLLM's sink kernels follow).
+    chunk_size: chunked local attention (Llama 4's iRoPE: its RoPE layers attend within chunks of
+        ``attention_chunk_size`` tokens, its NoPE layers globally; Meta 2025, "The Llama 4 herd"): query ``i`` sees
+        key ``j`` only when ``floor(pos_i / C) == floor(pos_j / C)``, on top of the causal and document masks.
+        From *positions*, not indices, so chunks restart with per-document positions of a packed row (as
+        transformers' chunked mask does for packed position_ids) and follow explicit positions of a KV cache;
+        it needs sequence positions ``(S,)``/``(B, S)``. Dense boolean on eager/sdpa; on flex a ``mask_mod`` and a
+        block mask from each 128-token tile's chunk range (no ``S x T`` tensor). Checked against transformers'
+        ``create_chunked_causal_mask`` and Llama 4's ``eager_attention_forward``.
 
 Encodings whose bias reads every key (``needs_keys``: CoPE) get the keys and the dense mask in ``bias(..., k=,
 mask=)`` and run on ``eager`` and ``sdpa`` only; ``causal_only`` encodings refuse ``causal=False``.
@@ -28,7 +50,7 @@ mask=)`` and run on ``eager`` and ``sdpa`` only; ``causal_only`` encodings refus
 Shapes:
     q (B, H, S, D), k (B, Hkv, T, D), v (B, Hkv, T, Dv) with Hkv dividing H (grouped-query attention: query head
     h reads key head h // (H / Hkv)); positions as the encoding takes them (``(S,)``/``(B, S)`` for sequences);
-    document_ids (T,) or (B, T) -> output (B, H, S, Dv) in q's dtype.
+    document_ids (T,) or (B, T); sinks (H,) -> output (B, H, S, Dv) in q's dtype.
 """
 
 from __future__ import annotations
@@ -39,7 +61,14 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from posenc._checks import check_choice, check_number, check_positions, check_same_device, fail
+from posenc._checks import (
+    check_choice,
+    check_number,
+    check_positions,
+    check_positive_int,
+    check_same_device,
+    fail,
+)
 from posenc.encodings._base import Encoding, check_sequence_positions
 from posenc.encodings.nope import NoPE
 from posenc.remapping import RemapMethod, remap_attention
@@ -71,6 +100,8 @@ def attention(
     scale: float | None = None,
     backend: str = "auto",
     remap: RemapMethod | None = None,
+    sinks: torch.Tensor | None = None,
+    chunk_size: int | None = None,
 ) -> torch.Tensor:
     """Scaled dot-product attention with a positional encoding.
 
@@ -95,13 +126,27 @@ def attention(
             with a ``RotaryEmbedding`` encoding: each (query, key) pair is rotated at the positions of the method's
             branch for it (``posenc.remapping.remap_attention``, causal only; backends ``auto``, ``eager``,
             ``sdpa``).
+        sinks: learned attention sinks (GPT-OSS), one logit per query head, float: each softmax's denominator gets
+            ``exp(sinks[h])`` and the output nothing for it, ``softmax([scores, sink])[..., :T] v``. Trainable
+            (gradients reach it on every backend that has a backward). Every backend; see the module docstring.
+        chunk_size: chunked local attention (Llama 4's RoPE layers, ``attention_chunk_size``): a query sees only keys
+            in its own chunk of positions, ``q_pos // chunk_size == k_pos // chunk_size`` (floored), on top of
+            ``causal`` and ``document_ids``. A positive integer; needs sequence positions ``(S,)``/``(B, S)``. Every
+            backend; flex builds no ``S x T`` tensor.
 
     Shapes:
-        q (B, H, S, D), k (B, Hkv, T, D), v (B, Hkv, T, Dv) -> (B, H, S, Dv).
+        q (B, H, S, D), k (B, Hkv, T, D), v (B, Hkv, T, Dv), sinks (H,) -> (B, H, S, Dv).
     """
     _check_qkv(q, k, v)
     check_choice("backend", backend, BACKENDS)
+    if sinks is not None:
+        _check_sinks(sinks, q)
+    if chunk_size is not None:
+        check_positive_int("chunk_size", chunk_size)
     if remap is not None:
+        if sinks is not None or chunk_size is not None:
+            name = "sinks" if sinks is not None else "chunk_size"
+            fail(name, "<given>", "None with remap= (remapping methods run their own branch masks and softmax)")
         if not causal:
             fail("causal", causal, "True with remap= (remapping methods are defined over the causal past)")
         if backend == "flex":
@@ -145,6 +190,7 @@ def attention(
         check_positions(pos, name)  # exact and finite: the encoding's hooks then find them checked (no second sync)
         check_same_device(name, pos, q.device, "q's device")
     docs = None if document_ids is None else _check_documents(document_ids, b, t, q.device)
+    chunks = None if chunk_size is None else _chunk_ids(q_pos, k_pos, q_name, k_name, s, t, b, chunk_size)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
 
     if encoding.per_head_keys and k.shape[1] != q.shape[1]:
@@ -157,13 +203,13 @@ def attention(
         if seq_len is not None:
             _check_ignored_seq_len(seq_len)
         q, k = encoding.rotate(q, k, q_pos, k_pos)
-    backend = _resolve_backend(backend, encoding, q, k, v)
-    mask = _Mask(causal=causal, offset=t - s, docs=docs, s=s, t=t)
+    backend = _resolve_backend(backend, encoding, q, k, v, sinks=sinks, chunked=chunks is not None)
+    mask = _Mask(causal=causal, offset=t - s, docs=docs, s=s, t=t, chunks=chunks)
     if backend == "eager":
-        return _eager(q, k, v, encoding, q_pos, k_pos, mask, scale)
+        return _eager(q, k, v, encoding, q_pos, k_pos, mask, scale, sinks)
     if backend == "sdpa":
-        return _sdpa(q, k, v, encoding, q_pos, k_pos, mask, scale)
-    return _flex(q, k, v, encoding, q_pos, k_pos, mask, scale)
+        return _sdpa(q, k, v, encoding, q_pos, k_pos, mask, scale, sinks)
+    return _flex(q, k, v, encoding, q_pos, k_pos, mask, scale, sinks)
 
 
 def packed_positions(
@@ -262,19 +308,53 @@ def _check_documents(docs: torch.Tensor, b: int, t: int, device: torch.device) -
     return docs if docs.dim() == 2 else docs.unsqueeze(0)  # (B|1, T)
 
 
-def _needs_grad(encoding: Encoding, *tensors: torch.Tensor) -> bool:
+def _check_sinks(sinks: object, q: torch.Tensor) -> None:
+    if not isinstance(sinks, torch.Tensor):
+        fail("sinks", type(sinks).__name__, "a torch.Tensor of shape (H,), one logit per query head")
+    if sinks.shape != (q.shape[1],):
+        fail("sinks.shape", tuple(sinks.shape), f"({q.shape[1]},), one logit per query head")
+    if not sinks.is_floating_point():
+        fail("sinks.dtype", sinks.dtype, "a floating-point dtype")
+    if sinks.device != q.device:
+        fail("sinks.device", sinks.device, f"q's device, {q.device}")
+
+
+def _chunk_ids(
+    q_pos: torch.Tensor, k_pos: torch.Tensor, q_name: str, k_name: str, s: int, t: int, b: int, chunk_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each query's and key's chunk, ``floor(position / chunk_size)``: ``(B|1, S)`` and ``(B|1, T)`` int64."""
+    for name, pos, n in ((q_name, q_pos, s), (k_name, k_pos, t)):
+        ok = (pos.dim() == 1 and pos.shape[0] == n) or (pos.dim() == 2 and pos.shape[1] == n and pos.shape[0] in (1, b))
+        if not ok:
+            fail(f"{name}.shape", tuple(pos.shape), f"({n},) or ({b}, {n}) with chunk_size= (sequence positions)")
+    q_ids, k_ids = (torch.div(p, chunk_size, rounding_mode="floor").long() for p in (q_pos, k_pos))
+    return (q_ids if q_ids.dim() == 2 else q_ids[None]), (k_ids if k_ids.dim() == 2 else k_ids[None])
+
+
+def _needs_grad(encoding: Encoding, *tensors: torch.Tensor | None) -> bool:
     if not torch.is_grad_enabled():
         return False
-    return any(x.requires_grad for x in tensors) or any(p.requires_grad for p in encoding.parameters())
+    return any(x is not None and x.requires_grad for x in tensors) or any(
+        p.requires_grad for p in encoding.parameters()
+    )
 
 
-def _resolve_backend(backend: str, encoding: Encoding, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str:
+def _resolve_backend(
+    backend: str,
+    encoding: Encoding,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    sinks: torch.Tensor | None = None,
+    chunked: bool = False,
+) -> str:
     value_term = encoding.has_value_term
-    flex_ok, why = _flex_can_run(encoding, q, k, v)
+    flex_ok, why = _flex_can_run(encoding, q, k, v, sinks)
     if backend == "auto":
         if value_term:
             return "eager"
-        if not encoding.has_bias:
+        if not (encoding.has_bias or sinks is not None or chunked):
             return "sdpa"
         b, h, s, _ = q.shape
         big = b * h * s * k.shape[2] * 4 >= FLEX_MIN_BIAS_BYTES
@@ -286,11 +366,13 @@ def _resolve_backend(backend: str, encoding: Encoding, q: torch.Tensor, k: torch
     return backend
 
 
-def _flex_can_run(encoding: Encoding, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[bool, str]:
+def _flex_can_run(
+    encoding: Encoding, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sinks: torch.Tensor | None = None
+) -> tuple[bool, str]:
     if encoding.needs_keys:
         return False, f"{type(encoding).__name__}'s bias reads every key, which a FlexAttention score_mod cannot"
     if q.device.type == "cpu":
-        if _needs_grad(encoding, q, k, v):
+        if _needs_grad(encoding, q, k, v, sinks):
             return False, f"FlexAttention has no backward on CPU in torch {torch.__version__} (use torch.no_grad())"
         if q.dtype not in (torch.float32, torch.bfloat16, torch.float16):
             return False, f"FlexAttention on CPU takes float32, bfloat16 or float16, not {q.dtype}"
@@ -303,18 +385,30 @@ def _repeat_kv(x: torch.Tensor, heads: int) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Masks: causal (bottom-right aligned) and document masks, as a dense boolean or a FlexAttention block mask.
+# Masks: causal (bottom-right aligned), document and chunk masks, as a dense boolean or a FlexAttention block mask.
 
 
 class _Mask:
-    """Which keys each query sees: ``j <= i + offset`` when causal, and equal document ids."""
+    """Which keys each query sees: ``j <= i + offset`` when causal, equal document ids, and equal chunk ids.
 
-    def __init__(self, *, causal: bool, offset: int, docs: torch.Tensor | None, s: int, t: int) -> None:
-        self.causal, self.offset, self.docs, self.s, self.t = causal, offset, docs, s, t
+    ``chunks``: ``(B|1, S)`` query and ``(B|1, T)`` key chunk ids (``floor(position / chunk_size)``) or None.
+    """
+
+    def __init__(
+        self,
+        *,
+        causal: bool,
+        offset: int,
+        docs: torch.Tensor | None,
+        s: int,
+        t: int,
+        chunks: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> None:
+        self.causal, self.offset, self.docs, self.s, self.t, self.chunks = causal, offset, docs, s, t, chunks
 
     @property
     def trivial(self) -> bool:
-        return not self.causal and self.docs is None
+        return not self.causal and self.docs is None and self.chunks is None
 
     def dense(self, device: torch.device) -> torch.Tensor | None:
         """``(B|1, 1, S, T)`` boolean, True where attention is allowed; None when everything is."""
@@ -328,9 +422,24 @@ class _Mask:
         if self.docs is not None:
             q_docs = self.docs[:, self.t - self.s :]
             allowed = allowed & (q_docs[:, :, None] == self.docs[:, None, :])  # (B|1, S, T)
+        if self.chunks is not None:
+            q_chunks, k_chunks = self.chunks
+            allowed = allowed & (q_chunks[:, :, None] == k_chunks[:, None, :])  # (B|1, S, T)
         return allowed.unsqueeze(1)  # (B|1, 1, S, T)
 
-    def mask_mod(self):  # noqa: ANN201 - FlexAttention mask_mod
+    def mask_mod(self, sink_key: bool = False):  # noqa: ANN201 - FlexAttention mask_mod
+        """``sink_key``: one more key at index ``T`` (the attention sink) that every query sees."""
+        inner = self._mask_mod()
+        if not sink_key:
+            return inner
+        t = self.t
+
+        def with_sink(b, h, q_idx, kv_idx):  # noqa: ANN001, ANN202
+            return (kv_idx == t) | inner(b, h, q_idx, torch.clamp(kv_idx, max=t - 1))
+
+        return with_sink
+
+    def _mask_mod(self):  # noqa: ANN202
         causal, offset, docs, start = self.causal, self.offset, self.docs, self.t - self.s
 
         def causal_mod(b, h, q_idx, kv_idx):  # noqa: ANN001, ANN202
@@ -339,30 +448,38 @@ class _Mask:
         def everything(b, h, q_idx, kv_idx):  # noqa: ANN001, ANN202
             return kv_idx >= 0
 
-        if docs is None:
+        if docs is None and self.chunks is None:
             return causal_mod if causal else everything
-        docs = docs.expand(-1, self.t)  # (B|1, T)
-        one_row = docs.shape[0] == 1
+        one_row = docs is not None and docs.shape[0] == 1
+        q_chunks, k_chunks = self.chunks if self.chunks is not None else (None, None)
+        q_one = q_chunks is not None and q_chunks.shape[0] == 1
+        k_one = k_chunks is not None and k_chunks.shape[0] == 1
 
         def doc_mod(b, h, q_idx, kv_idx):  # noqa: ANN001, ANN202
-            row = 0 if one_row else b
-            same = docs[row, q_idx + start] == docs[row, kv_idx]
-            return same & (kv_idx <= q_idx + offset) if causal else same
+            same = causal_mod(b, h, q_idx, kv_idx) if causal else everything(b, h, q_idx, kv_idx)
+            if docs is not None:
+                row = 0 if one_row else b
+                same = same & (docs[row, q_idx + start] == docs[row, kv_idx])
+            if q_chunks is not None:
+                same = same & (q_chunks[0 if q_one else b, q_idx] == k_chunks[0 if k_one else b, kv_idx])
+            return same
 
         return doc_mod
 
-    def block_mask(self, device: torch.device):  # noqa: ANN201 - BlockMask | None
+    def block_mask(self, device: torch.device, sink_key: bool = False):  # noqa: ANN201 - BlockMask | None
         """FlexAttention block mask built from per-tile bounds: O((S/128) * (T/128)), never an S x T tensor.
 
         Built even when every key is visible: without one, FlexAttention on CPU materialises an S x T mask.
+        ``sink_key``: ``T + 1`` keys, the last (the attention sink) seen by every query.
         """
         from torch.nn.attention.flex_attention import BlockMask
 
-        n_q, n_k = -(-self.s // FLEX_BLOCK), -(-self.t // FLEX_BLOCK)
+        t = self.t + sink_key
+        n_q, n_k = -(-self.s // FLEX_BLOCK), -(-t // FLEX_BLOCK)
         q_lo = torch.arange(n_q, device=device) * FLEX_BLOCK
         q_hi = torch.clamp(q_lo + FLEX_BLOCK, max=self.s) - 1
         k_lo = torch.arange(n_k, device=device) * FLEX_BLOCK
-        k_hi = torch.clamp(k_lo + FLEX_BLOCK, max=self.t) - 1
+        k_hi = torch.clamp(k_lo + FLEX_BLOCK, max=t) - 1
         some = torch.ones(1, n_q, n_k, dtype=torch.bool, device=device)
         every = some.clone()
         if self.causal:
@@ -374,13 +491,23 @@ class _Mask:
             some = some & (q_min[:, :, None] <= k_max[:, None, :]) & (k_min[:, None, :] <= q_max[:, :, None])
             every = every & (q_min == q_max)[:, :, None] & (k_min == k_max)[:, None, :]
             every = every & (q_min[:, :, None] == k_min[:, None, :])
+        if self.chunks is not None:
+            # Chunk ids need not rise along a packed row (positions restart per document): ranges, as for documents.
+            q_min, q_max = _tile_range(self.chunks[0], n_q)  # (B|1, n_q)
+            k_min, k_max = _tile_range(self.chunks[1], n_k)  # (B|1, n_k)
+            some = some & (q_min[:, :, None] <= k_max[:, None, :]) & (k_min[:, None, :] <= q_max[:, :, None])
+            every = every & (q_min == q_max)[:, :, None] & (k_min == k_max)[:, None, :]
+            every = every & (q_min[:, :, None] == k_min[:, None, :])
+        if sink_key:  # the sink's tile is partial for every query tile
+            sink_tile = torch.arange(n_k, device=device) == self.t // FLEX_BLOCK  # (n_k,)
+            some, every = some | sink_tile, every & ~sink_tile
         partial = some & ~every  # (B|1, n_q, n_k)
         return BlockMask.from_kv_blocks(
             *_kv_blocks(partial),
             *_kv_blocks(every),
             BLOCK_SIZE=FLEX_BLOCK,
-            mask_mod=self.mask_mod(),
-            seq_lengths=(self.s, self.t),
+            mask_mod=self.mask_mod(sink_key),
+            seq_lengths=(self.s, t),
         )
 
 
@@ -403,7 +530,7 @@ def _kv_blocks(tiles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 # Backends
 
 
-def _eager(q, k, v, encoding, q_pos, k_pos, mask, scale):  # noqa: ANN001, ANN202
+def _eager(q, k, v, encoding, q_pos, k_pos, mask, scale, sinks=None):  # noqa: ANN001, ANN202
     dtype = torch.promote_types(q.dtype, torch.float32)
     heads = q.shape[1]
     kf, vf = _repeat_kv(k, heads).to(dtype), _repeat_kv(v, heads).to(dtype)
@@ -414,7 +541,12 @@ def _eager(q, k, v, encoding, q_pos, k_pos, mask, scale):  # noqa: ANN001, ANN20
     allowed = mask.dense(q.device)
     if allowed is not None:
         scores = scores.masked_fill(~allowed, float("-inf"))
-    weights = torch.softmax(scores, dim=-1)
+    if sinks is None:
+        weights = torch.softmax(scores, dim=-1)
+    else:
+        # GPT-OSS: the sink is one more logit per head in the softmax, dropped before the values.
+        sink = sinks.to(dtype).view(1, -1, 1, 1).expand(*scores.shape[:-1], 1)  # (B, H, S, 1)
+        weights = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]  # (B, H, S, T)
     out = weights @ vf  # (B, H, S, Dv)
     extra = encoding.value_term(weights, q_pos, k_pos)
     if extra is not None:
@@ -424,17 +556,27 @@ def _eager(q, k, v, encoding, q_pos, k_pos, mask, scale):  # noqa: ANN001, ANN20
     return out.to(q.dtype)
 
 
-def _sdpa(q, k, v, encoding, q_pos, k_pos, mask, scale):  # noqa: ANN001, ANN202
+def _sdpa(q, k, v, encoding, q_pos, k_pos, mask, scale, sinks=None):  # noqa: ANN001, ANN202
     gqa = k.shape[1] != q.shape[1]
     bias = _bias(encoding, q, k, q_pos, k_pos, mask, scale)
-    if bias is None and mask.causal and mask.docs is None and mask.s == mask.t:
+    plain_causal = mask.causal and mask.docs is None and mask.chunks is None and mask.s == mask.t
+    if bias is None and sinks is None and plain_causal:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
     allowed = mask.dense(q.device)
     attn_mask = allowed
-    if bias is not None:
-        attn_mask = bias.to(q.dtype)
+    if bias is not None or sinks is not None:
+        attn_mask = q.new_zeros(1, 1, mask.s, mask.t) if bias is None else bias.to(q.dtype)
         if allowed is not None:
             attn_mask = attn_mask.masked_fill(~allowed, float("-inf"))
+    if sinks is not None:
+        # The sink as one more key: a zero key's logit is q . 0 * scale + mask = the sink exactly, a zero value adds
+        # nothing. SDPA gives no log-sum-exp to rescale by, so the mask carries it: (B|1, H, S, T + 1), q's dtype.
+        h = q.shape[1]
+        attn_mask = attn_mask.expand(attn_mask.shape[0], h, mask.s, mask.t)  # (B|1, H, S, T)
+        sink = sinks.to(q.dtype).view(1, h, 1, 1).expand(attn_mask.shape[0], h, mask.s, 1)  # (B|1, H, S, 1)
+        attn_mask = torch.cat([attn_mask, sink], dim=-1)  # (B|1, H, S, T + 1)
+        k = torch.cat([k, k.new_zeros(*k.shape[:2], 1, k.shape[3])], dim=2)  # (B, Hkv, T + 1, D)
+        v = torch.cat([v, v.new_zeros(*v.shape[:2], 1, v.shape[3])], dim=2)  # (B, Hkv, T + 1, Dv)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=scale, enable_gqa=gqa)
 
 
@@ -448,19 +590,26 @@ def _bias(encoding, q, k, q_pos, k_pos, mask, scale):  # noqa: ANN001, ANN202
 _COMPILED_FLEX = None
 
 
-def _flex(q, k, v, encoding, q_pos, k_pos, mask, scale):  # noqa: ANN001, ANN202
+def _flex(q, k, v, encoding, q_pos, k_pos, mask, scale, sinks=None):  # noqa: ANN001, ANN202
     global _COMPILED_FLEX
     from torch.nn.attention.flex_attention import flex_attention
 
     score_mod = encoding.score_mod(q_pos, k_pos, q=q, scale=scale)
     if score_mod is None and type(encoding).bias is not Encoding.bias:
         fail("backend", "flex", f"'eager' or 'sdpa': {type(encoding).__name__} defines bias() but no score_mod()")
+    if sinks is not None:
+        # The sink as one more key, index T, whose score the score_mod replaces by the sink (exact) and whose zero
+        # value adds nothing. Rescaling by FlexAttention's log-sum-exp would spare the K/V copy, but compiled CPU
+        # FlexAttention has no return_lse in torch 2.13; this runs the same on every device.
+        score_mod = _sink_score_mod(score_mod, sinks.to(torch.promote_types(q.dtype, torch.float32)), mask.t)
+        k = torch.cat([k, k.new_zeros(*k.shape[:2], 1, k.shape[3])], dim=2)  # (B, Hkv, T + 1, D)
+        v = torch.cat([v, v.new_zeros(*v.shape[:2], 1, v.shape[3])], dim=2)  # (B, Hkv, T + 1, Dv)
     if q.device.type == "cpu" and q.shape[-1] < CPU_FLEX_MIN_HEAD_DIM:
         # Compiled CPU FlexAttention (torch 2.13, AVX2-only CPUs such as AMD EPYC without AVX-512) returns wrong rows
         # or NaN for q/k head dims of 16 and below. Zero channels leave every score as it is (scale is explicit).
         pad = CPU_FLEX_MIN_HEAD_DIM - q.shape[-1]
         q, k = F.pad(q, (0, pad)), F.pad(k, (0, pad))  # (B, H, S, D) -> (B, H, S, 32)
-    block_mask = mask.block_mask(q.device)
+    block_mask = mask.block_mask(q.device, sink_key=sinks is not None)
     kwargs = {"score_mod": score_mod, "block_mask": block_mask, "scale": scale, "enable_gqa": k.shape[1] != q.shape[1]}
     if torch.compiler.is_compiling():
         return flex_attention(q, k, v, **kwargs)
@@ -470,3 +619,14 @@ def _flex(q, k, v, encoding, q_pos, k_pos, mask, scale):  # noqa: ANN001, ANN202
         _COMPILED_FLEX = torch.compile(flex_attention, dynamic=False)
     with torch._dynamo.config.patch(recompile_limit=64):
         return _COMPILED_FLEX(q, k, v, **kwargs)
+
+
+def _sink_score_mod(score_mod, sinks, t):  # noqa: ANN001, ANN202
+    """The encoding's ``score_mod`` on keys ``0 .. T-1``; ``sinks[h]`` as the score of key ``T``, the sink."""
+
+    def with_sink(score, b, h, q_idx, kv_idx):  # noqa: ANN001, ANN202
+        if score_mod is not None:  # the sink's index clamped: an encoding's tables have T entries
+            score = score_mod(score, b, h, q_idx, torch.clamp(kv_idx, max=t - 1))
+        return torch.where(kv_idx == t, sinks[h].to(score.dtype), score)
+
+    return with_sink

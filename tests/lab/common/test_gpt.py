@@ -143,3 +143,27 @@ def test_forward_errors():
         model(torch.zeros(16, dtype=torch.long))
     with pytest.raises(ValueError, match="tokens.dtype"):
         model(torch.zeros(1, 16))
+
+
+def test_sinks_are_trainable_per_head_and_layer():
+    """``sinks=True``: a logit per head and layer, 0 at the start, passed to ``posenc.attention(sinks=)`` and trained;
+    the other weights are those of the same model without sinks; the default config dict has no ``sinks`` key (earlier
+    runs' configs still compare equal on resume), a True one round-trips."""
+    plain, sunk = GPT(ModelConfig(**TINY)), GPT(ModelConfig(sinks=True, **TINY))
+    extra = {n: p for n, p in sunk.named_parameters() if n not in dict(plain.named_parameters())}
+    assert sorted(extra) == ["blocks.0.attn.sinks", "blocks.1.attn.sinks"]
+    assert all(p.shape == (TINY["n_heads"],) and not p.any() for p in extra.values())
+    for name, p in plain.named_parameters():
+        assert torch.equal(p, dict(sunk.named_parameters())[name]), name
+    tokens = torch.randint(0, 256, (2, 16))
+    loss = torch.nn.functional.cross_entropy(sunk(tokens).flatten(0, 1), tokens.roll(-1, 1).flatten())
+    loss.backward()
+    assert all(p.grad.abs().min() > 0 for p in extra.values())
+    with torch.no_grad():
+        sunk.blocks[0].attn.sinks.fill_(-float("inf"))  # a sink of weight exp(-inf) = 0 is no sink
+        sunk.blocks[1].attn.sinks.fill_(-float("inf"))
+        assert torch.allclose(sunk(tokens), plain(tokens), atol=1e-5)
+    assert "sinks" not in ModelConfig(**TINY).to_dict()
+    assert ModelConfig.from_dict(json.loads(json.dumps(sunk.config.to_dict()))) == sunk.config
+    with pytest.raises(ValueError, match="sinks=1 is invalid"):
+        ModelConfig(sinks=1, **TINY)

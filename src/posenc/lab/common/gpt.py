@@ -139,6 +139,9 @@ class ModelConfig(DictConfig):
             ``BASE/OTHER:N``, a dict of them per name, e.g. ``{"nope_temperature": {"floor_scale": 64}}``.
         mlp_ratio: MLP hidden width is ``mlp_ratio * dim``.
         backend: ``posenc.attention`` backend, one of ``BACKENDS``.
+        sinks: learned attention sinks (GPT-OSS): a trainable logit per head and layer added to each softmax's
+            denominator (``posenc.attention(sinks=)``), initialised to 0. Written to ``to_dict`` only when True, so
+            the configs of earlier runs (which have no such key) still compare equal on resume.
     """
 
     vocab_size: int = 256
@@ -151,6 +154,7 @@ class ModelConfig(DictConfig):
     encoding_config: dict[str, Any] = field(default_factory=dict)
     mlp_ratio: int = 4
     backend: str = "auto"
+    sinks: bool = False
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "dim", "n_layers", "n_heads", "max_len", "mlp_ratio"):
@@ -165,6 +169,8 @@ class ModelConfig(DictConfig):
         if other is None:
             check_choice("encoding", self.encoding, posenc.available())
         check_choice("backend", self.backend, BACKENDS)
+        if not isinstance(self.sinks, bool):
+            fail("sinks", self.sinks, "True or False")
         check_encoding_config(self.encoding_config)
         if other is not None:
             for key, value in self.encoding_config.items():
@@ -198,6 +204,8 @@ class ModelConfig(DictConfig):
         """Every field by name, JSON-able."""
         out = super().to_dict()
         out["encoding_config"] = json.loads(json.dumps(dict(self.encoding_config)))  # a deep, JSON-only copy
+        if not self.sinks:
+            del out["sinks"]  # the default: earlier runs' config.json files have no such key
         return out
 
 
@@ -244,6 +252,8 @@ class Attention(nn.Module):
         self.backend = config.backend
         self.qkv = nn.Linear(config.dim, (self.n_heads + 2 * self.kv_heads) * self.head_dim, bias=False)
         self.proj = nn.Linear(config.dim, config.dim, bias=False)
+        # GPT-OSS's learned attention sinks: one logit per head (H,), 0 at the start (a sink worth one key of score 0).
+        self.sinks = nn.Parameter(torch.zeros(self.n_heads)) if config.sinks else None
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, encoding: posenc.Encoding) -> torch.Tensor:
         """``(B, S, dim) -> (B, S, dim)``; ``positions`` ``(S,)`` or ``(B, S)``, passed to ``encoding``'s hooks."""
@@ -253,7 +263,9 @@ class Attention(nn.Module):
         q = q.view(b, s, self.n_heads, hd).transpose(1, 2)  # (B, H, S, D)
         k = k.view(b, s, self.kv_heads, hd).transpose(1, 2)  # (B, Hkv, S, D)
         v = v.view(b, s, self.kv_heads, hd).transpose(1, 2)  # (B, Hkv, S, D)
-        y = posenc.attention(q, k, v, encoding=encoding, q_positions=positions, causal=True, backend=self.backend)
+        y = posenc.attention(
+            q, k, v, encoding=encoding, q_positions=positions, causal=True, backend=self.backend, sinks=self.sinks
+        )
         y = y.transpose(1, 2).reshape(b, s, self.n_heads * hd)  # (B, H, S, D) -> (B, S, dim)
         return self.proj(y)
 
