@@ -130,6 +130,18 @@ def yarn_correction_range(
     return max(low, 0), min(high, dim - 1)
 
 
+def _yarn_ramp(dim: int, base: float, original: int, beta_fast: float, beta_slow: float, truncate: bool,
+               device) -> torch.Tensor:  # noqa: ANN001
+    """YaRN's ramp over the pairs, ``(F,)`` float64: 0 below the correction range (kept), 1 above it (scaled)."""
+    low, high = yarn_correction_range(
+        dim, base=base, original_max_position_embeddings=original, beta_fast=beta_fast, beta_slow=beta_slow,
+        truncate=truncate,
+    )  # fmt: skip
+    if low == high:
+        high += 0.001  # a zero-width ramp would divide by zero
+    return ((torch.arange(dim // 2, dtype=torch.float64, device=device) - low) / (high - low)).clamp(0, 1)
+
+
 def yarn_frequencies(
     dim: int,
     *,
@@ -167,17 +179,7 @@ def yarn_frequencies(
             attention_factor = yarn_get_mscale(factor, mscale) / yarn_get_mscale(factor, mscale_all_dim)
         else:
             attention_factor = yarn_get_mscale(factor)
-    low, high = yarn_correction_range(
-        dim,
-        base=base,
-        original_max_position_embeddings=original_max_position_embeddings,
-        beta_fast=beta_fast,
-        beta_slow=beta_slow,
-        truncate=truncate,
-    )
-    if low == high:
-        high += 0.001  # a zero-width ramp would divide by zero
-    ramp = ((torch.arange(dim // 2, dtype=torch.float64, device=device) - low) / (high - low)).clamp(0, 1)
+    ramp = _yarn_ramp(dim, base, original_max_position_embeddings, beta_fast, beta_slow, truncate, device)
     extrapolated = _base_inv_freq(dim, base, device)
     return _out(extrapolated / factor * ramp + extrapolated * (1 - ramp), attention_factor)
 
@@ -368,17 +370,7 @@ def yarn_log_frequencies(
     lengths = {"original_max_position_embeddings": original_max_position_embeddings}
     _check(dim, base, lengths=lengths, factor=factor, beta_fast=beta_fast, beta_slow=beta_slow)
     check_number("extrapolation_factor", extrapolation_factor, minimum=0.0)
-    low, high = yarn_correction_range(
-        dim,
-        base=base,
-        original_max_position_embeddings=original_max_position_embeddings,
-        beta_fast=beta_fast,
-        beta_slow=beta_slow,
-        truncate=True,
-    )
-    if low == high:
-        high += 0.001  # as YaRN: a zero-width ramp would divide by zero
-    ramp = ((torch.arange(dim // 2, dtype=torch.float64, device=device) - low) / (high - low)).clamp(0, 1)
+    ramp = _yarn_ramp(dim, base, original_max_position_embeddings, beta_fast, beta_slow, True, device)
     kept = (1 - ramp) * extrapolation_factor  # (F,) weight of the unscaled frequency
     extrapolated = _base_inv_freq(dim, base, device)
     return _out(extrapolated * factor ** (kept - 1), 1.0)
