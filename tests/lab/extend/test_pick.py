@@ -235,10 +235,14 @@ def test_plan_only_writes_nothing_and_the_budget_sets_the_cap(llama, corpus, tmp
     assert "At most" in text and "before any weight is loaded" in text and "(1 ms per token-equivalent)" in text
     dims, dtype, device = probed[0]
     assert dims.hidden == 32 and dtype == torch.float32 and device == "cpu"
-    # 13 models x (a 128-token forward, 4 keys at 96) + 5 models x (1 + 20 keys) at 128, in token-equivalents
+    # 13 models (6 of the candidates remapping ones, at REMAP_COST each) x (a 128-token forward, 4 keys at 96) + the
+    # race's 5 at most (the unpatched one and the 4 costliest candidates) x (1 + 20 keys) at 128, in token-equivalents
     cost = lambda n: n * (1 + n / dims.l0)  # noqa: E731
-    assert plan.screen_seconds == pytest.approx(13 * (cost(128) + 4 * cost(96)) * 1e-3)
-    assert plan.final_seconds == pytest.approx(5 * 21 * cost(128) * 1e-3)
+    remap = sum(1 for c in plan.candidates if c.method in rules.REMAP_CANDIDATES)
+    assert remap == 6 and rules.REMAP_COST > 1
+    units = 1 + (12 - remap) + remap * rules.REMAP_COST
+    assert plan.screen_seconds == pytest.approx(units * (cost(128) + 4 * cost(96)) * 1e-3)
+    assert plan.final_seconds == pytest.approx((1 + 4 * rules.REMAP_COST) * 21 * cost(128) * 1e-3)
     total = plan.screen_seconds + plan.final_seconds
     budgeted = run_pick(cfg, "2x", tmp_path / "pick", budget=f"{math.ceil(2 * total)}", plan_only=True,
                         progress=False)["plan"]  # fmt: skip

@@ -51,6 +51,11 @@ KEEP = 4
 DEFAULT_CAP = 20
 MAX_CAP = 200
 
+#: A remapping candidate's time per sample relative to a frequency method's, for the plan's estimate. Measured on
+#: SmolLM2-135M, bfloat16, an idle 2-core AMD EPYC, 2026-11-26, at 8,192 tokens: Self-Extend's prefill 1.35x YaRN's
+#: (32.9 vs 24.3 s), a passkey generate 1.56x (36.7 vs 23.5 s); DCA's attention alone 1.3-2.0x (BENCHMARKS.md).
+REMAP_COST = 1.5
+
 #: How a saved pick is served, cheapest first: (tier, where it runs).
 SERVING = {
     "config": (0, "a RoPE config every engine reads (transformers, vLLM, SGLang, llama.cpp via GGUF)"),
@@ -72,6 +77,11 @@ def serving(method: str, model_type: str | None) -> str:
     if method == "dca_vllm" and model_type in DCA_SERVED_MODEL_TYPES:
         return "dca_vllm"
     return "patch"
+
+
+def cost_factor(method: str) -> float:
+    """A candidate's time per sample relative to a frequency method's (``REMAP_COST`` for remapping methods)."""
+    return REMAP_COST if method in REMAP_CANDIDATES or method in ("dca_vllm", *NOT_CANDIDATES) else 1.0
 
 
 def parse_target(text: str | int, original: int | None) -> int:
@@ -242,10 +252,11 @@ def survivors(rows: Sequence[Mapping[str, Any]], units: Sequence[tuple], *, targ
 # Budget
 
 
-def caps(budget: float | None, *, fixed: float, per_model: float, models: int, cells: int, sample: float,
+def caps(budget: float | None, *, fixed: float, per_model: float, models: float, cells: int, sample: float,
          floor: int) -> int:  # fmt: skip
     """The most samples a needle cell at T may get so that the whole pick fits ``budget`` seconds when every cell
-    runs to its cap: ``fixed`` seconds (screening, fine-tuning), ``per_model`` seconds for each of ``models`` (its
+    runs to its cap: ``fixed`` seconds (screening, fine-tuning), ``per_model`` seconds for each of ``models`` (in
+    plain-forward units: a remapping model counts ``REMAP_COST``; its
     perplexity forward), ``cells`` needle cells per model, ``sample`` seconds per sample. A multiple of ``floor``
     (one round), at most ``MAX_CAP``; no budget: ``DEFAULT_CAP``.
 

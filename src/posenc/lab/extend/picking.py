@@ -199,11 +199,12 @@ def make_plan(cfg: ExtendConfig, model: Any, target: str | int, *, device: str, 
     tuned = [(FINETUNED_METHOD, factor, cfg.finetune_steps, p) for p in cfg.finetune_positions] if cfg.finetune_steps else []  # noqa: E501
     spu = plan.probe_seconds_per_unit(model.dims, model.dtype, device)
     cost_t, cost_s = model.forward_cost(length), model.forward_cost(screen)
-    screen_seconds = (len(candidates) + 1) * (cost_t + len(depths) * screen_keys(tuple(depths)) * cost_s) * spu
+    weights = sorted((rules.cost_factor(c.method) for c in candidates), reverse=True)  # remapping ones cost more
+    screen_seconds = (1 + sum(weights)) * (cost_t + len(depths) * screen_keys(tuple(depths)) * cost_s) * spu
     window = cfg.finetune_window or length
     finetune_seconds = len(tuned) * cfg.finetune_steps * 3 * model.forward_cost(window) * spu
     cells = len(depths) + (len(_ruler_tasks(cfg)) if cfg.task == "ruler" else 0)
-    models = min(rules.KEEP, len(candidates)) + 1 + len(tuned)
+    models = 1 + sum(weights[: rules.KEEP]) + len(tuned)  # the race's models in plain-forward units, at most
     cap = cap or cfg.trials or cfg.ruler_samples or rules.caps(
         seconds, fixed=screen_seconds + finetune_seconds, per_model=cost_t * spu, models=models, cells=cells,
         sample=cost_t * spu, floor=sampling.ROUND,
