@@ -10,7 +10,8 @@ lab GPT trained on the passkey task first). Every setting is checked against the
 weight is loaded.
 
 Command: ``posenc extend MODEL [--methods yarn,dynamic] [--factors 2,4] [--task ruler --ruler-tasks niah_single_1]
-[--out OUT] [--resume] [--save DIR]``.
+[--out OUT] [--resume] [--save DIR] [--plan]``; ``posenc extend MODEL --pick --target T [--budget 2h]`` picks the
+method for a length (``picking``); ``posenc export MODEL --method M --factor F --save PATH`` writes one (``export``).
 
 Files in ``OUT``:
     extend.json         the settings (``ExtendConfig``, the plan's defaults filled in), checked on ``--resume``
@@ -30,6 +31,11 @@ Where to change what:
     ``passkey``     the passkey prompt, for byte-level and tokenized models
     ``ruler``       RULER through lm-evaluation-harness: task checks, documents per length, the truncation guard
     ``rates``       hits of n with Wilson intervals, pooled over depths; ``rates.png``
+    ``sampling``    sample until the answer is clear: rounds per cell, stopped once decided
+    ``pick``        ``--pick``'s rules: candidates, screening, the budget's cap, the pick (pure functions of rows)
+    ``picking``     ``--pick``'s run: the plan, three studies in one folder, ``pick.md``, the save
+    ``needles``     needles sharing their haystack (a prefix KV cache; off by default)
+    ``export``      ``posenc export``: one extended model written, nothing measured
     ``report``      the tables, the findings, ``extend.png``, ``passkey.png`` and ``report.md``
     a lab model's GPT, corpus, scoring and RoPE patches are ``posenc.lab.common`` (``gpt``, ``corpus``,
     ``evaluate``, ``scaling``); transformers models are patched by ``posenc.hf``.
