@@ -165,7 +165,8 @@ def _add_lab(sub: argparse._SubParsersAction) -> None:
         default=DEFAULT_ENCODINGS,
         help="comma-separated names (posenc.available()); all: every sequence encoding; or BASE/OTHER:N for OTHER "
         "in every N-th layer and BASE in the rest, e.g. rope/nope:4 (NoPE in layers 4, 8, ...; "
-        "rope/nope_temperature:4: Llama 4's NoPE layers)",
+        "rope/nope_temperature:4: Llama 4's NoPE layers); a suffix @C makes the non-NoPE layers attend within "
+        "chunks of C tokens (rope/nope_temperature:4@16: Llama 4's iRoPE)",
     )
     p.add_argument(
         "--train-len", type=A.positive_int, help="training length L in tokens; default 64 (lm), 16 (copy, recall)"
@@ -789,7 +790,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = None
     if args.command in RESUMABLE:
         if args.out is None:
-            args.out = str(Path("runs") / time.strftime(f"{args.command}-%Y%m%d-%H%M%S"))
+            kind = "pick" if getattr(args, "pick", False) else args.command  # a --pick folder is not an extend run
+            args.out = str(Path("runs") / time.strftime(f"{kind}-%Y%m%d-%H%M%S"))
         out = Path(args.out)
     existed = out is not None and out.exists()
     previous = None

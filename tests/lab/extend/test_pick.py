@@ -428,3 +428,13 @@ def test_needles_pool_passkey_depths_and_ruler_tasks_each_weighing_the_same():
     assert standing.by_metric["passkey"] == Rate(6, 8)  # the depths pooled; the 96-token row is not at the target
     assert standing.by_metric["ruler:niah_single_1"] == Rate(3.5, 8)
     assert standing.needles == Rate(9.5, 16) and standing.ppl_past == 5.0 and standing.serving == "config"
+
+
+def test_cli_pick_runs_into_a_pick_folder_and_prints_the_pick(llama, corpus, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, text = _cli("extend", str(llama), "--pick", "--target", "2x", "--methods", "yarn", "--trials", "4",
+                      "--depths", "0.5", "--corpus", str(corpus), "--device", "cpu")  # fmt: skip
+    assert code == 0, text
+    (folder,) = (tmp_path / "runs").iterdir()
+    assert folder.name.startswith("pick-") and (folder / "pick.json").is_file() and (folder / "pick.md").is_file()
+    assert "Pick: yarn x" in text and "| **pick** |" in text
