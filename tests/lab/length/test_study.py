@@ -367,3 +367,23 @@ def test_ssmax_over_rope_and_nope_trains_evaluates_past_l_and_reloads_its_s(corp
         assert not torch.allclose(model.encoding.s, torch.full_like(model.encoding.s, 0.43))  # trained, reloaded
     cfg = StudyConfig(encodings=("all",))
     assert {"rope_ssmax", "ssmax"} <= set(cfg.encodings)
+
+
+def test_a_chunked_hybrid_irope_trains_evaluates_and_reloads(corpus, tmp_path):
+    """``SPEC@C`` (Llama 4's iRoPE): the RoPE layers attend within chunks of C tokens, the NoPE layers globally; its
+    own run folder and CSV label, next to the unchunked hybrid in one study."""
+    from posenc.lab.length.study import _model_config, run_name
+
+    specs = ("rope/nope_temperature:2", "rope/nope_temperature:2@8")
+    cfg = StudyConfig(**{**TINY, "n_layers": 2, "eval_lens": (16, 32)}, encodings=specs, corpus=str(corpus),
+                      extensions=False)  # fmt: skip
+    assert _model_config(cfg, specs[1]).attention_chunk_size == 8 and _model_config(cfg, specs[0]).encoding == specs[0]
+    assert run_name(specs[1]) == "rope-nope_temperature-every2-chunk8" and run_name("rope@8") == "rope-chunk8"
+    rows = run_study(cfg, tmp_path / "out", progress=False)
+    ok = {(r["encoding"], r["eval_len"]): r["ppl"] for r in rows if r["status"] == "ok"}
+    assert set(ok) == {(s, n) for s in specs for n in (16, 32)} and ok[(specs[0], 16)] != ok[(specs[1], 16)]
+    model = load_model(tmp_path / "out" / "runs" / "rope-nope_temperature-every2-chunk8")
+    assert model.config.attention_chunk_size == 8 and [b.attn.chunk_size for b in model.blocks] == [8, None]
+    for spec, match in [("nope@8", "non-NoPE layers"), ("rope@0", "SPEC@C"), ("rope/nope:2@", "SPEC@C")]:
+        with pytest.raises(ValueError, match=match):
+            StudyConfig(**{**TINY, "n_layers": 2}, encodings=(spec,))

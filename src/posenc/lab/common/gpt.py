@@ -71,6 +71,20 @@ def split_encoding(spec: object, name: str = "encoding") -> tuple[str, str | Non
     return match[1], match[2], int(match[3])
 
 
+CHUNK_SYNTAX = "SPEC@C (chunked attention of C tokens in SPEC's non-NoPE layers, e.g. 'rope/nope_temperature:2@16')"
+
+
+def split_chunk(spec: object, name: str = "encoding") -> tuple[object, int | None]:
+    """A lab spec's chunk suffix: ``"rope/nope_temperature:4@16"`` -> ``("rope/nope_temperature:4", 16)`` (Llama 4's
+    iRoPE: ``ModelConfig.attention_chunk_size``); ``"rope"`` -> ``("rope", None)``."""
+    if not isinstance(spec, str) or "@" not in spec:
+        return spec, None
+    encoding, _, size = spec.rpartition("@")
+    if not encoding or not size.isdigit() or int(size) < 1:
+        fail(name, spec, CHUNK_SYNTAX)
+    return encoding, int(size)
+
+
 def check_layer_spec(spec: object, *, n_layers: int, name: str = "encoding") -> tuple[str, str | None, int | None]:
     """:func:`split_encoding`, with a per-layer spec's names, interval and layer count checked.
 
@@ -121,6 +135,10 @@ def check_layer_part(encoding: posenc.Encoding, part: str, spec: str, name: str 
         )
 
 
+#: Encodings whose layers attend globally under ``attention_chunk_size`` (Llama 4 chunks only its RoPE layers).
+GLOBAL_ENCODINGS = ("nope", "nope_temperature")
+
+
 @dataclass(frozen=True, kw_only=True)
 class ModelConfig(DictConfig):
     """Architecture of a lab ``GPT``; ``to_dict``/``from_dict`` round-trip through JSON (``config.json``).
@@ -142,6 +160,10 @@ class ModelConfig(DictConfig):
         sinks: learned attention sinks (GPT-OSS): a trainable logit per head and layer added to each softmax's
             denominator (``posenc.attention(sinks=)``), initialised to 0. Written to ``to_dict`` only when True, so
             the configs of earlier runs (which have no such key) still compare equal on resume.
+        attention_chunk_size: chunked local attention in the layers whose encoding is not NoPE (``GLOBAL_ENCODINGS``):
+            a query sees only the keys in its own chunk of this many positions (``posenc.attention(chunk_size=)``),
+            while NoPE layers attend globally: Llama 4's iRoPE with ``encoding="rope/nope_temperature:4"``. None
+            (the default, left out of ``to_dict`` so earlier runs resume): every layer attends globally.
     """
 
     vocab_size: int = 256
@@ -155,6 +177,7 @@ class ModelConfig(DictConfig):
     mlp_ratio: int = 4
     backend: str = "auto"
     sinks: bool = False
+    attention_chunk_size: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "dim", "n_layers", "n_heads", "max_len", "mlp_ratio"):
@@ -171,6 +194,8 @@ class ModelConfig(DictConfig):
         check_choice("backend", self.backend, BACKENDS)
         if not isinstance(self.sinks, bool):
             fail("sinks", self.sinks, "True or False")
+        if self.attention_chunk_size is not None:
+            check_positive_int("attention_chunk_size", self.attention_chunk_size)
         check_encoding_config(self.encoding_config)
         if other is not None:
             for key, value in self.encoding_config.items():
@@ -200,12 +225,20 @@ class ModelConfig(DictConfig):
         """The encoding name of each layer, first to last."""
         return layer_names(self.encoding, n_layers=self.n_layers)
 
+    @property
+    def layer_chunk_sizes(self) -> tuple[int | None, ...]:
+        """Each layer's ``chunk_size`` for ``posenc.attention``: ``attention_chunk_size``, or None (global) for the
+        NoPE layers and when ``attention_chunk_size`` is None."""
+        return tuple(None if name in GLOBAL_ENCODINGS else self.attention_chunk_size for name in self.layer_encodings)
+
     def to_dict(self) -> dict[str, Any]:
         """Every field by name, JSON-able."""
         out = super().to_dict()
         out["encoding_config"] = json.loads(json.dumps(dict(self.encoding_config)))  # a deep, JSON-only copy
         if not self.sinks:
             del out["sinks"]  # the default: earlier runs' config.json files have no such key
+        if self.attention_chunk_size is None:
+            del out["attention_chunk_size"]  # likewise
         return out
 
 
@@ -246,9 +279,10 @@ def check_sequence_encoding(encoding: object, name: str) -> None:
 class Attention(nn.Module):
     """Causal self-attention through ``posenc.attention`` with the model's shared encoding."""
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, *, chunk_size: int | None = None) -> None:
         super().__init__()
         self.n_heads, self.kv_heads, self.head_dim = config.n_heads, config.kv_heads, config.head_dim
+        self.chunk_size = chunk_size  # chunked local attention (``posenc.attention(chunk_size=)``), None: global
         self.backend = config.backend
         self.qkv = nn.Linear(config.dim, (self.n_heads + 2 * self.kv_heads) * self.head_dim, bias=False)
         self.proj = nn.Linear(config.dim, config.dim, bias=False)
@@ -264,7 +298,15 @@ class Attention(nn.Module):
         k = k.view(b, s, self.kv_heads, hd).transpose(1, 2)  # (B, Hkv, S, D)
         v = v.view(b, s, self.kv_heads, hd).transpose(1, 2)  # (B, Hkv, S, D)
         y = posenc.attention(
-            q, k, v, encoding=encoding, q_positions=positions, causal=True, backend=self.backend, sinks=self.sinks
+            q,
+            k,
+            v,
+            encoding=encoding,
+            q_positions=positions,
+            causal=True,
+            backend=self.backend,
+            sinks=self.sinks,
+            chunk_size=self.chunk_size,
         )
         y = y.transpose(1, 2).reshape(b, s, self.n_heads * hd)  # (B, H, S, D) -> (B, S, dim)
         return self.proj(y)
@@ -286,10 +328,10 @@ class MLP(nn.Module):
 class Block(nn.Module):
     """Pre-norm block: ``x + attn(ln(x))``, then ``x + mlp(ln(x))``."""
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, *, chunk_size: int | None = None) -> None:
         super().__init__()
         self.ln1 = nn.LayerNorm(config.dim, bias=False)
-        self.attn = Attention(config)
+        self.attn = Attention(config, chunk_size=chunk_size)
         self.ln2 = nn.LayerNorm(config.dim, bias=False)
         self.mlp = MLP(config)
 
@@ -326,7 +368,7 @@ class GPT(nn.Module):
             self.wte = nn.Embedding(config.vocab_size, config.dim)
             self.encoding, self.nth_encoding = build_encodings(config)
             self._nth = tuple(name != config.base_encoding for name in config.layer_encodings)  # OTHER's layers
-            self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layers))
+            self.blocks = nn.ModuleList(Block(config, chunk_size=c) for c in config.layer_chunk_sizes)
             self.ln_f = nn.LayerNorm(config.dim, bias=False)
             self._init_weights()
         self.embed_scale = math.sqrt(config.dim)

@@ -24,7 +24,7 @@ from posenc.lab.common import dist
 from posenc.lab.common import evaluate as ev
 from posenc.lab.common.corpus import load_corpus, train_batch
 from posenc.lab.common.devices import resolve_device
-from posenc.lab.common.gpt import GPT, ModelConfig, split_encoding
+from posenc.lab.common.gpt import GPT, ModelConfig, split_chunk, split_encoding
 from posenc.lab.common.progress import progress_bar, skipped
 from posenc.lab.common.report import environment
 from posenc.lab.common.runfiles import check_settings
@@ -39,9 +39,12 @@ from posenc.lab.length.tasks import copy_batch, recall_batch
 
 def run_name(encoding: str) -> str:
     """The folder name of ``encoding``'s run under ``OUT/runs``: the name, or ``BASE-OTHER-everyN`` for a per-layer
-    ``BASE/OTHER:N`` (no ``/`` or ``:`` in a path; registered names are identifiers, so no two specs collide)."""
-    base, other, interval = split_encoding(encoding, "encodings")
-    return base if other is None else f"{base}-{other}-every{interval}"
+    ``BASE/OTHER:N`` (no ``/`` or ``:`` in a path; registered names are identifiers, so no two specs collide), with
+    ``-chunkC`` for a chunked ``SPEC@C``."""
+    layers, chunk = split_chunk(encoding, "encodings")
+    base, other, interval = split_encoding(layers, "encodings")
+    name = base if other is None else f"{base}-{other}-every{interval}"
+    return name if chunk is None else f"{name}-chunk{chunk}"
 
 
 def _build_options(name: str, train_len: int) -> dict:
@@ -52,7 +55,8 @@ def _build_options(name: str, train_len: int) -> dict:
     return {}
 
 
-def _model_config(cfg: StudyConfig, encoding: str) -> ModelConfig:
+def _model_config(cfg: StudyConfig, spec: str) -> ModelConfig:
+    encoding, chunk = split_chunk(spec, "encodings")
     base, other, _ = split_encoding(encoding, "encodings")
     if other is None:
         extra = _build_options(base, cfg.train_len)
@@ -66,6 +70,7 @@ def _model_config(cfg: StudyConfig, encoding: str) -> ModelConfig:
         max_len=cfg.train_len,
         encoding=encoding,
         encoding_config=extra,
+        attention_chunk_size=chunk,
     )
 
 
