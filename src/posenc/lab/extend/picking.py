@@ -119,11 +119,11 @@ def run_pick(
     settings = {k: v for k, v in cfg.to_dict().items() if k != "out"}
     settings.update(decided.settings(), budget=budget)
     stages = stage_configs(cfg, decided, decided.cap)
-    for stage in stages:  # every stage's settings against the model and the machine, before anything is written
-        resolved = plan.resolve(stage, kind=model.kind, original=model.original_len,
-                                default_methods=model.default_methods, device=device)  # fmt: skip
-        model.use(dataclasses.replace(resolved, dtype=str(model.dtype).removeprefix("torch.")))
-        plan.check(resolved, model, device=device)
+    resolved = [plan.resolve(stage, kind=model.kind, original=model.original_len,
+                             default_methods=model.default_methods, device=device) for stage in stages]  # fmt: skip
+    model.use(resolved[-1])  # the corpus once: every stage reads the same text; the race's adds its fine-tuning text
+    for stage in resolved:  # every stage's settings against the model and the machine, before anything is written
+        plan.check(stage, model, device=device)
     if progress or plan_only:
         print(plan_text(decided, model, cfg))
     if plan_only:
