@@ -327,7 +327,6 @@ def run_extend(
     target.use(cfg)
     plan.check(cfg, target, device=device)
     measured = _only(_units(cfg, cfg.methods, target.kind), units)
-    original = target.original_len
     lengths = tuple(sorted(set(cfg.lengths)))
     for method in cfg.methods:  # every patch is checked before anything is measured (pretrained: on a meta copy)
         target.check_patch(method, cfg.factors[0])
@@ -375,15 +374,11 @@ def run_extend(
                 print(f"Saved {label(cfg.methods[0], cfg.factors[0], 0)} to {save_to} ({_saved_as(save_to)})")
     target.prepare()
     results = out / "results.csv"
-    done = {result_key(r) for r in read_results(results)} if results.exists() else set()
+    done, work, more, left = _left(cfg, target, grid, measured, read_results(results) if results.exists() else [])
     resumed = len(done)
-    work = [(u, [m for m in grid if not _keys(u, original, *m) <= done]) for u in measured]
-    more = sampling.pending(read_results(results), cfg) if results.exists() else []  # resumed cells under way
-    measurements = [(m[0], m[1], 0) for _, todo in work for m in todo]
-    measurements += [(r["metric"], r["length"], r["n"]) for r in more]
-    forwards = sum(_cost(target, cfg, *m)[1] for m in measurements)
+    forwards = sum(_cost(target, cfg, *m)[1] for m in left)
     calibration = target.calibrate(lengths) if progress and forwards else None  # may refit the cost model
-    total = sum(_cost(target, cfg, *m)[0] for m in measurements)
+    total = sum(_cost(target, cfg, *m)[0] for m in left)
     study = plan.StudyProgress(progress, total, forwards, calibration[0] if calibration else None)
     if progress and forwards:
         rounds = {model_of(r) for r in more}  # models with only further rounds left (a resumed study)
@@ -421,6 +416,18 @@ def run_extend(
     return rows
 
 
+def _left(cfg: ExtendConfig, target: Any, grid: Sequence[tuple], measured: Sequence[Unit],
+          rows: Sequence[dict]) -> tuple[set, list, list, list]:  # fmt: skip
+    """What a study has left, from the rows already in ``results.csv``: (the keys done; per model, the measurements
+    not done; the rate cells under way that need more rounds; every measurement left as ``(metric, length, samples
+    already measured)``, what ``_cost`` takes)."""
+    done = {result_key(r) for r in rows}
+    work = [(u, [m for m in grid if not _keys(u, target.original_len, *m) <= done]) for u in measured]
+    more = sampling.pending(rows, cfg) if rows else []  # resumed cells under way
+    left = [(m[0], m[1], 0) for _, todo in work for m in todo] + [(r["metric"], r["length"], r["n"]) for r in more]
+    return done, work, more, left
+
+
 def _print_plan(cfg: ExtendConfig, target: Any, out: Path, grid: list[tuple], lengths: Sequence[int],
                 measured: list[Unit], subset: bool, device: str, save_to: Path | None) -> list[dict]:  # fmt: skip
     """``plan_only``: print what the study would run and an estimate of its time, from the settings, the model's
@@ -428,11 +435,8 @@ def _print_plan(cfg: ExtendConfig, target: Any, out: Path, grid: list[tuple], le
     already measured in ``out`` (a resumed study's), else []."""
     results = out / "results.csv"
     rows = read_results(results) if results.exists() else []
-    done = {result_key(r) for r in rows}
     original = target.original_len
-    work = [(u, [m for m in grid if not _keys(u, original, *m) <= done]) for u in measured]
-    more = sampling.pending(rows, cfg) if rows else []
-    todo = [(m[0], m[1], 0) for _, left in work for m in left] + [(r["metric"], r["length"], r["n"]) for r in more]
+    _, work, more, todo = _left(cfg, target, grid, measured, rows)
     forwards = sum(_cost(target, cfg, *m)[1] for m in todo)
     units = sum(_cost(target, cfg, *m)[0] for m in todo)
     tunes = [u for u, left in work if left and u[2] and not run_folder(out, _slug(label(*u))).is_dir()]
