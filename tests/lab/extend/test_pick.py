@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -52,11 +53,11 @@ def test_candidates_follow_the_model_and_the_save():
     llama, left = rules.candidates(8192, 16384, model_type="llama", remapping=True)
     assert names(llama) == [("linear", 2), ("ntk", 2), ("dynamic", 2), ("yarn", 2), ("yarn", 4), ("llama3", 2),
                             ("self_extend", 2), ("self_extend", 4), ("dca", 2), ("rerope", 2), ("leaky_rerope", 2),
-                            ("lm_infinite", 2)]  # fmt: skip
+                            ("lm_infinite", 2), ("yarn+string", 2)]  # fmt: skip
     assert "longrope" in left and "search" in left["longrope"]
     assert "at most 16256 tokens for STRING" in left["string"] and "cannot retrieve" in left["streaming_llm"]
     near, left = rules.candidates(8192, 12288, model_type="llama", remapping=True)
-    assert ("string", 1.5) in names(near) and "string" not in left
+    assert ("string", 1.5) in names(near) and "string" not in left and ("yarn+string", 1.5) in names(near)
     qwen, _ = rules.candidates(8192, 32768, model_type="qwen2", remapping=True)
     assert ("dca_vllm", 4) in names(qwen) and ("dca_vllm", 4) not in names(llama)
     gpt2, _ = rules.candidates(1024, 2048, model_type="gpt2", remapping=False)
@@ -230,17 +231,17 @@ def test_plan_only_writes_nothing_and_the_budget_sets_the_cap(llama, corpus, tmp
     result = run_pick(cfg, "2x", tmp_path / "pick", progress=False, plan_only=True)
     assert not (tmp_path / "pick").exists()
     plan = result["plan"]
-    assert plan.cap == rules.DEFAULT_CAP and len(plan.candidates) == 12
+    assert plan.cap == rules.DEFAULT_CAP and len(plan.candidates) == 13
     text = capsys.readouterr().out
     assert "At most" in text and "before any weight is loaded" in text and "(1 ms per token-equivalent)" in text
     dims, dtype, device = probed[0]
     assert dims.hidden == 32 and dtype == torch.float32 and device == "cpu"
-    # 13 models (6 of the candidates remapping ones, at REMAP_COST each) x (a 128-token forward, 4 keys at 96) + the
+    # 14 models (7 of the candidates remapping ones, at REMAP_COST each) x (a 128-token forward, 4 keys at 96) + the
     # race's 5 at most (the unpatched one and the 4 costliest candidates) x (1 + 20 keys) at 128, in token-equivalents
     cost = lambda n: n * (1 + n / dims.l0)  # noqa: E731
     remap = sum(1 for c in plan.candidates if c.method in rules.REMAP_CANDIDATES)
-    assert remap == 6 and rules.REMAP_COST > 1
-    units = 1 + (12 - remap) + remap * rules.REMAP_COST
+    assert remap == 7 and rules.REMAP_COST > 1
+    units = 1 + (13 - remap) + remap * rules.REMAP_COST
     assert plan.screen_seconds == pytest.approx(units * (cost(128) + 4 * cost(96)) * 1e-3)
     assert plan.final_seconds == pytest.approx((1 + 4 * rules.REMAP_COST) * 21 * cost(128) * 1e-3)
     total = plan.screen_seconds + plan.final_seconds
@@ -283,9 +284,11 @@ def test_cli_pick_plan_and_one_line_errors(llama, corpus, tmp_path):
     assert torch.get_num_threads() == 1
 
 
-def test_an_interrupted_pick_resumes_to_the_same_answer(llama, corpus, tmp_path, monkeypatch):
-    """Ctrl-C (KeyboardInterrupt) in the race: every finished measurement is kept, and --resume ends with the same
-    table as a pick that ran straight through."""
+def test_an_interrupted_pick_resumes_to_the_same_answer(llama, corpus, tmp_path, monkeypatch, capsys):
+    """Ctrl-C (KeyboardInterrupt) in the race: every finished measurement is kept, a resumed --plan counts what is
+    left (writing nothing), and --resume ends with the same table as a pick that ran straight through."""
+    from posenc.lab.extend import plan as plan_module
+
     cfg = _cfg(llama, corpus, methods=("linear", "yarn"))
     straight = run_pick(cfg, "2x", tmp_path / "straight", progress=False)
     calls = []
@@ -304,6 +307,18 @@ def test_an_interrupted_pick_resumes_to_the_same_answer(llama, corpus, tmp_path,
     monkeypatch.setattr(HFTarget, "passkey", passkey)
     with pytest.raises(ValueError, match="a new folder, or --resume"):
         run_pick(cfg, "2x", tmp_path / "cut", progress=False)
+    before = sorted((p, p.stat().st_mtime_ns) for p in (tmp_path / "cut").rglob("*"))
+    capsys.readouterr()
+    monkeypatch.setattr(plan_module, "probe_seconds_per_unit", lambda *a, **k: 1.0)  # estimates in whole seconds
+    planned = run_pick(cfg, "2x", tmp_path / "cut", resume=True, progress=False, plan_only=True)["plan"]
+    text = capsys.readouterr().out
+    assert sorted((p, p.stat().st_mtime_ns) for p in (tmp_path / "cut").rglob("*")) == before  # nothing written
+    match = re.search(r"screening has perplexity for (\d+) of 4 models and (\d+) of (\d+) passkeys; the race has "
+                      r"(\d+) samples and (\d+) perplexity forwards\. Left: at most (.+)$", text, re.M)  # fmt: skip
+    assert match, text
+    assert match[1] == "4" and match[2] == match[3] and int(match[4]) + int(match[5]) >= 1  # cut in the race
+    whole = plan_module.duration_text(planned.screen_seconds + planned.final_seconds)
+    assert f"At most {whole} in all" in text and match[6] != whole
     resumed = run_pick(cfg, "2x", tmp_path / "cut", resume=True, progress=False)
     assert resumed["standings"] == straight["standings"] and resumed["pick"] == straight["pick"]
 

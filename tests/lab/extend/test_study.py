@@ -607,3 +607,49 @@ def test_hf_llama_remapping_methods_end_to_end_and_save(corpus, tmp_path):
         with pytest.raises(ValueError, match=match):
             run_extend(cfg, tmp_path / "out-refused", progress=False, save=tmp_path / "saved-refused")
         assert not (tmp_path / "out-refused").exists() and not (tmp_path / "saved-refused").exists()
+
+
+def test_a_composed_method_is_the_frequency_method_then_string_within_its_context(corpus, tmp_path):
+    """``yarn+string``: the study's model equals ``extend_context(yarn, 2)`` then ``extend_context(string, 1)`` (STRING
+    within the stretched 128-token context, its offset and local window from that length), measured beside YaRN alone:
+    equal inside STRING's offset, different past it; its report names both parts; its --save is refused as STRING's
+    is; malformed names are refused before anything is read."""
+    import copy
+
+    import transformers
+
+    from posenc.hf import extend_context
+    from posenc.lab.extend import plan
+    from posenc.lab.extend.targets import load_target
+
+    folder = _hf_folder(tmp_path / "llama")
+    cfg = ExtendConfig(model=str(folder), methods=("yarn", "yarn+string"), factors=(2.0,), lengths=(8, 128),
+                       corpus=str(corpus), dtype="float32", **{**TINY, "trials": 1})  # fmt: skip
+    rows = run_extend(cfg, tmp_path / "out", progress=False)
+    yarn, both = (_by(rows, "ppl", m, 2.0, 8)["ppl"] for m in ("yarn", "yarn+string"))
+    assert both == pytest.approx(yarn, rel=1e-5)  # 8 tokens: every distance below STRING's offset
+    assert _by(rows, "ppl", "yarn+string", 2.0, 128)["ppl"] != pytest.approx(_by(rows, "ppl", "yarn", 2.0, 128)["ppl"])
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "yarn+string: `yarn x2 over 64, then String(shifted_offset=42, local_window=16" in report
+
+    target = load_target(cfg, tmp_path / "unused", device="cpu", progress=False)
+    target.use(plan.resolve(cfg, kind="hf", original=target.original_len, default_methods=("yarn",), device="cpu"))
+    target.load()
+    patched, description = target.patched("yarn+string", 2.0)
+    assert description["frequency"]["rope_parameters"]["new"]["rope_type"] == "yarn"
+    manual = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    manual = copy.deepcopy(manual)
+    extend_context(manual, "yarn", 2.0, original_max_position_embeddings=64)
+    extend_context(manual, "string", 1.0)
+    ids = torch.randint(2, 100, (1, 128), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(patched(ids).logits, manual(ids).logits, rtol=0, atol=0)
+
+    with pytest.raises(ValueError, match=r"save=.*no serving format|save=.*string"):
+        saving = ExtendConfig(**{**cfg.to_dict(), "methods": ("yarn+string",)})
+        run_extend(saving, tmp_path / "out-save", progress=False, save=tmp_path / "saved")
+    assert not (tmp_path / "out-save").exists() and not (tmp_path / "saved").exists()
+    for name, match in (("string+yarn", "methods='string'"), ("yarn+self_extend", "runs within the stretched"),
+                        ("yarn+string+dca", "two parts at most")):  # fmt: skip
+        with pytest.raises(ValueError, match=match):
+            ExtendConfig(model=str(folder), methods=(name,))

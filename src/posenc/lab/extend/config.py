@@ -15,6 +15,7 @@ from posenc._checks import check_choice, check_number, check_positive_int, fail
 from posenc._config import DictConfig
 from posenc.hf.dtypes import DTYPE_CHOICES
 from posenc.lab.common.scaling import EXTEND_METHODS
+from posenc.lab.extend import composed
 
 TASKS = ("lm", "passkey", "ruler")
 #: ``finetune_positions`` kinds (``posenc.lab.extend.finetune``).
@@ -36,7 +37,9 @@ class ExtendConfig(DictConfig):
         model: a lab run folder, a ``.gguf`` file or a folder holding one, a transformers model folder,
             ``smollm2``, or ``new`` / ``new:<encoding>`` (task passkey).
         methods: extension methods; None: every method for a lab model's encoding, ``yarn`` and ``dynamic`` for a
-            pretrained RoPE model (``linear`` for ALiBi and p-RoPE ones).
+            pretrained RoPE model (``linear`` for ALiBi and p-RoPE ones). ``FREQUENCY+REMAP`` (``yarn+string``)
+            composes a frequency method at the factor with STRING within the stretched context
+            (``posenc.lab.extend.composed``; pretrained RoPE models).
         factors: context factors, each > 1 (target context = factor * original length); None: the plan's.
         lengths: evaluation lengths in tokens (bytes for lab models), at least one beyond the original length
             (shorter ones are in-context references); None: the plan's (lab: 1x, 2x, 4x, 8x the original). Each may
@@ -132,6 +135,8 @@ class ExtendConfig(DictConfig):
                     fail("methods", method, "method names (the unpatched model, 'none', is always measured)")
             if len(set(self.methods)) != len(self.methods):
                 fail("methods", self.methods, "each method once")
+            for method in self.methods:
+                composed.check(method)
         if self.factors is not None:
             for factor in self.factors:
                 check_number("factors", factor)

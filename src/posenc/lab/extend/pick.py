@@ -6,7 +6,8 @@ The question: *this model was trained for L tokens; which method makes it work a
 - Candidates (``candidates``): every training-free method of both families with its paper's parameters at the
   factor ``T / L`` -- frequency scalings (``linear``, ``ntk``, ``dynamic``, ``yarn``, ``llama3``) and remapping methods
   (``self_extend``, ``dca``, ``rerope``, ``leaky_rerope``, ``lm_infinite``; ``string`` where the target is within its
-  reach of 2L - W; ``dca_vllm``, what vLLM serves, on Qwen2/Qwen3; not ``streaming_llm``, ``NOT_CANDIDATES``) --
+  reach of 2L - W, ``yarn+string`` at any target; ``dca_vllm``, what vLLM serves, on Qwen2/Qwen3; not
+  ``streaming_llm``, ``NOT_CANDIDATES``) --
   plus the variants their papers offer as a setting: YaRN and Self-Extend set for twice the target (``VARIANTS``;
   YaRN's scale factor and Self-Extend's group size grow with it). LongRoPE is not a candidate: its
   per-frequency factors come from a search, not a rule. With ``--save`` only what that format can carry competes.
@@ -35,7 +36,9 @@ from posenc._checks import fail
 from posenc.lab.extend.rates import RULER_PREFIX, Rate, is_rate_metric, model_of, pool, row_rate
 
 FREQUENCY_CANDIDATES = ("linear", "ntk", "dynamic", "yarn", "llama3")
-REMAP_CANDIDATES = ("self_extend", "dca", "rerope", "leaky_rerope", "lm_infinite", "string")
+#: ``yarn+string``: YaRN at the target's factor, then STRING within that context (``composed``), which reaches any
+#: target where STRING alone reaches at most 2L - W.
+REMAP_CANDIDATES = ("self_extend", "dca", "rerope", "leaky_rerope", "lm_infinite", "string", "yarn+string")
 #: Remapping methods that never compete, and why.
 NOT_CANDIDATES = {
     "streaming_llm": "it attends to its sinks and a window of recent tokens only: by design it cannot retrieve what "

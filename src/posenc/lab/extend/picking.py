@@ -126,6 +126,8 @@ def run_pick(
         plan.check(stage, model, device=device)
     if progress or plan_only:
         print(plan_text(decided, model, cfg))
+    if plan_only and resume and before:
+        print(left_text(out, decided, model))
     if plan_only:
         return {"plan": decided}
     check_settings(out, {**settings, "cap": decided.cap}, resume, command="pick", what="pick")
@@ -196,7 +198,11 @@ def make_plan(cfg: ExtendConfig, model: Any, target: str | int, *, device: str, 
              f"({model.min_passkey} tokens)")  # fmt: skip
     depths = cfg.depths if cfg.depths is not None else plan.PLANS[plan.plan_name(model.kind, device)]["depths"]
     factor = length / original
-    tuned = [(FINETUNED_METHOD, factor, cfg.finetune_steps, p) for p in cfg.finetune_positions] if cfg.finetune_steps else []  # noqa: E501
+    tuned = (
+        [(FINETUNED_METHOD, factor, cfg.finetune_steps, p) for p in cfg.finetune_positions]
+        if cfg.finetune_steps
+        else []
+    )
     spu = plan.probe_seconds_per_unit(model.dims, model.dtype, device)
     cost_t, cost_s = model.forward_cost(length), model.forward_cost(screen)
     weights = sorted((rules.cost_factor(c.method) for c in candidates), reverse=True)  # remapping ones cost more
@@ -216,8 +222,8 @@ def make_plan(cfg: ExtendConfig, model: Any, target: str | int, *, device: str, 
 
 def _savable(model: Any, save: str | Path, save_type: str, cfg: ExtendConfig, out: Path, length: int) -> Any:
     """``--save``'s path checked now (with a method it takes), and the rule that leaves out what it cannot carry."""
-    from posenc.hf.extend import REMAP_METHODS
     from posenc.hf.save import remap_save_problem
+    from posenc.lab.extend import composed
     from posenc.lab.extend.study import GGUF_METHODS, check_save
 
     gguf = Path(save).suffix.lower() == ".gguf"
@@ -227,8 +233,8 @@ def _savable(model: Any, save: str | Path, save_type: str, cfg: ExtendConfig, ou
     def why(method: str) -> str | None:
         if gguf:
             return None if method in GGUF_METHODS else "llama.cpp runs no GGUF key for it (--save FILE.gguf)"
-        if method in REMAP_METHODS:
-            return remap_save_problem(model.model_type, method)
+        if (remap := composed.remapping(method)) is not None:
+            return remap_save_problem(model.model_type, remap)
         return None
 
     return why
@@ -309,7 +315,8 @@ def plan_text(decided: PickPlan, model: Any, cfg: ExtendConfig) -> str:
         lines.append("Left out: " + "; ".join(f"{m}: {why}" for m, why in decided.left_out.items()))
     final_models = min(rules.KEEP, len(decided.candidates)) + 1 + len(decided.tuned)
     race = f"passkey at {len(decided.depths)} depth{'s' if len(decided.depths) > 1 else ''}" + (
-        f" and RULER {', '.join(_ruler_tasks(cfg))}" if cfg.task == "ruler" else "")
+        f" and RULER {', '.join(_ruler_tasks(cfg))}" if cfg.task == "ruler" else ""
+    )
     keys = screen_keys(decided.depths)
     lines.append(
         f"1. Screening, each candidate and the unpatched model: perplexity at {decided.target} tokens (a candidate "
@@ -334,6 +341,44 @@ def plan_text(decided: PickPlan, model: Any, cfg: ExtendConfig) -> str:
         "stop early finish sooner"
     )
     return "\n".join(lines)
+
+
+def left_text(out: Path, decided: PickPlan, model: Any) -> str:
+    """A resumed pick's ``--plan``: what its three studies hold already and, at most, the time left (the plan's
+    estimate less the forwards and samples already measured)."""
+    from posenc.lab.extend.rates import is_rate_metric, model_of
+    from posenc.lab.extend.study import read_results
+
+    def rows(stage: str) -> list[dict]:
+        path = out / stage / "results.csv"
+        return read_results(path) if path.exists() else []
+
+    spu = decided.seconds_per_unit
+    cost_t, cost_s = model.forward_cost(decided.target), model.forward_cost(decided.screen)
+    weight = {c.unit: rules.cost_factor(c.method) for c in decided.candidates} | {UNPATCHED: 1.0}
+    ppl = {model_of(r) for r in rows("screen-ppl") if r["metric"] == "ppl" and r["length"] == decided.target}
+    keys: dict[tuple, int] = {}
+    for r in rows("screen-passkey"):
+        if r["metric"] == "passkey" and r["length"] == decided.screen:
+            keys[model_of(r)] = keys.get(model_of(r), 0) + int(r["n"] or 0)
+    planned_keys = len(decided.depths) * screen_keys(decided.depths)
+    screen_done = sum(weight.get(u, 1.0) * cost_t for u in ppl) + sum(
+        weight.get(u, 1.0) * min(n, planned_keys) * cost_s for u, n in keys.items())  # fmt: skip
+    race = [r for r in rows("final") if r["metric"] == "ppl" or is_rate_metric(r["metric"])]
+    counts = [(weight.get(model_of(r), 1.0), 1 if r["metric"] == "ppl" else int(r["n"] or 0)) for r in race]
+    samples = sum(n for (_, n), r in zip(counts, race, strict=True) if r["metric"] != "ppl")
+    forwards = len(race) - sum(1 for r in race if r["metric"] != "ppl")
+    tuned_done = {model_of(r) for r in race} & set(decided.tuned)
+    left = (
+        max(0.0, decided.screen_seconds - screen_done * spu)
+        + max(0.0, decided.final_seconds - sum(w * n for w, n in counts) * cost_t * spu)
+        + decided.finetune_seconds * (1 - len(tuned_done) / max(1, len(decided.tuned)))
+    )
+    return (
+        f"Resumed from {out}: screening has perplexity for {len(ppl)} of {len(weight)} models and "
+        f"{sum(min(n, planned_keys) for n in keys.values())} of {len(weight) * planned_keys} passkeys; the race has "
+        f"{samples} samples and {forwards} perplexity forwards. Left: at most {plan.duration_text(left)}"
+    )
 
 
 def _standing_row(s: rules.Standing) -> dict[str, Any]:
@@ -418,8 +463,8 @@ def report(cfg: ExtendConfig, model: Any, decided: PickPlan, cap: int, verdicts:
     lines += [
         "Needles: " + sampling.rule_text(final_cfg, "samples", cap) + ". A row's pooled rate weighs each cell (depth, "
         "task) the same (Kish's effective n where cells stopped at different n). Two rates differ beyond noise when "
-        "their 95% Wilson intervals are disjoint. Served as: " + "; ".join(
-            f"{k}: {where}" for k, (_, where) in rules.SERVING.items()),
+        "their 95% Wilson intervals are disjoint. Served as: "
+        + "; ".join(f"{k}: {where}" for k, (_, where) in rules.SERVING.items()),
         "",
         "## Screening",
         "",

@@ -143,9 +143,9 @@ def check_finetune(cfg: ExtendConfig, target: Any) -> None:
             "target (at the target itself they are plain positions)",
         )
     if sampled and target.kind != "lab":
-        from posenc.hf.extend import REMAP_METHODS
+        from posenc.lab.extend import composed
 
-        remapped = [m for m in cfg.methods if m in REMAP_METHODS]
+        remapped = [m for m in cfg.methods if composed.remapping(m) is not None]
         if remapped:
             fail(
                 "finetune_positions",

@@ -234,11 +234,12 @@ def check_save(
         )
     if folder.suffix.lower() == ".gguf":
         return _check_save_gguf(save, cfg, target)
-    from posenc.hf.extend import REMAP_METHODS
     from posenc.hf.save import remap_save_problem
+    from posenc.lab.extend import composed
 
     method = cfg.methods[0]
-    problem = remap_save_problem(target.model_type, method) if method in REMAP_METHODS else None
+    remap = composed.remapping(method)
+    problem = remap_save_problem(target.model_type, remap) if remap is not None else None
     if problem is not None:
         fail(
             "save",

@@ -39,8 +39,8 @@ from posenc.lab.common.corpus import eval_windows, load_corpus, train_batch
 from posenc.lab.common.gpt import GPT, ModelConfig
 from posenc.lab.common.scaling import EXTEND_METHODS, scaled_encoding
 from posenc.lab.common.train import TrainConfig, load_model, step_generator, train
+from posenc.lab.extend import composed, plan
 from posenc.lab.extend import passkey as pk
-from posenc.lab.extend import plan
 from posenc.lab.extend.config import ExtendConfig
 
 #: Every method a transformers RoPE model takes without extra options (LongRoPE needs searched factors).
@@ -546,13 +546,17 @@ class HFTarget:
     def _extend(self, model: torch.nn.Module, method: str, factor: float) -> dict:
         from posenc.hf import extend_context
 
+        first, remap = composed.parts(method)
         described = []
         for layer_type in self.patch_types:
             described.append(
                 extend_context(
-                    model, method, factor, original_max_position_embeddings=self.original_len, layer_type=layer_type
+                    model, first, factor, original_max_position_embeddings=self.original_len, layer_type=layer_type
                 )
             )
+        stretched = dict(described[-1])
+        if remap is not None:  # then within the stretched context (its original length: the model's current one)
+            described = [extend_context(model, remap, 1.0, layer_type=t) for t in self.patch_types]
         description = dict(described[-1])
         if not isinstance(description, Mapping) or _patched_count(description) < 1:
             fail(
@@ -569,7 +573,11 @@ class HFTarget:
                 d["layer_type"]: d["rope_parameters"] for d in described if "rope_parameters" in d
             }
         if "parameters" in description:  # a remapping method: what the paper's rule set its parameters to
-            self.remap_notes[method] = description["description"]
+            note = description["description"]
+            if remap is not None:
+                note = f"{stretched.get('description', first)}, then {note}"
+                description["frequency"] = stretched
+            self.remap_notes[method] = note
             self.layers_note = self.layers_note or self._layers_text(description, layers)
         else:
             self.layers_note = self._layers_text(description, layers)
