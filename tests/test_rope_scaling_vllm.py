@@ -255,3 +255,27 @@ def test_scale_one_is_the_identity(scaling, head_dim):
     plain, _ = posenc.rope_frequencies(head_dim)
     torch.testing.assert_close(got, plain, **ulps(1))
     assert factor == 1.0
+
+
+def test_ntk_alpha_equals_transformers_hunyuan_rotary():
+    """transformers has NTK-by-alpha in one model, HunYuan-V1-Dense (its rotary turns ``"dynamic"`` + ``alpha`` into
+    ``ntk_alpha``): its ``inv_freq`` for Hunyuan's released dict equals posenc's, and both equal the float64
+    reference, each to its float32 rounding (``base ** (2i / d)`` in float32: relative error about
+    ``2**-24 * (2 + ln(base'))``)."""
+    transformers = pytest.importorskip("transformers")
+    if not hasattr(transformers, "HunYuanDenseV1Config"):
+        pytest.skip("this transformers has no HunYuan-V1-Dense")
+    head_dim, theta = 128, 10000.0
+    config = transformers.HunYuanDenseV1Config(
+        vocab_size=32, hidden_size=256, num_attention_heads=2, num_key_value_heads=1, head_dim=head_dim,
+        num_hidden_layers=1, intermediate_size=64, rope_parameters={**HUNYUAN, "rope_theta": theta},
+    )  # fmt: skip
+    rotary = transformers.models.hunyuan_v1_dense.modeling_hunyuan_v1_dense.HunYuanDenseV1RotaryEmbedding(config)
+    assert rotary.rope_type == "ntk_alpha" and rotary.attention_scaling == 1.0
+    ours, ours_factor = posenc.parse_scaling(HUNYUAN).frequencies(head_dim, base=theta)
+    exact, factor = vllm.ntk_alpha(head_dim, theta, 1000.0)
+    assert factor == ours_factor == 1.0
+    base = theta * 1000.0 ** (head_dim / (head_dim - 2))
+    rtol = 2**-24 * (2 + math.log(base))
+    torch.testing.assert_close(rotary.inv_freq.double(), exact, rtol=rtol, atol=0)
+    torch.testing.assert_close(ours.double(), exact, rtol=rtol, atol=0)
