@@ -34,7 +34,10 @@ Two options for the softmax and the mask that released models use (issue 40):
         to the sink in float32 (memory stays linear: K and V are copied with one more row). Rescaling the output by
         ``sigmoid(lse - sink)`` from FlexAttention's log-sum-exp would be exact too, but compiled CPU FlexAttention
         has no ``return_lse`` in torch 2.13. Checked against transformers' GPT-OSS ``eager_attention_forward`` and
-        ``GptOssAttention`` (the computation vLLM's sink kernels follow).
+        ``GptOssAttention``, and against a float64 write-up of vLLM's Triton unified attention with sinks (paged
+        cache, chunked prefill, split decode, GPT-OSS's 128-token window given as each query's keys:
+        ``tests/reference/vllm_sinks.py``). vLLM and eager/flex keep float32 sinks in float32 with bfloat16 or
+        float16 inputs; sdpa rounds them to the input dtype (above): use eager or flex where that matters.
     chunk_size: chunked local attention (Llama 4's iRoPE: its RoPE layers attend within chunks of
         ``attention_chunk_size`` tokens, its NoPE layers globally; Meta 2025, "The Llama 4 herd"): query ``i`` sees
         key ``j`` only when ``floor(pos_i / C) == floor(pos_j / C)``, on top of the causal and document masks.
