@@ -60,6 +60,8 @@ def _randomize(encoding: torch.nn.Module) -> None:
             p.normal_(0.0, 1.0)
     if isinstance(encoding, posenc.SSMax):  # one s per head, all equal at init: make them differ, so heads matter
         encoding.s.copy_(torch.linspace(0.25, 1.0, encoding.s.numel()))
+        if encoding.b is not None:  # ssmax_bias, rope_ssmax_bias: b starts at 0, where it would test nothing
+            encoding.b.copy_(torch.linspace(-0.5, 0.75, encoding.b.numel()))
 
 
 def positions(encoding: posenc.Encoding, length: int, *, start: int = 0, batch: int | None = None) -> torch.Tensor:

@@ -51,6 +51,11 @@ class Encoding(nn.Module):
             or ``longrope`` scaling): ``rotate`` then takes ``seq_len=`` and attention passes it (per document
             with ``document_ids``).
 
+    Read by models, not by attention:
+        per_layer: its learned parameters belong to one attention layer (SSMax's ``s``, learned per layer and head):
+            a model that shares one encoding module across its layers builds one per layer instead (the lab's
+            ``GPT`` does).
+
     Shapes:
         x (B, S, Dm); q (B, H, S, D), k (B, Hkv, T, D); bias (B|1, H, S, T) float32;
         score_mod(score, b, h, q_idx, kv_idx) -> score (FlexAttention's signature, scalars per element).
@@ -62,6 +67,7 @@ class Encoding(nn.Module):
     position_kind: ClassVar[str] = "sequence"
     needs_keys: ClassVar[bool] = False
     causal_only: ClassVar[bool] = False
+    per_layer: ClassVar[bool] = False
     depends_on_length: bool = False
 
     def embed(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

@@ -1,10 +1,13 @@
-"""``SSMax``: Scalable-Softmax, queries scaled by ``s * log(n)`` with ``s`` learned per head; over NoPE or RoPE.
+"""``SSMax``: Scalable-Softmax, queries scaled by ``s * log(n)`` (``+ b``) with ``s`` (``b``) learned per head;
+over NoPE or RoPE.
 
 Paper: Nakanishi 2025, "Scalable-Softmax Is Superior for Attention" (arXiv:2501.19399): ``softmax((s log n) z)``
-over the ``n`` keys a query sees, ``s`` a learnable scalar per layer and head. One module per attention layer gives
-the paper's per-layer-and-head ``s``: a module shared by several layers (the lab's ``GPT`` shares one encoding per
-kind) has one ``s`` per head for all of them. ``s`` starts at 0.43 (``S_INIT``: the value of the paper's Figure 1
-and axolotl's default ``scaling_softmax_factor``).
+over the ``n`` keys a query sees, ``s`` a learnable scalar per layer and head; and its variant with a bias,
+``softmax((s log n + b) z)``, ``b`` learnable per layer and head too (``bias=True``, or ``posenc.build("ssmax_bias")``
+/ ``"rope_ssmax_bias"``; ``b`` starts at 0 here, axolotl's default, so training starts from plain SSMax). One module
+per attention layer gives the paper's per-layer-and-head parameters; a model that shares one encoding module across
+its layers should build an SSMax per layer instead (``per_layer = True`` says so; the lab's ``GPT`` does). ``s``
+starts at 0.43 (``S_INIT``: the value of the paper's Figure 1 and axolotl's default ``scaling_softmax_factor``).
 
 Llama 4's temperature tuning (``posenc.build("nope_temperature")``) cites SSMax but is a different thing: a fixed,
 unlearned factor ``log(1 + floor((p + 1) / floor_scale)) * attn_scale + 1`` on the queries of NoPE layers only, equal
@@ -18,13 +21,13 @@ such positions): hence ``causal_only``. With position-skipping fine-tuning (PoSE
 the simulated positions, as in axolotl, which reads ``position_ids``.
 
 Reference implementation checked against: axolotl ``src/axolotl/monkeypatch/scaled_softmax_attn.py`` (commit
-258ce8d4fa04c27ab49e169ba7751d8f4f1a423e), written out in float64 in ``tests/reference/ssmax.py``; compared on full
-attention outputs and gradients in ``tests/encodings/test_ssmax.py``. Formula and numerics:
-``posenc.functional.ssmax``.
+258ce8d4fa04c27ab49e169ba7751d8f4f1a423e: ``score * (s * log(n) + b)``), written out in float64 in
+``tests/reference/ssmax.py``; compared on full attention outputs and gradients (in ``s`` and ``b``) in
+``tests/encodings/test_ssmax.py``. Formula and numerics: ``posenc.functional.ssmax``.
 
 Shapes:
     q (B, H, S, D), k (B, Hkv, T, D); positions (S,) or (B, S), integer or float -> q scaled (and, with RoPE, q and k
-    rotated), shapes and dtypes kept; ``s`` (H,) float32.
+    rotated), shapes and dtypes kept; ``s`` (H,) float32, ``b`` (H,) float32 with ``bias=True``.
 """
 
 from __future__ import annotations
@@ -46,13 +49,15 @@ from posenc.registry import register
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class SSMaxConfig(DictConfig):
-    """SSMax for ``num_heads`` heads: initial ``s`` (``s_init``), an optional sliding ``window`` (keys) capping
-    ``n``, and an optional RoPE under it (``rope``: ``RotaryEmbedding``'s keywords, ``{}`` for the defaults; needs
-    ``head_dim``). ``rope`` is stored normalised (every RoPE field, the scaling as a dict)."""
+    """SSMax for ``num_heads`` heads: initial ``s`` (``s_init``), a learned bias ``b`` per head or not (``bias``),
+    an optional sliding ``window`` (keys) capping ``n``, and an optional RoPE under it (``rope``:
+    ``RotaryEmbedding``'s keywords, ``{}`` for the defaults; needs ``head_dim``). ``rope`` is stored normalised (every
+    RoPE field, the scaling as a dict)."""
 
     num_heads: int
     head_dim: int | None = None
     s_init: float = S_INIT
+    bias: bool = False
     window: int | None = None
     rope: dict[str, Any] | None = None
 
@@ -61,6 +66,8 @@ class SSMaxConfig(DictConfig):
         if self.head_dim is not None:
             check_positive_int("head_dim", self.head_dim)
         check_number("s_init", self.s_init)
+        if not isinstance(self.bias, bool):
+            fail("bias", self.bias, "True (a learned b per head: the factor s log n + b) or False (s log n)")
         if self.window is not None:
             check_positive_int("window", self.window)
         if self.rope is not None:
@@ -82,18 +89,22 @@ class SSMaxConfig(DictConfig):
 
 @register("ssmax")
 class SSMax(RotaryModule):
-    """Scalable-Softmax: queries multiplied by ``s[h] * log(n)``, ``n = min(p + 1, window)``; NoPE or RoPE under it.
+    """Scalable-Softmax: queries multiplied by ``s[h] * log(n)`` (``+ b[h]`` with ``bias=True``),
+    ``n = min(p + 1, window)``; NoPE or RoPE under it.
 
     Args:
-        num_heads: query heads ``H``; ``s`` has one entry per head.
+        num_heads: query heads ``H``; ``s`` (and ``b``) has one entry per head.
         head_dim: channels per head ``D``; needed with ``rope=``.
         s_init: initial value of every ``s[h]`` (default 0.43, ``posenc.functional.ssmax.S_INIT``).
+        bias: learn a bias ``b[h]`` per head, initialised to 0 (the paper's SSMax with bias); False (default): no
+            ``b`` parameter at all, the factor is ``s[h] * log(n)``.
         window: a sliding window of this many keys (``n`` stops growing there), or None.
         rope: None for NoPE + SSMax, or ``RotaryEmbedding``'s keywords (``{}``, ``{"base": 500.0}``,
             ``{"scaling": {...}}``) for RoPE + SSMax.
 
     Attributes:
         s: the learned scaling parameter, ``nn.Parameter`` of shape ``(H,)``.
+        b: the learned bias, ``nn.Parameter`` of shape ``(H,)`` with ``bias=True``; None otherwise.
         rope: the ``RotaryEmbedding`` under SSMax, or None.
 
     Shapes:
@@ -102,6 +113,7 @@ class SSMax(RotaryModule):
 
     config_class = SSMaxConfig
     causal_only = True  # n = p + 1 counts the keys of a causal query; a bidirectional one sees every key
+    per_layer = True  # the paper learns s (and b) per layer and head: one module per attention layer
 
     def __init__(
         self,
@@ -109,21 +121,26 @@ class SSMax(RotaryModule):
         num_heads: int,
         head_dim: int | None = None,
         s_init: float = S_INIT,
+        bias: bool = False,
         window: int | None = None,
         rope: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__()
         self.config = SSMaxConfig(
-            num_heads=num_heads, head_dim=head_dim, s_init=s_init, window=window, rope=None if rope is None else rope
+            num_heads=num_heads, head_dim=head_dim, s_init=s_init, bias=bias, window=window, rope=rope
         )
         self.s = nn.Parameter(torch.empty(num_heads))
+        # not named `bias`: that is the Encoding hook adding to the scores, which SSMax does not use
+        self.b = nn.Parameter(torch.empty(num_heads)) if bias else None
         self.rope = None if self.config.rope is None else RotaryEmbedding(head_dim, **self.config.rope)
         self.reset_parameters()
 
     @torch.no_grad()
     def reset_parameters(self) -> None:
-        """``s`` back to ``s_init`` (after ``to_empty()``, e.g. a meta-device build)."""
+        """``s`` back to ``s_init``, ``b`` (if any) to 0 (after ``to_empty()``, e.g. a meta-device build)."""
         self.s.fill_(self.config.s_init)
+        if self.b is not None:
+            self.b.zero_()
 
     @property
     def depends_on_length(self) -> bool:
@@ -151,14 +168,51 @@ class SSMax(RotaryModule):
         if self.rope is not None:
             extra = {"seq_len": seq_len} if self.rope.depends_on_length else {}
             q, k = self.rope.rotate(q, k, q_pos, k_pos, **extra)
-        return apply_ssmax(q, q_pos, self.s, window=self.config.window), k
+        b = 0.0 if self.b is None else self.b  # the number 0 adds nothing: without a bias, exactly s log n
+        return apply_ssmax(q, q_pos, self.s, b=b, window=self.config.window), k
 
     def extra_repr(self) -> str:
         c = self.config
-        return f"num_heads={c.num_heads}, s_init={c.s_init}, window={c.window}, rope={c.rope is not None}"
+        return (
+            f"num_heads={c.num_heads}, s_init={c.s_init}, bias={c.bias}, window={c.window}, rope={c.rope is not None}"
+        )
 
 
 def rope_ssmax(
+    *,
+    num_heads: int,
+    head_dim: int,
+    s_init: float = S_INIT,
+    bias: bool = False,
+    window: int | None = None,
+    base: float = 10000.0,
+    scaling: Mapping[str, Any] | None = None,
+    layout: str = "half",
+    partial_rotary_factor: float = 1.0,
+) -> SSMax:
+    """RoPE + SSMax, buildable by name (``posenc.build("rope_ssmax", ...)``, the lab's ``rope_ssmax``).
+
+    ``SSMax(num_heads=, head_dim=, s_init=, bias=, window=, rope={"base": base, "scaling": scaling, "layout": layout,
+    "partial_rotary_factor": partial_rotary_factor})``: RoPE's keywords as ``posenc.build("rope")`` takes them.
+    """
+    rope = {"base": base, "scaling": scaling, "layout": layout, "partial_rotary_factor": partial_rotary_factor}
+    return SSMax(num_heads=num_heads, head_dim=head_dim, s_init=s_init, bias=bias, window=window, rope=rope)
+
+
+def ssmax_bias(
+    *,
+    num_heads: int,
+    head_dim: int | None = None,
+    s_init: float = S_INIT,
+    window: int | None = None,
+    rope: Mapping[str, Any] | None = None,
+) -> SSMax:
+    """NoPE + SSMax with a learned bias (the factor ``s log n + b``), by name: ``posenc.build("ssmax_bias")``, the
+    lab's ``ssmax_bias`` (whose encodings are names). ``SSMax(..., bias=True)``."""
+    return SSMax(num_heads=num_heads, head_dim=head_dim, s_init=s_init, bias=True, window=window, rope=rope)
+
+
+def rope_ssmax_bias(
     *,
     num_heads: int,
     head_dim: int,
@@ -169,13 +223,12 @@ def rope_ssmax(
     layout: str = "half",
     partial_rotary_factor: float = 1.0,
 ) -> SSMax:
-    """RoPE + SSMax, buildable by name (``posenc.build("rope_ssmax", ...)``, the lab's ``rope_ssmax``).
-
-    ``SSMax(num_heads=, head_dim=, s_init=, window=, rope={"base": base, "scaling": scaling, "layout": layout,
-    "partial_rotary_factor": partial_rotary_factor})``: RoPE's keywords as ``posenc.build("rope")`` takes them.
-    """
+    """RoPE + SSMax with a learned bias, by name: ``posenc.build("rope_ssmax_bias")``, the lab's ``rope_ssmax_bias``.
+    :func:`rope_ssmax` with ``bias=True``."""
     rope = {"base": base, "scaling": scaling, "layout": layout, "partial_rotary_factor": partial_rotary_factor}
-    return SSMax(num_heads=num_heads, head_dim=head_dim, s_init=s_init, window=window, rope=rope)
+    return SSMax(num_heads=num_heads, head_dim=head_dim, s_init=s_init, bias=True, window=window, rope=rope)
 
 
 register("rope_ssmax", rope_ssmax)
+register("ssmax_bias", ssmax_bias)
+register("rope_ssmax_bias", rope_ssmax_bias)

@@ -1,4 +1,4 @@
-"""Scalable-Softmax (SSMax): each query scaled by ``s * log(n)``, n the number of keys it attends to.
+"""Scalable-Softmax (SSMax): each query scaled by ``s * log(n) + b``, n the number of keys it attends to.
 
 Softmax over ``n`` scores spreads its weight thinner as ``n`` grows ("attention fading"). SSMax (Nakanishi 2025,
 "Scalable-Softmax Is Superior for Attention", arXiv:2501.19399) replaces it by
@@ -6,9 +6,11 @@ Softmax over ``n`` scores spreads its weight thinner as ``n`` grows ("attention 
     SSMax(z)_i = n^(s z_i) / sum_j n^(s z_j) = softmax((s log n) z)_i
 
 with ``s`` a learned scalar per layer and head, so it is one multiplication of the query by ``s log n`` before the
-usual ``q . k / sqrt(D)``. In causal attention the query at position ``p`` (counted from 0 in its document, as
-packing and a KV cache give it) sees ``n = p + 1`` keys; a sliding window of ``window`` keys caps it,
-``n = min(p + 1, window)``. A query seeing one key gets the factor 0 and its single weight 1 either way.
+usual ``q . k / sqrt(D)``. The paper also evaluates a variant with a learned bias ``b`` per layer and head, the
+factor ``s log n + b`` (``b=``, default 0: the form it recommends, and exactly the factor ``s log n``). In causal
+attention the query at position ``p`` (counted from 0 in its document, as packing and a KV cache give it) sees
+``n = p + 1`` keys; a sliding window of ``window`` keys caps it, ``n = min(p + 1, window)``. A query seeing one key
+gets the factor ``b`` (0 without a bias) and its single weight 1 either way.
 
 How it differs from Llama 4's temperature tuning (:mod:`posenc.functional.temperature`, which cites SSMax): Llama 4
 multiplies the queries of its NoPE layers by the fixed ``log(1 + floor((p + 1) / floor_scale)) * attn_scale + 1``
@@ -18,17 +20,18 @@ multiplies the queries of its NoPE layers by the fixed ``log(1 + floor((p + 1) /
 
 Reference implementation checked against: axolotl's merged SSMax (axolotl-ai-cloud/axolotl,
 ``src/axolotl/monkeypatch/scaled_softmax_attn.py``, commit 258ce8d4fa04c27ab49e169ba7751d8f4f1a423e, PR #3338):
-a FlexAttention ``score_mod`` ``score * (s * log(clamp(position_ids + 1, min=2)) + b)`` with ``b = 0`` (the paper's
-recommended form), here per head; ``tests/reference/ssmax.py`` writes it out in float64 and
-``tests/encodings/test_ssmax.py`` compares on full tensors. Its clamp only changes the factor of a query that sees
+a FlexAttention ``score_mod`` ``score * (s * log(clamp(position_ids + 1, min=2)) + b)`` with one number ``s`` and
+one ``b`` (default 0) for the model, here one of each per head; ``tests/reference/ssmax.py`` writes it out in float64
+and ``tests/encodings/test_ssmax.py`` compares on full tensors. Its clamp only changes the factor of a query that sees
 one key, whose output it cannot change; this module follows the paper's ``log n`` there.
 
-Numerics: ``log n`` is taken in float64 (float32 on MPS) and rounded once to float32; the factor ``s log n`` is
-float32 (``s`` is cast, so a bfloat16 model keeps its factor in float32 and ``s`` still gets a gradient), float64
-for float64 queries; it multiplies ``q`` by torch's type promotion, then the result is cast back to ``q``'s dtype.
+Numerics: ``log n`` is taken in float64 (float32 on MPS) and rounded once to float32; the factor ``s log n`` (then
+``+ b``, a second rounding) is float32 (``s`` and ``b`` are cast, so a bfloat16 model keeps its factor in float32 and
+both still get a gradient), float64 for float64 queries; it multiplies ``q`` by torch's type promotion, then the
+result is cast back to ``q``'s dtype. ``b=0`` (the number) adds nothing: the factor is bit for bit ``s log n``.
 
 Shapes:
-    positions (S,) or (B, S), integer or float; s a number or a tensor () or (H,)
+    positions (S,) or (B, S), integer or float; s and b each a number or a tensor () or (H,)
     -> factor (S,) / (H, S) / (B, H, S) float32 or float64 (``ssmax_scale``); q (B, H, S, D) -> q's shape and dtype.
 """
 
@@ -61,51 +64,80 @@ def ssmax_scale(
     positions: torch.Tensor,
     s: float | torch.Tensor,
     *,
+    b: float | torch.Tensor = 0.0,
     window: int | None = None,
     dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
-    """``s * log(n)`` in ``dtype``: the factor of each query, per head when ``s`` is ``(H,)``.
+    """``s * log(n) + b`` in ``dtype``: the factor of each query, per head when ``s`` or ``b`` is ``(H,)``.
 
     Args:
         positions: query positions (exact: integer, float32 or float64), counted from 0 in each document.
         s: the scaling parameter, a number, a 0-d tensor or one per head ``(H,)`` (differentiable).
+        b: the bias of the paper's variant "with bias", the same kinds as ``s``; the number 0 (default) adds nothing.
         window: sliding-window size in keys, or None for full causal attention.
         dtype: float32 (default) or float64.
 
     Shapes:
-        positions (S,) or (B, S); s () -> (S,) or (B, S); s (H,) -> (H, S) or (B, H, S); in ``dtype``
+        positions (S,) or (B, S); s, b () -> (S,) or (B, S); s or b (H,) -> (H, S) or (B, H, S); in ``dtype``
     """
     if dtype not in (torch.float32, torch.float64):
         fail("dtype", dtype, "torch.float32 or torch.float64")
     log_n = torch.log(ssmax_key_count(positions, window=window)).to(dtype)  # (S,) or (B, S)
-    if not isinstance(s, torch.Tensor):
-        return log_n * check_number("s", s)
-    if not s.is_floating_point() or s.dim() > 1:
-        fail("s", tuple(s.shape), "a number, or a floating point tensor () or (H,): one scaling parameter per head")
-    if s.device != positions.device:
-        fail("s.device", s.device, f"the positions' device, {positions.device}")
-    s = s.to(dtype)
-    if s.dim() == 0:
-        return log_n * s
-    return s[:, None] * log_n.unsqueeze(-2)  # (H, 1) * (S,) or (B, 1, S) -> (H, S) or (B, H, S)
+    s = _parameter("s", s, positions, dtype, "one scaling parameter per head")
+    b = _parameter("b", b, positions, dtype, "one bias per head")
+    if _heads(s, b) is not None:
+        log_n = log_n.unsqueeze(-2)  # (1, S) or (B, 1, S): one row per head
+    factor = log_n * _column(s)  # (S,), (B, S), (H, S) or (B, H, S)
+    if isinstance(b, torch.Tensor) or b != 0.0:
+        factor = factor + _column(b)
+    return factor
 
 
 def apply_ssmax(
-    q: torch.Tensor, positions: torch.Tensor, s: float | torch.Tensor, *, window: int | None = None
+    q: torch.Tensor,
+    positions: torch.Tensor,
+    s: float | torch.Tensor,
+    *,
+    b: float | torch.Tensor = 0.0,
+    window: int | None = None,
 ) -> torch.Tensor:
-    """Queries multiplied by :func:`ssmax_scale` at their positions, in ``q``'s dtype.
+    """Queries multiplied by :func:`ssmax_scale` (``s * log(n) + b``) at their positions, in ``q``'s dtype.
 
     Shapes:
-        q (B, H, S, D) (or (H, S, D), (S, D) with positions (S,) and a scalar ``s``); positions (S,) or (B, S);
-        s () or (H,) -> q's shape
+        q (B, H, S, D) (or (H, S, D), (S, D) with positions (S,) and scalar ``s``, ``b``); positions (S,) or (B, S);
+        s, b () or (H,) -> q's shape
     """
     if not isinstance(q, torch.Tensor) or not q.is_floating_point() or q.dim() < 2:
         fail("q", getattr(q, "shape", type(q).__name__), "a floating point tensor (..., S, D)")
     dtype = torch.promote_types(q.dtype, torch.float32)  # float32, or float64 for float64 queries
-    scale = ssmax_scale(positions, s, window=window, dtype=dtype)  # (S,), (B, S), (H, S) or (B, H, S)
-    per_head = isinstance(s, torch.Tensor) and s.dim() == 1
-    if per_head and (q.dim() < 3 or q.shape[-3] != s.shape[0]):
-        fail("s.shape", tuple(s.shape), f"(H,) with H the heads of q (q.shape={tuple(q.shape)})")
-    if positions.dim() == 2 and not per_head:
+    scale = ssmax_scale(positions, s, b=b, window=window, dtype=dtype)  # (S,), (B, S), (H, S) or (B, H, S)
+    heads = _heads(s, b)
+    if heads is not None and (q.dim() < 3 or q.shape[-3] != heads[1]):
+        fail(f"{heads[0]}.shape", (heads[1],), f"(H,) with H the heads of q (q.shape={tuple(q.shape)})")
+    if positions.dim() == 2 and heads is None:
         scale = scale.unsqueeze(-2)  # (B, S) -> (B, 1, S): the same factor for every head
     return (q * scale.unsqueeze(-1)).to(q.dtype)  # one factor per query row
+
+
+def _parameter(name: str, x: float | torch.Tensor, positions: torch.Tensor, dtype: torch.dtype, what: str):  # noqa: ANN202
+    """``x`` checked: a number (returned as a float), or a floating tensor () or (H,) on the positions' device, cast."""
+    if not isinstance(x, torch.Tensor):
+        return check_number(name, x)
+    if not x.is_floating_point() or x.dim() > 1:
+        fail(name, tuple(x.shape), f"a number, or a floating point tensor () or (H,): {what}")
+    if x.device != positions.device:
+        fail(f"{name}.device", x.device, f"the positions' device, {positions.device}")
+    return x.to(dtype)
+
+
+def _heads(s: float | torch.Tensor, b: float | torch.Tensor) -> tuple[str, int] | None:
+    """``(name, H)`` of the first of ``s``, ``b`` given per head, or None; both per head must agree on H."""
+    per_head = [(n, x.shape[0]) for n, x in (("s", s), ("b", b)) if isinstance(x, torch.Tensor) and x.dim() == 1]
+    if len(per_head) == 2 and per_head[0][1] != per_head[1][1]:
+        fail("b.shape", (per_head[1][1],), f"(H,) with the H={per_head[0][1]} of s.shape={(per_head[0][1],)}")
+    return per_head[0] if per_head else None
+
+
+def _column(x: float | torch.Tensor) -> float | torch.Tensor:
+    """A per-head ``(H,)`` tensor as ``(H, 1)``, to broadcast over the positions; anything else as it is."""
+    return x[:, None] if isinstance(x, torch.Tensor) and x.dim() == 1 else x

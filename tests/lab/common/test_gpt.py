@@ -29,11 +29,17 @@ def test_every_sequence_encoding_trains(name):
     for pname, p in model.named_parameters():
         assert p.grad is not None and torch.isfinite(p.grad).all(), pname
         assert p.grad.abs().sum() > 0, pname
-    # the encoding is built for this model and shared by every layer, registered once (an encoding may hold another
-    # inside it, as rope_ssmax holds its RoPE: count the outermost ones)
+    # the encoding is built for this model and shared by every layer, registered once; or, where its parameters
+    # are per layer (SSMax), one per layer, held by the blocks (an encoding may hold another inside it, as rope_ssmax
+    # holds its RoPE: count the outermost ones)
     encodings = [m for m in model.modules() if isinstance(m, posenc.Encoding)]
     inner = {id(c) for m in encodings for c in m.modules() if c is not m}
-    assert model.encoding is not None and sum(1 for m in encodings if id(m) not in inner) == 1
+    outermost = [m for m in encodings if id(m) not in inner]
+    if model.layer_encodings()[0].per_layer:
+        assert model.encoding is None and outermost == model.layer_encodings() == [b.encoding for b in model.blocks]
+        assert len({id(m) for m in outermost}) == TINY["n_layers"]
+    else:
+        assert model.encoding is not None and outermost == [model.encoding]
 
 
 @pytest.mark.parametrize("name", ["rope", "alibi", "learned", "rope/nope_temperature:2"])

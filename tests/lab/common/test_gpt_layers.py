@@ -112,6 +112,37 @@ def test_rope_extensions_swap_every_rope_layer_and_only_those():
         model.set_encoding(posenc.build("learned", dim=32, max_len=16))
 
 
+@torch.no_grad()
+def test_per_layer_encodings_are_owned_by_their_layers_and_survive_a_swap():
+    """A kind whose parameters are per layer (``Encoding.per_layer``: SSMax) is built once per layer and held by its
+    block; ``set_encoding`` swaps one module into every BASE layer while keeping each layer's own, and
+    ``set_encoding(None)`` (``model.encoding`` as it was: how the lab's evaluation restores it) goes back to them;
+    the state dict has one entry per layer and reloads."""
+    cfg = ModelConfig(encoding="ssmax/nope:2", **TINY)
+    model = GPT(cfg).eval()
+    own = model.layer_encodings()
+    assert own[0] is model.blocks[0].encoding and own[2] is model.blocks[2].encoding and own[0] is not own[2]
+    assert own[1] is own[3] is model.nth_encoding and model.encoding is None
+    assert model.blocks[1].encoding is None  # NoPE's layers share the model's one
+    own[2].s.fill_(0.9)
+    tokens = torch.randint(0, 256, (1, 16))
+    before = model(tokens)
+    trained = model.encoding
+    swap = posenc.build("ssmax", num_heads=TINY["n_heads"])
+    model.set_encoding(swap)
+    assert model.layer_encodings() == [swap, own[1], swap, own[3]]
+    assert not torch.allclose(model(tokens), before)
+    model.set_encoding(trained)
+    assert model.layer_encodings() == own
+    torch.testing.assert_close(model(tokens), before, rtol=0, atol=0)
+    assert [k for k in model.state_dict() if "encoding" in k] == ["blocks.0.encoding.s", "blocks.2.encoding.s"]
+    again = GPT(cfg, seed=5)
+    again.load_state_dict(model.state_dict())
+    torch.testing.assert_close(again.eval()(tokens), before, rtol=0, atol=0)
+    with pytest.raises(ValueError, match=r"encoding=None is invalid: .*no encoding of their own to go back to"):
+        GPT(ModelConfig(encoding="rope", **TINY)).set_encoding(None)
+
+
 def test_config_and_weights_round_trip_through_json():
     cfg = ModelConfig(
         encoding="rope/t5:2",
@@ -172,3 +203,33 @@ def test_per_layer_errors():
         GPT(ModelConfig(encoding="rope/rope_axial:2", **TINY))
     with pytest.raises(ValueError, match=r"only the keys"):
         GPT(ModelConfig(encoding="rope/nope_temperature:2", encoding_config={"nope_temperature": {"base": 2}}, **TINY))
+
+
+@torch.no_grad()
+def test_a_checkpoint_from_before_per_layer_ssmax_loads_into_every_layer(tmp_path):
+    """Weights saved when one SSMax module was shared by its layers (key ``nth_encoding.s``, and ``encoding.s`` for
+    BASE) load through ``load_checkpoint``: each of those layers gets the shared ``s``, so the model computes what
+    the old one did (every layer at that ``s``); the optimizer state of such a run no longer fits and says so."""
+    from posenc.lab.common.checkpoint import load_checkpoint, save_checkpoint
+
+    cfg = ModelConfig(encoding="rope/ssmax:2", **TINY)
+    model = GPT(cfg).eval()
+    shared = torch.linspace(0.2, 0.8, TINY["n_heads"])
+    for i in (1, 3):
+        model.blocks[i].encoding.s.copy_(shared)
+    tokens = torch.randint(0, 256, (1, 16))
+    want = model(tokens)
+    old = {k: v for k, v in model.state_dict().items() if ".encoding." not in k} | {"nth_encoding.s": shared}
+
+    class Old(torch.nn.Module):  # the old layout's state dict, saved as the lab saves a model
+        def state_dict(self, *args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+            return dict(old)
+
+    save_checkpoint(tmp_path / "old.safetensors", model=Old(), step=3)
+    fresh = GPT(cfg, seed=7).eval()
+    assert load_checkpoint(tmp_path / "old.safetensors", model=fresh)["step"] == 3
+    torch.testing.assert_close(fresh(tokens), want, rtol=0, atol=0)
+    assert fresh.blocks[1].encoding.s.data_ptr() != fresh.blocks[3].encoding.s.data_ptr()
+    optimizer = torch.optim.AdamW(fresh.parameters())
+    with pytest.raises(ValueError, match="no optimizer state|optimizer state does not fit"):
+        load_checkpoint(tmp_path / "old.safetensors", model=fresh, optimizer=optimizer)

@@ -351,22 +351,29 @@ def test_jobs_must_be_a_positive_count(jobs, corpus, tmp_path):
 
 
 def test_ssmax_over_rope_and_nope_trains_evaluates_past_l_and_reloads_its_s(corpus, tmp_path):
-    """``posenc lab --encodings rope_ssmax,ssmax`` (RoPE + SSMax, NoPE + SSMax): s is learned, saved and reloaded."""
-    code, out = _cli("lab", "--encodings", "rope_ssmax,ssmax", "--train-len", "16", "--eval-lens", "16,32",
-                     "--steps", "12", "--batch-size", "8", "--dim", "32", "--layers", "1", "--heads", "2",
+    """``posenc lab --encodings rope_ssmax,ssmax_bias`` (RoPE + SSMax, NoPE + SSMax with a bias): s (and b) are learned
+    per layer and head, saved and reloaded."""
+    code, out = _cli("lab", "--encodings", "rope_ssmax,ssmax_bias", "--train-len", "16", "--eval-lens", "16,32",
+                     "--steps", "12", "--batch-size", "8", "--dim", "32", "--layers", "2", "--heads", "2",
                      "--eval-tokens", "256", "--corpus", str(corpus), "--quiet",
                      "--out", str(tmp_path / "out"))  # fmt: skip
     assert code == 0, out
     rows = read_results(tmp_path / "out" / "results.csv")
     assert {(r["encoding"], r["scaling"], r["eval_len"]) for r in rows if r["status"] == "ok"} == {
-        (e, "none", n) for e in ("rope_ssmax", "ssmax") for n in (16, 32)
+        (e, "none", n) for e in ("rope_ssmax", "ssmax_bias") for n in (16, 32)
     }
-    for name in ("rope_ssmax", "ssmax"):
+    for name in ("rope_ssmax", "ssmax_bias"):
         model = load_model(tmp_path / "out" / "runs" / name)
-        assert isinstance(model.encoding, posenc.SSMax) and (model.encoding.rope is not None) == (name == "rope_ssmax")
-        assert not torch.allclose(model.encoding.s, torch.full_like(model.encoding.s, 0.43))  # trained, reloaded
+        first, second = model.layer_encodings()
+        assert first is not second and model.encoding is None  # one SSMax per layer, none shared
+        for enc in (first, second):
+            assert isinstance(enc, posenc.SSMax) and (enc.rope is not None) == (name == "rope_ssmax")
+            assert not torch.allclose(enc.s, torch.full_like(enc.s, 0.43))  # trained, reloaded
+            assert (enc.b is not None) == (name == "ssmax_bias")
+            assert enc.b is None or not torch.allclose(enc.b, torch.zeros_like(enc.b))
+        assert not torch.equal(first.s, second.s)  # each layer learned its own
     cfg = StudyConfig(encodings=("all",))
-    assert {"rope_ssmax", "ssmax"} <= set(cfg.encodings)
+    assert {"rope_ssmax", "ssmax", "rope_ssmax_bias", "ssmax_bias"} <= set(cfg.encodings)
 
 
 def test_a_chunked_hybrid_irope_trains_evaluates_and_reloads(corpus, tmp_path):

@@ -171,6 +171,8 @@ def load_checkpoint(
     path = Path(path)
     tensors, header = read_checkpoint(path)
     weights = {k[len(MODEL_PREFIX) :]: v for k, v in tensors.items() if k.startswith(MODEL_PREFIX)}
+    if hasattr(model, "upgrade_state_dict"):  # a lab GPT's weights from before per-layer SSMax
+        weights = model.upgrade_state_dict(weights)
     own = model.state_dict()
     if set(weights) != set(own):
         diff = sorted(set(weights) ^ set(own))

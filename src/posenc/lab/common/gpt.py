@@ -13,6 +13,10 @@ Again", arXiv:2501.18795; SmolLM3 and Llama 4: ``rope/nope:4``, Llama 4 with tem
 swaps every BASE layer's at once. Absolute encodings act once, before the first layer, and cannot be chosen per
 layer.
 
+Except an encoding whose learned parameters belong to one layer (``Encoding.per_layer``: SSMax's ``s`` and ``b``,
+learned per layer and head in its paper): each layer of its kind gets its own module, held by its block
+(``blocks[i].encoding``, state-dict keys ``blocks.<i>.encoding.*``), and the model's shared one for that kind is None.
+
 Two departures from nanoGPT, both for a fair comparison of encodings: token embeddings are scaled by ``sqrt(dim)``
 (Vaswani et al. 2017, sec. 3.4) and initialised ``N(0, 1/dim)``, so the token signal has unit size next to
 sinusoidal's unit-amplitude positions while the tied output head still starts with logits of unit scale; and there
@@ -247,20 +251,25 @@ def build_encodings(config: ModelConfig) -> tuple[posenc.Encoding, posenc.Encodi
     ``(encoding, None)``. Each must take 1-D sequence positions; in a per-layer spec, neither may be absolute."""
     base, other, _ = split_encoding(config.encoding)
     if other is None:
-        return _build(config, base, config.encoding_config), None
+        return build_encoding(config, base), None
     built = []
     for part in (base, other):
-        encoding = _build(config, part, config.encoding_config.get(part, {}))
+        encoding = build_encoding(config, part)
         check_layer_part(encoding, part, config.encoding)
         built.append(encoding)
     return built[0], built[1]
 
 
-def _build(config: ModelConfig, name: str, kwargs: Mapping[str, Any]) -> posenc.Encoding:
+def build_encoding(config: ModelConfig, name: str) -> posenc.Encoding:
+    """``name``'s encoding (a name in ``config.encoding``), sized for the model, with its ``encoding_config``."""
+    per_name = split_encoding(config.encoding)[1] is not None
+    kwargs = config.encoding_config.get(name, {}) if per_name else config.encoding_config
     encoding = posenc.build(
         name, dim=config.dim, num_heads=config.n_heads, head_dim=config.head_dim, max_len=config.max_len, **kwargs
     )
     check_sequence_encoding(encoding, "encoding")
+    if encoding.per_layer and is_absolute(encoding):
+        fail("encoding", name, "per-layer parameters inside attention; this one adds positions to the embeddings")
     return encoding
 
 
@@ -326,10 +335,17 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-norm block: ``x + attn(ln(x))``, then ``x + mlp(ln(x))``."""
+    """Pre-norm block: ``x + attn(ln(x))``, then ``x + mlp(ln(x))``.
 
-    def __init__(self, config: ModelConfig, *, chunk_size: int | None = None) -> None:
+    ``encoding``: this layer's own encoding module (one whose parameters are per layer, ``Encoding.per_layer``), which
+    ``GPT`` passes to ``forward`` unless swapped; None where the layer uses the model's shared one.
+    """
+
+    def __init__(
+        self, config: ModelConfig, *, chunk_size: int | None = None, encoding: posenc.Encoding | None = None
+    ) -> None:
         super().__init__()
+        self.encoding = encoding
         self.ln1 = nn.LayerNorm(config.dim, bias=False)
         self.attn = Attention(config, chunk_size=chunk_size)
         self.ln2 = nn.LayerNorm(config.dim, bias=False)
@@ -346,7 +362,9 @@ class GPT(nn.Module):
     ``ModelConfig.encoding``); tied input/output embeddings.
 
     ``encoding`` is the shared encoding, BASE for a per-layer spec; ``nth_encoding`` is OTHER, shared by every N-th
-    layer, or None; ``layer_encodings()`` lists what each block uses.
+    layer, or None; ``layer_encodings()`` lists what each block uses. A kind whose parameters are per layer
+    (``Encoding.per_layer``: SSMax) is shared by none: each of its layers holds its own (``blocks[i].encoding``), and
+    ``encoding`` (or ``nth_encoding``) is None for it.
 
     Args:
         config: the architecture.
@@ -366,9 +384,14 @@ class GPT(nn.Module):
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)  # the encoding's own parameters (learned tables, T5/Shaw biases) draw from it
             self.wte = nn.Embedding(config.vocab_size, config.dim)
-            self.encoding, self.nth_encoding = build_encodings(config)
+            base, other = build_encodings(config)
             self._nth = tuple(name != config.base_encoding for name in config.layer_encodings)  # OTHER's layers
-            self.blocks = nn.ModuleList(Block(config, chunk_size=c) for c in config.layer_chunk_sizes)
+            owned = _own_encodings(config, base, other, self._nth)  # per layer: its own module, or None (shared)
+            self.encoding = None if base.per_layer else base
+            self.nth_encoding = None if other is None or other.per_layer else other
+            self.blocks = nn.ModuleList(
+                Block(config, chunk_size=c, encoding=e) for c, e in zip(config.layer_chunk_sizes, owned, strict=True)
+            )
             self.ln_f = nn.LayerNorm(config.dim, bias=False)
             self._init_weights()
         self.embed_scale = math.sqrt(config.dim)
@@ -384,22 +407,48 @@ class GPT(nn.Module):
             nn.init.normal_(block.attn.proj.weight, std=residual_std)
             nn.init.normal_(block.mlp.proj.weight, std=residual_std)
 
-    def set_encoding(self, encoding: posenc.Encoding) -> None:
+    def set_encoding(self, encoding: posenc.Encoding | None) -> None:
         """Replace the shared encoding (e.g. a RoPE scaling or ALiBi at an evaluation length); in a per-layer
         model, BASE's, in all of its layers (every N-th layer keeps OTHER).
 
         The new module is used as given: learned parameters are not copied over, so swap only parameter-free
         encodings or ones built from the trained module (``model.encoding.resized(n)``). ``config`` keeps
-        describing the trained model.
+        describing the trained model. Where BASE's layers hold their own modules (``Encoding.per_layer``), those
+        are kept while another one is swapped in, and ``set_encoding(None)`` (``model.encoding`` as it was) goes
+        back to them.
         """
-        check_sequence_encoding(encoding, "encoding")
-        if self.nth_encoding is not None:
-            check_layer_part(encoding, type(encoding).__name__, self.config.encoding)
+        if encoding is None:
+            if any(block.encoding is None for block, nth in zip(self.blocks, self._nth, strict=True) if not nth):
+                fail("encoding", None, "an encoding: BASE's layers have no encoding of their own to go back to")
+        else:
+            check_sequence_encoding(encoding, "encoding")
+            if split_encoding(self.config.encoding)[1] is not None:
+                check_layer_part(encoding, type(encoding).__name__, self.config.encoding)
         self.encoding = encoding
 
+    def upgrade_state_dict(self, weights: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """``weights`` saved before SSMax's parameters were per layer (one module shared by every layer of its kind,
+        keys ``encoding.*`` / ``nth_encoding.*``) as this model holds them: each of those layers gets the shared
+        tensors, which is what every one of them used. Other weights are returned as they are."""
+        out = dict(weights)
+        for shared, is_nth in (("encoding.", False), ("nth_encoding.", True)):
+            if getattr(self, shared[:-1]) is not None:
+                continue
+            for key in [k for k in out if k.startswith(shared)]:
+                value = out.pop(key)
+                for i, nth in enumerate(self._nth):
+                    if nth == is_nth:
+                        out[f"blocks.{i}.encoding.{key[len(shared):]}"] = value.clone()
+        return out
+
     def layer_encodings(self) -> list[posenc.Encoding]:
-        """The encoding each block uses, first to last (the same object for the layers of one kind)."""
-        return [self.nth_encoding if nth else self.encoding for nth in self._nth]
+        """The encoding each block uses, first to last: the same object for the layers of one kind, or each layer's
+        own for a kind whose parameters are per layer."""
+        out = []
+        for nth, block in zip(self._nth, self.blocks, strict=True):
+            shared = self.nth_encoding if nth else self.encoding
+            out.append(block.encoding if shared is None else shared)
+        return out
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         """Next-token logits ``(B, S, vocab_size)`` for ``tokens`` ``(B, S)`` at ``positions`` (default 0..S-1)."""
@@ -411,11 +460,33 @@ class GPT(nn.Module):
         if positions is None:
             positions = torch.arange(s, device=tokens.device)
         x = self.wte(tokens) * self.embed_scale  # (B, S, dim)
-        x = self.encoding.embed(x, positions)  # (B, S, dim): absolute encodings add here, others pass through
-        for block, encoding in zip(self.blocks, self.layer_encodings(), strict=True):
+        encodings = self.layer_encodings()
+        # (B, S, dim): absolute encodings add here (only ever the model's one encoding), others pass through
+        x = encodings[0].embed(x, positions)
+        for block, encoding in zip(self.blocks, encodings, strict=True):
             x = block(x, positions, encoding)
         x = self.ln_f(x)
         return F.linear(x, self.wte.weight)  # (B, S, vocab): tied head, so the state dict holds the table once
+
+
+def _own_encodings(
+    config: ModelConfig, base: posenc.Encoding, other: posenc.Encoding | None, nth: tuple[bool, ...]
+) -> list[posenc.Encoding | None]:
+    """Each layer's own encoding module where its kind's parameters are per layer (``Encoding.per_layer``), else None:
+    the first such layer takes the module already built, every later one a new one (built from the same config)."""
+    names = config.layer_encodings
+    taken: set[bool] = set()
+    owned: list[posenc.Encoding | None] = []
+    for name, is_nth in zip(names, nth, strict=True):
+        template = other if is_nth else base
+        if not template.per_layer:
+            owned.append(None)
+        elif is_nth not in taken:
+            taken.add(is_nth)
+            owned.append(template)
+        else:
+            owned.append(build_encoding(config, name))
+    return owned
 
 
 def sequence_encodings() -> list[str]:
