@@ -225,8 +225,8 @@ def rope_ssmax_bias(
 ) -> SSMax:
     """RoPE + SSMax with a learned bias, by name: ``posenc.build("rope_ssmax_bias")``, the lab's ``rope_ssmax_bias``.
     :func:`rope_ssmax` with ``bias=True``."""
-    rope = {"base": base, "scaling": scaling, "layout": layout, "partial_rotary_factor": partial_rotary_factor}
-    return SSMax(num_heads=num_heads, head_dim=head_dim, s_init=s_init, bias=True, window=window, rope=rope)
+    return rope_ssmax(num_heads=num_heads, head_dim=head_dim, s_init=s_init, bias=True, window=window, base=base,
+                      scaling=scaling, layout=layout, partial_rotary_factor=partial_rotary_factor)  # fmt: skip
 
 
 register("rope_ssmax", rope_ssmax)
