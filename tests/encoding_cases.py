@@ -131,10 +131,13 @@ def score_error(encoding: posenc.Encoding, q: torch.Tensor, k: torch.Tensor, t: 
     return 0.0
 
 
-def attention_tol(q, k, v, *, encoding=None, q_positions=None, k_positions=None, scale=None, bias=None) -> dict:
+def attention_tol(
+    q, k, v, *, encoding=None, q_positions=None, k_positions=None, scale=None, bias=None, sinks=None
+) -> dict:
     """``assert_close`` arguments bounding two float32 computations of this attention (``tests/tolerances.py``):
     from q and k as the encoding rotates them, the size of its bias and of the values, and the encoding's own
-    sums (``encoding_cases.score_error``). Never a fixed number: blocking differs between CPUs and BLAS builds."""
+    sums (``encoding_cases.score_error``). Never a fixed number: blocking differs between CPUs and BLAS builds.
+    ``sinks``: attention sinks, logits among the scores (their max subtraction rounds relative to ``|sink|``)."""
     from tolerances import attention_atol
 
     value_max = float(v.detach().abs().max())
@@ -152,5 +155,6 @@ def attention_tol(q, k, v, *, encoding=None, q_positions=None, k_positions=None,
             q, k = encoding.rotate(q, k, q_positions, k_positions)
             if encoding.has_value_term:
                 value_max += float(encoding.relative_values.abs().max())
-    atol = attention_atol(q, k, v, scale=scale, bias_max=bias_max, extra_score_error=extra, value_max=value_max)
+    logit_max = bias_max if sinks is None else max(bias_max, float(sinks.abs().max()))
+    atol = attention_atol(q, k, v, scale=scale, bias_max=logit_max, extra_score_error=extra, value_max=value_max)
     return {"rtol": 0.0, "atol": atol}

@@ -253,17 +253,20 @@ def test_flex_decode_equals_full_forward(name):
     cuts=st.lists(st.integers(1, 19), max_size=4, unique=True),
     causal=st.booleans(),
     name=st.sampled_from(CASES),
+    window=st.one_of(st.none(), st.integers(1, 20)),
 )
-def test_query_chunks_equal_full(cuts, causal, name):
+def test_query_chunks_equal_full(cuts, causal, name, window):
     """Context parallelism: shards of queries, each against all keys with its own positions and the global length
-    (``seq_len``, read by length-dependent scalings only), equal the whole."""
+    (``seq_len``, read by length-dependent scalings only), equal the whole; with a sliding window too (causal
+    calls with sequence positions: chunked prefill)."""
     enc, (q, k, v), pos = _inputs(name, s=20, t=20)
     causal = causal or enc.causal_only  # CoPE counts over the causal past only
+    window = window if causal and enc.position_kind == "sequence" else None
     kp = pos["k_positions"]
     length = int(kp.max()) + 1
     bounds = [0, *sorted(cuts), 20]
     with torch.no_grad():
-        full = posenc.attention(q, k, v, encoding=enc, causal=causal, backend="eager", **pos)
+        full = posenc.attention(q, k, v, encoding=enc, causal=causal, backend="eager", window=window, **pos)
         parts = [
             posenc.attention(
                 q[:, :, a:b],
@@ -275,6 +278,7 @@ def test_query_chunks_equal_full(cuts, causal, name):
                 q_positions=shard(enc, kp, a, b),
                 k_positions=shard(enc, kp, 0, b if causal else 20),
                 seq_len=length,
+                window=window,
             )
             for a, b in zip(bounds, bounds[1:], strict=False)
         ]

@@ -5,10 +5,10 @@ files and commits).
 Compared on full tensors, on every backend that takes sinks (eager, sdpa, flex): a batch as vLLM schedules it -- a
 prefill, a chunked prefill onto a cache, a decode, a prefill across FlexAttention's 128-key tiles -- read from a paged
 cache, for MHA, GQA and MQA; one-token decodes through vLLM's 3D split-KV path (the sink in segment 0 only); RoPE at
-explicit positions (a KV cache's); and GPT-OSS's sliding-window layers (W = 128, with sinks), which posenc.attention
-reaches by giving each query the last W keys of the cache with their positions -- it has no window argument. The
-window's definition (W keys, the query's own included, as vLLM and transformers' GPT-OSS mask) is pinned against W + 1
-keys and against no window, and the one rounding where posenc's sdpa and vLLM's kernel part (float32 sinks with
+explicit positions (a KV cache's); and GPT-OSS's sliding-window layers (W = 128, with sinks) as
+``posenc.attention(..., window=128)``, given the whole cache or only the last W keys (a ring buffer). The window's
+definition (W keys, the query's own included, as vLLM and transformers' GPT-OSS mask) is pinned against ``window=W +
+1`` and against no window, and the one rounding where posenc's sdpa and vLLM's kernel part (float32 sinks with
 bfloat16 inputs) is pinned too.
 
 Tolerances: posenc's float32 result against the float64 reference is bounded by ``tolerances.attention_atol`` from
@@ -19,8 +19,6 @@ GQA only in the batch test: each new shape costs a CPU compilation (~6 s).
 """
 
 from __future__ import annotations
-
-import inspect
 
 import pytest
 import torch
@@ -97,40 +95,6 @@ def _rope():
     return posenc.build("rope", head_dim=D, base=ROPE_BASE), inv_freq
 
 
-def _windowed(q, k, v, sinks, q_pos, k_pos, window, backend, encoding=None):
-    """posenc.attention with a sliding window the only way it has one: each query (the last S of the T keys, at cache
-    index p) is given keys ``max(0, p - W + 1) .. p`` with their positions, a ring-buffer cache's contents. Queries
-    whose window reaches key 0 run as one causal call; every later query gets its own W keys, one batch row each.
-
-    Shapes: q (1, H, S, D), k and v (1, Hkv, T, D), q_pos (S,), k_pos (T,) -> (1, H, S, D).
-    """
-    s, t = q.shape[2], k.shape[2]
-    early = max(0, min(s, window - (t - s)))  # queries with p < W: their window is the whole prefix
-    kw = {"sinks": sinks, "backend": backend, "encoding": encoding}
-    parts = []
-    if early:
-        n = t - s + early
-        parts.append(
-            posenc.attention(
-                q[:, :, :early], k[:, :, :n], v[:, :, :n], q_positions=q_pos[:early], k_positions=k_pos[:n], **kw
-            )
-        )
-    if early < s:
-        starts = torch.arange(t - s + early, t) - window + 1  # the first key of each later query's window
-        kwin, vwin = (x[0].unfold(1, window, 1)[:, starts].permute(1, 0, 3, 2) for x in (k, v))  # (n, Hkv, W, D)
-        qwin = q[0, :, early:].transpose(0, 1)[:, :, None]  # (n, H, 1, D)
-        out = posenc.attention(
-            qwin,
-            kwin,
-            vwin,
-            q_positions=q_pos[early:, None],  # (n, 1)
-            k_positions=k_pos.unfold(0, window, 1)[starts],  # (n, W)
-            **kw,
-        )
-        parts.append(out[:, :, 0].transpose(0, 1)[None])  # (n, H, 1, D) -> (1, H, n, D)
-    return torch.cat(parts, dim=2)
-
-
 @pytest.mark.parametrize(("backend", "hkv"), [(b, g) for b in ("eager", "sdpa") for g in (8, 2, 1)] + [("flex", 2)])
 def test_batch_matches_vllm(backend, hkv):
     """A mixed batch from a paged cache (prefill, chunked prefill onto a cache, decode, 129 queries across 128-key
@@ -179,22 +143,23 @@ def test_rope_at_explicit_positions_matches_vllm(backend):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_sliding_window_prefill_matches_vllm(backend):
     """A GPT-OSS sliding layer (W = 128, sinks, GQA, RoPE): a 300-token prefill. vLLM masks by ``window_size =
-    (W - 1, 0)``; posenc gets each query's window of the cache with its positions (``_windowed``)."""
+    (W - 1, 0)``; posenc by ``window=W``."""
     enc, inv_freq = _rope()
     (q,), (k,), (v,), sinks = _sequences([(300, 300)], 2)
     pos = torch.arange(300)
     rq, rk = rotate_float64(q, pos, inv_freq), rotate_float64(k, pos, inv_freq)
     (ref,) = _vllm([rq], [rk], [v.double()], sinks, sliding_window=WINDOW)
     with torch.no_grad():
-        out = _windowed(q, k, v, sinks, pos, pos, WINDOW, backend, encoding=enc)
+        out = posenc.attention(q, k, v, encoding=enc, q_positions=pos, window=WINDOW, sinks=sinks, backend=backend)
     assert_close(out, ref.float(), **_tol(rq, rk, v, sinks, max_position=299))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_sliding_window_decode_matches_vllm(backend):
     """Decoding on a GPT-OSS sliding layer with caches of 300, 129, 128 and 50 tokens (past, at and inside the window),
-    vLLM's 2D and 3D paths (with W = 128 most of the 3D segments see no key in the window): posenc gets the last
-    ``min(W, T)`` keys and their positions."""
+    vLLM's 2D and 3D paths (with W = 128 most of the 3D segments see no key in the window): ``posenc.attention(...,
+    window=W)`` given the whole cache, and given only its last ``min(W, T)`` keys (a ring buffer), with their
+    positions."""
     enc, inv_freq = _rope()
     lens = [(1, 300), (1, 129), (1, 128), (1, 50)]
     qs, ks, vs, sinks = _sequences(lens, 2)
@@ -206,28 +171,27 @@ def test_sliding_window_decode_matches_vllm(backend):
     splits = _vllm(rq, rk, v64, sinks, sliding_window=WINDOW, tile_size=16, num_segments=16)
     with torch.no_grad():
         for (_, t), p, q, k, v, a, b, ref, split in zip(lens, pos, qs, ks, vs, rq, rk, refs, splits, strict=True):
-            out = _windowed(q, k, v, sinks, p[-1:], p, WINDOW, backend, encoding=enc)
+            kw = {"encoding": enc, "q_positions": p[-1:], "window": WINDOW, "sinks": sinks, "backend": backend}
+            out = posenc.attention(q, k, v, k_positions=p, **kw)
+            ring = posenc.attention(q, k[:, :, -WINDOW:], v[:, :, -WINDOW:], k_positions=p[-WINDOW:], **kw)
             tol = _tol(a, b, v, sinks, max_position=t - 1)
             assert_close(out, ref.float(), **tol, msg=lambda m, t=t: f"T={t}: {m}")
             assert_close(out, split.float(), **tol, msg=lambda m, t=t: f"T={t}, 3D: {m}")
+            assert_close(ring, ref.float(), **tol, msg=lambda m, t=t: f"T={t}, last W keys: {m}")
 
 
 def test_window_is_w_keys_not_w_plus_one_nor_all():
     """vLLM's window W: the query at cache index p sees keys ``p - W + 1 .. p``, W keys counting its own (transformers'
-    GPT-OSS mask, ``kv_idx > q_idx - sliding_window``, agrees). posenc given the last W keys reproduces it; W + 1
-    keys, or the whole cache -- what a plain posenc.attention call computes, having no window argument -- do not."""
-    assert "sliding_window" not in inspect.signature(posenc.attention).parameters, (
-        "posenc.attention has a window argument now: compare it with the reference directly here"
-    )
+    GPT-OSS mask, ``kv_idx > q_idx - sliding_window``, agrees). ``posenc.attention(window=W)`` reproduces it;
+    ``window=W + 1``, or no window, do not."""
     w = 7
     for s, t in [(40, 40), (1, 40), (3, 12)]:
         (q,), (k,), (v,), sinks = _sequences([(s, t)], 2)
-        pos = torch.arange(t)
         (ref,) = _vllm([q], [k], [v], sinks, sliding_window=w)
         tol = _tol(q, k, v, sinks)
-        exact = _windowed(q, k, v, sinks, pos[t - s :], pos, w, "eager")
+        exact = posenc.attention(q, k, v, sinks=sinks, window=w, backend="eager")
         assert_close(exact, ref.float(), **tol)
-        one_more = _windowed(q, k, v, sinks, pos[t - s :], pos, w + 1, "eager")
+        one_more = posenc.attention(q, k, v, sinks=sinks, window=w + 1, backend="eager")
         everything = posenc.attention(q, k, v, sinks=sinks, backend="eager")
         for name, other in [("W + 1 keys", one_more), ("no window", everything)]:
             gap = float((other.double() - ref).abs().max())

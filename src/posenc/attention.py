@@ -20,10 +20,10 @@ Backends:
         processors (seen on an AMD EPYC without AVX-512).
     auto: ``eager`` for value terms; ``sdpa`` without a bias; with a bias, ``flex`` where it can run (CUDA, or CPU
         without gradients) once the materialised bias would exceed ``FLEX_MIN_BIAS_BYTES``, and at any size inside
-        ``torch.compile`` (a compiled model keeps its FlexAttention kernel); ``sdpa`` otherwise. ``sinks`` and
-        ``chunk_size`` count as a bias here (sdpa materialises a mask for them).
+        ``torch.compile`` (a compiled model keeps its FlexAttention kernel); ``sdpa`` otherwise. ``sinks``,
+        ``chunk_size`` and ``window`` count as a bias here (sdpa materialises a mask for them).
 
-Two options for the softmax and the mask that released models use (issue 40):
+Three options for the softmax and the mask that released models use (issue 40):
     sinks: learned per-head attention sinks (GPT-OSS, OpenAI 2025, "gpt-oss-120b & gpt-oss-20b Model Card",
         arXiv:2508.10925; after Xiao et al. 2024's attention sinks, arXiv:2309.17453): a logit per head added to
         each softmax's denominator, a key that takes probability mass and gives no value,
@@ -35,7 +35,7 @@ Two options for the softmax and the mask that released models use (issue 40):
         ``sigmoid(lse - sink)`` from FlexAttention's log-sum-exp would be exact too, but compiled CPU FlexAttention
         has no ``return_lse`` in torch 2.13. Checked against transformers' GPT-OSS ``eager_attention_forward`` and
         ``GptOssAttention``, and against a float64 write-up of vLLM's Triton unified attention with sinks (paged
-        cache, chunked prefill, split decode, GPT-OSS's 128-token window given as each query's keys:
+        cache, chunked prefill, split decode, GPT-OSS's 128-token window as ``window=128``:
         ``tests/reference/vllm_sinks.py``). vLLM and eager/flex keep float32 sinks in float32 with bfloat16 or
         float16 inputs; sdpa rounds them to the input dtype (above): use eager or flex where that matters.
     chunk_size: chunked local attention (Llama 4's iRoPE: its RoPE layers attend within chunks of
@@ -46,6 +46,19 @@ Two options for the softmax and the mask that released models use (issue 40):
         it needs sequence positions ``(S,)``/``(B, S)``. Dense boolean on eager/sdpa; on flex a ``mask_mod`` and a
         block mask from each 128-token tile's chunk range (no ``S x T`` tensor). Checked against transformers'
         ``create_chunked_causal_mask`` and Llama 4's ``eager_attention_forward``.
+    window: sliding-window attention (Mistral 7B, Jiang et al. 2023, arXiv:2310.06825, ``sliding_window``; the local
+        layers of Gemma 2 and Gemma 3, which alternate with global ones; GPT-OSS's even layers, ``sliding_window=128``
+        with sinks): a causal query at position ``p`` sees keys at positions ``k`` with ``p - W < k <= p``, the ``W``
+        most recent keys counting its own, on top of the causal and document masks. From *positions*, like
+        ``chunk_size``, so windows follow per-document positions of a packed row and explicit positions of a KV
+        cache (a cache may also hold only the last ``W - 1`` keys plus the new ones: the result is the same); it
+        needs sequence positions ``(S,)``/``(B, S)`` and ``causal=True`` (transformers' bidirectional windows
+        disagree by a key: ``|p - k| <= W`` in ``sliding_window_bidirectional_overlay``, ``< W`` in Gemma 3's).
+        Combines with ``chunk_size`` and ``sinks``. Dense boolean on eager/sdpa; on flex a ``mask_mod`` and a block
+        mask from each 128-token tile's position range (no ``S x T`` tensor). Checked against transformers'
+        ``sliding_window_causal_mask_function`` / ``create_sliding_window_causal_mask`` (``kv_idx > q_idx -
+        sliding_window``), Mistral's attention through its sliding-window cache, and the float64 vLLM reference with
+        sinks.
 
 Encodings whose bias reads every key (``needs_keys``: CoPE) get the keys and the dense mask in ``bias(..., k=,
 mask=)`` and run on ``eager`` and ``sdpa`` only; ``causal_only`` encodings refuse ``causal=False``.
@@ -53,7 +66,7 @@ mask=)`` and run on ``eager`` and ``sdpa`` only; ``causal_only`` encodings refus
 Shapes:
     q (B, H, S, D), k (B, Hkv, T, D), v (B, Hkv, T, Dv) with Hkv dividing H (grouped-query attention: query head
     h reads key head h // (H / Hkv)); positions as the encoding takes them (``(S,)``/``(B, S)`` for sequences);
-    document_ids (T,) or (B, T); sinks (H,) -> output (B, H, S, Dv) in q's dtype.
+    document_ids (T,) or (B, T); sinks (H,); chunk_size and window ints -> output (B, H, S, Dv) in q's dtype.
 """
 
 from __future__ import annotations
@@ -105,6 +118,7 @@ def attention(
     remap: RemapMethod | None = None,
     sinks: torch.Tensor | None = None,
     chunk_size: int | None = None,
+    window: int | None = None,
 ) -> torch.Tensor:
     """Scaled dot-product attention with a positional encoding.
 
@@ -136,9 +150,15 @@ def attention(
             in its own chunk of positions, ``q_pos // chunk_size == k_pos // chunk_size`` (floored), on top of
             ``causal`` and ``document_ids``. A positive integer; needs sequence positions ``(S,)``/``(B, S)``. Every
             backend; flex builds no ``S x T`` tensor.
+        window: sliding-window attention (Mistral, Gemma 2/3's local layers, GPT-OSS's even layers;
+            transformers' ``sliding_window``): a query at position ``p`` sees only keys at positions ``k`` with
+            ``p - window < k <= p``, ``window`` keys counting its own, on top of ``causal`` and ``document_ids``. A
+            positive integer; needs sequence positions ``(S,)``/``(B, S)`` and ``causal=True``. Combines with
+            ``chunk_size`` and ``sinks``. Every backend; flex builds no ``S x T`` tensor.
 
     Shapes:
-        q (B, H, S, D), k (B, Hkv, T, D), v (B, Hkv, T, Dv), sinks (H,) -> (B, H, S, Dv).
+        q (B, H, S, D), k (B, Hkv, T, D), v (B, Hkv, T, Dv), sinks (H,) -> (B, H, S, Dv); q_positions (S,) or
+        (B, S) and k_positions (T,) or (B, T) with ``chunk_size`` or ``window``.
     """
     _check_qkv(q, k, v)
     check_choice("backend", backend, BACKENDS)
@@ -146,9 +166,11 @@ def attention(
         _check_sinks(sinks, q)
     if chunk_size is not None:
         check_positive_int("chunk_size", chunk_size)
+    if window is not None:
+        check_positive_int("window", window)
     if remap is not None:
-        if sinks is not None or chunk_size is not None:
-            name = "sinks" if sinks is not None else "chunk_size"
+        given = {"sinks": sinks, "chunk_size": chunk_size, "window": window}
+        for name in (n for n, x in given.items() if x is not None):
             fail(name, "<given>", "None with remap= (remapping methods run their own branch masks and softmax)")
         if not causal:
             fail("causal", causal, "True with remap= (remapping methods are defined over the causal past)")
@@ -169,6 +191,9 @@ def attention(
         )
     if not isinstance(causal, bool):
         fail("causal", causal, "True or False")
+    if window is not None and not causal:
+        # transformers' bidirectional windows differ by one key: |p - k| <= W (masking_utils) vs < W (Gemma 3).
+        fail("window", window, "None with causal=False (a sliding window here is causal: p - window < k <= p)")
     if scale is not None:
         # SDPA's math kernel multiplies q and k by sqrt(scale) each: a scale <= 0 gives NaN there, not an error.
         check_number("scale", scale, above=0.0)
@@ -194,6 +219,9 @@ def attention(
         check_same_device(name, pos, q.device, "q's device")
     docs = None if document_ids is None else _check_documents(document_ids, b, t, q.device)
     chunks = None if chunk_size is None else _chunk_ids(q_pos, k_pos, q_name, k_name, s, t, b, chunk_size)
+    windowed = None
+    if window is not None:
+        windowed = (*_sequence_positions(q_pos, k_pos, q_name, k_name, s, t, b, "window"), window)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
 
     if encoding.per_head_keys and k.shape[1] != q.shape[1]:
@@ -206,8 +234,10 @@ def attention(
         if seq_len is not None:
             _check_ignored_seq_len(seq_len)
         q, k = encoding.rotate(q, k, q_pos, k_pos)
-    backend = _resolve_backend(backend, encoding, q, k, v, sinks=sinks, chunked=chunks is not None)
-    mask = _Mask(causal=causal, offset=t - s, docs=docs, s=s, t=t, chunks=chunks)
+    backend = _resolve_backend(
+        backend, encoding, q, k, v, sinks=sinks, chunked=chunks is not None, windowed=windowed is not None
+    )
+    mask = _Mask(causal=causal, offset=t - s, docs=docs, s=s, t=t, chunks=chunks, window=windowed)
     if backend == "eager":
         return _eager(q, k, v, encoding, q_pos, k_pos, mask, scale, sinks)
     if backend == "sdpa":
@@ -322,16 +352,23 @@ def _check_sinks(sinks: object, q: torch.Tensor) -> None:
         fail("sinks.device", sinks.device, f"q's device, {q.device}")
 
 
+def _sequence_positions(
+    q_pos: torch.Tensor, k_pos: torch.Tensor, q_name: str, k_name: str, s: int, t: int, b: int, argument: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sequence positions, which ``argument`` (``chunk_size``, ``window``) reads: ``(B|1, S)`` and ``(B|1, T)``."""
+    for name, pos, n in ((q_name, q_pos, s), (k_name, k_pos, t)):
+        ok = (pos.dim() == 1 and pos.shape[0] == n) or (pos.dim() == 2 and pos.shape[1] == n and pos.shape[0] in (1, b))
+        if not ok:
+            fail(f"{name}.shape", tuple(pos.shape), f"({n},) or ({b}, {n}) with {argument}= (sequence positions)")
+    return (q_pos if q_pos.dim() == 2 else q_pos[None]), (k_pos if k_pos.dim() == 2 else k_pos[None])
+
+
 def _chunk_ids(
     q_pos: torch.Tensor, k_pos: torch.Tensor, q_name: str, k_name: str, s: int, t: int, b: int, chunk_size: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Each query's and key's chunk, ``floor(position / chunk_size)``: ``(B|1, S)`` and ``(B|1, T)`` int64."""
-    for name, pos, n in ((q_name, q_pos, s), (k_name, k_pos, t)):
-        ok = (pos.dim() == 1 and pos.shape[0] == n) or (pos.dim() == 2 and pos.shape[1] == n and pos.shape[0] in (1, b))
-        if not ok:
-            fail(f"{name}.shape", tuple(pos.shape), f"({n},) or ({b}, {n}) with chunk_size= (sequence positions)")
-    q_ids, k_ids = (torch.div(p, chunk_size, rounding_mode="floor").long() for p in (q_pos, k_pos))
-    return (q_ids if q_ids.dim() == 2 else q_ids[None]), (k_ids if k_ids.dim() == 2 else k_ids[None])
+    q_pos, k_pos = _sequence_positions(q_pos, k_pos, q_name, k_name, s, t, b, "chunk_size")
+    return tuple(torch.div(p, chunk_size, rounding_mode="floor").long() for p in (q_pos, k_pos))
 
 
 def _needs_grad(encoding: Encoding, *tensors: torch.Tensor | None) -> bool:
@@ -351,13 +388,14 @@ def _resolve_backend(
     *,
     sinks: torch.Tensor | None = None,
     chunked: bool = False,
+    windowed: bool = False,
 ) -> str:
     value_term = encoding.has_value_term
     flex_ok, why = _flex_can_run(encoding, q, k, v, sinks)
     if backend == "auto":
         if value_term:
             return "eager"
-        if not (encoding.has_bias or sinks is not None or chunked):
+        if not (encoding.has_bias or sinks is not None or chunked or windowed):
             return "sdpa"
         b, h, s, _ = q.shape
         big = b * h * s * k.shape[2] * 4 >= FLEX_MIN_BIAS_BYTES
@@ -388,13 +426,16 @@ def _repeat_kv(x: torch.Tensor, heads: int) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Masks: causal (bottom-right aligned), document and chunk masks, as a dense boolean or a FlexAttention block mask.
+# Masks: causal (bottom-right aligned), document, chunk and sliding-window masks, as a dense boolean or a
+# FlexAttention block mask.
 
 
 class _Mask:
-    """Which keys each query sees: ``j <= i + offset`` when causal, equal document ids, and equal chunk ids.
+    """Which keys each query sees: ``j <= i + offset`` when causal, equal document ids, equal chunk ids, and key
+    positions within the window, ``q_pos - k_pos < W``.
 
     ``chunks``: ``(B|1, S)`` query and ``(B|1, T)`` key chunk ids (``floor(position / chunk_size)``) or None.
+    ``window``: ``(B|1, S)`` query positions, ``(B|1, T)`` key positions and ``W``, or None.
     """
 
     def __init__(
@@ -406,12 +447,19 @@ class _Mask:
         s: int,
         t: int,
         chunks: tuple[torch.Tensor, torch.Tensor] | None = None,
+        window: tuple[torch.Tensor, torch.Tensor, int] | None = None,
     ) -> None:
         self.causal, self.offset, self.docs, self.s, self.t, self.chunks = causal, offset, docs, s, t, chunks
+        self.window = window
+
+    @property
+    def local(self) -> bool:
+        """Whether a chunk or window mask reads positions."""
+        return self.chunks is not None or self.window is not None
 
     @property
     def trivial(self) -> bool:
-        return not self.causal and self.docs is None and self.chunks is None
+        return not self.causal and self.docs is None and not self.local
 
     def dense(self, device: torch.device) -> torch.Tensor | None:
         """``(B|1, 1, S, T)`` boolean, True where attention is allowed; None when everything is."""
@@ -428,6 +476,9 @@ class _Mask:
         if self.chunks is not None:
             q_chunks, k_chunks = self.chunks
             allowed = allowed & (q_chunks[:, :, None] == k_chunks[:, None, :])  # (B|1, S, T)
+        if self.window is not None:
+            q_pos, k_pos, w = self.window
+            allowed = allowed & (q_pos[:, :, None] - k_pos[:, None, :] < w)  # (B|1, S, T)
         return allowed.unsqueeze(1)  # (B|1, 1, S, T)
 
     def mask_mod(self, sink_key: bool = False):  # noqa: ANN201 - FlexAttention mask_mod
@@ -451,12 +502,15 @@ class _Mask:
         def everything(b, h, q_idx, kv_idx):  # noqa: ANN001, ANN202
             return kv_idx >= 0
 
-        if docs is None and self.chunks is None:
+        if docs is None and not self.local:
             return causal_mod if causal else everything
         one_row = docs is not None and docs.shape[0] == 1
         q_chunks, k_chunks = self.chunks if self.chunks is not None else (None, None)
         q_one = q_chunks is not None and q_chunks.shape[0] == 1
         k_one = k_chunks is not None and k_chunks.shape[0] == 1
+        q_pos, k_pos, w = self.window if self.window is not None else (None, None, None)
+        qp_one = q_pos is not None and q_pos.shape[0] == 1
+        kp_one = k_pos is not None and k_pos.shape[0] == 1
 
         def doc_mod(b, h, q_idx, kv_idx):  # noqa: ANN001, ANN202
             same = causal_mod(b, h, q_idx, kv_idx) if causal else everything(b, h, q_idx, kv_idx)
@@ -465,6 +519,8 @@ class _Mask:
                 same = same & (docs[row, q_idx + start] == docs[row, kv_idx])
             if q_chunks is not None:
                 same = same & (q_chunks[0 if q_one else b, q_idx] == k_chunks[0 if k_one else b, kv_idx])
+            if q_pos is not None:
+                same = same & (q_pos[0 if qp_one else b, q_idx] - k_pos[0 if kp_one else b, kv_idx] < w)
             return same
 
         return doc_mod
@@ -501,6 +557,12 @@ class _Mask:
             some = some & (q_min[:, :, None] <= k_max[:, None, :]) & (k_min[:, None, :] <= q_max[:, :, None])
             every = every & (q_min == q_max)[:, :, None] & (k_min == k_max)[:, None, :]
             every = every & (q_min[:, :, None] == k_min[:, None, :])
+        if self.window is not None:
+            # Some pair of a tile is in the window when its closest pair is, every pair when its farthest pair is.
+            q_min, q_max = _tile_range(self.window[0], n_q)  # (B|1, n_q)
+            k_min, k_max = _tile_range(self.window[1], n_k)  # (B|1, n_k)
+            some = some & (q_min[:, :, None] - k_max[:, None, :] < self.window[2])
+            every = every & (q_max[:, :, None] - k_min[:, None, :] < self.window[2])
         if sink_key:  # the sink's tile is partial for every query tile
             sink_tile = torch.arange(n_k, device=device) == self.t // FLEX_BLOCK  # (n_k,)
             some, every = some | sink_tile, every & ~sink_tile
@@ -515,7 +577,7 @@ class _Mask:
 
 
 def _tile_range(docs: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Min and max document id of each 128-token tile: ``(B, L) -> (B, n), (B, n)``."""
+    """Min and max value (document id, chunk id, position) of each 128-token tile: ``(B, L) -> (B, n), (B, n)``."""
     pad = n * FLEX_BLOCK - docs.shape[1]
     padded = torch.cat([docs, docs[:, -1:].expand(-1, pad)], dim=1)  # (B, n * 128): the last id repeated
     tiles = padded.view(docs.shape[0], n, FLEX_BLOCK)  # (B, n, 128)
@@ -562,7 +624,7 @@ def _eager(q, k, v, encoding, q_pos, k_pos, mask, scale, sinks=None):  # noqa: A
 def _sdpa(q, k, v, encoding, q_pos, k_pos, mask, scale, sinks=None):  # noqa: ANN001, ANN202
     gqa = k.shape[1] != q.shape[1]
     bias = _bias(encoding, q, k, q_pos, k_pos, mask, scale)
-    plain_causal = mask.causal and mask.docs is None and mask.chunks is None and mask.s == mask.t
+    plain_causal = mask.causal and mask.docs is None and not mask.local and mask.s == mask.t
     if bias is None and sinks is None and plain_causal:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
     allowed = mask.dense(q.device)

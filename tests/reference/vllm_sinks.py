@@ -44,9 +44,10 @@ Not written out: soft-capping (vLLM caps the scores, ``cap * tanh(s / cap)``, be
 GPT-OSS has no soft cap and posenc.attention none to compare with), ALiBi, the QQ bias, multimodal prefix ranges and
 FP8/INT8 caches. Differences from ``posenc.attention(..., sinks=)``:
 
-- Sliding window: posenc.attention has no window argument. A query sees exactly vLLM's window when it is given the
-  last ``min(W, p + 1)`` keys of the cache with their positions (what a ring-buffer cache holds); a window of
-  ``W + 1`` keys, or the whole cache, is a different result (``tests/test_attention_sinks_vllm.py`` checks all three).
+- Sliding window: the same keys. ``posenc.attention(..., window=W)`` keeps ``p - W < k <= p`` by *positions*, the
+  kernel ``p - j < W`` by cache index: equal where the positions are the cache indices (GPT-OSS), whether posenc is
+  given the whole cache or only its last ``min(W, p + 1)`` keys (a ring buffer); ``window=W + 1``, or no window, is a
+  different result (``tests/test_attention_sinks_vllm.py`` checks all three).
 - Precision: the kernel converts the ``sinks`` tensor it is given to float32 (``.to(tl.float32)``), so float32 sinks
   with bfloat16 queries stay unrounded (vLLM's GPT-OSS creates its sinks in the default dtype at model construction,
   the model's dtype, so a bfloat16 model hands it bfloat16 sinks). posenc's eager and flex backends do the same; its
