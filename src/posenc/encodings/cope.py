@@ -81,6 +81,9 @@ class CoPE(ConfiguredModule):
     needs_keys = True
     causal_only = True
     config_class = CoPEConfig
+    # per layer, as the authors' code runs it (facebookresearch/RAM projects/cope: one table per ContextPosSelfAttn,
+    # --cope-shared off by default; @ e6f051f)
+    per_layer = True
 
     def __init__(
         self,

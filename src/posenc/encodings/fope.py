@@ -112,6 +112,9 @@ class FoPE(FrequencyModule):
 
     inv_freq: torch.Tensor
     config_class = FoPEConfig
+    # per layer, as the authors' OLMo code builds it (TsinghuaC3I/Fourier-Position-Embedding olmo/model.py: a
+    # FourierEmbedding per block; @ bd94b20); vLLM shares one across layers for InternS1-Pro's checkpoint
+    per_layer = True
 
     def __init__(
         self,

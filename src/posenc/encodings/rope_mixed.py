@@ -73,6 +73,8 @@ class RoPEMixed(RotaryModule):
     """
 
     config_class = RoPEMixedConfig
+    # per layer and head, as RoPE-ViT learns them (naver-ai/rope-vit models/vit_rope.py: freqs per block; @ ce85c2e)
+    per_layer = True
     position_kind = "grid"
     per_head_keys = True
 

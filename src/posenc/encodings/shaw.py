@@ -73,6 +73,9 @@ class ShawRelative(ConfiguredModule):
 
     has_bias = True
     config_class = ShawRelativeConfig
+    # per layer, shared by the heads, as tensor2tensor builds it (common_attention.py's relative embeddings under each
+    # layer's own variable scope; tensorflow/tensor2tensor @ bafdc1b)
+    per_layer = True
 
     def __init__(self, head_dim: int, *, max_distance: int = 16, values: bool = True) -> None:
         super().__init__()

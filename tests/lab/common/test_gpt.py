@@ -176,3 +176,13 @@ def test_sinks_are_trainable_per_head_and_layer():
     assert ModelConfig.from_dict(json.loads(json.dumps(sunk.config.to_dict()))) == sunk.config
     with pytest.raises(ValueError, match="sinks=1 is invalid"):
         ModelConfig(sinks=1, **TINY)
+
+
+def test_encodings_learn_per_layer_where_their_authors_do():
+    """Which learned encodings get one module per layer in the lab (``Encoding.per_layer``), as their reference
+    code builds them: Shaw (tensor2tensor: a table per layer's scope), CoPE (facebookresearch/RAM: one per attention
+    layer unless --cope-shared), FoPE (the authors' OLMo: one per block), SSMax (s per layer and head); shared by
+    every layer: T5 (block 0's bias reused), KERPLE (chijames/KERPLE builds one and hands it to every layer), FIRE
+    (no official code; shared as the T5-style implementations do), learned tables (one, at the input)."""
+    per_layer = {n for n in sequence_encodings() if GPT(ModelConfig(encoding=n, **TINY)).layer_encodings()[0].per_layer}
+    assert per_layer == {"shaw", "cope", "fope", "ssmax", "rope_ssmax", "ssmax_bias", "rope_ssmax_bias"}

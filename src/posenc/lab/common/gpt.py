@@ -13,9 +13,10 @@ Again", arXiv:2501.18795; SmolLM3 and Llama 4: ``rope/nope:4``, Llama 4 with tem
 swaps every BASE layer's at once. Absolute encodings act once, before the first layer, and cannot be chosen per
 layer.
 
-Except an encoding whose learned parameters belong to one layer (``Encoding.per_layer``: SSMax's ``s`` and ``b``,
-learned per layer and head in its paper): each layer of its kind gets its own module, held by its block
-(``blocks[i].encoding``, state-dict keys ``blocks.<i>.encoding.*``), and the model's shared one for that kind is None.
+Except an encoding whose learned parameters belong to one layer (``Encoding.per_layer``, as its reference code has
+them: Shaw's tables, CoPE's, FoPE's coefficients, SSMax's ``s`` and ``b``): each layer of its kind gets its own
+module, held by its block (``blocks[i].encoding``, state-dict keys ``blocks.<i>.encoding.*``), and the model's shared
+one for that kind is None.
 
 Two departures from nanoGPT, both for a fair comparison of encodings: token embeddings are scaled by ``sqrt(dim)``
 (Vaswani et al. 2017, sec. 3.4) and initialised ``N(0, 1/dim)``, so the token signal has unit size next to
