@@ -279,3 +279,30 @@ def test_ntk_alpha_equals_transformers_hunyuan_rotary():
     rtol = 2**-24 * (2 + math.log(base))
     torch.testing.assert_close(rotary.inv_freq.double(), exact, rtol=rtol, atol=0)
     torch.testing.assert_close(ours.double(), exact, rtol=rtol, atol=0)
+
+
+def test_grok_top_level_keys_read_as_vllms_grok_model_reads_them():
+    """A Grok 2 style config.json (``rope_type`` and its numbers at the top level, no ``rope_scaling``): the scaling
+    vLLM's ``get_rope_scaling`` builds, its frequencies equal to the float64 reference; defaults as vLLM's; a dict and
+    a config object alike; a plain config is None; another method, a missing number, and an attn_factor that acts in
+    neither are refused or warned about."""
+    config = {"rope_type": "yarn_log", "scaling_factor": 16.0, "original_max_position_embeddings": 8192,
+              "rope_theta": 208533496, "max_position_embeddings": 131072}  # fmt: skip
+    scaling = posenc.grok_rope_scaling(config)
+    assert scaling == posenc.YaRNLogScaling(factor=16.0, original_max_position_embeddings=8192)
+    assert posenc.grok_rope_scaling(type("Config", (), config)()) == scaling
+    inv_freq, factor = scaling.frequencies(128, base=208533496.0)
+    want, want_factor = vllm.grok_yarn_log(128, 208533496.0, 16.0, 8192)
+    assert factor == want_factor == 1.0
+    torch.testing.assert_close(inv_freq.double(), want, **ulps(4))
+    keys = {**config, "extrapolation_factor": 0.5, "beta_fast": 8, "beta_slow": 2}
+    assert posenc.grok_rope_scaling(keys) == posenc.YaRNLogScaling(
+        factor=16.0, original_max_position_embeddings=8192, extrapolation_factor=0.5, beta_fast=8, beta_slow=2
+    )
+    assert posenc.grok_rope_scaling({"rope_theta": 10000.0}) is None
+    with pytest.raises(ValueError, match="rope_type='yarn_linear' is invalid"):
+        posenc.grok_rope_scaling({**config, "rope_type": "yarn_linear"})
+    with pytest.raises(ValueError, match="scaling_factor=None is invalid"):
+        posenc.grok_rope_scaling({"rope_type": "yarn_log", "original_max_position_embeddings": 8192})
+    with pytest.warns(UserWarning, match="attn_factor=2.0 has no effect"):
+        assert posenc.grok_rope_scaling({**config, "attn_factor": 2.0}) == scaling

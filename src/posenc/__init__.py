@@ -41,6 +41,7 @@ from posenc.scalings import (
     TeleChat3YaRNScaling,
     YaRNLogScaling,
     YaRNScaling,
+    grok_rope_scaling,
     parse_scaling,
     rope_frequencies,
 )
@@ -102,6 +103,7 @@ __all__ = [
     "XPos",
     "XPosConfig",
     "YaRNLogScaling",
+    "grok_rope_scaling",
     "YaRNScaling",
     "alibi_slopes",
     "apply_rotary",

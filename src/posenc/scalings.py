@@ -522,7 +522,7 @@ class YaRNLogScaling(RopeScaling):
 
     Grok configs carry it as top-level keys (``rope_type``, ``scaling_factor``, ``original_max_position_embeddings``,
     ``extrapolation_factor``, ``beta_fast``, ``beta_slow``), read only by vLLM's Grok model, not in ``rope_scaling``:
-    ``rotary_config_to_hf`` refuses it rather than write a dict no runtime reads.
+    ``grok_rope_scaling`` reads them; ``rotary_config_to_hf`` refuses it rather than write a dict no runtime reads.
     """
 
     rope_type: ClassVar[str] = "yarn_log"
@@ -553,6 +553,52 @@ class YaRNLogScaling(RopeScaling):
         )
 
 
+#: Grok's top-level config keys (``get_rope_scaling`` in vLLM's ``grok1.py``) and ``YaRNLogScaling``'s fields.
+_GROK_KEYS = {
+    "scaling_factor": "factor",
+    "original_max_position_embeddings": "original_max_position_embeddings",
+    "extrapolation_factor": "extrapolation_factor",
+    "beta_fast": "beta_fast",
+    "beta_slow": "beta_slow",
+}
+
+
+def grok_rope_scaling(config: Mapping[str, Any] | Any) -> YaRNLogScaling | None:
+    """Grok's RoPE scaling read from its config's *top-level* keys, as vLLM's Grok model reads them
+    (``get_rope_scaling`` in ``vllm/model_executor/models/grok1.py``, the version that serves Grok 2): ``rope_type``
+    names the method (``Grok1ScalingRotaryEmbedding``'s ``extra_method``; posenc has ``"yarn_log"``),
+    ``scaling_factor``, ``original_max_position_embeddings``, and ``extrapolation_factor`` (1), ``beta_fast`` (32),
+    ``beta_slow`` (1) when absent. ``attn_factor`` is read too: vLLM's tables leave the attention factor out, so a
+    value other than 1 has no effect there and none here, and says so in a warning. None for a config without
+    ``rope_type`` (plain RoPE). ``config``: a ``config.json`` dict or a config object.
+
+    Raises:
+        ValueError: another ``rope_type``, or a missing ``scaling_factor`` / ``original_max_position_embeddings``.
+    """
+    get = config.get if isinstance(config, Mapping) else (lambda key, default=None: getattr(config, key, default))
+    method = get("rope_type")
+    if not method:
+        return None
+    if method != "yarn_log":
+        fail("rope_type", method, "'yarn_log', the Grok scaling posenc computes (Grok1ScalingRotaryEmbedding's "
+             "extra_method)")  # fmt: skip
+    for key in ("scaling_factor", "original_max_position_embeddings"):
+        if get(key) is None:
+            fail(key, None, "a value: Grok configs with rope_type 'yarn_log' carry it at the top level")
+    attn_factor = get("attn_factor", 1.0)
+    if attn_factor is not None and attn_factor != 1.0:
+        import warnings
+
+        warnings.warn(
+            f"attn_factor={attn_factor} has no effect: vLLM's Grok tables (and posenc's yarn_log) leave the "
+            "attention factor out",
+            UserWarning,
+            stacklevel=2,
+        )
+    fields = {field: get(key) for key, field in _GROK_KEYS.items() if get(key) is not None}
+    return YaRNLogScaling(**fields)
+
+
 __all__ = [
     "RopeScaling",
     "LinearScaling",
@@ -566,6 +612,7 @@ __all__ = [
     "MixedNTKScaling",
     "TeleChat3YaRNScaling",
     "YaRNLogScaling",
+    "grok_rope_scaling",
     "parse_scaling",
 ]
 
