@@ -7,7 +7,7 @@ current context); these names let one study measure the pair beside single metho
 
 from __future__ import annotations
 
-from posenc._checks import check_choice, fail
+from posenc._checks import fail
 
 #: Separates the two parts of a composed method name.
 SEP = "+"
@@ -36,8 +36,7 @@ def check(method: str) -> None:
     )
     if SEP in second:
         fail("methods", method, f"two parts at most, {allowed}")
-    check_choice("methods", first, FREQUENCY_METHODS)
-    if second not in WITHIN_TRAINING:
+    if first not in FREQUENCY_METHODS or second not in WITHIN_TRAINING:
         fail("methods", method, f"{allowed} (a remapping method that runs within the stretched context; the others "
              "extend past it, and one method alone does that)")  # fmt: skip
 
@@ -50,3 +49,11 @@ def remapping(method: str) -> str | None:
     if second is not None:
         return second
     return first if first in REMAP_METHODS else None
+
+
+def calls(method: str, factor: float) -> str:
+    """The ``posenc.hf.extend_context`` call(s) that make ``method`` at ``factor`` on a loaded model."""
+    first, second = parts(method)
+    if second is None:
+        return f"posenc.hf.extend_context(model, {method!r}, {factor:g})"
+    return f"posenc.hf.extend_context(model, {first!r}, {factor:g}) then posenc.hf.extend_context(model, {second!r}, 1)"

@@ -30,8 +30,8 @@ from posenc._checks import fail
 from posenc.lab.common.devices import resolve_device
 from posenc.lab.common.files import write_text_atomic
 from posenc.lab.common.runfiles import check_out, check_settings
+from posenc.lab.extend import composed, plan, sampling
 from posenc.lab.extend import pick as rules
-from posenc.lab.extend import plan, sampling
 from posenc.lab.extend.config import ExtendConfig
 from posenc.lab.extend.rates import RULER_PREFIX, UNPATCHED
 from posenc.lab.extend.report import label
@@ -223,7 +223,6 @@ def make_plan(cfg: ExtendConfig, model: Any, target: str | int, *, device: str, 
 def _savable(model: Any, save: str | Path, save_type: str, cfg: ExtendConfig, out: Path, length: int) -> Any:
     """``--save``'s path checked now (with a method it takes), and the rule that leaves out what it cannot carry."""
     from posenc.hf.save import remap_save_problem
-    from posenc.lab.extend import composed
     from posenc.lab.extend.study import GGUF_METHODS, check_save
 
     gguf = Path(save).suffix.lower() == ".gguf"
@@ -438,7 +437,7 @@ def commands(model: Any, decided: PickPlan, outcome: rules.Pick, saved: Path | N
     if kind == "patch":
         factor = f"{outcome.pick.unit[1]:g}"
         lines.append(f"No saved config runs {method}: load the model, then "
-                     f"`posenc.hf.extend_context(model, {method!r}, {factor})`; evaluate it with "
+                     f"`{composed.calls(method, outcome.pick.unit[1])}`; evaluate it with "
                      f"`posenc extend MODEL --methods {method} --factors {factor} --task ruler`.")  # fmt: skip
     return lines
 
