@@ -4,7 +4,6 @@ registered encoding -- forward, backward, KV-cache decoding, chunking, packing a
 from __future__ import annotations
 
 import copy
-import sys
 
 import pytest
 import torch
@@ -15,7 +14,7 @@ from torch.testing import assert_close
 import posenc
 from encoding_cases import SCALED, build, positions, shard
 from encoding_cases import attention_tol as tol
-from largest_tensor import LargestTensor
+from largest_tensor import flex_prepared
 from posenc.attention import FLEX_BLOCK, FLEX_MIN_BIAS_BYTES, _resolve_backend
 from reference.attention import naive_attention
 from tolerances import like_reference_atol
@@ -706,20 +705,9 @@ def test_flex_chunks_and_sinks_build_nothing_quadratic(monkeypatch):
     """Everything posenc prepares for FlexAttention with chunks and sinks (chunk ids, block mask, the sink's extra
     key) stays linear in length; the kernel itself (stubbed here: a dispatch mode cannot enter it) is FlexAttention's
     block-sparse one, whose block mask must skip the tiles outside every chunk."""
-    module = sys.modules["posenc.attention"]
-    seen_kwargs = {}
-
-    def kernel(q, k, v, **kwargs):
-        seen_kwargs.update(kwargs)
-        return q.new_zeros(*q.shape[:-1], v.shape[-1])
-
-    monkeypatch.setattr(module, "_COMPILED_FLEX", kernel)
     n, chunk = 4096, 256
-    q, k, v = torch.randn(1, 2, n, 32), torch.randn(1, 1, n, 32), torch.randn(1, 1, n, 32)
-    with torch.no_grad(), LargestTensor() as seen:
-        posenc.attention(q, k, v, chunk_size=chunk, sinks=torch.randn(2), k_positions=torch.arange(n), backend="flex")
-    assert seen.numel < n * n // 16
-    block_mask = seen_kwargs["block_mask"]
+    largest, block_mask = flex_prepared(monkeypatch, n, chunk_size=chunk)
+    assert largest < n * n // 16
     assert block_mask.shape[-2:] == (n, n + 1)
     tiles = int(block_mask.kv_num_blocks.sum() + block_mask.full_kv_num_blocks.sum())
     m = chunk // FLEX_BLOCK  # tiles per chunk: each chunk's causal triangle of tiles, and the sink's column

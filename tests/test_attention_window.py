@@ -26,7 +26,7 @@ from torch.testing import assert_close
 
 import posenc
 from encoding_cases import attention_tol, build, positions
-from largest_tensor import LargestTensor
+from largest_tensor import flex_prepared
 from posenc.attention import FLEX_BLOCK, FLEX_MIN_BIAS_BYTES, _resolve_backend
 from tolerances import attention_atol, dot_magnitude, sum_atol, unit_roundoff
 
@@ -174,26 +174,33 @@ def test_matches_transformers_mistral(hkv, backend):
     layer = modeling_mistral.MistralAttention(cfg, 0).double()
     x = torch.randn(B, 12, 32, dtype=torch.float64)
     refs, (q, k, v), pos = _steps(cfg, layer, modeling_mistral.MistralRotaryEmbedding(cfg), x, STEPS)
+    atols = _check_steps(layer, q, k, v, pos, refs, backend, window=w, softmax_float32=True)
     q32, k32, v32 = (y.float() for y in (q, k, v))
     with torch.no_grad():
-        for (a, b), ref in zip(STEPS, refs, strict=True):
-            o = posenc.attention(
-                q32[:, :, a:b],
-                k32[:, :, :b],
-                v32[:, :, :b],
-                q_positions=pos[a:b],
-                k_positions=pos[:b],
-                window=w,
-                backend=backend,
-            )
-            got = layer.o_proj(o.double().transpose(1, 2).reshape(B, b - a, -1))
-            qa, kb, vb = q[:, :, a:b], k[:, :, :b], v[:, :, :b]
-            atol = _through(layer.o_proj, _atol_vs_float64(qa, kb, vb, softmax_float32=True), vb)
-            assert_close(got, ref, atol=atol, rtol=0.0, msg=lambda m, a=a, b=b: f"queries {a}..{b - 1}: {m}")
+        for (a, b), ref, atol in zip(STEPS, refs, atols, strict=True):
             unwindowed = posenc.attention(q32[:, :, a:b], k32[:, :, :b], v32[:, :, :b], backend=backend)
             if b > w:  # some query has keys outside its window
                 gap = (layer.o_proj(unwindowed.double().transpose(1, 2).reshape(B, b - a, -1)) - ref).abs().max()
                 assert gap > 100 * atol
+
+
+def _check_steps(layer, q, k, v, pos, refs, backend, *, window, sinks=None, softmax_float32=False):  # noqa: ANN001
+    """``posenc.attention(window=, sinks=)`` in float32 on each of ``STEPS``' queries (keys up to the step's end, at
+    their positions) equals the transformers ``layer``'s float64 outputs ``refs`` through its ``o_proj``, within the
+    float32 bound; returns each step's bound."""
+    q32, k32, v32 = (y.float() for y in (q, k, v))
+    atols = []
+    with torch.no_grad():
+        for (a, b), ref in zip(STEPS, refs, strict=True):
+            o = posenc.attention(q32[:, :, a:b], k32[:, :, :b], v32[:, :, :b], q_positions=pos[a:b],
+                                 k_positions=pos[:b], window=window, sinks=sinks, backend=backend)  # fmt: skip
+            got = layer.o_proj(o.double().transpose(1, 2).reshape(B, b - a, -1))
+            qa, kb, vb = q[:, :, a:b], k[:, :, :b], v[:, :, :b]
+            bound = _atol_vs_float64(qa, kb, vb, sinks=sinks, softmax_float32=softmax_float32)
+            atol = _through(layer.o_proj, bound, vb)
+            assert_close(got, ref, atol=atol, rtol=0.0, msg=lambda m, a=a, b=b: f"queries {a}..{b - 1}: {m}")
+            atols.append(atol)
+    return atols
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -226,23 +233,7 @@ def test_window_and_sinks_match_transformers_gpt_oss(backend):
     torch.nn.init.normal_(layer.sinks, std=2.0)
     x = torch.randn(B, 12, 32, dtype=torch.float64)
     refs, (q, k, v), pos = _steps(cfg, layer, modeling_gpt_oss.GptOssRotaryEmbedding(cfg), x, STEPS)
-    q32, k32, v32, sinks = (y.float() for y in (q, k, v, layer.sinks.detach()))
-    with torch.no_grad():
-        for (a, b), ref in zip(STEPS, refs, strict=True):
-            o = posenc.attention(
-                q32[:, :, a:b],
-                k32[:, :, :b],
-                v32[:, :, :b],
-                q_positions=pos[a:b],
-                k_positions=pos[:b],
-                window=w,
-                sinks=sinks,
-                backend=backend,
-            )
-            got = layer.o_proj(o.double().transpose(1, 2).reshape(B, b - a, -1))
-            qa, kb, vb = q[:, :, a:b], k[:, :, :b], v[:, :, :b]
-            atol = _through(layer.o_proj, _atol_vs_float64(qa, kb, vb, sinks=sinks), vb)
-            assert_close(got, ref, atol=atol, rtol=0.0, msg=lambda m, a=a, b=b: f"queries {a}..{b - 1}: {m}")
+    _check_steps(layer, q, k, v, pos, refs, backend, window=w, sinks=layer.sinks.detach().float())
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -297,20 +288,9 @@ def test_flex_window_and_sinks_build_nothing_quadratic(monkeypatch):
     key) stays linear in length; the kernel itself (stubbed: a dispatch mode cannot enter it) is FlexAttention's
     block-sparse one, whose block mask must skip the tiles outside every window. With W = m 128-token tiles, query
     tile i reaches key tiles i - m .. i (partial at both ends), and i - m + 1 .. i - 1 entirely."""
-    module = sys.modules["posenc.attention"]
-    seen_kwargs = {}
-
-    def kernel(q, k, v, **kwargs):
-        seen_kwargs.update(kwargs)
-        return q.new_zeros(*q.shape[:-1], v.shape[-1])
-
-    monkeypatch.setattr(module, "_COMPILED_FLEX", kernel)
     n, w = 4096, 256
-    q, k, v = torch.randn(1, 2, n, 32), torch.randn(1, 1, n, 32), torch.randn(1, 1, n, 32)
-    with torch.no_grad(), LargestTensor() as seen:
-        posenc.attention(q, k, v, window=w, sinks=torch.randn(2), k_positions=torch.arange(n), backend="flex")
-    assert seen.numel < n * n // 16
-    block_mask = seen_kwargs["block_mask"]
+    largest, block_mask = flex_prepared(monkeypatch, n, window=w)
+    assert largest < n * n // 16
     assert block_mask.shape[-2:] == (n, n + 1)
     n_q, m = n // FLEX_BLOCK, w // FLEX_BLOCK
     full = int(block_mask.full_kv_num_blocks.sum())
