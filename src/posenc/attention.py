@@ -14,7 +14,8 @@ Backends:
         ALiBi models do).
     flex: FlexAttention (Dong et al. 2024, "Flex Attention: A Programming Model for Generating Optimized Attention
         Kernels", arXiv:2412.05496) with the encoding's ``score_mod`` and a block-sparse mask, compiled: memory
-        linear in length, the bias kept in float32. No backward on CPU in current PyTorch; no float64 on CPU. On
+        linear in length, the bias kept in float32. One kernel per shape, at most ``FLEX_KERNELS_KEPT`` kept (then
+        dropped and compiled anew, never run uncompiled). No backward on CPU in current PyTorch; no float64 on CPU. On
         CPU, q and k with head dims below ``CPU_FLEX_MIN_HEAD_DIM`` are zero-padded to it (scores unchanged): the
         compiled CPU kernel of torch 2.13 returns wrong rows or NaN for head dims of 16 and below on AVX2-only
         processors (seen on an AMD EPYC without AVX-512).
@@ -72,6 +73,7 @@ Shapes:
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 
 import torch
@@ -100,6 +102,11 @@ FLEX_BLOCK = 128
 
 #: On CPU, q and k narrower than this are zero-padded to it before FlexAttention (see ``_flex``).
 CPU_FLEX_MIN_HEAD_DIM = 32
+
+#: Compiled FlexAttention kernels one process keeps (one per shape, encoding and mask kind). Past torch's recompile
+#: limit, torch runs FlexAttention *uncompiled* -- scores materialised ``S x T``, other roundings -- so at this many
+#: posenc drops the kernels and compiles anew (see ``_compiled_flex``).
+FLEX_KERNELS_KEPT = 64
 
 
 def attention(
@@ -652,11 +659,7 @@ def _bias(encoding, q, k, q_pos, k_pos, mask, scale):  # noqa: ANN001, ANN202
     return encoding.bias(q_pos, k_pos, q=q, scale=scale)
 
 
-_COMPILED_FLEX = None
-
-
 def _flex(q, k, v, encoding, q_pos, k_pos, mask, scale, sinks=None):  # noqa: ANN001, ANN202
-    global _COMPILED_FLEX
     from torch.nn.attention.flex_attention import flex_attention
 
     score_mod = encoding.score_mod(q_pos, k_pos, q=q, scale=scale)
@@ -678,12 +681,54 @@ def _flex(q, k, v, encoding, q_pos, k_pos, mask, scale, sinks=None):  # noqa: AN
     kwargs = {"score_mod": score_mod, "block_mask": block_mask, "scale": scale, "enable_gqa": k.shape[1] != q.shape[1]}
     if torch.compiler.is_compiling():
         return flex_attention(q, k, v, **kwargs)
+    return _compiled_flex(flex_attention, q, k, v, **kwargs)
+
+
+_COMPILED_FLEX = None
+_FLEX_DROPS = 0
+
+
+def _compiled_flex(flex_attention, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+    """``torch.compile(flex_attention)(*args, **kwargs)``, static shapes, with at most ``FLEX_KERNELS_KEPT`` kernels.
+
+    Static shapes: one kernel per shape. Dynamic-shape CPU kernels fail to build in torch 2.13 (inductor emits an
+    undeclared split-size variable), and the fixed shapes of training and evaluation compile once. A process that
+    meets many shapes (an evaluation over lengths and encodings, a long test session, a forced ``flex`` decode
+    whose key length grows) would pass torch's recompile limit, after which torch runs FlexAttention uncompiled:
+    an ``S x T`` score matrix and other roundings (with bfloat16 inputs a float32 sink reached the scores rounded to
+    bfloat16: ``tests/test_attention_flex_kernels.py``), so results would depend on what ran before. Instead, when
+    ``FLEX_KERNELS_KEPT`` kernels exist, they are dropped (``torch._dynamo.reset_code`` on FlexAttention's code
+    object only: other compiled code keeps its kernels; another library's compiled FlexAttention shares that code
+    object and recompiles too) and the call compiles anew, with a warning the first time in a process.
+    """
+    global _COMPILED_FLEX, _FLEX_DROPS
+    kept = FLEX_KERNELS_KEPT
+    if isinstance(kept, bool) or not isinstance(kept, int) or kept < 1:
+        fail("posenc.attention.FLEX_KERNELS_KEPT", kept, "a whole number of kernels, at least 1")
     if _COMPILED_FLEX is None:
-        # Static shapes: one kernel per shape. Dynamic-shape CPU kernels fail to build in torch 2.13 (inductor
-        # emits an undeclared split-size variable), and the fixed shapes of training/evaluation compile once.
         _COMPILED_FLEX = torch.compile(flex_attention, dynamic=False)
-    with torch._dynamo.config.patch(recompile_limit=64):
-        return _COMPILED_FLEX(q, k, v, **kwargs)
+    code = flex_attention.__code__
+    if _flex_kernels(code) >= kept:
+        torch._dynamo.reset_code(code)
+        _FLEX_DROPS += 1
+        if _FLEX_DROPS == 1:
+            warnings.warn(
+                f"posenc: {kept} compiled FlexAttention kernels (one per shape) in this process; "
+                "dropped to compile anew rather than let torch run FlexAttention uncompiled. Each new shape costs a "
+                "compilation: keep shapes fixed (pad to a few lengths), or use backend='sdpa' for decoding.",
+                stacklevel=4,
+            )
+    limits = {"recompile_limit": kept + 1}
+    limits["accumulated_recompile_limit"] = max(torch._dynamo.config.accumulated_recompile_limit, kept + 1)
+    with torch._dynamo.config.patch(**limits):
+        return _COMPILED_FLEX(*args, **kwargs)
+
+
+def _flex_kernels(code) -> int:  # noqa: ANN001
+    """How many compiled entries torch keeps for ``code``."""
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    return len(_debug_get_cache_entry_list(code))
 
 
 def _sink_score_mod(score_mod, sinks, t):  # noqa: ANN001, ANN202
