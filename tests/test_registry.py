@@ -206,3 +206,14 @@ def test_score_mod_builds_nothing_quadratic(name):
     with torch.no_grad(), LargestTensor() as largest:
         enc.score_mod(pos, pos, q=q, scale=0.25)
     assert largest.numel < n * n // 4
+
+
+def test_takes_says_which_keywords_build_reads():
+    """``takes`` reads the factory's signature, as ``build`` does: RoPE-Mixed reads ``generator``, axial RoPE does not,
+    a model key an encoding drops is not read; an unknown name is refused as ``build`` refuses it."""
+    assert posenc.registry.takes("rope_mixed", "generator")
+    assert not posenc.registry.takes("rope_axial", "generator")
+    assert not posenc.registry.takes("alibi", "max_len")
+    assert posenc.registry.takes("alibi", "num_heads")
+    with pytest.raises(ValueError, match=r"name='no_such'"):
+        posenc.registry.takes("no_such", "generator")

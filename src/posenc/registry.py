@@ -81,6 +81,14 @@ def _parameters(factory: Callable[..., Any]) -> tuple[set[str], set[str], bool]:
     return accepted, required, any(p.kind is p.VAR_KEYWORD for p in params)
 
 
+def takes(name: str, key: str) -> bool:
+    """Whether ``build(name, ...)`` reads keyword ``key`` (a model key it would drop counts as not read)."""
+    if name not in _ENCODINGS:
+        fail("name", name, f"one of {available()} (or register your own with posenc.register)")
+    accepted, _, var_kw = _parameters(_ENCODINGS[name])
+    return key in accepted or var_kw
+
+
 def build(name: str, /, **config: Any):  # noqa: ANN201 - returns an Encoding
     """The encoding registered as ``name``, built from keyword ``config``.
 

@@ -70,6 +70,35 @@ def test_rope_mixed_has_its_own_frequencies_per_block():
     assert len(ViT(ViTConfig(encoding="rope_axial", **TINY)).encodings) == 1
 
 
+def test_any_per_layer_encoding_gets_one_module_per_block():
+    """The ViT reads ``Encoding.per_layer`` (not a list of names): a registered 2-D encoding that sets it gets a module
+    per block, each with its own parameters; without it one module serves every block."""
+    from posenc.encodings.axial_rope import AxialRoPE
+    from posenc.registry import _ENCODINGS
+
+    class PerBlockScale(AxialRoPE):
+        per_layer = True
+
+        def __init__(self, head_dim: int) -> None:
+            super().__init__(head_dim=head_dim)
+            self.gain = torch.nn.Parameter(torch.randn(()))
+
+    try:
+        posenc.register("per_block_test", PerBlockScale)
+        model = ViT(ViTConfig(encoding="per_block_test", **TINY), seed=0)
+        assert len(model.encodings) == TINY["n_layers"]
+        assert len({id(e) for e in model.encodings}) == TINY["n_layers"]
+        assert model.encodings[0].gain.item() != model.encodings[1].gain.item()
+        seen = []
+        for i, encoding in enumerate(model.encodings):
+            rotate = encoding.rotate
+            encoding.rotate = lambda *a, i=i, rotate=rotate, **k: (seen.append(i), rotate(*a, **k))[1]
+        model(torch.randn(2, 1, 8, 8))
+        assert seen == list(range(TINY["n_layers"]))  # block i runs its own module
+    finally:
+        _ENCODINGS.pop("per_block_test", None)
+
+
 @pytest.mark.parametrize("new_hw", [(24, 24), (12, 12), (24, 32)])
 def test_learned_table_resizes_like_transformers_vit(new_hw):
     transformers = pytest.importorskip("transformers")

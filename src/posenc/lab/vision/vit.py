@@ -39,8 +39,6 @@ from posenc.lab.common.gpt import check_encoding_config
 
 #: ``posenc vision`` names -> registry names: the study's ``learned`` and ``sinusoidal`` are the 2-D variants.
 ALIASES = {"learned": "learned_2d", "sinusoidal": "sinusoidal_2d"}
-#: Encodings with parameters of their own in every block (RoPE-ViT's per-layer mixed frequencies).
-PER_LAYER = frozenset({"rope_mixed"})
 POOLS = ("mean", "cls")
 BACKENDS = ("auto", "eager", "sdpa", "flex")
 
@@ -121,8 +119,8 @@ def build_encoding(config: ViTConfig, generator: torch.Generator | None = None) 
     """The encoding ``config`` names, sized for the model's training grid; it must take 2-D positions or none."""
     name = registry_name(config.encoding)
     extra = dict(config.encoding_config)
-    if name in PER_LAYER and generator is not None:
-        extra["generator"] = generator
+    if generator is not None and posenc.registry.takes(name, "generator"):
+        extra["generator"] = generator  # RoPE-Mixed: each block's random frequencies, from the model's seed
     encoding = posenc.build(
         name,
         dim=config.dim,
@@ -190,9 +188,11 @@ class ViT(nn.Module):
             torch.manual_seed(seed)
             generator = torch.Generator().manual_seed(seed)  # RoPE-Mixed: the blocks' frequencies, in order
             self.patch = nn.Conv2d(config.channels, config.dim, config.patch_size, stride=config.patch_size)
-            per_layer = registry_name(config.encoding) in PER_LAYER
-            count = config.n_layers if per_layer else 1
-            self.encodings = nn.ModuleList(build_encoding(config, generator) for _ in range(count))
+            # One encoding for all blocks, or one per block where its parameters are per layer
+            # (Encoding.per_layer: RoPE-Mixed's frequencies), built in block order from the generator.
+            first = build_encoding(config, generator)
+            rest = [build_encoding(config, generator) for _ in range(config.n_layers - 1)] if first.per_layer else []
+            self.encodings = nn.ModuleList([first, *rest])
             self.cls = nn.Parameter(torch.zeros(1, 1, config.dim)) if config.pool == "cls" else None
             self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layers))
             self.norm = nn.LayerNorm(config.dim)
