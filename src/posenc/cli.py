@@ -166,7 +166,8 @@ def _add_lab(sub: argparse._SubParsersAction) -> None:
         help="comma-separated names (posenc.available()); all: every sequence encoding; or BASE/OTHER:N for OTHER "
         "in every N-th layer and BASE in the rest, e.g. rope/nope:4 (NoPE in layers 4, 8, ...; "
         "rope/nope_temperature:4: Llama 4's NoPE layers); a suffix @C makes the non-NoPE layers attend within "
-        "chunks of C tokens (rope/nope_temperature:4@16: Llama 4's iRoPE)",
+        "chunks of C tokens (rope/nope_temperature:4@16: Llama 4's iRoPE); a last suffix ~W makes them attend over "
+        "the W most recent tokens (rope~16: Mistral's sliding window; rope/nope:4~16: RNoPE-SWA)",
     )
     p.add_argument(
         "--train-len", type=A.positive_int, help="training length L in tokens; default 64 (lm), 16 (copy, recall)"

@@ -1,7 +1,7 @@
 """The lab GPT with Llama 4's iRoPE arrangement, ``ModelConfig(attention_chunk_size=C)``: the non-NoPE layers attend
-within chunks of C positions (``posenc.attention(chunk_size=C)``), the NoPE layers globally; config round trips."""
+within chunks of C positions (``posenc.attention(chunk_size=C)``), the NoPE layers globally (config round trips:
+test_gpt_local.py)."""
 
-import json
 
 import pytest
 import torch
@@ -62,41 +62,9 @@ def test_an_earlier_chunk_reaches_later_ones_only_through_the_nope_layers():
     assert (glob(tokens)[0, 4:] - glob(changed)[0, 4:]).abs().amax(-1).min() > 0
 
 
-def test_config_round_trips_and_old_configs_load():
-    config = ModelConfig(encoding="rope/nope_temperature:2", attention_chunk_size=16, **TINY)
-    assert json.loads(json.dumps(config.to_dict()))["attention_chunk_size"] == 16
-    assert ModelConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config
-    old = ModelConfig(encoding="rope/nope_temperature:2", **TINY).to_dict()
-    assert "attention_chunk_size" not in old  # the default is left out: earlier runs' config.json compare equal
-    assert ModelConfig.from_dict(old).attention_chunk_size is None
-    # the same weights with and without chunking (the field adds no parameters)
-    plain, chunked = GPT(ModelConfig(**TINY)), GPT(ModelConfig(attention_chunk_size=4, **TINY))
-    assert all(
-        torch.equal(p, q) for p, q in zip(plain.state_dict().values(), chunked.state_dict().values(), strict=True)
-    )
-    for bad in (0, -1, 2.0, True):
-        with pytest.raises(ValueError, match="attention_chunk_size="):
-            ModelConfig(attention_chunk_size=bad, **TINY)
-
-
 def test_the_spec_suffix():
     assert split_chunk("rope/nope_temperature:4@16") == ("rope/nope_temperature:4", 16)
     assert split_chunk("rope@8") == ("rope", 8) and split_chunk("rope") == ("rope", None)
     for bad in ("rope@", "@4", "rope@0", "rope@x", "rope@-2"):
         with pytest.raises(ValueError, match="SPEC@C"):
             split_chunk(bad)
-
-
-def test_a_chunked_model_trains():
-    torch.manual_seed(0)
-    model = GPT(ModelConfig(encoding="rope/nope_temperature:2", attention_chunk_size=4, **TINY))
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    x = torch.randint(0, 256, (4, 17))
-    losses = []
-    for _ in range(20):
-        loss = torch.nn.functional.cross_entropy(model(x[:, :-1]).flatten(0, 1), x[:, 1:].flatten())
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    assert losses[-1] < losses[0] - 1

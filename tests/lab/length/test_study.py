@@ -394,3 +394,23 @@ def test_a_chunked_hybrid_irope_trains_evaluates_and_reloads(corpus, tmp_path):
     for spec, match in [("nope@8", "non-NoPE layers"), ("rope@0", "SPEC@C"), ("rope/nope:2@", "SPEC@C")]:
         with pytest.raises(ValueError, match=match):
             StudyConfig(**{**TINY, "n_layers": 2}, encodings=(spec,))
+
+
+def test_a_windowed_hybrid_rnope_swa_trains_evaluates_and_reloads(corpus, tmp_path):
+    """``SPEC~W`` (RNoPE-SWA with ``rope/nope:2~8``, Mistral's windows with ``rope~8``): the RoPE layers attend over
+    the 8 most recent tokens, the NoPE layers globally; its own run folder and CSV label, beside the global hybrid."""
+    from posenc.lab.length.study import _model_config, run_name
+
+    specs = ("rope/nope:2", "rope/nope:2~8")
+    cfg = StudyConfig(**{**TINY, "n_layers": 2, "eval_lens": (16, 32)}, encodings=specs, corpus=str(corpus),
+                      extensions=False)  # fmt: skip
+    assert _model_config(cfg, specs[1]).sliding_window == 8 and _model_config(cfg, specs[0]).sliding_window is None
+    assert run_name(specs[1]) == "rope-nope-every2-window8" and run_name("rope@16~8") == "rope-chunk16-window8"
+    rows = run_study(cfg, tmp_path / "out", progress=False)
+    ok = {(r["encoding"], r["eval_len"]): r["ppl"] for r in rows if r["status"] == "ok"}
+    assert set(ok) == {(s, n) for s in specs for n in (16, 32)} and ok[(specs[0], 16)] != ok[(specs[1], 16)]
+    model = load_model(tmp_path / "out" / "runs" / "rope-nope-every2-window8")
+    assert model.config.sliding_window == 8 and [b.attn.window for b in model.blocks] == [8, None]
+    for spec, match in [("nope~8", "non-NoPE layers"), ("rope~0", "SPEC~W"), ("rope/nope:2~", "SPEC~W")]:
+        with pytest.raises(ValueError, match=match):
+            StudyConfig(**{**TINY, "n_layers": 2}, encodings=(spec,))

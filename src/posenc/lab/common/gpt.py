@@ -90,6 +90,30 @@ def split_chunk(spec: object, name: str = "encoding") -> tuple[object, int | Non
     return encoding, int(size)
 
 
+WINDOW_SYNTAX = (
+    "SPEC~W (sliding-window attention over the W most recent positions in SPEC's non-NoPE layers, last in the spec, "
+    "e.g. 'rope~16' (Mistral) or 'rope/nope:4~16' (RNoPE-SWA))"
+)
+
+
+def split_window(spec: object, name: str = "encoding") -> tuple[object, int | None]:
+    """A lab spec's window suffix, its last part: ``"rope/nope:4~16"`` -> ``("rope/nope:4", 16)``
+    (``ModelConfig.sliding_window``); ``"rope"`` -> ``("rope", None)``."""
+    if not isinstance(spec, str) or "~" not in spec:
+        return spec, None
+    encoding, _, size = spec.rpartition("~")
+    if not encoding or "~" in encoding or not size.isdigit() or int(size) < 1:
+        fail(name, spec, WINDOW_SYNTAX)
+    return encoding, int(size)
+
+
+def split_local(spec: object, name: str = "encoding") -> tuple[object, int | None, int | None]:
+    """``SPEC[@C][~W]`` -> ``(SPEC, C, W)``: the layers' spec, the chunk size and the window (None where absent)."""
+    rest, window = split_window(spec, name)
+    layers, chunk = split_chunk(rest, name)
+    return layers, chunk, window
+
+
 def check_layer_spec(spec: object, *, n_layers: int, name: str = "encoding") -> tuple[str, str | None, int | None]:
     """:func:`split_encoding`, with a per-layer spec's names, interval and layer count checked.
 
@@ -169,6 +193,12 @@ class ModelConfig(DictConfig):
             a query sees only the keys in its own chunk of this many positions (``posenc.attention(chunk_size=)``),
             while NoPE layers attend globally: Llama 4's iRoPE with ``encoding="rope/nope_temperature:4"``. None
             (the default, left out of ``to_dict`` so earlier runs resume): every layer attends globally.
+        sliding_window: sliding-window attention in the layers whose encoding is not NoPE: a query at position p sees
+            the keys at ``p - W < k <= p`` (``posenc.attention(window=)``), NoPE layers attend globally. With
+            ``encoding="rope"`` every layer is windowed (Mistral 7B, Jiang et al. 2023, arXiv:2310.06825); with
+            ``"rope/nope:4"`` it is RNoPE-SWA (Yang et al. 2025, "Rope to Nope and Back Again", arXiv:2501.18795:
+            windowed RoPE layers, global NoPE layers, as Cohere's Command A). None (the default, left out of
+            ``to_dict``): global attention. Combines with ``attention_chunk_size``.
     """
 
     vocab_size: int = 256
@@ -183,6 +213,7 @@ class ModelConfig(DictConfig):
     backend: str = "auto"
     sinks: bool = False
     attention_chunk_size: int | None = None
+    sliding_window: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "dim", "n_layers", "n_heads", "max_len", "mlp_ratio"):
@@ -199,8 +230,9 @@ class ModelConfig(DictConfig):
         check_choice("backend", self.backend, BACKENDS)
         if not isinstance(self.sinks, bool):
             fail("sinks", self.sinks, "True or False")
-        if self.attention_chunk_size is not None:
-            check_positive_int("attention_chunk_size", self.attention_chunk_size)
+        for local in ("attention_chunk_size", "sliding_window"):
+            if getattr(self, local) is not None:
+                check_positive_int(local, getattr(self, local))
         check_encoding_config(self.encoding_config)
         if other is not None:
             for key, value in self.encoding_config.items():
@@ -236,14 +268,21 @@ class ModelConfig(DictConfig):
         NoPE layers and when ``attention_chunk_size`` is None."""
         return tuple(None if name in GLOBAL_ENCODINGS else self.attention_chunk_size for name in self.layer_encodings)
 
+    @property
+    def layer_windows(self) -> tuple[int | None, ...]:
+        """Each layer's ``window`` for ``posenc.attention``: ``sliding_window``, or None (global) for the NoPE layers
+        and when ``sliding_window`` is None."""
+        return tuple(None if name in GLOBAL_ENCODINGS else self.sliding_window for name in self.layer_encodings)
+
     def to_dict(self) -> dict[str, Any]:
         """Every field by name, JSON-able."""
         out = super().to_dict()
         out["encoding_config"] = json.loads(json.dumps(dict(self.encoding_config)))  # a deep, JSON-only copy
         if not self.sinks:
             del out["sinks"]  # the default: earlier runs' config.json files have no such key
-        if self.attention_chunk_size is None:
-            del out["attention_chunk_size"]  # likewise
+        for local in ("attention_chunk_size", "sliding_window"):
+            if out[local] is None:
+                del out[local]  # likewise
         return out
 
 
@@ -289,10 +328,11 @@ def check_sequence_encoding(encoding: object, name: str) -> None:
 class Attention(nn.Module):
     """Causal self-attention through ``posenc.attention`` with the model's shared encoding."""
 
-    def __init__(self, config: ModelConfig, *, chunk_size: int | None = None) -> None:
+    def __init__(self, config: ModelConfig, *, chunk_size: int | None = None, window: int | None = None) -> None:
         super().__init__()
         self.n_heads, self.kv_heads, self.head_dim = config.n_heads, config.kv_heads, config.head_dim
         self.chunk_size = chunk_size  # chunked local attention (``posenc.attention(chunk_size=)``), None: global
+        self.window = window  # sliding-window attention (``posenc.attention(window=)``), None: global
         self.backend = config.backend
         self.qkv = nn.Linear(config.dim, (self.n_heads + 2 * self.kv_heads) * self.head_dim, bias=False)
         self.proj = nn.Linear(config.dim, config.dim, bias=False)
@@ -317,6 +357,7 @@ class Attention(nn.Module):
             backend=self.backend,
             sinks=self.sinks,
             chunk_size=self.chunk_size,
+            window=self.window,
         )
         y = y.transpose(1, 2).reshape(b, s, self.n_heads * hd)  # (B, H, S, D) -> (B, S, dim)
         return self.proj(y)
@@ -343,12 +384,17 @@ class Block(nn.Module):
     """
 
     def __init__(
-        self, config: ModelConfig, *, chunk_size: int | None = None, encoding: posenc.Encoding | None = None
+        self,
+        config: ModelConfig,
+        *,
+        chunk_size: int | None = None,
+        window: int | None = None,
+        encoding: posenc.Encoding | None = None,
     ) -> None:
         super().__init__()
         self.encoding = encoding
         self.ln1 = nn.LayerNorm(config.dim, bias=False)
-        self.attn = Attention(config, chunk_size=chunk_size)
+        self.attn = Attention(config, chunk_size=chunk_size, window=window)
         self.ln2 = nn.LayerNorm(config.dim, bias=False)
         self.mlp = MLP(config)
 
@@ -390,9 +436,8 @@ class GPT(nn.Module):
             owned = _own_encodings(config, base, other, self._nth)  # per layer: its own module, or None (shared)
             self.encoding = None if base.per_layer else base
             self.nth_encoding = None if other is None or other.per_layer else other
-            self.blocks = nn.ModuleList(
-                Block(config, chunk_size=c, encoding=e) for c, e in zip(config.layer_chunk_sizes, owned, strict=True)
-            )
+            local = zip(config.layer_chunk_sizes, config.layer_windows, owned, strict=True)
+            self.blocks = nn.ModuleList(Block(config, chunk_size=c, window=w, encoding=e) for c, w, e in local)
             self.ln_f = nn.LayerNorm(config.dim, bias=False)
             self._init_weights()
         self.embed_scale = math.sqrt(config.dim)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import posenc
 from posenc._checks import check_choice, check_positive_int, fail
-from posenc.lab.common.gpt import GLOBAL_ENCODINGS, check_layer_part, check_layer_spec, split_chunk
+from posenc.lab.common.gpt import GLOBAL_ENCODINGS, check_layer_part, check_layer_spec, split_local
 
 #: The default study: the classic families plus the two later ones the all-encodings comparison found most telling
 #: (Sandwich: flat and best past L; FoPE: the rotary encoding that degrades least); xPos tells the same story as RoPE.
@@ -52,7 +52,9 @@ class StudyConfig:
     (sinusoidal, learned) cannot be chosen per layer. A hybrid's RoPE scalings apply to its BASE layers; it trains
     in ``OUT/runs/BASE-OTHER-everyN`` and keeps its spec as the ``encoding`` of its CSV rows. A suffix ``@C`` (e.g.
     ``rope/nope_temperature:4@16``, Llama 4's iRoPE) makes the non-NoPE layers attend within chunks of C tokens
-    (``ModelConfig.attention_chunk_size``), the NoPE layers globally; its run folder ends in ``-chunkC``.
+    (``ModelConfig.attention_chunk_size``), the NoPE layers globally; its run folder ends in ``-chunkC``. A last
+    suffix ``~W`` (e.g. ``rope~16``, Mistral's sliding window; ``rope/nope:4~16``, RNoPE-SWA) makes the non-NoPE layers
+    attend over the W most recent positions (``ModelConfig.sliding_window``); its run folder ends in ``-windowW``.
     """
 
     task: str = "lm"
@@ -87,10 +89,13 @@ class StudyConfig:
             expanded = [e for spec in self.encodings for e in (sequence_encodings() if spec == ALL else (spec,))]
             object.__setattr__(self, "encodings", tuple(dict.fromkeys(expanded)))
         for spec in self.encodings:
-            layers, chunk = split_chunk(spec, "encodings")
+            layers, chunk, window = split_local(spec, "encodings")
             base, other, _ = check_layer_spec(layers, n_layers=self.n_layers, name="encodings")
-            if chunk is not None and all(name in GLOBAL_ENCODINGS for name in (base, other) if name is not None):
+            all_global = all(name in GLOBAL_ENCODINGS for name in (base, other) if name is not None)
+            if chunk is not None and all_global:
                 fail("encodings", spec, "a chunk size @C on a spec with non-NoPE layers (NoPE layers attend globally)")
+            if window is not None and all_global:
+                fail("encodings", spec, "a window ~W on a spec with non-NoPE layers (NoPE layers attend globally)")
             for name in (base,) if other is None else (base, other):
                 if name not in posenc.available():
                     fail("encodings", name, f"names from {posenc.available()}")

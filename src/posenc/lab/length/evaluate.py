@@ -9,7 +9,7 @@ are built by ``posenc.lab.common.scaling``.
 from __future__ import annotations
 
 import posenc
-from posenc.lab.common.gpt import split_chunk, split_encoding
+from posenc.lab.common.gpt import split_encoding, split_local
 from posenc.lab.common.scaling import ROPE_SCALINGS, alibi_like, rope_like, rope_scaling
 
 #: Ways to run an encoding past its training length that are not RoPE scalings: learned tables interpolated to the
@@ -23,7 +23,7 @@ def extension_names(encoding: str) -> tuple[str, ...]:
     For a per-layer ``"BASE/OTHER:N"``, BASE's: they act on BASE's layers (``rope/nope:4``: RoPE scalings of the
     RoPE layers, the NoPE layers unchanged).
     """
-    encoding = split_encoding(split_chunk(encoding)[0])[0]
+    encoding = split_encoding(split_local(encoding)[0])[0]
     if encoding == "rope":
         return ("none", *ROPE_SCALINGS)
     return ("none", *OTHER_EXTENSIONS.get(encoding, ()))

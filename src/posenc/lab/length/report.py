@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from posenc._checks import check_choice, fail
 from posenc.lab.common.files import write_text_atomic
-from posenc.lab.common.gpt import split_chunk, split_encoding
+from posenc.lab.common.gpt import split_encoding, split_local
 from posenc.lab.common.report import config_and_environment, duration, findings_markdown, wide_console
 from posenc.lab.length.evaluate import extension_names
 
@@ -424,7 +424,7 @@ def _newer_claims(by: dict, cfg: StudyConfig, far: int) -> list[str]:
     """One line per later paper whose encodings ran: its claim, the perplexities at 8x, and whether they agree."""
     at = {e: by[(e, "none", far)]["ppl"] for (e, s, n) in by if s == "none" and n == far}
     claims = list(NEWER_CLAIMS)
-    hybrids = [e for e in cfg.encodings if "/" in e and split_encoding(split_chunk(e)[0], "encodings")[0] == "rope"]
+    hybrids = [e for e in cfg.encodings if "/" in e and split_encoding(split_local(e)[0], "encodings")[0] == "rope"]
     claims += [
         (e, ("rope",), "Yang et al. 2025", "a RoPE/NoPE hybrid extrapolates better than RoPE alone") for e in hybrids
     ]

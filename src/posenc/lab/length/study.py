@@ -24,7 +24,7 @@ from posenc.lab.common import dist
 from posenc.lab.common import evaluate as ev
 from posenc.lab.common.corpus import load_corpus, train_batch
 from posenc.lab.common.devices import resolve_device
-from posenc.lab.common.gpt import GPT, ModelConfig, split_chunk, split_encoding
+from posenc.lab.common.gpt import GPT, ModelConfig, split_encoding, split_local
 from posenc.lab.common.progress import progress_bar, skipped
 from posenc.lab.common.report import environment
 from posenc.lab.common.runfiles import check_settings
@@ -40,11 +40,12 @@ from posenc.lab.length.tasks import copy_batch, recall_batch
 def run_name(encoding: str) -> str:
     """The folder name of ``encoding``'s run under ``OUT/runs``: the name, or ``BASE-OTHER-everyN`` for a per-layer
     ``BASE/OTHER:N`` (no ``/`` or ``:`` in a path; registered names are identifiers, so no two specs collide), with
-    ``-chunkC`` for a chunked ``SPEC@C``."""
-    layers, chunk = split_chunk(encoding, "encodings")
+    ``-chunkC`` for a chunked ``SPEC@C`` and ``-windowW`` for a windowed ``SPEC~W``."""
+    layers, chunk, window = split_local(encoding, "encodings")
     base, other, interval = split_encoding(layers, "encodings")
     name = base if other is None else f"{base}-{other}-every{interval}"
-    return name if chunk is None else f"{name}-chunk{chunk}"
+    name = name if chunk is None else f"{name}-chunk{chunk}"
+    return name if window is None else f"{name}-window{window}"
 
 
 def _build_options(name: str, train_len: int) -> dict:
@@ -56,7 +57,7 @@ def _build_options(name: str, train_len: int) -> dict:
 
 
 def _model_config(cfg: StudyConfig, spec: str) -> ModelConfig:
-    encoding, chunk = split_chunk(spec, "encodings")
+    encoding, chunk, window = split_local(spec, "encodings")
     base, other, _ = split_encoding(encoding, "encodings")
     if other is None:
         extra = _build_options(base, cfg.train_len)
@@ -71,6 +72,7 @@ def _model_config(cfg: StudyConfig, spec: str) -> ModelConfig:
         encoding=encoding,
         encoding_config=extra,
         attention_chunk_size=chunk,
+        sliding_window=window,
     )
 
 
