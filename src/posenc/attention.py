@@ -697,7 +697,7 @@ def _compiled_flex(flex_attention, *args, **kwargs):  # noqa: ANN001, ANN002, AN
     whose key length grows) would pass torch's recompile limit, after which torch runs FlexAttention uncompiled:
     an ``S x T`` score matrix and other roundings (with bfloat16 inputs a float32 sink reached the scores rounded to
     bfloat16: ``tests/test_attention_flex_kernels.py``), so results would depend on what ran before. Instead, when
-    ``FLEX_KERNELS_KEPT`` kernels exist, they are dropped (``torch._dynamo.reset_code`` on FlexAttention's code
+    ``FLEX_KERNELS_KEPT`` kernels exist, they are dropped (dynamo's ``reset_code`` on FlexAttention's code
     object only: other compiled code keeps its kernels; another library's compiled FlexAttention shares that code
     object and recompiles too) and the call compiles anew, with a warning the first time in a process.
     """
@@ -709,7 +709,7 @@ def _compiled_flex(flex_attention, *args, **kwargs):  # noqa: ANN001, ANN002, AN
         _COMPILED_FLEX = torch.compile(flex_attention, dynamic=False)
     code = flex_attention.__code__
     if _flex_kernels(code) >= kept:
-        torch._dynamo.reset_code(code)
+        torch._dynamo.eval_frame.reset_code(code)
         _FLEX_DROPS += 1
         if _FLEX_DROPS == 1:
             warnings.warn(
@@ -725,10 +725,12 @@ def _compiled_flex(flex_attention, *args, **kwargs):  # noqa: ANN001, ANN002, AN
 
 
 def _flex_kernels(code) -> int:  # noqa: ANN001
-    """How many compiled entries torch keeps for ``code``."""
-    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
-
-    return len(_debug_get_cache_entry_list(code))
+    """How many compiled entries torch keeps for ``code`` (torch 2.11-2.13; 0, i.e. never drop, where a later torch
+    renames the private functions this reads and resets with)."""
+    frames = torch._dynamo.eval_frame
+    if not (hasattr(frames, "_debug_get_cache_entry_list") and hasattr(frames, "reset_code")):
+        return 0
+    return len(frames._debug_get_cache_entry_list(code))
 
 
 def _sink_score_mod(score_mod, sinks, t):  # noqa: ANN001, ANN202
