@@ -167,7 +167,8 @@ def _add_lab(sub: argparse._SubParsersAction) -> None:
         "in every N-th layer and BASE in the rest, e.g. rope/nope:4 (NoPE in layers 4, 8, ...; "
         "rope/nope_temperature:4: Llama 4's NoPE layers); a suffix @C makes the non-NoPE layers attend within "
         "chunks of C tokens (rope/nope_temperature:4@16: Llama 4's iRoPE); a last suffix ~W makes them attend over "
-        "the W most recent tokens (rope~16: Mistral's sliding window; rope/nope:4~16: RNoPE-SWA)",
+        "the W most recent tokens (rope~16: Mistral's sliding window; rope/nope:4~16: RNoPE-SWA); a last +sinks "
+        "gives every layer learned attention sinks (rope+sinks, rope~16+sinks: GPT-OSS's)",
     )
     p.add_argument(
         "--train-len", type=A.positive_int, help="training length L in tokens; default 64 (lm), 16 (copy, recall)"

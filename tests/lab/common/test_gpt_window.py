@@ -1,6 +1,7 @@
 """The lab GPT with sliding-window attention, ``ModelConfig(sliding_window=W)``: the non-NoPE layers see the W most
 recent positions (``posenc.attention(window=W)``: Mistral's windows with ``encoding="rope"``, RNoPE-SWA with
-``"rope/nope:N"``), the NoPE layers attend globally; the ``SPEC~W`` suffix (config round trips: test_gpt_local.py)."""
+``"rope/nope:N"``), the NoPE layers attend globally; the ``SPEC~W`` and ``SPEC+sinks`` suffixes (config round trips:
+test_gpt_local.py)."""
 
 
 import pytest
@@ -67,8 +68,12 @@ def test_a_token_reaches_only_w_positions_per_windowed_layer():
 def test_the_spec_suffix():
     assert split_window("rope/nope:4~16") == ("rope/nope:4", 16)
     assert split_window("rope~8") == ("rope", 8) and split_window("rope") == ("rope", None)
-    assert split_local("rope/nope_temperature:4@16~8") == ("rope/nope_temperature:4", 16, 8)
-    assert split_local("rope@16") == ("rope", 16, None) and split_local("rope") == ("rope", None, None)
+    assert split_local("rope/nope_temperature:4@16~8") == ("rope/nope_temperature:4", 16, 8, False)
+    assert split_local("rope@16") == ("rope", 16, None, False) and split_local("rope") == ("rope", None, None, False)
+    assert split_local("rope~16+sinks") == ("rope", None, 16, True) and split_local("nope+sinks")[3]
     for bad in ("rope~", "~4", "rope~0", "rope~x", "rope~-2", "rope~4~4", "rope~4@16"):
         with pytest.raises(ValueError, match=r"SPEC~W|SPEC@C"):
+            split_local(bad)
+    for bad in ("+sinks", "rope+sink", "rope+sinks+sinks", "rope+sinks~4", "rope+x"):
+        with pytest.raises(ValueError, match=r"SPEC\+sinks"):
             split_local(bad)

@@ -414,3 +414,23 @@ def test_a_windowed_hybrid_rnope_swa_trains_evaluates_and_reloads(corpus, tmp_pa
     for spec, match in [("nope~8", "non-NoPE layers"), ("rope~0", "SPEC~W"), ("rope/nope:2~", "SPEC~W")]:
         with pytest.raises(ValueError, match=match):
             StudyConfig(**{**TINY, "n_layers": 2}, encodings=(spec,))
+
+
+def test_sinks_train_evaluate_and_reload(corpus, tmp_path):
+    """``SPEC+sinks``: every layer learns a sink logit per head (GPT-OSS), in its own run folder and CSV label."""
+    from posenc.lab.length.study import _model_config, run_name
+
+    specs = ("nope", "nope+sinks")
+    cfg = StudyConfig(**{**TINY, "n_layers": 2, "eval_lens": (16, 32)}, encodings=specs, corpus=str(corpus),
+                      extensions=False)  # fmt: skip
+    assert _model_config(cfg, specs[1]).sinks and not _model_config(cfg, specs[0]).sinks
+    assert run_name(specs[1]) == "nope-sinks"
+    assert run_name("rope/nope:2@16~8+sinks") == "rope-nope-every2-chunk16-window8-sinks"
+    rows = run_study(cfg, tmp_path / "out", progress=False)
+    ok = {(r["encoding"], r["eval_len"]): r["ppl"] for r in rows if r["status"] == "ok"}
+    assert set(ok) == {(s, n) for s in specs for n in (16, 32)} and ok[(specs[0], 16)] != ok[(specs[1], 16)]
+    model = load_model(tmp_path / "out" / "runs" / "nope-sinks")
+    sinks = [b.attn.sinks for b in model.blocks]
+    assert model.config.sinks and all(s is not None and s.abs().max() > 0 for s in sinks)  # trained from 0, reloaded
+    with pytest.raises(ValueError, match=r"SPEC\+sinks"):
+        StudyConfig(**{**TINY, "n_layers": 2}, encodings=("rope+sink",))

@@ -107,11 +107,23 @@ def split_window(spec: object, name: str = "encoding") -> tuple[object, int | No
     return encoding, int(size)
 
 
-def split_local(spec: object, name: str = "encoding") -> tuple[object, int | None, int | None]:
-    """``SPEC[@C][~W]`` -> ``(SPEC, C, W)``: the layers' spec, the chunk size and the window (None where absent)."""
+SINKS_SUFFIX = "+sinks"
+SINKS_SYNTAX = (
+    "SPEC+sinks (learned attention sinks in every layer, last in the spec, e.g. 'rope+sinks', 'rope~16+sinks')"
+)
+
+
+def split_local(spec: object, name: str = "encoding") -> tuple[object, int | None, int | None, bool]:
+    """``SPEC[@C][~W][+sinks]`` -> ``(SPEC, C, W, sinks)``: the layers' spec, the chunk size and the window (None
+    where absent), and whether every layer learns attention sinks (``ModelConfig.sinks``)."""
+    sinks = isinstance(spec, str) and spec.endswith(SINKS_SUFFIX)
+    if sinks:
+        spec = spec[: -len(SINKS_SUFFIX)]
+    if isinstance(spec, str) and ("+" in spec or not spec):
+        fail(name, spec + SINKS_SUFFIX if sinks else spec, SINKS_SYNTAX)
     rest, window = split_window(spec, name)
     layers, chunk = split_chunk(rest, name)
-    return layers, chunk, window
+    return layers, chunk, window, sinks
 
 
 def check_layer_spec(spec: object, *, n_layers: int, name: str = "encoding") -> tuple[str, str | None, int | None]:

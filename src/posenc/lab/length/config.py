@@ -55,6 +55,8 @@ class StudyConfig:
     (``ModelConfig.attention_chunk_size``), the NoPE layers globally; its run folder ends in ``-chunkC``. A last
     suffix ``~W`` (e.g. ``rope~16``, Mistral's sliding window; ``rope/nope:4~16``, RNoPE-SWA) makes the non-NoPE layers
     attend over the W most recent positions (``ModelConfig.sliding_window``); its run folder ends in ``-windowW``.
+    A last ``+sinks`` (e.g. ``rope+sinks``, ``rope~16+sinks``: GPT-OSS's) gives every layer learned attention sinks
+    (``ModelConfig.sinks``); its run folder ends in ``-sinks``.
     """
 
     task: str = "lm"
@@ -89,7 +91,7 @@ class StudyConfig:
             expanded = [e for spec in self.encodings for e in (sequence_encodings() if spec == ALL else (spec,))]
             object.__setattr__(self, "encodings", tuple(dict.fromkeys(expanded)))
         for spec in self.encodings:
-            layers, chunk, window = split_local(spec, "encodings")
+            layers, chunk, window, _ = split_local(spec, "encodings")
             base, other, _ = check_layer_spec(layers, n_layers=self.n_layers, name="encodings")
             all_global = all(name in GLOBAL_ENCODINGS for name in (base, other) if name is not None)
             if chunk is not None and all_global:

@@ -40,12 +40,13 @@ from posenc.lab.length.tasks import copy_batch, recall_batch
 def run_name(encoding: str) -> str:
     """The folder name of ``encoding``'s run under ``OUT/runs``: the name, or ``BASE-OTHER-everyN`` for a per-layer
     ``BASE/OTHER:N`` (no ``/`` or ``:`` in a path; registered names are identifiers, so no two specs collide), with
-    ``-chunkC`` for a chunked ``SPEC@C`` and ``-windowW`` for a windowed ``SPEC~W``."""
-    layers, chunk, window = split_local(encoding, "encodings")
+    ``-chunkC`` for a chunked ``SPEC@C``, ``-windowW`` for a windowed ``SPEC~W`` and ``-sinks`` for ``SPEC+sinks``."""
+    layers, chunk, window, sinks = split_local(encoding, "encodings")
     base, other, interval = split_encoding(layers, "encodings")
     name = base if other is None else f"{base}-{other}-every{interval}"
     name = name if chunk is None else f"{name}-chunk{chunk}"
-    return name if window is None else f"{name}-window{window}"
+    name = name if window is None else f"{name}-window{window}"
+    return f"{name}-sinks" if sinks else name
 
 
 def _build_options(name: str, train_len: int) -> dict:
@@ -57,7 +58,7 @@ def _build_options(name: str, train_len: int) -> dict:
 
 
 def _model_config(cfg: StudyConfig, spec: str) -> ModelConfig:
-    encoding, chunk, window = split_local(spec, "encodings")
+    encoding, chunk, window, sinks = split_local(spec, "encodings")
     base, other, _ = split_encoding(encoding, "encodings")
     if other is None:
         extra = _build_options(base, cfg.train_len)
@@ -73,6 +74,7 @@ def _model_config(cfg: StudyConfig, spec: str) -> ModelConfig:
         encoding_config=extra,
         attention_chunk_size=chunk,
         sliding_window=window,
+        sinks=sinks,
     )
 
 
