@@ -376,61 +376,48 @@ def test_ssmax_over_rope_and_nope_trains_evaluates_past_l_and_reloads_its_s(corp
     assert {"rope_ssmax", "ssmax", "rope_ssmax_bias", "ssmax_bias"} <= set(cfg.encodings)
 
 
-def test_a_chunked_hybrid_irope_trains_evaluates_and_reloads(corpus, tmp_path):
-    """``SPEC@C`` (Llama 4's iRoPE): the RoPE layers attend within chunks of C tokens, the NoPE layers globally; its
-    own run folder and CSV label, next to the unchunked hybrid in one study."""
-    from posenc.lab.length.study import _model_config, run_name
+# A spec suffix, the spec without it and with it, the run folder, the layers' value after reloading, bad specs.
+SUFFIXES = {
+    # ``SPEC@C`` (Llama 4's iRoPE): the RoPE layers attend within chunks of C tokens, the NoPE layers globally
+    "chunk": (("rope/nope_temperature:2", "rope/nope_temperature:2@8"), "rope-nope_temperature-every2-chunk8",
+              lambda b: b.attn.chunk_size, [8, None],
+              [("nope@8", "non-NoPE layers"), ("rope@0", "SPEC@C"), ("rope/nope:2@", "SPEC@C")]),
+    # ``SPEC~W`` (RNoPE-SWA; Mistral's windows with ``rope~8``): the RoPE layers see the 8 most recent tokens
+    "window": (("rope/nope:2", "rope/nope:2~8"), "rope-nope-every2-window8", lambda b: b.attn.window, [8, None],
+               [("nope~8", "non-NoPE layers"), ("rope~0", "SPEC~W"), ("rope/nope:2~", "SPEC~W")]),
+    # ``SPEC+sinks`` (GPT-OSS): every layer learns a sink logit per head, from 0
+    "sinks": (("nope", "nope+sinks"), "nope-sinks", lambda b: bool(b.attn.sinks.abs().max() > 0), [True, True],
+              [("rope+sink", r"SPEC\+sinks"), ("rope+sinks~4", r"SPEC\+sinks")]),
+}  # fmt: skip
 
-    specs = ("rope/nope_temperature:2", "rope/nope_temperature:2@8")
+
+@pytest.mark.parametrize("suffix", SUFFIXES)
+def test_a_spec_suffix_trains_evaluates_and_reloads(corpus, tmp_path, suffix):
+    """A suffixed spec trains beside the plain one in one study, in its own run folder and CSV label, and its
+    reloaded model carries the option in every layer it names; malformed or meaningless suffixes are refused."""
+    from posenc.lab.length.study import run_name
+
+    specs, folder, value, want, bad = SUFFIXES[suffix]
     cfg = StudyConfig(**{**TINY, "n_layers": 2, "eval_lens": (16, 32)}, encodings=specs, corpus=str(corpus),
                       extensions=False)  # fmt: skip
-    assert _model_config(cfg, specs[1]).attention_chunk_size == 8 and _model_config(cfg, specs[0]).encoding == specs[0]
-    assert run_name(specs[1]) == "rope-nope_temperature-every2-chunk8" and run_name("rope@8") == "rope-chunk8"
+    assert run_name(specs[1]) == folder
     rows = run_study(cfg, tmp_path / "out", progress=False)
     ok = {(r["encoding"], r["eval_len"]): r["ppl"] for r in rows if r["status"] == "ok"}
     assert set(ok) == {(s, n) for s in specs for n in (16, 32)} and ok[(specs[0], 16)] != ok[(specs[1], 16)]
-    model = load_model(tmp_path / "out" / "runs" / "rope-nope_temperature-every2-chunk8")
-    assert model.config.attention_chunk_size == 8 and [b.attn.chunk_size for b in model.blocks] == [8, None]
-    for spec, match in [("nope@8", "non-NoPE layers"), ("rope@0", "SPEC@C"), ("rope/nope:2@", "SPEC@C")]:
+    assert [value(b) for b in load_model(tmp_path / "out" / "runs" / folder).blocks] == want
+    for spec, match in bad:
         with pytest.raises(ValueError, match=match):
             StudyConfig(**{**TINY, "n_layers": 2}, encodings=(spec,))
 
 
-def test_a_windowed_hybrid_rnope_swa_trains_evaluates_and_reloads(corpus, tmp_path):
-    """``SPEC~W`` (RNoPE-SWA with ``rope/nope:2~8``, Mistral's windows with ``rope~8``): the RoPE layers attend over
-    the 8 most recent tokens, the NoPE layers globally; its own run folder and CSV label, beside the global hybrid."""
+def test_suffixes_name_their_model_config_and_run_folder():
     from posenc.lab.length.study import _model_config, run_name
 
-    specs = ("rope/nope:2", "rope/nope:2~8")
-    cfg = StudyConfig(**{**TINY, "n_layers": 2, "eval_lens": (16, 32)}, encodings=specs, corpus=str(corpus),
-                      extensions=False)  # fmt: skip
-    assert _model_config(cfg, specs[1]).sliding_window == 8 and _model_config(cfg, specs[0]).sliding_window is None
-    assert run_name(specs[1]) == "rope-nope-every2-window8" and run_name("rope@16~8") == "rope-chunk16-window8"
-    rows = run_study(cfg, tmp_path / "out", progress=False)
-    ok = {(r["encoding"], r["eval_len"]): r["ppl"] for r in rows if r["status"] == "ok"}
-    assert set(ok) == {(s, n) for s in specs for n in (16, 32)} and ok[(specs[0], 16)] != ok[(specs[1], 16)]
-    model = load_model(tmp_path / "out" / "runs" / "rope-nope-every2-window8")
-    assert model.config.sliding_window == 8 and [b.attn.window for b in model.blocks] == [8, None]
-    for spec, match in [("nope~8", "non-NoPE layers"), ("rope~0", "SPEC~W"), ("rope/nope:2~", "SPEC~W")]:
-        with pytest.raises(ValueError, match=match):
-            StudyConfig(**{**TINY, "n_layers": 2}, encodings=(spec,))
-
-
-def test_sinks_train_evaluate_and_reload(corpus, tmp_path):
-    """``SPEC+sinks``: every layer learns a sink logit per head (GPT-OSS), in its own run folder and CSV label."""
-    from posenc.lab.length.study import _model_config, run_name
-
-    specs = ("nope", "nope+sinks")
-    cfg = StudyConfig(**{**TINY, "n_layers": 2, "eval_lens": (16, 32)}, encodings=specs, corpus=str(corpus),
-                      extensions=False)  # fmt: skip
-    assert _model_config(cfg, specs[1]).sinks and not _model_config(cfg, specs[0]).sinks
-    assert run_name(specs[1]) == "nope-sinks"
+    cfg = StudyConfig(**{**TINY, "n_layers": 2}, encodings=("rope",))
+    local = _model_config(cfg, "rope/nope_temperature:2@16~8+sinks")
+    assert (local.encoding, local.attention_chunk_size, local.sliding_window, local.sinks) == (
+        "rope/nope_temperature:2", 16, 8, True)  # fmt: skip
+    plain = _model_config(cfg, "rope/nope:2")
+    assert (plain.attention_chunk_size, plain.sliding_window, plain.sinks) == (None, None, False)
+    assert run_name("rope@8") == "rope-chunk8" and run_name("rope@16~8") == "rope-chunk16-window8"
     assert run_name("rope/nope:2@16~8+sinks") == "rope-nope-every2-chunk16-window8-sinks"
-    rows = run_study(cfg, tmp_path / "out", progress=False)
-    ok = {(r["encoding"], r["eval_len"]): r["ppl"] for r in rows if r["status"] == "ok"}
-    assert set(ok) == {(s, n) for s in specs for n in (16, 32)} and ok[(specs[0], 16)] != ok[(specs[1], 16)]
-    model = load_model(tmp_path / "out" / "runs" / "nope-sinks")
-    sinks = [b.attn.sinks for b in model.blocks]
-    assert model.config.sinks and all(s is not None and s.abs().max() > 0 for s in sinks)  # trained from 0, reloaded
-    with pytest.raises(ValueError, match=r"SPEC\+sinks"):
-        StudyConfig(**{**TINY, "n_layers": 2}, encodings=("rope+sink",))
