@@ -692,7 +692,9 @@ def _compiled_flex(flex_attention, *args, **kwargs):  # noqa: ANN001, ANN002, AN
     """``torch.compile(flex_attention)(*args, **kwargs)``, static shapes, with at most ``FLEX_KERNELS_KEPT`` kernels.
 
     Static shapes: one kernel per shape. Dynamic-shape CPU kernels fail to build in torch 2.13 (inductor emits an
-    undeclared split-size variable), and the fixed shapes of training and evaluation compile once. A process that
+    undeclared split-size variable; with automatic dynamic shapes, ``dynamic=None``, a decode of growing key length
+    built for ALiBi alone but not with a window mask or sinks: C++ compile errors, tried 2026-11-26), and the fixed
+    shapes of training and evaluation compile once. A process that
     meets many shapes (an evaluation over lengths and encodings, a long test session, a forced ``flex`` decode
     whose key length grows) would pass torch's recompile limit, after which torch runs FlexAttention uncompiled:
     an ``S x T`` score matrix and other roundings (with bfloat16 inputs a float32 sink reached the scores rounded to
