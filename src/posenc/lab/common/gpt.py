@@ -119,7 +119,7 @@ def split_local(spec: object, name: str = "encoding") -> tuple[object, int | Non
     sinks = isinstance(spec, str) and spec.endswith(SINKS_SUFFIX)
     if sinks:
         spec = spec[: -len(SINKS_SUFFIX)]
-    if isinstance(spec, str) and ("+" in spec or not spec):
+    if isinstance(spec, str) and ("+" in spec or (sinks and not spec)):
         fail(name, spec + SINKS_SUFFIX if sinks else spec, SINKS_SYNTAX)
     rest, window = split_window(spec, name)
     layers, chunk = split_chunk(rest, name)
