@@ -1,7 +1,9 @@
-"""Sliding-window attention on CPU: what ``posenc.attention(window=W)`` costs on each backend, as a ratio to full causal
-attention (torch's flash kernel, ``is_causal=True``) on the same inputs, measured in one run on one machine.
+"""Sliding-window attention on CPU or CUDA: what ``posenc.attention(window=W)`` costs on each backend, as a ratio to
+full causal attention (torch's flash kernel, ``is_causal=True``) on the same inputs, measured in one run on one
+machine.
 
     python bench/window_attention.py --lengths 8192 16384 --windows 128 4096 --dtypes float32 bfloat16
+    python bench/window_attention.py --device cuda --lengths 16384 65536 --sdpa-max 16384
 
 - ``full causal``: ``scaled_dot_product_attention(..., is_causal=True)``, no window: what a model without one computes.
 - ``flex``: ``posenc.attention(window=W, backend="flex")``: compiled FlexAttention with a block mask built from
@@ -29,16 +31,19 @@ import posenc
 
 
 def timed(fn, repeat: int) -> tuple[float, float]:  # noqa: ANN001
-    """(seconds of the first call, median seconds of ``repeat`` more)."""
-    start = time.perf_counter()
-    fn()
-    first = time.perf_counter() - start
-    times = []
-    for _ in range(repeat):
+    """(seconds of the first call, median seconds of ``repeat`` more), waiting for CUDA's queue around each."""
+
+    def once() -> float:
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
         start = time.perf_counter()
         fn()
-        times.append(time.perf_counter() - start)
-    return first, statistics.median(times)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        return time.perf_counter() - start
+
+    first = once()
+    return first, statistics.median(once() for _ in range(repeat))
 
 
 def kept_share(length: int, window: int) -> float:
@@ -55,8 +60,8 @@ def max_error(out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
             q[..., -rows:, :].double(),
             k.double(),
             v.double(),
-            q_positions=torch.arange(length - rows, length),
-            k_positions=torch.arange(length),
+            q_positions=torch.arange(length - rows, length, device=q.device),
+            k_positions=torch.arange(length, device=q.device),
             window=window,
             backend="eager",
         )
@@ -66,7 +71,7 @@ def max_error(out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
 def row(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int, full: float, args: argparse.Namespace) -> str:
     """One table row: flex and sdpa with ``window`` on ``q, k, v``, their times over ``full`` and their errors."""
     length = q.shape[-2]
-    pos = torch.arange(length)
+    pos = torch.arange(length, device=q.device)
     out = {}
 
     def run(backend: str) -> None:
@@ -95,9 +100,12 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--check", type=int, default=256, help="queries checked against float64 eager")
     parser.add_argument("--sdpa-max", type=int, default=16384, help="longest length for the dense-mask sdpa")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     args = parser.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: torch sees no CUDA device")
 
-    machine = platform.processor() or platform.machine()
+    machine = torch.cuda.get_device_name() if args.device == "cuda" else platform.processor() or platform.machine()
     print(f"# {machine}, torch {torch.__version__}, {torch.get_num_threads()} threads")
     print("| dtype | L | W | kept / causal | full causal s | flex s (compile s) | flex / full | flex err | sdpa s |"
           " sdpa / full | sdpa err |")  # fmt: skip
@@ -106,7 +114,7 @@ def main() -> None:
         for length in args.lengths:
             gen = torch.Generator().manual_seed(0)
             shape = (1, args.heads, length, args.dim)
-            q, k, v = (torch.randn(shape, generator=gen).to(getattr(torch, dtype_name)) for _ in range(3))
+            q, k, v = (torch.randn(shape, generator=gen).to(args.device, getattr(torch, dtype_name)) for _ in range(3))
             with torch.no_grad():
                 _, full = timed(lambda q=q, k=k, v=v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
                                 args.repeat)  # fmt: skip
