@@ -694,14 +694,14 @@ def _compiled_flex(flex_attention, *args, **kwargs):  # noqa: ANN001, ANN002, AN
     Static shapes: one kernel per shape. Dynamic-shape CPU kernels fail to build in torch 2.13 (inductor emits an
     undeclared split-size variable; with automatic dynamic shapes, ``dynamic=None``, a decode of growing key length
     built for ALiBi alone but not with a window mask or sinks: C++ compile errors, tried 2026-11-26), and the fixed
-    shapes of training and evaluation compile once. A process that
-    meets many shapes (an evaluation over lengths and encodings, a long test session, a forced ``flex`` decode
-    whose key length grows) would pass torch's recompile limit, after which torch runs FlexAttention uncompiled:
-    an ``S x T`` score matrix and other roundings (with bfloat16 inputs a float32 sink reached the scores rounded to
-    bfloat16: ``tests/test_attention_flex_kernels.py``), so results would depend on what ran before. Instead, when
-    ``FLEX_KERNELS_KEPT`` kernels exist, they are dropped (dynamo's ``reset_code`` on FlexAttention's code
-    object only: other compiled code keeps its kernels; another library's compiled FlexAttention shares that code
-    object and recompiles too) and the call compiles anew, with a warning the first time in a process.
+    shapes of training and evaluation compile once. A process that meets many shapes (an evaluation over lengths and
+    encodings, a long test session, a forced ``flex`` decode whose key length grows) would pass torch's recompile
+    limit, after which torch runs FlexAttention uncompiled: an ``S x T`` score matrix and other roundings (with
+    bfloat16 inputs a float32 sink reached the scores rounded to bfloat16: ``tests/test_attention_flex_kernels.py``),
+    so results would depend on what ran before. Instead, when ``FLEX_KERNELS_KEPT`` kernels exist, they are dropped
+    (dynamo's ``reset_code`` on FlexAttention's code object only: other compiled code keeps its kernels; another
+    library's compiled FlexAttention shares that code object and recompiles too) and the call compiles anew, with a
+    warning the first time in a process.
     """
     global _COMPILED_FLEX, _FLEX_DROPS
     kept = FLEX_KERNELS_KEPT
@@ -720,9 +720,8 @@ def _compiled_flex(flex_attention, *args, **kwargs):  # noqa: ANN001, ANN002, AN
                 "compilation: keep shapes fixed (pad to a few lengths), or use backend='sdpa' for decoding.",
                 stacklevel=4,
             )
-    limits = {"recompile_limit": kept + 1}
-    limits["accumulated_recompile_limit"] = max(torch._dynamo.config.accumulated_recompile_limit, kept + 1)
-    with torch._dynamo.config.patch(**limits):
+    accumulated = max(torch._dynamo.config.accumulated_recompile_limit, kept + 1)
+    with torch._dynamo.config.patch(recompile_limit=kept + 1, accumulated_recompile_limit=accumulated):
         return _COMPILED_FLEX(*args, **kwargs)
 
 

@@ -278,13 +278,17 @@ class ModelConfig(DictConfig):
     def layer_chunk_sizes(self) -> tuple[int | None, ...]:
         """Each layer's ``chunk_size`` for ``posenc.attention``: ``attention_chunk_size``, or None (global) for the
         NoPE layers and when ``attention_chunk_size`` is None."""
-        return tuple(None if name in GLOBAL_ENCODINGS else self.attention_chunk_size for name in self.layer_encodings)
+        return self._in_local_layers(self.attention_chunk_size)
 
     @property
     def layer_windows(self) -> tuple[int | None, ...]:
         """Each layer's ``window`` for ``posenc.attention``: ``sliding_window``, or None (global) for the NoPE layers
         and when ``sliding_window`` is None."""
-        return tuple(None if name in GLOBAL_ENCODINGS else self.sliding_window for name in self.layer_encodings)
+        return self._in_local_layers(self.sliding_window)
+
+    def _in_local_layers(self, value: int | None) -> tuple[int | None, ...]:
+        """``value`` for each layer that attends locally (not NoPE: ``GLOBAL_ENCODINGS``), None for the others."""
+        return tuple(None if name in GLOBAL_ENCODINGS else value for name in self.layer_encodings)
 
     def to_dict(self) -> dict[str, Any]:
         """Every field by name, JSON-able."""

@@ -94,10 +94,9 @@ class StudyConfig:
             layers, chunk, window, _ = split_local(spec, "encodings")
             base, other, _ = check_layer_spec(layers, n_layers=self.n_layers, name="encodings")
             all_global = all(name in GLOBAL_ENCODINGS for name in (base, other) if name is not None)
-            if chunk is not None and all_global:
-                fail("encodings", spec, "a chunk size @C on a spec with non-NoPE layers (NoPE layers attend globally)")
-            if window is not None and all_global:
-                fail("encodings", spec, "a window ~W on a spec with non-NoPE layers (NoPE layers attend globally)")
+            for given, what in ((chunk, "a chunk size @C"), (window, "a window ~W")):
+                if given is not None and all_global:
+                    fail("encodings", spec, f"{what} on a spec with non-NoPE layers (NoPE layers attend globally)")
             for name in (base,) if other is None else (base, other):
                 if name not in posenc.available():
                     fail("encodings", name, f"names from {posenc.available()}")
