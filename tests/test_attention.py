@@ -4,6 +4,7 @@ registered encoding -- forward, backward, KV-cache decoding, chunking, packing a
 from __future__ import annotations
 
 import copy
+import importlib
 
 import pytest
 import torch
@@ -169,6 +170,24 @@ def test_flex_matches_eager_on_cuda_forward_and_backward(name):
     assert_close(results[1][0], results[0][0], atol=1e-4, rtol=1e-4)
     for g_ref, g in zip(results[0][1], results[1][1], strict=True):
         assert_close(g, g_ref, atol=1e-3, rtol=1e-3)
+
+
+def test_flex_pads_narrow_values_and_slices_the_output_back(monkeypatch):
+    """CUDA's FlexAttention refuses v (and q, k) narrower than 16: posenc pads them with zeros and slices the output
+    back. Run here by giving the CPU CUDA's minimums: the padded call equals eager, and flex saw 16-wide values."""
+    attention_module = importlib.import_module("posenc.attention")  # the module (posenc.attention is the function)
+    seen = []
+    compiled = attention_module._compiled_flex
+    monkeypatch.setattr(attention_module, "_flex_min_head_dims", lambda device_type: (32, 16))
+    monkeypatch.setattr(attention_module, "_compiled_flex",
+                        lambda fn, q, k, v, **kw: seen.append(v.shape[-1]) or compiled(fn, q, k, v, **kw))  # fmt: skip
+    enc, (q, k, v), pos = _inputs("alibi")
+    assert v.shape[-1] < 16
+    with torch.no_grad():
+        ref = posenc.attention(q, k, v, encoding=enc, backend="eager", **pos)
+        out = posenc.attention(q, k, v, encoding=enc, backend="flex", **pos)
+    assert seen == [16] and out.shape == ref.shape
+    assert_close(out, ref, **tol(q, k, v, encoding=enc, **pos))
 
 
 # ---------------------------------------------------------------------------------------------------------------

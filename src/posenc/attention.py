@@ -18,7 +18,8 @@ Backends:
         dropped and compiled anew, never run uncompiled). No backward on CPU in current PyTorch; no float64 on CPU. On
         CPU, q and k with head dims below ``CPU_FLEX_MIN_HEAD_DIM`` are zero-padded to it (scores unchanged): the
         compiled CPU kernel of torch 2.13 returns wrong rows or NaN for head dims of 16 and below on AVX2-only
-        processors (seen on an AMD EPYC without AVX-512).
+        processors (seen on an AMD EPYC without AVX-512). On CUDA, q, k and v below ``CUDA_FLEX_MIN_HEAD_DIM`` (16)
+        are zero-padded to it and the output sliced back: Inductor's kernels refuse narrower heads.
     auto: ``eager`` for value terms; ``sdpa`` without a bias; with a bias, ``flex`` where it can run (CUDA, or CPU
         without gradients) once the materialised bias would exceed ``FLEX_MIN_BIAS_BYTES``, and at any size inside
         ``torch.compile`` (a compiled model keeps its FlexAttention kernel); ``sdpa`` otherwise. ``sinks``,
@@ -102,6 +103,10 @@ FLEX_BLOCK = 128
 
 #: On CPU, q and k narrower than this are zero-padded to it before FlexAttention (see ``_flex``).
 CPU_FLEX_MIN_HEAD_DIM = 32
+#: On CUDA, q, k and v narrower than this are zero-padded to it before FlexAttention: Inductor's kernels refuse
+#: head dims below 16 ("NYI: embedding dimension of the query, key, and value must be at least 16", torch 2.11 on an
+#: H200, 2026-11-27). Zero channels of q and k leave every score as it is; those of v are sliced off the output.
+CUDA_FLEX_MIN_HEAD_DIM = 16
 
 #: Compiled FlexAttention kernels one process keeps (one per shape, encoding and mask kind). Past torch's recompile
 #: limit, torch runs FlexAttention *uncompiled* -- scores materialised ``S x T``, other roundings -- so at this many
@@ -672,16 +677,27 @@ def _flex(q, k, v, encoding, q_pos, k_pos, mask, scale, sinks=None):  # noqa: AN
         score_mod = _sink_score_mod(score_mod, sinks.to(torch.promote_types(q.dtype, torch.float32)), mask.t)
         k = torch.cat([k, k.new_zeros(*k.shape[:2], 1, k.shape[3])], dim=2)  # (B, Hkv, T + 1, D)
         v = torch.cat([v, v.new_zeros(*v.shape[:2], 1, v.shape[3])], dim=2)  # (B, Hkv, T + 1, Dv)
-    if q.device.type == "cpu" and q.shape[-1] < CPU_FLEX_MIN_HEAD_DIM:
-        # Compiled CPU FlexAttention (torch 2.13, AVX2-only CPUs such as AMD EPYC without AVX-512) returns wrong rows
-        # or NaN for q/k head dims of 16 and below. Zero channels leave every score as it is (scale is explicit).
-        pad = CPU_FLEX_MIN_HEAD_DIM - q.shape[-1]
-        q, k = F.pad(q, (0, pad)), F.pad(k, (0, pad))  # (B, H, S, D) -> (B, H, S, 32)
+    # Compiled CPU FlexAttention (torch 2.13, AVX2-only CPUs such as AMD EPYC without AVX-512) returns wrong rows or
+    # NaN for q/k head dims of 16 and below; CUDA's refuses q, k or v below 16. Zero channels of q and k leave every
+    # score as it is (scale is explicit); zero channels of v add zero output channels, sliced off below.
+    qk_min, v_min = _flex_min_head_dims(q.device.type)
+    if q.shape[-1] < qk_min:
+        q, k = F.pad(q, (0, qk_min - q.shape[-1])), F.pad(k, (0, qk_min - k.shape[-1]))  # (B, H, S, D) -> qk_min
+    dv = v.shape[-1]
+    if dv < v_min:
+        v = F.pad(v, (0, v_min - dv))  # (B, Hkv, T, Dv) -> (B, Hkv, T, v_min)
     block_mask = mask.block_mask(q.device, sink_key=sinks is not None)
     kwargs = {"score_mod": score_mod, "block_mask": block_mask, "scale": scale, "enable_gqa": k.shape[1] != q.shape[1]}
     if torch.compiler.is_compiling():
-        return flex_attention(q, k, v, **kwargs)
-    return _compiled_flex(flex_attention, q, k, v, **kwargs)
+        out = flex_attention(q, k, v, **kwargs)
+    else:
+        out = _compiled_flex(flex_attention, q, k, v, **kwargs)
+    return out[..., :dv] if out.shape[-1] != dv else out
+
+
+def _flex_min_head_dims(device_type: str) -> tuple[int, int]:
+    """The narrowest (q/k, v) head dims posenc hands to FlexAttention on this kind of device (narrower: padded)."""
+    return (CPU_FLEX_MIN_HEAD_DIM, 0) if device_type == "cpu" else (CUDA_FLEX_MIN_HEAD_DIM, CUDA_FLEX_MIN_HEAD_DIM)
 
 
 _COMPILED_FLEX = None
