@@ -43,6 +43,8 @@ def _qk(b=2, h=4, hkv=2, s=5, t=None, d=16, dtype=torch.float32, grad=False):
 def _close(actual, expected):
     if actual.dtype == torch.bfloat16:  # the kernel may fuse a multiply-add: one bf16 rounding step apart at most
         torch.testing.assert_close(actual.float(), expected.float(), rtol=8e-3, atol=1e-2)
+    elif actual.dtype == torch.float16:  # the same, one float16 rounding step (2^-10 relative)
+        torch.testing.assert_close(actual.float(), expected.float(), rtol=1e-3, atol=2e-3)
     else:
         torch.testing.assert_close(actual, expected)
 
@@ -50,7 +52,7 @@ def _close(actual, expected):
 @pytest.mark.parametrize("layout", ["half", "interleaved"])
 @pytest.mark.parametrize("rotary_dim", [16, 8, 6])
 @pytest.mark.parametrize("positions", ["shared", "batched"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_forward_matches_eager(layout, rotary_dim, positions, dtype):
     q, k = _qk(dtype=dtype, h=3, hkv=1)  # GQA: different head counts in one launch
     pos = torch.tensor([[0, 5, 40, 3, 2], [9, 1, 7, 100_000, 4]]) if positions == "batched" else torch.arange(5) + 7
@@ -177,7 +179,7 @@ def test_compiles_without_graph_breaks():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("layout", ["half", "interleaved"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_gpu_real_sizes_and_rotary_embedding_hook(layout, dtype, monkeypatch):
     """The compiled kernel at model sizes, through ``RotaryEmbedding`` (automatic on CUDA) vs the eager path."""
     emb = posenc.RotaryEmbedding(128, layout=layout, partial_rotary_factor=0.75).cuda()
