@@ -293,7 +293,7 @@ def extend(args: argparse.Namespace) -> int:
             if value is not None:
                 fail(flag, value, "a setting of --pick (add --pick --target T)")
     elif args.target is None:
-        fail("--target", None, "the length to pick a method for, with --pick: tokens (32768) or a multiple (4x)")
+        fail("--target", None, "the length to pick a method for, with --pick: tokens (32768, 32k) or a multiple (4x)")
     else:
         if args.no_baseline:
             fail("--no-baseline", True, "left out with --pick (the pick measures the unpatched model as its reference)")
@@ -398,7 +398,7 @@ def _add_extend(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--lengths",
         type=_lengths,
-        help="comma-separated, in tokens or multiples of the model's original context (4096,1.5x,2x); default "
+        help="comma-separated, in tokens or multiples of the model's original context (4096,16k,1.5x,2x); default "
         "0.5x,1.5x (CPU), 0.5x-8x (CUDA), 1x-8x (lab)",
     )
     p.add_argument(
@@ -505,7 +505,7 @@ def _add_extend(sub: argparse._SubParsersAction) -> None:
         "plan with a time estimate is printed before any weight is loaded; --save writes the pick",
     )
     p.add_argument(
-        "--target", help="--pick: the length to work at, in tokens (32768) or a multiple of the context (4x)"
+        "--target", help="--pick: the length to work at, in tokens (32768 or 32k) or a multiple of the context (4x)"
     )
     p.add_argument(
         "--budget",

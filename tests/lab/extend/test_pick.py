@@ -25,12 +25,14 @@ SETTINGS = {k: v for k, v in TINY.items() if k not in ("trials", "eval_tokens")}
 # The rules
 
 
-@pytest.mark.parametrize(("text", "length"), [("128", 128), (128, 128), ("2x", 128), ("1.5x", 96), (" 4X ", 256)])
+@pytest.mark.parametrize(
+    ("text", "length"), [("128", 128), (128, 128), ("2x", 128), ("1.5x", 96), (" 4X ", 256), ("12k", 12288)]
+)
 def test_targets_are_tokens_or_multiples_of_the_context(text, length):
     assert rules.parse_target(text, 64) == length
 
 
-@pytest.mark.parametrize("text", ["64", "1x", "0.5x", "x2", "-3", "12k", "", "2xx"])
+@pytest.mark.parametrize("text", ["64", "1x", "0.5x", "x2", "-3", "0.01k", "", "2xx", "k", "\u0661\u0666"])
 def test_bad_targets_are_refused_naming_the_setting(text):
     with pytest.raises(ValueError, match=r"target=.* is invalid"):
         rules.parse_target(text, 64)

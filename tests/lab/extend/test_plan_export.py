@@ -150,10 +150,16 @@ def test_multiples_resolve_against_the_original_context():
         resolve_lengths(ExtendConfig(model="m", lengths=("0.001x", 8)), 100)
 
 
-@pytest.mark.parametrize("bad", ["x2", "-1x", "0x", "2xx", "1.5", "0", "2 x", "x", ".x", True])
+@pytest.mark.parametrize("bad", ["x2", "-1x", "0x", "2xx", "1.5", "0", "2 x", "x", ".x", True, "0.1k", "k", "2kx"])
 def test_a_bad_length_is_refused_naming_the_setting(bad):
-    with pytest.raises(ValueError, match=rf"^lengths={bad!r} is invalid: expected a length in tokens \(4096\) or a "):
+    with pytest.raises(ValueError, match=rf"^lengths={bad!r} is invalid: expected a length in tokens \(4096, or 16k"):
         ExtendConfig(model="m", lengths=(64, bad))
+
+
+def test_lengths_in_thousands_of_1024_tokens():
+    """``16k`` is 16,384 tokens, as the README and the field write lengths; resolved at once (no original needed)."""
+    cfg = ExtendConfig(model="m", lengths=("16k", "12K", "1.5k", 4096, "2x"))
+    assert cfg.lengths == (16384, 12288, 1536, 4096, "2x")
 
 
 def test_cli_multiples_are_stored_as_tokens_and_resume_compares_tokens(llama, corpus, tmp_path):
