@@ -300,7 +300,7 @@ LENGTH_FORMS = (
     "a length in tokens (4096, or 16k for 16 x 1024) or a positive multiple of the model's original context (0.5x, 2x)"
 )
 _MULTIPLE = re.compile(r"(\d+(?:\.\d*)?|\.\d+)x", re.ASCII)
-_KILO = re.compile(r"(\d+(?:\.\d*)?|\.\d+)k", re.ASCII)  # 16k = 16 * 1024 tokens, as the README and the field write lengths
+_KILO = re.compile(r"(\d+(?:\.\d*)?|\.\d+)k", re.ASCII)  # 16k = 16 * 1024 tokens, as the field writes lengths
 
 
 def _is_count(value: object) -> bool:
