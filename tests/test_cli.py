@@ -495,3 +495,27 @@ def test_tables_are_not_cut_at_80_columns_in_a_pipe(corpus, tmp_path, capsys):
     rows = [line for line in said.splitlines() if line.startswith("│")]
     assert len(rows) == 1 and rows[0].startswith("│ nope") and rows[0].count("│") == 11, said  # one line per row
     assert max(len(line) for line in said.splitlines()) > 80
+
+
+def test_ctrl_c_while_the_command_starts_is_one_line(monkeypatch, capsys):
+    """The console script's entry (``posenc_entry``, outside the package) imports ``posenc.cli`` -- torch: seconds --
+    inside a ``try``: a Ctrl-C there is one line on stderr and exit status 130, no traceback."""
+    import importlib.abc
+
+    import posenc_entry
+
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+    class Interrupted(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):  # noqa: ANN001, ANN201
+            if name == "posenc.cli":
+                raise KeyboardInterrupt
+            return None
+
+    monkeypatch.delitem(sys.modules, "posenc.cli", raising=False)
+    monkeypatch.setattr(sys, "meta_path", [Interrupted(), *sys.meta_path])
+    assert posenc_entry.main() == 130
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err == "posenc: interrupted while starting; nothing was done\n"
+    project = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]
+    assert project["scripts"]["posenc"] == "posenc_entry:main"
