@@ -124,3 +124,16 @@ def test_markers_are_written_with_the_command(tmp_path):
     assert path == tmp_path / "figs" / "figures.json"
     assert json.loads(path.read_text()) == {"command": "posenc figures"}
     assert check_out(tmp_path / "figs", "figures") == {}
+
+
+def test_a_pick_folder_names_the_command_a_user_types(tmp_path):
+    """``posenc pick`` does not exist: a pick's settings file says ``posenc extend --pick``; older pick folders
+    (``"posenc pick"``, as the committed studies until 2026-11-27) stay resumable, and an extend folder stays apart."""
+    write_marker(tmp_path / "new", "pick", {"target": 64})
+    assert json.loads((tmp_path / "new" / "pick.json").read_text())["command"] == "posenc extend --pick"
+    assert check_out(tmp_path / "new", "pick") == {"target": 64}
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "pick.json").write_text(json.dumps({"command": "posenc pick", "target": 64}))
+    assert check_out(tmp_path / "old", "pick") == {"target": 64}
+    with pytest.raises(ValueError, match=r"a `posenc extend` output folder .*it holds a `posenc extend --pick` "):
+        check_out(tmp_path / "new", "extend")

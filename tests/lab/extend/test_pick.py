@@ -188,7 +188,7 @@ def test_pick_end_to_end_then_resume_and_save(llama, corpus, tmp_path, monkeypat
         "lengths 128 (original 64): 6 forwards" in text
     assert "x passkey (1 depth x 4 keys) at lengths 96 (original 64)" in text
     settings = json.loads((out / "pick.json").read_text())
-    assert settings["command"] == "posenc pick" and settings["target"] == 128 and settings["screen"] == 96
+    assert settings["command"] == "posenc extend --pick" and settings["target"] == 128 and settings["screen"] == 96
     assert settings["cap"] == 8
     ppl = json.loads((out / "screen-ppl" / "extend.json").read_text())
     assert ppl["measurements"] == [["ppl", 128, None]] and len(ppl["units"]) == 6  # 5 candidates + unpatched

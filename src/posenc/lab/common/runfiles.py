@@ -33,6 +33,16 @@ SETTINGS_FILES = {
     "bench": "bench.json",
 }
 
+#: What a command is called on the command line where that is not ``posenc <command>``; a settings file names it so.
+COMMAND_LINES = {"pick": "posenc extend --pick"}
+#: Markers older files hold for a command (a pick folder said "posenc pick" until 2026-11-27): still theirs.
+OLD_MARKERS = {"pick": ("posenc pick",)}
+
+
+def command_line(command: str) -> str:
+    """``posenc lab``; ``posenc extend --pick`` for ``pick``: the command as a user types it."""
+    return COMMAND_LINES.get(command, f"posenc {command}")
+
 
 def check_out(out: str | Path, command: str) -> dict[str, Any] | None:
     """Refuse an output folder ``posenc <command>`` must not write into; reads only, writes nothing.
@@ -48,7 +58,7 @@ def check_out(out: str | Path, command: str) -> dict[str, Any] | None:
     check_choice("command", command, list(SETTINGS_FILES))
     out = Path(out)
     filename = SETTINGS_FILES[command]
-    allowed = f"a new or empty folder, or a `posenc {command}` output folder (one with {filename})"
+    allowed = f"a new or empty folder, or a `{command_line(command)}` output folder (one with {filename})"
     if out.exists() and not out.is_dir():
         fail("--out", str(out), f"{allowed}; this is a file")
     if not out.exists():
@@ -57,12 +67,12 @@ def check_out(out: str | Path, command: str) -> dict[str, Any] | None:
     if filename not in names:
         if not names:
             return None
-        others = [f"`posenc {c}` ({f})" for c, f in SETTINGS_FILES.items() if f in names]
+        others = [f"`{command_line(c)}` ({f})" for c, f in SETTINGS_FILES.items() if f in names]
         holds = f"a {others[0]} run" if others else f"other files: {_listing(names)}"
         fail("--out", str(out), f"{allowed}; it holds {holds}")
     saved = read_json(out / filename, f"--out {filename}")
     marker = saved.pop("command", None) if isinstance(saved, dict) else None
-    if not isinstance(saved, dict) or marker not in (None, f"posenc {command}"):
+    if not isinstance(saved, dict) or marker not in (None, command_line(command), *OLD_MARKERS.get(command, ())):
         # None: a file from before the marker; its name alone says the command.
         fail("--out", str(out), f"{allowed}; its {filename} was written by {marker or 'something else'}")
     return saved
@@ -107,11 +117,11 @@ def check_resumable(out: str | Path, settings: Mapping[str, Any], resume: bool, 
 
 
 def write_marker(out: str | Path, command: str, settings: Mapping[str, Any]) -> Path:
-    """Create ``out`` and write ``{"command": "posenc <command>", **settings}`` to its settings file, atomically.
+    """Create ``out`` and write ``{"command": command_line(command), **settings}`` to its settings file, atomically.
     Call ``check_out`` first."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    text = json.dumps({"command": f"posenc {command}", **settings}, indent=2)
+    text = json.dumps({"command": command_line(command), **settings}, indent=2)
     return write_text_atomic(out / SETTINGS_FILES[command], text)
 
 
