@@ -146,6 +146,14 @@ def test_factor_below_one(rope_type, factor):
         RotaryEmbedding(8, scaling={**base, "rope_type": rope_type, "factor": factor})
 
 
+@pytest.mark.parametrize("rope_type", ["dynamic", "yarn", "llama3"])
+def test_a_bad_factor_is_named_before_a_missing_key(rope_type):
+    """``{"rope_type": "yarn", "factor": 0}`` lacks ``original_max_position_embeddings`` too, but the value given is
+    what is wrong: the error names the factor."""
+    with raises(r"^factor=0 is invalid: expected a number >= 1"):
+        RotaryEmbedding(8, scaling={"rope_type": rope_type, "factor": 0})
+
+
 def test_yarn_derived_factor_below_one():
     with raises(r"^factor=0\.5"):
         posenc.YaRNScaling(original_max_position_embeddings=64, max_position_embeddings=32)

@@ -28,6 +28,9 @@ class RopeScaling:
     rope_type: ClassVar[str]
     #: True where the frequencies depend on the current sequence length (dynamic NTK, LongRoPE).
     depends_on_length: ClassVar[bool] = False
+    #: The smallest ``factor`` this scaling takes (the context grows by it: 1 is the original context); None where its
+    #: own check says otherwise (LongRoPE: any positive factor).
+    factor_minimum: ClassVar[float | None] = 1.0
 
     def frequencies(
         self, dim: int, *, base: float, seq_len: int | torch.Tensor | None = None, device=None
@@ -87,6 +90,8 @@ def _from_dict(cls: type[RopeScaling], config: Mapping[str, Any]) -> RopeScaling
             values[unknown[0]],
             f"only the keys {sorted(names)} for rope_type {cls.rope_type!r}",
         )
+    if "factor" in values and cls.factor_minimum is not None:  # a wrong value given is named before a missing key
+        check_number("factor", values["factor"], minimum=cls.factor_minimum)
     missing = sorted(required - set(values))
     if missing:
         fail("rope_scaling", dict(config), f"the key(s) {missing} for rope_type {cls.rope_type!r}")
@@ -287,6 +292,7 @@ class LongRoPEScaling(RopeScaling):
     """LongRoPE (Ding et al. 2024), as in Phi-3: ``long_factor`` once the length passes the original one."""
 
     rope_type: ClassVar[str] = "longrope"
+    factor_minimum: ClassVar[float | None] = None  # checked in __post_init__: above 0
     depends_on_length: ClassVar[bool] = True
     short_factor: tuple[float, ...]
     long_factor: tuple[float, ...]
