@@ -455,3 +455,12 @@ def test_cli_pick_runs_into_a_pick_folder_and_prints_the_pick(llama, corpus, tmp
     (folder,) = (tmp_path / "runs").iterdir()
     assert folder.name.startswith("pick-") and (folder / "pick.json").is_file() and (folder / "pick.md").is_file()
     assert "Pick: yarn x" in text and "| **pick** |" in text
+
+
+def test_pick_md_says_once_that_dynamic_answers_come_from_cached_generation():
+    from posenc.lab.extend.picking import stale_cache_note
+
+    assert stale_cache_note([("none", 1.0, 0, "plain"), ("yarn", 2.0, 0, "plain")]) == []
+    [note] = stale_cache_note([("dynamic", 2.0, 0, "plain"), ("dynamic+string", 2.0, 0, "plain")])
+    assert note.startswith("dynamic x2, dynamic+string x2: answers generated with the KV cache")
+    assert "CacheStaleWarning" in note

@@ -10,6 +10,7 @@ import importlib.util
 import io
 import json
 import math
+import warnings
 from pathlib import Path
 
 import pytest
@@ -588,3 +589,23 @@ def test_smollm2_finds_lm_evals_ruler_needle_in_context():
     docs = suite.tasks["niah_single_1"].test_docs()
     needles = [docs[i]["outputs"][0] for i in suite.samples["niah_single_1"][1024]]
     assert score.n == 2 and score.hits == sum(n in a for n, a in zip(needles, score.answers, strict=True)) >= 1
+
+
+def test_dynamic_ntks_stale_cache_is_said_once_in_the_report_not_between_progress_bars(llama_folder, corpus, tmp_path,
+                                                                                       capsys):  # fmt: skip
+    """Dynamic NTK's cached generation warns ``CacheStaleWarning`` (the tiny Llama has layers after the first
+    re-rotated one); inside a study that is expected: not printed while it measures, explained once in the report."""
+    from posenc.hf import CacheStaleWarning
+
+    cfg = _tiny_cfg(llama_folder, corpus, methods=("dynamic",), lengths=(64,), depths=(0.5,))
+    target = _loaded(cfg, tmp_path)
+    model, _ = target.patched("dynamic", 2.0)
+    prompt = torch.randint(3, 60, (1, 50))
+    with pytest.warns(CacheStaleWarning):  # what the study has to keep quiet
+        model.generate(prompt, max_new_tokens=20, do_sample=False, pad_token_id=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CacheStaleWarning)
+        run_extend(cfg, tmp_path / "out", progress=True)
+    assert "CacheStaleWarning" not in capsys.readouterr().err
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert report.count("`posenc.hf.CacheStaleWarning`, not printed during the study") == 1

@@ -380,6 +380,18 @@ def left_text(out: Path, decided: PickPlan, model: Any) -> str:
     )
 
 
+def stale_cache_note(units: Sequence[tuple]) -> list[str]:
+    """Said once in ``pick.md`` where a raced model scales its frequencies with the length (dynamic NTK): its needles
+    come from generation with the KV cache (``posenc.hf.CacheStaleWarning``, kept quiet while the pick runs)."""
+    dynamic = [label(*u) for u in units if composed.parts(u[0])[0] == "dynamic"]
+    if not dynamic:
+        return []
+    return [f"{', '.join(dynamic)}: answers generated with the KV cache, whose cached keys posenc re-rotates to each "
+            "step's frequencies while earlier tokens' hidden states keep their step's (dynamic scaling with a cache, "
+            "YaRN section 3.3; `posenc.hf.CacheStaleWarning`). The rates stand as what a server with a KV cache "
+            "runs, not as the full forward at each length."]  # fmt: skip
+
+
 def _standing_row(s: rules.Standing) -> dict[str, Any]:
     return {
         "model": label(*s.unit), "needles": s.needles.text() if s.needles else "n/a",
@@ -459,6 +471,8 @@ def report(cfg: ExtendConfig, model: Any, decided: PickPlan, cap: int, verdicts:
         lines.append(f"Runner-up: {label(*r.unit)}, {r.needles.text() if r.needles else 'n/a'}.")
     lines += ["", "## At the target", "", *_ranked_table(ranked, outcome), ""]
     final_cfg = stage_configs(cfg, decided, cap)[-1]
+    if note := stale_cache_note([s.unit for s in ranked]):
+        lines += [*note, ""]
     lines += [
         "Needles: " + sampling.rule_text(final_cfg, "samples", cap) + ". A row's pooled rate weighs each cell (depth, "
         "task) the same (Kish's effective n where cells stopped at different n). Two rates differ beyond noise when "

@@ -37,10 +37,12 @@ documents built from the tokenizer before any weight is loaded.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import time
-from collections.abc import Sequence
+import warnings
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -404,17 +406,33 @@ def run_extend(
             target.save(model, save_to, tensor_type=save_type)
             if progress:
                 print(f"Saved {name} to {save_to} ({_saved_as(save_to)})")
-        with study.bar(name) as tick:
+        with study.bar(name) as tick, _stale_cache_in_report(target):
             for metric, length, depth in todo:
                 rows = _measure(target, model, unit, metric, length, depth, tick)
                 upsert_results(results, rows)
                 done.update(result_key(r) for r in rows)
         del model
-    _more_rounds(target, cfg, measured, grid, results, study, described)
+    with _stale_cache_in_report(target):
+        _more_rounds(target, cfg, measured, grid, results, study, described)
     rows = read_results(results)
     plot_losses(tuned, out / "finetune.png", unit="byte" if target.kind == "lab" else "token")
     finish(out, cfg, target, rows, described, time.perf_counter() - start, progress, resumed, saved=save_to)
     return rows
+
+
+@contextlib.contextmanager
+def _stale_cache_in_report(target: Any) -> Iterator[None]:
+    """Dynamic NTK's ``CacheStaleWarning`` while a study generates: expected there, and said once in the report (what
+    cached generation of a length-dependent scaling is, and that the measurement stands as that), not printed
+    between progress bars."""
+    if target.kind == "lab":  # lab models are patched by posenc.lab, not posenc.hf: nothing warns
+        yield
+        return
+    from posenc.hf import CacheStaleWarning
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=CacheStaleWarning)
+        yield
 
 
 def _left(cfg: ExtendConfig, target: Any, grid: Sequence[tuple], measured: Sequence[Unit],
