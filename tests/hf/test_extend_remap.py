@@ -328,13 +328,61 @@ def test_every_save_path_after_every_method_runs_what_was_measured_or_refuses(na
         assert not (tmp_path / "m.gguf").exists()
 
 
+#: The methods transformers 5 offers to switch a loaded model's attention: on the model, and on the model inside it
+#: (the one ``get_decoder()`` returns), which shares the config and so switches every layer.
+SWITCHES = {
+    "model": lambda model, implementation: model.set_attn_implementation(implementation),
+    "model.model": lambda model, implementation: model.model.set_attn_implementation(implementation),
+    "get_decoder()": lambda model, implementation: model.get_decoder().set_attn_implementation(implementation),
+}
+#: Changes no patch can intercept: the config's attribute set by hand (its property, the attribute behind it,
+#: ``config.update``) and the class's method called around the instance's.
+CONFIG_SWITCHES = {
+    "config._attn_implementation": lambda model, impl: setattr(model.config, "_attn_implementation", impl),
+    "config._attn_implementation_internal": lambda model, impl: setattr(
+        model.config, "_attn_implementation_internal", impl
+    ),
+    "config.update": lambda model, impl: model.config.update({"_attn_implementation": impl}),
+    "PreTrainedModel.set_attn_implementation": lambda model, impl: transformers.PreTrainedModel.set_attn_implementation(
+        model, impl
+    ),
+}
+
+
 @pytest.mark.parametrize("name", sorted(METHODS))
+@pytest.mark.parametrize("route", sorted(SWITCHES))
 @pytest.mark.parametrize("implementation", ["sdpa", "eager"])
-def test_another_attention_implementation_is_refused(name, implementation):
+def test_another_attention_implementation_is_refused(name, route, implementation):
+    """On the model and on ``model.model`` (once accepted there: every layer switched, the rotary modules still the
+    identity, a model without positions -- STRING x1.5 moved the logits by 1e-3)."""
     model = _patched("llama", name)
-    with pytest.raises(ValueError, match="attn_implementation"):
-        model.set_attn_implementation(implementation)
+    with pytest.raises(ValueError, match="attn_implementation.*posenc_remap"):
+        SWITCHES[route](model, implementation)
     assert model.config._attn_implementation == "posenc_remap"
+
+
+def test_the_inner_model_refuses_a_save_too(tmp_path):
+    model = _patched("llama", "self_extend")
+    with pytest.raises(ValueError, match="model.save_pretrained writes no record"):
+        model.model.save_pretrained(tmp_path / "inner")
+    assert not (tmp_path / "inner").exists()
+
+
+@pytest.mark.parametrize("name", ["string", "self_extend", "dca"])
+@pytest.mark.parametrize("route", sorted(CONFIG_SWITCHES))
+def test_an_attention_changed_in_the_config_is_refused_at_the_next_call(name, route):
+    """A change made behind the model's back runs nothing: the next forward and ``generate`` raise, naming the
+    config's value; set back, the model runs its method again (same logits)."""
+    model = _patched("llama", name).double()
+    x = ids(40, seed=4)
+    expected = logits(model, x)
+    CONFIG_SWITCHES[route](model, "sdpa")
+    with pytest.raises(ValueError, match="model.config._attn_implementation='sdpa'.*'posenc_remap'"):
+        logits(model, x)
+    with pytest.raises(ValueError, match="model.config._attn_implementation='sdpa'"), torch.no_grad():
+        model.generate(x, max_new_tokens=2, do_sample=False, pad_token_id=0)
+    model.config._attn_implementation = "posenc_remap"
+    assert_close(logits(model, x), expected, atol=0, rtol=0)
 
 
 @pytest.mark.parametrize("name", sorted(METHODS))

@@ -16,10 +16,13 @@ documents). The length ``S`` of a sequence (for ``dynamic``/``longrope`` frequen
 largest position + 1, sequences told apart as transformers tells packed ones apart (a position that does not follow
 its predecessor starts one), so a packed or padded row equals each sequence alone.
 
-What the patch cannot carry is refused: ``model.set_attn_implementation(...)`` (another attention would run the
-identity rotary modules: a model without positions) and ``model.save_pretrained(...)`` (it would reload as the
-unextended model claiming the longer context); ``posenc.hf.save_pretrained`` writes what a serving engine runs as
-measured (``dca_vllm`` on Qwen2/Qwen3 as ``dual_chunk_attention_config``) and refuses the rest.
+What the patch cannot carry is refused: ``set_attn_implementation(...)`` on the model or on any transformers model
+inside it (``model.model``, ``get_decoder()``: they share the config; another attention would run the identity rotary
+modules, a model without positions), a forward after the config's attention was changed by other means
+(``config._attn_implementation = ...``, ``PreTrainedModel.set_attn_implementation(model, ...)``: the rotary modules
+check it at every call), and ``save_pretrained(...)`` (it would reload as the unextended model claiming the longer
+context); ``posenc.hf.save_pretrained`` writes what a serving engine runs as measured (``dca_vllm`` on Qwen2/Qwen3 as
+``dual_chunk_attention_config``) and refuses the rest.
 """
 
 from __future__ import annotations
@@ -97,6 +100,14 @@ def apply_remap(model: torch.nn.Module, method: RemapMethod, **record: Any) -> d
     rotary = rotary_modules(model)
     if not rotary:
         fail("model", architecture(model), "a model with a rotary embedding module (inv_freq buffer)")
+    for name, module in rotary:  # its forward checks model.config's attention implementation at every call
+        if getattr(module, "config", None) is not model.config:
+            fail(
+                "model",
+                architecture(model),
+                f"a model whose rotary modules are transformers' *RotaryEmbedding built from model.config ({name!r}, "
+                f"a {type(module).__name__}, is not)",
+            )
     _register()
     remap = _Remap(method, encoding, **record)
     attention = []
@@ -111,13 +122,12 @@ def apply_remap(model: torch.nn.Module, method: RemapMethod, **record: Any) -> d
         module.__dict__["_posenc_remap"] = remap
         cache_positions.watch_cache(module)
     for _, module in rotary:
+        module.__dict__["_posenc_remap"] = remap
         _identity_rotation(module)
     _derive_positions(model)
     old = model.config._attn_implementation
-    model.__dict__["_posenc_remap"] = remap
     model.set_attn_implementation(IMPLEMENTATION)
-    for name in ("set_attn_implementation", "save_pretrained"):  # refuse what would drop the patch silently
-        model.__dict__[name] = types.MethodType(_REFUSALS[name], model)
+    _refuse_switches(model, remap)
     return {
         "architecture": architecture(model),
         "model_class": type(model).__name__,
@@ -144,9 +154,29 @@ def remove_remap(model: torch.nn.Module, attn_implementation: str = "sdpa") -> N
         handle = module.__dict__.pop(_POSITIONS_HOOK, None)
         if handle is not None:
             handle.remove()
-    for name in ("set_attn_implementation", "save_pretrained", "_posenc_remap"):
-        model.__dict__.pop(name, None)
+        for name in _REFUSALS:
+            module.__dict__.pop(name, None)
     model.set_attn_implementation(attn_implementation)
+
+
+def _refuse_switches(model: torch.nn.Module, remap: _Remap) -> None:
+    """Refuse what would drop the patch silently -- another attention implementation, a save without the method --
+    on the model and on every transformers model inside it (``model.model``, what ``get_decoder()`` returns: it shares
+    the config, so its ``set_attn_implementation`` would switch every layer too)."""
+    from transformers import PreTrainedModel
+
+    for module in model.modules():
+        if isinstance(module, PreTrainedModel):
+            module.__dict__["_posenc_remap"] = remap
+            for name, refusal in _REFUSALS.items():
+                module.__dict__[name] = types.MethodType(refusal, module)  # deepcopy rebinds it to the copy
+
+
+#: Why a patched model runs only posenc's attention (the rotation moved into it).
+_WHY_OURS = (
+    "that attention rotates the queries and keys (the rotary modules are the identity), so another one would run the "
+    "model without positions"
+)
 
 
 def _refuse_attn_implementation(self: torch.nn.Module, *args: Any, **kwargs: Any) -> None:
@@ -155,10 +185,25 @@ def _refuse_attn_implementation(self: torch.nn.Module, *args: Any, **kwargs: Any
     fail(
         "attn_implementation",
         wanted,
-        f"{IMPLEMENTATION!r} while the model runs {remap.method.name}: that attention rotates its queries and keys "
-        "(the rotary modules are the identity), so another one would run a model without positions. Load the model "
-        "again for another attention implementation",
+        f"{IMPLEMENTATION!r} while the model runs {remap.method.name}: {_WHY_OURS}. Load the model again for another "
+        "attention implementation",
     )
+
+
+def _check_implementation(rotary: torch.nn.Module) -> None:
+    """Refuse a forward of a model whose config names another attention than posenc's: a change no method call
+    made (``config._attn_implementation = ...``, ``PreTrainedModel.set_attn_implementation(model, ...)``), which
+    transformers would dispatch to without the rotation. The rotary module runs once per forward, before any layer."""
+    implementation = rotary.config._attn_implementation
+    if implementation != IMPLEMENTATION:
+        remap = rotary.__dict__["_posenc_remap"]
+        fail(
+            "model.config._attn_implementation",
+            implementation,
+            f"{IMPLEMENTATION!r}, as posenc.hf.extend_context set it for {remap.method.name}: {_WHY_OURS}. Set it "
+            f"back (model.config._attn_implementation = {IMPLEMENTATION!r}), or load the model again for another "
+            "attention implementation",
+        )
 
 
 def _refuse_save(self: torch.nn.Module, *args: Any, **kwargs: Any) -> None:
@@ -220,6 +265,7 @@ def _identity_rotation(module: torch.nn.Module) -> None:
 
 
 def _identity_forward(self: torch.nn.Module, x: torch.Tensor, position_ids: torch.Tensor, *args: Any, **kwargs: Any):  # noqa: ANN202
+    _check_implementation(self)
     cos, sin = type(self).forward(self, x, position_ids, *args, **kwargs)
     return torch.ones_like(cos), torch.zeros_like(sin)
 

@@ -96,7 +96,10 @@ def extend_context(
             ``ceil(original * factor)`` its parameters are derived for (``posenc.remapping.remap_method``). It is
             a run-time patch: ``posenc.hf.save_pretrained`` writes ``dca_vllm`` on Qwen2/Qwen3 as
             ``dual_chunk_attention_config`` (what vLLM and SGLang serve) and refuses the others; the model's own
-            ``save_pretrained`` and ``set_attn_implementation`` are refused. One remapping method per model, after
+            ``save_pretrained`` and ``set_attn_implementation`` are refused, on the model and on the model inside it
+            (``model.model``, ``get_decoder()``), and a forward after the config's attention implementation was
+            changed by hand raises (every attention but posenc's would run without positions). A frequency method
+            works with every attention implementation. One remapping method per model, after
             any frequency method; its original length is the model's current context (``max_position_embeddings``),
             so the context grows by ``factor`` again.
         factor: the extension factor, ``>= 1``. For ``dynamic`` it is the NTK growth rate past the original length.
