@@ -337,10 +337,11 @@ def _describe(scaling: RopeScaling) -> str:
 
 
 class CacheStaleWarning(UserWarning):
-    """A cached forward of a model whose RoPE frequencies depend on the length ran at frequencies other than those its
-    cache was filled with, so it differs from the full forward: the cached keys were rotated to the new frequencies
-    but earlier tokens' hidden states keep those of their own step (or, where posenc found no attention module to
-    hook, the cached keys keep their old rotation)."""
+    """A cached forward of a model whose RoPE frequencies (``dynamic``, ``longrope``) or remapping method's logit
+    factor (Dual Chunk Attention) depend on the length ran at a length that changes them for tokens its cache holds,
+    so it differs from the full forward: the cached keys were rotated to the new frequencies but earlier tokens'
+    hidden states keep those of their own step (or, where posenc found no attention module to hook, the cached keys
+    keep their old rotation). Given once per model."""
 
 
 _GUARD_ATTR = "_posenc_cache_guard"

@@ -85,7 +85,10 @@ def extend_context(
     no-cache forward. For ``dynamic`` that holds only where the first scaled attention layer is the model's last:
     deeper layers cache keys and values computed from hidden states of earlier lengths, which no cache can
     recompute, so cached decoding follows dynamic scaling with a KV cache as YaRN (section 3.3) describes it and
-    warns once (``posenc.hf.CacheStaleWarning``); ``use_cache=False`` gives the full forward.
+    warns once (``posenc.hf.CacheStaleWarning``); ``use_cache=False`` gives the full forward. The same holds under a
+    remapping method for ``dynamic`` (and ``longrope`` decoded by hand, without ``generate``'s re-encoding) and for
+    DCA's logit factor: the first cached call at a length that changes a cached token's frequencies or factor warns
+    once, on a model with more than one layer.
 
     Args:
         model: a transformers model (e.g. ``LlamaForCausalLM``) of a type in ``supported_model_types()``.
