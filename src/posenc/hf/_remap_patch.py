@@ -48,6 +48,7 @@ from posenc.attention import document_lengths
 from posenc.encodings.rotary import RotaryEmbedding
 from posenc.hf import _cache_positions as cache_positions
 from posenc.hf._common import architecture, model_type
+from posenc.hf._reach import watch_reach
 from posenc.hf._rope_patch import CacheStaleWarning, rotary_modules
 from posenc.remapping import WITHIN_TRAINING, RemapMethod, remap_attention, remap_method
 
@@ -438,6 +439,8 @@ def extend_remap(
     old = int(model.config.max_position_embeddings)
     description = apply_remap(model, method, original=original, factor=factor, options=options)
     model.config.max_position_embeddings = max(old, target)
+    what = f"{name} x{factor:g} ({method!r} over {original} tokens)"
+    watch_reach(rotary_modules(model), method.reach(original), what)  # replaces a frequency method's
     description.update(
         factor=factor,
         original_max_position_embeddings=original,

@@ -90,6 +90,14 @@ def extend_context(
     DCA's logit factor: the first cached call at a length that changes a cached token's frequencies or factor warns
     once, on a model with more than one layer.
 
+    How far the patched model reaches: a remapping method ``method.reach(original)`` tokens (the ``description``
+    says it; DCA, ReRoPE, LM-Infinite and StreamingLLM have no limit), a frequency method the context it extends to
+    (the new ``max_position_embeddings``; ``dynamic`` has no limit, it rescales with the length). The last call sets
+    it (YaRN x2 then Self-Extend x2: Self-Extend's, over the YaRN model's context). A sequence longer than that
+    (largest position + 1; a prefill, or the step of ``generate`` that passes it) warns once per model
+    (``posenc.hf.ReachExceededWarning``): the model then attends over distances it never saw, as an unpatched model
+    past its ``max_position_embeddings``. ALiBi's slope interpolation does not warn.
+
     Args:
         model: a transformers model (e.g. ``LlamaForCausalLM``) of a type in ``supported_model_types()``.
         method: one of ``METHODS``; ALiBi models take ``"linear"`` only (slope interpolation). A remapping method
