@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from hf.test_extend_remap import CONFIG_SWITCHES, SWITCHES
 from hf.tiny import ORIGINAL, ROPE_KINDS, logits, tiny_config, tiny_model
 from posenc.hf import extend_context, positional_setup
 from posenc.scalings import rope_frequencies
@@ -160,4 +161,19 @@ def test_yarn_options(ids):
     overrides = expected_overrides("qwen2", "yarn")
     overrides["rope_parameters"].update(beta_fast=16.0, beta_slow=2.0, attention_factor=1.25)
     native = tiny_model("qwen2", model.state_dict(), **overrides)
+    torch.testing.assert_close(logits(model, ids), logits(native, ids), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("route", sorted({**SWITCHES, **CONFIG_SWITCHES}))
+def test_every_way_of_switching_the_attention_keeps_the_scaling(method, route, ids):
+    """A frequency method lives in the config and the rotary module, which every attention implementation reads:
+    switched to SDPA by any route transformers offers, the patched model equals transformers' own model of the
+    scaled config under SDPA."""
+    model = tiny_model("llama")
+    extend_context(model, method, FACTOR, **_options("llama", method))
+    native = tiny_model("llama", model.state_dict(), **expected_overrides("llama", method))
+    native.set_attn_implementation("sdpa")
+    {**SWITCHES, **CONFIG_SWITCHES}[route](model, "sdpa")
+    assert model.config._attn_implementation == "sdpa"
     torch.testing.assert_close(logits(model, ids), logits(native, ids), rtol=0, atol=0)

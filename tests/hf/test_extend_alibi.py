@@ -11,6 +11,7 @@ import pytest
 import torch
 import transformers.models.bloom.modeling_bloom as bloom
 
+from hf.test_extend_remap import SWITCHES
 from hf.tiny import ORIGINAL, logits, tiny_model
 from posenc.functional import alibi_slopes
 from posenc.hf import extend_context
@@ -107,3 +108,16 @@ def test_block_called_without_its_bias_raises():
     hidden = torch.zeros(1, 4, 32)
     with pytest.raises(RuntimeError, match="refusing to run it unpatched"):
         model.transformer.h[0](hidden, None, None)
+
+
+@pytest.mark.parametrize("kind", ["bloom", "mpt"])
+@pytest.mark.parametrize("route", ["model", "get_decoder()"])
+def test_the_interpolation_survives_set_attn_implementation(kind, route, ids):
+    """BLOOM and MPT build their attention by hand: transformers keeps them eager (with a warning) whatever
+    ``set_attn_implementation`` asks, and the hooks stay on the blocks."""
+    model = tiny_model(kind)
+    extend_context(model, "linear", FACTOR)
+    expected = logits(model, ids)
+    SWITCHES[route](model, "sdpa")
+    assert model.config._attn_implementation == "eager"
+    torch.testing.assert_close(logits(model, ids), expected, rtol=0, atol=0)

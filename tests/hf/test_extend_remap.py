@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import json
+import warnings
 
 import pytest
 import torch
@@ -16,7 +17,7 @@ from torch.testing import assert_close
 import posenc.hf._remap_patch as remap_patch
 from hf.tiny import ORIGINAL, tiny_model
 from hf.tiny_gguf import write_llama
-from posenc.hf import ServedOnlyWarning, extend_context, save_gguf, save_pretrained
+from posenc.hf import CacheStaleWarning, ServedOnlyWarning, extend_context, save_gguf, save_pretrained
 from posenc.hf._remap_patch import REMAP_MODEL_TYPES
 from posenc.remapping import METHODS, DualChunk, ReRoPE, SelfExtend, StreamingLLM, String
 from reference import remapping as ref
@@ -124,6 +125,7 @@ def test_each_method_through_the_model_equals_its_reference(name, monkeypatch):
     assert_close(fast, logits(model, x).to(fast.dtype), atol=1e-9, rtol=0)
 
 
+@pytest.mark.filterwarnings("error::posenc.hf.CacheStaleWarning")
 @pytest.mark.parametrize("layers", [1, 2])
 @pytest.mark.parametrize("name", sorted(METHODS))
 def test_generation_with_the_cache_equals_the_full_forward_of_each_prefix(name, layers):
@@ -131,7 +133,8 @@ def test_generation_with_the_cache_equals_the_full_forward_of_each_prefix(name, 
     tokens the full forward of each prefix ranks first, and each step's logits equal that forward's last row. DCA's
     factor follows the length: its attention at each step is the prefix's, but in a deeper layer the cached keys and
     values were computed (from the layer below) at the length of the step that wrote them, as in ChunkLlama and
-    vLLM -- only a forward without the cache recomputes them -- so DCA is exact with one layer and checked there."""
+    vLLM -- only a forward without the cache recomputes them -- so DCA is exact with one layer and checked there (it
+    warns with two: test_cached_decoding_warns_once_where_it_leaves_the_full_forward). Nothing warns here."""
     if layers > 1 and name.startswith("dca"):
         pytest.skip("a length factor: cached hidden states of deeper layers keep the length they were written at")
     model = model_of("llama", torch.float64, num_hidden_layers=layers)
@@ -150,6 +153,69 @@ def test_generation_with_the_cache_equals_the_full_forward_of_each_prefix(name, 
 def _f64_tol(expected):
     """float64 through a 2-layer model: a few hundred roundings of the logits' magnitude."""
     return 512 * torch.finfo(torch.float64).eps * float(expected.abs().max())
+
+
+#: A length-dependent computation under a remapping method: dynamic NTK under each method, DCA's own logit factor,
+#: and LongRoPE's switch from short to long factors.
+LENGTH_DEPENDENT = [("dynamic", name) for name in sorted(METHODS)]
+LENGTH_DEPENDENT += [(None, "dca"), (None, "dca_vllm"), ("longrope", "self_extend")]
+LONG_FACTOR = [1.0 + 0.5 * i for i in range(4)]
+
+
+def _extended(scaling, name, layers):
+    model = model_of("llama", torch.float64, num_hidden_layers=layers)
+    if scaling is not None:
+        extend_context(model, scaling, 2.0, **({"long_factor": LONG_FACTOR} if scaling == "longrope" else {}))
+    extend_context(model, name, factor_of(name))
+    return model
+
+
+@pytest.mark.parametrize("layers", [1, 2])
+@pytest.mark.parametrize(("scaling", "name"), LENGTH_DEPENDENT)
+def test_cached_decoding_warns_once_where_it_leaves_the_full_forward(scaling, name, layers):
+    """A 28-token prompt, then one token per call with a DynamicCache, to 40 tokens on a 32-token model: each call's
+    last row against the full forward of its prefix. Past 32 tokens the frequencies (or DCA's factor) change with
+    every length: the first layer's attention stays the prefix's (its cached keys are re-rotated at the current
+    length), but a deeper layer's cached keys and values come from hidden states computed at an earlier length. So
+    with two layers the call where the 33rd token comes is the first that differs, and the one that warns
+    (CacheStaleWarning, once: the later ones differ too, silently); with one layer every call is exact, and nothing
+    warns. Before posenc recorded each key's length, none of these warned."""
+    from transformers import DynamicCache
+
+    model = _extended(scaling, name, layers)
+    x = ids(40, seed=5)
+    cache = DynamicCache(config=model.config)
+    ends = [28, *range(29, 41)]
+    differs, warned = [], []
+    with torch.no_grad():
+        for lo, hi in zip([0, *ends], ends, strict=False):
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                step = model(input_ids=x[:, lo:hi], cache=cache, use_cache=True).logits[:, -1]
+            expected = logits(model, x[:, :hi])[:, -1]
+            differs.append(not torch.allclose(step, expected, atol=_f64_tol(expected), rtol=0))
+            warned.append(sum(issubclass(w.category, CacheStaleWarning) for w in caught))
+    if layers == 1:
+        assert not any(differs) and not any(warned)
+        return
+    first = ends.index(ORIGINAL + 1)
+    assert differs == [i >= first for i in range(len(ends))]
+    assert warned == [int(i == first) for i in range(len(ends))]
+
+
+@pytest.mark.filterwarnings("error::posenc.hf.CacheStaleWarning")
+def test_longrope_under_a_remapping_method_generates_exactly_and_silently():
+    """LongRoPE's one switch: generate re-encodes the sequence when it passes the original length (Phi-3's rule, kept
+    under the remapping patch), so every step equals the full forward, and no cached key is stale: no warning."""
+    model = _extended("longrope", "self_extend", 2)
+    prompt = ids(28, seed=2)
+    with torch.no_grad():
+        out = model.generate(
+            prompt, max_new_tokens=12, do_sample=False, pad_token_id=0, output_logits=True, return_dict_in_generate=True
+        )
+    steps = torch.stack(out.logits, dim=1).double()  # (1, 12, V); generate returns them in float32
+    expected = torch.stack([logits(model, out.sequences[:, :n])[:, -1] for n in range(28, 40)], dim=1)
+    assert_close(steps, expected, atol=4 * torch.finfo(torch.float32).eps * float(expected.abs().max()), rtol=0)
 
 
 @pytest.mark.parametrize("name", sorted(METHODS))
@@ -328,13 +394,61 @@ def test_every_save_path_after_every_method_runs_what_was_measured_or_refuses(na
         assert not (tmp_path / "m.gguf").exists()
 
 
+#: The methods transformers 5 offers to switch a loaded model's attention: on the model, and on the model inside it
+#: (the one ``get_decoder()`` returns), which shares the config and so switches every layer.
+SWITCHES = {
+    "model": lambda model, implementation: model.set_attn_implementation(implementation),
+    "model.model": lambda model, implementation: model.model.set_attn_implementation(implementation),
+    "get_decoder()": lambda model, implementation: model.get_decoder().set_attn_implementation(implementation),
+}
+#: Changes no patch can intercept: the config's attribute set by hand (its property, the attribute behind it,
+#: ``config.update``) and the class's method called around the instance's.
+CONFIG_SWITCHES = {
+    "config._attn_implementation": lambda model, impl: setattr(model.config, "_attn_implementation", impl),
+    "config._attn_implementation_internal": lambda model, impl: setattr(
+        model.config, "_attn_implementation_internal", impl
+    ),
+    "config.update": lambda model, impl: model.config.update({"_attn_implementation": impl}),
+    "PreTrainedModel.set_attn_implementation": lambda model, impl: transformers.PreTrainedModel.set_attn_implementation(
+        model, impl
+    ),
+}
+
+
 @pytest.mark.parametrize("name", sorted(METHODS))
+@pytest.mark.parametrize("route", sorted(SWITCHES))
 @pytest.mark.parametrize("implementation", ["sdpa", "eager"])
-def test_another_attention_implementation_is_refused(name, implementation):
+def test_another_attention_implementation_is_refused(name, route, implementation):
+    """On the model and on ``model.model`` (once accepted there: every layer switched, the rotary modules still the
+    identity, a model without positions -- STRING x1.5 moved the logits by 1e-3)."""
     model = _patched("llama", name)
-    with pytest.raises(ValueError, match="attn_implementation"):
-        model.set_attn_implementation(implementation)
+    with pytest.raises(ValueError, match="attn_implementation.*posenc_remap"):
+        SWITCHES[route](model, implementation)
     assert model.config._attn_implementation == "posenc_remap"
+
+
+def test_the_inner_model_refuses_a_save_too(tmp_path):
+    model = _patched("llama", "self_extend")
+    with pytest.raises(ValueError, match="model.save_pretrained writes no record"):
+        model.model.save_pretrained(tmp_path / "inner")
+    assert not (tmp_path / "inner").exists()
+
+
+@pytest.mark.parametrize("name", ["string", "self_extend", "dca"])
+@pytest.mark.parametrize("route", sorted(CONFIG_SWITCHES))
+def test_an_attention_changed_in_the_config_is_refused_at_the_next_call(name, route):
+    """A change made behind the model's back runs nothing: the next forward and ``generate`` raise, naming the
+    config's value; set back, the model runs its method again (same logits)."""
+    model = _patched("llama", name).double()
+    x = ids(40, seed=4)
+    expected = logits(model, x)
+    CONFIG_SWITCHES[route](model, "sdpa")
+    with pytest.raises(ValueError, match="model.config._attn_implementation='sdpa'.*'posenc_remap'"):
+        logits(model, x)
+    with pytest.raises(ValueError, match="model.config._attn_implementation='sdpa'"), torch.no_grad():
+        model.generate(x, max_new_tokens=2, do_sample=False, pad_token_id=0)
+    model.config._attn_implementation = "posenc_remap"
+    assert_close(logits(model, x), expected, atol=0, rtol=0)
 
 
 @pytest.mark.parametrize("name", sorted(METHODS))

@@ -6,7 +6,9 @@
 - ``extend_context``: linear / ntk / dynamic / yarn / longrope / llama3 on a loaded RoPE model, the remapping
   methods self_extend / dca / dca_vllm / rerope / leaky_rerope / lm_infinite / string / streaming_llm
   (``REMAP_METHODS``), slope interpolation on an ALiBi model, in place; a patched bfloat16/float16 model computes
-  its RoPE tables and rotation in float32 (``keep_rope_float32``, also callable on its own).
+  its RoPE tables and rotation in float32 (``keep_rope_float32``, also callable on its own). A patched model warns
+  once past its patch's reach (``ReachExceededWarning``) and where cached decoding leaves the full forward
+  (``CacheStaleWarning``).
 - ``resolve_model`` / ``inspect_gguf`` / ``load_config`` / ``original_context`` / ``load_causal_lm``: pretrained
   models from GGUF files, transformers folders or ``"smollm2"``, offline; ``save_pretrained`` writes one back as a
   transformers folder, ``save_gguf`` as a GGUF file llama.cpp runs with its RoPE scaling (``posenc.hf.gguf_rope``).
@@ -14,6 +16,7 @@
 Only torch is imported here; transformers is imported lazily, when a model is patched.
 """
 
+from posenc.hf._reach import ReachExceededWarning
 from posenc.hf._rope_patch import CacheStaleWarning
 from posenc.hf.alibi import ALIBI_MODEL_TYPES, alibi_config_from_hf, alibi_config_to_hf
 from posenc.hf.extend import METHOD_OPTIONS, METHODS, REMAP_METHODS, extend_context
@@ -32,6 +35,7 @@ __all__ = [
     "ModelSource",
     "REMAP_METHODS",
     "ROPE_MODEL_TYPES",
+    "ReachExceededWarning",
     "ServedOnlyWarning",
     "alibi_config_from_hf",
     "alibi_config_to_hf",

@@ -16,10 +16,20 @@ documents). The length ``S`` of a sequence (for ``dynamic``/``longrope`` frequen
 largest position + 1, sequences told apart as transformers tells packed ones apart (a position that does not follow
 its predecessor starts one), so a packed or padded row equals each sequence alone.
 
-What the patch cannot carry is refused: ``model.set_attn_implementation(...)`` (another attention would run the
-identity rotary modules: a model without positions) and ``model.save_pretrained(...)`` (it would reload as the
-unextended model claiming the longer context); ``posenc.hf.save_pretrained`` writes what a serving engine runs as
-measured (``dca_vllm`` on Qwen2/Qwen3 as ``dual_chunk_attention_config``) and refuses the rest.
+Where that length changes what a token computes (``dynamic``/``longrope`` frequencies under the method, DCA's logit
+factor), a KV cache keeps, in every layer past the first, keys and values computed from hidden states of the length
+of the step that wrote them, while the full forward recomputes them at the current one. The cache records the length
+each key was computed at, and the first call at which that moves a cached token's frequencies or factor warns once
+per model (``posenc.hf.CacheStaleWarning``); a one-layer model, or a cache whose tokens were all computed alike,
+equals the full forward and does not warn.
+
+What the patch cannot carry is refused: ``set_attn_implementation(...)`` on the model or on any transformers model
+inside it (``model.model``, ``get_decoder()``: they share the config; another attention would run the identity rotary
+modules, a model without positions), a forward after the config's attention was changed by other means
+(``config._attn_implementation = ...``, ``PreTrainedModel.set_attn_implementation(model, ...)``: the rotary modules
+check it at every call), and ``save_pretrained(...)`` (it would reload as the unextended model claiming the longer
+context); ``posenc.hf.save_pretrained`` writes what a serving engine runs as measured (``dca_vllm`` on Qwen2/Qwen3 as
+``dual_chunk_attention_config``) and refuses the rest.
 """
 
 from __future__ import annotations
@@ -27,6 +37,7 @@ from __future__ import annotations
 import inspect
 import math
 import types
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -37,7 +48,8 @@ from posenc.attention import document_lengths
 from posenc.encodings.rotary import RotaryEmbedding
 from posenc.hf import _cache_positions as cache_positions
 from posenc.hf._common import architecture, model_type
-from posenc.hf._rope_patch import rotary_modules
+from posenc.hf._reach import watch_reach
+from posenc.hf._rope_patch import CacheStaleWarning, rotary_modules
 from posenc.remapping import WITHIN_TRAINING, RemapMethod, remap_attention, remap_method
 
 IMPLEMENTATION = "posenc_remap"
@@ -50,7 +62,8 @@ REMAP_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gpt_neox", "
 
 
 class _Remap:
-    """What the attention of a patched model reads (a plain attribute: not a module, not in the state dict)."""
+    """What the attention of a patched model reads (a plain attribute: not a module, not in the state dict), and
+    which warnings it gave (once per model)."""
 
     def __init__(
         self,
@@ -60,9 +73,36 @@ class _Remap:
         original: int | None = None,
         factor: float = 1.0,
         options: Mapping[str, Any] | None = None,
+        layers: tuple[int, ...] = (),
     ) -> None:
         self.method, self.encoding, self.original, self.factor = method, encoding, original, factor
         self.options = dict(options or {})
+        self.layers = layers  # the attention modules' layer_idx
+        self.warned: set[type[Warning]] = set()
+
+    @property
+    def depends_on_length(self) -> bool:
+        """Whether a token's computation depends on its sequence's length (``dynamic``/``longrope`` frequencies, DCA's
+        logit factor), so its hidden states do."""
+        return self.encoding.depends_on_length or self.method.depends_on_length
+
+    def same_at(self, written: torch.Tensor, now: torch.Tensor) -> bool:
+        """Whether tokens computed at sequence lengths ``written`` are computed alike at ``now`` (same shape, or
+        broadcastable): the same RoPE frequencies and attention factor, the same logit factor."""
+        written, now = (x.reshape(-1) for x in torch.broadcast_tensors(written, now))
+        moved = written != now
+        if not bool(moved.any()):
+            return True
+        n = int(moved.sum())
+        lengths, index = torch.unique(torch.cat([written[moved], now[moved]]), return_inverse=True)  # (U,), (2n,)
+        state = []  # (U, ·) per distinct length
+        if self.encoding.depends_on_length:
+            inv_freq, factor = self.encoding._frequencies(lengths, device=lengths.device)  # (U, F), float or (U,)
+            state += [inv_freq.double(), torch.as_tensor(factor, dtype=torch.float64).expand(len(lengths))[:, None]]
+        if self.method.depends_on_length:
+            state.append(self.method.logit_factor(lengths)[:, None])
+        state = torch.cat(state, dim=1)
+        return torch.equal(state[index[:n]], state[index[n:]])
 
     def call(self) -> str:
         """The ``extend_context`` call that applies this method again."""
@@ -97,8 +137,15 @@ def apply_remap(model: torch.nn.Module, method: RemapMethod, **record: Any) -> d
     rotary = rotary_modules(model)
     if not rotary:
         fail("model", architecture(model), "a model with a rotary embedding module (inv_freq buffer)")
+    for name, module in rotary:  # its forward checks model.config's attention implementation at every call
+        if getattr(module, "config", None) is not model.config:
+            fail(
+                "model",
+                architecture(model),
+                f"a model whose rotary modules are transformers' *RotaryEmbedding built from model.config ({name!r}, "
+                f"a {type(module).__name__}, is not)",
+            )
     _register()
-    remap = _Remap(method, encoding, **record)
     attention = []
     modules = []
     for name, module in model.named_modules():
@@ -107,17 +154,17 @@ def apply_remap(model: torch.nn.Module, method: RemapMethod, **record: Any) -> d
             attention.append(name)
     if not attention:
         fail("model", architecture(model), "a model whose attention modules transformers dispatches by layer_idx")
+    remap = _Remap(method, encoding, **record, layers=tuple(sorted(m.layer_idx for m in modules)))
     for module in modules:
         module.__dict__["_posenc_remap"] = remap
         cache_positions.watch_cache(module)
     for _, module in rotary:
+        module.__dict__["_posenc_remap"] = remap
         _identity_rotation(module)
     _derive_positions(model)
     old = model.config._attn_implementation
-    model.__dict__["_posenc_remap"] = remap
     model.set_attn_implementation(IMPLEMENTATION)
-    for name in ("set_attn_implementation", "save_pretrained"):  # refuse what would drop the patch silently
-        model.__dict__[name] = types.MethodType(_REFUSALS[name], model)
+    _refuse_switches(model, remap)
     return {
         "architecture": architecture(model),
         "model_class": type(model).__name__,
@@ -144,9 +191,29 @@ def remove_remap(model: torch.nn.Module, attn_implementation: str = "sdpa") -> N
         handle = module.__dict__.pop(_POSITIONS_HOOK, None)
         if handle is not None:
             handle.remove()
-    for name in ("set_attn_implementation", "save_pretrained", "_posenc_remap"):
-        model.__dict__.pop(name, None)
+        for name in _REFUSALS:
+            module.__dict__.pop(name, None)
     model.set_attn_implementation(attn_implementation)
+
+
+def _refuse_switches(model: torch.nn.Module, remap: _Remap) -> None:
+    """Refuse what would drop the patch silently -- another attention implementation, a save without the method --
+    on the model and on every transformers model inside it (``model.model``, what ``get_decoder()`` returns: it shares
+    the config, so its ``set_attn_implementation`` would switch every layer too)."""
+    from transformers import PreTrainedModel
+
+    for module in model.modules():
+        if isinstance(module, PreTrainedModel):
+            module.__dict__["_posenc_remap"] = remap
+            for name, refusal in _REFUSALS.items():
+                module.__dict__[name] = types.MethodType(refusal, module)  # deepcopy rebinds it to the copy
+
+
+#: Why a patched model runs only posenc's attention (the rotation moved into it).
+_WHY_OURS = (
+    "that attention rotates the queries and keys (the rotary modules are the identity), so another one would run the "
+    "model without positions"
+)
 
 
 def _refuse_attn_implementation(self: torch.nn.Module, *args: Any, **kwargs: Any) -> None:
@@ -155,10 +222,25 @@ def _refuse_attn_implementation(self: torch.nn.Module, *args: Any, **kwargs: Any
     fail(
         "attn_implementation",
         wanted,
-        f"{IMPLEMENTATION!r} while the model runs {remap.method.name}: that attention rotates its queries and keys "
-        "(the rotary modules are the identity), so another one would run a model without positions. Load the model "
-        "again for another attention implementation",
+        f"{IMPLEMENTATION!r} while the model runs {remap.method.name}: {_WHY_OURS}. Load the model again for another "
+        "attention implementation",
     )
+
+
+def _check_implementation(rotary: torch.nn.Module) -> None:
+    """Refuse a forward of a model whose config names another attention than posenc's: a change no method call
+    made (``config._attn_implementation = ...``, ``PreTrainedModel.set_attn_implementation(model, ...)``), which
+    transformers would dispatch to without the rotation. The rotary module runs once per forward, before any layer."""
+    implementation = rotary.config._attn_implementation
+    if implementation != IMPLEMENTATION:
+        remap = rotary.__dict__["_posenc_remap"]
+        fail(
+            "model.config._attn_implementation",
+            implementation,
+            f"{IMPLEMENTATION!r}, as posenc.hf.extend_context set it for {remap.method.name}: {_WHY_OURS}. Set it "
+            f"back (model.config._attn_implementation = {IMPLEMENTATION!r}), or load the model again for another "
+            "attention implementation",
+        )
 
 
 def _refuse_save(self: torch.nn.Module, *args: Any, **kwargs: Any) -> None:
@@ -220,6 +302,7 @@ def _identity_rotation(module: torch.nn.Module) -> None:
 
 
 def _identity_forward(self: torch.nn.Module, x: torch.Tensor, position_ids: torch.Tensor, *args: Any, **kwargs: Any):  # noqa: ANN202
+    _check_implementation(self)
     cos, sin = type(self).forward(self, x, position_ids, *args, **kwargs)
     return torch.ones_like(cos), torch.zeros_like(sin)
 
@@ -262,7 +345,7 @@ def _attention(
         earlier = cache_positions.cached_positions(layer, t - s, b, query.device)  # (B|1, T - S)
         rows = max(earlier.shape[0], q_pos.shape[0])
         k_pos = torch.cat([earlier.expand(rows, -1), q_pos.expand(rows, -1)], dim=-1)  # (B|1, T)
-        cache_positions.remember_positions(layer, k_pos)
+    given = k_pos  # what the cache records (padding as given)
     pairs = None
     if attention_mask is not None:
         pairs = attention_mask[:, 0, :, :t]  # (B|1, S, T): transformers' mask, causality and padding included
@@ -276,6 +359,9 @@ def _attention(
     # predecessor starts a new one): its sequence's largest position + 1.
     documents = (torch.diff(k_pos, dim=-1, prepend=k_pos[:, :1] - 1) != 1).cumsum(-1)  # (B|1, T)
     lengths = document_lengths(k_pos, documents)  # (B|1, T)
+    if layer is not None:
+        written = _lengths_written(module, remap, layer, lengths, t - s) if remap.depends_on_length else None
+        cache_positions.remember_positions(layer, given, written)
     out = remap_attention(
         query,
         key,
@@ -289,6 +375,38 @@ def _attention(
         scale=scaling,
     )
     return out.transpose(1, 2).contiguous(), None  # (B, H, S, Dv) -> (B, S, H, Dv)
+
+
+def _lengths_written(
+    module: torch.nn.Module, remap: _Remap, layer: Any, lengths: torch.Tensor, cached: int
+) -> torch.Tensor:
+    """The sequence length each key of ``layer`` was computed at, ``(B|1, T)``: the cached keys' as recorded, this
+    call's its own. Warns once per model (``CacheStaleWarning``) at the first call where a cached token was computed
+    at a length that moves its frequencies or logit factor: its hidden states, so every deeper layer's cached keys
+    and values, differ from the full forward's (the first layer's, computed from the embeddings, do not)."""
+    earlier = cache_positions.cached_lengths(layer, cached, lengths.shape[0], lengths.device)  # (B|1, T - S)
+    rows = max(earlier.shape[0], lengths.shape[0])
+    if (
+        CacheStaleWarning not in remap.warned
+        and module.layer_idx == remap.layers[0]
+        and len(remap.layers) > 1
+        and cached
+        and not remap.same_at(earlier, lengths[:, :cached])
+    ):
+        remap.warned.add(CacheStaleWarning)
+        scaling = remap.encoding.config.scaling
+        what = [f"the model's {scaling.rope_type} RoPE frequencies"] if remap.encoding.depends_on_length else []
+        what += [f"{remap.method.name}'s logit factor"] if remap.method.depends_on_length else []
+        warnings.warn(
+            f"posenc.hf.extend_context: under {remap.method.name}, the sequence's length sets {' and '.join(what)}, "
+            f"and this call's length ({int(lengths.max())} tokens) changes them for tokens the KV cache holds: their "
+            "keys and values in every layer past the first come from hidden states computed at the length of the "
+            "step that wrote them, so cached decoding differs from the full forward from here on. Run without the "
+            "cache (use_cache=False) for the full forward.",
+            CacheStaleWarning,
+            stacklevel=2,
+        )
+    return torch.cat([earlier.expand(rows, -1), lengths[:, cached:].expand(rows, -1)], dim=-1)
 
 
 def extend_remap(
@@ -321,6 +439,8 @@ def extend_remap(
     old = int(model.config.max_position_embeddings)
     description = apply_remap(model, method, original=original, factor=factor, options=options)
     model.config.max_position_embeddings = max(old, target)
+    what = f"{name} x{factor:g} ({method!r} over {original} tokens)"
+    watch_reach(rotary_modules(model), method.reach(original), what)  # replaces a frequency method's
     description.update(
         factor=factor,
         original_max_position_embeddings=original,

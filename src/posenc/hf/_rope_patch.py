@@ -25,6 +25,7 @@ import torch
 
 from posenc._checks import fail
 from posenc.hf._common import architecture
+from posenc.hf._reach import rotary_positions, watch_reach
 from posenc.hf.rope_float32 import keep_rope_float32
 from posenc.hf.rotary import rotary_config_from_hf, rotary_config_to_hf
 from posenc.scalings import (
@@ -188,6 +189,7 @@ def extend_rope(
     _check_patched(model, modules, fresh)
     new_setup = rotary_config_from_hf(config, layer_type=layer_type)
     guard_cache(model, modules, new_setup)
+    watch_reach(modules, None if method == "dynamic" else new_max, plan.description)  # dynamic: no fixed reach
     keep_rope_float32(model)  # a bfloat16/float16 model: tables and rotation in float32, cast once after
     return {
         "architecture": config.model_type,
@@ -337,10 +339,11 @@ def _describe(scaling: RopeScaling) -> str:
 
 
 class CacheStaleWarning(UserWarning):
-    """A cached forward of a model whose RoPE frequencies depend on the length ran at frequencies other than those its
-    cache was filled with, so it differs from the full forward: the cached keys were rotated to the new frequencies
-    but earlier tokens' hidden states keep those of their own step (or, where posenc found no attention module to
-    hook, the cached keys keep their old rotation)."""
+    """A cached forward of a model whose RoPE frequencies (``dynamic``, ``longrope``) or remapping method's logit
+    factor (Dual Chunk Attention) depend on the length ran at a length that changes them for tokens its cache holds,
+    so it differs from the full forward: the cached keys were rotated to the new frequencies but earlier tokens'
+    hidden states keep those of their own step (or, where posenc found no attention module to hook, the cached keys
+    keep their old rotation). Given once per model."""
 
 
 _GUARD_ATTR = "_posenc_cache_guard"
@@ -429,8 +432,8 @@ def guard_cache(model: torch.nn.Module, modules: list[tuple[str, torch.nn.Module
         state: dict[str, Any] = {"length": None, "warned": False}
 
         def check(module, args, kwargs, state=state):  # noqa: ANN001, ANN202 - forward pre-hook
-            positions = kwargs.get("position_ids", args[1] if len(args) > 1 else None)
-            if not isinstance(positions, torch.Tensor) or torch.compiler.is_compiling() or positions.numel() == 0:
+            positions = rotary_positions(args, kwargs)
+            if positions is None or torch.compiler.is_compiling() or positions.numel() == 0:
                 return None
             start, length = int(positions.min()), int(positions.max()) + 1
             last, state["length"] = state["length"], length

@@ -85,7 +85,18 @@ def extend_context(
     no-cache forward. For ``dynamic`` that holds only where the first scaled attention layer is the model's last:
     deeper layers cache keys and values computed from hidden states of earlier lengths, which no cache can
     recompute, so cached decoding follows dynamic scaling with a KV cache as YaRN (section 3.3) describes it and
-    warns once (``posenc.hf.CacheStaleWarning``); ``use_cache=False`` gives the full forward.
+    warns once (``posenc.hf.CacheStaleWarning``); ``use_cache=False`` gives the full forward. The same holds under a
+    remapping method for ``dynamic`` (and ``longrope`` decoded by hand, without ``generate``'s re-encoding) and for
+    DCA's logit factor: the first cached call at a length that changes a cached token's frequencies or factor warns
+    once, on a model with more than one layer.
+
+    How far the patched model reaches: a remapping method ``method.reach(original)`` tokens (the ``description``
+    says it; DCA, ReRoPE, LM-Infinite and StreamingLLM have no limit), a frequency method the context it extends to
+    (the new ``max_position_embeddings``; ``dynamic`` has no limit, it rescales with the length). The last call sets
+    it (YaRN x2 then Self-Extend x2: Self-Extend's, over the YaRN model's context). A sequence longer than that
+    (largest position + 1; a prefill, or the step of ``generate`` that passes it) warns once per model
+    (``posenc.hf.ReachExceededWarning``): the model then attends over distances it never saw, as an unpatched model
+    past its ``max_position_embeddings``. ALiBi's slope interpolation does not warn.
 
     Args:
         model: a transformers model (e.g. ``LlamaForCausalLM``) of a type in ``supported_model_types()``.
@@ -96,7 +107,10 @@ def extend_context(
             ``ceil(original * factor)`` its parameters are derived for (``posenc.remapping.remap_method``). It is
             a run-time patch: ``posenc.hf.save_pretrained`` writes ``dca_vllm`` on Qwen2/Qwen3 as
             ``dual_chunk_attention_config`` (what vLLM and SGLang serve) and refuses the others; the model's own
-            ``save_pretrained`` and ``set_attn_implementation`` are refused. One remapping method per model, after
+            ``save_pretrained`` and ``set_attn_implementation`` are refused, on the model and on the model inside it
+            (``model.model``, ``get_decoder()``), and a forward after the config's attention implementation was
+            changed by hand raises (every attention but posenc's would run without positions). A frequency method
+            works with every attention implementation. One remapping method per model, after
             any frequency method; its original length is the model's current context (``max_position_embeddings``),
             so the context grows by ``factor`` again.
         factor: the extension factor, ``>= 1``. For ``dynamic`` it is the NTK growth rate past the original length.
