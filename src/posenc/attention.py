@@ -84,7 +84,6 @@ from posenc._checks import (
     check_choice,
     check_number,
     check_positions,
-    check_positive_int,
     check_same_device,
     fail,
 )
@@ -107,6 +106,9 @@ CPU_FLEX_MIN_HEAD_DIM = 32
 #: head dims below 16 ("NYI: embedding dimension of the query, key, and value must be at least 16", torch 2.11 on an
 #: H200, 2026-11-27). Zero channels of q and k leave every score as it is; those of v are sliced off the output.
 CUDA_FLEX_MIN_HEAD_DIM = 16
+
+#: The largest ``window`` and ``chunk_size``: positions are compared as int64 (a larger Python int overflows there).
+MAX_SPAN = 2**63 - 1
 
 #: Compiled FlexAttention kernels one process keeps (one per shape, encoding and mask kind). Past torch's recompile
 #: limit, torch runs FlexAttention *uncompiled* -- scores materialised ``S x T``, other roundings -- so at this many
@@ -176,10 +178,9 @@ def attention(
     check_choice("backend", backend, BACKENDS)
     if sinks is not None:
         _check_sinks(sinks, q)
-    if chunk_size is not None:
-        check_positive_int("chunk_size", chunk_size)
-    if window is not None:
-        check_positive_int("window", window)
+    for name, span in (("chunk_size", chunk_size), ("window", window)):
+        if span is not None:
+            _check_span(name, span)
     if remap is not None:
         given = {"sinks": sinks, "chunk_size": chunk_size, "window": window}
         for name in (n for n, x in given.items() if x is not None):
@@ -291,6 +292,12 @@ def document_lengths(positions: torch.Tensor, document_ids: torch.Tensor) -> tor
     longest = torch.full((docs.shape[0], int(index.max()) + 1), -math.inf, dtype=torch.float64, device=pos.device)
     longest = longest.scatter_reduce(1, index, pos, "amax")  # (B, documents)
     return longest.gather(1, index) + 1  # (B, T)
+
+
+def _check_span(name: str, value: object) -> None:
+    """``window`` / ``chunk_size``: a positive whole number of positions that int64 positions can be compared with."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_SPAN:
+        fail(name, value, "a positive integer up to 2**63 - 1 (positions are compared as int64)")
 
 
 def _check_ignored_seq_len(seq_len: object) -> None:
