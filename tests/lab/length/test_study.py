@@ -421,3 +421,32 @@ def test_suffixes_name_their_model_config_and_run_folder():
     assert (plain.attention_chunk_size, plain.sliding_window, plain.sinks) == (None, None, False)
     assert run_name("rope@8") == "rope-chunk8" and run_name("rope@16~8") == "rope-chunk16-window8"
     assert run_name("rope/nope:2@16~8+sinks") == "rope-nope-every2-chunk16-window8-sinks"
+
+
+# Issue 46: a spec's numbers are ASCII digits without a leading zero, bounded by the longest length the study runs;
+# one line on stderr, exit 2, nothing written.
+BAD_SPEC_NUMBERS = {
+    "rope~²": r"encodings='rope~²' is invalid: expected SPEC~W .*, W a positive whole number written in the digits "
+    r"0-9 without a leading zero",
+    "rope@³": r"encodings='rope@³' is invalid: expected SPEC@C .*, C a positive whole number written in the digits",
+    "rope@016": r"encodings='rope@016' is invalid: expected SPEC@C .* without a leading zero",
+    "rope/nope:02": r"encodings='rope/nope:02' is invalid: expected BASE/OTHER:N .*, N written in the digits 0-9",
+    "rope~99999999999999999999": r"encodings='rope~99999999999999999999' is invalid: expected a window ~W from 1 "
+    r"to 32, the longest length this study runs \(--eval-lens, default 16 x --train-len\): a larger one masks nothing",
+    "rope/nope:2@33": r"encodings='rope/nope:2@33' is invalid: expected a chunk size @C from 1 to 32",
+}
+
+
+@pytest.mark.parametrize("spec", list(BAD_SPEC_NUMBERS))
+def test_spec_numbers_are_refused_in_one_line_before_anything_is_written(spec, tmp_path, capsys):
+    out = tmp_path / "o"
+    args = ["lab", "--encodings", f"ssmax~8,{spec}", "--train-len", "16", "--eval-lens", "16,32", "--steps", "2",
+            "--layers", "2", "--out", str(out)]  # fmt: skip
+    assert main(args) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    lines = captured.err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("posenc lab: ")
+    assert __import__("re").match(BAD_SPEC_NUMBERS[spec], lines[0].removeprefix("posenc lab: ")), lines[0]
+    assert not out.exists()
+    assert StudyConfig(**{**TINY, "n_layers": 2}, encodings=("rope~32", "rope/nope:2@32")).encodings  # the bound itself

@@ -43,6 +43,7 @@ from torch import nn
 import posenc
 from posenc._checks import check_choice, check_positive_int, fail
 from posenc._config import DictConfig
+from posenc.attention import MAX_SPAN
 
 #: ``posenc.attention`` backends (``"auto"``: SDPA for training on CPU, FlexAttention for long biased evaluation).
 BACKENDS = ("auto", "eager", "sdpa", "flex")
@@ -59,8 +60,18 @@ def check_encoding_config(value: object) -> None:
 
 
 #: ``BASE/OTHER:N``: OTHER in every N-th layer (layers N, 2N, ... counting from 1), BASE in the rest.
-_LAYER_SPEC = re.compile(r"(\w+)/(\w+):(\d+)")
+_LAYER_SPEC = re.compile(r"(\w+)/(\w+):(\w+)")
 LAYER_SYNTAX = "BASE/OTHER:N (OTHER in every N-th layer, e.g. 'rope/nope:4': NoPE in layers 4, 8, ...)"
+
+#: How every number in a spec (N, C, W) is written: ASCII digits, no leading zero. One spelling per number, so one
+#: spec per model: 'rope@016' would otherwise be 'rope@16' under another name in the CSV, sharing its run folder.
+_NUMBER = re.compile(r"0|[1-9][0-9]*")
+NUMBER_SYNTAX = "written in the digits 0-9 without a leading zero"
+
+
+def _spec_number(text: str) -> int | None:
+    """``text`` as a spec's number (``_NUMBER``), or None when it is not one (``'016'``, ``'²'``, ``'٤'``, ``''``)."""
+    return int(text) if _NUMBER.fullmatch(text) else None
 
 
 def split_encoding(spec: object, name: str = "encoding") -> tuple[str, str | None, int | None]:
@@ -73,7 +84,10 @@ def split_encoding(spec: object, name: str = "encoding") -> tuple[str, str | Non
     match = _LAYER_SPEC.fullmatch(spec)
     if match is None:
         fail(name, spec, LAYER_SYNTAX)
-    return match[1], match[2], int(match[3])
+    interval = _spec_number(match[3])
+    if interval is None:
+        fail(name, spec, f"{LAYER_SYNTAX}, N {NUMBER_SYNTAX}")
+    return match[1], match[2], interval
 
 
 CHUNK_SYNTAX = "SPEC@C (chunked attention of C tokens in SPEC's non-NoPE layers, e.g. 'rope/nope_temperature:2@16')"
@@ -85,9 +99,10 @@ def split_chunk(spec: object, name: str = "encoding") -> tuple[object, int | Non
     if not isinstance(spec, str) or "@" not in spec:
         return spec, None
     encoding, _, size = spec.rpartition("@")
-    if not encoding or not size.isdigit() or int(size) < 1:
-        fail(name, spec, CHUNK_SYNTAX)
-    return encoding, int(size)
+    chunk = _spec_number(size)
+    if not encoding or chunk is None or chunk < 1:
+        fail(name, spec, f"{CHUNK_SYNTAX}, C a positive whole number {NUMBER_SYNTAX}")
+    return encoding, chunk
 
 
 WINDOW_SYNTAX = (
@@ -102,9 +117,10 @@ def split_window(spec: object, name: str = "encoding") -> tuple[object, int | No
     if not isinstance(spec, str) or "~" not in spec:
         return spec, None
     encoding, _, size = spec.rpartition("~")
-    if not encoding or "~" in encoding or not size.isdigit() or int(size) < 1:
-        fail(name, spec, WINDOW_SYNTAX)
-    return encoding, int(size)
+    window = _spec_number(size)
+    if not encoding or "~" in encoding or window is None or window < 1:
+        fail(name, spec, f"{WINDOW_SYNTAX}, W a positive whole number {NUMBER_SYNTAX}")
+    return encoding, window
 
 
 SINKS_SUFFIX = "+sinks"
@@ -211,6 +227,8 @@ class ModelConfig(DictConfig):
             ``"rope/nope:4"`` it is RNoPE-SWA (Yang et al. 2025, "Rope to Nope and Back Again", arXiv:2501.18795:
             windowed RoPE layers, global NoPE layers, as Cohere's Command A). None (the default, left out of
             ``to_dict``): global attention. Combines with ``attention_chunk_size``.
+
+    Both are at most ``2**63 - 1`` (int64 positions).
     """
 
     vocab_size: int = 256
@@ -243,8 +261,10 @@ class ModelConfig(DictConfig):
         if not isinstance(self.sinks, bool):
             fail("sinks", self.sinks, "True or False")
         for local in ("attention_chunk_size", "sliding_window"):
-            if getattr(self, local) is not None:
-                check_positive_int(local, getattr(self, local))
+            value = getattr(self, local)
+            whole = isinstance(value, int) and not isinstance(value, bool)
+            if value is not None and not (whole and 0 < value <= MAX_SPAN):
+                fail(local, value, "a positive integer up to 2**63 - 1 (positions are compared as int64), or None")
         check_encoding_config(self.encoding_config)
         if other is not None:
             for key, value in self.encoding_config.items():
