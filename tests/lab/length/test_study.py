@@ -424,7 +424,7 @@ def test_suffixes_name_their_model_config_and_run_folder():
 
 
 # Issue 46: a spec's numbers are ASCII digits without a leading zero, bounded by the longest length the study runs;
-# one line on stderr, exit 2, nothing written.
+# one line on stderr, exit 2, nothing written. ``ssmax~W`` trains an SSMax whose n is the keys its window leaves.
 BAD_SPEC_NUMBERS = {
     "rope~²": r"encodings='rope~²' is invalid: expected SPEC~W .*, W a positive whole number written in the digits "
     r"0-9 without a leading zero",
@@ -450,3 +450,33 @@ def test_spec_numbers_are_refused_in_one_line_before_anything_is_written(spec, t
     assert __import__("re").match(BAD_SPEC_NUMBERS[spec], lines[0].removeprefix("posenc lab: ")), lines[0]
     assert not out.exists()
     assert StudyConfig(**{**TINY, "n_layers": 2}, encodings=("rope~32", "rope/nope:2@32")).encodings  # the bound itself
+
+
+def test_a_resumed_study_refuses_a_run_trained_with_the_old_ssmax_n_before_writing(corpus, tmp_path):
+    """A study whose ``ssmax~4`` run was saved before issue 46 (its ``config.json`` has no ``key_count``: that SSMax
+    used n = p + 1 under the window) is refused on ``--resume``, naming the run, and nothing in the folder changes;
+    the same study run now resumes (and its SSMax layers count the window's keys: test_gpt_key_count.py)."""
+    out = tmp_path / "out"
+    args = ["lab", "--encodings", "rope,ssmax~4", "--train-len", "16", "--eval-lens", "16", "--steps", "2",
+            "--batch-size", "4", "--dim", "32", "--layers", "1", "--heads", "2", "--eval-tokens", "256",
+            "--corpus", str(corpus), "--quiet", "--out", str(out)]  # fmt: skip
+    code, text = _cli(*args)
+    assert code == 0, text
+    code, text = _cli(*args, "--resume")
+    assert code == 0, text
+    config = out / "runs" / "ssmax-window4" / "config.json"
+    saved = json.loads(config.read_text())
+    assert saved["model"]["key_count"] == "mask"
+    del saved["model"]["key_count"]
+    config.write_text(json.dumps(saved))
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    code, text = _cli(*args, "--resume")
+    assert code == 2
+    assert text.splitlines() == [
+        f"posenc lab: {config}['key_count']=None is invalid: expected 'mask': this model (encoding='ssmax', "
+        "sliding_window=4) was saved by a posenc that gave the SSMax of layers [0] an n read from the query's "
+        "position (p + 1) whatever the window or chunks masked (issue 46); posenc now counts the keys each query "
+        f"sees and cannot rebuild the model it trained as: delete {config.parent} to retrain it with --resume, or "
+        "pass a fresh --out"
+    ]
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before

@@ -195,6 +195,14 @@ def check_layer_part(encoding: posenc.Encoding, part: str, spec: str, name: str 
 #: Encodings whose layers attend globally under ``attention_chunk_size`` (Llama 4 chunks only its RoPE layers).
 GLOBAL_ENCODINGS = ("nope", "nope_temperature")
 
+#: ``config.json``'s record that the model's key-count encodings (SSMax: ``Encoding.reads_key_count``) in windowed or
+#: chunked layers take ``n`` from attention's mask, ``{"key_count": "mask"}``; written only for such models. Before
+#: (issue 46), ``posenc.attention`` did not tell the encoding what it masked, and an SSMax in a layer with a window or
+#: chunks used ``n = p + 1`` (the lab's ``ssmax~8`` did): a run saved so has no record, and is refused rather than
+#: reloaded as a model it was not trained as (``ModelConfig.from_dict``).
+KEY_COUNT_KEY = "key_count"
+KEY_COUNT_FROM_MASK = "mask"
+
 
 @dataclass(frozen=True, kw_only=True)
 class ModelConfig(DictConfig):
@@ -228,7 +236,9 @@ class ModelConfig(DictConfig):
             windowed RoPE layers, global NoPE layers, as Cohere's Command A). None (the default, left out of
             ``to_dict``): global attention. Combines with ``attention_chunk_size``.
 
-    Both are at most ``2**63 - 1`` (int64 positions).
+    Both are at most ``2**63 - 1`` (int64 positions). An SSMax layer under either counts, as its ``n``, the keys the
+    window and chunks leave each query (``posenc.attention`` passes them); ``to_dict`` records that
+    (``KEY_COUNT_KEY``) and ``from_dict`` refuses a model saved before, whose SSMax used ``n = p + 1`` there.
     """
 
     vocab_size: int = 256
@@ -310,8 +320,24 @@ class ModelConfig(DictConfig):
         """``value`` for each layer that attends locally (not NoPE: ``GLOBAL_ENCODINGS``), None for the others."""
         return tuple(None if name in GLOBAL_ENCODINGS else value for name in self.layer_encodings)
 
+    def key_count_layers(self) -> list[int]:
+        """The layers (from 0) whose encoding reads the key count (SSMax) and whose window or chunks cap it beyond
+        what the encoding itself declares (an ``SSMax(window=W)`` in a layer windowed by W alone is not one): where
+        runs saved before issue 46 computed ``n = min(p + 1, SSMax's window)`` instead (see ``KEY_COUNT_KEY``)."""
+        layers = zip(self.layer_encodings, self.layer_chunk_sizes, self.layer_windows, strict=True)
+        local = [(i, name, c, w) for i, (name, c, w) in enumerate(layers) if c is not None or w is not None]
+        if not local:
+            return []
+        with torch.random.fork_rng(devices=[]):  # a learned table's init draws nothing from the caller's stream
+            built = {name: build_encoding(self, name) for name in {name for _, name, _, _ in local}}
+        return [
+            i
+            for i, name, c, w in local
+            if built[name].reads_key_count and (c is not None or w != getattr(built[name].config, "window", None))
+        ]
+
     def to_dict(self) -> dict[str, Any]:
-        """Every field by name, JSON-able."""
+        """Every field by name, JSON-able; ``KEY_COUNT_KEY`` where ``key_count_layers`` has any."""
         out = super().to_dict()
         out["encoding_config"] = json.loads(json.dumps(dict(self.encoding_config)))  # a deep, JSON-only copy
         if not self.sinks:
@@ -319,7 +345,49 @@ class ModelConfig(DictConfig):
         for local in ("attention_chunk_size", "sliding_window"):
             if out[local] is None:
                 del out[local]  # likewise
+        if self.key_count_layers():
+            out[KEY_COUNT_KEY] = KEY_COUNT_FROM_MASK
         return out
+
+    @classmethod
+    def from_dict(cls, config: Mapping[str, Any], *, where: str = "config") -> ModelConfig:
+        """The config ``to_dict`` wrote. A saved model whose SSMax layers attend over a window or chunks and that
+        lacks ``KEY_COUNT_KEY`` was trained with ``n = p + 1`` there, which posenc no longer computes: refused
+        (``where`` names the dict in that error, e.g. its file)."""
+        marker = config.get(KEY_COUNT_KEY) if isinstance(config, Mapping) else None
+        if isinstance(config, Mapping):
+            config = {k: v for k, v in config.items() if k != KEY_COUNT_KEY}
+        built = super().from_dict(config)
+        check_key_count_record(built, marker, where)
+        return built
+
+
+def check_key_count_record(
+    config: ModelConfig, marker: object, where: str = "config", remedy: str = "retrain it"
+) -> None:
+    """``marker``, a saved ``config``'s ``KEY_COUNT_KEY`` (None: absent), must say ``n`` came from the mask wherever
+    ``config`` has SSMax layers with a window or chunks (``where`` names the dict or file in the error, ``remedy``
+    what to do about it)."""
+    layers = config.key_count_layers()
+    if not layers:
+        if marker is not None:
+            fail(f"{where}[{KEY_COUNT_KEY!r}]", marker, f"no such key: encoding={config.encoding!r} has no SSMax layer "
+                 "with a window or chunks")  # fmt: skip
+        return
+    if marker == KEY_COUNT_FROM_MASK:
+        return
+    if marker is not None:
+        fail(f"{where}[{KEY_COUNT_KEY!r}]", marker, repr(KEY_COUNT_FROM_MASK))
+    local = ", ".join(f"{k}={v}" for k, v in (("attention_chunk_size", config.attention_chunk_size),
+                                               ("sliding_window", config.sliding_window)) if v is not None)  # fmt: skip
+    fail(
+        f"{where}[{KEY_COUNT_KEY!r}]",
+        None,
+        f"{KEY_COUNT_FROM_MASK!r}: this model (encoding={config.encoding!r}, {local}) was saved by a posenc that gave "
+        f"the SSMax of layers {layers} an n read from the query's position (p + 1) whatever the window or chunks "
+        f"masked (issue 46); posenc now counts the keys each query sees and cannot rebuild the model it trained as: "
+        f"{remedy}",
+    )
 
 
 def build_encodings(config: ModelConfig) -> tuple[posenc.Encoding, posenc.Encoding | None]:
@@ -472,7 +540,10 @@ class GPT(nn.Module):
             owned = _own_encodings(config, base, other, self._nth)  # per layer: its own module, or None (shared)
             self.encoding = None if base.per_layer else base
             self.nth_encoding = None if other is None or other.per_layer else other
-            local = zip(config.layer_chunk_sizes, config.layer_windows, owned, strict=True)
+            local = list(zip(config.layer_chunk_sizes, config.layer_windows, owned, strict=True))
+            for (c, w, own), nth in zip(local, self._nth, strict=True):
+                # an SSMax(window=W) in encoding_config must sit in a layer windowed by W: refused now, not at step 1
+                (own or (other if nth else base)).check_mask(window=w, chunk_size=c)
             self.blocks = nn.ModuleList(Block(config, chunk_size=c, window=w, encoding=e) for c, w, e in local)
             self.ln_f = nn.LayerNorm(config.dim, bias=False)
             self._init_weights()
