@@ -476,7 +476,7 @@ def test_a_resumed_study_refuses_a_run_trained_with_the_old_ssmax_n_before_writi
         f"posenc lab: {config}['key_count']=None is invalid: expected 'mask': this model (encoding='ssmax', "
         "sliding_window=4) was saved by a posenc that gave the SSMax of layers [0] an n read from the query's "
         "position (p + 1) whatever the window or chunks masked (issue 46); posenc now counts the keys each query "
-        f"sees and cannot rebuild the model it trained as: delete {config.parent} to retrain it with --resume, or "
-        "pass a fresh --out"
+        "sees and cannot rebuild the model it trained as: retrain it with a fresh --out (the rows of 'ssmax~4' in "
+        f"{out / 'results.csv'} come from it too)"
     ]
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before

@@ -169,7 +169,8 @@ def _check_saved_runs(cfg: StudyConfig, out: Path) -> None:
         stored = read_json(path, "config")
         model = stored.get("model") if isinstance(stored, dict) else None
         if isinstance(model, dict):  # anything else: train() refuses it with its own message
-            remedy = f"delete {path.parent} to retrain it with --resume, or pass a fresh --out"
+            # not "delete the run and resume": results.csv keeps that model's rows, and a resume skips them
+            remedy = f"retrain it with a fresh --out (the rows of {spec!r} in {out / 'results.csv'} come from it too)"
             check_key_count_record(_model_config(cfg, spec), model.get(KEY_COUNT_KEY), str(path), remedy)
 
 
