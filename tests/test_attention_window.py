@@ -383,3 +383,17 @@ def test_bad_windows_are_refused():
     method = posenc.remapping.remap_method("self_extend", original=8, target=16)
     with pytest.raises(ValueError, match=r"window=.*remap="):
         posenc.attention(q, k, v, encoding=posenc.build("rope", head_dim=D), remap=method, window=4)
+
+
+def test_windows_and_chunks_past_int64_are_refused():
+    """Positions are compared as int64: a window or chunk size past 2**63 - 1 was accepted and died in the mask with
+    an OverflowError (issue 46); the largest one is global attention."""
+    q, k, v = qkv(8, 8)
+    with torch.no_grad():
+        widest = posenc.attention(q, k, v, window=2**63 - 1, chunk_size=2**63 - 1, backend="eager")
+        assert_close(widest, posenc.attention(q, k, v, backend="eager"), rtol=0, atol=0)
+    for name in ("window", "chunk_size"):
+        for bad in (2**63, 10**20):
+            with pytest.raises(ValueError, match=rf"^{name}={bad} is invalid: expected a positive integer up to "
+                                                 r"2\*\*63 - 1 \(positions are compared as int64\)$"):  # fmt: skip
+                posenc.attention(q, k, v, **{name: bad})

@@ -124,3 +124,22 @@ def check_same_device(name: str, t: torch.Tensor, device: torch.device, what: st
     """``t`` must be on ``device`` (``what`` names where that device comes from, e.g. "q's device")."""
     if t.device != device:
         fail(f"{name}.device", t.device, f"{what}, {device}")
+
+
+def check_key_count(key_count: object, positions: torch.Tensor) -> torch.Tensor:
+    """``key_count``: how many keys each query at ``positions`` sees (``posenc.attention`` counts them from its mask),
+    an integer tensor ``(S,)`` or ``(1|B, S)`` on the positions' device, ``S`` their query length. Values are not
+    read (no host sync); a count below 1 is the caller's fully masked query, which the factors treat as 1."""
+    s = positions.shape[-1]
+    batch = positions.shape[0] if positions.dim() == 2 else None
+    shapes = f"({s},) or (1, {s})" + ("" if batch in (None, 1) else f" or ({batch}, {s})")
+    if not isinstance(key_count, torch.Tensor):
+        fail("key_count", type(key_count).__name__, f"an integer tensor {shapes}: the keys each query sees")
+    if key_count.is_floating_point() or key_count.is_complex() or key_count.dtype == torch.bool:
+        fail("key_count.dtype", key_count.dtype, "an integer dtype (a number of keys per query)")
+    ok = key_count.dim() in (1, 2) and key_count.shape[-1] == s
+    ok = ok and (key_count.dim() == 1 or key_count.shape[0] == 1 or batch in (None, key_count.shape[0]))
+    if not ok:
+        fail("key_count.shape", tuple(key_count.shape), f"{shapes}, one count per query")
+    check_same_device("key_count", key_count, positions.device, "the positions' device")
+    return key_count

@@ -65,10 +65,20 @@ Three options for the softmax and the mask that released models use (issue 40):
 Encodings whose bias reads every key (``needs_keys``: CoPE) get the keys and the dense mask in ``bias(..., k=,
 mask=)`` and run on ``eager`` and ``sdpa`` only; ``causal_only`` encodings refuse ``causal=False``.
 
+Encodings whose factor depends on how many keys a query sees (``reads_key_count``: SSMax's ``s log n``, Llama 4's
+temperature) get that number from the mask itself, ``rotate(..., key_count=)``: per query, the keys it is allowed --
+causal, ``document_ids``, ``chunk_size`` and ``window`` together -- so the factor follows what is masked, on every
+backend and in a KV-cache decode alike (a cache holding every key and one holding the last ``window - 1`` plus the
+new ones count the same). A call given only some of a query's keys counts those. Sinks are not counted: a sink is a
+logit added to the softmax's denominator, not a key whose score the factor scales (GPT-OSS's and vLLM's
+``sliding_window`` counts only tokens too), and ``sinks -> -inf`` then gives the layer without sinks exactly.
+``encoding.check_mask`` refuses a mask an encoding contradicts (an ``SSMax(window=8)`` with another window).
+
 Shapes:
     q (B, H, S, D), k (B, Hkv, T, D), v (B, Hkv, T, Dv) with Hkv dividing H (grouped-query attention: query head
     h reads key head h // (H / Hkv)); positions as the encoding takes them (``(S,)``/``(B, S)`` for sequences);
-    document_ids (T,) or (B, T); sinks (H,); chunk_size and window ints -> output (B, H, S, Dv) in q's dtype.
+    document_ids (T,) or (B, T); sinks (H,); chunk_size and window ints -> output (B, H, S, Dv) in q's dtype; an
+    encoding's ``key_count=`` (S,) or (B, S) int64.
 """
 
 from __future__ import annotations
@@ -84,7 +94,6 @@ from posenc._checks import (
     check_choice,
     check_number,
     check_positions,
-    check_positive_int,
     check_same_device,
     fail,
 )
@@ -107,6 +116,12 @@ CPU_FLEX_MIN_HEAD_DIM = 32
 #: head dims below 16 ("NYI: embedding dimension of the query, key, and value must be at least 16", torch 2.11 on an
 #: H200, 2026-11-27). Zero channels of q and k leave every score as it is; those of v are sliced off the output.
 CUDA_FLEX_MIN_HEAD_DIM = 16
+
+#: The largest ``window`` and ``chunk_size``: positions are compared as int64 (a larger Python int overflows there).
+MAX_SPAN = 2**63 - 1
+
+#: ``key_counts`` builds the mask in slices of at most this many (query, key) pairs (a bool each): linear memory.
+KEY_COUNT_TILE = 2**24
 
 #: Compiled FlexAttention kernels one process keeps (one per shape, encoding and mask kind). Past torch's recompile
 #: limit, torch runs FlexAttention *uncompiled* -- scores materialised ``S x T``, other roundings -- so at this many
@@ -137,7 +152,8 @@ def attention(
     Args:
         q, k, v: queries, keys, values; see Shapes. Same dtype and device.
         encoding: any ``posenc.Encoding`` (``posenc.build(name, ...)``); None is NoPE. Its ``embed`` hook is not
-            applied here: absolute encodings act on the token embeddings before the projections.
+            applied here: absolute encodings act on the token embeddings before the projections. One that reads the
+            number of keys a query sees (SSMax, ``nope_temperature``) gets it counted from this call's mask.
         q_positions, k_positions: the tokens' positions, on q's device: integers, or finite float32/float64
             (float16/bfloat16 cannot hold positions past 2048/256 and are refused). Defaults: keys ``arange(T)``,
             queries the last ``S`` of them; one given and ``S == T`` -> the other is the same.
@@ -176,10 +192,9 @@ def attention(
     check_choice("backend", backend, BACKENDS)
     if sinks is not None:
         _check_sinks(sinks, q)
-    if chunk_size is not None:
-        check_positive_int("chunk_size", chunk_size)
-    if window is not None:
-        check_positive_int("window", window)
+    for name, span in (("chunk_size", chunk_size), ("window", window)):
+        if span is not None:
+            _check_span(name, span)
     if remap is not None:
         given = {"sinks": sinks, "chunk_size": chunk_size, "window": window}
         for name in (n for n, x in given.items() if x is not None):
@@ -216,6 +231,7 @@ def attention(
     encoding.check_heads(q)
     if encoding.causal_only and not causal:
         fail("causal", causal, f"True: {type(encoding).__name__} is defined over the causal past only")
+    encoding.check_mask(window=window, chunk_size=chunk_size)
     b, _, s, _ = q.shape
     t = k.shape[2]
     if causal and s > t:
@@ -236,20 +252,23 @@ def attention(
         windowed = (*_sequence_positions(q_pos, k_pos, q_name, k_name, s, t, b, "window"), window)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
 
+    mask = _Mask(causal=causal, offset=t - s, docs=docs, s=s, t=t, chunks=chunks, window=windowed)
+
     if encoding.per_head_keys and k.shape[1] != q.shape[1]:
         k, v = _repeat_kv(k, q.shape[1]), _repeat_kv(v, q.shape[1])
+    # SSMax's n, Llama 4's temperature: the keys each query sees, counted from the mask every backend applies
+    counted = {"key_count": mask.key_counts(q.device)} if encoding.reads_key_count else {}
     if encoding.depends_on_length:
         if seq_len is None and docs is not None:
             seq_len = document_lengths(k_pos, docs)
-        q, k = encoding.rotate(q, k, q_pos, k_pos, seq_len=seq_len)
+        q, k = encoding.rotate(q, k, q_pos, k_pos, seq_len=seq_len, **counted)
     else:
         if seq_len is not None:
             _check_ignored_seq_len(seq_len)
-        q, k = encoding.rotate(q, k, q_pos, k_pos)
+        q, k = encoding.rotate(q, k, q_pos, k_pos, **counted)
     backend = _resolve_backend(
         backend, encoding, q, k, v, sinks=sinks, chunked=chunks is not None, windowed=windowed is not None
     )
-    mask = _Mask(causal=causal, offset=t - s, docs=docs, s=s, t=t, chunks=chunks, window=windowed)
     if backend == "eager":
         return _eager(q, k, v, encoding, q_pos, k_pos, mask, scale, sinks)
     if backend == "sdpa":
@@ -291,6 +310,12 @@ def document_lengths(positions: torch.Tensor, document_ids: torch.Tensor) -> tor
     longest = torch.full((docs.shape[0], int(index.max()) + 1), -math.inf, dtype=torch.float64, device=pos.device)
     longest = longest.scatter_reduce(1, index, pos, "amax")  # (B, documents)
     return longest.gather(1, index) + 1  # (B, T)
+
+
+def _check_span(name: str, value: object) -> None:
+    """``window`` / ``chunk_size``: a positive whole number of positions that int64 positions can be compared with."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_SPAN:
+        fail(name, value, "a positive integer up to 2**63 - 1 (positions are compared as int64)")
 
 
 def _check_ignored_seq_len(seq_len: object) -> None:
@@ -477,21 +502,45 @@ class _Mask:
         """``(B|1, 1, S, T)`` boolean, True where attention is allowed; None when everything is."""
         if self.trivial:
             return None
-        i = torch.arange(self.s, device=device)[:, None]
+        return self._rows(device, 0, self.s).unsqueeze(1)  # (B|1, 1, S, T)
+
+    def _rows(self, device: torch.device, lo: int, hi: int) -> torch.Tensor:
+        """Queries ``lo .. hi - 1`` of the mask: ``(B|1, hi - lo, T)`` boolean, True where attention is allowed."""
+        i = torch.arange(lo, hi, device=device)[:, None]
         j = torch.arange(self.t, device=device)[None, :]
-        allowed = torch.ones(1, self.s, self.t, dtype=torch.bool, device=device)
+        allowed = torch.ones(1, hi - lo, self.t, dtype=torch.bool, device=device)
         if self.causal:
             allowed = allowed & (j <= i + self.offset)
         if self.docs is not None:
-            q_docs = self.docs[:, self.t - self.s :]
-            allowed = allowed & (q_docs[:, :, None] == self.docs[:, None, :])  # (B|1, S, T)
+            q_docs = self.docs[:, self.t - self.s + lo : self.t - self.s + hi]
+            allowed = allowed & (q_docs[:, :, None] == self.docs[:, None, :])  # (B|1, S', T)
         if self.chunks is not None:
             q_chunks, k_chunks = self.chunks
-            allowed = allowed & (q_chunks[:, :, None] == k_chunks[:, None, :])  # (B|1, S, T)
+            allowed = allowed & (q_chunks[:, lo:hi, None] == k_chunks[:, None, :])  # (B|1, S', T)
         if self.window is not None:
             q_pos, k_pos, w = self.window
-            allowed = allowed & (q_pos[:, :, None] - k_pos[:, None, :] < w)  # (B|1, S, T)
-        return allowed.unsqueeze(1)  # (B|1, 1, S, T)
+            allowed = allowed & (q_pos[:, lo:hi, None] - k_pos[:, None, :] < w)  # (B|1, S', T)
+        return allowed
+
+    def key_counts(self, device: torch.device) -> torch.Tensor:
+        """How many keys each query sees: ``(S,)`` int64 when every row counts alike, else ``(B, S)``.
+
+        Without documents, chunks or a window, ``T`` or (causal) ``i + offset + 1``; otherwise summed over the mask
+        built ``KEY_COUNT_TILE`` pairs at a time, so memory stays linear in length (as FlexAttention's does).
+        """
+        if self.docs is None and not self.local:
+            if not self.causal:
+                return torch.full((self.s,), self.t, dtype=torch.int64, device=device)
+            return torch.arange(self.offset + 1, self.offset + self.s + 1, device=device)  # (S,)
+        rows = max(1, KEY_COUNT_TILE // (self._batch() * self.t))
+        counts = [self._rows(device, lo, min(lo + rows, self.s)).sum(-1) for lo in range(0, self.s, rows)]
+        counts = torch.cat(counts, dim=-1)  # (B|1, S)
+        return counts[0] if counts.shape[0] == 1 else counts
+
+    def _batch(self) -> int:
+        """Rows of the mask: B where documents, chunks or window positions differ per row, else 1."""
+        parts = [self.docs] + list(self.chunks or ()) + list(self.window[:2] if self.window is not None else ())
+        return max((x.shape[0] for x in parts if x is not None), default=1)
 
     def mask_mod(self, sink_key: bool = False):  # noqa: ANN201 - FlexAttention mask_mod
         """``sink_key``: one more key at index ``T`` (the attention sink) that every query sees."""

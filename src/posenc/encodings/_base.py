@@ -50,6 +50,12 @@ class Encoding(nn.Module):
         depends_on_length: the rotation depends on the sequence length, not only on positions (RoPE with ``dynamic``
             or ``longrope`` scaling): ``rotate`` then takes ``seq_len=`` and attention passes it (per document
             with ``document_ids``).
+        reads_key_count: the queries' factor depends on how many keys each query sees (SSMax's ``s log n``, Llama
+            4's temperature): ``rotate`` then takes ``key_count=``, ``(S,)`` or ``(B, S)`` int64, and attention
+            passes the count of its mask (causal, documents, chunks, window; sinks are not keys). Called without
+            it, such an encoding counts from the query's position (``p + 1``, a causal query's keys from 0).
+        check_mask(window=, chunk_size=): refuses a mask the encoding contradicts (an ``SSMax(window=8)`` attending
+            over another window); attention calls it first.
 
     Read by models, not by attention:
         per_layer: its learned parameters belong to one attention layer (SSMax's ``s``, learned per layer and head):
@@ -68,6 +74,7 @@ class Encoding(nn.Module):
     needs_keys: ClassVar[bool] = False
     causal_only: ClassVar[bool] = False
     per_layer: ClassVar[bool] = False
+    reads_key_count: ClassVar[bool] = False
     depends_on_length: bool = False
 
     def embed(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -105,6 +112,9 @@ class Encoding(nn.Module):
     def value_term(self, weights: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor | None:
         """Extra attention output from the weights ``(B, H, S, T)``: ``(B, H, S, Dv)``, or None."""
         return None
+
+    def check_mask(self, *, window: int | None = None, chunk_size: int | None = None) -> None:
+        """Refuse an attention mask this encoding contradicts (``posenc.attention`` calls it); every mask by default."""
 
     def check_positions(self, positions: torch.Tensor, length: int, batch: int, name: str = "positions") -> None:
         """Positions for ``length`` tokens of a batch of ``batch``: ``(length,)`` or ``(1|batch, length)``."""

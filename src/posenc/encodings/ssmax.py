@@ -15,10 +15,22 @@ to 1 for the first ``floor_scale - 1`` positions. SSMax scales every query by a 
 first position, and composes with RoPE: ``rope=`` (or ``posenc.build("rope_ssmax")``) rotates queries and keys by
 RoPE, then scales the queries. Without ``rope=`` it is NoPE + SSMax.
 
-``n`` is read from the query's position (``p + 1``, capped at ``window``), which is the number of keys it sees in
-causal attention with positions counted from 0 per document (packing, a KV cache, context-parallel shards all pass
-such positions): hence ``causal_only``. With position-skipping fine-tuning (PoSE, randomized positions) ``n`` follows
-the simulated positions, as in axolotl, which reads ``position_ids``.
+``n`` is the number of keys the query sees, as the paper defines it (the size of the softmax's input):
+``posenc.attention`` counts it from its own mask -- causal, ``document_ids``, ``chunk_size`` and ``window`` -- and
+passes it to ``rotate`` (``key_count=``), so a windowed or chunked layer gets ``min(p + 1, W)`` or ``(p mod C) + 1``
+without being told, on every backend and in a KV-cache decode alike. GPT-OSS's learned sinks (``sinks=``) are not
+counted: a sink adds a logit to the denominator, not a key whose score SSMax scales, and as ``sinks -> -inf`` the
+layer becomes SSMax without sinks exactly (vLLM's and GPT-OSS's ``sliding_window`` likewise counts only tokens).
+Counted from the mask, ``n`` is the keys the softmax really spreads over: with position-skipping fine-tuning (PoSE,
+randomized positions) or a cache that dropped keys, that is the tokens present, not the simulated ``p + 1`` that
+axolotl's ``position_ids + 1`` gives (the two agree for rows of positions from 0, axolotl's packed training rows).
+Called directly (``rotate``/``forward`` without ``key_count``), ``n`` is read from the query's position, ``p + 1``
+capped at ``window``: the keys of a causal query over positions from 0. ``causal_only``: a bidirectional query is not
+what the paper scales.
+
+``window=`` (optional) declares the sliding window the layer attends over: ``posenc.attention`` refuses any other
+``window`` with it (``check_mask``), rather than silently computing an ``n`` other than the keys seen, and it caps
+``n`` when ``rotate`` is called without a count. Leave it out to take whatever window attention masks.
 
 Reference implementation checked against: axolotl ``src/axolotl/monkeypatch/scaled_softmax_attn.py`` (commit
 258ce8d4fa04c27ab49e169ba7751d8f4f1a423e: ``score * (s * log(n) + b)``), written out in float64 in
@@ -26,8 +38,9 @@ Reference implementation checked against: axolotl ``src/axolotl/monkeypatch/scal
 ``tests/encodings/test_ssmax.py``. Formula and numerics: ``posenc.functional.ssmax``.
 
 Shapes:
-    q (B, H, S, D), k (B, Hkv, T, D); positions (S,) or (B, S), integer or float -> q scaled (and, with RoPE, q and k
-    rotated), shapes and dtypes kept; ``s`` (H,) float32, ``b`` (H,) float32 with ``bias=True``.
+    q (B, H, S, D), k (B, Hkv, T, D); positions (S,) or (B, S), integer or float; key_count (S,) or (B, S) integer
+    -> q scaled (and, with RoPE, q and k rotated), shapes and dtypes kept; ``s`` (H,) float32, ``b`` (H,) float32
+    with ``bias=True``.
 """
 
 from __future__ import annotations
@@ -89,8 +102,9 @@ class SSMaxConfig(DictConfig):
 
 @register("ssmax")
 class SSMax(RotaryModule):
-    """Scalable-Softmax: queries multiplied by ``s[h] * log(n)`` (``+ b[h]`` with ``bias=True``),
-    ``n = min(p + 1, window)``; NoPE or RoPE under it.
+    """Scalable-Softmax: queries multiplied by ``s[h] * log(n)`` (``+ b[h]`` with ``bias=True``), ``n`` the keys
+    each query sees (``posenc.attention`` counts them from its mask; ``min(p + 1, window)`` when called alone); NoPE
+    or RoPE under it.
 
     Args:
         num_heads: query heads ``H``; ``s`` (and ``b``) has one entry per head.
@@ -98,7 +112,8 @@ class SSMax(RotaryModule):
         s_init: initial value of every ``s[h]`` (default 0.43, ``posenc.functional.ssmax.S_INIT``).
         bias: learn a bias ``b[h]`` per head, initialised to 0 (the paper's SSMax with bias); False (default): no
             ``b`` parameter at all, the factor is ``s[h] * log(n)``.
-        window: a sliding window of this many keys (``n`` stops growing there), or None.
+        window: the sliding window (in keys) of the attention this SSMax serves, or None (any window): attention
+            refuses another ``window`` with it; ``rotate`` without ``key_count`` caps ``n`` there.
         rope: None for NoPE + SSMax, or ``RotaryEmbedding``'s keywords (``{}``, ``{"base": 500.0}``,
             ``{"scaling": {...}}``) for RoPE + SSMax.
 
@@ -108,12 +123,14 @@ class SSMax(RotaryModule):
         rope: the ``RotaryEmbedding`` under SSMax, or None.
 
     Shapes:
-        q (B, H, S, D), k (B, Hkv, T, D), positions (S,) or (B, S) -> q, k of the same shapes and dtypes.
+        q (B, H, S, D), k (B, Hkv, T, D), positions (S,) or (B, S), key_count (S,) or (B, S) -> q, k of the same
+        shapes and dtypes.
     """
 
     config_class = SSMaxConfig
-    causal_only = True  # n = p + 1 counts the keys of a causal query; a bidirectional one sees every key
+    causal_only = True  # the paper's causal language models; a bidirectional query would see every key
     per_layer = True  # the paper learns s (and b) per layer and head: one module per attention layer
+    reads_key_count = True  # n: posenc.attention passes the keys its mask leaves each query
 
     def __init__(
         self,
@@ -147,6 +164,18 @@ class SSMax(RotaryModule):
         """True when the RoPE under SSMax is ``dynamic``/``longrope`` (``rotate`` then takes ``seq_len``)."""
         return self.rope is not None and self.rope.depends_on_length
 
+    def check_mask(self, *, window: int | None = None, chunk_size: int | None = None) -> None:
+        """An SSMax built with ``window=W`` serves attention over that window only: any other ``window`` (None
+        included) would leave ``n`` contradicting the keys the mask leaves, so it is refused."""
+        built = self.config.window
+        if built is not None and window != built:
+            fail(
+                "window",
+                window,
+                f"{built}, the window this SSMax was built with (SSMax(window={built})): n counts the keys attention "
+                "masks, so pass the same window to posenc.attention, or build SSMax without window= to take any",
+            )
+
     def rotate(
         self,
         q: torch.Tensor,
@@ -155,10 +184,13 @@ class SSMax(RotaryModule):
         k_pos: torch.Tensor,
         *,
         seq_len: int | float | torch.Tensor | None = None,
+        key_count: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The ``Encoding`` hook: RoPE (if any) on ``q`` and ``k``, then queries scaled at ``q_pos``.
+        """The ``Encoding`` hook: RoPE (if any) on ``q`` and ``k``, then queries scaled by ``s log n + b``.
 
-        ``seq_len`` goes to a length-dependent RoPE (``dynamic``/``longrope``) and is ignored otherwise.
+        ``key_count``: ``n``, the keys each query sees, ``(S,)`` or ``(B, S)`` (``posenc.attention`` counts them
+        from its mask); None: ``min(q_pos + 1, window)``. ``seq_len`` goes to a length-dependent RoPE
+        (``dynamic``/``longrope``) and is ignored otherwise.
         """
         check_qk(q, k, self.config.head_dim)
         check_positions(q_pos, q, "positions")
@@ -169,6 +201,8 @@ class SSMax(RotaryModule):
             extra = {"seq_len": seq_len} if self.rope.depends_on_length else {}
             q, k = self.rope.rotate(q, k, q_pos, k_pos, **extra)
         b = 0.0 if self.b is None else self.b  # the number 0 adds nothing: without a bias, exactly s log n
+        if key_count is not None:  # attention's count holds every window and chunk it masks (check_mask agreed)
+            return apply_ssmax(q, q_pos, self.s, b=b, key_count=key_count), k
         return apply_ssmax(q, q_pos, self.s, b=b, window=self.config.window), k
 
     def extra_repr(self) -> str:

@@ -7,10 +7,12 @@ Softmax over ``n`` scores spreads its weight thinner as ``n`` grows ("attention 
 
 with ``s`` a learned scalar per layer and head, so it is one multiplication of the query by ``s log n`` before the
 usual ``q . k / sqrt(D)``. The paper also evaluates a variant with a learned bias ``b`` per layer and head, the
-factor ``s log n + b`` (``b=``, default 0: the form it recommends, and exactly the factor ``s log n``). In causal
-attention the query at position ``p`` (counted from 0 in its document, as packing and a KV cache give it) sees
-``n = p + 1`` keys; a sliding window of ``window`` keys caps it, ``n = min(p + 1, window)``. A query seeing one key
-gets the factor ``b`` (0 without a bias) and its single weight 1 either way.
+factor ``s log n + b`` (``b=``, default 0: the form it recommends, and exactly the factor ``s log n``). ``n`` is
+the number of keys the query sees: ``posenc.attention`` counts them from its mask (causal, documents, chunks, window)
+and passes them as ``key_count=``. Without a count, ``n`` is read from the position: in causal attention the query
+at position ``p`` (counted from 0 in its document, as packing and a KV cache give it) sees ``n = p + 1`` keys, and a
+sliding window of ``window`` keys caps it, ``n = min(p + 1, window)``. A query seeing one key gets the factor ``b``
+(0 without a bias) and its single weight 1 either way.
 
 How it differs from Llama 4's temperature tuning (:mod:`posenc.functional.temperature`, which cites SSMax): Llama 4
 multiplies the queries of its NoPE layers by the fixed ``log(1 + floor((p + 1) / floor_scale)) * attn_scale + 1``
@@ -31,31 +33,39 @@ both still get a gradient), float64 for float64 queries; it multiplies ``q`` by 
 result is cast back to ``q``'s dtype. ``b=0`` (the number) adds nothing: the factor is bit for bit ``s log n``.
 
 Shapes:
-    positions (S,) or (B, S), integer or float; s and b each a number or a tensor () or (H,)
-    -> factor (S,) / (H, S) / (B, H, S) float32 or float64 (``ssmax_scale``); q (B, H, S, D) -> q's shape and dtype.
+    positions (S,) or (B, S), integer or float; key_count (S,) or (B, S) integer; s and b each a number or a tensor
+    () or (H,) -> factor (S,) / (B, S) / (H, S) / (B, H, S) float32 or float64 (``ssmax_scale``); q (B, H, S, D) ->
+    q's shape and dtype.
 """
 
 from __future__ import annotations
 
 import torch
 
-from posenc._checks import check_number, check_positions, check_positive_int, fail
+from posenc._checks import check_key_count, check_number, check_positions, check_positive_int, fail
 from posenc.functional.rope import angle_dtype
 
 #: The paper's Figure 1 value of ``s``, axolotl's default (``scaling_softmax_factor``) and posenc's initial ``s``.
 S_INIT = 0.43
 
 
-def ssmax_key_count(positions: torch.Tensor, *, window: int | None = None) -> torch.Tensor:
-    """``n``: the number of keys a causal query at each position sees, ``max(p + 1, 1)``, capped at ``window``.
+def ssmax_key_count(
+    positions: torch.Tensor, *, window: int | None = None, key_count: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``n``: the number of keys each query sees, at least 1: ``key_count`` where given (``posenc.attention``
+    counts it from its mask), else that of a causal query at each position, ``p + 1``, capped at ``window``.
 
     Shapes:
-        positions (S,) or (B, S) -> (S,) or (B, S) float64 (float32 on MPS)
+        positions (S,) or (B, S); key_count (S,) or (B, S) -> (S,) or (B, S) float64 (float32 on MPS)
     """
     check_positions(positions)
     if window is not None:
         check_positive_int("window", window)
     wide = angle_dtype(positions.device, torch.float32)
+    if key_count is not None:
+        if window is not None:  # the count already holds what is masked; a second cap would contradict it
+            fail("window", window, "None with key_count= (the count already holds every window and chunk)")
+        return check_key_count(key_count, positions).to(wide).clamp(min=1.0)  # a fully masked query: as one key
     n = (positions.to(wide) + 1.0).clamp(min=1.0)  # a padded query (negative position) sees at least itself
     return n if window is None else n.clamp(max=float(window))
 
@@ -67,6 +77,7 @@ def ssmax_scale(
     b: float | torch.Tensor = 0.0,
     window: int | None = None,
     dtype: torch.dtype = torch.float32,
+    key_count: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``s * log(n) + b`` in ``dtype``: the factor of each query, per head when ``s`` or ``b`` is ``(H,)``.
 
@@ -74,15 +85,19 @@ def ssmax_scale(
         positions: query positions (exact: integer, float32 or float64), counted from 0 in each document.
         s: the scaling parameter, a number, a 0-d tensor or one per head ``(H,)`` (differentiable).
         b: the bias of the paper's variant "with bias", the same kinds as ``s``; the number 0 (default) adds nothing.
-        window: sliding-window size in keys, or None for full causal attention.
+        window: sliding-window size in keys, or None for full causal attention (read with the positions only).
         dtype: float32 (default) or float64.
+        key_count: the number of keys each query sees, as ``posenc.attention`` counts it from its mask (then
+            ``window`` must be None); None: ``n`` from the positions and ``window`` (:func:`ssmax_key_count`).
 
     Shapes:
-        positions (S,) or (B, S); s, b () -> (S,) or (B, S); s or b (H,) -> (H, S) or (B, H, S); in ``dtype``
+        positions (S,) or (B, S), key_count (S,) or (B, S): n (S,) or (B, S); s, b () -> n's shape; s or b (H,) ->
+        (H, S) or (B, H, S); in ``dtype``
     """
     if dtype not in (torch.float32, torch.float64):
         fail("dtype", dtype, "torch.float32 or torch.float64")
-    log_n = torch.log(ssmax_key_count(positions, window=window)).to(dtype)  # (S,) or (B, S)
+    n = ssmax_key_count(positions, window=window, key_count=key_count)  # (S,) or (B, S)
+    log_n = torch.log(n).to(dtype)  # (S,) or (B, S)
     s = _parameter("s", s, positions, dtype, "one scaling parameter per head")
     b = _parameter("b", b, positions, dtype, "one bias per head")
     if _heads(s, b) is not None:
@@ -100,21 +115,24 @@ def apply_ssmax(
     *,
     b: float | torch.Tensor = 0.0,
     window: int | None = None,
+    key_count: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Queries multiplied by :func:`ssmax_scale` (``s * log(n) + b``) at their positions, in ``q``'s dtype.
+    """Queries multiplied by :func:`ssmax_scale` (``s * log(n) + b``), ``n`` the keys each sees (``key_count``, or
+    read from its position), in ``q``'s dtype.
 
     Shapes:
         q (B, H, S, D) (or (H, S, D), (S, D) with positions (S,) and scalar ``s``, ``b``); positions (S,) or (B, S);
-        s, b () or (H,) -> q's shape
+        key_count (S,) or (B, S); s, b () or (H,) -> q's shape
     """
     if not isinstance(q, torch.Tensor) or not q.is_floating_point() or q.dim() < 2:
         fail("q", getattr(q, "shape", type(q).__name__), "a floating point tensor (..., S, D)")
     dtype = torch.promote_types(q.dtype, torch.float32)  # float32, or float64 for float64 queries
-    scale = ssmax_scale(positions, s, b=b, window=window, dtype=dtype)  # (S,), (B, S), (H, S) or (B, H, S)
+    # (S,), (B, S), (H, S) or (B, H, S)
+    scale = ssmax_scale(positions, s, b=b, window=window, dtype=dtype, key_count=key_count)
     heads = _heads(s, b)
     if heads is not None and (q.dim() < 3 or q.shape[-3] != heads[1]):
         fail(f"{heads[0]}.shape", (heads[1],), f"(H,) with H the heads of q (q.shape={tuple(q.shape)})")
-    if positions.dim() == 2 and heads is None:
+    if heads is None and scale.dim() == 2:
         scale = scale.unsqueeze(-2)  # (B, S) -> (B, 1, S): the same factor for every head
     return (q * scale.unsqueeze(-1)).to(q.dtype)  # one factor per query row
 

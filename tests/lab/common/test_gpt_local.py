@@ -1,13 +1,14 @@
 """What the lab GPT's two local-attention fields share, ``attention_chunk_size`` (Llama 4's chunks) and
 ``sliding_window`` (Mistral's windows): config round trips, old configs load, no parameters added, bad values
-refused, and a hybrid with either trains."""
+refused, and a hybrid with either trains; the numbers of a spec (``N``, ``C``, ``W``) are ASCII digits without a
+leading zero, and local sizes fit int64."""
 
 import json
 
 import pytest
 import torch
 
-from posenc.lab.common.gpt import GPT, ModelConfig
+from posenc.lab.common.gpt import GPT, ModelConfig, split_chunk, split_encoding, split_local, split_window
 
 TINY = {"dim": 32, "n_layers": 2, "n_heads": 4, "max_len": 16}
 FIELDS = ["attention_chunk_size", "sliding_window"]
@@ -44,3 +45,27 @@ def test_a_local_hybrid_trains(field, encoding):
         opt.step()
         losses.append(loss.item())
     assert losses[-1] < losses[0] - 1
+
+
+def test_spec_numbers_are_ascii_digits_without_a_leading_zero():
+    """``rope@016`` would be ``rope@16`` under another name (another CSV label, the same run folder); ``rope~²`` and
+    ``rope@٤`` are digits to ``str.isdigit`` but not to ``int`` (or not ASCII): all refused by name."""
+    assert split_local("rope/nope:10@16~8") == ("rope/nope:10", 16, 8, False)
+    assert split_encoding("rope/nope:10") == ("rope", "nope", 10)
+    for bad in ("rope@016", "rope@³", "rope@٤", "rope@1.5", "rope@+4", "rope@ 4"):
+        with pytest.raises(ValueError, match=r"SPEC@C .*C a positive whole number written in the digits 0-9 without a"):
+            split_chunk(bad)
+    for bad in ("rope~08", "rope~²", "rope~٨", "rope~0"):
+        with pytest.raises(ValueError, match=r"SPEC~W .*W a positive whole number written in the digits 0-9"):
+            split_window(bad)
+    for bad in ("rope/nope:04", "rope/nope:²", "rope/nope:٤", "rope/nope:4x"):
+        with pytest.raises(ValueError, match=r"BASE/OTHER:N .*N written in the digits 0-9 without a leading zero"):
+            split_encoding(bad)
+
+
+def test_local_sizes_fit_int64():
+    ModelConfig(encoding="rope", sliding_window=2**63 - 1, attention_chunk_size=2**63 - 1, **TINY)
+    for field in ("sliding_window", "attention_chunk_size"):
+        with pytest.raises(ValueError, match=rf"^{field}=9223372036854775808 is invalid: expected a positive integer "
+                                             r"up to 2\*\*63 - 1"):  # fmt: skip
+            ModelConfig(encoding="rope", **{field: 2**63}, **TINY)

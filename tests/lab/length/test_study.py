@@ -421,3 +421,62 @@ def test_suffixes_name_their_model_config_and_run_folder():
     assert (plain.attention_chunk_size, plain.sliding_window, plain.sinks) == (None, None, False)
     assert run_name("rope@8") == "rope-chunk8" and run_name("rope@16~8") == "rope-chunk16-window8"
     assert run_name("rope/nope:2@16~8+sinks") == "rope-nope-every2-chunk16-window8-sinks"
+
+
+# Issue 46: a spec's numbers are ASCII digits without a leading zero, bounded by the longest length the study runs;
+# one line on stderr, exit 2, nothing written. ``ssmax~W`` trains an SSMax whose n is the keys its window leaves.
+BAD_SPEC_NUMBERS = {
+    "rope~²": r"encodings='rope~²' is invalid: expected SPEC~W .*, W a positive whole number written in the digits "
+    r"0-9 without a leading zero",
+    "rope@³": r"encodings='rope@³' is invalid: expected SPEC@C .*, C a positive whole number written in the digits",
+    "rope@016": r"encodings='rope@016' is invalid: expected SPEC@C .* without a leading zero",
+    "rope/nope:02": r"encodings='rope/nope:02' is invalid: expected BASE/OTHER:N .*, N written in the digits 0-9",
+    "rope~99999999999999999999": r"encodings='rope~99999999999999999999' is invalid: expected a window ~W from 1 "
+    r"to 32, the longest length this study runs \(--eval-lens, default 16 x --train-len\): a larger one masks nothing",
+    "rope/nope:2@33": r"encodings='rope/nope:2@33' is invalid: expected a chunk size @C from 1 to 32",
+}
+
+
+@pytest.mark.parametrize("spec", list(BAD_SPEC_NUMBERS))
+def test_spec_numbers_are_refused_in_one_line_before_anything_is_written(spec, tmp_path, capsys):
+    out = tmp_path / "o"
+    args = ["lab", "--encodings", f"ssmax~8,{spec}", "--train-len", "16", "--eval-lens", "16,32", "--steps", "2",
+            "--layers", "2", "--out", str(out)]  # fmt: skip
+    assert main(args) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    lines = captured.err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("posenc lab: ")
+    assert __import__("re").match(BAD_SPEC_NUMBERS[spec], lines[0].removeprefix("posenc lab: ")), lines[0]
+    assert not out.exists()
+    assert StudyConfig(**{**TINY, "n_layers": 2}, encodings=("rope~32", "rope/nope:2@32")).encodings  # the bound itself
+
+
+def test_a_resumed_study_refuses_a_run_trained_with_the_old_ssmax_n_before_writing(corpus, tmp_path):
+    """A study whose ``ssmax~4`` run was saved before issue 46 (its ``config.json`` has no ``key_count``: that SSMax
+    used n = p + 1 under the window) is refused on ``--resume``, naming the run, and nothing in the folder changes;
+    the same study run now resumes (and its SSMax layers count the window's keys: test_gpt_key_count.py)."""
+    out = tmp_path / "out"
+    args = ["lab", "--encodings", "rope,ssmax~4", "--train-len", "16", "--eval-lens", "16", "--steps", "2",
+            "--batch-size", "4", "--dim", "32", "--layers", "1", "--heads", "2", "--eval-tokens", "256",
+            "--corpus", str(corpus), "--quiet", "--out", str(out)]  # fmt: skip
+    code, text = _cli(*args)
+    assert code == 0, text
+    code, text = _cli(*args, "--resume")
+    assert code == 0, text
+    config = out / "runs" / "ssmax-window4" / "config.json"
+    saved = json.loads(config.read_text())
+    assert saved["model"]["key_count"] == "mask"
+    del saved["model"]["key_count"]
+    config.write_text(json.dumps(saved))
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    code, text = _cli(*args, "--resume")
+    assert code == 2
+    assert text.splitlines() == [
+        f"posenc lab: {config}['key_count']=None is invalid: expected 'mask': this model (encoding='ssmax', "
+        "sliding_window=4) was saved by a posenc that gave the SSMax of layers [0] an n read from the query's "
+        "position (p + 1) whatever the window or chunks masked (issue 46); posenc now counts the keys each query "
+        "sees and cannot rebuild the model it trained as: retrain it with a fresh --out (the rows of 'ssmax~4' in "
+        f"{out / 'results.csv'} come from it too)"
+    ]
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before

@@ -43,6 +43,7 @@ from torch import nn
 import posenc
 from posenc._checks import check_choice, check_positive_int, fail
 from posenc._config import DictConfig
+from posenc.attention import MAX_SPAN
 
 #: ``posenc.attention`` backends (``"auto"``: SDPA for training on CPU, FlexAttention for long biased evaluation).
 BACKENDS = ("auto", "eager", "sdpa", "flex")
@@ -59,8 +60,18 @@ def check_encoding_config(value: object) -> None:
 
 
 #: ``BASE/OTHER:N``: OTHER in every N-th layer (layers N, 2N, ... counting from 1), BASE in the rest.
-_LAYER_SPEC = re.compile(r"(\w+)/(\w+):(\d+)")
+_LAYER_SPEC = re.compile(r"(\w+)/(\w+):(\w+)")
 LAYER_SYNTAX = "BASE/OTHER:N (OTHER in every N-th layer, e.g. 'rope/nope:4': NoPE in layers 4, 8, ...)"
+
+#: How every number in a spec (N, C, W) is written: ASCII digits, no leading zero. One spelling per number, so one
+#: spec per model: 'rope@016' would otherwise be 'rope@16' under another name in the CSV, sharing its run folder.
+_NUMBER = re.compile(r"0|[1-9][0-9]*")
+NUMBER_SYNTAX = "written in the digits 0-9 without a leading zero"
+
+
+def _spec_number(text: str) -> int | None:
+    """``text`` as a spec's number (``_NUMBER``), or None when it is not one (``'016'``, ``'²'``, ``'٤'``, ``''``)."""
+    return int(text) if _NUMBER.fullmatch(text) else None
 
 
 def split_encoding(spec: object, name: str = "encoding") -> tuple[str, str | None, int | None]:
@@ -73,7 +84,10 @@ def split_encoding(spec: object, name: str = "encoding") -> tuple[str, str | Non
     match = _LAYER_SPEC.fullmatch(spec)
     if match is None:
         fail(name, spec, LAYER_SYNTAX)
-    return match[1], match[2], int(match[3])
+    interval = _spec_number(match[3])
+    if interval is None:
+        fail(name, spec, f"{LAYER_SYNTAX}, N {NUMBER_SYNTAX}")
+    return match[1], match[2], interval
 
 
 CHUNK_SYNTAX = "SPEC@C (chunked attention of C tokens in SPEC's non-NoPE layers, e.g. 'rope/nope_temperature:2@16')"
@@ -85,9 +99,10 @@ def split_chunk(spec: object, name: str = "encoding") -> tuple[object, int | Non
     if not isinstance(spec, str) or "@" not in spec:
         return spec, None
     encoding, _, size = spec.rpartition("@")
-    if not encoding or not size.isdigit() or int(size) < 1:
-        fail(name, spec, CHUNK_SYNTAX)
-    return encoding, int(size)
+    chunk = _spec_number(size)
+    if not encoding or chunk is None or chunk < 1:
+        fail(name, spec, f"{CHUNK_SYNTAX}, C a positive whole number {NUMBER_SYNTAX}")
+    return encoding, chunk
 
 
 WINDOW_SYNTAX = (
@@ -102,9 +117,10 @@ def split_window(spec: object, name: str = "encoding") -> tuple[object, int | No
     if not isinstance(spec, str) or "~" not in spec:
         return spec, None
     encoding, _, size = spec.rpartition("~")
-    if not encoding or "~" in encoding or not size.isdigit() or int(size) < 1:
-        fail(name, spec, WINDOW_SYNTAX)
-    return encoding, int(size)
+    window = _spec_number(size)
+    if not encoding or "~" in encoding or window is None or window < 1:
+        fail(name, spec, f"{WINDOW_SYNTAX}, W a positive whole number {NUMBER_SYNTAX}")
+    return encoding, window
 
 
 SINKS_SUFFIX = "+sinks"
@@ -179,6 +195,14 @@ def check_layer_part(encoding: posenc.Encoding, part: str, spec: str, name: str 
 #: Encodings whose layers attend globally under ``attention_chunk_size`` (Llama 4 chunks only its RoPE layers).
 GLOBAL_ENCODINGS = ("nope", "nope_temperature")
 
+#: ``config.json``'s record that the model's key-count encodings (SSMax: ``Encoding.reads_key_count``) in windowed or
+#: chunked layers take ``n`` from attention's mask, ``{"key_count": "mask"}``; written only for such models. Before
+#: (issue 46), ``posenc.attention`` did not tell the encoding what it masked, and an SSMax in a layer with a window or
+#: chunks used ``n = p + 1`` (the lab's ``ssmax~8`` did): a run saved so has no record, and is refused rather than
+#: reloaded as a model it was not trained as (``ModelConfig.from_dict``).
+KEY_COUNT_KEY = "key_count"
+KEY_COUNT_FROM_MASK = "mask"
+
 
 @dataclass(frozen=True, kw_only=True)
 class ModelConfig(DictConfig):
@@ -211,6 +235,10 @@ class ModelConfig(DictConfig):
             ``"rope/nope:4"`` it is RNoPE-SWA (Yang et al. 2025, "Rope to Nope and Back Again", arXiv:2501.18795:
             windowed RoPE layers, global NoPE layers, as Cohere's Command A). None (the default, left out of
             ``to_dict``): global attention. Combines with ``attention_chunk_size``.
+
+    Both are at most ``2**63 - 1`` (int64 positions). An SSMax layer under either counts, as its ``n``, the keys the
+    window and chunks leave each query (``posenc.attention`` passes them); ``to_dict`` records that
+    (``KEY_COUNT_KEY``) and ``from_dict`` refuses a model saved before, whose SSMax used ``n = p + 1`` there.
     """
 
     vocab_size: int = 256
@@ -243,8 +271,10 @@ class ModelConfig(DictConfig):
         if not isinstance(self.sinks, bool):
             fail("sinks", self.sinks, "True or False")
         for local in ("attention_chunk_size", "sliding_window"):
-            if getattr(self, local) is not None:
-                check_positive_int(local, getattr(self, local))
+            value = getattr(self, local)
+            whole = isinstance(value, int) and not isinstance(value, bool)
+            if value is not None and not (whole and 0 < value <= MAX_SPAN):
+                fail(local, value, "a positive integer up to 2**63 - 1 (positions are compared as int64), or None")
         check_encoding_config(self.encoding_config)
         if other is not None:
             for key, value in self.encoding_config.items():
@@ -290,8 +320,24 @@ class ModelConfig(DictConfig):
         """``value`` for each layer that attends locally (not NoPE: ``GLOBAL_ENCODINGS``), None for the others."""
         return tuple(None if name in GLOBAL_ENCODINGS else value for name in self.layer_encodings)
 
+    def key_count_layers(self) -> list[int]:
+        """The layers (from 0) whose encoding reads the key count (SSMax) and whose window or chunks cap it beyond
+        what the encoding itself declares (an ``SSMax(window=W)`` in a layer windowed by W alone is not one): where
+        runs saved before issue 46 computed ``n = min(p + 1, SSMax's window)`` instead (see ``KEY_COUNT_KEY``)."""
+        layers = zip(self.layer_encodings, self.layer_chunk_sizes, self.layer_windows, strict=True)
+        local = [(i, name, c, w) for i, (name, c, w) in enumerate(layers) if c is not None or w is not None]
+        if not local:
+            return []
+        with torch.random.fork_rng(devices=[]):  # a learned table's init draws nothing from the caller's stream
+            built = {name: build_encoding(self, name) for name in {name for _, name, _, _ in local}}
+        return [
+            i
+            for i, name, c, w in local
+            if built[name].reads_key_count and (c is not None or w != getattr(built[name].config, "window", None))
+        ]
+
     def to_dict(self) -> dict[str, Any]:
-        """Every field by name, JSON-able."""
+        """Every field by name, JSON-able; ``KEY_COUNT_KEY`` where ``key_count_layers`` has any."""
         out = super().to_dict()
         out["encoding_config"] = json.loads(json.dumps(dict(self.encoding_config)))  # a deep, JSON-only copy
         if not self.sinks:
@@ -299,7 +345,49 @@ class ModelConfig(DictConfig):
         for local in ("attention_chunk_size", "sliding_window"):
             if out[local] is None:
                 del out[local]  # likewise
+        if self.key_count_layers():
+            out[KEY_COUNT_KEY] = KEY_COUNT_FROM_MASK
         return out
+
+    @classmethod
+    def from_dict(cls, config: Mapping[str, Any], *, where: str = "config") -> ModelConfig:
+        """The config ``to_dict`` wrote. A saved model whose SSMax layers attend over a window or chunks and that
+        lacks ``KEY_COUNT_KEY`` was trained with ``n = p + 1`` there, which posenc no longer computes: refused
+        (``where`` names the dict in that error, e.g. its file)."""
+        marker = config.get(KEY_COUNT_KEY) if isinstance(config, Mapping) else None
+        if isinstance(config, Mapping):
+            config = {k: v for k, v in config.items() if k != KEY_COUNT_KEY}
+        built = super().from_dict(config)
+        check_key_count_record(built, marker, where)
+        return built
+
+
+def check_key_count_record(
+    config: ModelConfig, marker: object, where: str = "config", remedy: str = "retrain it"
+) -> None:
+    """``marker``, a saved ``config``'s ``KEY_COUNT_KEY`` (None: absent), must say ``n`` came from the mask wherever
+    ``config`` has SSMax layers with a window or chunks (``where`` names the dict or file in the error, ``remedy``
+    what to do about it)."""
+    layers = config.key_count_layers()
+    if not layers:
+        if marker is not None:
+            fail(f"{where}[{KEY_COUNT_KEY!r}]", marker, f"no such key: encoding={config.encoding!r} has no SSMax layer "
+                 "with a window or chunks")  # fmt: skip
+        return
+    if marker == KEY_COUNT_FROM_MASK:
+        return
+    if marker is not None:
+        fail(f"{where}[{KEY_COUNT_KEY!r}]", marker, repr(KEY_COUNT_FROM_MASK))
+    local = ", ".join(f"{k}={v}" for k, v in (("attention_chunk_size", config.attention_chunk_size),
+                                               ("sliding_window", config.sliding_window)) if v is not None)  # fmt: skip
+    fail(
+        f"{where}[{KEY_COUNT_KEY!r}]",
+        None,
+        f"{KEY_COUNT_FROM_MASK!r}: this model (encoding={config.encoding!r}, {local}) was saved by a posenc that gave "
+        f"the SSMax of layers {layers} an n read from the query's position (p + 1) whatever the window or chunks "
+        f"masked (issue 46); posenc now counts the keys each query sees and cannot rebuild the model it trained as: "
+        f"{remedy}",
+    )
 
 
 def build_encodings(config: ModelConfig) -> tuple[posenc.Encoding, posenc.Encoding | None]:
@@ -452,7 +540,10 @@ class GPT(nn.Module):
             owned = _own_encodings(config, base, other, self._nth)  # per layer: its own module, or None (shared)
             self.encoding = None if base.per_layer else base
             self.nth_encoding = None if other is None or other.per_layer else other
-            local = zip(config.layer_chunk_sizes, config.layer_windows, owned, strict=True)
+            local = list(zip(config.layer_chunk_sizes, config.layer_windows, owned, strict=True))
+            for (c, w, own), nth in zip(local, self._nth, strict=True):
+                # an SSMax(window=W) in encoding_config must sit in a layer windowed by W: refused now, not at step 1
+                (own or (other if nth else base)).check_mask(window=w, chunk_size=c)
             self.blocks = nn.ModuleList(Block(config, chunk_size=c, window=w, encoding=e) for c, w, e in local)
             self.ln_f = nn.LayerNorm(config.dim, bias=False)
             self._init_weights()

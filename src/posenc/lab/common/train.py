@@ -523,6 +523,6 @@ def load_model(run_dir: str | Path, *, device: str | torch.device = "cpu") -> GP
     config = read_json(run_dir / CONFIG_FILE, "config")
     if not isinstance(config, dict) or "model" not in config:
         fail(str(run_dir / CONFIG_FILE), config, "a posenc lab config with a 'model' section; rerun training")
-    model = GPT(ModelConfig.from_dict(config["model"]))
+    model = GPT(ModelConfig.from_dict(config["model"], where=f"{run_dir / CONFIG_FILE}['model']"))
     load_checkpoint(run_dir / CHECKPOINT_FILE, model=model, restore_rng=False)
     return model.to(device).eval()

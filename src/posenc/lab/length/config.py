@@ -56,7 +56,11 @@ class StudyConfig:
     suffix ``~W`` (e.g. ``rope~16``, Mistral's sliding window; ``rope/nope:4~16``, RNoPE-SWA) makes the non-NoPE layers
     attend over the W most recent positions (``ModelConfig.sliding_window``); its run folder ends in ``-windowW``.
     A last ``+sinks`` (e.g. ``rope+sinks``, ``rope~16+sinks``: GPT-OSS's) gives every layer learned attention sinks
-    (``ModelConfig.sinks``); its run folder ends in ``-sinks``.
+    (``ModelConfig.sinks``); its run folder ends in ``-sinks``. The numbers N, C and W are written in the digits 0-9
+    without a leading zero (``rope@016`` is refused, not read as ``rope@16``: one spelling, one CSV label, one run
+    folder), and C and W are at most the longest length the study runs (``lengths``): past it they mask nothing.
+    SSMax layers under ``@C`` or ``~W`` count the keys left to each query as their ``n`` (``ssmax~8``: ``min(p + 1,
+    8)``).
     """
 
     task: str = "lm"
@@ -90,6 +94,9 @@ class StudyConfig:
         if ALL in self.encodings:  # stored expanded, so a resumed study runs the same list whatever is registered later
             expanded = [e for spec in self.encodings for e in (sequence_encodings() if spec == ALL else (spec,))]
             object.__setattr__(self, "encodings", tuple(dict.fromkeys(expanded)))
+        for length in self.lengths:  # first: the longest one bounds a spec's chunk size and window
+            check_positive_int("eval_lens", length)
+        longest = max(self.lengths)
         for spec in self.encodings:
             layers, chunk, window, _ = split_local(spec, "encodings")
             base, other, _ = check_layer_spec(layers, n_layers=self.n_layers, name="encodings")
@@ -97,6 +104,10 @@ class StudyConfig:
             for given, what in ((chunk, "a chunk size @C"), (window, "a window ~W")):
                 if given is not None and all_global:
                     fail("encodings", spec, f"{what} on a spec with non-NoPE layers (NoPE layers attend globally)")
+                if given is not None and given > longest:
+                    # past every length the study runs, a window or chunk masks nothing: global attention renamed
+                    fail("encodings", spec, f"{what} from 1 to {longest}, the longest length this study runs "
+                         "(--eval-lens, default 16 x --train-len): a larger one masks nothing")  # fmt: skip
             for name in (base,) if other is None else (base, other):
                 if name not in posenc.available():
                     fail("encodings", name, f"names from {posenc.available()}")
@@ -106,8 +117,6 @@ class StudyConfig:
                     fail("encodings", spec, "encodings of token sequences (grid encodings belong to `posenc vision`)")
                 if other is not None:
                     check_layer_part(encoding, name, spec, "encodings")
-        for length in self.lengths:
-            check_positive_int("eval_lens", length)
         if self.stride is not None and not 0 < self.stride <= min(self.lengths):
             fail(
                 "stride",

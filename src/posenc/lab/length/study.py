@@ -24,12 +24,13 @@ from posenc.lab.common import dist
 from posenc.lab.common import evaluate as ev
 from posenc.lab.common.corpus import load_corpus, train_batch
 from posenc.lab.common.devices import resolve_device
-from posenc.lab.common.gpt import GPT, ModelConfig, split_encoding, split_local
+from posenc.lab.common.files import read_json
+from posenc.lab.common.gpt import GPT, KEY_COUNT_KEY, ModelConfig, check_key_count_record, split_encoding, split_local
 from posenc.lab.common.progress import progress_bar, skipped
 from posenc.lab.common.report import environment
 from posenc.lab.common.runfiles import check_settings
 from posenc.lab.common.scaling import ROPE_SCALINGS
-from posenc.lab.common.train import DONE_FILE, TrainConfig, rank_rows, step_generator, train
+from posenc.lab.common.train import CONFIG_FILE, DONE_FILE, TrainConfig, rank_rows, step_generator, train
 from posenc.lab.length.config import StudyConfig
 from posenc.lab.length.evaluate import extended_encoding, extension_names
 from posenc.lab.length.plot import plot_extrapolation
@@ -132,6 +133,7 @@ def run_study(cfg: StudyConfig, out: Path, *, resume: bool = False, progress: bo
     corpus = load_corpus(cfg.corpus, max_bytes=cfg.corpus_bytes) if cfg.task == "lm" else None
     # Only now, with the device and corpus checked, is the folder claimed: a bad input leaves nothing behind.
     if dist.is_main():
+        _check_saved_runs(cfg, out)
         check_settings(out, cfg.to_dict(), resume, command="lab", what="study")
     dist.barrier()
     results_csv = out / "results.csv"
@@ -154,6 +156,22 @@ def run_study(cfg: StudyConfig, out: Path, *, resume: bool = False, progress: bo
     _finish(out, cfg, rows, corpus, time.perf_counter() - start, progress)
     dist.cleanup()
     return rows
+
+
+def _check_saved_runs(cfg: StudyConfig, out: Path) -> None:
+    """Refuse, before anything is written, a run already in ``out`` that this posenc would not resume or evaluate as
+    the model it trained: SSMax layers with a window or chunks saved when their ``n`` was ``p + 1`` (no
+    ``KEY_COUNT_KEY`` in its ``config.json``; ``posenc.lab.common.gpt.check_key_count_record``)."""
+    for spec in cfg.encodings:
+        path = out / "runs" / run_name(spec) / CONFIG_FILE
+        if not path.is_file():
+            continue
+        stored = read_json(path, "config")
+        model = stored.get("model") if isinstance(stored, dict) else None
+        if isinstance(model, dict):  # anything else: train() refuses it with its own message
+            # not "delete the run and resume": results.csv keeps that model's rows, and a resume skips them
+            remedy = f"retrain it with a fresh --out (the rows of {spec!r} in {out / 'results.csv'} come from it too)"
+            check_key_count_record(_model_config(cfg, spec), model.get(KEY_COUNT_KEY), str(path), remedy)
 
 
 def default_jobs(cfg: StudyConfig) -> int:
