@@ -609,3 +609,20 @@ def test_dynamic_ntks_stale_cache_is_said_once_in_the_report_not_between_progres
     assert "CacheStaleWarning" not in capsys.readouterr().err
     report = (tmp_path / "out" / "report.md").read_text()
     assert report.count("`posenc.hf.CacheStaleWarning`, not printed during the study") == 1
+    assert "Answers (passkey, RULER) of dynamic are generated with the KV cache" in report
+
+
+def test_lengths_past_a_patchs_reach_are_said_once_in_the_report(llama_folder, corpus, tmp_path, capsys):
+    """YaRN x2 of a 32-token model measured at 96 tokens: ``ReachExceededWarning`` (a study measures past the reach
+    on purpose) is not printed while it measures; the report says it once."""
+    from posenc.hf import ReachExceededWarning
+
+    cfg = _tiny_cfg(llama_folder, corpus, lengths=(64, 96), eval_tokens=192, depths=(0.5,))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ReachExceededWarning)
+        run_extend(cfg, tmp_path / "out", progress=False)
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert report.count("`posenc.hf.ReachExceededWarning`, not printed during the study") == 1
+    within = _tiny_cfg(llama_folder, corpus, lengths=(64,), depths=(0.5,))
+    run_extend(within, tmp_path / "within", progress=False)
+    assert "ReachExceededWarning" not in (tmp_path / "within" / "report.md").read_text()

@@ -31,6 +31,9 @@ from posenc.lab.extend.rates import (
 )
 from posenc.lab.extend.sampling import rule_text
 
+#: Patches whose attention depends on the sequence's length: cached generation is not the full forward there.
+LENGTH_DEPENDENT = {"dynamic", "dca", "dca_vllm"}
+
 if TYPE_CHECKING:
     from posenc.lab.extend.targets import HFTarget, LabTarget
 
@@ -531,13 +534,23 @@ def write_report(
             "",
         ]
     generated = {r["method"] for r in rows if r["metric"] == "passkey" or r["metric"].startswith("ruler")}
-    if any(composed.parts(m)[0] == "dynamic" for m in generated) and target.kind != "lab":
+    stale = sorted({m for m in generated if set(composed.parts(m)) & LENGTH_DEPENDENT})
+    if stale and target.kind != "lab":
         lines += [
-            "Dynamic NTK's answers (passkey, RULER) are generated with the KV cache: posenc re-rotates the cached keys "
-            "to each step's frequencies, but the earlier tokens' hidden states keep the frequencies of the step that "
-            "computed them, so this is dynamic scaling with a KV cache (YaRN, section 3.3), not the full forward at "
-            "each length (`posenc.hf.CacheStaleWarning`, not printed during the study). The measurement stands as "
-            "what a server with a KV cache runs.",
+            f"Answers (passkey, RULER) of {', '.join(stale)} are generated with the KV cache, and these patches "
+            "depend on the sequence's length (dynamic NTK's frequencies, DCA's logit factor): the cached keys follow "
+            "each step's length, but the earlier tokens' hidden states keep the length of the step that computed "
+            "them, so this is each method with a KV cache (for dynamic NTK as YaRN, section 3.3, defines it), not "
+            "the full forward at each length (`posenc.hf.CacheStaleWarning`, not printed during the study). The "
+            "measurement stands as what a server with a KV cache runs.",
+            "",
+        ]
+    if target.kind != "lab" and any(r["length"] > r["original_len"] * r["factor"] for r in rows
+                                    if r["method"] not in ("none", "dynamic")):  # fmt: skip
+        lines += [
+            "Some lengths are past the context a patch was derived for (its factor x the original context; "
+            "`posenc.hf.ReachExceededWarning`, not printed during the study): those rows measure each method beyond "
+            "its own reach, as the study asks.",
             "",
         ]
     if any(r["metric"] == "ppl" for r in rows):

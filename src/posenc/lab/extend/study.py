@@ -406,13 +406,13 @@ def run_extend(
             target.save(model, save_to, tensor_type=save_type)
             if progress:
                 print(f"Saved {name} to {save_to} ({_saved_as(save_to)})")
-        with study.bar(name) as tick, _stale_cache_in_report(target):
+        with study.bar(name) as tick, _said_in_report(target):
             for metric, length, depth in todo:
                 rows = _measure(target, model, unit, metric, length, depth, tick)
                 upsert_results(results, rows)
                 done.update(result_key(r) for r in rows)
         del model
-    with _stale_cache_in_report(target):
+    with _said_in_report(target):
         _more_rounds(target, cfg, measured, grid, results, study, described)
     rows = read_results(results)
     plot_losses(tuned, out / "finetune.png", unit="byte" if target.kind == "lab" else "token")
@@ -421,17 +421,18 @@ def run_extend(
 
 
 @contextlib.contextmanager
-def _stale_cache_in_report(target: Any) -> Iterator[None]:
-    """Dynamic NTK's ``CacheStaleWarning`` while a study generates: expected there, and said once in the report (what
-    cached generation of a length-dependent scaling is, and that the measurement stands as that), not printed
-    between progress bars."""
+def _said_in_report(target: Any) -> Iterator[None]:
+    """The warnings a study expects while it measures, said once in its report instead of between progress bars:
+    ``CacheStaleWarning`` (a length-dependent patch -- dynamic NTK, DCA -- generating with the KV cache) and
+    ``ReachExceededWarning`` (a length past what a patch was derived for, which a study measures on purpose)."""
     if target.kind == "lab":  # lab models are patched by posenc.lab, not posenc.hf: nothing warns
         yield
         return
-    from posenc.hf import CacheStaleWarning
+    from posenc.hf import CacheStaleWarning, ReachExceededWarning
 
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", category=CacheStaleWarning)
+        for category in (CacheStaleWarning, ReachExceededWarning):
+            warnings.filterwarnings("ignore", category=category)
         yield
 
 
