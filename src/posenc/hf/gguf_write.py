@@ -112,10 +112,9 @@ def check_model(model: torch.nn.Module) -> Any:
                 f"{method.group} --grp-attn-w {method.window}"
             )
         else:
-            instead = (
-                f"llama.cpp has no {method.name}; save a transformers folder and re-apply it after loading with "
-                f"posenc.hf.extend_context(model, {method.name!r}, {remap.factor:g})"
-            )
+            from posenc.hf.save import rebuild_advice
+
+            instead = f"llama.cpp has no {method.name}. {rebuild_advice(model)}"
             if method.name.startswith("dca"):
                 instead += (
                     " (vLLM and SGLang run DCA in their form, dca_vllm, from a Qwen2/Qwen3 transformers folder's "

@@ -322,7 +322,12 @@ def load_causal_lm(
     Returns:
         ``(model, tokenizer)``. A Llama GGUF with a byte-level BPE vocabulary comes back as a plain
         ``LlamaForCausalLM`` (no ``quantization_config``) equal to transformers' own GGUF load; other GGUF files as
-        transformers loads them (``posenc.hf.save_pretrained`` saves either).
+        transformers loads them (``posenc.hf.save_pretrained`` saves either). A folder ``posenc.hf.save_pretrained``
+        wrote comes back as the model it saved: its ``config.json`` records every ``extend_context`` call (key
+        ``"posenc"``), and what the config does not carry itself -- Dual Chunk Attention in vLLM's form, which
+        transformers ignores -- is applied again over the original length it was applied over; a frequency
+        method (in the config) gets the run-time parts ``extend_context`` adds (cached keys re-rotated for
+        ``dynamic``/``longrope``, RoPE in float32 in a half-precision model).
     """
     source = _as_source(source)
     dtype = torch.float32 if dtype is None else as_dtype(dtype)
@@ -345,4 +350,9 @@ def load_causal_lm(
     model = AutoModelForCausalLM.from_pretrained(source.folder, local_files_only=True, dtype=dtype, **kwargs)
     tokenizer_kwargs = {"gguf_file": source.gguf_file} if source.gguf_file is not None else {}
     tokenizer = AutoTokenizer.from_pretrained(source.folder, local_files_only=True, **tokenizer_kwargs)
-    return model.to(device).eval(), tokenizer
+    model = model.to(device).eval()
+    if source.kind == "transformers":
+        from posenc.hf import _record
+
+        _record.apply_saved(model)
+    return model, tokenizer

@@ -252,6 +252,48 @@ def test_export_gguf_from_a_gguf(llama_gguf, tmp_path):
     assert header["llama.rope.scaling.original_context_length"] == 32 and header["llama.context_length"] == 64
 
 
+@pytest.mark.parametrize(
+    ("method", "extra"),
+    [("yarn+string", []), ("self_extend", ["--original-len", "48"]), ("dca", ["--dtype", "bfloat16"])],
+)
+def test_a_refused_export_names_the_python_that_rebuilds_the_model(llama, tmp_path, monkeypatch, method, extra):
+    """No saved config runs these: the refusal names the Python that rebuilds the model posenc extend measures,
+    every call with the arguments the study passes (YaRN, then STRING; the original length given; the dtype), and
+    running it literally gives that model's logits. It used to say "save the model unpatched and re-apply it after
+    loading with extend_context(model, 'self_extend', 2)", which missed --original-len and the dtype."""
+    import posenc.hf
+    from posenc.lab.extend.export import _load
+    from posenc.lab.extend.targets import load_target
+
+    if "bfloat16" in extra:  # a CPU with bfloat16 units, where --dtype bfloat16 is allowed
+        caps = {**torch.cpu.get_capabilities(), "avx512_bf16": True}
+        monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: caps)
+    dtype = ["--dtype", "float32"] if "--dtype" not in extra else []
+    with pytest.MonkeyPatch.context() as guard:  # any weight read before the refusal fails the test
+        guard.setattr(HFTarget, "load", lambda self: pytest.fail("weights were read"))
+        guard.setattr("posenc.hf.load_causal_lm", lambda *a, **k: pytest.fail("weights were read"))
+        code, text = _cli("export", llama, "--method", method, "--factor", "2", "--save", tmp_path / "f", *extra,
+                          *dtype)  # fmt: skip
+    assert code == 2 and "a method a saved config runs as posenc measures it" in text and "Traceback" not in text
+    assert _tree(tmp_path) == []
+    python = text[text.index("No folder is needed to run it in Python: ") :].split(": ", 1)[1].strip()
+    assert python.startswith(f"model, tokenizer = posenc.hf.load_causal_lm({str(llama)!r}")
+    assert ("original_max_position_embeddings=48" in python) == ("--original-len" in extra)
+    assert ("dtype='bfloat16'" in python) == ("bfloat16" in extra)
+    scope = {"posenc": posenc}
+    exec(python, scope)
+    options = dict(zip(extra[::2], extra[1::2], strict=True))
+    original = int(options["--original-len"]) if "--original-len" in options else None
+    cfg = ExtendConfig(model=str(llama), methods=(method,), factors=(2.0,), device="cpu",
+                       dtype=options.get("--dtype", "float32"), original_len=original)  # fmt: skip
+    target = load_target(cfg, tmp_path / "out", device="cpu", progress=False)
+    measured = _load(target)  # what posenc extend loads and patches
+    target._extend(measured, method, 2.0)
+    ids = torch.randint(0, 300, (1, 120), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        torch.testing.assert_close(scope["model"](ids).logits, measured(ids).logits, rtol=0, atol=0)
+
+
 @pytest.fixture(scope="module")
 def bloom(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("bloom")

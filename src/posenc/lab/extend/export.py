@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from posenc._checks import fail
+from posenc.hf import _record
 from posenc.lab.common.devices import resolve_device
 from posenc.lab.extend.config import ExtendConfig
 from posenc.lab.extend.report import label
@@ -101,7 +102,8 @@ def export(
     result = Exported(
         path=written, label=name, original_len=target.original_len, context=context,
         description={k: v for k, v in description.items() if isinstance(v, (str, int, float, bool, list, dict))},
-        how=how_to_run(written, method, cfg.factors[0], context), seconds=time.perf_counter() - start,
+        how=how_to_run(written, method, cfg.factors[0], context, _record.reapply(weights)),
+        seconds=time.perf_counter() - start,
     )  # fmt: skip
     if progress:
         kind = "a GGUF file llama.cpp runs" if written.suffix.lower() == ".gguf" else "a transformers folder"
@@ -148,8 +150,9 @@ def _umask() -> int:
     return mask
 
 
-def how_to_run(path: Path, method: str, factor: float, context: int) -> list[str]:
-    """How to load or run what ``export`` wrote, as commands and code to paste."""
+def how_to_run(path: Path, method: str, factor: float, context: int, reapply: str = "") -> list[str]:
+    """How to load or run what ``export`` wrote, as commands and code to paste; ``reapply``: the
+    ``extend_context`` calls a transformers load of the folder needs (``posenc.hf._record.reapply``)."""
     quoted = shlex.quote(str(path))
     if path.suffix.lower() == ".gguf":
         return [
@@ -162,8 +165,9 @@ def how_to_run(path: Path, method: str, factor: float, context: int) -> list[str
         return [
             "Serve it with vLLM or SGLang (they read its dual_chunk_attention_config):",
             f"  vllm serve {quoted} --max-model-len {context}",
-            "transformers loads it unextended: re-apply the method after loading with "
-            f"posenc.hf.extend_context(model, 'dca_vllm', {factor:g}).",
+            f"In Python: posenc.hf.load_causal_lm({str(path)!r}) gives the extended model (it re-applies DCA); "
+            f"transformers alone loads it unextended: after AutoModelForCausalLM.from_pretrained({str(path)!r}) call "
+            f"{reapply}.",
         ]
     lines = [
         "Load it with transformers (the extension is in its config's RoPE parameters):",
@@ -171,6 +175,12 @@ def how_to_run(path: Path, method: str, factor: float, context: int) -> list[str
         f"  vllm serve {quoted} --max-model-len {context}",
     ]
     if method == "dynamic":
-        lines.append("Dynamic NTK with transformers' KV cache re-rotates cached keys (posenc.hf.CacheStaleWarning); "
-                     "generate(..., use_cache=False) runs the full forward each step.")  # fmt: skip
+        lines.append(
+            "Dynamic NTK changes its frequencies with the length, and transformers' KV cache keeps keys rotated with "
+            f"the old ones: posenc.hf.load_causal_lm({str(path)!r}) re-rotates them as posenc does "
+            "(posenc.hf.CacheStaleWarning where that is not exact); generate(..., use_cache=False) runs the full "
+            "forward each step."
+        )
+    else:
+        lines.append(f"In Python: posenc.hf.load_causal_lm({str(path)!r}) gives the same model.")
     return lines

@@ -245,8 +245,7 @@ def check_save(
             "save",
             str(save),
             f"a method a saved config runs as posenc measures it (frequency methods; dca_vllm on Qwen2/Qwen3): "
-            f"{problem}; save the model unpatched and re-apply it after loading with "
-            f"{composed.calls(method, cfg.factors[0])}",
+            f"{problem}. No folder is needed to run it in Python: {target.calls(method, cfg.factors[0])}",
         )
     if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
         fail("save", str(save), "a new or empty folder (posenc never overwrites files)")

@@ -606,6 +606,13 @@ class HFTarget:
             f"{names}); {', '.join(kept)} layers unchanged"
         )
 
+    def calls(self, method: str, factor: float) -> str:
+        """The Python that rebuilds the model ``patched(method, factor)`` measures, from the model as given: loaded
+        as ``load`` loads it, then patched by the calls ``_extend`` makes."""
+        dtype = "" if self.dtype == torch.float32 else f", dtype={str(self.dtype).removeprefix('torch.')!r}"
+        calls = composed.calls(method, factor, original=self.original_len, layer_types=self.patch_types)
+        return f"model, tokenizer = posenc.hf.load_causal_lm({self.cfg.model!r}{dtype}); {calls}"
+
     def check_patch(self, method: str, factor: float) -> dict:
         """The patch applied to a weight-free (meta) copy of the model: a method the model cannot take is refused
         before any weight is read. Returns what changed (``extend_context``'s description)."""
