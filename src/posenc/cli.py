@@ -582,8 +582,9 @@ def _add_export(sub: argparse._SubParsersAction) -> None:
         "--dtype",
         default="auto",
         choices=list(DTYPE_CHOICES),
-        help="the weights while patching; a transformers source is written in its checkpoint's own dtype (default: "
-        "auto, as posenc extend)",
+        help="the written weights' dtype; auto (default): the source's own (a transformers checkpoint's dtype; "
+        "float32 for a GGUF, which holds its dequantized values exactly), so the weights are written unchanged and "
+        "only the RoPE config changes; another dtype converts them (a .gguf output copies the source's tensors)",
     )
     p.add_argument("--quiet", action="store_true", help="print nothing but errors")
     p.set_defaults(func=export)

@@ -292,6 +292,45 @@ def original_context(source: ModelSource | str | os.PathLike, *, layer_type: str
     return default_original(config, layer_type)
 
 
+_SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
+
+
+def _safetensors_dtypes(path: Path) -> set[str]:
+    """The dtypes of the tensors in one safetensors file, from its JSON header (no tensor read)."""
+    import struct
+
+    with open(path, "rb") as f:
+        (size,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(size))
+    return {v["dtype"] for k, v in header.items() if k != "__metadata__" and isinstance(v, Mapping)}
+
+
+def weights_dtype(source: ModelSource | str | os.PathLike) -> torch.dtype:
+    """The dtype that holds the model's weights unchanged, read without loading them: a transformers checkpoint's
+    own (from its safetensors headers: the one floating dtype of its tensors, float32 when they mix float16 and
+    bfloat16 or hold float8; a ``.bin`` checkpoint: its config's ``dtype``, else float32); a GGUF: float32, which
+    holds its dequantized values (float16 scales times small integers) exactly."""
+    source = _as_source(source)
+    if source.kind == "gguf":
+        return torch.float32
+    folder = source.folder
+    files = []
+    if (folder / "model.safetensors").is_file():
+        files = [folder / "model.safetensors"]
+    elif (folder / "model.safetensors.index.json").is_file():
+        index = json.loads((folder / "model.safetensors.index.json").read_text())
+        files = [folder / name for name in sorted(set(index.get("weight_map", {}).values()))]
+    if not files:
+        own = getattr(load_config(source), "dtype", None)
+        own = getattr(torch, own, None) if isinstance(own, str) else own
+        return own if own in _SAFETENSORS_DTYPES.values() else torch.float32
+    found = set().union(*(_safetensors_dtypes(f) for f in files))
+    floats = {d for d in found if d.startswith(("F", "BF"))}  # F64, F32, BF16, F16, F8_*: not the integer ones
+    if len(floats) == 1 and next(iter(floats)) in _SAFETENSORS_DTYPES:
+        return _SAFETENSORS_DTYPES[next(iter(floats))]
+    return torch.float64 if "F64" in floats else torch.float32
+
+
 def as_dtype(dtype: torch.dtype | str) -> torch.dtype:
     """``torch.float32`` or its name ``"float32"`` (also bfloat16, float16, float64), as a torch dtype."""
     if isinstance(dtype, torch.dtype) and dtype in DTYPES.values():

@@ -210,8 +210,9 @@ def test_export_writes_only_the_folder_and_it_reloads_extended(llama, tmp_path):
     code, text = _cli("export", llama, "--method", "yarn", "--factor", "2", "--save", saved, "--device", "cpu",
                       "--dtype", "float32")  # fmt: skip
     assert code == 0, text
-    assert f"Wrote yarn x2 of LlamaForCausalLM (llama) from {llama.name} to {saved} (a transformers folder; context " \
-           "64 -> 128 tokens)" in text and "AutoModelForCausalLM.from_pretrained(" in text  # fmt: skip
+    assert f"Wrote yarn x2 of LlamaForCausalLM (llama) from {llama.name} to {saved} (a transformers folder, float32 " \
+           "weights, as the source holds them; context 64 -> 128 tokens)" in text  # fmt: skip
+    assert "AutoModelForCausalLM.from_pretrained(" in text
     assert _tree(work) == ["f", *sorted(f"f/{p.name}" for p in saved.iterdir())]  # no run folder, nothing partial
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in saved.iterdir()}
     reloaded = transformers.AutoModelForCausalLM.from_pretrained(saved, local_files_only=True).eval()
@@ -244,12 +245,73 @@ def test_export_gguf_from_a_gguf(llama_gguf, tmp_path):
     saved = work / "tiny-yarn.gguf"
     code, text = _cli("export", llama_gguf, "--method", "yarn", "--factor", "2", "--save", saved, "--dtype", "float32")
     assert code == 0, text
-    assert f"to {saved} (a GGUF file llama.cpp runs; context 32 -> 64 tokens)" in text
+    assert f"to {saved} (a GGUF file llama.cpp runs, tensors as in the source; context 32 -> 64 tokens)" in text
     assert f"llama-cli -m {saved} -c 64" in text
     assert _tree(work) == ["tiny-yarn.gguf"]
     header = read_gguf_header(saved).metadata
     assert header["llama.rope.scaling.type"] == "yarn" and header["llama.rope.scaling.factor"] == 2.0
     assert header["llama.rope.scaling.original_context_length"] == 32 and header["llama.context_length"] == 64
+
+
+@pytest.fixture
+def bf16_units(monkeypatch):
+    """A CPU with bfloat16 units, where --dtype auto means bfloat16 for posenc extend."""
+    caps = {**torch.cpu.get_capabilities(), "avx512_bf16": True}
+    monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: caps)
+
+
+@pytest.fixture(scope="module")
+def llama_bf16(llama, tmp_path_factory) -> Path:
+    """The tiny Llama folder saved in bfloat16."""
+    folder = tmp_path_factory.mktemp("llama-bf16")
+    transformers.AutoModelForCausalLM.from_pretrained(llama, dtype=torch.bfloat16).save_pretrained(folder)
+    transformers.AutoTokenizer.from_pretrained(llama).save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize("source", ["llama", "llama_bf16", "llama_gguf"])
+def test_export_writes_the_source_weights_unchanged(source, request, tmp_path, bf16_units):
+    """With --dtype auto on a CPU with bfloat16 units, export loaded a float32 model in bfloat16 and wrote it as
+    float32: every weight bf16-rounded in a folder whose config says float32, logits 3.2e-3 from extend_context on
+    the original. Now the source's weights are written bit for bit in its own dtype (a GGUF's dequantized values
+    in float32), the line says which, and the reload computes what extend_context computes on the original."""
+    from safetensors.torch import load_file
+
+    from posenc.hf import extend_context, load_causal_lm
+
+    path = request.getfixturevalue(source)
+    saved = tmp_path / "f"
+    code, text = _cli("export", path, "--method", "yarn", "--factor", "2", "--save", saved)
+    assert code == 0, text
+    original, _ = load_causal_lm(path, dtype=None if source != "llama_bf16" else torch.bfloat16)
+    dtype = {"llama_bf16": "bfloat16"}.get(source, "float32")
+    written = load_file(saved / "model.safetensors")
+    expected = original.state_dict()
+    assert written.keys() <= expected.keys() and written
+    for name, tensor in written.items():
+        assert tensor.dtype == expected[name].dtype and torch.equal(tensor, expected[name]), name
+    assert json.loads((saved / "config.json").read_text())["dtype"] == dtype
+    assert f"(a transformers folder, {dtype} weights, as the source holds them; context" in text
+    # float32 forwards of the source extended in memory and of the folder (transformers' load and posenc's)
+    extended, _ = load_causal_lm(path)
+    extend_context(extended, "yarn", 2.0)
+    loads = [transformers.AutoModelForCausalLM.from_pretrained(saved, dtype=torch.float32, local_files_only=True),
+             load_causal_lm(saved)[0]]  # fmt: skip
+    ids = torch.randint(0, extended.config.vocab_size, (1, 100), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        for reloaded in loads:
+            torch.testing.assert_close(reloaded.eval()(ids).logits, extended(ids).logits, rtol=0, atol=0)
+
+
+def test_export_with_another_dtype_says_it_converted(llama, tmp_path, bf16_units):
+    from safetensors import safe_open
+
+    saved = tmp_path / "f"
+    code, text = _cli("export", llama, "--method", "yarn", "--factor", "2", "--save", saved, "--dtype", "bfloat16")
+    assert code == 0, text
+    assert "(a transformers folder, bfloat16 weights, converted from the source's float32 (--dtype); context" in text
+    with safe_open(saved / "model.safetensors", "pt") as f:
+        assert {f.get_slice(k).get_dtype() for k in f.keys()}  # noqa: SIM118 - safe_open is no dict == {"BF16"}
 
 
 @pytest.mark.parametrize(

@@ -19,11 +19,13 @@ import shlex
 import shutil
 import tempfile
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
 from posenc._checks import fail
 from posenc.hf import _record
+from posenc.hf.load import weights_dtype
 from posenc.lab.common.devices import resolve_device
 from posenc.lab.extend.config import ExtendConfig
 from posenc.lab.extend.report import label
@@ -32,7 +34,8 @@ from posenc.lab.extend.report import label
 @dataclasses.dataclass(frozen=True)
 class Exported:
     """What ``export`` wrote: ``path`` (a folder or a ``.gguf`` file), the model's ``label`` (``yarn x2``), its
-    original and extended contexts, the patch's description, and how to load or run it (``how``)."""
+    original and extended contexts, the patch's description, how to load or run it (``how``), and ``weights``: what
+    the written weights are (``"float32, as the source holds them"``; a GGUF's tensor types)."""
 
     path: Path
     label: str
@@ -41,6 +44,7 @@ class Exported:
     description: dict
     how: list[str]
     seconds: float
+    weights: str = ""
 
 
 def export(
@@ -62,8 +66,9 @@ def export(
     ``model``: what ``posenc extend`` takes for a pretrained model (a ``.gguf`` file or a folder holding one, a
     transformers folder, ``smollm2``). ``original_len``: the context the model was trained for (default: its
     config's). ``layer_type``: per-layer-type RoPE (Gemma 3), as ``posenc extend --layer-type``. ``dtype``: the
-    weights' dtype while patching (default as ``posenc extend``: a transformers folder is written in its checkpoint's
-    own dtype).
+    written weights' dtype; default the source's own (``posenc.hf.load.weights_dtype``: a transformers checkpoint's
+    dtype, float32 for a GGUF's dequantized values), so the weights are written unchanged, bit for bit -- only the
+    RoPE config changes. Another dtype converts them (a GGUF output copies the source's tensors either way).
 
     Raises:
         ValueError: a lab model, an ALiBi model, a method the model does not take or the format does not carry, a
@@ -90,27 +95,39 @@ def export(
     written = check_save(save, cfg, target, folder.parent / f".{folder.name}.no-study", save_type)
     description = target.check_patch(method, cfg.factors[0])  # on a weight-free copy: refused before the load
     name = label(method, cfg.factors[0], 0)
+    source_dtype = weights_dtype(target.source)
+    if dtype is None:
+        target.dtype = source_dtype  # no forward runs here: the weights as the source holds them, not auto's dtype
     if progress:
-        print(f"Loading {target.name} ({str(target.dtype).removeprefix('torch.')}) to write {name}")
+        print(f"Loading {target.name} ({_name(target.dtype)}) to write {name}")
     weights = _load(target)
     description = target._extend(weights, method, cfg.factors[0])
     if written.suffix.lower() == ".gguf":
         target.save(weights, written, tensor_type=save_type)  # posenc.hf.save_gguf writes atomically
+        written_as = "tensors as in the source" if save_type == "source" else f"matrices as {save_type}"
     else:
         _save_folder(target, weights, written)
+        written_as = f"{_name(weights.dtype)} weights, " + (
+            "as the source holds them" if weights.dtype == source_dtype
+            else f"converted from the source's {_name(source_dtype)} (--dtype)"
+        )  # fmt: skip
     context = round(target.original_len * cfg.factors[0])
     result = Exported(
         path=written, label=name, original_len=target.original_len, context=context,
         description={k: v for k, v in description.items() if isinstance(v, (str, int, float, bool, list, dict))},
         how=how_to_run(written, method, cfg.factors[0], context, _record.reapply(weights)),
-        seconds=time.perf_counter() - start,
+        seconds=time.perf_counter() - start, weights=written_as,
     )  # fmt: skip
     if progress:
         kind = "a GGUF file llama.cpp runs" if written.suffix.lower() == ".gguf" else "a transformers folder"
-        print(f"Wrote {name} of {target.name} to {written} ({kind}; context {target.original_len} -> {context} "
-              f"tokens) in {result.seconds:.1f} s")  # fmt: skip
+        print(f"Wrote {name} of {target.name} to {written} ({kind}, {written_as}; context {target.original_len} -> "
+              f"{context} tokens) in {result.seconds:.1f} s")  # fmt: skip
         print("\n".join(result.how))
     return result
+
+
+def _name(dtype: Any) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
 def _load(target: Any) -> Any:
@@ -118,7 +135,8 @@ def _load(target: Any) -> Any:
     from posenc.hf import keep_rope_float32, load_causal_lm
     from posenc.lab.extend.targets import _no_transformers_bars
 
-    with _no_transformers_bars():
+    with _no_transformers_bars(), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"load_causal_lm\(dtype=")  # its speed: no forward runs here
         model, _ = load_causal_lm(target.source, device=target.device, dtype=target.dtype,
                                   attn_implementation=target.attn)  # fmt: skip
     keep_rope_float32(model)
@@ -133,7 +151,7 @@ def _save_folder(target: Any, model: Any, folder: Path) -> None:
     folder.parent.mkdir(parents=True, exist_ok=True)
     partial = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".partial", dir=folder.parent))
     try:
-        target.save(model, partial)
+        target.save(model, partial, dtype=model.dtype)  # the loaded weights as they are (not the config's dtype)
         if folder.is_dir():
             folder.rmdir()  # empty (check_save): nothing of the user's is lost
         os.rename(partial, folder)
@@ -182,5 +200,6 @@ def how_to_run(path: Path, method: str, factor: float, context: int, reapply: st
             "forward each step."
         )
     else:
-        lines.append(f"In Python: posenc.hf.load_causal_lm({str(path)!r}) gives the same model.")
+        lines.append(f"In Python: posenc.hf.load_causal_lm({str(path)!r}) gives what posenc.hf.extend_context makes of "
+                     "the source loaded the same way (same dtype; RoPE in float32 in a bfloat16 model).")  # fmt: skip
     return lines
