@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import re
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -98,6 +100,43 @@ def test_refuses_to_overwrite(tmp_path, gguf_path):
     empty = tmp_path / "empty"
     empty.mkdir()
     assert (save_pretrained(model, tokenizer, empty) / "config.json").is_file()
+
+
+def test_refuses_a_folder_under_a_file(tmp_path, gguf_path):
+    model, tokenizer = load_causal_lm(gguf_path)
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(ValueError, match=r"out_dir=.*notes.txt/a/b' is invalid: expected a path under folders \("):
+        save_pretrained(model, tokenizer, tmp_path / "notes.txt" / "a" / "b")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt", "src"]
+
+
+def test_an_interrupted_save_leaves_nothing(tmp_path, gguf_path, monkeypatch):
+    """The folder appears whole or not at all: a save interrupted half-way leaves neither the half-written files
+    nor the folders it created above ``out_dir``."""
+    model, tokenizer = load_causal_lm(gguf_path)
+
+    def interrupted(self, folder, *args, **kwargs):
+        (Path(folder) / "model.safetensors").write_bytes(b"half")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(transformers.PreTrainedModel, "save_pretrained", interrupted)
+    (tmp_path / "mine").mkdir()
+    with pytest.raises(KeyboardInterrupt):
+        save_pretrained(model, tokenizer, tmp_path / "mine" / "new" / "out")
+    assert [str(p.relative_to(tmp_path)) for p in (tmp_path / "mine").rglob("*")] == []
+
+
+def test_saved_files_follow_the_umask(tmp_path, gguf_path):
+    """transformers writes model.safetensors as 0600 where its other files get 0666 less the umask."""
+    model, tokenizer = load_causal_lm(gguf_path)
+    old = os.umask(0o022)
+    try:
+        out = save_pretrained(model, tokenizer, tmp_path / "out")
+    finally:
+        os.umask(old)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in out.iterdir()}
+    assert "model.safetensors" in modes and set(modes.values()) == {0o644}, modes
+    assert out.stat().st_mode & 0o777 == 0o755
 
 
 def test_refuses_bad_arguments(tmp_path, gguf_path):

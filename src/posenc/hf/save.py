@@ -21,9 +21,13 @@ The caller's model is never changed: the copy shares its parameters (same dtype)
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
+import shutil
+import tempfile
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -162,10 +166,13 @@ def save_pretrained(
     Returns:
         ``out_dir`` as a Path.
 
+    ``out_dir`` appears whole or not at all: the files are written into a hidden folder beside it, renamed into
+    place once complete (an interrupted save leaves nothing, not even the parent folders it created).
+
     Raises:
-        ValueError: ``out_dir`` is a file or a non-empty folder (posenc never overwrites files), ``model`` is not a
-            transformers model, an unknown ``dtype``, or a model patched with a remapping method no saved config
-            runs as measured (``remap_save_problem``) or with ALiBi slope interpolation.
+        ValueError: ``out_dir`` is a file, a non-empty folder (posenc never overwrites files) or under a file,
+            ``model`` is not a transformers model, an unknown ``dtype``, or a model patched with a remapping method
+            no saved config runs as measured (``remap_save_problem``) or with ALiBi slope interpolation.
     """
     from posenc.hf.load import as_dtype
 
@@ -174,6 +181,7 @@ def save_pretrained(
     out = Path(out_dir).expanduser()
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         fail("out_dir", str(out), "a new or empty folder (posenc never overwrites files)")
+    check_new_path("out_dir", out)
     target = model.dtype if dtype is None else as_dtype(dtype)
     _check_alibi(model)
     remap = remap_config(model)  # refuses a remapping method no config format records, before anything is written
@@ -198,8 +206,65 @@ def save_pretrained(
             ServedOnlyWarning,
             stacklevel=2,
         )
-    out.mkdir(parents=True, exist_ok=True)
-    clone.save_pretrained(out)
-    if tokenizer is not None:
-        tokenizer.save_pretrained(out)
+    with writing_folder(out) as partial:
+        clone.save_pretrained(partial)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(partial)
     return out
+
+
+def check_new_path(name: str, path: str | os.PathLike) -> None:
+    """Refuse, before anything is read or written, a path that cannot be created: one with a file where a folder
+    above it should be, or whose nearest existing folder this user cannot write in. Refusals name ``name``."""
+    path = Path(path).expanduser()
+    for parent in path.absolute().parents:
+        if parent.exists():
+            if not parent.is_dir():
+                fail(name, str(path), f"a path under folders ({parent} is a file)")
+            if not os.access(parent, os.W_OK | os.X_OK):
+                fail(name, str(path), f"a path in a folder this user can write in ({parent} is not writable)")
+            return
+
+
+@contextlib.contextmanager
+def removing_created_folders(path: Path) -> Iterator[None]:
+    """Around writing ``path``: on any failure (Ctrl-C included), remove the folders above it that did not exist
+    before, deepest first, where they are (still) empty."""
+    created = [p for p in path.absolute().parents if not p.exists()]  # deepest first
+    try:
+        yield
+    except BaseException:
+        for folder in created:
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        raise
+
+
+@contextlib.contextmanager
+def writing_folder(out: Path) -> Iterator[Path]:
+    """A hidden folder beside ``out`` to write into, renamed to ``out`` once the block finishes: ``out`` appears
+    whole or not at all. On a failure the partial folder and every folder created above ``out`` are removed. The
+    files get the modes a plain ``open`` gives (transformers writes ``model.safetensors`` as 0600), the folder
+    ``0777`` less the umask (not ``mkdtemp``'s 0700)."""
+    out = out.absolute()
+    with removing_created_folders(out):
+        out.parent.mkdir(parents=True, exist_ok=True)
+        partial = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
+        try:
+            yield partial
+            mask = _umask()
+            for path in partial.rglob("*"):
+                os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~mask)
+            os.chmod(partial, 0o777 & ~mask)
+            if out.is_dir():
+                out.rmdir()  # empty (checked first): nothing of the user's is lost
+            os.rename(partial, out)
+        except BaseException:
+            shutil.rmtree(partial, ignore_errors=True)
+            raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

@@ -249,6 +249,9 @@ def check_save(
         )
     if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
         fail("save", str(save), "a new or empty folder (posenc never overwrites files)")
+    from posenc.hf.save import check_new_path
+
+    check_new_path("save", folder)  # a file above it: refused now, not after the weights load
     if folder.resolve() == out.resolve():
         fail("save", str(save), "a folder other than --out (the study's results go there)")
     return folder
