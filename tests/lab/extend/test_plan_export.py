@@ -383,6 +383,18 @@ def test_export_refusals_come_before_anything_is_read_or_written(llama, llama_gg
         ([llama_gguf, "--method", "yarn", "--save", work / "mine.gguf"], "a file that does not exist yet"),
         ([llama, "--method", "nope", "--save", work / "f"], "method='nope' is invalid"),
         ([run, "--method", "yarn", "--save", work / "f"], "expected a pretrained model"),
+        # under a regular file: refused now, not once the weights have loaded
+        ([llama, "--method", "yarn", "--save", work / "mine.gguf" / "f"], f"a path under folders ({work}/mine.gguf "
+         "is a file)"),
+        ([llama_gguf, "--method", "yarn", "--save", work / "mine.gguf" / "sub" / "f.gguf"], "mine.gguf is a file"),
+        # the method's fault, named as such; and what export cannot make from a factor
+        ([llama_gguf, "--method", "yarm", "--save", work / "f.gguf"], "method='yarm' is invalid: expected one of"),
+        ([llama, "--method", "yarm+string", "--save", work / "f"], "method='yarm' is invalid"),
+        ([llama, "--method", "longrope", "--save", work / "f"], "method='longrope' is invalid: expected a method "
+         "export can make from a factor alone: LongRoPE's per-frequency long_factor comes from a search"),
+        ([llama, "--method", "none", "--save", work / "f"], "method='none' is invalid: expected an extension method: "
+         "export writes an extended model"),
+        ([llama, "--methods", "yarn,dynamic", "--save", work / "f"], "expected one method: export writes one model"),
     ]
     for args, match in cases:
         code, text = _cli("export", *args, "--factor", "2")
@@ -390,17 +402,56 @@ def test_export_refusals_come_before_anything_is_read_or_written(llama, llama_gg
         assert _tree(work) == before
     assert (work / "mine.gguf").read_bytes() == b"mine" and (work / "used" / "mine.txt").read_text() == "mine"
     code, text = _cli("export", llama, "--method", "yarn", "--factor", "1", "--save", work / "f")
-    assert code == 2 and "argument --factor: '1' is invalid" in text and _tree(work) == before
+    assert code == 2 and "argument --factor/--factors: '1' is invalid" in text and _tree(work) == before
 
 
-def test_an_interrupted_export_leaves_nothing(llama, tmp_path, monkeypatch):
-    def interrupted(self, model, folder, **kwargs):
-        (folder / "model.safetensors").write_bytes(b"half")
+@pytest.mark.parametrize("gguf", [False, True])
+def test_an_interrupted_export_leaves_nothing(llama, llama_gguf, tmp_path, monkeypatch, gguf):
+    """Interrupted while the model is written (a file half written): nothing is left, not even the folders created
+    above --save, and the message says so (it said "before anything was written" and left the folders)."""
+    import gguf
+
+    def interrupted_folder(self, folder, *args, **kwargs):
+        Path(folder, "model.safetensors").write_bytes(b"half")
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(HFTarget, "save", interrupted)
-    code, text = _cli("export", llama, "--method", "yarn", "--factor", "2", "--save", tmp_path / "f")
-    assert code == 130 and _tree(tmp_path) == []
+    def interrupted_file(self, *args, **kwargs):  # the header is in the file by now
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(transformers.PreTrainedModel, "save_pretrained", interrupted_folder)
+    monkeypatch.setattr(gguf.GGUFWriter, "write_tensor_data", interrupted_file)
+    (tmp_path / "mine").mkdir()
+    save = tmp_path / "mine" / "new" / "deeper" / ("f.gguf" if gguf else "f")
+    code, text = _cli("export", llama_gguf if gguf else llama, "--method", "yarn", "--factor", "2", "--save", save)
+    assert code == 130 and _tree(tmp_path) == ["mine"], _tree(tmp_path)
+    assert f"posenc export: interrupted; {save} was not written and nothing it created is left" in text
+
+
+def test_export_files_follow_the_umask(llama, tmp_path):
+    """transformers writes model.safetensors as 0600; every exported file gets what a plain open() gives."""
+    import os
+
+    old = os.umask(0o027)
+    try:
+        code, text = _cli("export", llama, "--methods", "yarn", "--factors", "2", "--save", tmp_path / "f", "--quiet")
+    finally:
+        os.umask(old)
+    assert code == 0, text
+    modes = {p.name: p.stat().st_mode & 0o777 for p in (tmp_path / "f").iterdir()}
+    assert "model.safetensors" in modes and set(modes.values()) == {0o640}, modes
+    assert (tmp_path / "f").stat().st_mode & 0o777 == 0o750
+
+
+def test_method_and_factor_in_either_spelling():
+    """export takes --method/--factor, extend --methods/--factors: each takes the other's spelling too."""
+    from posenc.cli import build_parser
+
+    parser = build_parser()
+    for spelling in (["--method", "yarn", "--factor", "2"], ["--methods", "yarn", "--factors", "2"]):
+        export = parser.parse_args(["export", "m", *spelling, "--save", "f"])
+        extend = parser.parse_args(["extend", "m", *spelling])
+        assert (export.method, export.factor) == ("yarn", 2.0)
+        assert (extend.methods, extend.factors) == (("yarn",), (2.0,))
 
 
 # ---------------------------------------------------------------------------------------------------------------------

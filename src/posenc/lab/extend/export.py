@@ -5,25 +5,23 @@ layer the study would patch) and written with the same checks (``study.check_sav
 (ALiBi's slope interpolation is a forward hook no config records), a method a saved config runs as posenc measures
 it (frequency methods; ``dca_vllm`` on Qwen2/Qwen3, which vLLM and SGLang read), a new or empty folder, or a new
 ``.gguf`` file from a GGUF source with a method llama.cpp runs (``study.GGUF_METHODS``). Everything is checked from
-the config, tokenizer and a weight-free (meta) copy before any weight is read; nothing but ``PATH`` is written, and
-``PATH`` appears whole or not at all (a folder is written beside it under a temporary name and renamed into place;
-a GGUF file is written atomically by ``posenc.hf.save_gguf``).
+the config, tokenizer and a weight-free (meta) copy before any weight is read (a path under a regular file
+included); nothing but ``PATH`` is written, and ``PATH`` appears whole or not at all (``posenc.hf.save_pretrained``
+writes a folder beside it under a temporary name and renames it into place; ``posenc.hf.save_gguf`` writes a file
+the same way); an interrupted export also removes the folders it created above ``PATH``. The weights are written as
+the source holds them (``--dtype auto``), so only the RoPE config changes.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import os
 import shlex
-import shutil
-import tempfile
 import time
 import warnings
 from pathlib import Path
 from typing import Any
 
-from posenc._checks import fail
+from posenc._checks import check_choice, fail
 from posenc.hf import _record
 from posenc.hf.load import weights_dtype
 from posenc.lab.common.devices import resolve_device
@@ -78,6 +76,7 @@ def export(
     from posenc.lab.extend.targets import load_target
 
     start = time.perf_counter()
+    _check_method(method)
     path = Path(model).expanduser()
     cfg = ExtendConfig(
         model=str(path.resolve()) if path.exists() else model, methods=(method,), factors=(factor,),
@@ -126,6 +125,29 @@ def export(
     return result
 
 
+def _check_method(method: Any) -> None:
+    """The method, before anything else (a misspelt one is not blamed on ``--save``): one extension export can
+    write with no more than a factor."""
+    from posenc.hf.extend import METHODS
+    from posenc.lab.extend import composed
+
+    if not isinstance(method, str) or not method:
+        fail("method", method, f"one of {list(METHODS)}, or FREQUENCY+string (e.g. 'yarn+string')")
+    if "," in method:
+        fail("method", method, "one method: export writes one model (posenc extend measures several)")
+    if method == "none":
+        fail("method", method, "an extension method: export writes an extended model (the source itself is the "
+             "unextended one)")  # fmt: skip
+    for part in composed.parts(method):
+        if part is not None:
+            check_choice("method", part, METHODS)
+    if "longrope" in composed.parts(method):
+        fail("method", "longrope", "a method export can make from a factor alone: LongRoPE's per-frequency "
+             "long_factor comes from a search (no option sets it); in Python, posenc.hf.extend_context(model, "
+             "'longrope', F, long_factor=[...]) then posenc.hf.save_pretrained (or save_gguf) writes it")  # fmt: skip
+    composed.check(method)
+
+
 def _name(dtype: Any) -> str:
     return str(dtype).removeprefix("torch.")
 
@@ -145,27 +167,9 @@ def _load(target: Any) -> Any:
 
 
 def _save_folder(target: Any, model: Any, folder: Path) -> None:
-    """Write the folder beside ``folder`` under a temporary name, then rename it into place: an interrupted export
-    leaves no half-written model (and an empty ``folder`` the user made is replaced only once the model is whole)."""
-    folder = folder.absolute()
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    partial = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".partial", dir=folder.parent))
-    try:
-        target.save(model, partial, dtype=model.dtype)  # the loaded weights as they are (not the config's dtype)
-        if folder.is_dir():
-            folder.rmdir()  # empty (check_save): nothing of the user's is lost
-        os.rename(partial, folder)
-    except BaseException:
-        shutil.rmtree(partial, ignore_errors=True)
-        raise
-    with contextlib.suppress(OSError):
-        os.chmod(folder, 0o777 & ~_umask())  # mkdtemp's 0700 would make the model private
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+    """The folder, in the loaded weights' dtype (not the config's), written whole or not at all
+    (``posenc.hf.save_pretrained`` writes beside it and renames it into place)."""
+    target.save(model, folder, dtype=model.dtype)
 
 
 def how_to_run(path: Path, method: str, factor: float, context: int, reapply: str = "") -> list[str]:
