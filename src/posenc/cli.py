@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 import shlex
 import signal
 import sys
@@ -719,7 +720,15 @@ class _Parser(argparse.ArgumentParser):
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
 
+    #: The command line being parsed (set by ``main``): an option with two spellings is named as it was typed.
+    typed: Sequence[str] = ()
+
     def error(self, message: str) -> NoReturn:
+        found = re.match(r"argument ((?:-[\w-]+/)+-[\w-]+): ", message)
+        if found:  # "argument --factor/--factors: ..." -> the spelling on the command line
+            typed = [o for o in found.group(1).split("/") if any(t == o or t.startswith(o + "=") for t in self.typed)]
+            if typed:
+                message = message.replace(found.group(1), typed[0], 1)
         self.exit(2, f"{self.prog}: {_one_line(message)} (see {self.prog} --help)\n")
 
 
@@ -800,6 +809,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser()
+    for each in (parser, *parser.commands.values()):
+        each.typed = argv
     try:
         args, unknown = parser.parse_known_args(argv)
         if unknown:  # argparse would blame the top-level parser: name the subcommand instead
