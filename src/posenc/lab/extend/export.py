@@ -90,13 +90,13 @@ def export(
     if target.kind == "lab":
         fail("model", model, "a pretrained model (a .gguf file, a transformers folder, smollm2); a lab model has no "
              "format to export to")  # fmt: skip
+    source_dtype = weights_dtype(target.source)
+    if dtype is None:
+        target.dtype = source_dtype  # no forward runs here: the weights as the source holds them, not auto's dtype
     # check_save's last check (not the study's own folder) compares with an output folder export does not have.
     written = check_save(save, cfg, target, folder.parent / f".{folder.name}.no-study", save_type)
     description = target.check_patch(method, cfg.factors[0])  # on a weight-free copy: refused before the load
     name = label(method, cfg.factors[0], 0)
-    source_dtype = weights_dtype(target.source)
-    if dtype is None:
-        target.dtype = source_dtype  # no forward runs here: the weights as the source holds them, not auto's dtype
     if progress:
         print(f"Loading {target.name} ({_name(target.dtype)}) to write {name}")
     weights = _load(target)
@@ -168,8 +168,13 @@ def _load(target: Any) -> Any:
 
 def _save_folder(target: Any, model: Any, folder: Path) -> None:
     """The folder, in the loaded weights' dtype (not the config's), written whole or not at all
-    (``posenc.hf.save_pretrained`` writes beside it and renames it into place)."""
-    target.save(model, folder, dtype=model.dtype)
+    (``posenc.hf.save_pretrained`` writes beside it and renames it into place). A ``ServedOnlyWarning`` is not
+    repeated: ``how_to_run`` prints the same ways to load it."""
+    from posenc.hf import ServedOnlyWarning
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ServedOnlyWarning)
+        target.save(model, folder, dtype=model.dtype)
 
 
 def how_to_run(path: Path, method: str, factor: float, context: int, reapply: str = "") -> list[str]:
