@@ -201,7 +201,8 @@ def test_hf_dict_round_trip(hf_and_config, legacy):
     hf, expected = hf_and_config
     config = rotary_config_from_hf(hf)
     assert config == expected
-    exported = rotary_config_to_hf(config, legacy=legacy)
+    runtime = "vllm" if isinstance(config.scaling, posenc.MixedNTKScaling) else "transformers"  # vLLM's form only
+    exported = rotary_config_to_hf(config, legacy=legacy, runtime=runtime)
     assert rotary_config_from_hf(json.loads(json.dumps(exported))) == config
     assert ("rope_scaling" in exported) == legacy and ("rope_parameters" in exported) != legacy
     assert RotaryEmbedding.from_hf(exported).config == config

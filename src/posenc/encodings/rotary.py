@@ -163,11 +163,12 @@ class RotaryEmbedding(FrequencyModule):
 
         return cls.from_config(rotary_config_from_hf(config, layer_type=layer_type))
 
-    def to_hf(self) -> dict[str, Any]:
-        """The Hugging Face config keys that describe this RoPE; see ``posenc.hf``."""
+    def to_hf(self, *, runtime: str = "transformers") -> dict[str, Any]:
+        """The Hugging Face config keys that describe this RoPE, for ``runtime`` (``"transformers"`` or ``"vllm"``:
+        mixed NTK has vLLM's form only); see ``posenc.hf.rotary_config_to_hf``."""
         from posenc.encodings.rotary_hf import rotary_config_to_hf
 
-        return rotary_config_to_hf(self.config)
+        return rotary_config_to_hf(self.config, runtime=runtime)
 
     def build_inv_freq(self) -> torch.Tensor:
         return self._frequencies(None, device=None)[0]

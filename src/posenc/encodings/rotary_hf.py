@@ -22,7 +22,7 @@ import torch
 
 from posenc._checks import fail
 from posenc.encodings.rotary import RotaryConfig
-from posenc.scalings import NTKAlphaScaling, NTKScaling, YaRNLogScaling, parse_scaling
+from posenc.scalings import MixedNTKScaling, NTKAlphaScaling, NTKScaling, YaRNLogScaling, parse_scaling
 
 # Scalings that read the model's max_position_embeddings / original_max_position_embeddings in HF.
 _NEEDS_MAX_POS = ("dynamic", "yarn", "longrope")
@@ -101,15 +101,23 @@ def _layer_head_dim(cfg: Mapping[str, Any], layer_type: str | None) -> int | Non
     return override.get("head_dim") if isinstance(override, Mapping) else None
 
 
-def rotary_config_to_hf(config: RotaryConfig, *, legacy: bool = False) -> dict[str, Any]:
+#: What ``rotary_config_to_hf`` writes for: transformers (whose rope types every dict it writes must be), or vLLM.
+RUNTIMES = ("transformers", "vllm")
+
+
+def rotary_config_to_hf(config: RotaryConfig, *, legacy: bool = False, runtime: str = "transformers") -> dict[str, Any]:
     """The HF config keys for this RoPE: ``head_dim`` and ``rope_parameters`` (transformers >= 5), or with
     ``legacy=True`` the older ``rope_theta`` / ``rope_scaling`` / ``partial_rotary_factor`` keys.
 
     Static NTK, which HF lacks, and NTK-by-alpha are exported exactly as default RoPE with the enlarged base; other
-    scalings as their ``to_hf_dict()`` (mixed NTK in vLLM's ``"ntk"`` form, TeleChat3's YaRN as plain ``"yarn"`` with
-    its attention factor). Grok's ``yarn_log`` is refused: no runtime reads it from ``rope_scaling``.
+    scalings as their ``to_hf_dict()`` (TeleChat3's YaRN as plain ``"yarn"`` with its attention factor). Mixed NTK
+    exists only in vLLM's form (``{"rope_type": "ntk", "factor", "mixed_b"}``, ``NTKScalingRotaryEmbedding``), which
+    transformers fails on (it has no ``"ntk"`` rope type): it is written with ``runtime="vllm"`` and refused for
+    ``"transformers"`` (the default). Grok's ``yarn_log`` is refused: no runtime reads it from ``rope_scaling``.
     ``max_position_embeddings`` is included when the scaling carries it.
     """
+    if runtime not in RUNTIMES:
+        fail("runtime", runtime, f"one of {list(RUNTIMES)}")
     if config.layout != "half":
         fail(
             "layout",
@@ -127,6 +135,14 @@ def rotary_config_to_hf(config: RotaryConfig, *, legacy: bool = False) -> dict[s
             "yarn_log",
             "a scaling with a rope_scaling form: Grok's yarn_log lives in top-level config keys that only vLLM's Grok "
             "model reads (rope_type, scaling_factor, ...), and no runtime reads it from rope_scaling",
+        )
+    if isinstance(scaling, MixedNTKScaling) and runtime != "vllm":
+        fail(
+            "scaling",
+            "ntk_mixed",
+            f"a scaling {runtime} runs: mixed NTK is vLLM's {{'rope_type': 'ntk', 'mixed_b': ...}} "
+            "(NTKScalingRotaryEmbedding), which vLLM runs and transformers cannot load (it has no 'ntk' rope type: "
+            "KeyError 'ntk'); write it for vLLM with rotary_config_to_hf(config, runtime='vllm')",
         )
     rope = {"rope_type": "default"} if scaling is None else scaling.to_hf_dict()
     max_pos = rope.pop("max_position_embeddings", None)

@@ -11,7 +11,9 @@
   (``CacheStaleWarning``).
 - ``resolve_model`` / ``inspect_gguf`` / ``load_config`` / ``original_context`` / ``load_causal_lm``: pretrained
   models from GGUF files, transformers folders or ``"smollm2"``, offline; ``save_pretrained`` writes one back as a
-  transformers folder, ``save_gguf`` as a GGUF file llama.cpp runs with its RoPE scaling (``posenc.hf.gguf_rope``).
+  transformers folder (its ``config.json`` records the ``extend_context`` calls, and ``load_causal_lm`` of that
+  folder re-applies what the config does not carry), ``save_gguf`` as a GGUF file llama.cpp runs with its RoPE
+  scaling (``posenc.hf.gguf_rope``).
 
 Only torch is imported here; transformers is imported lazily, when a model is patched.
 """

@@ -244,7 +244,7 @@ def _check_implementation(rotary: torch.nn.Module) -> None:
 
 
 def _refuse_save(self: torch.nn.Module, *args: Any, **kwargs: Any) -> None:
-    from posenc.hf.save import remap_save_problem
+    from posenc.hf.save import rebuild_advice, remap_save_problem
 
     remap = self.__dict__["_posenc_remap"]
     problem = remap_save_problem(self.config, remap.method, remap.encoding)
@@ -252,8 +252,7 @@ def _refuse_save(self: torch.nn.Module, *args: Any, **kwargs: Any) -> None:
         "use posenc.hf.save_pretrained(model, tokenizer, out_dir), which writes it as dual_chunk_attention_config "
         "for vLLM and SGLang"
         if problem is None
-        else f"no saved config runs it as measured ({problem}): save the model as loaded and re-apply it after "
-        f"loading with {remap.call()}"
+        else f"no saved config runs it as measured ({problem}). {rebuild_advice(self)}"
     )
     fail(
         "model",

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from posenc._checks import check_choice, check_number, check_positive_int, fail
+from posenc.hf import _record
 from posenc.hf._common import architecture, model_type
 from posenc.hf.alibi import ALIBI_MODEL_TYPES
 from posenc.hf.setup import check_model_type
@@ -76,6 +77,8 @@ def extend_context(
     float16 RoPE model also keeps its cos/sin tables and the q/k rotation in float32, cast once after the rotation
     (``posenc.hf.keep_rope_float32``; transformers casts the tables to the model's dtype). ALiBi's slope
     interpolation is a forward pre-hook on each block (transformers has no config key for it): it is not saved.
+    Each call is recorded on the model and, by ``posenc.hf.save_pretrained``, in the saved ``config.json`` (key
+    ``"posenc"``), from which ``posenc.hf.load_causal_lm`` re-applies what the config does not carry.
 
     ``dynamic`` and ``longrope`` change their frequencies with the length, while transformers' KV cache keeps keys
     rotated with the frequencies of the step that wrote them. The patched model hands the attention the cached keys
@@ -148,6 +151,33 @@ def extend_context(
             context shorter than the current one, or a scaling the model's config class rejects. The model is left
             unchanged.
     """
+    description = _extend(
+        model, method, factor, original=original_max_position_embeddings, target=max_position_embeddings,
+        layer_type=layer_type, replace=replace, options=options,
+    )  # fmt: skip
+    arguments = {
+        "original_max_position_embeddings": original_max_position_embeddings,
+        "max_position_embeddings": max_position_embeddings,
+        "layer_type": layer_type,
+        "replace": replace,
+    }
+    _record.add(model, _record.entry(method, factor, arguments, options, description))
+    return description
+
+
+def _extend(
+    model: torch.nn.Module,
+    method: str,
+    factor: float,
+    *,
+    original: int | None,
+    target: int | None,
+    layer_type: str | None,
+    replace: bool,
+    options: dict[str, Any],
+) -> dict[str, Any]:
+    """``extend_context`` without the record."""
+    max_position_embeddings = target
     if not isinstance(model, torch.nn.Module) or getattr(model, "config", None) is None:
         fail("model", type(model).__name__, "a transformers model (a torch.nn.Module with a .config)")
     kind = check_model_type(model_type(model.config), where=f"model.config.model_type of {type(model).__name__}")
@@ -157,7 +187,6 @@ def extend_context(
     for name, value in options.items():
         if name not in allowed:
             fail(name, value, f"one of the options {list(allowed)} of method {method!r} (or no option)")
-    original = original_max_position_embeddings
     if original is not None:
         check_positive_int("original_max_position_embeddings", original)
     if max_position_embeddings is not None:

@@ -97,6 +97,9 @@ def check_out(path: str | os.PathLike, name: str = "path") -> Path:
         fail(name, str(path), "a file that does not exist yet (posenc never overwrites files)")
     if out.parent.exists() and not out.parent.is_dir():
         fail(name, str(path), f"a file in a folder ({out.parent} is a file)")
+    from posenc.hf.save import check_new_path
+
+    check_new_path(name, out)  # a file further up, or a folder this user cannot write in
     return out
 
 
@@ -112,10 +115,9 @@ def check_model(model: torch.nn.Module) -> Any:
                 f"{method.group} --grp-attn-w {method.window}"
             )
         else:
-            instead = (
-                f"llama.cpp has no {method.name}; save a transformers folder and re-apply it after loading with "
-                f"posenc.hf.extend_context(model, {method.name!r}, {remap.factor:g})"
-            )
+            from posenc.hf.save import rebuild_advice
+
+            instead = f"llama.cpp has no {method.name}. {rebuild_advice(model)}"
             if method.name.startswith("dca"):
                 instead += (
                     " (vLLM and SGLang run DCA in their form, dca_vllm, from a Qwen2/Qwen3 transformers folder's "
@@ -272,7 +274,24 @@ def save_gguf(
     tensors = None if copy else _model_tensors(model, header, tensor_type)
     file_type = None if tensor_type == "source" else _FILE_TYPES[tensor_type]
     metadata = _metadata(reader, rope, gguf_rope.record(model.config), file_type)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    from posenc.hf.save import removing_created_folders
+
+    with removing_created_folders(out):  # an interrupted write leaves no folder it created
+        out.parent.mkdir(parents=True, exist_ok=True)
+        _write(out, reader, metadata, rope, tensors, copy)
+    types = [t.tensor_type.name for t in reader.tensors if t.name not in gguf_rope.ROPE_TENSORS] if copy else [
+        q.name for _, _, q in tensors
+    ]
+    types += ["F32"] * len(rope.tensors())
+    counts = {t: types.count(t) for t in sorted(set(types))}
+    return {"path": out, "weights": "copied" if copy else "written", "tensor_types": counts, "rope": rope,
+            "bytes": out.stat().st_size}  # fmt: skip
+
+
+def _write(out: Path, reader: Any, metadata: list, rope: Any, tensors: list | None, copy: bool) -> None:
+    """The GGUF file, written under a temporary name beside ``out`` and published as ``out`` once complete."""
+    import gguf
+
     fd, tmp_name = create_temp(out)  # the mode a plain open() gives (mkstemp's 0600 would make the model private)
     os.close(fd)
     tmp = Path(tmp_name)
@@ -307,8 +326,3 @@ def save_gguf(
     finally:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
-    types = [t.tensor_type.name for t in kept] if copy else [q.name for _, _, q in tensors]
-    types += ["F32"] * len(extra)
-    counts = {t: types.count(t) for t in sorted(set(types))}
-    return {"path": out, "weights": "copied" if copy else "written", "tensor_types": counts, "rope": rope,
-            "bytes": out.stat().st_size}  # fmt: skip

@@ -292,6 +292,45 @@ def original_context(source: ModelSource | str | os.PathLike, *, layer_type: str
     return default_original(config, layer_type)
 
 
+_SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
+
+
+def _safetensors_dtypes(path: Path) -> set[str]:
+    """The dtypes of the tensors in one safetensors file, from its JSON header (no tensor read)."""
+    import struct
+
+    with open(path, "rb") as f:
+        (size,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(size))
+    return {v["dtype"] for k, v in header.items() if k != "__metadata__" and isinstance(v, Mapping)}
+
+
+def weights_dtype(source: ModelSource | str | os.PathLike) -> torch.dtype:
+    """The dtype that holds the model's weights unchanged, read without loading them: a transformers checkpoint's
+    own (from its safetensors headers: the one floating dtype of its tensors, float32 when they mix float16 and
+    bfloat16 or hold float8; a ``.bin`` checkpoint: its config's ``dtype``, else float32); a GGUF: float32, which
+    holds its dequantized values (float16 scales times small integers) exactly."""
+    source = _as_source(source)
+    if source.kind == "gguf":
+        return torch.float32
+    folder = source.folder
+    files = []
+    if (folder / "model.safetensors").is_file():
+        files = [folder / "model.safetensors"]
+    elif (folder / "model.safetensors.index.json").is_file():
+        index = json.loads((folder / "model.safetensors.index.json").read_text())
+        files = [folder / name for name in sorted(set(index.get("weight_map", {}).values()))]
+    if not files:
+        own = getattr(load_config(source), "dtype", None)
+        own = getattr(torch, own, None) if isinstance(own, str) else own
+        return own if own in _SAFETENSORS_DTYPES.values() else torch.float32
+    found = set().union(*(_safetensors_dtypes(f) for f in files))
+    floats = {d for d in found if d.startswith(("F", "BF"))}  # F64, F32, BF16, F16, F8_*: not the integer ones
+    if len(floats) == 1 and next(iter(floats)) in _SAFETENSORS_DTYPES:
+        return _SAFETENSORS_DTYPES[next(iter(floats))]
+    return torch.float64 if "F64" in floats else torch.float32
+
+
 def as_dtype(dtype: torch.dtype | str) -> torch.dtype:
     """``torch.float32`` or its name ``"float32"`` (also bfloat16, float16, float64), as a torch dtype."""
     if isinstance(dtype, torch.dtype) and dtype in DTYPES.values():
@@ -322,7 +361,12 @@ def load_causal_lm(
     Returns:
         ``(model, tokenizer)``. A Llama GGUF with a byte-level BPE vocabulary comes back as a plain
         ``LlamaForCausalLM`` (no ``quantization_config``) equal to transformers' own GGUF load; other GGUF files as
-        transformers loads them (``posenc.hf.save_pretrained`` saves either).
+        transformers loads them (``posenc.hf.save_pretrained`` saves either). A folder ``posenc.hf.save_pretrained``
+        wrote comes back as the model it saved: its ``config.json`` records every ``extend_context`` call (key
+        ``"posenc"``), and what the config does not carry itself -- Dual Chunk Attention in vLLM's form, which
+        transformers ignores -- is applied again over the original length it was applied over; a frequency
+        method (in the config) gets the run-time parts ``extend_context`` adds (cached keys re-rotated for
+        ``dynamic``/``longrope``, RoPE in float32 in a half-precision model).
     """
     source = _as_source(source)
     dtype = torch.float32 if dtype is None else as_dtype(dtype)
@@ -345,4 +389,9 @@ def load_causal_lm(
     model = AutoModelForCausalLM.from_pretrained(source.folder, local_files_only=True, dtype=dtype, **kwargs)
     tokenizer_kwargs = {"gguf_file": source.gguf_file} if source.gguf_file is not None else {}
     tokenizer = AutoTokenizer.from_pretrained(source.folder, local_files_only=True, **tokenizer_kwargs)
-    return model.to(device).eval(), tokenizer
+    model = model.to(device).eval()
+    if source.kind == "transformers":
+        from posenc.hf import _record
+
+        _record.apply_saved(model)
+    return model, tokenizer

@@ -4,9 +4,13 @@ A frequency method's folder loads back with ``AutoModelForCausalLM.from_pretrain
 extension in its ``config.json`` (``rope_parameters``, ``max_position_embeddings``), so anything that reads
 transformers folders runs the extended model. Remapping methods have no such key: Dual Chunk Attention in vLLM's
 form (``dca_vllm``) on Qwen2/Qwen3 is written as ``dual_chunk_attention_config``, which vLLM and SGLang run as posenc
-measured it and transformers ignores (a ``ServedOnlyWarning`` says so); every other remapping method (ChunkLlama's
-DCA included, which those engines would run with another logit factor) is refused, naming the call that re-applies
-it after loading. Two things the plain ``model.save_pretrained`` gets in the way of:
+measured it and transformers ignores (a ``ServedOnlyWarning`` says so: ``posenc.hf.load_causal_lm(out_dir)`` re-applies
+it, as does the ``extend_context`` call the warning names after a plain transformers load); every other remapping
+method (ChunkLlama's DCA included, which those engines would run with another logit factor) and ALiBi's slope
+interpolation (a forward hook) are refused, naming every ``extend_context`` call made since the model was loaded, in
+order, so that saving the model as loaded and making them again rebuilds it. ``config.json`` records those calls
+under the key ``"posenc"`` (``posenc.hf._record``). Two things the plain ``model.save_pretrained`` gets in the way
+of:
 
 - a model transformers loaded from GGUF keeps ``config.quantization_config`` and ``model.hf_quantizer``, and refuses
   to save although its weights are plain floats; both are dropped on a copy, the caller's model keeps them;
@@ -17,15 +21,20 @@ The caller's model is never changed: the copy shares its parameters (same dtype)
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
+import shutil
+import tempfile
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from posenc._checks import fail
+from posenc.hf import _record
 
 
 def _copy_for_saving(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
@@ -92,7 +101,7 @@ def remap_config(model: torch.nn.Module) -> dict[str, int] | None:
     """The config block that records a model's remapping method: Dual Chunk Attention in vLLM's form as
     ``dual_chunk_attention_config`` (the keys vLLM and SGLang read for Qwen2/Qwen3, as Qwen2.5-1M ships it:
     ``chunk_size``, ``local_size``, ``original_max_position_embeddings``); None for a model without one. Anything
-    else raises, naming why (``remap_save_problem``) and the call that re-applies the method after loading."""
+    else raises, naming why (``remap_save_problem``) and the calls that rebuild the model after loading."""
     remap = getattr(model, "_posenc_remap", None)
     if remap is None:
         return None
@@ -108,10 +117,34 @@ def remap_config(model: torch.nn.Module) -> dict[str, int] | None:
         "model",
         f"patched with {method.name} ({method!r})",
         f"a model whose extension a saved config runs as posenc measures it (frequency methods; 'dca_vllm' on "
-        f"{list(DCA_SERVED_MODEL_TYPES)}): {problem}. Save the model as loaded and re-apply it after loading with "
-        f"{remap.call()}",
+        f"{list(DCA_SERVED_MODEL_TYPES)}): {problem}. {rebuild_advice(model)}",
     )
     raise AssertionError  # unreachable
+
+
+def rebuild_advice(model: torch.nn.Module) -> str:
+    """How to get ``model`` back where no saved file carries its extension: save it as loaded, then make the calls
+    made since it was loaded (all of them: a frequency method before a remapping one too)."""
+    calls = _record.replay(model)
+    if not calls:  # everything it runs came with loading it (posenc.hf.load_causal_lm re-applied it)
+        return "It runs what loading its folder applied: load that folder with posenc.hf.load_causal_lm again"
+    return (
+        "Save the model as loaded (before posenc.hf.extend_context) and, after loading that, rebuild this one with "
+        f"{calls}"
+    )
+
+
+def _check_alibi(model: torch.nn.Module) -> None:
+    """ALiBi's slope interpolation is a forward hook: no config key records it, so a save would reload as the
+    unextended model (MPT: claiming the longer ``max_seq_len``)."""
+    if getattr(model, "_posenc_alibi_factor", None) is None:
+        return
+    fail(
+        "model",
+        f"{type(model).__name__} with interpolated ALiBi slopes",
+        f"a model whose extension a saved config runs as posenc measures it: no config key records ALiBi's slope "
+        f"interpolation (transformers would load the unextended model). {rebuild_advice(model)}",
+    )
 
 
 def save_pretrained(
@@ -133,10 +166,13 @@ def save_pretrained(
     Returns:
         ``out_dir`` as a Path.
 
+    ``out_dir`` appears whole or not at all: the files are written into a hidden folder beside it, renamed into
+    place once complete (an interrupted save leaves nothing, not even the parent folders it created).
+
     Raises:
-        ValueError: ``out_dir`` is a file or a non-empty folder (posenc never overwrites files), ``model`` is not a
-            transformers model, an unknown ``dtype``, or a model patched with a remapping method no saved config
-            runs as measured (``remap_save_problem``).
+        ValueError: ``out_dir`` is a file, a non-empty folder (posenc never overwrites files) or under a file,
+            ``model`` is not a transformers model, an unknown ``dtype``, or a model patched with a remapping method
+            no saved config runs as measured (``remap_save_problem``) or with ALiBi slope interpolation.
     """
     from posenc.hf.load import as_dtype
 
@@ -145,9 +181,16 @@ def save_pretrained(
     out = Path(out_dir).expanduser()
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         fail("out_dir", str(out), "a new or empty folder (posenc never overwrites files)")
+    check_new_path("out_dir", out)
     target = model.dtype if dtype is None else as_dtype(dtype)
+    _check_alibi(model)
     remap = remap_config(model)  # refuses a remapping method no config format records, before anything is written
+    record = _record.config_record(model)
     clone = _copy_for_saving(model, target)
+    if record is None:
+        clone.config.__dict__.pop(_record.CONFIG_KEY, None)  # a reloaded folder's record no longer holds
+    else:
+        setattr(clone.config, _record.CONFIG_KEY, record)
     if getattr(clone, "_posenc_remap", None) is not None:
         from posenc.hf._remap_patch import remove_remap
 
@@ -157,13 +200,71 @@ def save_pretrained(
         warnings.warn(
             f"{out}: vLLM and SGLang run this folder with Dual Chunk Attention (dual_chunk_attention_config, as "
             "posenc measured it); transformers ignores that key and loads it as the unextended model with "
-            f"max_position_embeddings {clone.config.max_position_embeddings}: re-apply it after loading with "
-            f"{model._posenc_remap.call()}",
+            f"max_position_embeddings {clone.config.max_position_embeddings}: load it with "
+            f"posenc.hf.load_causal_lm({str(out)!r}), which re-applies it, or after loading it with transformers "
+            f"call {_record.reapply(model)}",
             ServedOnlyWarning,
             stacklevel=2,
         )
-    out.mkdir(parents=True, exist_ok=True)
-    clone.save_pretrained(out)
-    if tokenizer is not None:
-        tokenizer.save_pretrained(out)
+    with writing_folder(out) as partial:
+        clone.save_pretrained(partial)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(partial)
     return out
+
+
+def check_new_path(name: str, path: str | os.PathLike) -> None:
+    """Refuse, before anything is read or written, a path that cannot be created: one with a file where a folder
+    above it should be, or whose nearest existing folder this user cannot write in. Refusals name ``name``."""
+    path = Path(path).expanduser()
+    for parent in path.absolute().parents:
+        if parent.exists():
+            if not parent.is_dir():
+                fail(name, str(path), f"a path under folders ({parent} is a file)")
+            if not os.access(parent, os.W_OK | os.X_OK):
+                fail(name, str(path), f"a path in a folder this user can write in ({parent} is not writable)")
+            return
+
+
+@contextlib.contextmanager
+def removing_created_folders(path: Path) -> Iterator[None]:
+    """Around writing ``path``: on any failure (Ctrl-C included), remove the folders above it that did not exist
+    before, deepest first, where they are (still) empty."""
+    created = [p for p in path.absolute().parents if not p.exists()]  # deepest first
+    try:
+        yield
+    except BaseException:
+        for folder in created:
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        raise
+
+
+@contextlib.contextmanager
+def writing_folder(out: Path) -> Iterator[Path]:
+    """A hidden folder beside ``out`` to write into, renamed to ``out`` once the block finishes: ``out`` appears
+    whole or not at all. On a failure the partial folder and every folder created above ``out`` are removed. The
+    files get the modes a plain ``open`` gives (transformers writes ``model.safetensors`` as 0600), the folder
+    ``0777`` less the umask (not ``mkdtemp``'s 0700)."""
+    out = out.absolute()
+    with removing_created_folders(out):
+        out.parent.mkdir(parents=True, exist_ok=True)
+        partial = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
+        try:
+            yield partial
+            mask = _umask()
+            for path in partial.rglob("*"):
+                os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~mask)
+            os.chmod(partial, 0o777 & ~mask)
+            if out.is_dir():
+                out.rmdir()  # empty (checked first): nothing of the user's is lost
+            os.rename(partial, out)
+        except BaseException:
+            shutil.rmtree(partial, ignore_errors=True)
+            raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

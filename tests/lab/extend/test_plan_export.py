@@ -216,8 +216,9 @@ def test_export_writes_only_the_folder_and_it_reloads_extended(llama, tmp_path):
     code, text = _cli("export", llama, "--method", "yarn", "--factor", "2", "--save", saved, "--device", "cpu",
                       "--dtype", "float32")  # fmt: skip
     assert code == 0, text
-    assert f"Wrote yarn x2 of LlamaForCausalLM (llama) from {llama.name} to {saved} (a transformers folder; context " \
-           "64 -> 128 tokens)" in text and "AutoModelForCausalLM.from_pretrained(" in text  # fmt: skip
+    assert f"Wrote yarn x2 of LlamaForCausalLM (llama) from {llama.name} to {saved} (a transformers folder, float32 " \
+           "weights, as the source holds them; context 64 -> 128 tokens)" in text  # fmt: skip
+    assert "AutoModelForCausalLM.from_pretrained(" in text
     assert _tree(work) == ["f", *sorted(f"f/{p.name}" for p in saved.iterdir())]  # no run folder, nothing partial
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in saved.iterdir()}
     reloaded = transformers.AutoModelForCausalLM.from_pretrained(saved, local_files_only=True).eval()
@@ -250,12 +251,115 @@ def test_export_gguf_from_a_gguf(llama_gguf, tmp_path):
     saved = work / "tiny-yarn.gguf"
     code, text = _cli("export", llama_gguf, "--method", "yarn", "--factor", "2", "--save", saved, "--dtype", "float32")
     assert code == 0, text
-    assert f"to {saved} (a GGUF file llama.cpp runs; context 32 -> 64 tokens)" in text
+    assert f"to {saved} (a GGUF file llama.cpp runs, tensors as in the source; context 32 -> 64 tokens)" in text
     assert f"llama-cli -m {saved} -c 64" in text
     assert _tree(work) == ["tiny-yarn.gguf"]
     header = read_gguf_header(saved).metadata
     assert header["llama.rope.scaling.type"] == "yarn" and header["llama.rope.scaling.factor"] == 2.0
     assert header["llama.rope.scaling.original_context_length"] == 32 and header["llama.context_length"] == 64
+
+
+@pytest.fixture
+def bf16_units(monkeypatch):
+    """A CPU with bfloat16 units, where --dtype auto means bfloat16 for posenc extend."""
+    caps = {**torch.cpu.get_capabilities(), "avx512_bf16": True}
+    monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: caps)
+
+
+@pytest.fixture(scope="module")
+def llama_bf16(llama, tmp_path_factory) -> Path:
+    """The tiny Llama folder saved in bfloat16."""
+    folder = tmp_path_factory.mktemp("llama-bf16")
+    transformers.AutoModelForCausalLM.from_pretrained(llama, dtype=torch.bfloat16).save_pretrained(folder)
+    transformers.AutoTokenizer.from_pretrained(llama).save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize("source", ["llama", "llama_bf16", "llama_gguf"])
+def test_export_writes_the_source_weights_unchanged(source, request, tmp_path, bf16_units):
+    """With --dtype auto on a CPU with bfloat16 units, export loaded a float32 model in bfloat16 and wrote it as
+    float32: every weight bf16-rounded in a folder whose config says float32, logits 3.2e-3 from extend_context on
+    the original. Now the source's weights are written bit for bit in its own dtype (a GGUF's dequantized values
+    in float32), the line says which, and the reload computes what extend_context computes on the original."""
+    from safetensors.torch import load_file
+
+    from posenc.hf import extend_context, load_causal_lm
+
+    path = request.getfixturevalue(source)
+    saved = tmp_path / "f"
+    code, text = _cli("export", path, "--method", "yarn", "--factor", "2", "--save", saved)
+    assert code == 0, text
+    original, _ = load_causal_lm(path, dtype=None if source != "llama_bf16" else torch.bfloat16)
+    dtype = {"llama_bf16": "bfloat16"}.get(source, "float32")
+    written = load_file(saved / "model.safetensors")
+    expected = original.state_dict()
+    assert written.keys() <= expected.keys() and written
+    for name, tensor in written.items():
+        assert tensor.dtype == expected[name].dtype and torch.equal(tensor, expected[name]), name
+    assert json.loads((saved / "config.json").read_text())["dtype"] == dtype
+    assert f"(a transformers folder, {dtype} weights, as the source holds them; context" in text
+    # float32 forwards of the source extended in memory and of the folder (transformers' load and posenc's)
+    extended, _ = load_causal_lm(path)
+    extend_context(extended, "yarn", 2.0)
+    loads = [transformers.AutoModelForCausalLM.from_pretrained(saved, dtype=torch.float32, local_files_only=True),
+             load_causal_lm(saved)[0]]  # fmt: skip
+    ids = torch.randint(0, extended.config.vocab_size, (1, 100), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        for reloaded in loads:
+            torch.testing.assert_close(reloaded.eval()(ids).logits, extended(ids).logits, rtol=0, atol=0)
+
+
+def test_export_with_another_dtype_says_it_converted(llama, tmp_path, bf16_units):
+    from safetensors import safe_open
+
+    saved = tmp_path / "f"
+    code, text = _cli("export", llama, "--method", "yarn", "--factor", "2", "--save", saved, "--dtype", "bfloat16")
+    assert code == 0, text
+    assert "(a transformers folder, bfloat16 weights, converted from the source's float32 (--dtype); context" in text
+    with safe_open(saved / "model.safetensors", "pt") as f:
+        assert {f.get_slice(k).get_dtype() for k in f.keys()}  # noqa: SIM118 - safe_open is no dict == {"BF16"}
+
+
+@pytest.mark.parametrize(
+    ("method", "extra"),
+    [("yarn+string", []), ("self_extend", ["--original-len", "48"]), ("dca", ["--dtype", "bfloat16"])],
+)
+def test_a_refused_export_names_the_python_that_rebuilds_the_model(llama, tmp_path, monkeypatch, method, extra):
+    """No saved config runs these: the refusal names the Python that rebuilds the model posenc extend measures,
+    every call with the arguments the study passes (YaRN, then STRING; the original length given; the dtype), and
+    running it literally gives that model's logits. It used to say "save the model unpatched and re-apply it after
+    loading with extend_context(model, 'self_extend', 2)", which missed --original-len and the dtype."""
+    import posenc.hf
+    from posenc.lab.extend.export import _load
+    from posenc.lab.extend.targets import load_target
+
+    if "bfloat16" in extra:  # a CPU with bfloat16 units, where --dtype bfloat16 is allowed
+        caps = {**torch.cpu.get_capabilities(), "avx512_bf16": True}
+        monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: caps)
+    dtype = ["--dtype", "float32"] if "--dtype" not in extra else []
+    with pytest.MonkeyPatch.context() as guard:  # any weight read before the refusal fails the test
+        guard.setattr(HFTarget, "load", lambda self: pytest.fail("weights were read"))
+        guard.setattr("posenc.hf.load_causal_lm", lambda *a, **k: pytest.fail("weights were read"))
+        code, text = _cli("export", llama, "--method", method, "--factor", "2", "--save", tmp_path / "f", *extra,
+                          *dtype)  # fmt: skip
+    assert code == 2 and "a method a saved config runs as posenc measures it" in text and "Traceback" not in text
+    assert _tree(tmp_path) == []
+    python = text[text.index("No folder is needed to run it in Python: ") :].split(": ", 1)[1].strip()
+    assert python.startswith(f"model, tokenizer = posenc.hf.load_causal_lm({str(llama)!r}")
+    assert ("original_max_position_embeddings=48" in python) == ("--original-len" in extra)
+    assert ("dtype='bfloat16'" in python) == ("bfloat16" in extra)
+    scope = {"posenc": posenc}
+    exec(python, scope)
+    options = dict(zip(extra[::2], extra[1::2], strict=True))
+    original = int(options["--original-len"]) if "--original-len" in options else None
+    cfg = ExtendConfig(model=str(llama), methods=(method,), factors=(2.0,), device="cpu",
+                       dtype=options.get("--dtype", "float32"), original_len=original)  # fmt: skip
+    target = load_target(cfg, tmp_path / "out", device="cpu", progress=False)
+    measured = _load(target)  # what posenc extend loads and patches
+    target._extend(measured, method, 2.0)
+    ids = torch.randint(0, 300, (1, 120), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        torch.testing.assert_close(scope["model"](ids).logits, measured(ids).logits, rtol=0, atol=0)
 
 
 @pytest.fixture(scope="module")
@@ -285,6 +389,18 @@ def test_export_refusals_come_before_anything_is_read_or_written(llama, llama_gg
         ([llama_gguf, "--method", "yarn", "--save", work / "mine.gguf"], "a file that does not exist yet"),
         ([llama, "--method", "nope", "--save", work / "f"], "method='nope' is invalid"),
         ([run, "--method", "yarn", "--save", work / "f"], "expected a pretrained model"),
+        # under a regular file: refused now, not once the weights have loaded
+        ([llama, "--method", "yarn", "--save", work / "mine.gguf" / "f"], f"a path under folders ({work}/mine.gguf "
+         "is a file)"),
+        ([llama_gguf, "--method", "yarn", "--save", work / "mine.gguf" / "sub" / "f.gguf"], "mine.gguf is a file"),
+        # the method's fault, named as such; and what export cannot make from a factor
+        ([llama_gguf, "--method", "yarm", "--save", work / "f.gguf"], "method='yarm' is invalid: expected one of"),
+        ([llama, "--method", "yarm+string", "--save", work / "f"], "method='yarm' is invalid"),
+        ([llama, "--method", "longrope", "--save", work / "f"], "method='longrope' is invalid: expected a method "
+         "export can make from a factor alone: LongRoPE's per-frequency long_factor comes from a search"),
+        ([llama, "--method", "none", "--save", work / "f"], "method='none' is invalid: expected an extension method: "
+         "export writes an extended model"),
+        ([llama, "--methods", "yarn,dynamic", "--save", work / "f"], "expected one method: export writes one model"),
     ]
     for args, match in cases:
         code, text = _cli("export", *args, "--factor", "2")
@@ -295,14 +411,57 @@ def test_export_refusals_come_before_anything_is_read_or_written(llama, llama_gg
     assert code == 2 and "argument --factor: '1' is invalid" in text and _tree(work) == before
 
 
-def test_an_interrupted_export_leaves_nothing(llama, tmp_path, monkeypatch):
-    def interrupted(self, model, folder, **kwargs):
-        (folder / "model.safetensors").write_bytes(b"half")
+@pytest.mark.parametrize("gguf", [False, True])
+def test_an_interrupted_export_leaves_nothing(llama, llama_gguf, tmp_path, monkeypatch, gguf):
+    """Interrupted while the model is written (a file half written): nothing is left, not even the folders created
+    above --save, and the message says so (it said "before anything was written" and left the folders)."""
+    import gguf
+
+    def interrupted_folder(self, folder, *args, **kwargs):
+        Path(folder, "model.safetensors").write_bytes(b"half")
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(HFTarget, "save", interrupted)
-    code, text = _cli("export", llama, "--method", "yarn", "--factor", "2", "--save", tmp_path / "f")
-    assert code == 130 and _tree(tmp_path) == []
+    def interrupted_file(self, *args, **kwargs):  # the header is in the file by now
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(transformers.PreTrainedModel, "save_pretrained", interrupted_folder)
+    monkeypatch.setattr(gguf.GGUFWriter, "write_tensor_data", interrupted_file)
+    (tmp_path / "mine").mkdir()
+    save = tmp_path / "mine" / "new" / "deeper" / ("f.gguf" if gguf else "f")
+    code, text = _cli("export", llama_gguf if gguf else llama, "--method", "yarn", "--factor", "2", "--save", save)
+    assert code == 130 and _tree(tmp_path) == ["mine"], _tree(tmp_path)
+    assert f"posenc export: interrupted; {save} was not written and nothing it created is left" in text
+
+
+def test_export_files_follow_the_umask(llama, tmp_path):
+    """transformers writes model.safetensors as 0600; every exported file gets what a plain open() gives."""
+    import os
+
+    old = os.umask(0o027)
+    try:
+        code, text = _cli("export", llama, "--methods", "yarn", "--factors", "2", "--save", tmp_path / "f", "--quiet")
+    finally:
+        os.umask(old)
+    assert code == 0, text
+    modes = {p.name: p.stat().st_mode & 0o777 for p in (tmp_path / "f").iterdir()}
+    assert "model.safetensors" in modes and set(modes.values()) == {0o640}, modes
+    assert (tmp_path / "f").stat().st_mode & 0o777 == 0o750
+
+
+def test_method_and_factor_in_either_spelling():
+    """export takes --method/--factor, extend --methods/--factors: each takes the other's spelling too."""
+    from posenc.cli import build_parser
+
+    parser = build_parser()
+    for spelling in (["--method", "yarn", "--factor", "2"], ["--methods", "yarn", "--factors", "2"]):
+        export = parser.parse_args(["export", "m", *spelling, "--save", "f"])
+        extend = parser.parse_args(["extend", "m", *spelling])
+        assert (export.method, export.factor) == ("yarn", 2.0)
+        assert (extend.methods, extend.factors) == (("yarn",), (2.0,))
+    for command in ("export", "extend"):  # an error names the option as it was typed
+        for option in ("--factor", "--factors"):
+            code, text = _cli(command, "m", "--method", "yarn", "--save", "f", option, "1")
+            assert code == 2 and text.startswith(f"posenc {command}: argument {option}: '1' is invalid"), text
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -598,7 +598,7 @@ def test_hf_llama_remapping_methods_end_to_end_and_save(corpus, tmp_path):
     assert transformers.AutoConfig.from_pretrained(tmp_path / "saved").max_position_embeddings == 128
 
     for model, method, match in (
-        (folder, "self_extend", r"extend_context\(model, 'self_extend', 2\)"),
+        (folder, "self_extend", r"extend_context\(model, 'self_extend', 2, original_max_position_embeddings=64\)"),
         (qwen, "dca", r"0.05 ln\(S/L\) \+ 1\)\^2.*'dca_vllm'"),
         (folder, "dca_vllm", r"for \['qwen2', 'qwen3'\] only, not 'llama'"),
     ):
@@ -645,8 +645,9 @@ def test_a_composed_method_is_the_frequency_method_then_string_within_its_contex
     with torch.no_grad():
         torch.testing.assert_close(patched(ids).logits, manual(ids).logits, rtol=0, atol=0)
 
-    with pytest.raises(ValueError, match=r"save=.*string_config.*extend_context\(model, 'yarn', 2\) then "
-                       r"posenc\.hf\.extend_context\(model, 'string', 1\)"):  # fmt: skip
+    with pytest.raises(ValueError, match=r"save=.*string_config.*posenc\.hf\.load_causal_lm\(.*\); posenc\.hf\."
+                       r"extend_context\(model, 'yarn', 2, original_max_position_embeddings=64\); posenc\.hf\."
+                       r"extend_context\(model, 'string', 1\)"):  # fmt: skip
         saving = ExtendConfig(**{**cfg.to_dict(), "methods": ("yarn+string",)})
         run_extend(saving, tmp_path / "out-save", progress=False, save=tmp_path / "saved")
     assert not (tmp_path / "out-save").exists() and not (tmp_path / "saved").exists()

@@ -51,9 +51,19 @@ def remapping(method: str) -> str | None:
     return first if first in REMAP_METHODS else None
 
 
-def calls(method: str, factor: float) -> str:
-    """The ``posenc.hf.extend_context`` call(s) that make ``method`` at ``factor`` on a loaded model."""
+def calls(
+    method: str, factor: float, *, original: int | None = None, layer_types: tuple[str | None, ...] = (None,)
+) -> str:
+    """The ``posenc.hf.extend_context`` calls that make ``method`` at ``factor`` on a loaded model, with the arguments
+    a study passes (``posenc.lab.extend.targets.HFTarget``): the original length, each layer type patched."""
+    from posenc.hf._record import number
+
     first, second = parts(method)
-    if second is None:
-        return f"posenc.hf.extend_context(model, {method!r}, {factor:g})"
-    return f"posenc.hf.extend_context(model, {first!r}, {factor:g}) then posenc.hf.extend_context(model, {second!r}, 1)"
+    made = []
+    for layer_type in layer_types:
+        extra = "" if original is None else f", original_max_position_embeddings={original}"
+        extra += "" if layer_type is None else f", layer_type={layer_type!r}"
+        made.append(f"posenc.hf.extend_context(model, {first!r}, {number(factor)}{extra})")
+    if second is not None:
+        made += [f"posenc.hf.extend_context(model, {second!r}, 1)"] * len(layer_types)
+    return "; ".join(made)

@@ -5,24 +5,25 @@ layer the study would patch) and written with the same checks (``study.check_sav
 (ALiBi's slope interpolation is a forward hook no config records), a method a saved config runs as posenc measures
 it (frequency methods; ``dca_vllm`` on Qwen2/Qwen3, which vLLM and SGLang read), a new or empty folder, or a new
 ``.gguf`` file from a GGUF source with a method llama.cpp runs (``study.GGUF_METHODS``). Everything is checked from
-the config, tokenizer and a weight-free (meta) copy before any weight is read; nothing but ``PATH`` is written, and
-``PATH`` appears whole or not at all (a folder is written beside it under a temporary name and renamed into place;
-a GGUF file is written atomically by ``posenc.hf.save_gguf``).
+the config, tokenizer and a weight-free (meta) copy before any weight is read (a path under a regular file
+included); nothing but ``PATH`` is written, and ``PATH`` appears whole or not at all (``posenc.hf.save_pretrained``
+writes a folder beside it under a temporary name and renames it into place; ``posenc.hf.save_gguf`` writes a file
+the same way); an interrupted export also removes the folders it created above ``PATH``. The weights are written as
+the source holds them (``--dtype auto``), so only the RoPE config changes.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import os
 import shlex
-import shutil
-import tempfile
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
-from posenc._checks import fail
+from posenc._checks import check_choice, fail
+from posenc.hf import _record
+from posenc.hf.load import weights_dtype
 from posenc.lab.common.devices import resolve_device
 from posenc.lab.extend.config import ExtendConfig
 from posenc.lab.extend.report import label
@@ -31,7 +32,8 @@ from posenc.lab.extend.report import label
 @dataclasses.dataclass(frozen=True)
 class Exported:
     """What ``export`` wrote: ``path`` (a folder or a ``.gguf`` file), the model's ``label`` (``yarn x2``), its
-    original and extended contexts, the patch's description, and how to load or run it (``how``)."""
+    original and extended contexts, the patch's description, how to load or run it (``how``), and ``weights``: what
+    the written weights are (``"float32, as the source holds them"``; a GGUF's tensor types)."""
 
     path: Path
     label: str
@@ -40,6 +42,7 @@ class Exported:
     description: dict
     how: list[str]
     seconds: float
+    weights: str = ""
 
 
 def export(
@@ -61,8 +64,9 @@ def export(
     ``model``: what ``posenc extend`` takes for a pretrained model (a ``.gguf`` file or a folder holding one, a
     transformers folder, ``smollm2``). ``original_len``: the context the model was trained for (default: its
     config's). ``layer_type``: per-layer-type RoPE (Gemma 3), as ``posenc extend --layer-type``. ``dtype``: the
-    weights' dtype while patching (default as ``posenc extend``: a transformers folder is written in its checkpoint's
-    own dtype).
+    written weights' dtype; default the source's own (``posenc.hf.load.weights_dtype``: a transformers checkpoint's
+    dtype, float32 for a GGUF's dequantized values), so the weights are written unchanged, bit for bit -- only the
+    RoPE config changes. Another dtype converts them (a GGUF output copies the source's tensors either way).
 
     Raises:
         ValueError: a lab model, an ALiBi model, a method the model does not take or the format does not carry, a
@@ -72,6 +76,7 @@ def export(
     from posenc.lab.extend.targets import load_target
 
     start = time.perf_counter()
+    _check_method(method)
     path = Path(model).expanduser()
     cfg = ExtendConfig(
         model=str(path.resolve()) if path.exists() else model, methods=(method,), factors=(factor,),
@@ -85,30 +90,66 @@ def export(
     if target.kind == "lab":
         fail("model", model, "a pretrained model (a .gguf file, a transformers folder, smollm2); a lab model has no "
              "format to export to")  # fmt: skip
+    source_dtype = weights_dtype(target.source)
+    if dtype is None:
+        target.dtype = source_dtype  # no forward runs here: the weights as the source holds them, not auto's dtype
     # check_save's last check (not the study's own folder) compares with an output folder export does not have.
     written = check_save(save, cfg, target, folder.parent / f".{folder.name}.no-study", save_type)
     description = target.check_patch(method, cfg.factors[0])  # on a weight-free copy: refused before the load
     name = label(method, cfg.factors[0], 0)
     if progress:
-        print(f"Loading {target.name} ({str(target.dtype).removeprefix('torch.')}) to write {name}")
+        print(f"Loading {target.name} ({_name(target.dtype)}) to write {name}")
     weights = _load(target)
     description = target._extend(weights, method, cfg.factors[0])
     if written.suffix.lower() == ".gguf":
         target.save(weights, written, tensor_type=save_type)  # posenc.hf.save_gguf writes atomically
+        written_as = "tensors as in the source" if save_type == "source" else f"matrices as {save_type}"
     else:
         _save_folder(target, weights, written)
+        written_as = f"{_name(weights.dtype)} weights, " + (
+            "as the source holds them" if weights.dtype == source_dtype
+            else f"converted from the source's {_name(source_dtype)} (--dtype)"
+        )  # fmt: skip
     context = round(target.original_len * cfg.factors[0])
     result = Exported(
         path=written, label=name, original_len=target.original_len, context=context,
         description={k: v for k, v in description.items() if isinstance(v, (str, int, float, bool, list, dict))},
-        how=how_to_run(written, method, cfg.factors[0], context), seconds=time.perf_counter() - start,
+        how=how_to_run(written, method, cfg.factors[0], context, _record.reapply(weights)),
+        seconds=time.perf_counter() - start, weights=written_as,
     )  # fmt: skip
     if progress:
         kind = "a GGUF file llama.cpp runs" if written.suffix.lower() == ".gguf" else "a transformers folder"
-        print(f"Wrote {name} of {target.name} to {written} ({kind}; context {target.original_len} -> {context} "
-              f"tokens) in {result.seconds:.1f} s")  # fmt: skip
+        print(f"Wrote {name} of {target.name} to {written} ({kind}, {written_as}; context {target.original_len} -> "
+              f"{context} tokens) in {result.seconds:.1f} s")  # fmt: skip
         print("\n".join(result.how))
     return result
+
+
+def _check_method(method: Any) -> None:
+    """The method, before anything else (a misspelt one is not blamed on ``--save``): one extension export can
+    write with no more than a factor."""
+    from posenc.hf.extend import METHODS
+    from posenc.lab.extend import composed
+
+    if not isinstance(method, str) or not method:
+        fail("method", method, f"one of {list(METHODS)}, or FREQUENCY+string (e.g. 'yarn+string')")
+    if "," in method:
+        fail("method", method, "one method: export writes one model (posenc extend measures several)")
+    if method == "none":
+        fail("method", method, "an extension method: export writes an extended model (the source itself is the "
+             "unextended one)")  # fmt: skip
+    for part in composed.parts(method):
+        if part is not None:
+            check_choice("method", part, METHODS)
+    if "longrope" in composed.parts(method):
+        fail("method", "longrope", "a method export can make from a factor alone: LongRoPE's per-frequency "
+             "long_factor comes from a search (no option sets it); in Python, posenc.hf.extend_context(model, "
+             "'longrope', F, long_factor=[...]) then posenc.hf.save_pretrained (or save_gguf) writes it")  # fmt: skip
+    composed.check(method)
+
+
+def _name(dtype: Any) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
 def _load(target: Any) -> Any:
@@ -116,7 +157,8 @@ def _load(target: Any) -> Any:
     from posenc.hf import keep_rope_float32, load_causal_lm
     from posenc.lab.extend.targets import _no_transformers_bars
 
-    with _no_transformers_bars():
+    with _no_transformers_bars(), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"load_causal_lm\(dtype=")  # its speed: no forward runs here
         model, _ = load_causal_lm(target.source, device=target.device, dtype=target.dtype,
                                   attn_implementation=target.attn)  # fmt: skip
     keep_rope_float32(model)
@@ -125,31 +167,19 @@ def _load(target: Any) -> Any:
 
 
 def _save_folder(target: Any, model: Any, folder: Path) -> None:
-    """Write the folder beside ``folder`` under a temporary name, then rename it into place: an interrupted export
-    leaves no half-written model (and an empty ``folder`` the user made is replaced only once the model is whole)."""
-    folder = folder.absolute()
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    partial = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".partial", dir=folder.parent))
-    try:
-        target.save(model, partial)
-        if folder.is_dir():
-            folder.rmdir()  # empty (check_save): nothing of the user's is lost
-        os.rename(partial, folder)
-    except BaseException:
-        shutil.rmtree(partial, ignore_errors=True)
-        raise
-    with contextlib.suppress(OSError):
-        os.chmod(folder, 0o777 & ~_umask())  # mkdtemp's 0700 would make the model private
+    """The folder, in the loaded weights' dtype (not the config's), written whole or not at all
+    (``posenc.hf.save_pretrained`` writes beside it and renames it into place). A ``ServedOnlyWarning`` is not
+    repeated: ``how_to_run`` prints the same ways to load it."""
+    from posenc.hf import ServedOnlyWarning
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ServedOnlyWarning)
+        target.save(model, folder, dtype=model.dtype)
 
 
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def how_to_run(path: Path, method: str, factor: float, context: int) -> list[str]:
-    """How to load or run what ``export`` wrote, as commands and code to paste."""
+def how_to_run(path: Path, method: str, factor: float, context: int, reapply: str = "") -> list[str]:
+    """How to load or run what ``export`` wrote, as commands and code to paste; ``reapply``: the
+    ``extend_context`` calls a transformers load of the folder needs (``posenc.hf._record.reapply``)."""
     quoted = shlex.quote(str(path))
     if path.suffix.lower() == ".gguf":
         return [
@@ -162,8 +192,9 @@ def how_to_run(path: Path, method: str, factor: float, context: int) -> list[str
         return [
             "Serve it with vLLM or SGLang (they read its dual_chunk_attention_config):",
             f"  vllm serve {quoted} --max-model-len {context}",
-            "transformers loads it unextended: re-apply the method after loading with "
-            f"posenc.hf.extend_context(model, 'dca_vllm', {factor:g}).",
+            f"In Python: posenc.hf.load_causal_lm({str(path)!r}) gives the extended model (it re-applies DCA); "
+            f"transformers alone loads it unextended: after AutoModelForCausalLM.from_pretrained({str(path)!r}) call "
+            f"{reapply}.",
         ]
     lines = [
         "Load it with transformers (the extension is in its config's RoPE parameters):",
@@ -171,6 +202,13 @@ def how_to_run(path: Path, method: str, factor: float, context: int) -> list[str
         f"  vllm serve {quoted} --max-model-len {context}",
     ]
     if method == "dynamic":
-        lines.append("Dynamic NTK with transformers' KV cache re-rotates cached keys (posenc.hf.CacheStaleWarning); "
-                     "generate(..., use_cache=False) runs the full forward each step.")  # fmt: skip
+        lines.append(
+            "Dynamic NTK changes its frequencies with the length, and transformers' KV cache keeps keys rotated with "
+            f"the old ones: posenc.hf.load_causal_lm({str(path)!r}) re-rotates them as posenc does "
+            "(posenc.hf.CacheStaleWarning where that is not exact); generate(..., use_cache=False) runs the full "
+            "forward each step."
+        )
+    else:
+        lines.append(f"In Python: posenc.hf.load_causal_lm({str(path)!r}) gives what posenc.hf.extend_context makes of "
+                     "the source loaded the same way (same dtype; RoPE in float32 in a bfloat16 model).")  # fmt: skip
     return lines

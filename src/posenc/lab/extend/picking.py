@@ -445,11 +445,12 @@ def commands(model: Any, decided: PickPlan, outcome: rules.Pick, saved: Path | N
     if shell:
         lines += ["", "```bash", *shell, "```"]
     if kind == "dca_vllm":
-        lines.append("transformers loads this folder unextended: evaluate it with vLLM, or in posenc.")
+        lines.append("transformers loads this folder unextended: evaluate it with vLLM, or in Python load it with "
+                     f"`posenc.hf.load_causal_lm({folder!r})`, which re-applies DCA.")
     if kind == "patch":
         factor = f"{outcome.pick.unit[1]:g}"
-        lines.append(f"No saved config runs {method}: load the model, then "
-                     f"`{composed.calls(method, outcome.pick.unit[1])}`; evaluate it with "
+        lines.append(f"No saved config runs {method}: in Python, `{model.calls(method, outcome.pick.unit[1])}` "
+                     "rebuilds the model measured here; evaluate it with "
                      f"`posenc extend MODEL --methods {method} --factors {factor} --task ruler`.")  # fmt: skip
     return lines
 

@@ -247,11 +247,13 @@ def check_save(
             "save",
             str(save),
             f"a method a saved config runs as posenc measures it (frequency methods; dca_vllm on Qwen2/Qwen3): "
-            f"{problem}; save the model unpatched and re-apply it after loading with "
-            f"{composed.calls(method, cfg.factors[0])}",
+            f"{problem}. No folder is needed to run it in Python: {target.calls(method, cfg.factors[0])}",
         )
     if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
         fail("save", str(save), "a new or empty folder (posenc never overwrites files)")
+    from posenc.hf.save import check_new_path
+
+    check_new_path("save", folder)  # a file above it: refused now, not after the weights load
     if folder.resolve() == out.resolve():
         fail("save", str(save), "a folder other than --out (the study's results go there)")
     return folder

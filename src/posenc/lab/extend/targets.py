@@ -606,6 +606,13 @@ class HFTarget:
             f"{names}); {', '.join(kept)} layers unchanged"
         )
 
+    def calls(self, method: str, factor: float) -> str:
+        """The Python that rebuilds the model ``patched(method, factor)`` measures, from the model as given: loaded
+        as ``load`` loads it, then patched by the calls ``_extend`` makes."""
+        dtype = "" if self.dtype == torch.float32 else f", dtype={str(self.dtype).removeprefix('torch.')!r}"
+        calls = composed.calls(method, factor, original=self.original_len, layer_types=self.patch_types)
+        return f"model, tokenizer = posenc.hf.load_causal_lm({self.cfg.model!r}{dtype}); {calls}"
+
     def check_patch(self, method: str, factor: float) -> dict:
         """The patch applied to a weight-free (meta) copy of the model: a method the model cannot take is refused
         before any weight is read. Returns what changed (``extend_context``'s description)."""
@@ -674,17 +681,21 @@ class HFTarget:
         model = self.copy()
         return model, self._extend(model, method, factor)
 
-    def save(self, model: torch.nn.Module, folder: Path, *, tensor_type: str = "source") -> Path:
-        """The patched model as a transformers folder (weights in the checkpoint's dtype; a GGUF's: the loaded one),
-        or as a GGUF file when ``folder`` ends in ``.gguf`` (``posenc.hf.save_gguf`` from the source file)."""
+    def save(
+        self, model: torch.nn.Module, folder: Path, *, tensor_type: str = "source", dtype: torch.dtype | None = None
+    ) -> Path:
+        """The patched model as a transformers folder (weights in ``dtype``; default the checkpoint's dtype, a
+        GGUF's: the loaded one), or as a GGUF file when ``folder`` ends in ``.gguf`` (``posenc.hf.save_gguf`` from
+        the source file)."""
         from posenc.hf import save_gguf, save_pretrained
 
         if folder.suffix.lower() == ".gguf":
             return save_gguf(model, folder, source=self.source.path, tensor_type=tensor_type)["path"]
 
-        own = getattr(self.config, "dtype", None) if self.source.kind == "transformers" else None
-        own = getattr(torch, own, None) if isinstance(own, str) else own
-        dtype = own if own in (torch.float16, torch.bfloat16, torch.float32) else None
+        if dtype is None:
+            own = getattr(self.config, "dtype", None) if self.source.kind == "transformers" else None
+            own = getattr(torch, own, None) if isinstance(own, str) else own
+            dtype = own if own in (torch.float16, torch.bfloat16, torch.float32) else None
         with _no_transformers_bars():
             return save_pretrained(model, self.tokenizer, folder, dtype=dtype)
 

@@ -1,0 +1,173 @@
+"""What ``posenc.hf.extend_context`` applied to a model: kept on the model, written into the folders
+``posenc.hf.save_pretrained`` writes, and re-applied by ``posenc.hf.load_causal_lm``.
+
+Every piece of advice posenc prints about re-applying an extension is built here from that record, so that following
+it literally rebuilds the model posenc measured:
+
+- ``replay``: the calls made on the model since it was loaded, as they were made (the same arguments on the same
+  loaded model give the same model): advice for "save the model as loaded and re-apply it after loading".
+- ``reapply``: the calls that a saved folder's config does not carry (a remapping method, ALiBi's slope
+  interpolation), with the original length they were applied over made explicit -- the saved config already holds
+  the extended ``max_position_embeddings``, from which ``extend_context`` would otherwise derive another one.
+
+The record is a list of JSON-able dicts, one per call (``method``, ``factor``, the arguments given, the original
+length and context it resolved to, and ``in_config``: whether a saved ``config.json`` carries it, as frequency
+methods on a RoPE model do). In ``config.json`` it is the ``"posenc"`` key: ``{"version": ..., "extensions": [...]}``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+#: The config.json key holding the record.
+CONFIG_KEY = "posenc"
+_ATTR = "_posenc_extensions"
+#: Keyword arguments of ``extend_context`` recorded when given (``None``/``False`` are its defaults).
+_ARGUMENTS = ("original_max_position_embeddings", "max_position_embeddings", "layer_type", "replace")
+
+
+def _jsonable(value: Any) -> Any:
+    """``value`` as config.json holds it (a tensor or array as a list); its repr where JSON has no form for it."""
+    if hasattr(value, "tolist"):
+        value = value.tolist()
+    elif isinstance(value, tuple):
+        value = list(value)
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        return repr(value)
+    return value
+
+
+def entry(
+    method: str, factor: float, arguments: Mapping[str, Any], options: Mapping[str, Any], description: Mapping
+) -> dict[str, Any]:
+    """One call to ``extend_context`` and what it resolved to (``description``: what it returned)."""
+    from posenc.hf.extend import FREQUENCY_METHODS
+
+    context = description.get("max_position_embeddings")
+    return {
+        "method": method,
+        "factor": float(factor),
+        "arguments": {k: _jsonable(v) for k, v in arguments.items() if v is not None and v is not False},
+        "options": {k: _jsonable(v) for k, v in options.items()},
+        "original_max_position_embeddings": description.get("original_max_position_embeddings"),
+        "max_position_embeddings": context.get("new") if isinstance(context, Mapping) else None,
+        "in_config": method in FREQUENCY_METHODS and "slopes" not in description,  # ALiBi: a hook, not a config key
+    }
+
+
+def extensions(model: torch.nn.Module) -> list[dict[str, Any]]:
+    """Every extension the model runs, in order: those its config came with (a folder posenc saved) and the calls
+    made since. A model loaded by plain transformers from such a folder runs only what its config carries."""
+    found = model.__dict__.get(_ATTR)
+    if found is not None:
+        return found
+    saved = getattr(getattr(model, "config", None), CONFIG_KEY, None)
+    inherited = [dict(e, loaded=True) for e in saved_extensions(saved) if e.get("in_config")]
+    model.__dict__[_ATTR] = inherited
+    return inherited
+
+
+def saved_extensions(record: Any) -> list[dict[str, Any]]:
+    """The ``extensions`` list of a config's ``"posenc"`` record (none for anything else)."""
+    if not isinstance(record, Mapping):
+        return []
+    found = record.get("extensions")
+    return [dict(e) for e in found if isinstance(e, Mapping)] if isinstance(found, list) else []
+
+
+def add(model: torch.nn.Module, item: dict[str, Any]) -> None:
+    """Append one call's ``entry`` to the model's record."""
+    extensions(model).append(item)
+
+
+def mark_loaded(model: torch.nn.Module, items: list[dict[str, Any]]) -> None:
+    """The model's record is ``items``, all of them made by loading it (none "since it was loaded")."""
+    model.__dict__[_ATTR] = [dict(e, loaded=True) for e in items]
+
+
+def config_record(model: torch.nn.Module) -> dict[str, Any] | None:
+    """The ``"posenc"`` block for the model's saved ``config.json``; None when it runs no extension."""
+    import posenc
+
+    found = [{k: v for k, v in e.items() if k != "loaded"} for e in extensions(model)]
+    return {"version": posenc.__version__, "extensions": copy.deepcopy(found)} if found else None
+
+
+def number(value: float) -> str:
+    """``value`` as short as Python reads it back exactly: ``2`` for 2.0, ``2.3333333333333335`` in full."""
+    short = f"{value:g}"
+    return short if float(short) == value else repr(float(value))
+
+
+def call(item: Mapping[str, Any], *, explicit: bool = False) -> str:
+    """The ``extend_context`` call of one entry: as it was made, or (``explicit``) over the original length it
+    resolved to, which rebuilds it on a model whose config already holds the extended context."""
+    arguments = dict(item.get("arguments", {}))
+    if explicit and item.get("original_max_position_embeddings") is not None:
+        arguments["original_max_position_embeddings"] = item["original_max_position_embeddings"]
+    text = [f"model, {item['method']!r}, {number(item['factor'])}"]
+    text += [f"{k}={arguments[k]!r}" for k in _ARGUMENTS if k in arguments]
+    text += [f"{k}={v!r}" for k, v in item.get("options", {}).items()]
+    return f"posenc.hf.extend_context({', '.join(text)})"
+
+
+def replay(model: torch.nn.Module) -> str:
+    """The calls made on ``model`` since it was loaded, in order, separated by ``; ``."""
+    made = [e for e in extensions(model) if not e.get("loaded")]
+    return "; ".join(call(e) for e in made)
+
+
+def not_in_config(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The entries a saved config does not carry: what loading the folder must apply again."""
+    return [e for e in items if not e.get("in_config")]
+
+
+def reapply(model: torch.nn.Module) -> str:
+    """The calls that rebuild ``model`` on its saved folder loaded by transformers, separated by ``; ``."""
+    return "; ".join(call(e, explicit=True) for e in not_in_config(extensions(model)))
+
+
+def apply_saved(model: torch.nn.Module) -> list[dict[str, Any]]:
+    """On a model loaded from a folder posenc saved: apply what its config records but does not carry (a remapping
+    method), and give length-dependent RoPE scalings and half-precision models the run-time parts
+    ``extend_context`` adds (re-rotated cached keys, RoPE in float32). Returns the applied entries."""
+    from posenc.hf.extend import extend_context
+
+    items = saved_extensions(getattr(model.config, CONFIG_KEY, None))
+    if not items:
+        return []
+    if any(e.get("in_config") for e in items):
+        _runtime_parts(model, items)
+    for item in not_in_config(items):
+        arguments = {k: v for k, v in item.get("arguments", {}).items() if k in _ARGUMENTS}
+        if item.get("original_max_position_embeddings") is not None:
+            arguments["original_max_position_embeddings"] = item["original_max_position_embeddings"]
+        extend_context(model, item["method"], item["factor"], **arguments, **item.get("options", {}))
+    mark_loaded(model, items)
+    return not_in_config(items)
+
+
+def _runtime_parts(model: torch.nn.Module, items: list[dict[str, Any]]) -> None:
+    """What ``extend_context`` adds beside the config for a frequency method (``posenc.hf._rope_patch``)."""
+    from posenc.hf._rope_patch import guard_cache, rotary_modules
+    from posenc.hf.rope_float32 import keep_rope_float32
+    from posenc.hf.rotary import rotary_config_from_hf
+
+    modules = rotary_modules(model)
+    if not modules:
+        return
+    layer_type = next((e["arguments"].get("layer_type") for e in reversed(items) if e.get("in_config")), None)
+    try:
+        setup = rotary_config_from_hf(model.config, layer_type=layer_type)
+    except ValueError:
+        setup = None
+    if setup is not None:
+        guard_cache(model, modules, setup)
+    keep_rope_float32(model)
