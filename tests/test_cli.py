@@ -219,7 +219,7 @@ BAD_VALUES = {
     A.fraction: ["0", "1.5", "nan"],
     A.unit_interval: ["-0.5", "1.5", "nan"],
     A.positive_ints: ["0", "16,-2", "16,", ",", "16,,32", "16,nan"],
-    A.above_ones: ["2,0.5", "2,1", "1", "inf", ""],
+    A.factors: ["2,0.5", "2,0", "0.99", "inf", ""],
     A.unit_intervals: ["0.5,2", "nan"],
     cli._length: ["0", "-3", "2.5", "0x", "x2", "2xx", "-1x", "nan", "0.1k", "16kx"],  # tokens, 16k or a multiple (2x)
     cli._lengths: ["0", "16,-2", "16,", ",", "16,,32", "16,nan", "2x,0x", "2xx"],

@@ -110,5 +110,5 @@ above_one = real(above=1.0)
 fraction = real(above=0.0, maximum=1.0)
 unit_interval = real(minimum=0.0, maximum=1.0)
 positive_ints = comma_list(positive_int, "64,128,256")
-above_ones = comma_list(above_one, "2,4")
+factors = comma_list(at_least_one, "2,4")  # posenc.hf.extend.FACTOR_RULE; which methods take 1 is the command's check
 unit_intervals = comma_list(unit_interval, "0,0.5,1")

@@ -399,8 +399,9 @@ def _add_extend(sub: argparse._SubParsersAction) -> None:
         "--factors",
         "--factor",
         dest="factors",
-        type=A.above_ones,
-        help="comma-separated factors > 1; default 2 (CPU) or 2,4,8 (CUDA), 2,4 (lab)",
+        type=A.factors,
+        help="comma-separated factors >= 1 (1: STRING only, within the original context); default 2 (CPU) or "
+        "2,4,8 (CUDA), 2,4 (lab)",
     )
     p.add_argument(
         "--lengths",
@@ -576,8 +577,8 @@ def _add_export(sub: argparse._SubParsersAction) -> None:
         "served by vLLM/SGLang); longrope needs per-frequency factors no option sets (posenc.hf.extend_context "
         "takes them)",
     )
-    p.add_argument("--factor", "--factors", dest="factor", required=True, type=A.above_one,
-                   help="context factor > 1: new context = factor x the original")  # fmt: skip
+    p.add_argument("--factor", "--factors", dest="factor", required=True, type=A.at_least_one,
+                   help="context factor >= 1: new context = factor x the original (1: STRING only)")  # fmt: skip
     p.add_argument("--save", required=True, metavar="DIR|FILE.gguf", help="a new or empty folder, or a new .gguf file")
     p.add_argument(
         "--save-type",

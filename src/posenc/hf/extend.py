@@ -45,6 +45,31 @@ METHOD_OPTIONS: dict[str, tuple[str, ...]] = {
 }
 
 
+#: The one rule for a context factor, in the library and on the command line: the context grows by it. At 1 every
+#: method but STRING (which remaps distances within the original context) is the model as it is: the library takes
+#: that (the identity); a study or an export refuses it, since it would measure or write the unpatched model under a
+#: method's name.
+FACTOR_RULE = "a number >= 1 (the context grows by it; 1 keeps the original context)"
+
+
+def check_factor(factor: object, method: str | None = None, *, name: str = "factor", as_model: bool = False) -> float:
+    """``factor`` by ``FACTOR_RULE``; with ``as_model`` (a study measures, an export writes the patched model), a
+    factor of 1 only for a method that changes the model at 1 (``posenc.remapping.WITHIN_TRAINING``: STRING).
+
+    Raises:
+        ValueError: naming ``name``, the factor and the rule.
+    """
+    from posenc.remapping import WITHIN_TRAINING
+
+    value = check_number(name, factor, minimum=1.0)
+    if as_model and value == 1 and method not in WITHIN_TRAINING:
+        which = f"for {method}: at 1 it is" if method else "(at 1 every method but STRING is"
+        fail(name, factor, f"a factor > 1 {which} the unpatched model, measured or written under a method's name"
+             f"{'' if method else ')'}; only {', '.join(WITHIN_TRAINING)} changes the model at 1 (it remaps "
+             "within the original context)")  # fmt: skip
+    return value
+
+
 def extend_context(
     model: torch.nn.Module,
     method: str,
@@ -182,7 +207,7 @@ def _extend(
         fail("model", type(model).__name__, "a transformers model (a torch.nn.Module with a .config)")
     kind = check_model_type(model_type(model.config), where=f"model.config.model_type of {type(model).__name__}")
     check_choice("method", method, METHODS)
-    factor = check_number("factor", factor, minimum=1.0)
+    factor = check_factor(factor)
     allowed = METHOD_OPTIONS[method]
     for name, value in options.items():
         if name not in allowed:

@@ -408,7 +408,10 @@ def test_export_refusals_come_before_anything_is_read_or_written(llama, llama_gg
         assert _tree(work) == before
     assert (work / "mine.gguf").read_bytes() == b"mine" and (work / "used" / "mine.txt").read_text() == "mine"
     code, text = _cli("export", llama, "--method", "yarn", "--factor", "1", "--save", work / "f")
-    assert code == 2 and "argument --factor: '1' is invalid" in text and _tree(work) == before
+    assert code == 2 and "factor=1.0 is invalid: expected a factor > 1 for yarn: at 1 it is the unpatched" in text
+    assert _tree(work) == before
+    code, text = _cli("export", llama, "--method", "yarn", "--factor", "0.5", "--save", work / "f")
+    assert code == 2 and "argument --factor: '0.5' is invalid: expected a finite number >= 1" in text
 
 
 @pytest.mark.parametrize("gguf", [False, True])
@@ -460,8 +463,8 @@ def test_method_and_factor_in_either_spelling():
         assert (extend.methods, extend.factors) == (("yarn",), (2.0,))
     for command in ("export", "extend"):  # an error names the option as it was typed
         for option in ("--factor", "--factors"):
-            code, text = _cli(command, "m", "--method", "yarn", "--save", "f", option, "1")
-            assert code == 2 and text.startswith(f"posenc {command}: argument {option}: '1' is invalid"), text
+            code, text = _cli(command, "m", "--method", "yarn", "--save", "f", option, "0.5")
+            assert code == 2 and text.startswith(f"posenc {command}: argument {option}: '0.5' is invalid"), text
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -223,9 +223,11 @@ def test_cli_runs_and_reports_bad_input(rope_run, corpus, tmp_path):
 @pytest.mark.parametrize(
     ("settings", "match"),
     [
-        ({"factors": (0.5,)}, r"factors=0\.5 is invalid: expected factors > 1"),
-        ({"factors": (1.0,), "methods": ("yarn",)}, r"factors=1\.0 is invalid: expected factors > 1 "),
-        ({"factors": (2.0, 1)}, r"factors=1 is invalid: expected factors > 1 "),
+        ({"factors": (0.5,)}, r"factors=0\.5 is invalid: expected a number >= 1"),
+        ({"factors": (1.0,), "methods": ("yarn",)}, r"factors=1\.0 is invalid: expected a factor > 1 for yarn: at 1 "
+         r"it is the unpatched model"),
+        ({"factors": (2.0, 1)}, r"factors=1 is invalid: expected a factor > 1 \(at 1 every method but STRING is the "
+         r"unpatched model"),
         ({"lengths": (8, 16)}, r"lengths=\[8, 16\] is invalid: .*one beyond the original context of 32 tokens"),
         ({"lengths": (32,)}, r"lengths=\[32\] is invalid: expected lengths with at least one beyond the original "),
         ({"lengths": (32, 64), "eval_tokens": 48}, r"eval_tokens=48 is invalid: expected at least the longest .* 64"),
@@ -655,3 +657,18 @@ def test_a_composed_method_is_the_frequency_method_then_string_within_its_contex
                         ("yarn+string+dca", "two parts at most")):  # fmt: skip
         with pytest.raises(ValueError, match=match):
             ExtendConfig(model=str(folder), methods=(name,))
+
+
+def test_one_factor_rule_for_the_library_studies_and_exports():
+    """``posenc.hf.extend.FACTOR_RULE``: factors >= 1 everywhere; at 1 only STRING changes the model, so a study or
+    an export takes 1 for STRING (remapping within the original context) and refuses it for the others, while
+    ``extend_context`` takes 1 as the identity."""
+    from posenc.hf.extend import FACTOR_RULE, check_factor
+
+    assert FACTOR_RULE.startswith("a number >= 1")
+    assert ExtendConfig(model="m", methods=("string",), factors=(1.0, 1.5)).factors == (1.0, 1.5)
+    with pytest.raises(ValueError, match=r"^factors=1 is invalid: expected a factor > 1 for yarn"):
+        ExtendConfig(model="m", methods=("string", "yarn"), factors=(1,))
+    assert check_factor(1.0) == 1.0 and check_factor(2, "yarn", as_model=True) == 2.0
+    with pytest.raises(ValueError, match=r"^factor=0\.99 is invalid: expected a number >= 1"):
+        check_factor(0.99)

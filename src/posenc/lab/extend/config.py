@@ -40,7 +40,9 @@ class ExtendConfig(DictConfig):
             pretrained RoPE model (``linear`` for ALiBi and p-RoPE ones). ``FREQUENCY+REMAP`` (``yarn+string``)
             composes a frequency method at the factor with STRING within the stretched context
             (``posenc.lab.extend.composed``; pretrained RoPE models).
-        factors: context factors, each > 1 (target context = factor * original length); None: the plan's.
+        factors: context factors, each ``>= 1`` (``posenc.hf.extend.FACTOR_RULE``: target context = factor *
+            original length; 1 only for STRING, every other method being the unpatched model there); None: the
+            plan's.
         lengths: evaluation lengths in tokens (bytes for lab models), at least one beyond the original length
             (shorter ones are in-context references); None: the plan's (lab: 1x, 2x, 4x, 8x the original). Each may
             be a multiple of the original context, ``"1.5x"`` (``LENGTH_FORMS``), resolved to tokens as soon as the
@@ -138,10 +140,11 @@ class ExtendConfig(DictConfig):
             for method in self.methods:
                 composed.check(method)
         if self.factors is not None:
-            for factor in self.factors:
-                check_number("factors", factor)
-                if factor <= 1:  # 1 measures the model as trained again (that is `none`, always measured)
-                    fail("factors", factor, "factors > 1 (target context = factor x original; 1 is the model as is)")
+            from posenc.hf.extend import check_factor
+
+            for factor in self.factors:  # 1 measures the model as trained again (`none`, always measured) but STRING
+                for method in self.methods or (None,):
+                    check_factor(factor, method, name="factors", as_model=True)
             object.__setattr__(self, "factors", tuple(float(f) for f in self.factors))
             if len(set(self.factors)) != len(self.factors):
                 fail("factors", self.factors, "each factor once")

@@ -72,11 +72,13 @@ def export(
         ValueError: a lab model, an ALiBi model, a method the model does not take or the format does not carry, a
             path that exists (a non-empty folder, any file): all before any weight is read.
     """
+    from posenc.hf.extend import check_factor
     from posenc.lab.extend.study import check_save
     from posenc.lab.extend.targets import load_target
 
     start = time.perf_counter()
     _check_method(method)
+    check_factor(factor, method, as_model=True)
     path = Path(model).expanduser()
     cfg = ExtendConfig(
         model=str(path.resolve()) if path.exists() else model, methods=(method,), factors=(factor,),
