@@ -6,13 +6,15 @@ timed right after it: how many pages the OS must fault in for fresh outputs drif
 threshold, free huge pages), and a clone timed next to each case pays the same. ``posenc`` rows run what users
 get (``posenc.kernels.cpu``: the C kernel where it built); ``blocked`` rows the blocked torch path used without a
 C compiler; ``eager`` rows the plain torch ops. Not a test: numbers depend on the machine.
-Usage: python bench/rope_cpu.py [--seq 4096] [--heads 32] [--head-dim 128] [--threads N] [--repeats 5]
+Usage: python bench/rope_cpu.py [--seq 4096] [--heads 32] [--kv-heads 8] [--head-dim 128] [--threads N] [--repeats 5]
+(``--kv-heads`` defaults to ``--heads``: k as big as q, as in the figures before 2026-11-27; Llama-3-8B has 8.)
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import os
 import platform
 from functools import partial
 
@@ -36,6 +38,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--heads", type=int, default=32)
+    p.add_argument("--kv-heads", type=int, default=None, help="heads of k (default: --heads)")
     p.add_argument("--seq", type=int, default=4096)
     p.add_argument("--head-dim", type=int, default=128)
     p.add_argument("--threads", type=int, default=None)
@@ -47,22 +50,24 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     shape = (args.batch, args.heads, args.seq, args.head_dim)
+    k_shape = (args.batch, args.kv_heads or args.heads, args.seq, args.head_dim)
     print(
-        f"# RoPE on q and k of shape {shape}, {datetime.date.today()}, {platform.processor() or platform.machine()}, "
-        f"{torch.get_num_threads()} threads, torch {torch.__version__}, {cpu_kernel_name()}"
+        f"# RoPE on q {shape} and k {k_shape}, {datetime.date.today()}, {platform.processor() or platform.machine()}, "
+        f"{torch.get_num_threads()} threads, torch {torch.__version__}, {cpu_kernel_name()}, "
+        f"load average {' '.join(f'{v:.2f}' for v in os.getloadavg())}"
     )
     settle_allocator()
     rows = []
     for dtype in (torch.float32, torch.bfloat16):
-        rows += measure(dtype, shape, args.min_run_time)
+        rows += measure(dtype, shape, k_shape, args.min_run_time)
     print("| dtype | method | best median ms | × clone | HF eager ÷ this |")
     print("|---|---|---:|---:|---:|")
     for dtype, name, ms, vs_copy, speedup in rows:
         print(f"| {dtype} | {name} | {ms:.1f} | {vs_copy:.2f} | {speedup:.2f} |")
 
 
-def measure(dtype: torch.dtype, shape: tuple[int, ...], min_run_time: float) -> list[tuple]:
-    q, k = torch.randn(shape, dtype=dtype), torch.randn(shape, dtype=dtype)
+def measure(dtype: torch.dtype, shape: tuple[int, ...], k_shape: tuple[int, ...], min_run_time: float) -> list[tuple]:
+    q, k = torch.randn(shape, dtype=dtype), torch.randn(k_shape, dtype=dtype)
     positions = torch.arange(shape[2])
     head_dim = shape[3]
     clone = lambda: (q.clone(), k.clone())  # noqa: E731
@@ -120,7 +125,12 @@ def _hf_eager(head_dim, q, k, positions):
         from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
     except ImportError:
         return None
-    config = LlamaConfig(hidden_size=head_dim * q.shape[1], num_attention_heads=q.shape[1], head_dim=head_dim)
+    config = LlamaConfig(
+        hidden_size=head_dim * q.shape[1],
+        num_attention_heads=q.shape[1],
+        num_key_value_heads=k.shape[1],
+        head_dim=head_dim,
+    )
     rotary, position_ids = LlamaRotaryEmbedding(config), positions[None]
 
     def run():

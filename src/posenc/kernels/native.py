@@ -47,11 +47,21 @@ from posenc import kernels
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("rope.c")
-ABI = 5
+ABI = 6
 MAX_DIMS = 16  # rope_args' index arrays
 FLAGS = ("-O3", "-fPIC", "-ffp-contract=off", "-fno-math-errno")
 # Elements below which one thread does the whole call: waking a thread costs about as much as rotating this.
 _MIN_PER_THREAD = 1 << 16
+# Share of one core's L2 cache that a block's cos/sin rows may take: the rest holds the rows of x and out streaming
+# through, and what the hardware prefetchers bring in ahead of them.
+_TABLE_SHARE_OF_L2 = 4
+_L2_FALLBACK = 256 << 10  # bytes, where the cache size can't be read: the smallest L2 of x86-64 cores since 2008
+_MIN_BLOCK = 16  # positions: shorter runs per head cost more in pointer set-up than a table re-read
+SIMD_LEVELS = ("portable", "AVX-512", "AVX-512 + BF16")  # rope.c's row levels, by number
+#: Fault in fresh output pages a run of rows at a time (``populate_run`` in rope.c, Linux): False for the per-page
+#: faults every other op pays (benchmarks compare the two).
+populate_outputs = True
+_CACHE_SYSFS = Path("/sys/devices/system/cpu/cpu0/cache")
 
 _DTYPES = {torch.float32: "float32", torch.float64: "float64", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 _RUNTIME = re.compile(r"lib(gomp|omp|iomp5)\b[^/]*\.(so[.\d]*|dylib)$")
@@ -78,6 +88,9 @@ class RopeArgs(ctypes.Structure):
         ("copy_rest", ctypes.c_int64),
         ("rows", ctypes.c_int64),
         ("grain", ctypes.c_int64),
+        ("block", ctypes.c_int64),
+        ("simd", ctypes.c_int64),
+        ("populate", ctypes.c_int64),
     ]
 
 
@@ -108,10 +121,71 @@ def error() -> str | None:
 
 
 def describe() -> str:
-    """One line for benchmark headers: what was built, and how it threads."""
+    """One line for benchmark headers: what was built, how it threads, its rows' SIMD level and the L2 it blocks
+    positions for."""
     if not available():
         return f"unavailable: {error()}"
-    return _state["variant"]
+    l2, source = l2_cache_bytes()
+    return f"{_state['variant']}, {SIMD_LEVELS[simd_level()]} rows, L2 {l2 >> 10} KiB ({source})"
+
+
+def simd_level() -> int:
+    """The highest row level the built kernel uses on this CPU: 0 portable loops (vectorised by the compiler for
+    the build's target), 1 AVX-512 intrinsics, 2 AVX-512 with AVX512-BF16 conversion; -1 when unavailable."""
+    return int(_state["lib"].posenc_rope_simd()) if available() else -1
+
+
+def l2_cache_bytes() -> tuple[int, str]:
+    """One core's L2 (data or unified) cache in bytes, and where that came from: Linux's
+    ``/sys/devices/system/cpu/cpu0/cache``, else ``sysconf(_SC_LEVEL2_CACHE_SIZE)`` (glibc), else macOS's
+    ``hw.l2cachesize``, else a 256 KiB fallback."""
+    if "l2" not in _state:
+        _state["l2"] = _read_l2()
+    return _state["l2"]
+
+
+def _read_l2() -> tuple[int, str]:
+    for index in sorted(_CACHE_SYSFS.glob("index*")):
+        try:
+            level = (index / "level").read_text().strip()
+            kind = (index / "type").read_text().strip()
+            size = _parse_size((index / "size").read_text())
+        except (OSError, ValueError):
+            continue
+        if level == "2" and kind in ("Data", "Unified") and size > 0:
+            return size, "sysfs"
+    try:
+        size = os.sysconf("SC_LEVEL2_CACHE_SIZE")
+        if size > 0:
+            return int(size), "sysconf"
+    except (AttributeError, ValueError, OSError):
+        pass
+    if sys.platform == "darwin":
+        try:
+            done = subprocess.run(["sysctl", "-n", "hw.l2cachesize"], capture_output=True, text=True, timeout=10)
+            size = int(done.stdout.strip())
+            if size > 0:
+                return size, "sysctl"
+        except (OSError, ValueError, subprocess.SubprocessError):
+            pass
+    return _L2_FALLBACK, "fallback"
+
+
+def _parse_size(text: str) -> int:
+    """sysfs cache sizes: ``48K``, ``2048K``, ``1M``, or plain bytes."""
+    text = text.strip().upper()
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+    return int(text[:-1] if scale > 1 else text) * scale
+
+
+def block_positions(positions: int, pairs: int, table_itemsize: int) -> int:
+    """Positions per block for ``rope.c``: as many as keep one block's cos and sin rows (``2 * pairs`` entries of
+    ``table_itemsize`` bytes per position) within a quarter of one core's L2 cache, at least 16, at most all of
+    them. Every head of a block is rotated before the next block, so its table rows come from cache after the
+    first head: at 16k positions the float32 tables are 8 MiB, read once per head without blocking."""
+    l2, _ = l2_cache_bytes()
+    per_position = max(1, 2 * pairs * table_itemsize)
+    return max(min(positions, _MIN_BLOCK), min(positions, l2 // _TABLE_SHARE_OF_L2 // per_position))
 
 
 def supports(dtype: torch.dtype) -> bool:
@@ -119,13 +193,15 @@ def supports(dtype: torch.dtype) -> bool:
     return available() and _DTYPES.get(dtype) in _state["funcs"]
 
 
-def rotary_into(x: torch.Tensor, out: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, layout: str) -> bool:
+def rotary_into(
+    x: torch.Tensor, out: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, layout: str, simd: int = 2
+) -> bool:
     """Write the rotation of ``x`` into ``out`` (which may be ``x``: in place); False if this kernel can't take it.
 
     Channels past ``2F`` are copied to ``out`` unless ``out`` is ``x``. Arguments are assumed checked
     (``posenc.kernels.cpu.rotary``); this only checks what the C code needs: CPU, a supported dtype, unit stride
     along channels, at most 16 leading dims, and tables of the compute dtype (float64 for float64 ``x``, else
-    float32).
+    float32). ``simd`` caps the row level (``simd_level``; the tests compare the levels, which give the same bits).
 
     Shapes:
         x, out (..., S, D); cos, sin broadcastable to (..., S, F), 2F <= D
@@ -151,6 +227,9 @@ def rotary_into(x: torch.Tensor, out: torch.Tensor, cos: torch.Tensor, sin: torc
     if rows == 0 or (cos.shape[-1] == 0 and out is x):
         return True
     lead = x.dim() - 1
+    # Blocks of positions pay off where the table rows are shared by other rows (heads, batch): a stride 0.
+    shared = any(st == 0 and n > 1 for st, n in zip(cos.stride()[:-2], cos.shape[:-2], strict=True))
+    block = block_positions(x.shape[-2], cos.shape[-1], cos.element_size()) if shared and lead > 1 else 0
     args = RopeArgs(
         x=x.data_ptr(),
         out=out.data_ptr(),
@@ -163,6 +242,9 @@ def rotary_into(x: torch.Tensor, out: torch.Tensor, cos: torch.Tensor, sin: torc
         copy_rest=int(out is not x),
         rows=rows,
         grain=max(1, _MIN_PER_THREAD // x.shape[-1]),
+        block=block,
+        simd=simd,
+        populate=int(populate_outputs),
     )
     args.shape[:lead] = x.shape[:-1]
     args.x_strides[:lead] = x.stride()[:-1]
@@ -260,6 +342,7 @@ def _functions(lib: ctypes.CDLL) -> dict:
         funcs[name] = func
     funcs["table"] = lib.posenc_rope_table
     funcs["table"].restype, funcs["table"].argtypes = None, [ctypes.POINTER(TableArgs)]
+    lib.posenc_rope_simd.restype, lib.posenc_rope_simd.argtypes = ctypes.c_int, []
     return funcs
 
 

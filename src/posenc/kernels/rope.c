@@ -16,14 +16,35 @@
  * posenc/kernels/cpu.py (half: mul then addcmul, a fused multiply-add; interleaved: one complex multiply, no
  * fusion), so results are bit-equal with or without this kernel.
  *
+ * Rows: one function per (dtype, layout) rotates one row. The portable ones are plain loops the compiler
+ * vectorises for the build's target; on x86-64 CPUs with AVX-512 (found at run time with cpuid, so a generic
+ * build has them too) float32 and bfloat16 rows use AVX-512 intrinsics: the same operations lane by lane, so the
+ * same bits. bfloat16 is widened with a shift and rounded to nearest even either with integer arithmetic (as
+ * bf16_store) or, with AVX512-BF16, by vcvtneps2bf16, whose results equal bf16_store's except for NaN (any NaN
+ * here, 0x7FC0 in bf16_store) and float32 subnormals (flushed to zero): lanes holding those are redone with the
+ * integer rounding. `simd` in the arguments caps the level (tests compare every level with the portable rows).
+ *
+ * Order: rows are visited in blocks of `block` consecutive positions (the innermost leading dim): every head of
+ * one block, then the next block, so a block's cos/sin rows are read from memory once and then from cache for
+ * the other heads (native.py sizes blocks from the L2 cache; block 0 or >= the positions: plain row order).
+ *
+ * Fresh outputs: see populate_run.
+ *
  * Threads: built with -fopenmp and linked to the OpenMP runtime torch itself loaded, rows are split over
- * torch's own thread pool (torch.set_num_threads applies); built without, one thread.
+ * torch's own thread pool (torch.set_num_threads applies) in chunks handed out on demand, so a thread the OS
+ * preempts (a shared machine) delays one chunk, not its whole share; built without, one thread. Every row depends
+ * on its own inputs only, so the split never changes a bit.
  */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
 #ifdef _OPENMP
 #include <omp.h>
+#endif
+#ifdef __linux__
+#include <errno.h>
+#include <sys/mman.h>
+#include <unistd.h>
 #endif
 
 typedef int64_t i64;
@@ -43,6 +64,9 @@ typedef struct {
     i64 interleaved, copy_rest;
     i64 rows;                 /* product of shape */
     i64 grain;                /* fewest rows worth a thread of their own */
+    i64 block;                /* positions (innermost leading dim) per block; 0: no blocking */
+    i64 simd;                 /* highest row level allowed: 0 portable, 1 AVX-512, 2 AVX-512 + BF16 (capped) */
+    i64 populate;             /* fault in fresh pages of out a run at a time (Linux; see populate_run) */
 } rope_args;
 
 static inline float bf16_load(uint16_t h) {
@@ -63,80 +87,371 @@ static inline uint16_t bf16_store(float f) { /* round to nearest even, as torch 
 #define TO_FLOAT(v) ((float)(v))
 #define TO_HALF(v) ((_Float16)(v))
 
-/* Rows [row0, row1) for storage type T, compute type C (the tables' type). Rows are walked in runs along the
- * innermost leading dim (positions, usually), so the multi-index carry runs once per run, not once per row. */
-#define ROPE_ROWS(NAME, T, C, FMA, LOAD, STORE)                                                                 \
-    static void NAME(const void *args, i64 row0, i64 row1) {                                                   \
-        const rope_args *a = (const rope_args *)args;                                                          \
-        const T *x = (const T *)a->x;                                                                          \
-        T *out = (T *)a->out;                                                                                  \
-        const C *cos = (const C *)a->cos, *sin = (const C *)a->sin;                                            \
-        const i64 last = a->ndim - 1, f = a->f, tail = a->copy_rest ? a->d - 2 * a->f : 0;                      \
-        const i64 xs = a->x_strides[last], os = a->out_strides[last], ts = a->t_strides[last];                 \
-        i64 idx[MAX_DIMS];                                                                                     \
-        i64 ox = 0, oo = 0, ot = 0, rest = row0;                                                               \
-        for (i64 k = last; k >= 0; k--) { /* the multi-index of row0, then offsets */                         \
-            idx[k] = rest % a->shape[k];                                                                       \
-            rest /= a->shape[k];                                                                               \
-            ox += idx[k] * a->x_strides[k];                                                                    \
-            oo += idx[k] * a->out_strides[k];                                                                  \
-            ot += idx[k] * a->t_strides[k];                                                                    \
+/* One row: x, out (T), cos, sin (C), F pairs. */
+typedef void (*row_fn)(const void *x, void *out, const void *cos, const void *sin, i64 f);
+
+/* The portable rows for storage type T and compute type C (the tables' type). */
+#define PORTABLE_ROWS(NAME, T, C, FMA, LOAD, STORE)                                                             \
+    static void NAME##_half(const void *xv, void *ov, const void *cv, const void *sv, i64 f) {                 \
+        const T *x = (const T *)xv;                                                                            \
+        T *o = (T *)ov;                                                                                        \
+        const C *c = (const C *)cv, *s = (const C *)sv;                                                        \
+        _Pragma("omp simd") for (i64 i = 0; i < f; i++) {                                                      \
+            C p = LOAD(x[i]), q = LOAD(x[i + f]);                                                              \
+            o[i] = STORE(FMA(-q, s[i], p * c[i]));                                                             \
+            o[i + f] = STORE(FMA(p, s[i], q * c[i]));                                                          \
         }                                                                                                      \
-        for (i64 r = row0; r < row1;) {                                                                        \
-            i64 run = a->shape[last] - idx[last];                                                              \
-            run = run < row1 - r ? run : row1 - r;                                                             \
-            const T *xr = x + ox;                                                                              \
-            T *o = out + oo;                                                                                   \
-            const C *c = cos + ot, *s = sin + ot;                                                              \
-            for (i64 m = 0; m < run; m++, xr += xs, o += os, c += ts, s += ts) {                               \
-                if (a->interleaved) {                                                                          \
-                    _Pragma("omp simd") for (i64 i = 0; i < f; i++) {                                          \
-                        C p = LOAD(xr[2 * i]), q = LOAD(xr[2 * i + 1]);                                        \
-                        o[2 * i] = STORE(p * c[i] - q * s[i]);                                                 \
-                        o[2 * i + 1] = STORE(q * c[i] + p * s[i]);                                             \
-                    }                                                                                          \
-                } else {                                                                                       \
-                    _Pragma("omp simd") for (i64 i = 0; i < f; i++) {                                          \
-                        C p = LOAD(xr[i]), q = LOAD(xr[i + f]);                                                \
-                        o[i] = STORE(FMA(-q, s[i], p * c[i]));                                                 \
-                        o[i + f] = STORE(FMA(p, s[i], q * c[i]));                                              \
-                    }                                                                                          \
-                }                                                                                              \
-                if (tail > 0) memcpy(o + 2 * f, xr + 2 * f, (size_t)tail * sizeof(T));                         \
-            }                                                                                                  \
-            r += run;                                                                                          \
-            idx[last] += run;                                                                                  \
-            ox += run * xs;                                                                                    \
-            oo += run * os;                                                                                    \
-            ot += run * ts;                                                                                    \
-            for (i64 k = last; k >= 0 && idx[k] == a->shape[k]; k--) { /* carry leftwards */                  \
-                ox -= a->shape[k] * a->x_strides[k];                                                           \
-                oo -= a->shape[k] * a->out_strides[k];                                                         \
-                ot -= a->shape[k] * a->t_strides[k];                                                           \
-                idx[k] = 0;                                                                                    \
-                if (k > 0) {                                                                                   \
-                    idx[k - 1]++;                                                                              \
-                    ox += a->x_strides[k - 1];                                                                 \
-                    oo += a->out_strides[k - 1];                                                               \
-                    ot += a->t_strides[k - 1];                                                                 \
-                }                                                                                              \
-            }                                                                                                  \
+    }                                                                                                          \
+    static void NAME##_interleaved(const void *xv, void *ov, const void *cv, const void *sv, i64 f) {          \
+        const T *x = (const T *)xv;                                                                            \
+        T *o = (T *)ov;                                                                                        \
+        const C *c = (const C *)cv, *s = (const C *)sv;                                                        \
+        _Pragma("omp simd") for (i64 i = 0; i < f; i++) {                                                      \
+            C p = LOAD(x[2 * i]), q = LOAD(x[2 * i + 1]);                                                      \
+            o[2 * i] = STORE(p * c[i] - q * s[i]);                                                             \
+            o[2 * i + 1] = STORE(q * c[i] + p * s[i]);                                                         \
         }                                                                                                      \
     }
 
-/* Split [0, count) into one contiguous range per thread, at most count / grain threads, on the caller's OpenMP
- * pool (torch's); nested calls and builds without OpenMP run it all on this thread. */
+PORTABLE_ROWS(float32, float, float, fmaf, IDENTITY, IDENTITY)
+PORTABLE_ROWS(float64, double, double, fma, IDENTITY, IDENTITY)
+PORTABLE_ROWS(bfloat16, uint16_t, float, fmaf, bf16_load, bf16_store)
+#ifdef __FLT16_MAX__ /* compilers with _Float16 (GCC >= 12, clang) also get float16 */
+PORTABLE_ROWS(float16, _Float16, float, fmaf, TO_FLOAT, TO_HALF)
+#endif
+
+/* ---- AVX-512 rows (x86-64, GCC >= 10 or clang >= 9: target attributes and the AVX512-BF16 intrinsics) ---- */
+#if defined(__x86_64__) && (defined(__clang__) ? __clang_major__ >= 9 : (defined(__GNUC__) && __GNUC__ >= 10))
+#define POSENC_AVX512 1
+#include <cpuid.h>
+#include <immintrin.h>
+
+#define TARGET_512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma")))
+#define TARGET_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma")))
+
+/* 0: none; 1: AVX-512 F/BW/VL/DQ with FMA, and the OS saves zmm state; 2: and AVX512-BF16. */
+static int cpu_simd_level(void) {
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 27)) || !(c & (1u << 12))) return 0; /* OSXSAVE, FMA */
+    unsigned lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    if ((lo & 0xE6u) != 0xE6u) return 0; /* xmm, ymm, opmask, zmm0-15 upper halves, zmm16-31 */
+    if (__get_cpuid_max(0, 0) < 7) return 0;
+    __cpuid_count(7, 0, a, b, c, d);
+    const unsigned need = (1u << 16) | (1u << 17) | (1u << 30) | (1u << 31); /* F, DQ, BW, VL */
+    if ((b & need) != need) return 0;
+    __cpuid_count(7, 1, a, b, c, d);
+    return (a & (1u << 5)) ? 2 : 1; /* AVX512_BF16 */
+}
+
+static inline TARGET_512 __mmask16 lanes16(i64 left) {
+    return left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1u);
+}
+
+/* 16 bfloat16 widened to float32: one word permute puts word j in the high half of 32-bit lane j, zeroing the low
+ * halves (a zero-extend then a shift would take two instructions). */
+static inline TARGET_512 __m512 bf16x16_load(const uint16_t *p, __mmask16 m) {
+    const __m512i high = _mm512_set_epi16(15, 0, 14, 0, 13, 0, 12, 0, 11, 0, 10, 0, 9, 0, 8, 0, 7, 0, 6, 0, 5, 0, 4, 0,
+                                          3, 0, 2, 0, 1, 0, 0, 0);
+    const __m512i w = _mm512_castsi256_si512(_mm256_maskz_loadu_epi16(m, p));
+    return _mm512_castsi512_ps(_mm512_maskz_permutexvar_epi16((__mmask32)0xAAAAAAAAu, high, w));
+}
+
+/* bf16_store on 16 lanes, each result in the low half of its 32-bit lane. */
+static inline TARGET_512 __m512i bf16x16_round_int(__m512 v) {
+    const __m512i u = _mm512_castps_si512(v);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    const __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7FFF)), lsb), 16);
+    return _mm512_mask_blend_epi32(_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), r, _mm512_set1_epi32(0x7FC0));
+}
+
+/* NaN (quiet 0x01, signalling 0x80) or subnormal (0x20): the lanes vcvtneps2bf16 rounds unlike bf16_store. */
+#define ODD_LANES 0xA1
+
+static inline TARGET_512 __m256i bf16x16_round_soft(__m512 v) { return _mm512_cvtepi32_epi16(bf16x16_round_int(v)); }
+
+/* Half layout, 16 pairs a step (masked at the end of the row). */
+#define BF16_HALF(NAME, TARGET, ROUND)                                                                          \
+    static TARGET void NAME(const void *xv, void *ov, const void *cv, const void *sv, i64 f) {                 \
+        const uint16_t *x = (const uint16_t *)xv;                                                              \
+        uint16_t *o = (uint16_t *)ov;                                                                          \
+        const float *c = (const float *)cv, *s = (const float *)sv;                                            \
+        for (i64 i = 0; i < f; i += 16) {                                                                      \
+            const __mmask16 m = lanes16(f - i);                                                                \
+            const __m512 a = bf16x16_load(x + i, m), b = bf16x16_load(x + i + f, m);                           \
+            const __m512 cc = _mm512_maskz_loadu_ps(m, c + i), ss = _mm512_maskz_loadu_ps(m, s + i);           \
+            const __m512 ra = _mm512_fnmadd_ps(b, ss, _mm512_mul_ps(a, cc));  /* fma(-b, s, a c) */           \
+            const __m512 rb = _mm512_fmadd_ps(a, ss, _mm512_mul_ps(b, cc));   /* fma(a, s, b c) */            \
+            _mm256_mask_storeu_epi16(o + i, m, ROUND(ra));                                                     \
+            _mm256_mask_storeu_epi16(o + i + f, m, ROUND(rb));                                                 \
+        }                                                                                                      \
+    }
+BF16_HALF(bfloat16_half_avx512, TARGET_512, bf16x16_round_soft)
+
+/* 32 results rounded at once (vcvtne2ps2bf16: lo's in words 0-15, hi's in 16-31), odd lanes redone. */
+static inline TARGET_BF16 __m512i bf16x32_round_hw(__m512 lo, __m512 hi) {
+    if (_mm512_fpclass_ps_mask(lo, ODD_LANES) | _mm512_fpclass_ps_mask(hi, ODD_LANES))
+        return _mm512_inserti64x4(_mm512_castsi256_si512(bf16x16_round_soft(lo)), bf16x16_round_soft(hi), 1);
+    return (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+}
+
+static TARGET_BF16 void bfloat16_half_avx512bf16(const void *xv, void *ov, const void *cv, const void *sv, i64 f) {
+    const uint16_t *x = (const uint16_t *)xv;
+    uint16_t *o = (uint16_t *)ov;
+    const float *c = (const float *)cv, *s = (const float *)sv;
+    for (i64 i = 0; i < f; i += 32) {
+        const __mmask16 m0 = lanes16(f - i), m1 = f - i > 16 ? lanes16(f - i - 16) : 0;
+        const __mmask32 m = (__mmask32)m0 | ((__mmask32)m1 << 16);
+        const __m512 a0 = bf16x16_load(x + i, m0), b0 = bf16x16_load(x + i + f, m0);
+        const __m512 a1 = bf16x16_load(x + i + 16, m1), b1 = bf16x16_load(x + i + 16 + f, m1);
+        const __m512 c0 = _mm512_maskz_loadu_ps(m0, c + i), s0 = _mm512_maskz_loadu_ps(m0, s + i);
+        const __m512 c1 = _mm512_maskz_loadu_ps(m1, c + i + 16), s1 = _mm512_maskz_loadu_ps(m1, s + i + 16);
+        const __m512 ra0 = _mm512_fnmadd_ps(b0, s0, _mm512_mul_ps(a0, c0)), rb0 = _mm512_fmadd_ps(a0, s0, _mm512_mul_ps(b0, c0));
+        const __m512 ra1 = _mm512_fnmadd_ps(b1, s1, _mm512_mul_ps(a1, c1)), rb1 = _mm512_fmadd_ps(a1, s1, _mm512_mul_ps(b1, c1));
+        _mm512_mask_storeu_epi16(o + i, m, bf16x32_round_hw(ra0, ra1));
+        _mm512_mask_storeu_epi16(o + i + f, m, bf16x32_round_hw(rb0, rb1));
+    }
+}
+
+/* Interleaved layout: 16 pairs = 16 32-bit words a step; a is the low half of each word, b the high half. */
+static inline TARGET_512 void bf16_pairs(const uint16_t *x, __mmask16 m, __m512 *a, __m512 *b) {
+    const __m512i w = _mm512_maskz_loadu_epi32(m, x);
+    *a = _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+    *b = _mm512_castsi512_ps(_mm512_and_si512(w, _mm512_set1_epi32((int)0xFFFF0000u)));
+}
+
+static inline TARGET_512 void rotate_interleaved16(__m512 a, __m512 b, const float *c, const float *s, __mmask16 m,
+                                                   __m512 *ra, __m512 *rb) {
+    const __m512 cc = _mm512_maskz_loadu_ps(m, c), ss = _mm512_maskz_loadu_ps(m, s);
+    *ra = _mm512_sub_ps(_mm512_mul_ps(a, cc), _mm512_mul_ps(b, ss)); /* a c - b s, unfused */
+    *rb = _mm512_add_ps(_mm512_mul_ps(b, cc), _mm512_mul_ps(a, ss)); /* b c + a s */
+}
+
+static inline TARGET_512 __m512i bf16_join_soft(__m512 ra, __m512 rb) {
+    return _mm512_or_si512(bf16x16_round_int(ra), _mm512_slli_epi32(bf16x16_round_int(rb), 16));
+}
+
+static TARGET_512 void bfloat16_interleaved_avx512(const void *xv, void *ov, const void *cv, const void *sv, i64 f) {
+    const uint16_t *x = (const uint16_t *)xv;
+    uint16_t *o = (uint16_t *)ov;
+    const float *c = (const float *)cv, *s = (const float *)sv;
+    for (i64 i = 0; i < f; i += 16) {
+        const __mmask16 m = lanes16(f - i);
+        __m512 a, b, ra, rb;
+        bf16_pairs(x + 2 * i, m, &a, &b);
+        rotate_interleaved16(a, b, c + i, s + i, m, &ra, &rb);
+        _mm512_mask_storeu_epi32(o + 2 * i, m, bf16_join_soft(ra, rb));
+    }
+}
+
+static TARGET_BF16 void bfloat16_interleaved_avx512bf16(const void *xv, void *ov, const void *cv, const void *sv,
+                                                        i64 f) {
+    const uint16_t *x = (const uint16_t *)xv;
+    uint16_t *o = (uint16_t *)ov;
+    const float *c = (const float *)cv, *s = (const float *)sv;
+    /* vcvtne2ps2bf16 puts ra's 16 results in words 0-15 and rb's in 16-31; this index interleaves them. */
+    const __m512i zip = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
+                                         21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    for (i64 i = 0; i < f; i += 16) {
+        const __mmask16 m = lanes16(f - i);
+        __m512 a, b, ra, rb;
+        bf16_pairs(x + 2 * i, m, &a, &b);
+        rotate_interleaved16(a, b, c + i, s + i, m, &ra, &rb);
+        __m512i w;
+        if (_mm512_fpclass_ps_mask(ra, ODD_LANES) | _mm512_fpclass_ps_mask(rb, ODD_LANES))
+            w = bf16_join_soft(ra, rb);
+        else
+            w = _mm512_permutexvar_epi16(zip, (__m512i)_mm512_cvtne2ps_pbh(rb, ra));
+        _mm512_mask_storeu_epi32(o + 2 * i, m, w);
+    }
+}
+
+static TARGET_512 void float32_half_avx512(const void *xv, void *ov, const void *cv, const void *sv, i64 f) {
+    const float *x = (const float *)xv, *c = (const float *)cv, *s = (const float *)sv;
+    float *o = (float *)ov;
+    for (i64 i = 0; i < f; i += 16) {
+        const __mmask16 m = lanes16(f - i);
+        const __m512 a = _mm512_maskz_loadu_ps(m, x + i), b = _mm512_maskz_loadu_ps(m, x + i + f);
+        const __m512 cc = _mm512_maskz_loadu_ps(m, c + i), ss = _mm512_maskz_loadu_ps(m, s + i);
+        _mm512_mask_storeu_ps(o + i, m, _mm512_fnmadd_ps(b, ss, _mm512_mul_ps(a, cc)));
+        _mm512_mask_storeu_ps(o + i + f, m, _mm512_fmadd_ps(a, ss, _mm512_mul_ps(b, cc)));
+    }
+}
+
+static TARGET_512 void float32_interleaved_avx512(const void *xv, void *ov, const void *cv, const void *sv, i64 f) {
+    const float *x = (const float *)xv, *c = (const float *)cv, *s = (const float *)sv;
+    float *o = (float *)ov;
+    /* 8 pairs a step: (a, b) in even and odd lanes; cos and sin each loaded once and spread to both lanes. */
+    const __m512i spread = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
+    for (i64 i = 0; i < f; i += 8) {
+        const i64 left = f - i;
+        const __mmask8 m8 = left >= 8 ? (__mmask8)0xFF : (__mmask8)((1u << left) - 1u);
+        const __mmask16 m = left >= 8 ? (__mmask16)0xFFFF : (__mmask16)((1u << (2 * left)) - 1u);
+        const __m512 v = _mm512_maskz_loadu_ps(m, x + 2 * i);
+        const __m512 swapped = _mm512_permute_ps(v, 0xB1); /* (b, a) */
+        const __m512 cc = _mm512_permutexvar_ps(spread, _mm512_castps256_ps512(_mm256_maskz_loadu_ps(m8, c + i)));
+        const __m512 ss = _mm512_permutexvar_ps(spread, _mm512_castps256_ps512(_mm256_maskz_loadu_ps(m8, s + i)));
+        /* even lanes a c - b s, odd lanes b c + a s: the products in the portable row's operand order */
+        const __m512 p1 = _mm512_mul_ps(v, cc), p2 = _mm512_mul_ps(swapped, ss);
+        _mm512_mask_storeu_ps(o + 2 * i, m, _mm512_mask_add_ps(_mm512_sub_ps(p1, p2), 0xAAAA, p1, p2));
+    }
+}
+#endif /* POSENC_AVX512 */
+
+static int simd_level(void) {
+#ifdef POSENC_AVX512
+    static int level = -1; /* benign race: every thread computes the same value */
+    if (level < 0) level = cpu_simd_level();
+    return level;
+#else
+    return 0;
+#endif
+}
+
+/* The row function for dtype `name`'s element size and layout, at the highest level <= cap this CPU has. */
+static row_fn pick_row(int dtype, int interleaved, i64 cap) {
+    const int level = (int)(cap < simd_level() ? cap : simd_level());
+    switch (dtype) {
+    case 0: /* float32 */
+#ifdef POSENC_AVX512
+        if (level >= 1) return interleaved ? float32_interleaved_avx512 : float32_half_avx512;
+#endif
+        return interleaved ? float32_interleaved : float32_half;
+    case 1: /* float64 */
+        return interleaved ? float64_interleaved : float64_half;
+    case 2: /* bfloat16 */
+#ifdef POSENC_AVX512
+        if (level >= 2) return interleaved ? bfloat16_interleaved_avx512bf16 : bfloat16_half_avx512bf16;
+        if (level >= 1) return interleaved ? bfloat16_interleaved_avx512 : bfloat16_half_avx512;
+#endif
+        return interleaved ? bfloat16_interleaved : bfloat16_half;
+#ifdef __FLT16_MAX__
+    case 3: /* float16 */
+        return interleaved ? float16_interleaved : float16_half;
+#endif
+    default:
+        return 0;
+    }
+}
+
+typedef struct {
+    const rope_args *a;
+    row_fn row;
+    i64 size, table_size; /* bytes of one element of x, of the tables */
+} rope_call;
+
+static inline i64 min64(i64 a, i64 b) { return a < b ? a : b; }
+
+/* Fresh outputs: a new tensor of more than glibc's mmap threshold is memory the OS has not handed out yet, and the
+ * first store to each 4 KiB page traps into the kernel, which zeroes the page. On the VMs measured in BENCHMARKS.md
+ * those traps were most of an out-of-place call's time, and they land between the row loads and the rotation.
+ * Asking for a whole run of rows at once (madvise MADV_POPULATE_WRITE, Linux 5.14) makes the same pages without a
+ * trap per page, just before the run writes them (so the zeroed lines are still in cache). Only where a page
+ * inside the run is not yet there (mincore): a recycled buffer costs one mincore per run, nothing more. Contents are
+ * never changed; any error just leaves the pages to the ordinary faults. */
+#define POPULATE_MIN_BYTES (64 << 10) /* shorter runs: the two system calls cost more than the traps they save */
+static void populate_run(const char *first, const char *end) {
+#ifdef __linux__
+    static int off = 0; /* set once the kernel refuses MADV_POPULATE_WRITE (before 5.14), read racily: harmless */
+    static long page = 0;
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
+    if (__atomic_load_n(&off, __ATOMIC_RELAXED)) return;
+    if (!page) page = sysconf(_SC_PAGESIZE) > 0 ? sysconf(_SC_PAGESIZE) : 4096;
+    char *start = (char *)((uintptr_t)first & ~(uintptr_t)(page - 1));
+    if (end - start < POPULATE_MIN_BYTES) return;
+    /* A page in the middle: the run's first and last pages may hold rows of its neighbours, done already. */
+    char *middle = (char *)((uintptr_t)(start + (end - start) / 2) & ~(uintptr_t)(page - 1));
+    unsigned char resident = 1;
+    if (mincore(middle, 1, &resident) != 0 || (resident & 1)) return;
+    if (madvise(start, (size_t)(end - start), MADV_POPULATE_WRITE) != 0 && errno == EINVAL)
+        __atomic_store_n(&off, 1, __ATOMIC_RELAXED);
+#else
+    (void)first;
+    (void)end;
+#endif
+}
+
+/* Rows ahead whose x is prefetched: each row is a few cache lines, read once; the hardware prefetchers lose their
+ * streams at every page fault and every jump to the next head of a block. */
+#define PREFETCH_ROWS 4
+
+/* Rows [row0, row1) of the visiting order: position blocks outermost, then the other leading dims, then the
+ * positions of the block (one run: the multi-index carry and the pointer set-up happen once per run). */
+static void rope_rows(const void *call, i64 row0, i64 row1) {
+    const rope_call *k = (const rope_call *)call;
+    const rope_args *a = k->a;
+    const char *x = (const char *)a->x, *cos = (const char *)a->cos, *sin = (const char *)a->sin;
+    char *out = (char *)a->out;
+    const i64 last = a->ndim - 1, f = a->f, tail = a->copy_rest ? a->d - 2 * a->f : 0;
+    const i64 n = a->shape[last], block = a->block > 0 && a->block < n ? a->block : n, outer = a->rows / n;
+    const i64 xs = a->x_strides[last] * k->size, os = a->out_strides[last] * k->size;
+    const i64 ts = a->t_strides[last] * k->table_size;
+    i64 b = row0 / (outer * block), rest = row0 - b * outer * block; /* the block of row0, */
+    i64 len = min64(block, n - b * block), o = rest / len, i = rest - o * len; /* its outer index and position */
+    i64 idx[MAX_DIMS], ox = 0, oo = 0, ot = 0;
+    for (i64 d = last - 1; d >= 0; d--) { /* the multi-index of the outer index, then offsets in elements */
+        idx[d] = o % a->shape[d];
+        o /= a->shape[d];
+        ox += idx[d] * a->x_strides[d];
+        oo += idx[d] * a->out_strides[d];
+        ot += idx[d] * a->t_strides[d];
+    }
+    for (i64 r = row0; r < row1;) {
+        const i64 run = min64(len - i, row1 - r), p = b * block + i;
+        const char *xr = x + ox * k->size + p * xs, *c = cos + ot * k->table_size + p * ts;
+        const char *s = sin + ot * k->table_size + p * ts;
+        char *orow = out + oo * k->size + p * os;
+        if (a->populate && out != x) populate_run(orow, orow + (run - 1) * os + a->d * k->size);
+        for (i64 m = 0; m < run; m++, xr += xs, orow += os, c += ts, s += ts) {
+            if (m + PREFETCH_ROWS < run)
+                for (i64 l = 0; l < a->d * k->size; l += 64) __builtin_prefetch(xr + PREFETCH_ROWS * xs + l, 0, 3);
+            k->row(xr, orow, c, s, f);
+            if (tail > 0) memcpy(orow + 2 * f * k->size, xr + 2 * f * k->size, (size_t)(tail * k->size));
+        }
+        r += run;
+        i += run;
+        if (i < len) continue;
+        i = 0;
+        i64 d = last - 1;
+        for (; d >= 0; d--) { /* the next outer index, carrying leftwards */
+            idx[d]++;
+            ox += a->x_strides[d];
+            oo += a->out_strides[d];
+            ot += a->t_strides[d];
+            if (idx[d] < a->shape[d]) break;
+            ox -= a->shape[d] * a->x_strides[d];
+            oo -= a->shape[d] * a->out_strides[d];
+            ot -= a->shape[d] * a->t_strides[d];
+            idx[d] = 0;
+        }
+        if (d < 0) { /* every outer index done: the next block */
+            b++;
+            len = min64(block, n - b * block);
+        }
+    }
+}
+
+/* Split [0, count) over the caller's OpenMP pool (torch's), at most count / grain threads, in about
+ * CHUNKS_PER_THREAD chunks per thread of at least `grain` each, taken in order by whichever thread is free.
+ * Nested calls and builds without OpenMP run it all on this thread. */
+#define CHUNKS_PER_THREAD 8
 typedef void (*range_fn)(const void *args, i64 lo, i64 hi);
 static void split_range(range_fn fn, const void *args, i64 count, i64 grain) {
 #ifdef _OPENMP
-    i64 threads = count / (grain > 0 ? grain : 1), most = omp_get_max_threads();
+    grain = grain > 0 ? grain : 1;
+    i64 threads = count / grain, most = omp_get_max_threads();
     threads = threads < most ? threads : most;
     if (threads > 1 && !omp_in_parallel()) {
-#pragma omp parallel num_threads((int)threads)
-        {
-            i64 nt = omp_get_num_threads(), t = omp_get_thread_num(), step = (count + nt - 1) / nt;
-            i64 lo = t * step, hi = lo + step < count ? lo + step : count;
-            if (lo < hi) fn(args, lo, hi);
+        i64 chunks = min64(threads * CHUNKS_PER_THREAD, count / grain);
+        const i64 step = (count + chunks - 1) / chunks;
+        i64 next = 0;
+#pragma omp parallel num_threads((int)threads) shared(next)
+        for (;;) {
+            const i64 lo = __atomic_fetch_add(&next, step, __ATOMIC_RELAXED);
+            if (lo >= count) break;
+            fn(args, lo, min64(lo + step, count));
         }
         return;
     }
@@ -145,16 +460,21 @@ static void split_range(range_fn fn, const void *args, i64 count, i64 grain) {
     fn(args, 0, count);
 }
 
-#define ROPE_KERNEL(NAME, T, C, FMA, LOAD, STORE)               \
-    ROPE_ROWS(NAME##_rows, T, C, FMA, LOAD, STORE)              \
-    void NAME(const rope_args *a) { split_range(NAME##_rows, a, a->rows, a->grain); }
+#define ROPE_ENTRY(NAME, ID, T, C)                                                                              \
+    void NAME(const rope_args *a) {                                                                             \
+        const rope_call call = {a, pick_row(ID, (int)a->interleaved, a->simd), (i64)sizeof(T), (i64)sizeof(C)}; \
+        split_range(rope_rows, &call, a->rows, a->grain);                                                       \
+    }
 
-ROPE_KERNEL(posenc_rope_float32, float, float, fmaf, IDENTITY, IDENTITY)
-ROPE_KERNEL(posenc_rope_float64, double, double, fma, IDENTITY, IDENTITY)
-ROPE_KERNEL(posenc_rope_bfloat16, uint16_t, float, fmaf, bf16_load, bf16_store)
-#ifdef __FLT16_MAX__ /* compilers with _Float16 (GCC >= 12, clang) also get float16 */
-ROPE_KERNEL(posenc_rope_float16, _Float16, float, fmaf, TO_FLOAT, TO_HALF)
+ROPE_ENTRY(posenc_rope_float32, 0, float, float)
+ROPE_ENTRY(posenc_rope_float64, 1, double, double)
+ROPE_ENTRY(posenc_rope_bfloat16, 2, uint16_t, float)
+#ifdef __FLT16_MAX__
+ROPE_ENTRY(posenc_rope_float16, 3, _Float16, float)
 #endif
+
+/* The highest row level this build has on this CPU: 0 portable, 1 AVX-512, 2 AVX-512 with BF16. */
+int posenc_rope_simd(void) { return simd_level(); }
 
 /* ---- cos/sin tables: cos[n, j] = factor * cos(pos[n] * inv_freq[j]), likewise sin, rounded once to float ----
  *
@@ -225,7 +545,7 @@ static void table_rows(const void *args, i64 n0, i64 n1) {
 void posenc_rope_table(const table_args *a) { split_range(table_rows, a, a->n, a->grain); }
 
 /* The version native.py expects: bump it with any change to rope_args or the entry points. */
-int posenc_rope_abi(void) { return 5; }
+int posenc_rope_abi(void) { return 6; }
 
 /* Threads a call may use: torch's OpenMP setting where built with OpenMP, else 1. */
 int posenc_rope_max_threads(void) {
