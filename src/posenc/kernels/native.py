@@ -12,6 +12,13 @@ Results are bit-equal either way: the same float32 multiplies and fused multiply
 ``addcmul`` and complex ``mul``, rounded once (``-ffp-contract=off`` keeps the compiler from fusing anything
 else). Without ``-march=native`` on a CPU with FMA, ``fmaf`` is a slow library call.
 
+Tuned to the CPU at run time, never at the cost of a bit: rows use AVX-512 intrinsics where cpuid reports AVX-512
+(bfloat16 rounded by AVX512-BF16's ``vcvtne2ps2bf16`` where present), the compiler's loops elsewhere, with the same
+results (``simd_level``); rows are visited in blocks of positions sized from one core's L2 cache
+(``l2_cache_bytes``, ``block_positions``), so a block's cos/sin rows come from memory once for all its heads; threads
+take chunks on demand; and a fresh output's pages are faulted in a run of rows at a time rather than one trap per
+page (``populate_outputs``, Linux).
+
 It also builds the float32 cos/sin tables (``cos_sin_table``, used by ``rope_cos_sin`` on CPU): float64 angles,
 sin and cos together in one float64 pass, rounded once, so the numbers are torch's float64 ops' (checked bit for
 bit) at about a fifth of the time.
@@ -55,7 +62,7 @@ _MIN_PER_THREAD = 1 << 16
 # Share of one core's L2 cache that a block's cos/sin rows may take: the rest holds the rows of x and out streaming
 # through, and what the hardware prefetchers bring in ahead of them.
 _TABLE_SHARE_OF_L2 = 4
-_L2_FALLBACK = 256 << 10  # bytes, where the cache size can't be read: the smallest L2 of x86-64 cores since 2008
+_L2_FALLBACK = 256 << 10  # bytes, where the cache size can't be read: small (Intel cores of 2008-2015 had this)
 _MIN_BLOCK = 16  # positions: shorter runs per head cost more in pointer set-up than a table re-read
 SIMD_LEVELS = ("portable", "AVX-512", "AVX-512 + BF16")  # rope.c's row levels, by number
 #: Fault in fresh output pages a run of rows at a time (``populate_run`` in rope.c, Linux): False for the per-page
