@@ -707,11 +707,13 @@ class HFTarget:
             tick=None if tick is None else lambda n: tick(n * cost, n),
         )  # fmt: skip
 
-    def passkey(self, model, length: int, depth: float, seed: int, tick: Tick | None = None) -> float:  # noqa: ANN001
+    def passkey(self, model, length: int, depth: float, seed: int, tick: Tick | None = None,  # noqa: ANN001
+                outcomes: list[float] | None = None) -> float:  # fmt: skip
+        """Passkey accuracy over ``cfg.trials`` keys; ``outcomes`` gets each key's score (1.0 or 0.0)."""
         cost = self.forward_cost(length)
         return pk.hf_accuracy(
             model, self.tokenizer, length=length, depth=depth, trials=self.cfg.trials, seed=seed,
-            prompts=self._prompts, on_trial=None if tick is None else lambda: tick(cost, 1),
+            prompts=self._prompts, on_trial=None if tick is None else lambda: tick(cost, 1), outcomes=outcomes,
         )  # fmt: skip
 
     def build_ruler(self, lengths: Sequence[int]) -> Any:
