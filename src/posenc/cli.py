@@ -415,7 +415,8 @@ def _add_extend(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--trials",
         type=A.positive_int,
-        help="passkey keys per length and depth, at most (see --stop-width); default 1 (CPU), 5 (lab)",
+        help="passkey keys per length and depth, at most (see --stop-width); default 1 (CPU), 5 (lab); --pick: "
+        "needles per cell in the race, default 20",
     )
     p.add_argument(
         "--finetune-steps", type=A.nonnegative_int, default=0, help="also fine-tune each patch at its target length"
@@ -460,7 +461,8 @@ def _add_extend(sub: argparse._SubParsersAction) -> None:
         "--stop-width",
         type=A.unit_interval,
         help="--trials and --ruler-samples are caps: samples are drawn in rounds of 4 per cell until its 95%% "
-        "interval is disjoint from the best's or at most this wide; default 0.3; 0: fixed counts",
+        "interval is disjoint from the best's or at most this wide; default 0.3; 0: fixed counts (--pick: every "
+        "raced model to the cap instead of racing)",
     )
     p.add_argument("--corpus", help="a text file or folder (default: the Python standard library)")
     p.add_argument(
@@ -517,8 +519,8 @@ def _add_extend(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--budget",
-        help="--pick: time for the whole pick (5400, 90m, 1.5h): sets the most samples per cell from the estimate; "
-        "default 20 samples per cell",
+        help="--pick: a deadline for this run (5400, 90m, 1.5h, 1h30): sampling stops when it passes and the pick "
+        "is made from what was measured (--resume continues); none by default",
     )
     p.add_argument(
         "--plan",

@@ -66,7 +66,7 @@ METRICS = ("ppl", "ppl_past", "passkey")
 #: its Wilson 95% interval ``ci_low``-``ci_high``. Files written before these columns read them as empty.
 COLUMNS = [
     "metric", "method", "factor", "finetune_steps", "finetune_positions", "original_len", "length", "depth",
-    "loss", "ppl", "accuracy", "hits", "n", "ci_low", "ci_high", "status",
+    "loss", "ppl", "accuracy", "hits", "n", "ci_low", "ci_high", "status", "interval",
 ]  # fmt: skip
 KEY_COLUMNS = ("metric", "method", "factor", "finetune_steps", "finetune_positions", "length", "depth")
 #: The settings that differ when a task-lm study is resumed with ``--task ruler`` to add RULER to it.
@@ -81,7 +81,7 @@ RESULTS = KeyedCSV(
     ints=frozenset({"finetune_steps", "original_len", "length", "n"}),
     floats=frozenset({"factor", "depth", "loss", "ppl", "accuracy", "hits", "ci_low", "ci_high"}),
     required=tuple(c for c in KEY_COLUMNS if c != "finetune_positions"),  # files written before it existed...
-    defaults={"finetune_positions": "plain"},  # ...read it as plain
+    defaults={"finetune_positions": "plain", "interval": "wilson"},  # ...read it as plain; intervals were Wilson's
     command="posenc extend",
 )
 read_results = RESULTS.read
@@ -117,10 +117,13 @@ def _row(metric: str, unit: Unit, original: int, length: int, depth: float | Non
     }  # fmt: skip
 
 
-def rate(row: dict, hits: float, n: int) -> dict:
-    """``row`` with a rate measured: ``hits`` of ``n`` (sum of scores in [0, 1]) and its Wilson 95% interval."""
-    low, high = Rate(hits, n).interval
-    row.update(accuracy=hits / n, hits=hits, n=n, ci_low=low, ci_high=high, status="ok")
+def rate(row: dict, hits: float, n: int, anytime: bool = False) -> dict:
+    """``row`` with a rate measured: ``hits`` of ``n`` (sum of scores in [0, 1]) and its 95% interval: Wilson's for
+    a fixed count, the anytime-valid one (``anytime``) where rounds stopped sampling once the rate was clear --
+    ``interval`` says which."""
+    low, high = Rate(hits, n, anytime).interval
+    row.update(accuracy=hits / n, hits=hits, n=n, ci_low=low, ci_high=high, status="ok",
+               interval="anytime" if anytime else "wilson")  # fmt: skip
     return row
 
 
@@ -571,7 +574,7 @@ def _more(target: Any, model: Any, row: dict, count: int, tick: Any, samples: Pa
         finally:
             target.suite = suite
         _keep_samples(samples, row, start, score.scores)
-        return rate(row, hits + score.hits, start + score.n)
+        return rate(row, hits + score.hits, start + score.n, anytime=True)
     cfg, seed = target.cfg, sampling.round_seed(_passkey_seed(target.cfg, length, depth), start)
     target.cfg = dataclasses.replace(cfg, trials=count)  # one call per round: its keys share one prompt prefix
     outcomes: list[float] | None = [] if samples is not None else None
@@ -581,7 +584,7 @@ def _more(target: Any, model: Any, row: dict, count: int, tick: Any, samples: Pa
     finally:
         target.cfg = cfg
     _keep_samples(samples, row, start, outcomes)
-    return rate(row, hits + found, start + count)
+    return rate(row, hits + found, start + count, anytime=True)
 
 
 def _keep_samples(path: Path | None, row: Mapping[str, Any], start: int, scores: Sequence[float] | None) -> None:
