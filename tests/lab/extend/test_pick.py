@@ -158,14 +158,14 @@ def test_pick_end_to_end_then_resume_and_save(llama, corpus, tmp_path, monkeypat
     # each stage's plan line names only what that stage measures
     assert "Plan: 6 models (none, linear x2, yarn x2, yarn x4, self_extend x2, self_extend x4) x perplexity at " \
         "lengths 128 (original 64): 6 forwards" in text
-    assert "x passkey (1 depth x up to 16 keys) at lengths 96 (original 64)" in text
+    assert "x passkey (1 depth x up to 12 keys) at lengths 96 (original 64)" in text
     settings = json.loads((out / "pick.json").read_text())
     assert settings["command"] == "posenc extend --pick" and settings["target"] == 128 and settings["screen"] == 96
     assert settings["cap"] == 8 and "budget" not in settings
     ppl = json.loads((out / "screen-ppl" / "extend.json").read_text())
     assert ppl["measurements"] == [["ppl", 128, None]] and len(ppl["units"]) == 6  # 5 candidates + unpatched
     keys = json.loads((out / "screen-passkey" / "extend.json").read_text())
-    assert keys["measurements"] == [["passkey", 96, 0.5]] and keys["trials"] == 16 and keys["stop_width"] == 0.3
+    assert keys["measurements"] == [["passkey", 96, 0.5]] and keys["trials"] == 12 and keys["stop_width"] == 0.3
     final = json.loads((out / "final" / "extend.json").read_text())
     kept = [u for u in final["units"] if u[0] != "none"]
     assert 1 <= len(kept) <= 5

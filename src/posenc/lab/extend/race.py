@@ -168,20 +168,24 @@ def credible_set(hits: torch.Tensor, n: torch.Tensor, allowed: torch.Tensor, mas
 
 def next_round(v: Verdict, n: torch.Tensor, cap: int, reference: torch.Tensor) -> torch.Tensor:
     """Which models get the next round (LUCB, Kalyanakrishnan et al. 2012, "PAC subset selection in stochastic
-    multi-armed bandits"): the current pick and its strongest challenger -- the other candidate with the highest
-    upper bound on its lead over the pick -- and the unpatched reference while it is still sampled; each only below
-    the ``cap`` (samples per cell), so the race ends when the pick and its challenger both have the cap. Nothing once
-    the verdict stops. Shapes: (R, M) -> bool (R, M).
+    multi-armed bandits"): while the pick is below the ``cap`` (needles per cell), the pick and its strongest
+    challenger -- the other candidate with the highest upper bound on its lead over the pick; once the pick has the
+    cap, the runner-up (the next best estimate) until it has it too; and the unpatched reference while it is still
+    sampled. So the race ends with the pick and the runner-up at the cap, where models tied with them need not be:
+    what more they would show is said as the pick's chance of being the best. Nothing once the verdict stops.
+    Shapes: (R, M) -> bool (R, M).
     """
     r, m = n.shape
-    below = v.active & (n < cap)
     rows = torch.arange(r)
-    challenger_bound = v.high[rows, :, v.pick]  # (R, M): upper bound of rate_j - rate_pick
-    candidates = v.active & ~reference & (torch.arange(m) != v.pick[:, None])
-    challenger = torch.where(candidates, challenger_bound, -torch.inf).argmax(1)
+    below = v.active & (n < cap)
+    others = v.active & ~reference & (torch.arange(m) != v.pick[:, None])
+    challenger = torch.where(others, v.high[rows, :, v.pick], -torch.inf).argmax(1)
+    runner_up = torch.where(others, v.estimate, -torch.inf).argmax(1)  # the first on a tie
+    pick_below = below[rows, v.pick]
+    second = torch.where(pick_below, challenger, runner_up)
     out = torch.zeros_like(below)
     out[rows, v.pick] = True
-    out[rows, challenger] |= candidates[rows, challenger]
+    out[rows, second] |= others[rows, second]
     out |= v.active & reference
     return out & below & ~v.stop[:, None]
 

@@ -30,7 +30,7 @@ from posenc.lab.extend import race
 from posenc.lab.extend.rates import is_rate_metric, model_of
 
 #: Screening: needles per cell at most (rounds of ``race.ROUND``), and how many candidates the race should get.
-SCREEN_CAP = 16
+SCREEN_CAP = 12
 KEEP = 4
 
 

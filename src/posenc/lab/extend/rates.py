@@ -115,7 +115,8 @@ def pool(values: Sequence[Rate | None]) -> Rate | None:
         return None
     anytime = any(r.anytime for r in kept)
     if len({r.n / r.cells for r in kept}) == 1:
-        return Rate(sum(r.hits for r in kept), sum(r.n for r in kept), anytime, sum(r.cells for r in kept))
+        cells = sum(r.cells for r in kept) if anytime else 1  # only the anytime interval reads them
+        return Rate(sum(r.hits for r in kept), sum(r.n for r in kept), anytime, cells)
     n = max(1, int(len(kept) ** 2 / sum(1 / r.n for r in kept)))
     return Rate(round(n * sum(r.value for r in kept) / len(kept), 9), n, anytime)
 
