@@ -11,17 +11,17 @@ The question: *this model was trained for L tokens; which method makes it work a
   plus the variants their papers offer as a setting: YaRN and Self-Extend set for twice the target (``VARIANTS``;
   YaRN's scale factor and Self-Extend's group size grow with it). LongRoPE is not a candidate: its
   per-frequency factors come from a search, not a rule. With ``--save`` only what that format can carry competes.
-- Screening (``broken``, ``survivors``): each candidate's perplexity past L at T (one forward); out if more than
-  ``PPL_BREAK`` times the best one's (the method breaks the language model). The others get one round of passkeys at
-  a shorter length between L and T; out if beyond noise below the best one's; the rest ranked (passkey, then
-  perplexity) and the first ``KEEP`` go on.
-- Racing at T (``posenc.lab.extend.sampling``): the survivors and the unpatched model get needle samples in rounds;
-  a cell stops once its Wilson interval is disjoint from the best's or narrow, so samples go to the cells still in
-  contention (successive halving by evidence, not by a fixed fraction). ``caps`` turns a time budget into the most
-  samples a cell may get.
-- The pick (``choose``): the highest pooled needle rate at T; when others are within noise of it, the cheapest to
-  serve among them (``SERVING``: a RoPE config every engine reads, then one transformers and vLLM read, then what
-  only vLLM/SGLang serve, then a run-time patch), then the lower perplexity past L.
+- Screening (``broken``, ``screened``): each candidate's perplexity past L at T (one forward); out if more than
+  ``PPL_BREAK`` times the best one's (the method breaks the language model). The others get passkeys at a shorter
+  length between L and T in rounds, each round for the candidates in the credible set of the best
+  (``posenc.lab.extend.racing.replay_screen``); the set goes on.
+- Racing at T (``posenc.lab.extend.race``, run by ``posenc.lab.extend.racing``): the survivors and the unpatched model
+  are sampled on the same needles, paired, with anytime-valid intervals; a model stops once another is better beyond
+  noise.
+- The pick (``decide``): the last method standing, or the cheapest to serve (``SERVING``: a RoPE config every engine
+  reads, then one transformers and vLLM read, then what only vLLM/SGLang serve, then a run-time patch) shown within
+  ``race.DELTA`` of every model still sampled; otherwise the best estimate, said to be not shown better, with its
+  chance of being the best and what each cheaper method would cost.
 """
 
 from __future__ import annotations
@@ -48,11 +48,8 @@ NOT_CANDIDATES = {
 VARIANTS = {"yarn": 2.0, "self_extend": 2.0}
 #: Screening: a perplexity past L above this multiple of the best candidate's is out.
 PPL_BREAK = 2.0
-#: Screening: at most this many candidates go on to the race at T.
-KEEP = 4
-#: Samples per needle cell at T when no budget is given (the issue's n >= 20), and the most a budget may buy.
+#: Needles per cell at T when --trials is left out (the issue's n >= 20).
 DEFAULT_CAP = 20
-MAX_CAP = 200
 
 #: A remapping candidate's time per sample relative to a frequency method's, for the plan's estimate. Measured on
 #: SmolLM2-135M, bfloat16, an idle 2-core AMD EPYC, 2026-11-26, at 8,192 tokens: Self-Extend's prefill 1.35x YaRN's
