@@ -136,6 +136,7 @@ ARCHS = {
                  "rope.scaling.factor": 32.0, "rope.scaling.original_context_length": 4096,
                  "rope.freq_base_swa": 10000.0}, {}, 4),  # fmt: skip
     "cohere2": ({"attention.sliding_window": 4096, "rope.freq_base": 50000.0, "rope.freq_base_swa": 1e4}, {}, 8),
+    "cohere2_all_dense": ({"attention.sliding_window": 4096, "attention.sliding_window_pattern": 1}, {}, 3),
     "olmo2": ({"attention.sliding_window": 4096, "rope.scaling.type": "yarn", "rope.scaling.factor": 8.0,
                "rope.scaling.original_context_length": 8192, "rope.freq_base_swa": 1e4}, {}, 8),  # fmt: skip
     "smollm3": ({"rope.freq_base": 5e6}, {}, 8),

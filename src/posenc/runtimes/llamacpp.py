@@ -118,7 +118,9 @@ class _Arch:
         None (the key is not read).
     scale_swa: sliding layers' ``freq_scale``: ``"train"`` (the file's ``1 / factor``) or ``"one"``.
     swa_plain: sliding layers get ``ext_factor`` 0 and ``attn_factor`` 1 (OLMo 2/3).
-    rope_on: which layers rotate: ``"all"``, ``"swa"`` (only sliding ones; all without SWA), ``"nope_step"``.
+    rope_on: which layers rotate: ``"all"``; ``"swa"`` (only sliding ones, Cohere 2); ``"swa_or_dense_model"``
+        (sliding ones, or every layer when the model has no SWA at all, EXAONE 4); ``"nope_step"`` (all but every
+        ``nope_step``-th).
     factors: the factor tensors the architecture creates: ``"freqs_or_longrope"`` (``rope_freqs``, or LongRoPE's
         long/short when the type is longrope), ``"freqs"``, ``"longrope"``, ``"freqs_full"`` (Gemma 4: full layers
         only, required), ``"none"``.
@@ -154,7 +156,9 @@ _ARCHS: dict[str, _Arch] = {
     "gemma4": _Arch(swa="array", base_swa="key_10000", scale_swa="one", factors="freqs_full", per_layer_rot=True),
     "cohere2": _Arch(swa=(4, False), base_swa="unused", rope_on="swa"),
     "olmo2": _Arch(swa=(4, False), swa_when="window", base_swa="unused", swa_plain=True),
-    "exaone4": _Arch(swa=(4, False), swa_when="n_layer_64", base_swa="unused", rope_on="swa", factors="freqs"),
+    "exaone4": _Arch(
+        swa=(4, False), swa_when="n_layer_64", base_swa="unused", rope_on="swa_or_dense_model", factors="freqs"
+    ),
     "smollm3": _Arch(rope_on="nope_step", nope_step=4),
     "llama4": _Arch(
         swa=(4, False), swa_when="llama4", base_swa="key", rope_on="nope_step", nope_step=4, factors="freqs"
@@ -212,17 +216,21 @@ def _layout(arch: str, meta: Mapping[str, Any]) -> tuple[str | None, str | None]
     return None, None
 
 
-def _swa_layers(arch: str, rules: _Arch, meta: Mapping[str, Any], n_layer: int) -> list[bool]:
-    """Which layers are sliding (``is_swa``), as ``load_swa_pattern`` / ``set_swa_pattern`` set them."""
-    key = f"{arch}.attention.sliding_window_pattern"
+def _swa_on(arch: str, rules: _Arch, meta: Mapping[str, Any], n_layer: int) -> bool:
+    """Whether ``load_arch_hparams`` sets a sliding-window type (its pattern may still leave no layer sliding)."""
     window = meta.get(f"{arch}.attention.sliding_window")
-    on = {
+    return {
         "always": True,
         "window": bool(window),
         "n_layer_64": n_layer == 64,
         "llama4": not (window is not None and window == 0),
     }[rules.swa_when]
-    if rules.swa is None or not on:
+
+
+def _swa_layers(arch: str, rules: _Arch, meta: Mapping[str, Any], n_layer: int) -> list[bool]:
+    """Which layers are sliding (``is_swa``), as ``load_swa_pattern`` / ``set_swa_pattern`` set them."""
+    key = f"{arch}.attention.sliding_window_pattern"
+    if rules.swa is None or not _swa_on(arch, rules, meta, n_layer):
         return [False] * n_layer
     value = meta.get(key)
     if rules.swa == "array" and not isinstance(value, tuple):
@@ -322,6 +330,7 @@ def _layers(meta: Mapping[str, Any], tensors: Mapping[str, Any], *, n_ctx: int |
 
     # sliding layers
     is_swa = _swa_layers(arch, rules, meta, n_layer)
+    swa_model = rules.swa is not None and _swa_on(arch, rules, meta, n_layer)  # swa_type != NONE
     base_swa, scale_swa = base, freq_scale
     swa_key = f"{arch}.rope.freq_base_swa"
     if any(is_swa) and rules.base_swa in ("key", "key_10000"):
@@ -361,7 +370,7 @@ def _layers(meta: Mapping[str, Any], tensors: Mapping[str, Any], *, n_ctx: int |
         nope = n_layer  # "always use rope" -- (il + 1) % n_layer also skips the last layer, as the graph does
     layers = []
     for il in range(n_layer):
-        rotates = {"all": True, "swa": is_swa[il] or not any(is_swa),
+        rotates = {"all": True, "swa": is_swa[il], "swa_or_dense_model": is_swa[il] or not swa_model,
                    "nope_step": nope > 0 and (il + 1) % nope != 0}[rules.rope_on]  # fmt: skip
         if not rotates:
             layers.append(LayerRope(None, 1.0, 0, layout, kind, {"sliding": is_swa[il]}))
