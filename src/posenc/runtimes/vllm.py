@@ -257,8 +257,8 @@ def parse_config(source: Source, runtime: str) -> ParsedConfig:
             model_type = raw.get("model_type")
             if model_type not in CONFIG_MAPPING:
                 raise _Refused(
-                    f"model_type={model_type!r} is unknown to transformers {version}: {runtime} needs the model's "
-                    "own config class (--trust-remote-code), which posenc does not run (not verified)"
+                    f"not verified: model_type={model_type!r} is unknown to transformers {version}: {runtime} needs "
+                    "the model's own config class (--trust-remote-code), which posenc does not run"
                 )
             try:
                 config = CONFIG_MAPPING[model_type].from_dict(json.loads(json.dumps(raw)))
@@ -441,10 +441,11 @@ _VLLM_READS["deepseek_llama_scaling"] = _VLLM_READS["deepseek_yarn"]
 
 def unread(rp: Mapping[str, Any], reads: set[str], where: str, rope_type: str) -> list[str]:
     """``where[key]=value`` for the keys of ``rp`` that the runtime does not read for ``rope_type``."""
+    layer_types = ("full_attention", "sliding_attention", "chunked_attention")  # reported by the model files
     return [
         f"{where}[{k!r}]={v!r} (not read for rope_type {rope_type!r})"
         for k, v in rp.items()
-        if k not in reads and k not in _ROTARY_KEYS and v is not None
+        if k not in reads and k not in _ROTARY_KEYS and k not in layer_types and v is not None
     ]
 
 
