@@ -687,7 +687,8 @@ def _vllm_layers(parsed: ParsedConfig, gguf: bool) -> tuple[list[Built], list[st
     rp = rope_parameters(text)
     dca = getattr(text, "dual_chunk_attention_config", None)
     if dca is not None and family not in ("qwen2", "qwen3"):
-        ignored.append("dual_chunk_attention_config (read by vLLM's Qwen2/Qwen3 model files only)")
+        why = "not passed to get_rope by this model file" if family else "this model file not read: not verified"
+        ignored.append(f"dual_chunk_attention_config ({why}; vLLM's qwen2.py and qwen3.py pass it)")
     if family is None:
         family = "llama"
         notes.append(f"not verified: vLLM's model file for {arch} was not read; read as llama.py reads its config")
