@@ -304,10 +304,12 @@ def _number(value: float) -> str:
 
 def _layer_list(indices: Sequence[int], layers: Sequence[LayerRope]) -> str:
     """``layers 0, 2 (sliding_attention)``: which layers, and their type where the model has types."""
-    shown = ", ".join(str(i) for i in indices[:6]) + (f", ... ({len(indices)} in all)" if len(indices) > 6 else "")
     kinds = sorted({str(layers[i].params.get("layer_type")) for i in indices if layers[i].params.get("layer_type")})
-    word = "layer" if len(indices) == 1 else "layers"
-    return f"{word} {shown}" + (f" ({', '.join(kinds)})" if kinds else "")
+    types = f" ({', '.join(kinds)})" if kinds else ""
+    if len(indices) == len(layers) and len(layers) > 2:
+        return f"all {len(layers)} layers{types}"
+    shown = ", ".join(str(i) for i in indices[:6]) + (f", ... ({len(indices)} in all)" if len(indices) > 6 else "")
+    return f"{'layer' if len(indices) == 1 else 'layers'} {shown}{types}"
 
 
 def _same_value(a: Any, b: Any) -> bool:
@@ -562,32 +564,39 @@ def all_same(rows: Sequence[Row]) -> bool:
 
 
 _STYLES = {"same": "green", "differs": "bold red", "cannot run this": "bold red", "not verified": "yellow"}
+HEADERS = ["runtime", "verdict", "max |Δ inv_freq|", "Δ attention", "rotary", "context"]
 
 
 def _cells(row: Row) -> list[str]:
     delta = "-" if row.max_inv_freq_delta is None else _number(row.max_inv_freq_delta)
     factor = "-" if row.attention_factor_delta is None else _number(row.attention_factor_delta)
     context = "no limit" if row.context is None and row.layers else "-" if row.context is None else str(row.context)
-    return [row.runtime, row.status, delta, factor, row.rotary, context, row.verdict.partition(": ")[2]]
+    return [row.runtime, row.status, delta, factor, row.rotary, context]
 
 
-HEADERS = ["runtime", "verdict", "max |Δ inv_freq|", "Δ attention", "rotary", "context", "why / fix"]
+def _footer(rows: Sequence[Row]) -> list[tuple[str, str]]:
+    """``(text, style)`` lines under the table: the reference, each verdict that is not ``same`` in full (why, the
+    numbers, the fix), then the runtimes' notes."""
+    lines = [(f"reference: {rows[0].reference}", "")] if rows else []
+    lines += [(f"{row.runtime}: {row.verdict}", _STYLES[row.status]) for row in rows if row.status != "same"]
+    lines += [(f"{row.runtime}: {note}", "dim") for row in rows for note in row.notes
+              if not note.startswith("not verified")]  # fmt: skip  # those are in the verdict
+    return lines
 
 
 def format_rows(rows: Sequence[Row]) -> str:
-    """The table as plain text (one line per runtime, then each verdict in full)."""
-    cells = [_cells(row)[:6] for row in rows]
-    widths = [max(len(h), *(len(c[j]) for c in cells)) for j, h in enumerate(HEADERS[:6])]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(HEADERS, widths, strict=False))]
+    """The table as plain text: one line per runtime, then the reference, the verdicts and the notes."""
+    cells = [_cells(row) for row in rows]
+    widths = [max(len(h), *(len(c[j]) for c in cells)) for j, h in enumerate(HEADERS)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(HEADERS, widths, strict=True))]
     lines += ["  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)) for line in cells]
-    if rows:
-        lines.append(f"reference: {rows[0].reference}")
-    lines += [f"{row.runtime}: {row.verdict}" for row in rows if row.status != "same"]
-    return "\n".join(lines)
+    return "\n".join([*lines, *(text for text, _ in _footer(rows))])
 
 
 def print_rows(rows: Sequence[Row], *, title: str | None = None, file: Any = None) -> None:
-    """Print the table: with rich where it is installed (``posenc[lab]``), as plain text otherwise."""
+    """Print the table (one row per runtime), then each verdict that is not ``same`` in full and the notes: with rich
+    where it is installed (``posenc[lab]``), as plain text otherwise. In a pipe or a file the lines are at least 200
+    columns wide (``$COLUMNS`` when wider), as every posenc table."""
     import sys
 
     out = sys.stdout if file is None else file
@@ -599,23 +608,20 @@ def print_rows(rows: Sequence[Row], *, title: str | None = None, file: Any = Non
             print(title, file=out)
         print(format_rows(rows), file=out)
         return
-    table = Table(title=title, caption=f"reference: {rows[0].reference}" if rows else None)
+    table = Table(title=title, title_justify="left")
     for j, header in enumerate(HEADERS):
-        table.add_column(header, justify="right" if j in (2, 3, 5) else "left", overflow="fold",
-                         style="cyan" if j == 0 else None)  # fmt: skip
+        table.add_column(header, justify="right" if j in (2, 3, 5) else "left", style="cyan" if j == 0 else None)
     for row in rows:
         cells = _cells(row)
         cells[1] = f"[{_STYLES[row.status]}]{cells[1]}[/]"
-        table.add_row(*cells[:6], _escape(cells[6]))
+        table.add_row(*cells)
     tty = getattr(out, "isatty", lambda: False)()
     columns = os.environ.get("COLUMNS", "")
     width = None if tty else max(200, int(columns) if columns.isdigit() else 0)  # never cut at 80 in a pipe
     console = Console(file=out, width=width)
     console.print(table)
-    for row in rows:
-        for note in row.notes:
-            if not note.startswith("not verified"):  # those are the verdict
-                console.print(f"[dim]{row.runtime}: {_escape(note)}[/]")
+    for text, style in _footer(rows):
+        console.print(_escape(text), style=style or None)
 
 
 def _escape(text: str) -> str:
