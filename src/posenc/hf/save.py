@@ -9,8 +9,9 @@ it, as does the ``extend_context`` call the warning names after a plain transfor
 method (ChunkLlama's DCA included, which those engines would run with another logit factor) and ALiBi's slope
 interpolation (a forward hook) are refused, naming every ``extend_context`` call made since the model was loaded, in
 order, so that saving the model as loaded and making them again rebuilds it. ``config.json`` records those calls
-under the key ``"posenc"`` (``posenc.hf._record``). Two things the plain ``model.save_pretrained`` gets in the way
-of:
+under the key ``"posenc"`` (``posenc.hf._record``). Once written, the folder is checked as ``posenc check`` checks
+it and the table printed (``check=True``; ``posenc.runtimes.check``). Two things the plain ``model.save_pretrained``
+gets in the way of:
 
 - a model transformers loaded from GGUF keeps ``config.quantization_config`` and ``model.hf_quantizer``, and refuses
   to save although its weights are plain floats; both are dropped on a copy, the caller's model keeps them;
@@ -153,6 +154,7 @@ def save_pretrained(
     out_dir: str | os.PathLike,
     *,
     dtype: torch.dtype | str | None = None,
+    check: bool = True,
 ) -> Path:
     """Write ``model`` (its weights as safetensors, config, generation config) and ``tokenizer`` into a new folder.
 
@@ -162,6 +164,9 @@ def save_pretrained(
         out_dir: a folder that does not exist yet, or is empty.
         dtype: the saved weights' dtype (``torch.bfloat16`` or ``"bfloat16"``, float16, float32, float64); default
             the model's.
+        check: print, once the folder is written, what transformers, vLLM, SGLang and llama.cpp will run from it
+            against what posenc measured (``posenc check``'s table; milliseconds, nothing more is read than
+            ``config.json``). ``posenc.runtimes.check.check(out_dir)`` returns the same rows.
 
     Returns:
         ``out_dir`` as a Path.
@@ -210,7 +215,23 @@ def save_pretrained(
         clone.save_pretrained(partial)
         if tokenizer is not None:
             tokenizer.save_pretrained(partial)
+    if check:
+        print_check(out)
     return out
+
+
+def print_check(path: Path) -> list | None:
+    """``posenc check``'s table for what a save wrote, printed; the rows (None where nothing could be compared: the
+    save stands, the one line printed says why)."""
+    from posenc.runtimes.check import check, print_rows
+
+    try:
+        rows = check(path)
+    except ValueError as err:  # e.g. an ALiBi model: no runtime reader reads RoPE there
+        print(f"posenc check {path}: not compared ({err})")
+        return None
+    print_rows(rows, title=f"What each runtime runs for {path} (posenc check)")
+    return rows
 
 
 def check_new_path(name: str, path: str | os.PathLike) -> None:

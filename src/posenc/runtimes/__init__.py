@@ -42,6 +42,10 @@ class LayerRope:
     method: str  # the rope type as the runtime reads it ("default", "yarn", "dynamic", ...)
     params: Mapping[str, Any]  # the parameters as the runtime reads them (factor, original length, betas ...)
     length_dependent: bool = False  # frequencies change with the sequence length (dynamic, longrope)
+    #: For a length-dependent layer, ``(inv_freq (F,) float64, attention_factor)`` the runtime uses for a sequence of
+    #: ``n`` tokens; ``inv_freq`` above is then the one for sequences up to the original context. None: not given
+    #: (``posenc.runtimes.check`` then verifies such a layer at that one length only, and says so).
+    at_length: Callable[[int], tuple[torch.Tensor, float]] | None = dataclasses.field(default=None, compare=False)
 
 
 @dataclasses.dataclass(frozen=True)

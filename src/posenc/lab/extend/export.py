@@ -9,7 +9,10 @@ the config, tokenizer and a weight-free (meta) copy before any weight is read (a
 included); nothing but ``PATH`` is written, and ``PATH`` appears whole or not at all (``posenc.hf.save_pretrained``
 writes a folder beside it under a temporary name and renames it into place; ``posenc.hf.save_gguf`` writes a file
 the same way); an interrupted export also removes the folders it created above ``PATH``. The weights are written as
-the source holds them (``--dtype auto``), so only the RoPE config changes.
+the source holds them (``--dtype auto``), so only the RoPE config changes. Once written, ``PATH`` is checked as
+``posenc check PATH`` checks it (``posenc.runtimes.check``: what transformers, vLLM, SGLang and llama.cpp run from its
+``config.json`` or GGUF header, against what posenc measured); the table ends the export's output and
+``Exported.check`` holds the rows.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ class Exported:
     how: list[str]
     seconds: float
     weights: str = ""
+    check: tuple = ()  # posenc.runtimes.check.Row per runtime: what each runs from PATH against what posenc measured
 
 
 def export(
@@ -104,7 +108,7 @@ def export(
     weights = _load(target)
     description = target._extend(weights, method, cfg.factors[0])
     if written.suffix.lower() == ".gguf":
-        target.save(weights, written, tensor_type=save_type)  # posenc.hf.save_gguf writes atomically
+        target.save(weights, written, tensor_type=save_type, check=False)  # posenc.hf.save_gguf writes atomically
         written_as = "tensors as in the source" if save_type == "source" else f"matrices as {save_type}"
     else:
         _save_folder(target, weights, written)
@@ -113,17 +117,23 @@ def export(
             else f"converted from the source's {_name(source_dtype)} (--dtype)"
         )  # fmt: skip
     context = round(target.original_len * cfg.factors[0])
+    from posenc.runtimes.check import check as check_runtimes
+
+    rows = tuple(check_runtimes(written))  # what each runtime runs from what was written: config.json or the header
     result = Exported(
         path=written, label=name, original_len=target.original_len, context=context,
         description={k: v for k, v in description.items() if isinstance(v, (str, int, float, bool, list, dict))},
         how=how_to_run(written, method, cfg.factors[0], context, _record.reapply(weights)),
-        seconds=time.perf_counter() - start, weights=written_as,
+        seconds=time.perf_counter() - start, weights=written_as, check=rows,
     )  # fmt: skip
     if progress:
         kind = "a GGUF file llama.cpp runs" if written.suffix.lower() == ".gguf" else "a transformers folder"
         print(f"Wrote {name} of {target.name} to {written} ({kind}, {written_as}; context {target.original_len} -> "
               f"{context} tokens) in {result.seconds:.1f} s")  # fmt: skip
         print("\n".join(result.how))
+        from posenc.runtimes.check import print_rows
+
+        print_rows(rows, title=f"Before you deploy: what each runtime runs for {written} (posenc check)")
     return result
 
 
@@ -176,7 +186,7 @@ def _save_folder(target: Any, model: Any, folder: Path) -> None:
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ServedOnlyWarning)
-        target.save(model, folder, dtype=model.dtype)
+        target.save(model, folder, dtype=model.dtype, check=False)  # export prints the check with its own output
 
 
 def how_to_run(path: Path, method: str, factor: float, context: int, reapply: str = "") -> list[str]:

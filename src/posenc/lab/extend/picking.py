@@ -411,7 +411,7 @@ def _save(cfg: ExtendConfig, out: Path, unit: tuple, save: str | Path, save_type
     path = check_save(save, resolved, model_target, out, save_type)
     model_target.load()
     patched, _, _ = _model_for(model_target, unit)
-    model_target.save(patched, path, tensor_type=save_type)
+    model_target.save(patched, path, tensor_type=save_type, check=progress)
     if progress:
         print(f"Saved the pick, {label(*unit)}, to {path}")
     return path

@@ -391,7 +391,7 @@ def run_extend(
             save_unit = (cfg.methods[0], cfg.factors[0], cfg.finetune_steps, cfg.finetune_positions[0])
         else:
             model, _ = target.patched(cfg.methods[0], cfg.factors[0])
-            target.save(model, save_to, tensor_type=save_type)
+            target.save(model, save_to, tensor_type=save_type, check=progress)
             del model
             if progress:
                 print(f"Saved {label(cfg.methods[0], cfg.factors[0], 0)} to {save_to} ({_saved_as(save_to)})")
@@ -424,7 +424,7 @@ def run_extend(
         if tuned_dir is not None:
             tuned[name] = tuned_dir
         if unit == save_unit:
-            target.save(model, save_to, tensor_type=save_type)
+            target.save(model, save_to, tensor_type=save_type, check=progress)
             if progress:
                 print(f"Saved {name} to {save_to} ({_saved_as(save_to)})")
         with study.bar(name) as tick, _said_in_report(target):
