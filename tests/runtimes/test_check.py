@@ -112,6 +112,58 @@ def test_every_frequency_method_export_writes_is_same_for_transformers(folders, 
     assert _row(check(written.path, ["transformers"], length=128 if method != "dynamic" else 4096)).status == "same"
 
 
+@pytest.mark.parametrize("method", ["linear", "ntk", "dynamic", "yarn", "llama3", "dca_vllm"])
+def test_export_offers_only_the_runtimes_the_check_shows_same(folders, tmp_path, method):
+    """What export prints as the ways to run the model: a runtime is offered (its command) only where the check says
+    ``same``, and named with its verdict otherwise -- dynamic NTK is not offered to vLLM
+    (it serves it at one base)."""
+    from posenc.lab.extend.export import export
+
+    kind = "qwen2" if method == "dca_vllm" else "llama"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        written = export(str(folders[kind]), method, 2.0, tmp_path / method, progress=False)
+    status = {row.runtime: row.status for row in written.check}
+    how = "\n".join(written.how)
+    assert ("vllm serve" in how) == (status["vllm"] == "same"), (status, how)
+    assert ("from_pretrained(" in how and "Load it with transformers" in how) == (status["transformers"] == "same")
+    for runtime, name in (("vllm", "vLLM"), ("sglang", "SGLang")):
+        if status[runtime] != "same" and (runtime == "vllm" or method == "dca_vllm"):
+            assert f"  {name}: {status[runtime]}" in how
+    if method == "dynamic":
+        for runtime in ("vllm", "sglang", "llamacpp"):
+            row = _row(written.check, runtime)
+            assert row.status == "differs" and "one set of frequencies at every length" in row.verdict, row.verdict
+    else:
+        assert status["transformers"] == ("differs" if method == "dca_vllm" else "same")
+
+
+def test_a_llama_folder_runs_in_llamacpp_with_the_converters_permuted_rows(folders):
+    """convert_hf_to_gguf.py permutes a Llama's q/k rows: llama.cpp's neighbouring pairs on the file are transformers'
+    halves on the folder, so the layouts agree; Qwen2 is converted unpermuted and rotated by halves (NEOX)."""
+    for kind in ("llama", "qwen2"):
+        view = read(Source.open(folders[kind]), "llamacpp")
+        assert {layer.layout for layer in view.layers} == {"half"}
+        assert any("permutes each head's q/k rows" in n for n in view.notes) == (kind == "llama")
+        assert _row(check(folders[kind], ["llamacpp"]), "llamacpp").status == "same"
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "qwen3"])
+def test_a_dca_folder_is_flagged_where_a_runtime_drops_the_key(tmp_path, kind):
+    """llama.cpp has no Dual Chunk Attention (the converter writes no key for it); SGLang's qwen3.py does not pass
+    dual_chunk_attention_config to its RoPE: both run the model without DCA. Equal frequencies are not enough."""
+    folder = _saved(tmp_path, kind, ("dca_vllm", 2.0))
+    rows = check(folder)
+    llamacpp = _row(rows, "llamacpp")
+    assert llamacpp.status == "differs" and "ignores dual_chunk_attention_config" in llamacpp.verdict
+    sglang = _row(rows, "sglang")
+    if kind == "qwen3":
+        assert sglang.status == "differs" and "ignores dual_chunk_attention_config" in sglang.verdict
+    else:
+        assert sglang.status == "not verified"
+    assert _row(rows, "vllm").status == "not verified"  # whether vLLM's V1 engine serves DCA's attention
+
+
 def test_a_dca_folder_is_run_unextended_by_transformers(folders, tmp_path):
     from posenc.lab.extend.export import export
 
@@ -132,10 +184,42 @@ def test_a_dca_folder_is_run_unextended_by_transformers(folders, tmp_path):
 def test_yarn_without_its_original_length_is_flagged_with_the_key_to_add(tmp_path):
     folder = _saved(tmp_path, "llama", ("yarn", 4.0))
     assert _row(check(folder, ["transformers"])).status == "same"
-    _edit(folder, lambda c: c["rope_parameters"].pop("original_max_position_embeddings"))  # a converter dropped it
+
+    def drop(config):  # a converter dropped it, from the keys of both generations
+        for key in ("rope_parameters", "rope_scaling"):
+            config[key].pop("original_max_position_embeddings")
+
+    _edit(folder, drop)
     row = _row(check(folder, ["transformers"]))
     assert row.status == "differs" and row.max_inv_freq_ratio > 1e3
     assert "rope_parameters['original_max_position_embeddings'] = 32 (read: 128)" in row.verdict
+
+
+def test_a_save_writes_the_transformers_4_keys_beside_rope_parameters(tmp_path):
+    """``rope_scaling``, ``rope_theta`` (and ``partial_rotary_factor``) say what ``rope_parameters`` says: a stack
+    pinned to transformers 4 runs the measured RoPE; plain RoPE is ``rope_scaling: null``; Gemma's per-layer-type
+    parameters are left alone."""
+    for calls, kind in ((("yarn", 4.0),), "yarn"), ((("linear", 2.0),), "linear"), ((), "default"):
+        folder = _saved(tmp_path, "llama", *calls, name=kind)
+        config = json.loads((folder / "config.json").read_text())
+        params = config["rope_parameters"]
+        assert config["rope_theta"] == params["rope_theta"]
+        if kind == "default":
+            assert config["rope_scaling"] is None
+        else:
+            assert config["rope_scaling"] == {k: v for k, v in params.items() if k != "rope_theta"}
+        source = Source.open(folder)
+        old, new = read_transformers4(source), read(source, "transformers")
+        assert compare(old, reference(source, new)).status == "same"
+        assert not any("transformers < 5" in note for note in new.notes)
+    from posenc.hf.save import with_v4_rope_keys
+
+    per_type = {"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                                    "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}}  # fmt: skip
+    assert with_v4_rope_keys(per_type) == per_type
+    partial = {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}}
+    assert with_v4_rope_keys(partial) == {**partial, "rope_theta": 1e4, "rope_scaling": None,
+                                          "partial_rotary_factor": 0.5}  # fmt: skip
 
 
 def test_a_rope_scaling_beside_rope_parameters_shadows_it_in_transformers_5(tmp_path):
@@ -171,6 +255,8 @@ def test_gemma_sliding_layers_at_the_full_layers_base_are_flagged_by_layer(tmp_p
 
 def test_a_v5_only_config_read_the_transformers_4_way_is_flagged(tmp_path):
     folder = _saved(tmp_path, "llama", ("yarn", 2.0))
+    # as a tool that writes rope_parameters alone leaves it (posenc's save writes both generations' keys)
+    _edit(folder, lambda c: [c.pop(key) for key in ("rope_scaling", "rope_theta")])
     source = Source.open(folder)
     row = compare(read_transformers4(source), reference(source))
     assert row.status == "differs" and "attention factor 1 where posenc measured 1.06931" in row.verdict

@@ -120,7 +120,7 @@ def check_model(model: torch.nn.Module) -> Any:
             instead = f"llama.cpp has no {method.name}. {rebuild_advice(model)}"
             if method.name.startswith("dca"):
                 instead += (
-                    " (vLLM and SGLang run DCA in their form, dca_vllm, from a Qwen2/Qwen3 transformers folder's "
+                    " (vLLM runs DCA in its form, dca_vllm, from a Qwen2/Qwen3 transformers folder's "
                     "dual_chunk_attention_config)"
                 )
         fail("model", f"patched with {method.name}", f"a model whose RoPE a GGUF records: {instead}")

@@ -346,16 +346,21 @@ def _compare_tables(a: LayerRope, b: LayerRope, inv_a: torch.Tensor, inv_b: torc
 
 
 def _probe_lengths(ref: Reference, length: int | None) -> list[int]:
-    """The lengths at which length-dependent layers are compared: ``length``, else the context posenc extended to
-    (twice the original for dynamic NTK, which has none)."""
+    """The lengths at which length-dependent layers are compared: ``length``, else the context posenc extended to;
+    dynamic NTK, which has none, at its factor times the original context and at twice that (where a runtime that
+    serves it at one fixed base parts from it)."""
     if length is not None:
         return [length]
     if ref.context is not None:
         return [int(ref.context)]
     originals = [layer.params.get("max_position_embeddings") or layer.params.get("original_max_position_embeddings")
                  for layer in ref.layers if layer.length_dependent]  # fmt: skip
-    originals = [int(x) for x in originals if x]
-    return [2 * max(originals)] if originals else []
+    originals = [int(x) for x in originals if x] or ([int(ref.original)] if ref.original else [])
+    if not originals:
+        return []
+    factors = [float(layer.params.get("factor") or 2.0) for layer in ref.layers if layer.length_dependent]
+    reach = math.ceil(max(factors, default=2.0) * max(originals))
+    return [reach, 2 * reach]
 
 
 def _rotary_text(layers: Sequence[LayerRope]) -> str:
@@ -366,11 +371,16 @@ def _rotary_text(layers: Sequence[LayerRope]) -> str:
     return f"{'/'.join(str(d) for d in dims)} {'/'.join(layouts)}"
 
 
+def _ignores(view: RuntimeView, key: str) -> bool:
+    """Whether the runtime ignores config key ``key`` (an entry is the key, or the key and why in parentheses)."""
+    return any(entry == key or entry.startswith(key + " ") for entry in view.ignored)
+
+
 def _fix_for_remap(runtime: str, remap: Mapping[str, Any], path: str) -> str:
     if runtime == "transformers":
         return (f"load it with posenc.hf.load_causal_lm({path!r}), which applies it, or after from_pretrained call "
                 f"{remap['call']}")  # fmt: skip
-    return f"serve it with a runtime that reads {remap['key']} (vLLM, SGLang)"
+    return f"serve it with a runtime this table does not show ignoring {remap['key']}"
 
 
 def compare(view: RuntimeView, ref: Reference, length: int | None = None) -> Row:
@@ -444,14 +454,28 @@ def compare(view: RuntimeView, ref: Reference, length: int | None = None) -> Row
     if factors:
         problems.append(f"{_layer_list(bad_factor, layers)}: {factors}")
     if bad_freq or bad_factor:
-        shadowed = [k for k in view.ignored if k not in {r["key"] for r in ref.remaps}]
+        shadowed = [k for k in view.ignored if not any(k == r["key"] or k.startswith(r["key"] + " ")
+                                                        for r in ref.remaps)]  # fmt: skip
         if shadowed:
             problems.append(f"{view.runtime} ignores {', '.join(shadowed)}")
         gguf = ref.kind == "gguf"  # a GGUF has no rope_parameters to edit
-        keys = [] if gguf else _param_fixes(view, ref, sorted(set(bad_freq) | set(bad_factor)))
-        if not keys and not gguf:
-            problems.append(f"{view.runtime} reads the same parameters and computes other frequencies from them")
-        fixes += keys
+        bad = sorted(set(bad_freq) | set(bad_factor))
+        static = [i for i in bad if ref.layers[i].length_dependent and not view.layers[i].length_dependent]
+        dropped = [k for k in view.ignored if k.startswith("rope_parameters.rope_type=")]
+        if static:
+            kind = ref.layers[static[0]].method
+            problems.append(f"{view.runtime} runs one set of frequencies at every length where posenc's {kind} "
+                            "changes them with the length")  # fmt: skip
+            fixes.append(f"no config key makes {view.runtime} run {kind}: extend with a method whose frequencies "
+                         "are fixed (yarn, ntk, linear, llama3) to serve it there")  # fmt: skip
+        elif dropped or (view.runtime == "llamacpp" and not gguf):
+            if not shadowed:
+                problems.append(f"{view.runtime} computes other frequencies from this config")
+        else:
+            keys = [] if gguf else _param_fixes(view, ref, bad)
+            if not keys and not gguf:
+                problems.append(f"{view.runtime} reads the same parameters and computes other frequencies from them")
+            fixes += keys
         if view.runtime == "transformers" and gguf:
             fixes.insert(0, f"load it with posenc.hf.load_causal_lm({ref.path!r}) (transformers' GGUF loader drops "
                          "rope.scaling.*), or run it with llama.cpp")  # fmt: skip
@@ -462,7 +486,7 @@ def compare(view: RuntimeView, ref: Reference, length: int | None = None) -> Row
                           f"{view.runtime}'s reader gives them at one length only (compared up to the original "
                           "context)")  # fmt: skip
     for remap in ref.remaps:
-        if remap["key"] in view.ignored:
+        if _ignores(view, remap["key"]):
             problems.append(f"ignores {remap['key']}: posenc measured {remap['method']}, {view.runtime} runs the model "
                             "without it")  # fmt: skip
             fixes.append(_fix_for_remap(view.runtime, remap, ref.path))
@@ -608,7 +632,7 @@ def print_rows(rows: Sequence[Row], *, title: str | None = None, file: Any = Non
             print(title, file=out)
         print(format_rows(rows), file=out)
         return
-    table = Table(title=title, title_justify="left")
+    table = Table()  # the title is printed above it, unwrapped: a path longer than the table stays on one line
     for j, header in enumerate(HEADERS):
         table.add_column(header, justify="right" if j in (2, 3, 5) else "left", style="cyan" if j == 0 else None)
     for row in rows:
@@ -619,6 +643,8 @@ def print_rows(rows: Sequence[Row], *, title: str | None = None, file: Any = Non
     columns = os.environ.get("COLUMNS", "")
     width = None if tty else max(200, int(columns) if columns.isdigit() else 0)  # never cut at 80 in a pipe
     console = Console(file=out, width=width)
+    if title:
+        console.print(_escape(title), style="bold", soft_wrap=True)
     console.print(table)
     for text, style in _footer(rows):
         console.print(_escape(text), style=style or None)

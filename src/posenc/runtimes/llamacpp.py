@@ -517,6 +517,9 @@ def read_gguf(header: Any, *, n_ctx: int | None = None) -> RuntimeView:
 CONVERTED = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2",
              "Qwen3ForCausalLM": "qwen3", "Gemma3ForCausalLM": "gemma3",
              "Gemma3ForConditionalGeneration": "gemma3"}  # fmt: skip
+#: The architectures whose q/k rows the converter permutes (``conversion/llama.py``: ``LlamaModel.undo_permute``):
+#: llama.cpp's interleaved rotation of the file is transformers' half rotation of the folder.
+PERMUTED = {"LlamaForCausalLM", "MistralForCausalLM"}
 
 
 def _find(hp: Mapping[str, Any], keys: tuple[str, ...]) -> Any:
@@ -616,6 +619,9 @@ def convert(config: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, list[f
     if sliding.get("rope_type", "default") != "default":
         ignored.append(f"rope_parameters.sliding_attention.rope_type={sliding['rope_type']!r} (the converter writes "
                        "the full-attention layers' scaling only)")  # fmt: skip
+    if hp.get("dual_chunk_attention_config"):
+        ignored.append("dual_chunk_attention_config (the converter writes no key for it and llama.cpp has no dual "
+                       "chunk attention: it runs the model's plain RoPE over the whole context)")  # fmt: skip
     if hp.get("head_dim") is not None:
         put("attention.key_length", int(hp["head_dim"]))
     if params.get("partial_rotary_factor", 1.0) not in (None, 1.0):
@@ -680,6 +686,12 @@ def read_config(config: Mapping[str, Any], *, n_ctx: int | None = None) -> Runti
         layers, context = _layers(meta, tensors, n_ctx=n_ctx, out=out)
     except _Refused as err:
         return RuntimeView("llamacpp", FOLLOWS, (), None, tuple(out.ignored), str(err), tuple(out.notes))
+    if (config.get("architectures") or [None])[0] in PERMUTED:
+        layers = tuple(dataclasses.replace(layer, layout="half") if layer.layout == "interleaved" else layer
+                       for layer in layers)  # fmt: skip
+        out.notes.append("layout relative to the folder's weights: convert_hf_to_gguf.py permutes each head's q/k "
+                         "rows (LlamaModel.undo_permute) so that llama.cpp's neighbouring pairs rotate what "
+                         "transformers rotates as halves")  # fmt: skip
     return RuntimeView("llamacpp", FOLLOWS, layers, context, tuple(out.ignored), None, tuple(out.notes))
 
 

@@ -20,7 +20,7 @@ The channel layout is not in any config: ``LAYOUTS`` says, per model type, what 
 model file). A model type outside ``LAYOUTS`` is still read with its rotary module, noted ``not verified``.
 
 ``ignored``: keys of the model that change what posenc measured but that transformers does not read --
-``dual_chunk_attention_config`` (no transformers model reads it; vLLM and SGLang run Dual Chunk Attention from it),
+``dual_chunk_attention_config`` (no transformers model reads it; vLLM's Qwen2/Qwen3 and SGLang's Qwen2 read it),
 posenc's own record where it holds an extension the config does not carry (``posenc.hf.load_causal_lm`` applies it,
 transformers does not), ``rope_parameters`` beside a ``rope_scaling`` (transformers 5 takes ``rope_scaling``), keys
 transformers' validation calls unrecognized, and a GGUF's ``rope.scaling.*`` keys and RoPE factor tensors.
@@ -87,8 +87,8 @@ NOPE_LAYERS = ("llama4_text", "smollm3")
 ROTARY_CLASSES = {"llama4_text": "Llama4TextRotaryEmbedding", "gemma4_text": "Gemma4TextRotaryEmbedding"}
 #: Config keys that extend a model in some runtime but that no transformers model reads.
 UNREAD_KEYS = {
-    "dual_chunk_attention_config": "vLLM and SGLang run Dual Chunk Attention from it (Qwen2/Qwen3); no transformers "
-    "model reads it",
+    "dual_chunk_attention_config": "vLLM (Qwen2/Qwen3) and SGLang (Qwen2) read it for Dual Chunk Attention; no "
+    "transformers model reads it",
 }
 
 

@@ -3,7 +3,7 @@
 The model is extended as ``posenc extend --save`` extends it (``HFTarget``: ``posenc.hf.extend_context`` for every
 layer the study would patch) and written with the same checks (``study.check_save``): a pretrained RoPE model
 (ALiBi's slope interpolation is a forward hook no config records), a method a saved config runs as posenc measures
-it (frequency methods; ``dca_vllm`` on Qwen2/Qwen3, which vLLM and SGLang read), a new or empty folder, or a new
+it (frequency methods; ``dca_vllm`` on Qwen2/Qwen3, which vLLM reads), a new or empty folder, or a new
 ``.gguf`` file from a GGUF source with a method llama.cpp runs (``study.GGUF_METHODS``). Everything is checked from
 the config, tokenizer and a weight-free (meta) copy before any weight is read (a path under a regular file
 included); nothing but ``PATH`` is written, and ``PATH`` appears whole or not at all (``posenc.hf.save_pretrained``
@@ -21,6 +21,7 @@ import dataclasses
 import shlex
 import time
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -123,7 +124,8 @@ def export(
     result = Exported(
         path=written, label=name, original_len=target.original_len, context=context,
         description={k: v for k, v in description.items() if isinstance(v, (str, int, float, bool, list, dict))},
-        how=how_to_run(written, method, cfg.factors[0], context, _record.reapply(weights)),
+        how=how_to_run(written, method, cfg.factors[0], context, _record.reapply(weights),
+                       {row.runtime: row.status for row in rows}),
         seconds=time.perf_counter() - start, weights=written_as, check=rows,
     )  # fmt: skip
     if progress:
@@ -189,38 +191,55 @@ def _save_folder(target: Any, model: Any, folder: Path) -> None:
         target.save(model, folder, dtype=model.dtype, check=False)  # export prints the check with its own output
 
 
-def how_to_run(path: Path, method: str, factor: float, context: int, reapply: str = "") -> list[str]:
+def how_to_run(path: Path, method: str, factor: float, context: int, reapply: str = "",
+               status: Mapping[str, str] | None = None) -> list[str]:
     """How to load or run what ``export`` wrote, as commands and code to paste; ``reapply``: the
-    ``extend_context`` calls a transformers load of the folder needs (``posenc.hf._record.reapply``)."""
+    ``extend_context`` calls a transformers load of the folder needs (``posenc.hf._record.reapply``). ``status``:
+    each runtime's verdict from ``posenc check`` (``Row.status``); a runtime is offered as a way to run the model only
+    where it is ``"same"``, and named with its verdict otherwise (None: no check ran, every way is offered)."""
     quoted = shlex.quote(str(path))
+
+    def ok(runtime: str) -> bool:
+        return status is None or status.get(runtime) == "same"
+
+    def other(runtime: str, name: str) -> list[str]:
+        verdict = (status or {}).get(runtime)
+        return [] if verdict in (None, "same") else [f"  {name}: {verdict} (the check below says how and why)"]
+
+    load = f"posenc.hf.load_causal_lm({str(path)!r})"
     if path.suffix.lower() == ".gguf":
-        return [
-            "Run it with llama.cpp (the extension is in the file's rope.scaling keys; -c sets the context to use):",
-            f"  llama-cli -m {quoted} -c {context}",
-            f"  ollama: a Modelfile with 'FROM {path}' and 'PARAMETER num_ctx {context}', then ollama create",
-            f"In Python: posenc.hf.load_causal_lm({str(path)!r}) gives the extended transformers model.",
-        ]
+        lines = []
+        if ok("llamacpp"):
+            lines += [
+                "Run it with llama.cpp (the extension is in the file's rope.scaling keys; -c sets the context to use):",
+                f"  llama-cli -m {quoted} -c {context}",
+                f"  ollama: a Modelfile with 'FROM {path}' and 'PARAMETER num_ctx {context}', then ollama create",
+            ]
+        else:
+            lines += other("llamacpp", "llama.cpp")
+        return [*lines, f"In Python: {load} gives the extended transformers model."]
+    serve = f"  vllm serve {quoted} --max-model-len {context}"
     if method == "dca_vllm":
-        return [
-            "Serve it with vLLM or SGLang (they read its dual_chunk_attention_config):",
-            f"  vllm serve {quoted} --max-model-len {context}",
-            f"In Python: posenc.hf.load_causal_lm({str(path)!r}) gives the extended model (it re-applies DCA); "
-            f"transformers alone loads it unextended: after AutoModelForCausalLM.from_pretrained({str(path)!r}) call "
-            f"{reapply}.",
-        ]
-    lines = [
-        "Load it with transformers (the extension is in its config's RoPE parameters):",
-        f"  AutoModelForCausalLM.from_pretrained({str(path)!r}); AutoTokenizer.from_pretrained({str(path)!r})",
-        f"  vllm serve {quoted} --max-model-len {context}",
-    ]
+        lines = ["Serve it with vLLM (it reads its dual_chunk_attention_config):", serve] if ok("vllm") else [
+            "Serving engines: vLLM and SGLang read dual_chunk_attention_config for some architectures; run "
+            f"posenc check {quoted} before deploying:", *other("vllm", "vLLM"), *other("sglang", "SGLang")]  # fmt: skip
+        return [*lines, f"In Python: {load} gives the extended model (it re-applies DCA); transformers alone loads it "
+                        f"unextended: after AutoModelForCausalLM.from_pretrained({str(path)!r}) call {reapply}."]
+    lines = []
+    if ok("transformers"):
+        name = repr(str(path))
+        lines += ["Load it with transformers (the extension is in its config's RoPE parameters):",
+                  f"  AutoModelForCausalLM.from_pretrained({name}); AutoTokenizer.from_pretrained({name})"]
+    else:
+        lines += other("transformers", "transformers")
+    lines += [serve] if ok("vllm") else other("vllm", "vLLM")
     if method == "dynamic":
         lines.append(
             "Dynamic NTK changes its frequencies with the length, and transformers' KV cache keeps keys rotated with "
-            f"the old ones: posenc.hf.load_causal_lm({str(path)!r}) re-rotates them as posenc does "
-            "(posenc.hf.CacheStaleWarning where that is not exact); generate(..., use_cache=False) runs the full "
-            "forward each step."
+            f"the old ones: {load} re-rotates them as posenc does (posenc.hf.CacheStaleWarning where that is not "
+            "exact); generate(..., use_cache=False) runs the full forward each step."
         )
     else:
-        lines.append(f"In Python: posenc.hf.load_causal_lm({str(path)!r}) gives what posenc.hf.extend_context makes of "
-                     "the source loaded the same way (same dtype; RoPE in float32 in a bfloat16 model).")  # fmt: skip
+        lines.append(f"In Python: {load} gives what posenc.hf.extend_context makes of the source loaded the same way "
+                     "(same dtype; RoPE in float32 in a bfloat16 model).")  # fmt: skip
     return lines

@@ -19,7 +19,7 @@ The question: *this model was trained for L tokens; which method makes it work a
   are sampled on the same needles, paired, with anytime-valid intervals; a model stops once another is better beyond
   noise.
 - The pick (``decide``): the last method standing, or the cheapest to serve (``SERVING``: a RoPE config every engine
-  reads, then one transformers and vLLM read, then what only vLLM/SGLang serve, then a run-time patch) shown within
+  reads, then one transformers reads, then what only serving engines read, then a run-time patch) shown within
   ``race.DELTA`` of every model still sampled; otherwise the best estimate, said to be not shown better, with its
   chance of being the best and what each cheaper method would cost.
 """
@@ -59,8 +59,10 @@ REMAP_COST = 1.5
 #: How a saved pick is served, cheapest first: (tier, where it runs).
 SERVING = {
     "config": (0, "a RoPE config every engine reads (transformers, vLLM, SGLang, llama.cpp via GGUF)"),
-    "dynamic": (1, "a RoPE config transformers and vLLM read (no GGUF key; transformers' cached decoding is stale)"),
-    "dca_vllm": (2, "a dual_chunk_attention_config vLLM and SGLang serve (transformers loads it unextended)"),
+    "dynamic": (1, "a RoPE config transformers reads (vLLM and SGLang serve it at one fixed base; no GGUF key; "
+                "transformers' cached decoding is stale)"),
+    "dca_vllm": (2, "a dual_chunk_attention_config vLLM reads for Qwen2/Qwen3, SGLang for Qwen2 (transformers loads "
+                 "it unextended)"),
     "patch": (3, "a run-time patch: posenc.hf.extend_context after loading, in transformers only"),
 }
 CONFIG_METHODS = ("none", "linear", "ntk", "yarn", "llama3", "longrope")

@@ -309,8 +309,8 @@ def run_extend(
 
     ``save``: a new or empty folder; the study's one patched model (exactly one method and one factor) is written
     there as a transformers folder (a frequency method's config carries it, so ``from_pretrained`` loads it extended;
-    ``dca_vllm`` on Qwen2/Qwen3 is written as ``dual_chunk_attention_config``, which vLLM and SGLang run and
-    transformers ignores; other remapping methods are refused) as soon as the
+    ``dca_vllm`` on Qwen2/Qwen3 is written as ``dual_chunk_attention_config``, which vLLM (Qwen2/Qwen3) and SGLang
+    (Qwen2) read and transformers ignores; other remapping methods are refused) as soon as the
     weights are loaded, before anything is measured, so stopping the study early still leaves it (a fine-tuned one
     once fine-tuned); with task ``ruler``, ``report.md``'s ``lm_eval`` commands name that folder. A path ending in
     ``.gguf`` writes a GGUF file instead (``posenc.hf.save_gguf``; a GGUF source and a method llama.cpp runs,
