@@ -92,6 +92,15 @@ def main() -> None:
             first, later = in_process(path, args.runtimes, args.repeats)
             print(f"| {name}: {path.name} | {min(times):.2f} | {statistics.median(times):.2f} | {first:.2f} | "
                   f"{1e3 * later:.1f} |")  # fmt: skip
+        floors = {"python -c 'import torch'": "import torch",
+                  "... and transformers' LlamaConfig": "import torch; from transformers import LlamaConfig"}
+        for name, code in floors.items():  # what any check in a fresh process pays before reading anything
+            times = []
+            for _ in range(args.repeats):
+                start = time.perf_counter()
+                subprocess.run([sys.executable, "-c", code], check=True)
+                times.append(time.perf_counter() - start)
+            print(f"| floor: {name} | {min(times):.2f} | {statistics.median(times):.2f} | | |")
         print(f"\nload average {os.getloadavg()[0]:.1f} at the end")
 
 

@@ -519,6 +519,16 @@ def test_gguf_drops_the_rope_scaling_keys(tmp_path):
     assert view.context == 64
     assert set(view.ignored) >= {"llama.rope.scaling.type", "llama.rope.scaling.factor"}
     assert any(n.startswith("not verified: vLLM's own GGUF config patches") for n in view.notes)
+    # the config vLLM starts from is AutoConfig's for the GGUF, built here from posenc's header reader
+    import transformers
+
+    from posenc.runtimes.vllm import _gguf_config
+
+    ours, config = _gguf_config(Source.open(path), "vLLM", [], [])
+    theirs = transformers.AutoConfig.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True)
+    assert type(config) is type(theirs)
+    same = {**theirs.to_dict(), "architectures": ours["architectures"], "_name_or_path": ours["_name_or_path"]}
+    assert ours == same  # all but the path the config was loaded from
 
 
 def test_unknown_model_type_is_not_verified(tmp_path):

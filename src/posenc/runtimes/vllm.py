@@ -275,12 +275,19 @@ def parse_config(source: Source, runtime: str) -> ParsedConfig:
 
 
 def _gguf_config(source: Source, runtime: str, notes: list[str], ignored: list[str]) -> tuple[dict, Any]:
-    from transformers import AutoConfig
+    from transformers import CONFIG_MAPPING
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
+    from posenc.runtimes.transformers import _gguf_config as transformers_gguf_config
+
     path = Path(source.path)
+    # AutoConfig.from_pretrained(folder, gguf_file=name) is load_gguf_checkpoint's config dict through the class's
+    # from_dict; the dict is built from posenc's header reader (seconds less: GGUFReader parses the vocabulary too)
+    built, _, why = transformers_gguf_config(source.gguf)
+    if built is None:
+        raise _Refused(f"transformers' GGUF loader refuses {path.name} ({why})")
     try:
-        config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
+        config = CONFIG_MAPPING[built["model_type"]].from_dict(dict(built))
     except Exception as err:
         raise _Refused(f"transformers' GGUF loader refuses {path.name} ({type(err).__name__}: {err})") from err
     if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
