@@ -519,3 +519,20 @@ def test_ctrl_c_while_the_command_starts_is_one_line(monkeypatch, capsys):
     assert captured.out == "" and captured.err == "posenc: interrupted while starting; nothing was done\n"
     project = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]
     assert project["scripts"]["posenc"] == "posenc_entry:main"
+
+
+def test_a_reader_that_closes_the_pipe_ends_the_command_quietly(tmp_path):
+    """``posenc check DIR --json | head``: once the reader is gone, the command ends with exit status 141 (SIGPIPE's,
+    as a Unix tool) and nothing on stderr -- no BrokenPipeError traceback, none at interpreter exit either."""
+    import subprocess
+
+    code = (
+        "import sys, posenc.cli, posenc_entry\n"
+        "def run():\n"
+        "    print('x' * 1000, flush=True)\n"
+        "    raise BrokenPipeError(32, 'Broken pipe')\n"
+        "posenc.cli.main = run\n"
+        "sys.exit(posenc_entry.main())\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 141 and done.stderr == "", done.stderr
