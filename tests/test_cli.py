@@ -243,8 +243,8 @@ NUMERIC = _numeric_options()
 
 def test_every_subcommand_has_its_numbers_checked():
     options = {(c, o) for c, o, _ in NUMERIC}
-    assert {c for c, _ in options} == {"lab", "vision", "extend", "export", "bench", "demo"}
-    assert len(options) == 13 + 12 + 14 + 2 + 4 + 4  # lab, vision, extend, export, bench, demo
+    assert {c for c, _ in options} == {"lab", "vision", "extend", "export", "check", "bench", "demo"}
+    assert len(options) == 13 + 12 + 14 + 2 + 1 + 4 + 4  # lab, vision, extend, export, check, bench, demo
     for command, option in [("lab", "--steps"), ("lab", "--lr"), ("vision", "--crop-scale"), ("extend", "--depths"),
                             ("bench", "--min-run-time"), ("demo", "--head-dim"), ("demo", "--base")]:  # fmt: skip
         assert (command, option) in options
@@ -519,3 +519,20 @@ def test_ctrl_c_while_the_command_starts_is_one_line(monkeypatch, capsys):
     assert captured.out == "" and captured.err == "posenc: interrupted while starting; nothing was done\n"
     project = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]
     assert project["scripts"]["posenc"] == "posenc_entry:main"
+
+
+def test_a_reader_that_closes_the_pipe_ends_the_command_quietly(tmp_path):
+    """``posenc check DIR --json | head``: once the reader is gone, the command ends with exit status 141 (SIGPIPE's,
+    as a Unix tool) and nothing on stderr -- no BrokenPipeError traceback, none at interpreter exit either."""
+    import subprocess
+
+    code = (
+        "import sys, posenc.cli, posenc_entry\n"
+        "def run():\n"
+        "    print('x' * 1000, flush=True)\n"
+        "    raise BrokenPipeError(32, 'Broken pipe')\n"
+        "posenc.cli.main = run\n"
+        "sys.exit(posenc_entry.main())\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 141 and done.stderr == "", done.stderr

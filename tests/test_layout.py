@@ -176,12 +176,16 @@ def test_dependencies_run_one_way(graph):
 
 
 def test_the_core_never_imports_the_interop_package(graph):
-    """``posenc.hf`` (transformers, GGUF) builds on the core, never the reverse, lazily either: the core's own Hugging
-    Face config translation (``RotaryEmbedding.from_hf``) lives in ``posenc.encodings.rotary_hf``. The package root
+    """``posenc.hf`` (transformers, GGUF) and ``posenc.runtimes`` (the runtime readers, on top of it) build on the core,
+    never the reverse, lazily either: the core's own Hugging Face config translation (``RotaryEmbedding.from_hf``)
+    lives in ``posenc.encodings.rotary_hf``. The package root
     is the public facade (``posenc.hf`` is one of its names), not a module the core's code imports."""
-    interop = {m for m in graph if m == "posenc.hf" or m.startswith("posenc.hf.")}
+    def is_interop(m: str) -> bool:  # transformers/GGUF interop, and the runtime readers built on it
+        return any(m == p or m.startswith(p + ".") for p in ("posenc.hf", "posenc.runtimes"))
+
+    interop = {m for m in graph if is_interop(m)}
     core = {m for m in graph if lab_part(m) == "core"} - interop - {"posenc"}
-    wrong = [f"{m} -> {t}" for m in sorted(core) for t, _ in graph[m] if t == "posenc.hf" or t.startswith("posenc.hf.")]
+    wrong = [f"{m} -> {t}" for m in sorted(core) for t, _ in graph[m] if is_interop(t)]
     assert not wrong, "\n".join(wrong)
     assert ("posenc.hf.rotary", "posenc.encodings.rotary_hf") in {(m, t) for m, i in graph.items() for t, _ in i}
 

@@ -5,6 +5,8 @@
 - ``posenc extend``: context extension of a trained model (``posenc.lab.extend``): perplexity and passkey.
 - ``posenc export``: one patched model written as a transformers folder or a GGUF file, no study
   (``posenc.lab.extend.export``).
+- ``posenc check``: what transformers, vLLM, SGLang and llama.cpp run for a model, against what posenc measured
+  (``posenc.runtimes.check``); exit status 1 unless every runtime runs it the same.
 - ``posenc bench``: RoPE and bias-attention speed (``posenc.lab.bench``).
 - ``posenc figures``: explanatory pictures of the encodings.
 - ``posenc demo``: what the RoPE scalings compute, checked live on this machine.
@@ -415,7 +417,8 @@ def _add_extend(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--trials",
         type=A.positive_int,
-        help="passkey keys per length and depth, at most (see --stop-width); default 1 (CPU), 5 (lab)",
+        help="passkey keys per length and depth, at most (see --stop-width); default 1 (CPU), 5 (lab); --pick: "
+        "needles per cell in the race, default 20",
     )
     p.add_argument(
         "--finetune-steps", type=A.nonnegative_int, default=0, help="also fine-tune each patch at its target length"
@@ -460,7 +463,8 @@ def _add_extend(sub: argparse._SubParsersAction) -> None:
         "--stop-width",
         type=A.unit_interval,
         help="--trials and --ruler-samples are caps: samples are drawn in rounds of 4 per cell until its 95%% "
-        "interval is disjoint from the best's or at most this wide; default 0.3; 0: fixed counts",
+        "interval is disjoint from the best's or at most this wide; default 0.3; 0: fixed counts (--pick: every "
+        "raced model to the cap instead of racing)",
     )
     p.add_argument("--corpus", help="a text file or folder (default: the Python standard library)")
     p.add_argument(
@@ -517,8 +521,8 @@ def _add_extend(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--budget",
-        help="--pick: time for the whole pick (5400, 90m, 1.5h): sets the most samples per cell from the estimate; "
-        "default 20 samples per cell",
+        help="--pick: a deadline for this run (5400, 90m, 1.5h, 1h30): sampling stops when it passes and the pick "
+        "is made from what was measured (--resume continues); none by default",
     )
     p.add_argument(
         "--plan",
@@ -548,6 +552,39 @@ def export(args: argparse.Namespace) -> int:
     return 0
 
 
+def check(args: argparse.Namespace) -> int:
+    import json
+
+    from posenc.runtimes.check import all_same, check_runtimes, print_rows
+    from posenc.runtimes.check import check as run_check
+
+    rows = run_check(args.path, check_runtimes(args.runtimes), args.length)
+    if args.json:
+        print(json.dumps([row.to_dict() for row in rows], indent=2))
+    else:
+        print_rows(rows, title=f"What each runtime runs for {args.path}, against what posenc measured")
+    return 0 if all_same(rows) else 1
+
+
+def _add_check(sub: argparse._SubParsersAction) -> None:
+    from posenc.runtimes import RUNTIMES
+
+    p = sub.add_parser(
+        "check",
+        help="before you deploy: does each runtime (transformers, vLLM, SGLang, llama.cpp) run what posenc measured?",
+        description="Read a model the way each runtime reads it (config.json, or a GGUF header; no weights) and "
+        "compare its RoPE per layer with what posenc measured: the folder's own posenc record where posenc wrote it, "
+        "else the config as transformers reads it. One row per runtime: same, differs (with the number and the "
+        "fix), cannot run this, or not verified. Exit status 0 when every runtime named is 'same', 1 otherwise, "
+        "2 for bad input. Seconds.",
+    )
+    p.add_argument("path", help="a transformers folder, a config.json, a .gguf file, or smollm2")
+    p.add_argument("--runtimes", default=",".join(RUNTIMES), help=f"comma-separated, from {','.join(RUNTIMES)}")
+    p.add_argument("--length", type=A.positive_int, help="the sequence length you will run (tokens)")
+    p.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
+    p.set_defaults(func=check)
+
+
 def _add_export(sub: argparse._SubParsersAction) -> None:
     from posenc.hf.dtypes import DTYPE_CHOICES
     from posenc.hf.gguf_write import TENSOR_TYPES
@@ -560,7 +597,8 @@ def _add_export(sub: argparse._SubParsersAction) -> None:
         "extended) or, for a name ending in .gguf, a GGUF file llama.cpp runs with the extension (a GGUF source; "
         "linear, ntk, yarn, llama3). The weights are written as the source holds them (see --dtype). The same "
         "checks as posenc extend --save, all before any weight is read; nothing else is written, nothing is "
-        "overwritten, and an interrupted export leaves nothing behind. Seconds for SmolLM2-135M. To measure what a "
+        "overwritten, and an interrupted export leaves nothing behind. Seconds for SmolLM2-135M. It ends with posenc "
+        "check's table: what transformers, vLLM, SGLang and llama.cpp run from what was written. To measure what a "
         "method does first: posenc extend MODEL --methods M --factors F (--plan to see its cost).",
     )
     p.add_argument(
@@ -744,6 +782,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_vision(sub)
     _add_extend(sub)
     _add_export(sub)
+    _add_check(sub)
     _add_figures(sub)
     _add_bench(sub)
     _add_demo(sub)

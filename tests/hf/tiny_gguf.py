@@ -35,12 +35,16 @@ def write_gguf(
 ) -> Path:
     """A GGUF of architecture ``arch`` holding ``tensors`` (GGUF names, torch-order shapes; quantized ones as
     ``(blocks, GGMLQuantizationType)``), the ``kv`` metadata (``"llama.context_length": 32``; ints as uint32, floats
-    as float32, strings) and a tiny tokenizer."""
+    as float32, strings, booleans, lists as arrays) and a tiny tokenizer."""
     path.parent.mkdir(parents=True, exist_ok=True)
     w = gguf.GGUFWriter(path, arch, endianess=endian)
     for key, value in (kv or {}).items():
         if isinstance(value, str):
             w.add_string(key, value)
+        elif isinstance(value, bool):
+            w.add_bool(key, value)
+        elif isinstance(value, (list, tuple)):
+            w.add_array(key, list(value))
         elif isinstance(value, float):
             w.add_float32(key, value)
         else:

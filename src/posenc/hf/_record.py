@@ -12,7 +12,9 @@ it literally rebuilds the model posenc measured:
 
 The record is a list of JSON-able dicts, one per call (``method``, ``factor``, the arguments given, the original
 length and context it resolved to, and ``in_config``: whether a saved ``config.json`` carries it, as frequency
-methods on a RoPE model do). In ``config.json`` it is the ``"posenc"`` key: ``{"version": ..., "extensions": [...]}``.
+methods on a RoPE model do; for those also ``rope_parameters``, exactly the parameters the extended model ran with,
+from which ``posenc.runtimes.check`` rebuilds what posenc measured). In ``config.json`` it is the ``"posenc"`` key:
+``{"version": ..., "extensions": [...]}``.
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ def entry(
     from posenc.hf.extend import FREQUENCY_METHODS
 
     context = description.get("max_position_embeddings")
-    return {
+    out = {
         "method": method,
         "factor": float(factor),
         "arguments": {k: _jsonable(v) for k, v in arguments.items() if v is not None and v is not False},
@@ -60,6 +62,10 @@ def entry(
         "max_position_embeddings": context.get("new") if isinstance(context, Mapping) else None,
         "in_config": method in FREQUENCY_METHODS and "slopes" not in description,  # ALiBi: a hook, not a config key
     }
+    params = description.get("rope_parameters")
+    if isinstance(params, Mapping) and isinstance(params.get("new"), Mapping):  # what posenc measured, exactly
+        out["rope_parameters"] = _jsonable(copy.deepcopy(dict(params["new"])))
+    return out
 
 
 def extensions(model: torch.nn.Module) -> list[dict[str, Any]]:

@@ -134,10 +134,11 @@ def extend_context(
             architectures in ``posenc.hf._remap_patch.REMAP_MODEL_TYPES``; ``factor`` gives the target length
             ``ceil(original * factor)`` its parameters are derived for (``posenc.remapping.remap_method``). It is
             a run-time patch: ``posenc.hf.save_pretrained`` writes ``dca_vllm`` on Qwen2/Qwen3 as
-            ``dual_chunk_attention_config`` (what vLLM and SGLang serve) and refuses the others; the model's own
-            ``save_pretrained`` and ``set_attn_implementation`` are refused, on the model and on the model inside it
-            (``model.model``, ``get_decoder()``), and a forward after the config's attention implementation was
-            changed by hand raises (every attention but posenc's would run without positions). A frequency method
+            ``dual_chunk_attention_config`` (what vLLM reads for Qwen2/Qwen3, SGLang for Qwen2) and refuses the others;
+            the model's own ``save_pretrained`` and ``set_attn_implementation`` are refused, on the model and on the
+            model inside it (``model.model``, ``get_decoder()``), and a forward after the config's attention
+            implementation was changed by hand raises (every attention but posenc's would run without positions). A
+            frequency method
             works with every attention implementation. One remapping method per model, after
             any frequency method; its original length is the model's current context (``max_position_embeddings``),
             so the context grows by ``factor`` again.

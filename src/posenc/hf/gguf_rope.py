@@ -115,9 +115,81 @@ def _f32(x: float) -> float:
     return float(np.float32(x))
 
 
+def ggml_rope_frequencies(
+    n_dims: int,
+    freq_base: float,
+    freq_scale: float,
+    *,
+    n_ctx_orig: int,
+    freq_factors: Any = None,
+    ext_factor: float = 0.0,
+    attn_factor: float = 1.0,
+    beta_fast: float = 32.0,
+    beta_slow: float = 1.0,
+) -> tuple[np.ndarray, float]:
+    """What ``ggml_rope_ext`` rotates pair ``i`` by per position, and the scale it gives cos and sin, from its
+    arguments (``ggml_rope_cache_init`` / ``rope_yarn`` in ``ggml/src/ggml-cpu/ops.cpp``, the correction dims of
+    ``ggml_rope_yarn_corr_dims`` in ``ggml/src/ggml.c``), in float64::
+
+        extrap = freq_base ** (-2 i / n_dims) / freq_factors[i],  interp = freq_scale * extrap
+        ext_factor != 0:  mix = ramp(i) * ext_factor, theta = interp (1 - mix) + extrap mix,
+                          mscale = attn_factor * (1 + 0.1 ln(1 / freq_scale))
+        else:             theta = interp, mscale = attn_factor
+
+    with ``ramp(i) = 1 - clamp((i - low) / max(0.001, high - low), 0, 1)``, ``low = max(0, floor(corr(beta_fast)))``,
+    ``high = min(n_dims - 1, ceil(corr(beta_slow)))``, ``corr(r) = n_dims ln(n_ctx_orig / (2 pi r)) / (2 ln base)``.
+
+    Args:
+        n_dims: the rotated channels (``n_rot``); ``n_dims / 2`` pairs.
+        freq_factors: ``n_dims / 2`` divisors (``rope_freqs``, LongRoPE's factors), or None (all 1).
+
+    Returns:
+        ``(theta, mscale)``: theta ``(n_dims / 2,)`` radians per position.
+    """
+    import numpy as np  # only here: `import posenc` needs torch alone
+    i = np.arange(n_dims // 2, dtype=np.float64)
+    extrap = float(freq_base) ** (-2.0 * i / n_dims)
+    if freq_factors is not None:
+        extrap = extrap / np.asarray(freq_factors, dtype=np.float64)
+    interp = float(freq_scale) * extrap
+    if ext_factor == 0.0:
+        return interp, float(attn_factor)
+
+    def corr(rotations: float) -> float:
+        return n_dims * math.log(n_ctx_orig / (rotations * 2 * math.pi)) / (2 * math.log(freq_base))
+
+    low = max(0.0, math.floor(corr(beta_fast)))
+    high = min(n_dims - 1.0, math.ceil(corr(beta_slow)))
+    mix = (1.0 - np.clip((i - low) / max(0.001, high - low), 0.0, 1.0)) * ext_factor
+    return interp * (1 - mix) + extrap * mix, float(attn_factor) * (1.0 + 0.1 * math.log(1.0 / freq_scale))
+
+
+def llamacpp_attn_factor(
+    freq_scale: float, *, ext_factor: float, rope_attn_factor: float = 1.0, yarn_attn_factor: float = 1.0,
+    yarn_log_mul: float = 0.0, mscale: float = 1.0,
+) -> float:  # fmt: skip
+    """The ``attn_factor`` llama.cpp's context passes to ``ggml_rope_ext`` (``llama_context::llama_context``,
+    ``src/llama-context.cpp``): with YaRN on (``ext_factor != 0``), ``get_mscale(s, mscale) / get_mscale(s,
+    yarn_log_mul)`` when the model has a ``yarn_log_multiplier`` else ``get_mscale(s, 1)``, divided by the ``1 + 0.1
+    ln s`` the kernel multiplies back (``s = 1 / freq_scale``, ``get_mscale(s, m) = 1 + 0.1 m ln s``, 1 for ``s <=
+    1``); otherwise the model's ``yarn_attn_factor`` (1 unless its architecture reads the key). Then times
+    ``rope.scaling.attn_factor``."""
+    if ext_factor != 0.0:
+        s = 1.0 / freq_scale
+
+        def get_mscale(m: float) -> float:
+            return 1.0 if s <= 1.0 else 0.1 * m * math.log(s) + 1.0
+
+        factor = get_mscale(mscale) / get_mscale(yarn_log_mul) if yarn_log_mul != 0.0 else get_mscale(1.0)
+        factor /= 1.0 + 0.1 * math.log(s)
+    else:
+        factor = yarn_attn_factor
+    return factor * rope_attn_factor
+
+
 def llamacpp_frequencies(rope: GGUFRope, *, n_ctx: int | None = None) -> tuple[np.ndarray, float]:
-    """The per-pair frequencies and the cos/sin scale llama.cpp computes from ``rope`` (the module docstring's
-    formula, in float64 from the float32 keys).
+    """The per-pair frequencies and the cos/sin scale llama.cpp computes from ``rope`` for a Llama file (the module
+    docstring's formula: ``llamacpp_attn_factor`` then ``ggml_rope_frequencies``, in float64 from the float32 keys).
 
     Args:
         rope: the file's RoPE keys and tensors.
@@ -127,35 +199,23 @@ def llamacpp_frequencies(rope: GGUFRope, *, n_ctx: int | None = None) -> tuple[n
     Returns:
         ``(theta, mscale)``: theta ``(head_dim / 2,)`` radians per position.
     """
-    import numpy as np  # only here: `import posenc` needs torch alone
-    d = rope.head_dim
-    base = _f32(rope.freq_base)
-    i = np.arange(d // 2, dtype=np.float64)
-    ff = np.ones(d // 2)
+    ff = None
     if rope.freqs is not None:
-        ff = np.asarray(rope.freqs, np.float32).astype(np.float64)
+        ff = rope.freqs
     elif rope.scaling_type == "longrope":
         original = rope.original_context_length or rope.context_length
         use_long = (n_ctx or rope.context_length) > original
-        factors = rope.long_factors if use_long else rope.short_factors
-        if factors is not None:
-            ff = np.asarray(factors, np.float32).astype(np.float64)
-    extrap = base ** (-2.0 * i / d) / ff
+        ff = rope.long_factors if use_long else rope.short_factors
+    if ff is not None:
+        ff = [_f32(x) for x in ff]
     scaled = rope.scaling_type in ("linear", "yarn") and rope.factor not in (None, 0.0)
-    factor = _f32(rope.factor) if scaled else 1.0
-    interp = extrap / factor
-    mscale = _f32(rope.attn_factor) if rope.attn_factor is not None else 1.0
-    if rope.scaling_type != "yarn":
-        return interp, mscale
-    original = rope.original_context_length or rope.context_length
-
-    def corr(rotations: float) -> float:
-        return d * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(base))
-
-    low = max(0.0, math.floor(corr(_YARN_BETAS[0])))
-    high = min(d - 1.0, math.ceil(corr(_YARN_BETAS[1])))
-    ramp = 1.0 - np.clip((i - low) / max(0.001, high - low), 0.0, 1.0)
-    return interp * (1 - ramp) + extrap * ramp, mscale * (1.0 + 0.1 * math.log(factor))
+    freq_scale = 1.0 / _f32(rope.factor) if scaled else 1.0
+    ext = 1.0 if rope.scaling_type == "yarn" else 0.0
+    attn = llamacpp_attn_factor(freq_scale, ext_factor=ext, rope_attn_factor=_f32(rope.attn_factor or 1.0))
+    return ggml_rope_frequencies(
+        rope.head_dim, _f32(rope.freq_base), freq_scale, n_ctx_orig=rope.original_context_length or rope.context_length,
+        freq_factors=ff, ext_factor=ext, attn_factor=attn, beta_fast=_YARN_BETAS[0], beta_slow=_YARN_BETAS[1],
+    )  # fmt: skip
 
 
 def _params(config: Any) -> dict[str, Any]:

@@ -120,7 +120,7 @@ def check_model(model: torch.nn.Module) -> Any:
             instead = f"llama.cpp has no {method.name}. {rebuild_advice(model)}"
             if method.name.startswith("dca"):
                 instead += (
-                    " (vLLM and SGLang run DCA in their form, dca_vllm, from a Qwen2/Qwen3 transformers folder's "
+                    " (vLLM runs DCA in its form, dca_vllm, from a Qwen2/Qwen3 transformers folder's "
                     "dual_chunk_attention_config)"
                 )
         fail("model", f"patched with {method.name}", f"a model whose RoPE a GGUF records: {instead}")
@@ -236,6 +236,7 @@ def save_gguf(
     *,
     source: str | os.PathLike,
     tensor_type: str = "source",
+    check: bool = True,
 ) -> dict[str, Any]:
     """Write ``model`` as a GGUF file that llama.cpp runs with the model's RoPE (scaling included).
 
@@ -248,10 +249,13 @@ def save_gguf(
         source: the Llama GGUF the model was loaded from (file, folder holding one, or ``"smollm2"``).
         tensor_type: ``"source"`` (unchanged weights copied as they are, changed ones re-quantized to each tensor's
             source type) or one of ``TENSOR_TYPES`` to write every 2-D weight in.
+        check: once the file is written, compare what transformers, vLLM, SGLang and llama.cpp run from its header
+            with what posenc measured, and print the table (``posenc check``; milliseconds, the header alone).
 
     Returns:
         ``path``, ``weights`` (``"copied"`` or ``"written"``), ``tensor_types`` (``{"Q4_1": 210, ...}``),
-        ``rope`` (the ``GGUFRope`` written) and ``bytes``.
+        ``rope`` (the ``GGUFRope`` written), ``bytes``, and ``check``: the rows (``posenc.runtimes.check.Row``; None
+        with ``check=False``).
 
     Raises:
         ValueError: before anything is written: an existing ``path`` or one ending in ``/``, a ``source`` that is
@@ -284,8 +288,13 @@ def save_gguf(
     ]
     types += ["F32"] * len(rope.tensors())
     counts = {t: types.count(t) for t in sorted(set(types))}
+    rows = None
+    if check:
+        from posenc.hf.save import print_check
+
+        rows = print_check(out)
     return {"path": out, "weights": "copied" if copy else "written", "tensor_types": counts, "rope": rope,
-            "bytes": out.stat().st_size}  # fmt: skip
+            "bytes": out.stat().st_size, "check": rows}  # fmt: skip
 
 
 def _write(out: Path, reader: Any, metadata: list, rope: Any, tensors: list | None, copy: bool) -> None:

@@ -1,16 +1,18 @@
 """``save_pretrained``: write a (context-extended) transformers model and its tokenizer as a transformers folder.
 
 A frequency method's folder loads back with ``AutoModelForCausalLM.from_pretrained(out_dir)`` and carries the
-extension in its ``config.json`` (``rope_parameters``, ``max_position_embeddings``), so anything that reads
-transformers folders runs the extended model. Remapping methods have no such key: Dual Chunk Attention in vLLM's
-form (``dca_vllm``) on Qwen2/Qwen3 is written as ``dual_chunk_attention_config``, which vLLM and SGLang run as posenc
-measured it and transformers ignores (a ``ServedOnlyWarning`` says so: ``posenc.hf.load_causal_lm(out_dir)`` re-applies
-it, as does the ``extend_context`` call the warning names after a plain transformers load); every other remapping
-method (ChunkLlama's DCA included, which those engines would run with another logit factor) and ALiBi's slope
-interpolation (a forward hook) are refused, naming every ``extend_context`` call made since the model was loaded, in
-order, so that saving the model as loaded and making them again rebuilds it. ``config.json`` records those calls
-under the key ``"posenc"`` (``posenc.hf._record``). Two things the plain ``model.save_pretrained`` gets in the way
-of:
+extension in its ``config.json`` (``rope_parameters``, ``max_position_embeddings``; ``rope_scaling`` and ``rope_theta``
+beside them for transformers 4, ``with_v4_rope_keys``), so anything that reads
+transformers folders runs the extended model. Remapping methods have no such key: Dual Chunk Attention in vLLM's form
+(``dca_vllm``) on Qwen2/Qwen3 is written as ``dual_chunk_attention_config``, which vLLM's Qwen2/Qwen3 and SGLang's Qwen2
+model files read (SGLang's Qwen3 does not; ``posenc check`` prints what each runtime runs) and transformers ignores (a
+``ServedOnlyWarning`` says so: ``posenc.hf.load_causal_lm(out_dir)`` re-applies it, as does the ``extend_context`` call
+the warning names after a plain transformers load); every other remapping method (ChunkLlama's DCA included, which those
+engines would run with another logit factor) and ALiBi's slope interpolation (a forward hook) are refused, naming every
+``extend_context`` call made since the model was loaded, in order, so that saving the model as loaded and making them
+again rebuilds it. ``config.json`` records those calls under the key ``"posenc"`` (``posenc.hf._record``). Once written,
+the folder is checked as ``posenc check`` checks it and the table printed (``check=True``; ``posenc.runtimes.check``).
+Two things the plain ``model.save_pretrained`` gets in the way of:
 
 - a model transformers loaded from GGUF keeps ``config.quantization_config`` and ``model.hf_quantizer``, and refuses
   to save although its weights are plain floats; both are dropped on a copy, the caller's model keeps them;
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import json
 import os
 import shutil
 import tempfile
@@ -54,9 +57,10 @@ def _copy_for_saving(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Mod
     return clone
 
 
-#: Architectures whose ``dual_chunk_attention_config`` vLLM and SGLang read (their Qwen2/Qwen3 model files pass it
-#: to a dual-chunk RoPE and attention backend; Llama, Mistral, Phi-3, GPT-NeoX and Gemma ignore it), among those the
-#: remapping patch handles. transformers reads it for none.
+#: Architectures whose ``dual_chunk_attention_config`` a serving engine reads (vLLM's Qwen2/Qwen3 model files pass it
+#: to a dual-chunk RoPE and attention backend, SGLang's Qwen2 one too -- its qwen3.py@01b5f572 does not; Llama,
+#: Mistral, Phi-3, GPT-NeoX and Gemma ignore it), among those the remapping patch handles. transformers reads it for
+#: none. ``posenc.runtimes`` says per runtime what runs.
 DCA_SERVED_MODEL_TYPES = ("qwen2", "qwen3")
 
 
@@ -85,8 +89,8 @@ def remap_save_problem(config: Any, method: Any, encoding: Any = None) -> str | 
         return f"no serving format records {name}"
     if kind not in DCA_SERVED_MODEL_TYPES:
         return (
-            f"vLLM and SGLang read dual_chunk_attention_config for {list(DCA_SERVED_MODEL_TYPES)} only, not "
-            f"{kind!r} (and transformers for none)"
+            f"vLLM reads dual_chunk_attention_config for {list(DCA_SERVED_MODEL_TYPES)} only, not {kind!r} (SGLang "
+            "for qwen2 only, transformers for none)"
         )
     scaling = getattr(getattr(encoding, "config", None), "scaling", None)
     if scaling is not None:
@@ -99,7 +103,7 @@ def remap_save_problem(config: Any, method: Any, encoding: Any = None) -> str | 
 
 def remap_config(model: torch.nn.Module) -> dict[str, int] | None:
     """The config block that records a model's remapping method: Dual Chunk Attention in vLLM's form as
-    ``dual_chunk_attention_config`` (the keys vLLM and SGLang read for Qwen2/Qwen3, as Qwen2.5-1M ships it:
+    ``dual_chunk_attention_config`` (the keys vLLM reads for Qwen2/Qwen3 and SGLang for Qwen2, as Qwen2.5-1M ships it:
     ``chunk_size``, ``local_size``, ``original_max_position_embeddings``); None for a model without one. Anything
     else raises, naming why (``remap_save_problem``) and the calls that rebuild the model after loading."""
     remap = getattr(model, "_posenc_remap", None)
@@ -153,6 +157,7 @@ def save_pretrained(
     out_dir: str | os.PathLike,
     *,
     dtype: torch.dtype | str | None = None,
+    check: bool = True,
 ) -> Path:
     """Write ``model`` (its weights as safetensors, config, generation config) and ``tokenizer`` into a new folder.
 
@@ -162,6 +167,9 @@ def save_pretrained(
         out_dir: a folder that does not exist yet, or is empty.
         dtype: the saved weights' dtype (``torch.bfloat16`` or ``"bfloat16"``, float16, float32, float64); default
             the model's.
+        check: print, once the folder is written, what transformers, vLLM, SGLang and llama.cpp will run from it
+            against what posenc measured (``posenc check``'s table; milliseconds, nothing more is read than
+            ``config.json``). ``posenc.runtimes.check.check(out_dir)`` returns the same rows.
 
     Returns:
         ``out_dir`` as a Path.
@@ -198,8 +206,9 @@ def save_pretrained(
     if remap is not None:
         clone.config.dual_chunk_attention_config = remap
         warnings.warn(
-            f"{out}: vLLM and SGLang run this folder with Dual Chunk Attention (dual_chunk_attention_config, as "
-            "posenc measured it); transformers ignores that key and loads it as the unextended model with "
+            f"{out}: only serving engines run this folder with Dual Chunk Attention (dual_chunk_attention_config, as "
+            "posenc measured it: vLLM's Qwen2/Qwen3 and SGLang's Qwen2 read it; posenc check says what each runs); "
+            "transformers ignores that key and loads it as the unextended model with "
             f"max_position_embeddings {clone.config.max_position_embeddings}: load it with "
             f"posenc.hf.load_causal_lm({str(out)!r}), which re-applies it, or after loading it with transformers "
             f"call {_record.reapply(model)}",
@@ -208,9 +217,51 @@ def save_pretrained(
         )
     with writing_folder(out) as partial:
         clone.save_pretrained(partial)
+        config_file = Path(partial) / "config.json"
+        config_file.write_text(json.dumps(with_v4_rope_keys(json.loads(config_file.read_text())), indent=2) + "\n")
         if tokenizer is not None:
             tokenizer.save_pretrained(partial)
+    if check:
+        print_check(out)
     return out
+
+
+#: The rope types transformers 4.x (``modeling_rope_utils`` up to 4.57) computes from ``rope_scaling``.
+V4_ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "longrope", "llama3")
+
+
+def with_v4_rope_keys(config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` (a ``config.json`` dict transformers 5 wrote) with the keys transformers 4 reads instead of
+    ``rope_parameters`` -- ``rope_theta``, ``rope_scaling`` (None for plain RoPE) and ``partial_rotary_factor`` --
+    set to what ``rope_parameters`` says, so a stack pinned to transformers 4 (or a converter reading the old keys)
+    runs the same RoPE; transformers 5 reads the pair as one (``posenc.runtimes.transformers``). Left as it is: a
+    config with per-layer-type ``rope_parameters`` (Gemma 3/4: transformers 4 had other keys for them), or a rope type
+    transformers 4 did not know."""
+    params = config.get("rope_parameters")
+    if not isinstance(params, dict) or "rope_type" not in params or params["rope_type"] not in V4_ROPE_TYPES:
+        return config
+    out = dict(config)
+    if params.get("rope_theta") is not None:
+        out["rope_theta"] = params["rope_theta"]
+    scaling = {k: v for k, v in params.items() if k not in ("rope_theta", "partial_rotary_factor")}
+    out["rope_scaling"] = None if params["rope_type"] == "default" else scaling
+    if params.get("partial_rotary_factor") is not None:
+        out["partial_rotary_factor"] = params["partial_rotary_factor"]
+    return out
+
+
+def print_check(path: Path) -> list | None:
+    """``posenc check``'s table for what a save wrote, printed; the rows (None where nothing could be compared: the
+    save stands, the one line printed says why)."""
+    from posenc.runtimes.check import check, print_rows
+
+    try:
+        rows = check(path)
+    except ValueError as err:  # e.g. an ALiBi model: no runtime reader reads RoPE there
+        print(f"posenc check {path}: not compared ({err})")
+        return None
+    print_rows(rows, title=f"What each runtime runs for {path} (posenc check)")
+    return rows
 
 
 def check_new_path(name: str, path: str | os.PathLike) -> None:

@@ -109,12 +109,13 @@ def test_cells_stop_once_decided_and_undecided_ones_reach_their_cap(rope_run, co
     rows = run_extend(cfg, tmp_path / "out", progress=True)
     assert "passkey (3 depths x up to 16 keys)" in capsys.readouterr().out
     assert _n(rows) == {
-        # all found: the best stops at 12/12 (95% interval 76-100, <= 0.3 wide; 8/8 is 68-100), the tie with it too
-        ("none", 0.0): (12, 12.0), ("linear", 0.0): (12, 12.0),
+        # all found: the anytime-valid interval of 12/12 is 67-100 (wider than 0.3), of 16/16 73-100: the best
+        # stops at the cap of 16, and the tie with it too (never disjoint from the best)
+        ("none", 0.0): (16, 16.0), ("linear", 0.0): (16, 16.0),
         # a coin flip for both, tied: undecided, so each goes to the cap of 16
         ("none", 0.5): (16, _n(rows)[("none", 0.5)][1]), ("linear", 0.5): (16, _n(rows)[("none", 0.5)][1]),
-        # 0/4 (0-49) is disjoint from 4/4 (51-100) after one round; the best goes on until narrow
-        ("none", 1.0): (12, 12.0), ("linear", 1.0): (4, 0.0),
+        # 0/4 (0-66) overlaps 4/4 (34-100) after one round; 0/8 (0-44) is disjoint from 8/8 (56-100) after two
+        ("none", 1.0): (16, 16.0), ("linear", 1.0): (8, 0.0),
     }  # fmt: skip
     assert 0 < _n(rows)[("none", 0.5)][1] < 16
     for unpatched in (True, False):  # each cell's keys: its rounds in order, each once, 4 keys each
@@ -124,7 +125,7 @@ def test_cells_stop_once_decided_and_undecided_ones_reach_their_cap(rope_run, co
             assert rounds == [(sampling.round_seed(cell, 4 * r), 4) for r in range(len(rounds))]
     report = (tmp_path / "out" / "report.md").read_text()
     assert "Keys: up to 16 keys per cell, in rounds of 4" in report and "at most 0.3 wide" in report
-    assert "| none | n/a | 12/16/12 |" in report and "| linear x2 | n/a | 12/16/4 |" in report
+    assert "| none | n/a | 16/16/16 |" in report and "| linear x2 | n/a | 16/16/8 |" in report
     settings = json.loads((tmp_path / "out" / "extend.json").read_text())
     assert settings["stop_width"] == 0.3
 
@@ -210,7 +211,7 @@ def test_ruler_rounds_take_the_next_documents(corpus, tmp_path, monkeypatch):
 
     _needs_extend_context()
     task, lengths = "niah_single_1", (64, 128)
-    suite = ruler.Suite(tasks={task: None}, samples={task: {n: list(range(n, n + 8)) for n in lengths}},
+    suite = ruler.Suite(tasks={task: None}, samples={task: {n: list(range(n, n + 12)) for n in lengths}},
                         prompt_tokens={task: {n: n - 10 for n in lengths}}, lengths=lengths)  # fmt: skip
     seen = []
 
@@ -226,20 +227,22 @@ def test_ruler_rounds_take_the_next_documents(corpus, tmp_path, monkeypatch):
     monkeypatch.setattr(ruler, "require", lambda: None)
     monkeypatch.setattr(HFTarget, "build_ruler", build_ruler)
     monkeypatch.setattr(HFTarget, "ruler", evaluate)
-    cfg = ExtendConfig(model=str(_hf_folder(tmp_path / "llama")), task="ruler", ruler_tasks=(task,), ruler_samples=8,
+    cfg = ExtendConfig(model=str(_hf_folder(tmp_path / "llama")), task="ruler", ruler_tasks=(task,), ruler_samples=12,
                        methods=("yarn",), factors=(2.0,), lengths=lengths, depths=(0.5,), trials=1, eval_tokens=256,
                        corpus=str(corpus), device="cpu")  # fmt: skip
     saved = tmp_path / "yarn"
     rows = run_extend(cfg, tmp_path / "out", progress=False, save=saved)
     got = {(r["method"], r["length"]): (r["n"], r["hits"]) for r in rows if r["metric"] == "ruler:" + task}
-    # 0/4 is disjoint from 4/4 after one round; the best goes to the cap (8/8 is 68-100: wider than 0.3)
-    assert got == {("none", 64): (8, 8.0), ("none", 128): (8, 8.0), ("yarn", 64): (4, 0.0), ("yarn", 128): (4, 0.0)}
+    # anytime-valid intervals: 0/4 (0-66) overlaps 4/4 (34-100); 0/8 (0-44) is disjoint from 8/8 (56-100): the
+    # patched cells stop after two rounds; the best goes to the cap (12/12 is 67-100: wider than 0.3)
+    assert got == {("none", 64): (12, 12.0), ("none", 128): (12, 12.0), ("yarn", 64): (8, 0.0), ("yarn", 128): (8, 0.0)}
     for n in lengths:
-        assert [d for u, m, d in seen if (u, m) == (True, n)] == [tuple(range(n, n + 4)), tuple(range(n + 4, n + 8))]
-        assert [d for u, m, d in seen if (u, m) == (False, n)] == [tuple(range(n, n + 4))]
-    assert suite.samples[task] == {n: list(range(n, n + 8)) for n in lengths}  # each round swapped in a copy
+        rounds = [tuple(range(n + start, n + start + 4)) for start in (0, 4, 8)]
+        assert [d for u, m, d in seen if (u, m) == (True, n)] == rounds
+        assert [d for u, m, d in seen if (u, m) == (False, n)] == rounds[:2]
+    assert suite.samples[task] == {n: list(range(n, n + 12)) for n in lengths}  # each round swapped in a copy
     report = (tmp_path / "out" / "report.md").read_text()
-    assert "Documents: up to 8 documents per cell, in rounds of 4" in report
-    # the lm_eval command for the saved model lists the documents its cells took: the first 4 of each length
-    took = dataclasses.replace(suite, samples={task: {n: list(range(n, n + 4)) for n in lengths}})
+    assert "Documents: up to 12 documents per cell, in rounds of 4" in report
+    # the lm_eval command for the saved model lists the documents its cells took: the first 8 of each length
+    took = dataclasses.replace(suite, samples={task: {n: list(range(n, n + 8)) for n in lengths}})
     assert ruler.lm_eval_command(saved, took, task) in report

@@ -626,3 +626,20 @@ def test_lengths_past_a_patchs_reach_are_said_once_in_the_report(llama_folder, c
     within = _tiny_cfg(llama_folder, corpus, lengths=(64,), depths=(0.5,))
     run_extend(within, tmp_path / "within", progress=False)
     assert "ReachExceededWarning" not in (tmp_path / "within" / "report.md").read_text()
+
+
+def test_each_needle_is_kept_by_its_index_for_pairing(llama_folder, corpus, tmp_path):
+    """A pretrained model's study in rounds keeps every needle's score in samples.csv: per cell, the scores add up to
+    results.csv's hits, one per index 0..n-1, and index i is the same key for every model (a race pairs on it)."""
+    from posenc.lab.extend.rates import model_of
+    from posenc.lab.extend.study import read_samples
+
+    cfg = _tiny_cfg(llama_folder, corpus, methods=("yarn",), lengths=(64,), depths=(0.5,), trials=8)
+    rows = run_extend(cfg, tmp_path / "out", progress=False)
+    samples = read_samples(tmp_path / "out" / "samples.csv")
+    rated = [r for r in rows if r["metric"] == "passkey"]
+    assert len(rated) == 2  # none and yarn x2
+    for r in rated:
+        scores = samples[(model_of(r), "passkey", 64, 0.5)]
+        assert len(scores) == r["n"] and None not in scores and set(scores) <= {0.0, 1.0}
+        assert sum(scores) == r["hits"]

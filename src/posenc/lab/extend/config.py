@@ -326,7 +326,7 @@ def length_form(name: str, value: object) -> int | str:
             return int(tokens)
         multiple = _MULTIPLE.fullmatch(text)
         if multiple and float(multiple.group(1)) > 0:
-            return f"{float(multiple.group(1)):g}x"
+            return f"{float(multiple.group(1)):.15g}x"  # 1000001x stays 1000001x (:g would write 1e+06x)
     fail(name, value, LENGTH_FORMS)
 
 

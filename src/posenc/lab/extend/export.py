@@ -3,13 +3,16 @@
 The model is extended as ``posenc extend --save`` extends it (``HFTarget``: ``posenc.hf.extend_context`` for every
 layer the study would patch) and written with the same checks (``study.check_save``): a pretrained RoPE model
 (ALiBi's slope interpolation is a forward hook no config records), a method a saved config runs as posenc measures
-it (frequency methods; ``dca_vllm`` on Qwen2/Qwen3, which vLLM and SGLang read), a new or empty folder, or a new
+it (frequency methods; ``dca_vllm`` on Qwen2/Qwen3, which vLLM reads), a new or empty folder, or a new
 ``.gguf`` file from a GGUF source with a method llama.cpp runs (``study.GGUF_METHODS``). Everything is checked from
 the config, tokenizer and a weight-free (meta) copy before any weight is read (a path under a regular file
 included); nothing but ``PATH`` is written, and ``PATH`` appears whole or not at all (``posenc.hf.save_pretrained``
 writes a folder beside it under a temporary name and renames it into place; ``posenc.hf.save_gguf`` writes a file
 the same way); an interrupted export also removes the folders it created above ``PATH``. The weights are written as
-the source holds them (``--dtype auto``), so only the RoPE config changes.
+the source holds them (``--dtype auto``), so only the RoPE config changes. Once written, ``PATH`` is checked as
+``posenc check PATH`` checks it (``posenc.runtimes.check``: what transformers, vLLM, SGLang and llama.cpp run from its
+``config.json`` or GGUF header, against what posenc measured); the table ends the export's output and
+``Exported.check`` holds the rows.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import dataclasses
 import shlex
 import time
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +47,7 @@ class Exported:
     how: list[str]
     seconds: float
     weights: str = ""
+    check: tuple = ()  # posenc.runtimes.check.Row per runtime: what each runs from PATH against what posenc measured
 
 
 def export(
@@ -104,7 +109,7 @@ def export(
     weights = _load(target)
     description = target._extend(weights, method, cfg.factors[0])
     if written.suffix.lower() == ".gguf":
-        target.save(weights, written, tensor_type=save_type)  # posenc.hf.save_gguf writes atomically
+        target.save(weights, written, tensor_type=save_type, check=False)  # posenc.hf.save_gguf writes atomically
         written_as = "tensors as in the source" if save_type == "source" else f"matrices as {save_type}"
     else:
         _save_folder(target, weights, written)
@@ -113,17 +118,24 @@ def export(
             else f"converted from the source's {_name(source_dtype)} (--dtype)"
         )  # fmt: skip
     context = round(target.original_len * cfg.factors[0])
+    from posenc.runtimes.check import check as check_runtimes
+
+    rows = tuple(check_runtimes(written))  # what each runtime runs from what was written: config.json or the header
     result = Exported(
         path=written, label=name, original_len=target.original_len, context=context,
         description={k: v for k, v in description.items() if isinstance(v, (str, int, float, bool, list, dict))},
-        how=how_to_run(written, method, cfg.factors[0], context, _record.reapply(weights)),
-        seconds=time.perf_counter() - start, weights=written_as,
+        how=how_to_run(written, method, cfg.factors[0], context, _record.reapply(weights),
+                       {row.runtime: row.status for row in rows}),
+        seconds=time.perf_counter() - start, weights=written_as, check=rows,
     )  # fmt: skip
     if progress:
         kind = "a GGUF file llama.cpp runs" if written.suffix.lower() == ".gguf" else "a transformers folder"
         print(f"Wrote {name} of {target.name} to {written} ({kind}, {written_as}; context {target.original_len} -> "
               f"{context} tokens) in {result.seconds:.1f} s")  # fmt: skip
         print("\n".join(result.how))
+        from posenc.runtimes.check import print_rows
+
+        print_rows(rows, title=f"Before you deploy: what each runtime runs for {written} (posenc check)")
     return result
 
 
@@ -176,41 +188,58 @@ def _save_folder(target: Any, model: Any, folder: Path) -> None:
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ServedOnlyWarning)
-        target.save(model, folder, dtype=model.dtype)
+        target.save(model, folder, dtype=model.dtype, check=False)  # export prints the check with its own output
 
 
-def how_to_run(path: Path, method: str, factor: float, context: int, reapply: str = "") -> list[str]:
+def how_to_run(path: Path, method: str, factor: float, context: int, reapply: str = "",
+               status: Mapping[str, str] | None = None) -> list[str]:
     """How to load or run what ``export`` wrote, as commands and code to paste; ``reapply``: the
-    ``extend_context`` calls a transformers load of the folder needs (``posenc.hf._record.reapply``)."""
+    ``extend_context`` calls a transformers load of the folder needs (``posenc.hf._record.reapply``). ``status``:
+    each runtime's verdict from ``posenc check`` (``Row.status``); a runtime is offered as a way to run the model only
+    where it is ``"same"``, and named with its verdict otherwise (None: no check ran, every way is offered)."""
     quoted = shlex.quote(str(path))
+
+    def ok(runtime: str) -> bool:
+        return status is None or status.get(runtime) == "same"
+
+    def other(runtime: str, name: str) -> list[str]:
+        verdict = (status or {}).get(runtime)
+        return [] if verdict in (None, "same") else [f"  {name}: {verdict} (the check below says how and why)"]
+
+    load = f"posenc.hf.load_causal_lm({str(path)!r})"
     if path.suffix.lower() == ".gguf":
-        return [
-            "Run it with llama.cpp (the extension is in the file's rope.scaling keys; -c sets the context to use):",
-            f"  llama-cli -m {quoted} -c {context}",
-            f"  ollama: a Modelfile with 'FROM {path}' and 'PARAMETER num_ctx {context}', then ollama create",
-            f"In Python: posenc.hf.load_causal_lm({str(path)!r}) gives the extended transformers model.",
-        ]
+        lines = []
+        if ok("llamacpp"):
+            lines += [
+                "Run it with llama.cpp (the extension is in the file's rope.scaling keys; -c sets the context to use):",
+                f"  llama-cli -m {quoted} -c {context}",
+                f"  ollama: a Modelfile with 'FROM {path}' and 'PARAMETER num_ctx {context}', then ollama create",
+            ]
+        else:
+            lines += other("llamacpp", "llama.cpp")
+        return [*lines, f"In Python: {load} gives the extended transformers model."]
+    serve = f"  vllm serve {quoted} --max-model-len {context}"
     if method == "dca_vllm":
-        return [
-            "Serve it with vLLM or SGLang (they read its dual_chunk_attention_config):",
-            f"  vllm serve {quoted} --max-model-len {context}",
-            f"In Python: posenc.hf.load_causal_lm({str(path)!r}) gives the extended model (it re-applies DCA); "
-            f"transformers alone loads it unextended: after AutoModelForCausalLM.from_pretrained({str(path)!r}) call "
-            f"{reapply}.",
-        ]
-    lines = [
-        "Load it with transformers (the extension is in its config's RoPE parameters):",
-        f"  AutoModelForCausalLM.from_pretrained({str(path)!r}); AutoTokenizer.from_pretrained({str(path)!r})",
-        f"  vllm serve {quoted} --max-model-len {context}",
-    ]
+        lines = ["Serve it with vLLM (it reads its dual_chunk_attention_config):", serve] if ok("vllm") else [
+            "Serving engines: vLLM and SGLang read dual_chunk_attention_config for some architectures; run "
+            f"posenc check {quoted} before deploying:", *other("vllm", "vLLM"), *other("sglang", "SGLang")]  # fmt: skip
+        return [*lines, f"In Python: {load} gives the extended model (it re-applies DCA); transformers alone loads it "
+                        f"unextended: after AutoModelForCausalLM.from_pretrained({str(path)!r}) call {reapply}."]
+    lines = []
+    if ok("transformers"):
+        name = repr(str(path))
+        lines += ["Load it with transformers (the extension is in its config's RoPE parameters):",
+                  f"  AutoModelForCausalLM.from_pretrained({name}); AutoTokenizer.from_pretrained({name})"]
+    else:
+        lines += other("transformers", "transformers")
+    lines += [serve] if ok("vllm") else other("vllm", "vLLM")
     if method == "dynamic":
         lines.append(
             "Dynamic NTK changes its frequencies with the length, and transformers' KV cache keeps keys rotated with "
-            f"the old ones: posenc.hf.load_causal_lm({str(path)!r}) re-rotates them as posenc does "
-            "(posenc.hf.CacheStaleWarning where that is not exact); generate(..., use_cache=False) runs the full "
-            "forward each step."
+            f"the old ones: {load} re-rotates them as posenc does (posenc.hf.CacheStaleWarning where that is not "
+            "exact); generate(..., use_cache=False) runs the full forward each step."
         )
     else:
-        lines.append(f"In Python: posenc.hf.load_causal_lm({str(path)!r}) gives what posenc.hf.extend_context makes of "
-                     "the source loaded the same way (same dtype; RoPE in float32 in a bfloat16 model).")  # fmt: skip
+        lines.append(f"In Python: {load} gives what posenc.hf.extend_context makes of the source loaded the same way "
+                     "(same dtype; RoPE in float32 in a bfloat16 model).")  # fmt: skip
     return lines

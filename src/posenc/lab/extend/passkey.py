@@ -224,6 +224,7 @@ def hf_accuracy(
     on_trial: Callable[[], None] | None = None,
     share_prefix: bool = False,
     answers: list[list[int]] | None = None,
+    outcomes: list[float] | None = None,
 ) -> float:
     """Exact-match passkey accuracy of a transformers causal LM: the prompt fitted to ``length`` tokens, greedy
     ``generate`` of enough tokens for the key (one prefill, then a few decode steps on the KV cache), and the first
@@ -237,6 +238,8 @@ def hf_accuracy(
             Off by default: on SmolLM2 in bfloat16 it was not faster on a loaded 2-core CPU and one of two 8k answers
             changed (rounding), see BENCHMARKS.md; False: a fresh ``generate`` per key.
         answers: a list that gets each key's generated token ids.
+        outcomes: a list that gets each key's score, 1.0 found or 0.0 not, in the keys' order (a race pairs models
+            on them: ``posenc.lab.extend.race``).
     """
     from posenc.lab.extend.needles import SharedPrefix, cache_name, split_cached_attention
 
@@ -265,7 +268,10 @@ def hf_accuracy(
         answer = out[0, ids.shape[1] :]
         if answers is not None:
             answers.append(answer.tolist())
-        right += answer_matches(tokenizer.decode(answer, skip_special_tokens=True), key)
+        found = answer_matches(tokenizer.decode(answer, skip_special_tokens=True), key)
+        right += found
+        if outcomes is not None:
+            outcomes.append(float(found))
         if on_trial is not None:
             on_trial()
     model.train(was_training)

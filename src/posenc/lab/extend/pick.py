@@ -11,17 +11,17 @@ The question: *this model was trained for L tokens; which method makes it work a
   plus the variants their papers offer as a setting: YaRN and Self-Extend set for twice the target (``VARIANTS``;
   YaRN's scale factor and Self-Extend's group size grow with it). LongRoPE is not a candidate: its
   per-frequency factors come from a search, not a rule. With ``--save`` only what that format can carry competes.
-- Screening (``broken``, ``survivors``): each candidate's perplexity past L at T (one forward); out if more than
-  ``PPL_BREAK`` times the best one's (the method breaks the language model). The others get one round of passkeys at
-  a shorter length between L and T; out if beyond noise below the best one's; the rest ranked (passkey, then
-  perplexity) and the first ``KEEP`` go on.
-- Racing at T (``posenc.lab.extend.sampling``): the survivors and the unpatched model get needle samples in rounds;
-  a cell stops once its Wilson interval is disjoint from the best's or narrow, so samples go to the cells still in
-  contention (successive halving by evidence, not by a fixed fraction). ``caps`` turns a time budget into the most
-  samples a cell may get.
-- The pick (``choose``): the highest pooled needle rate at T; when others are within noise of it, the cheapest to
-  serve among them (``SERVING``: a RoPE config every engine reads, then one transformers and vLLM read, then what
-  only vLLM/SGLang serve, then a run-time patch), then the lower perplexity past L.
+- Screening (``broken``, ``screened``): each candidate's perplexity past L at T (one forward); out if more than
+  ``PPL_BREAK`` times the best one's (the method breaks the language model). The others get passkeys at a shorter
+  length between L and T in rounds, each round for the candidates in the credible set of the best
+  (``posenc.lab.extend.racing.replay_screen``); the set goes on.
+- Racing at T (``posenc.lab.extend.race``, run by ``posenc.lab.extend.racing``): the survivors and the unpatched model
+  are sampled on the same needles, paired, with anytime-valid intervals; a model stops once another is better beyond
+  noise.
+- The pick (``decide``): the last method standing, or the cheapest to serve (``SERVING``: a RoPE config every engine
+  reads, then one transformers reads, then what only serving engines read, then a run-time patch) shown within
+  ``race.DELTA`` of every model still sampled; otherwise the best estimate, said to be not shown better, with its
+  chance of being the best and what each cheaper method would cost.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from posenc._checks import fail
-from posenc.lab.extend.rates import RULER_PREFIX, Rate, is_rate_metric, model_of, pool, row_rate
+from posenc.lab.extend.rates import Rate, model_of, pool, row_rate
 
 FREQUENCY_CANDIDATES = ("linear", "ntk", "dynamic", "yarn", "llama3")
 #: ``yarn+string``: YaRN at the target's factor, then STRING within that context (``composed``), which reaches any
@@ -48,11 +48,8 @@ NOT_CANDIDATES = {
 VARIANTS = {"yarn": 2.0, "self_extend": 2.0}
 #: Screening: a perplexity past L above this multiple of the best candidate's is out.
 PPL_BREAK = 2.0
-#: Screening: at most this many candidates go on to the race at T.
-KEEP = 4
-#: Samples per needle cell at T when no budget is given (the issue's n >= 20), and the most a budget may buy.
+#: Needles per cell at T when --trials is left out (the issue's n >= 20).
 DEFAULT_CAP = 20
-MAX_CAP = 200
 
 #: A remapping candidate's time per sample relative to a frequency method's, for the plan's estimate. Measured on
 #: SmolLM2-135M, bfloat16, an idle 2-core AMD EPYC, 2026-11-26, at 8,192 tokens: Self-Extend's prefill 1.35x YaRN's
@@ -62,8 +59,10 @@ REMAP_COST = 1.5
 #: How a saved pick is served, cheapest first: (tier, where it runs).
 SERVING = {
     "config": (0, "a RoPE config every engine reads (transformers, vLLM, SGLang, llama.cpp via GGUF)"),
-    "dynamic": (1, "a RoPE config transformers and vLLM read (no GGUF key; transformers' cached decoding is stale)"),
-    "dca_vllm": (2, "a dual_chunk_attention_config vLLM and SGLang serve (transformers loads it unextended)"),
+    "dynamic": (1, "a RoPE config transformers reads (vLLM and SGLang serve it at one fixed base; no GGUF key; "
+                "transformers' cached decoding is stale)"),
+    "dca_vllm": (2, "a dual_chunk_attention_config vLLM reads for Qwen2/Qwen3, SGLang for Qwen2 (transformers loads "
+                 "it unextended)"),
     "patch": (3, "a run-time patch: posenc.hf.extend_context after loading, in transformers only"),
 }
 CONFIG_METHODS = ("none", "linear", "ntk", "yarn", "llama3", "longrope")
@@ -102,14 +101,23 @@ def parse_target(text: str | int, original: int | None) -> int:
 
 
 def parse_budget(text: str | float | None) -> float | None:
-    """``--budget``: seconds (``5400``), or ``90m``, ``1.5h``, ``2h30m``, ``45s``; None: no budget."""
+    """``--budget``: seconds (``5400``), or as people write durations: ``90m``, ``1.5h``, ``2h30m``, ``1h30`` (a bare
+    number after hours is minutes, after minutes seconds), ``45s``; None: no budget."""
     if text is None:
         return None
-    value = str(text).strip().lower()
-    parts = re.fullmatch(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s?)?", value)
-    if not value or not parts or not any(parts.groups()):
-        fail("budget", text, "a time: seconds (5400) or 90m, 1.5h, 2h30m")
-    hours, minutes, seconds = (float(g) if g else 0.0 for g in parts.groups())
+    value = str(text).strip().lower().replace(" ", "")
+    tokens = re.findall(r"([0-9]+(?:\.[0-9]+)?)([hms]?)", value, re.ASCII)
+    spelled = "".join(n + u for n, u in tokens)
+    units = [u for _, u in tokens]
+    order = "hms"
+    if not tokens or spelled != value or "" in units[:-1]:
+        fail("budget", text, "a time: seconds (5400) or 90m, 1.5h, 2h30m, 1h30")
+    if units[-1] == "":  # a bare number: seconds alone, else the unit after the previous one
+        units[-1] = "s" if len(units) == 1 else order[min(2, order.index(units[-2]) + 1)]
+    if any(order.index(a) >= order.index(b) for a, b in zip(units, units[1:], strict=False)):
+        fail("budget", text, "a time with hours, minutes and seconds in that order, each once (2h30m, 1h30)")
+    amount = {u: float(n) for (n, _), u in zip(tokens, units, strict=True)}
+    hours, minutes, seconds = (amount.get(u, 0.0) for u in order)
     total = 3600 * hours + 60 * minutes + seconds
     if total <= 0:
         fail("budget", text, "a time above zero")
@@ -193,25 +201,11 @@ def candidates(
 # Screening
 
 
-@dataclass(frozen=True)
-class Screened:
-    unit: tuple
-    ppl_past: float | None
-    passkey: Rate | None
-    kept: bool
-    why: str
-
-
 def _ppl_past(rows: Sequence[Mapping[str, Any]], unit: tuple, length: int) -> float | None:
     for r in rows:
         if r["metric"] == "ppl_past" and r["length"] == length and model_of(r) == unit and r["status"] == "ok":
             return float(r["ppl"])
     return None
-
-
-def _passkey(rows: Sequence[Mapping[str, Any]], unit: tuple, length: int) -> Rate | None:
-    return pool([row_rate(r) for r in rows if r["metric"] == "passkey" and r["length"] == length
-                 and model_of(r) == unit])  # fmt: skip
 
 
 def broken(rows: Sequence[Mapping[str, Any]], units: Sequence[tuple], *, target: int) -> dict[tuple, str]:
@@ -226,55 +220,34 @@ def broken(rows: Sequence[Mapping[str, Any]], units: Sequence[tuple], *, target:
             for u, p in ppl.items() if p is None or not math.isfinite(p) or p > PPL_BREAK * best}  # fmt: skip
 
 
-def survivors(rows: Sequence[Mapping[str, Any]], units: Sequence[tuple], *, target: int, screen: int,
-              keep: int = KEEP) -> list[Screened]:  # fmt: skip
-    """Screening's verdict on each of ``units`` (in order) from the screening study's rows: perplexity past the
-    original context at ``target`` and passkey rates at ``screen``. Every candidate must have been measured."""
-    ppl = {u: _ppl_past(rows, u, target) for u in units}
-    keys = {u: _passkey(rows, u, screen) for u in units}
-    missing = [u for u in units if ppl[u] is None and keys[u] is None]
-    if missing:
-        fail("rows", [list(u) for u in missing], "screening rows for every candidate (a finished screening study)")
-    verdict = broken(rows, units, target=target)
-    rated = [keys[u] for u in units if keys[u] is not None and u not in verdict]
-    best_key = max(rated, key=lambda r: r.value) if rated else None
+@dataclass(frozen=True)
+class Screened:
+    unit: tuple
+    ppl_past: float | None
+    passkey: Rate | None  # pooled over the screening cells, anytime-valid interval
+    p_best: float | None  # posterior chance of being the best at the screening length
+    kept: bool
+    why: str
+
+
+def screened(rows: Sequence[Mapping[str, Any]], units: Sequence[tuple], *, target: int, screen: int,
+             broken_units: Mapping[tuple, str], kept: Sequence[tuple], p_best: Mapping[tuple, float],
+             keep: int) -> list[Screened]:  # fmt: skip
+    """Screening's verdict on each of ``units`` for the report: out by perplexity, or in or out of the credible set
+    (``posenc.lab.extend.racing.screen``)."""
+    out = []
     for u in units:
-        k = keys[u]
-        if u not in verdict and best_key is not None and k is not None and k.beyond_noise(best_key) \
-                and k.value < best_key.value:
-            verdict[u] = f"passkey {k.text()} beyond noise below the best ({best_key.text()})"
-    rank_key = lambda u: (-(keys[u].value if keys[u] else 0.0), ppl[u] if ppl[u] is not None else math.inf)  # noqa: E731
-    order = sorted((u for u in units if u not in verdict), key=rank_key)
-    for rank, u in enumerate(order):
-        if rank >= keep:
-            verdict[u] = f"ranked {rank + 1} of {len(order)} in screening; {keep} go on"
-    return [Screened(u, ppl[u], keys[u], u not in verdict, verdict.get(u, "goes on")) for u in units]
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Budget
-
-
-def caps(budget: float | None, *, fixed: float, per_model: float, models: float, cells: int, sample: float,
-         floor: int) -> int:  # fmt: skip
-    """The most samples a needle cell at T may get so that the whole pick fits ``budget`` seconds when every cell
-    runs to its cap: ``fixed`` seconds (screening, fine-tuning), ``per_model`` seconds for each of ``models`` (in
-    plain-forward units: a remapping model counts ``REMAP_COST``; its
-    perplexity forward), ``cells`` needle cells per model, ``sample`` seconds per sample. A multiple of ``floor``
-    (one round), at most ``MAX_CAP``; no budget: ``DEFAULT_CAP``.
-
-    Raises:
-        ValueError: a budget that does not buy one round per cell, naming the budget that would."""
-    if budget is None:
-        return DEFAULT_CAP
-    left = budget - fixed - models * per_model
-    n = int(left / (models * cells * sample) // floor * floor) if left > 0 else 0
-    if n < floor:
-        need = fixed + models * (per_model + cells * floor * sample)
-        what = f"screening and one round of {floor} samples per cell at the target"
-        fail("budget", f"{budget:.0f} s", f"at least {math.ceil(need)} s for this plan ({what}), on this machine's "
-             "estimated speed; or fewer --methods")  # fmt: skip
-    return min(n, MAX_CAP)
+        cells = [row_rate(r, anytime=True) for r in rows if r["metric"] == "passkey" and r["length"] == screen
+                 and model_of(r) == u]  # fmt: skip
+        rate = pool([c for c in cells if c is not None]) if cells else None
+        if u in broken_units:
+            why = broken_units[u]
+        elif u in kept:
+            why = "goes on: in the 98% credible set of the best"
+        else:
+            why = f"out: outside the 98% credible set of the best after {rate.n if rate else 0} keys"
+        out.append(Screened(u, _ppl_past(rows, u, target), rate, p_best.get(u), u in kept, why))
+    return out
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -283,81 +256,88 @@ def caps(budget: float | None, *, fixed: float, per_model: float, models: float,
 
 @dataclass(frozen=True)
 class Standing:
+    """One raced model at the target."""
+
     unit: tuple
-    needles: Rate | None  # every needle cell at T pooled (passkey depths, RULER tasks), each weighing the same
-    by_metric: dict[str, Rate | None]
+    estimate: float  # pooled rate, each cell weighing the same
+    interval: tuple[float, float]  # its anytime-valid 95% interval
+    n: int  # needles per cell
+    by_metric: dict[str, Rate]  # each cell's rate, anytime-valid interval
     ppl_past: float | None
     serving: str
+    active: bool  # still sampled when the race ended
+    beaten_by: tuple | None  # a model shown better than it
+    p_best: float  # posterior chance of the highest rate (among the methods)
+    loss: float  # expected loss of picking it, in rate
 
-
-def standings(rows: Sequence[Mapping[str, Any]], units: Sequence[tuple], *, target: int,
-              model_type: str | None) -> list[Standing]:  # fmt: skip
-    """Each of ``units`` at ``target`` from the race's rows, best first: pooled needle rate, then the cheaper to
-    serve, then the lower perplexity past L."""
-    out = []
-    for u in units:
-        cells = [r for r in rows if model_of(r) == u and r["length"] == target and is_rate_metric(r["metric"])]
-        metrics = sorted({r["metric"] for r in cells}, key=lambda m: (m.startswith(RULER_PREFIX), m))
-        by = {m: pool([row_rate(r) for r in cells if r["metric"] == m]) for m in metrics}
-        out.append(Standing(u, pool(list(by.values())), by, _ppl_past(rows, u, target), serving(u[0], model_type)))
-    return sorted(out, key=_rank_key)
-
-
-def _rank_key(s: Standing) -> tuple:
-    return (-(s.needles.value if s.needles else -1.0), SERVING[s.serving][0],
-            s.ppl_past if s.ppl_past is not None else math.inf)  # fmt: skip
+    def text(self) -> str:
+        low, high = self.interval
+        return f"{100 * self.estimate:.0f}% [{100 * low:.0f}-{100 * high:.0f}] (n = {self.n} per cell)"
 
 
 @dataclass(frozen=True)
-class Pick:
+class Outcome:
     pick: Standing
     runner_up: Standing | None
-    tied: list[Standing]  # within noise of the best rate (the best included)
+    shown: bool  # the pick is shown: better beyond noise than every other, or the cheapest shown within DELTA
+    ended: str  # "decided", "cap" (the pick and its challenger have the cap), "deadline"
     reason: str
+    costs: list[tuple[Standing, float, float, float]]  # cheaper methods: (it, pick - it, low, high)
 
 
-def choose(ranked: Sequence[Standing], name: Any, savable: Any = None) -> Pick:
-    """The pick among the methods (the unpatched model is ranked but never picked); ``name(unit) -> str`` labels
-    them in the reason. ``savable(method) -> str | None``: why ``--save`` cannot write a method; only those it can
-    are picked (a save added when resuming a pick measured without one)."""
-    methods = [s for s in ranked if s.unit[0] != "none" and s.needles is not None]
-    if savable is not None:
-        unsaved = [s for s in methods if savable(s.unit[0])]
-        methods = [s for s in methods if not savable(s.unit[0])]
-        if not methods:
-            fail("save", "--save", f"a format one of the measured methods can be written in; "
-                 f"{', '.join(f'{name(s.unit)}: {savable(s.unit[0])}' for s in unsaved)}")  # fmt: skip
+def decide(standings: Sequence[Standing], verdict: Any, units: Sequence[tuple], name: Any, *, ended: str,
+           savable: Any = None) -> Outcome:  # fmt: skip
+    """The pick from the race's last look (``posenc.lab.extend.race.verdict`` over ``units``, the unpatched model
+    among them), in words. ``savable(method) -> str | None``: why ``--save`` cannot write a method (a save added on
+    resume): the pick is then the best estimate among those it can write, reported as such."""
+    from posenc.lab.extend.race import DELTA
+
+    by_unit = {s.unit: s for s in standings}
+    index = {u: i for i, u in enumerate(units)}
+    methods = [s for s in standings if s.unit[0] != "none"]
     if not methods:
         fail("rows", [], "needle rates at the target for at least one method (a finished race)")
-    best = max(methods, key=lambda s: s.needles.value)
-    tied = [s for s in methods if not s.needles.beyond_noise(best.needles)]
-    pick = min(tied, key=lambda s: (SERVING[s.serving][0], -s.needles.value,
-                                    s.ppl_past if s.ppl_past is not None else math.inf))  # fmt: skip
-    others = [s for s in methods if s is not pick]
+    pick = by_unit[units[int(verdict.pick[0])]]
+    shown = bool(verdict.shown[0]) and ended == "decided"
+    if savable is not None:
+        writable = [s for s in methods if not savable(s.unit[0])]
+        if not writable:
+            fail("save", "--save", "a format one of the measured methods can be written in; "
+                 + ", ".join(f"{name(s.unit)}: {savable(s.unit[0])}" for s in methods))  # fmt: skip
+        if pick not in writable:
+            pick, shown = max(writable, key=lambda s: (s.estimate, -SERVING[s.serving][0])), False
+    i = index[pick.unit]
+    low, high = verdict.low[0], verdict.high[0]
+    others = sorted((s for s in methods if s is not pick), key=lambda s: -s.estimate)
     runner_up = others[0] if others else None
+    costs = [(s, pick.estimate - s.estimate, float(low[i, index[s.unit]]), float(high[i, index[s.unit]]))
+             for s in others if SERVING[s.serving][0] < SERVING[pick.serving][0]]  # fmt: skip
     where = SERVING[pick.serving][1]
-    if len(tied) == 1:
-        beaten = ", ".join(name(s.unit) for s in others) or "no other method"
-        reason = (f"{name(pick.unit)} finds {pick.needles.text()} of the needles at the target, beyond noise above "
-                  f"every other method ({beaten}); it is served as {where}")  # fmt: skip
+    if shown and not any(s.active for s in methods if s is not pick):
+        reason = (f"{name(pick.unit)} finds {pick.text()} of the needles at the target, better beyond noise than "
+                  f"every other method raced (paired on the same needles); it is served as {where}")  # fmt: skip
+    elif shown:
+        reason = (f"{name(pick.unit)}, {pick.text()}, is shown within {DELTA:g} of every model still in the race "
+                  f"and is the cheapest of them to serve: {where}")  # fmt: skip
     else:
-        names = ", ".join(f"{name(s.unit)} {s.needles.text()}" for s in tied)
-        reason = (f"{len(tied)} methods are within noise of the best needle rate ({names}); {name(pick.unit)} is "
-                  f"the cheapest of them to serve: {where}")  # fmt: skip
-        if pick is not best:
-            reason += f" (the highest point estimate, {name(best.unit)}, is not beyond noise of it)"
-    reason += _versus_unpatched(pick, [s for s in ranked if s.unit[0] == "none"])
-    return Pick(pick, runner_up, tied, reason)
-
-
-def _versus_unpatched(pick: Standing, unpatched: list[Standing]) -> str:
-    """Whether the pick rescues retrieval at all: its rate against the unpatched model's."""
-    if not pick.needles.hits:
-        return ". No method found a needle at the target: nothing here rescues retrieval at this length"
-    if not unpatched or unpatched[0].needles is None:
-        return ""
-    base = unpatched[0].needles
-    if pick.needles.beyond_noise(base) and pick.needles.value > base.value:
-        return f"; the unpatched model finds {base.text()}, beyond noise below it: the method rescues retrieval"
-    return (f"; the unpatched model finds {base.text()}, within noise of it: that it rescues retrieval at all is not "
-            "shown at this n")  # fmt: skip
+        why = {"cap": "every contender reached the cap", "deadline": "the deadline came"}.get(ended, "sampling ended")
+        reason = (f"{name(pick.unit)} has the best estimate, {pick.text()}, but is not shown better than "
+                  f"{', '.join(name(s.unit) for s in others if s.beaten_by is None) or 'the others'} ({why}); best "
+                  f"with probability {pick.p_best:.2f}, expected loss {pick.loss:.3f} in rate; it is served as "
+                  f"{where}")  # fmt: skip
+    for s, cost, lo, hi in costs:
+        reason += (f"; {name(s.unit)} ({SERVING[s.serving][1].split(' (')[0]}) would cost {cost:+.2f} in rate "
+                   f"[{lo:+.2f} to {hi:+.2f}]")  # fmt: skip
+    reference = [u for u in units if u[0] == "none"]
+    if reference:
+        j = index[reference[0]]
+        base = by_unit[reference[0]]
+        if float(low[i, j]) > 0:
+            reason += (f"; the unpatched model finds {base.text()}, shown below it: the method rescues "
+                       "retrieval")  # fmt: skip
+        else:
+            reason += (f"; the unpatched model finds {base.text()}, not shown below it: that it rescues retrieval "
+                       "at all is not shown at this n")  # fmt: skip
+    if not pick.estimate:
+        reason += ". No method found a needle at the target"
+    return Outcome(pick, runner_up, shown, ended, reason, costs)

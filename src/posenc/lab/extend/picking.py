@@ -1,20 +1,24 @@
-"""``posenc extend MODEL --target T --pick``: measure every candidate method cheaply, race the best at T, name the pick.
+"""``posenc extend MODEL --target T --pick``: screen every candidate method, race the contenders at T, name the pick
+-- and say how sure that is.
 
 One folder (``--out``) holds the whole pick and resumes like every study (``--resume``; Ctrl-C or SIGTERM keeps each
-finished measurement):
+finished measurement; every decision is replayed from the stored needles, so a resumed pick takes the same rounds):
 
-    pick.json       the settings, the candidates and the per-cell cap the budget bought (checked on resume)
+    pick.json       the settings and the candidates (checked on resume)
     screen-ppl/     a ``posenc extend`` study: every candidate and the unpatched model, perplexity at T
     screen-passkey/ a ``posenc extend`` study: the candidates whose perplexity is not broken (``pick.broken``) and the
-                    unpatched model, one round of passkeys at a shorter length (``pick.screen_length``)
-    final/          a ``posenc extend`` study: the survivors (``pick.survivors``), the unpatched model and, with
-                    ``finetune_steps``, a fine-tuned YaRN at T: perplexity at T and needle cells at T sampled in rounds
-                    until each is decided (``posenc.lab.extend.sampling``), at most the cap
-    pick.md         the ranked table with intervals, the pick and why, and the commands that run it elsewhere
+                    unpatched model, passkeys at a shorter length (``pick.screen_length``) in rounds, each round for the
+                    candidates in the 98% credible set of the best (``posenc.lab.extend.racing``)
+    final/          a ``posenc extend`` study: the credible set, the unpatched model and, with ``finetune_steps``, a
+                    fine-tuned YaRN at T: perplexity at T and needle cells at T raced in rounds -- paired on the same
+                    needles, a model dropped once another is better beyond noise (``posenc.lab.extend.race``)
+    pick.md         the rule, the pick and how sure (its posterior chance of being the best, the expected loss, what
+                    each cheaper method would cost in rate), the ranked table with anytime-valid intervals, screening,
+                    and the commands that run it elsewhere
 
-The rules are ``posenc.lab.extend.pick``. The plan, with an estimate, is printed before any weight is loaded; the
-estimate comes from a short matrix-multiply probe of this machine (``plan.probe_seconds_per_unit``) and the model's
-dimensions, and ``budget`` turns it into the most samples a cell may get (``pick.caps``).
+``--budget`` is a deadline for this invocation: when it passes, sampling stops and the pick is made from what was
+measured (a resume continues). The plan's estimate comes from two timed forwards of the model itself
+(``targets.HFTarget.calibrate``); it is an upper bound (every contender to the cap) and never refuses a budget.
 """
 
 from __future__ import annotations
@@ -26,13 +30,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from posenc._checks import fail
 from posenc.lab.common.devices import resolve_device
 from posenc.lab.common.files import write_text_atomic
 from posenc.lab.common.runfiles import check_out, check_settings
-from posenc.lab.extend import composed, plan, sampling
+from posenc.lab.extend import composed, confidence, plan, race, racing, sampling
 from posenc.lab.extend import pick as rules
-from posenc.lab.extend.config import ExtendConfig
+from posenc.lab.extend import rates as rates_mod
+from posenc.lab.extend.config import STOP_WIDTH, ExtendConfig
 from posenc.lab.extend.rates import RULER_PREFIX, UNPATCHED
 from posenc.lab.extend.report import label
 from posenc.lab.extend.targets import load_target
@@ -57,6 +64,7 @@ class PickPlan:
     final_seconds: float
     finetune_seconds: float
     budget: float | None
+    calibrated: bool = False  # seconds_per_unit from the model's own timed forwards (else the probe)
 
     def settings(self) -> dict[str, Any]:
         return {
@@ -77,34 +85,37 @@ def run_pick(
     save_type: str = "source",
     plan_only: bool = False,
 ) -> dict[str, Any]:
-    """Pick the method that makes ``cfg.model`` work at ``target`` tokens (or ``"4x"``); returns the outcome.
+    """Pick the method that makes ``cfg.model`` work at ``target`` tokens (or ``"4x"``, ``"32k"``); returns the
+    outcome.
 
-    ``cfg``: the model and the study settings that apply to every stage (``corpus``, ``depths``, ``task`` --
-    ``ruler`` adds ``ruler_tasks`` at T --, ``finetune_*`` to add a fine-tuned YaRN, ``dtype``, ``device``,
-    ``seed``, ``stop_width``); ``methods`` limits the candidates; ``trials`` / ``ruler_samples`` / ``lengths`` /
-    ``factors`` are set by the pick and refused. ``budget``: seconds or ``"90m"``; caps the samples per cell so the
-    whole pick fits it on this machine's estimated speed (none: ``pick.DEFAULT_CAP``). ``save``: a new folder (or
-    ``.gguf`` file) the pick is written to; with it only candidates that format can carry compete. ``plan_only``:
-    print the plan and its estimate, write nothing.
+    ``cfg``: the model and the study settings that apply to every stage (``corpus``, ``depths`` -- default 0.5 --,
+    ``task`` -- ``ruler`` adds ``ruler_tasks`` at T --, ``finetune_*`` to add a fine-tuned YaRN, ``dtype``,
+    ``device``, ``seed``); ``methods`` limits the candidates; ``trials`` (or ``ruler_samples``) is the race's cap,
+    needles per cell (default ``pick.DEFAULT_CAP``); ``stop_width`` 0 samples every raced model to the cap (a fixed
+    design) instead of racing; ``lengths`` / ``factors`` are set by the pick and refused. ``budget``: seconds or a
+    duration (``"1h30"``): a deadline for this invocation, after which sampling stops and the pick is made from what
+    was measured. ``save``: a new folder (or ``.gguf`` file) the pick is written to; with it only candidates that
+    format can carry compete. ``plan_only``: print the plan and its estimate, write nothing.
 
-    Returns a dict: ``pick`` (its label), ``unit``, ``reason``, ``standings`` (rows of the ranked table),
-    ``saved`` (the path or None), ``plan`` (``PickPlan``).
+    Returns a dict: ``pick`` (its label), ``unit``, ``reason``, ``shown``, ``ended``, ``standings`` (rows of the
+    ranked table), ``saved`` (the path or None), ``plan`` (``PickPlan``).
 
     Raises:
-        ValueError: bad settings (a target not beyond the original context, a budget too small for one round, a
-            lab model, settings the pick sets itself), a folder that holds something else, or a ``--resume`` with
-            other settings -- all before any weight is loaded.
+        ValueError: bad settings (a target not beyond the original context or past the held-out text, a lab model,
+            settings the pick sets itself), a folder that holds something else, or a ``--resume`` with other settings
+            -- all before any weight is loaded.
     """
     start = time.perf_counter()
     out = Path(out)
     for name in ("lengths", "factors"):
         if getattr(cfg, name) is not None:
             fail(name, getattr(cfg, name), f"left out with --pick (it sets {name} itself from --target)")
-    if budget is not None and (cfg.trials is not None or cfg.ruler_samples is not None):
-        fail("budget", budget, "left out when --trials / --ruler-samples set the samples per cell themselves")
+    if cfg.trials is not None and cfg.ruler_samples is not None and cfg.trials != cfg.ruler_samples:
+        fail("ruler_samples", cfg.ruler_samples, f"left out or equal to --trials ({cfg.trials}): a raced model's "
+             "cells advance together, one cap for all")  # fmt: skip
+    seconds = rules.parse_budget(budget)
+    deadline = racing.Deadline.after(seconds)
     before = check_out(out, "pick")
-    if resume and budget is None and before:
-        budget = before.get("budget")  # a resumed pick keeps its budget (and the cap it bought)
     device = resolve_device(cfg.device, allow_auto=True)
     if cfg.task == "ruler":
         from posenc.lab.extend.ruler import require
@@ -113,26 +124,30 @@ def run_pick(
     model = load_target(cfg, out / "final", device=device, progress=progress)  # config and tokenizer only
     if model.kind == "lab":
         fail("model", cfg.model, "a pretrained model for --pick (a lab model cannot follow a passkey prompt)")
-    stored = (before or {}) if resume else {}  # a resumed pick keeps its candidates and its cap
-    decided = make_plan(cfg, model, target, device=device, budget=budget, save=save, save_type=save_type, out=out,
-                        stored=stored.get("candidates"), cap=stored.get("cap"))  # fmt: skip
+    stored = (before or {}) if resume else {}  # a resumed pick keeps its candidates
+    decided = make_plan(cfg, model, target, device=device, budget=seconds, save=save, save_type=save_type, out=out,
+                        stored=stored.get("candidates"))  # fmt: skip
     settings = {k: v for k, v in cfg.to_dict().items() if k != "out"}
-    settings.update(decided.settings(), budget=budget)
+    settings.update(decided.settings())
     stages = stage_configs(cfg, decided, decided.cap)
     resolved = [plan.resolve(stage, kind=model.kind, original=model.original_len,
                              default_methods=model.default_methods, device=device) for stage in stages]  # fmt: skip
     model.use(resolved[-1])  # the corpus once: every stage reads the same text; the race's adds its fine-tuning text
+    if model.heldout_tokens < decided.target + 1:
+        fail("target", target, f"a length the held-out text can fill: {model.corpus_name} gives "
+             f"{model.heldout_tokens} held-out tokens, so at most {model.heldout_tokens - 1}; a lower --target or a "
+             "bigger --corpus")  # fmt: skip
     for stage in resolved:  # every stage's settings against the model and the machine, before anything is written
         plan.check(stage, model, device=device)
-    if progress or plan_only:
+    if plan_only or progress:
+        decided = _calibrated(decided, model, plan_only)
         print(plan_text(decided, model, cfg))
     if plan_only and resume and before:
         print(left_text(out, decided, model))
     if plan_only:
         return {"plan": decided}
     check_settings(out, {**settings, "cap": decided.cap}, resume, command="pick", what="pick")
-    cap = decided.cap
-    from posenc.lab.extend.study import run_extend
+    from posenc.lab.extend.study import read_samples, run_extend
 
     ppl_cfg, keys_cfg, final_cfg = stages
     units = [c.unit for c in decided.candidates]
@@ -140,42 +155,131 @@ def run_pick(
                           measurements=[("ppl", decided.target, None)])  # fmt: skip
     broken = rules.broken(ppl_rows, units, target=decided.target)
     whole = [u for u in units if u not in broken]
+    screening = [("passkey", decided.screen, d) for d in decided.depths]
     key_rows = run_extend(keys_cfg, out / "screen-passkey", resume=True, progress=progress, units=whole,
-                          measurements=[("passkey", decided.screen, d) for d in decided.depths])  # fmt: skip
+                          measurements=screening,
+                          more_rounds=racing.policy(racing.replay_screen, racing.SCREEN_CAP, deadline))  # fmt: skip
+    field = racing.Field([UNPATCHED, *whole], screening, racing.SCREEN_CAP)
+    screen_scores, screen_counts = racing.needles(field, read_samples(out / "screen-passkey" / "samples.csv"))
+    screen_look = racing.replay_screen(field, screen_scores, screen_counts)
+    if screen_look.wanted:  # the deadline came first: screening is not over
+        return _unfinished(out, "screening", progress)
+    kept_mask, n_screen = screen_look.look, screen_look.n
+    hits = torch.stack([screen_scores[0, i, :, : n_screen[i]].sum() / len(screening) for i in range(len(field.units))])
+    p_best, _ = confidence.probability_best(hits, n_screen.to(torch.float64))
+    kept = [u for u, k in zip(field.units, kept_mask.tolist(), strict=True) if k and u != UNPATCHED]
     screen_rows = ppl_rows + [r for r in key_rows if r["metric"] == "passkey"]
-    verdicts = rules.survivors(screen_rows, units, target=decided.target, screen=decided.screen)
-    kept = [v.unit for v in verdicts if v.kept] + decided.tuned
+    chances = dict(zip(field.units, p_best.tolist(), strict=True))
+    verdicts = rules.screened(screen_rows, [UNPATCHED, *units], target=decided.target, screen=decided.screen,
+                              broken_units=broken, kept=kept, p_best=chances, keep=racing.KEEP)  # fmt: skip
+    raced = kept + decided.tuned
     if progress:
-        print(f"Screening: {', '.join(label(*u) for u in kept)} go on to {decided.target} tokens")
-    final_rows = run_extend(final_cfg, out / "final", resume=True, progress=progress, units=kept,
-                            measurements=_final_measurements(final_cfg, decided))  # fmt: skip
-    ranked = rules.standings(final_rows, [UNPATCHED, *kept], target=decided.target, model_type=model.model_type)
+        print(f"Screening: {', '.join(label(*u) for u in raced) or 'nothing'} go on to {decided.target} tokens")
+    if not raced:
+        fail("methods", [c.method for c in decided.candidates], "a candidate that keeps perplexity and finds keys at "
+             f"{decided.screen} tokens: none does; {'; '.join(f'{label(*v.unit)}: {v.why}' for v in verdicts)}")
+    final_units = [UNPATCHED, *raced]
+    measurements = _final_measurements(final_cfg, decided)
+    replay = _race_replay(final_units, model.model_type, fixed=not cfg.adaptive)
+    final_rows = run_extend(final_cfg, out / "final", resume=True, progress=progress, units=raced,
+                            measurements=measurements,
+                            more_rounds=racing.policy(replay, decided.cap, deadline))  # fmt: skip
+    field = racing.Field.of(final_units, measurements, decided.cap)
+    scores, counts = racing.needles(field, read_samples(out / "final" / "samples.csv"))
+    look = replay(field, scores, counts)
+    ended = "decided" if bool(look.look.stop[0]) else "deadline" if look.wanted else "cap"
+    ranked = standings(final_rows, field, look, scores, model.model_type, decided.target)
     why_not = _savable(model, save, save_type, cfg, out, decided.target) if save is not None else None
-    outcome = rules.choose(ranked, lambda u: label(*u), savable=why_not)
+    outcome = rules.decide(ranked, look.look, final_units, lambda u: label(*u), ended=ended, savable=why_not)
     saved = _save(final_cfg, out, outcome.pick.unit, save, save_type, device, progress) if save else None
-    reference = rules.survivors(screen_rows, [UNPATCHED], target=decided.target, screen=decided.screen)
-    reference = [dataclasses.replace(r, kept=False, why="the model as trained (reference)") for r in reference]
-    text = report(cfg, model, decided, cap, verdicts, ranked, outcome, saved, time.perf_counter() - start, reference)
+    text = report(cfg, model, decided, decided.cap, verdicts, ranked, outcome, saved, time.perf_counter() - start)
     write_text_atomic(out / "pick.md", text)
     if progress:
         print(summary(ranked, outcome, saved))
     return {
         "pick": label(*outcome.pick.unit), "unit": outcome.pick.unit, "reason": outcome.reason, "saved": saved,
-        "standings": [_standing_row(s) for s in ranked], "plan": decided, "cap": cap,
+        "shown": outcome.shown, "ended": ended, "standings": [_standing_row(s) for s in ranked], "plan": decided,
+        "cap": decided.cap,
     }  # fmt: skip
 
 
-def make_plan(cfg: ExtendConfig, model: Any, target: str | int, *, device: str, budget: str | float | None,
-              save: str | Path | None, save_type: str, out: Path, stored: list | None = None,
-              cap: int | None = None) -> PickPlan:  # fmt: skip
-    """The candidates, the lengths, the cap and the time estimate, from the model's config alone. ``stored``: the
-    candidates of the pick being resumed (a ``--save`` added on resume then chooses among those it can write);
-    ``cap``: its cap (not bought again from today's estimate)."""
+def _race_replay(units: Sequence[tuple], model_type: str | None, *, fixed: bool) -> Any:
+    """The race's replay over ``units`` (the unpatched model first): paired elimination and LUCB rounds, or with
+    ``fixed`` every model to the cap (``--stop-width 0``)."""
+    tier = torch.tensor([rules.SERVING[rules.serving(u[0], model_type)][0] if u[0] != "none" else 9 for u in units])
+    reference = torch.tensor([u[0] == "none" for u in units])
+
+    def replay(field: racing.Field, scores: torch.Tensor, counts: torch.Tensor) -> racing.Replay:
+        if not fixed:
+            return racing.replay_race(field, scores, counts, tier, reference)
+        n = counts.clamp(max=field.cap)
+        wanted = [i for i in range(len(field.units)) if counts[i] < field.cap]
+        full = torch.full((1, len(field.units)), field.cap, dtype=torch.long)
+        v = race.verdict(scores, torch.minimum(full, n[None]), torch.ones_like(full, dtype=torch.bool), tier,
+                         reference)  # fmt: skip
+        return racing.Replay(n, wanted, dataclasses.replace(v, stop=torch.tensor([not wanted]) & v.shown))
+
+    return replay
+
+
+def _unfinished(out: Path, stage: str, progress: bool) -> dict[str, Any]:
+    """The deadline passed before ``stage`` was over: nothing to pick from yet; the command that continues."""
+    text = (f"# Pick in {out}: not finished\n\nThe deadline (--budget) came during {stage}; what was measured is kept. "
+            "Continue with the same command and `--resume` (and a new --budget).\n")  # fmt: skip
+    write_text_atomic(out / "pick.md", text)
+    if progress:
+        print(f"Deadline: {stage} is not over; continue with --resume")
+    return {"pick": None, "ended": "deadline", "stage": stage}
+
+
+def standings(rows: Sequence[dict], field: racing.Field, look: racing.Replay, scores: torch.Tensor,
+              model_type: str | None, target: int) -> list[rules.Standing]:  # fmt: skip
+    """Each raced model at the target from the race's last look, best estimate first: pooled rate with its
+    anytime-valid interval, each cell's rate, whether it was still sampled, who beat it, its posterior chance of being
+    the best method and the expected loss of picking it."""
+    from posenc.lab.extend.rates import model_of
+
+    v, n = look.look, look.n
+    low, high = race.pooled_interval(scores, n[None])
+    methods = torch.tensor([u[0] != "none" for u in field.units])
+    pooled_hits = race.pooled(scores, n[None])[0] * n
+    p_best = torch.zeros(len(field.units), dtype=torch.float64)
+    loss = torch.zeros(len(field.units), dtype=torch.float64)
+    p, expected = confidence.probability_best(pooled_hits[methods], n[methods].to(torch.float64))
+    p_best[methods], loss[methods] = p, expected
+    out = []
+    for i, unit in enumerate(field.units):
+        by = {}
+        for metric, length, depth in field.cells:
+            k = int(n[i])
+            cell = scores[0, i, field.cells.index((metric, length, depth)), :k]
+            key = metric if depth is None else f"{metric} @{depth:g}"
+            by[key] = rates_mod.Rate(float(cell.sum()), k, anytime=True)
+        beaten = (v.low[0, :, i] > 0).nonzero()
+        ppl = next((float(r["ppl"]) for r in rows if model_of(r) == unit and r["metric"] == "ppl_past"
+                    and r["length"] == target and r["status"] == "ok"), None)  # fmt: skip
+        out.append(rules.Standing(
+            unit=unit, estimate=float(v.estimate[0, i]), interval=(float(low[0, i]), float(high[0, i])), n=int(n[i]),
+            by_metric=by, ppl_past=ppl, serving=rules.serving(unit[0], model_type), active=bool(v.active[0, i]),
+            beaten_by=field.units[int(beaten[0])] if beaten.numel() else None, p_best=float(p_best[i]),
+            loss=float(loss[i]),
+        ))  # fmt: skip
+    return sorted(out, key=lambda s: (-s.estimate, rules.SERVING[s.serving][0]))
+
+
+#: The race's default passkey depth: one cell (RULER's needle tasks place their needles at many depths themselves).
+DEPTHS = (0.5,)
+
+
+def make_plan(cfg: ExtendConfig, model: Any, target: str | int, *, device: str, budget: float | None,
+              save: str | Path | None, save_type: str, out: Path, stored: list | None = None) -> PickPlan:  # fmt: skip
+    """The candidates, the lengths, the cap and an upper bound of the time, from the model's config alone (the
+    speed: a matrix-multiply probe until ``_calibrated`` times the model itself). ``stored``: the candidates of the
+    pick being resumed (a ``--save`` added on resume then chooses among those it can write)."""
     from posenc.hf._remap_patch import REMAP_MODEL_TYPES
 
     original = model.original_len
     length = rules.parse_target(target, original)
-    seconds = rules.parse_budget(budget)
     savable = _savable(model, save, save_type, cfg, out, length) if save is not None else None
     candidates, left_out = rules.candidates(
         original, length, model_type=model.model_type, remapping=model.model_type in REMAP_MODEL_TYPES,
@@ -196,28 +300,46 @@ def make_plan(cfg: ExtendConfig, model: Any, target: str | int, *, device: str, 
     if screen < model.min_passkey:
         fail("target", target, f"a target whose screening length ({screen}) fits a passkey prompt "
              f"({model.min_passkey} tokens)")  # fmt: skip
-    depths = cfg.depths if cfg.depths is not None else plan.PLANS[plan.plan_name(model.kind, device)]["depths"]
+    depths = tuple(cfg.depths) if cfg.depths is not None else DEPTHS
     factor = length / original
     tuned = (
         [(FINETUNED_METHOD, factor, cfg.finetune_steps, p) for p in cfg.finetune_positions]
         if cfg.finetune_steps
         else []
     )
+    cap = cfg.trials or cfg.ruler_samples or rules.DEFAULT_CAP
     spu = plan.probe_seconds_per_unit(model.dims, model.dtype, device)
-    cost_t, cost_s = model.forward_cost(length), model.forward_cost(screen)
-    weights = sorted((rules.cost_factor(c.method) for c in candidates), reverse=True)  # remapping ones cost more
-    screen_seconds = (1 + sum(weights)) * (cost_t + len(depths) * screen_keys(tuple(depths)) * cost_s) * spu
-    window = cfg.finetune_window or length
-    finetune_seconds = len(tuned) * cfg.finetune_steps * 3 * model.forward_cost(window) * spu
-    cells = len(depths) + (len(_ruler_tasks(cfg)) if cfg.task == "ruler" else 0)
-    models = 1 + sum(weights[: rules.KEEP]) + len(tuned)  # the race's models in plain-forward units, at most
-    cap = cap or cfg.trials or cfg.ruler_samples or rules.caps(
-        seconds, fixed=screen_seconds + finetune_seconds, per_model=cost_t * spu, models=models, cells=cells,
-        sample=cost_t * spu, floor=sampling.ROUND,
-    )  # fmt: skip
-    final_seconds = models * (1 + cells * cap) * cost_t * spu
-    return PickPlan(length, screen, candidates, left_out, tuple(depths), tuned, cap, spu, screen_seconds,
-                    final_seconds, finetune_seconds, seconds)  # fmt: skip
+    return _estimate(PickPlan(length, screen, candidates, left_out, depths, tuned, cap, spu, 0.0, 0.0, 0.0, budget),
+                     model, cfg)  # fmt: skip
+
+
+def _estimate(decided: PickPlan, model: Any, cfg: ExtendConfig) -> PickPlan:
+    """The plan's time, at most, at ``decided.seconds_per_unit``: screening's perplexity for every candidate and its
+    passkeys to ``SCREEN_CAP`` for all of them; the race with the ``KEEP`` most expensive candidates, the unpatched
+    model and the fine-tuned ones, each to the cap in every cell (a race that decides stops sooner)."""
+    spu = decided.seconds_per_unit
+    cost_t, cost_s = model.forward_cost(decided.target), model.forward_cost(decided.screen)
+    weights = sorted((rules.cost_factor(c.method) for c in decided.candidates), reverse=True)
+    screen_seconds = (1 + sum(weights)) * (cost_t + len(decided.depths) * racing.SCREEN_CAP * cost_s) * spu
+    window = cfg.finetune_window or decided.target
+    finetune_seconds = len(decided.tuned) * cfg.finetune_steps * 3 * model.forward_cost(window) * spu
+    cells = len(decided.depths) + (len(_ruler_tasks(cfg)) if cfg.task == "ruler" else 0)
+    models = 1 + sum(weights[: racing.KEEP]) + len(decided.tuned)  # in plain-forward units
+    final_seconds = models * (1 + cells * decided.cap) * cost_t * spu
+    return dataclasses.replace(decided, screen_seconds=screen_seconds, final_seconds=final_seconds,
+                               finetune_seconds=finetune_seconds)  # fmt: skip
+
+
+def _calibrated(decided: PickPlan, model: Any, plan_only: bool) -> PickPlan:
+    """The plan's estimate from the model's own speed: its weights loaded and two forwards timed
+    (``HFTarget.calibrate``: the linear and quadratic parts of a forward's cost on this machine), in place of the
+    probe. Loading takes seconds for SmolLM2; a model too big to load quickly keeps the probe's estimate under
+    ``--plan``."""
+    if plan_only and getattr(model, "weights_bytes", 0) > 4 * 2**30:
+        return decided
+    model.load()
+    spu = model.calibrate([decided.target])[0]
+    return _estimate(dataclasses.replace(decided, seconds_per_unit=spu, calibrated=True), model, model.cfg)
 
 
 def _savable(model: Any, save: str | Path, save_type: str, cfg: ExtendConfig, out: Path, length: int) -> Any:
@@ -241,28 +363,24 @@ def _savable(model: Any, save: str | Path, save_type: str, cfg: ExtendConfig, ou
 
 def stage_configs(cfg: ExtendConfig, decided: PickPlan, cap: int) -> tuple[ExtendConfig, ...]:
     """The settings of the three studies: screening's perplexity at T, screening's passkeys at the shorter length
-    (``screen_keys`` per depth, a fixed count) and the race at T."""
+    (rounds to ``racing.SCREEN_CAP`` per depth) and the race at T (rounds to ``cap`` per cell; with the user's
+    ``stop_width`` 0 the race's replay takes every raced model to the cap)."""
     methods = tuple(dict.fromkeys(c.method for c in decided.candidates))
     factors = tuple(sorted({c.factor for c in decided.candidates}))
     common = dict(methods=methods, factors=factors, depths=decided.depths, eval_tokens=decided.target, out=None)
     zero_shot = dict(
         task="lm", finetune_steps=0, finetune_positions=("plain",), finetune_window=None, finetune_lr=None,
-        finetune_corpus=None, ruler_tasks=None, ruler_samples=None, stop_width=0.0,
+        finetune_corpus=None, ruler_tasks=None, ruler_samples=None,
     )  # fmt: skip
-    ppl = dataclasses.replace(cfg, **common, **zero_shot, lengths=(decided.target,), trials=1)
-    keys = dataclasses.replace(cfg, **common, **zero_shot, lengths=(decided.screen,),
-                               trials=screen_keys(decided.depths))  # fmt: skip
+    ppl = dataclasses.replace(cfg, **common, **zero_shot, lengths=(decided.target,), trials=1, stop_width=0.0)
+    keys = dataclasses.replace(cfg, **common, **zero_shot, lengths=(decided.screen,), trials=racing.SCREEN_CAP,
+                               stop_width=STOP_WIDTH)  # fmt: skip
     if decided.tuned and FINETUNED_METHOD not in methods:
         common["methods"] = (*methods, FINETUNED_METHOD)
-    final = dataclasses.replace(cfg, **common, lengths=(decided.target,), trials=cfg.trials or cap,
-                                ruler_samples=(cfg.ruler_samples or cap) if cfg.task == "ruler" else None,
-                                stop_width=cfg.stop_width)  # fmt: skip
+    final = dataclasses.replace(cfg, **common, lengths=(decided.target,), trials=cap,
+                                ruler_samples=cap if cfg.task == "ruler" else None,
+                                stop_width=STOP_WIDTH)  # rounds, needles kept one by one  # fmt: skip
     return ppl, keys, final
-
-
-def screen_keys(depths: tuple[float, ...]) -> int:
-    """Screening's passkeys per depth: one round (``sampling.ROUND`` keys) spread over the depths, at least one each."""
-    return max(1, sampling.ROUND // len(depths))
 
 
 def _final_measurements(cfg: ExtendConfig, decided: PickPlan) -> list[tuple]:
@@ -293,7 +411,7 @@ def _save(cfg: ExtendConfig, out: Path, unit: tuple, save: str | Path, save_type
     path = check_save(save, resolved, model_target, out, save_type)
     model_target.load()
     patched, _, _ = _model_for(model_target, unit)
-    model_target.save(patched, path, tensor_type=save_type)
+    model_target.save(patched, path, tensor_type=save_type, check=progress)
     if progress:
         print(f"Saved the pick, {label(*unit)}, to {path}")
     return path
@@ -312,72 +430,79 @@ def plan_text(decided: PickPlan, model: Any, cfg: ExtendConfig) -> str:
     ]
     if decided.left_out:
         lines.append("Left out: " + "; ".join(f"{m}: {why}" for m, why in decided.left_out.items()))
-    final_models = min(rules.KEEP, len(decided.candidates)) + 1 + len(decided.tuned)
-    race = f"passkey at {len(decided.depths)} depth{'s' if len(decided.depths) > 1 else ''}" + (
-        f" and RULER {', '.join(_ruler_tasks(cfg))}" if cfg.task == "ruler" else ""
-    )
-    keys = screen_keys(decided.depths)
+    cells = f"passkey at depth{'s' if len(decided.depths) > 1 else ''} {', '.join(f'{d:g}' for d in decided.depths)}"
+    cells += f" and RULER {', '.join(_ruler_tasks(cfg))}" if cfg.task == "ruler" else ""
     lines.append(
         f"1. Screening, each candidate and the unpatched model: perplexity at {decided.target} tokens (a candidate "
-        f"above {rules.PPL_BREAK:g}x the best is out), then {keys} passkey{'s' if keys > 1 else ''} per depth "
-        f"({', '.join(f'{d:g}' for d in decided.depths)}) at {decided.screen} tokens: at most "
+        f"above {rules.PPL_BREAK:g}x the best is out), then passkeys at {decided.screen} tokens in rounds of "
+        f"{sampling.ROUND} per depth for the candidates in the 98% credible set of the best, to at most "
+        f"{racing.SCREEN_CAP}, until {racing.KEEP} or fewer remain (the whole set goes on): at most "
         f"{plan.duration_text(decided.screen_seconds)}"
     )
     if decided.tuned:
         lines.append(f"   fine-tuning {', '.join(label(*u) for u in decided.tuned)}: about "
                      f"{plan.duration_text(decided.finetune_seconds)}")  # fmt: skip
     lines.append(
-        f"2. Race at {decided.target} tokens, up to {final_models} models (the best {rules.KEEP} of screening, the "
-        f"unpatched model{', the fine-tuned' if decided.tuned else ''}): {race}, up to {cap} samples per cell in "
-        f"rounds of {sampling.ROUND}, each cell stopped once decided: at most "
-        f"{plan.duration_text(decided.final_seconds)}"
+        f"2. Race at {decided.target} tokens, the screened set and the unpatched model"
+        f"{' and the fine-tuned' if decided.tuned else ''}: {cells}, up to {cap} needles per cell in rounds of "
+        f"{sampling.ROUND}, paired on the same needles; {race.RULE if cfg.adaptive else 'every model to the cap'}: "
+        f"at most {plan.duration_text(decided.final_seconds)} with {racing.KEEP} methods raced"
     )
-    budget = f" (budget {plan.duration_text(decided.budget)})" if decided.budget else ""
+    source = ("two timed forwards of the model on this machine" if decided.calibrated else
+              "this machine's matrix-multiply speed and the model's size, before any weight is loaded")  # fmt: skip
+    deadline = (f"; sampling stops at the deadline, {plan.duration_text(decided.budget)} from the start (--budget)"
+                if decided.budget else "")  # fmt: skip
     lines.append(
         f"At most {plan.duration_text(decided.screen_seconds + decided.finetune_seconds + decided.final_seconds)} "
-        f"in all{budget}: an estimate from this machine's matrix-multiply speed and the model's size "
-        f"({decided.seconds_per_unit * 1e3:.3g} ms per token-equivalent), before any weight is loaded; rounds that "
-        "stop early finish sooner"
+        f"in all, from {source} ({decided.seconds_per_unit * 1e3:.3g} ms per token-equivalent); a race that decides "
+        f"stops sooner{deadline}"
     )
     return "\n".join(lines)
 
 
 def left_text(out: Path, decided: PickPlan, model: Any) -> str:
-    """A resumed pick's ``--plan``: what its three studies hold already and, at most, the time left (the plan's
-    estimate less the forwards and samples already measured)."""
-    from posenc.lab.extend.rates import is_rate_metric, model_of
-    from posenc.lab.extend.study import read_results
+    """A resumed pick's ``--plan``: where each stage stands (replayed from its stored needles) and, at most, the time
+    left: nothing for a finished pick."""
+    from posenc.lab.extend.rates import model_of
+    from posenc.lab.extend.study import read_results, read_samples
 
     def rows(stage: str) -> list[dict]:
         path = out / stage / "results.csv"
         return read_results(path) if path.exists() else []
 
     spu = decided.seconds_per_unit
-    cost_t, cost_s = model.forward_cost(decided.target), model.forward_cost(decided.screen)
+    cost_t = model.forward_cost(decided.target)
+    units = [UNPATCHED, *(c.unit for c in decided.candidates)]
     weight = {c.unit: rules.cost_factor(c.method) for c in decided.candidates} | {UNPATCHED: 1.0}
     ppl = {model_of(r) for r in rows("screen-ppl") if r["metric"] == "ppl" and r["length"] == decided.target}
-    keys: dict[tuple, int] = {}
-    for r in rows("screen-passkey"):
-        if r["metric"] == "passkey" and r["length"] == decided.screen:
-            keys[model_of(r)] = keys.get(model_of(r), 0) + int(r["n"] or 0)
-    planned_keys = len(decided.depths) * screen_keys(decided.depths)
-    screen_done = sum(weight.get(u, 1.0) * cost_t for u in ppl) + sum(
-        weight.get(u, 1.0) * min(n, planned_keys) * cost_s for u, n in keys.items())  # fmt: skip
-    race = [r for r in rows("final") if r["metric"] == "ppl" or is_rate_metric(r["metric"])]
-    counts = [(weight.get(model_of(r), 1.0), 1 if r["metric"] == "ppl" else int(r["n"] or 0)) for r in race]
-    samples = sum(n for (_, n), r in zip(counts, race, strict=True) if r["metric"] != "ppl")
-    forwards = len(race) - sum(1 for r in race if r["metric"] != "ppl")
-    tuned_done = {model_of(r) for r in race} & set(decided.tuned)
-    left = (
-        max(0.0, decided.screen_seconds - screen_done * spu)
-        + max(0.0, decided.final_seconds - sum(w * n for w, n in counts) * cost_t * spu)
-        + decided.finetune_seconds * (1 - len(tuned_done) / max(1, len(decided.tuned)))
-    )
-    return (
-        f"Resumed from {out}: screening has perplexity for {len(ppl)} of {len(weight)} models and "
-        f"{sum(min(n, planned_keys) for n in keys.values())} of {len(weight) * planned_keys} passkeys; the race has "
-        f"{samples} samples and {forwards} perplexity forwards. Left: at most {plan.duration_text(left)}"
-    )
+    left = sum(weight[u] * cost_t for u in units if u not in ppl) * spu
+    screening = [("passkey", decided.screen, d) for d in decided.depths]
+    screened = [model_of(r) for r in rows("screen-passkey") if r["metric"] == "passkey"]
+    field = racing.Field(list(dict.fromkeys([UNPATCHED, *screened])), screening, racing.SCREEN_CAP)
+    look = racing.replay_screen(field, *racing.needles(field, read_samples(out / "screen-passkey" / "samples.csv")))
+    if len(ppl) < len(units) or look.wanted or not screened:
+        left += decided.screen_seconds - sum(weight.get(u, 1.0) * cost_t for u in ppl) * spu
+        left += decided.final_seconds + decided.finetune_seconds
+        state = f"screening: perplexity for {len(ppl)} of {len(units)} models, passkeys under way"
+    else:
+        kept = [u for u, k in zip(field.units, look.look.tolist(), strict=True) if k and u != UNPATCHED]
+        final_units = [UNPATCHED, *kept, *decided.tuned]
+        final = [m for m in _final_measurements(model.cfg, decided) if m[0] != "ppl"]
+        field = racing.Field(final_units, final, decided.cap)
+        scores, counts = racing.needles(field, read_samples(out / "final" / "samples.csv"))
+        replay = _race_replay(final_units, model.model_type, fixed=not model.cfg.adaptive)
+        now = replay(field, scores, counts) if rows("final") else None
+        measured = {model_of(r) for r in rows("final") if r["metric"] == "ppl"}
+        left += sum(weight.get(u, 1.0) * cost_t for u in final_units if u not in measured) * spu
+        if now is None or now.wanted:
+            n = counts if now is None else now.n
+            left += sum(weight.get(u, 1.0) * len(final) * max(0, decided.cap - int(n[i])) * cost_t
+                        for i, u in enumerate(final_units)) * spu  # fmt: skip
+            state = f"the race: {', '.join(f'{label(*u)} {int(counts[i])}' for i, u in enumerate(final_units))} " \
+                    "needles per cell"  # fmt: skip
+        else:
+            state = "finished (pick.md)"
+    return f"Resumed from {out}: {state}. Left: at most {plan.duration_text(max(0.0, left))}"
 
 
 def stale_cache_note(units: Sequence[tuple]) -> list[str]:
@@ -394,34 +519,37 @@ def stale_cache_note(units: Sequence[tuple]) -> list[str]:
 
 def _standing_row(s: rules.Standing) -> dict[str, Any]:
     return {
-        "model": label(*s.unit), "needles": s.needles.text() if s.needles else "n/a",
-        **{m: (r.text() if r else "n/a") for m, r in s.by_metric.items()},
-        "ppl_past": s.ppl_past, "serving": s.serving,
+        "model": label(*s.unit), "needles": s.text(), **{m: r.text() for m, r in s.by_metric.items()},
+        "p_best": s.p_best, "loss": s.loss, "ppl_past": s.ppl_past, "serving": s.serving, "active": s.active,
     }  # fmt: skip
 
 
-def _ranked_table(ranked: list[rules.Standing], outcome: rules.Pick) -> list[str]:
+def _ranked_table(ranked: list[rules.Standing], outcome: rules.Outcome) -> list[str]:
     metrics = list(dict.fromkeys(m for s in ranked for m in s.by_metric))
-    head = ["", "model", "needles at T (pooled)", *metrics, "ppl past L", "served as"]
+    head = ["", "model", "needles at T (pooled)", *metrics, "P(best)", "ppl past L", "raced", "served as"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for i, s in enumerate(ranked, 1):
         mark = "**pick**" if s is outcome.pick else "runner-up" if s is outcome.runner_up else str(i)
-        cells = [mark, label(*s.unit), s.needles.text() if s.needles else "n/a",
-                 *[(s.by_metric.get(m).text() if s.by_metric.get(m) else "n/a") for m in metrics],
-                 "n/a" if s.ppl_past is None else f"{s.ppl_past:.3g}",
+        status = ("to the end" if s.active else f"stopped: {label(*s.beaten_by)} better" if s.beaten_by else
+                  "stopped")  # fmt: skip
+        cells = [mark, label(*s.unit), s.text(), *[s.by_metric[m].text() if m in s.by_metric else "n/a"
+                                                   for m in metrics],
+                 "-" if s.unit[0] == "none" else f"{s.p_best:.2f}",
+                 "n/a" if s.ppl_past is None else f"{s.ppl_past:.3g}", status,
                  "unpatched" if s.unit[0] == "none" else s.serving]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
 
-def summary(ranked: list[rules.Standing], outcome: rules.Pick, saved: Path | None) -> str:
+def summary(ranked: list[rules.Standing], outcome: rules.Outcome, saved: Path | None) -> str:
     text = "\n".join(_ranked_table(ranked, outcome)) + f"\n\nPick: {label(*outcome.pick.unit)}. {outcome.reason}."
     if saved is not None:
         text += f"\nSaved to {saved}"
     return text
 
 
-def commands(model: Any, decided: PickPlan, outcome: rules.Pick, saved: Path | None, cfg: ExtendConfig) -> list[str]:
+def commands(model: Any, decided: PickPlan, outcome: rules.Outcome, saved: Path | None,
+             cfg: ExtendConfig) -> list[str]:  # fmt: skip
     """How to run and evaluate the pick outside posenc."""
     method = outcome.pick.unit[0]
     kind = outcome.pick.serving
@@ -456,38 +584,44 @@ def commands(model: Any, decided: PickPlan, outcome: rules.Pick, saved: Path | N
 
 
 def report(cfg: ExtendConfig, model: Any, decided: PickPlan, cap: int, verdicts: list[rules.Screened],
-           ranked: list[rules.Standing], outcome: rules.Pick, saved: Path | None, seconds: float,
-           reference: Sequence[rules.Screened] = ()) -> str:  # fmt: skip
+           ranked: list[rules.Standing], outcome: rules.Outcome, saved: Path | None,
+           seconds: float) -> str:  # fmt: skip
+    sure = "shown" if outcome.shown else f"best with probability {outcome.pick.p_best:.2f}, not shown better"
     lines = [
         f"# Which method for {model.name} at {decided.target} tokens?",
         "",
         plan_text(decided, model, cfg),
         "",
-        f"## The pick: {label(*outcome.pick.unit)}",
+        f"## The pick: {label(*outcome.pick.unit)} ({sure})",
+        "",
+        f"The rule: {race.RULE if cfg.adaptive else 'every raced model to the cap, then the best estimate'}.",
         "",
         outcome.reason + ".",
     ]
     if outcome.runner_up is not None:
         r = outcome.runner_up
-        lines.append(f"Runner-up: {label(*r.unit)}, {r.needles.text() if r.needles else 'n/a'}.")
+        lines.append(f"Runner-up: {label(*r.unit)}, {r.text()}, best with probability {r.p_best:.2f}.")
     lines += ["", "## At the target", "", *_ranked_table(ranked, outcome), ""]
-    final_cfg = stage_configs(cfg, decided, cap)[-1]
     if note := stale_cache_note([s.unit for s in ranked]):
         lines += [*note, ""]
     lines += [
-        "Needles: " + sampling.rule_text(final_cfg, "samples", cap) + ". A row's pooled rate weighs each cell (depth, "
-        "task) the same (Kish's effective n where cells stopped at different n). Two rates differ beyond noise when "
-        "their 95% Wilson intervals are disjoint. Served as: "
+        f"Needles: up to {cap} per cell in rounds of {sampling.ROUND}, the same needles (keys, documents) for every "
+        "model in the same order; a model's cells advance together, and its pooled rate weighs each cell the same. "
+        "Intervals are anytime-valid 95% intervals (`posenc.lab.extend.confidence`): valid wherever sampling "
+        "stopped, so wider than Wilson's fixed-n ones. P(best): the posterior chance of the highest pooled rate "
+        "among the methods (independent Beta posteriors). Served as: "
         + "; ".join(f"{k}: {where}" for k, (_, where) in rules.SERVING.items()),
         "",
         "## Screening",
         "",
-        f"| candidate | ppl past L at {decided.target} | passkey at {decided.screen} | verdict |",
-        "|---|---|---|---|",
+        f"| candidate | ppl past L at {decided.target} | passkey at {decided.screen} | P(best) there | verdict |",
+        "|---|---|---|---|---|",
     ]
-    for v in [*reference, *verdicts]:
+    for v in verdicts:
         ppl = "n/a" if v.ppl_past is None else f"{v.ppl_past:.3g}"
-        lines.append(f"| {label(*v.unit)} | {ppl} | {v.passkey.text() if v.passkey else 'n/a'} | {v.why} |")
+        p = "-" if v.p_best is None or v.unit[0] == "none" else f"{v.p_best:.2f}"
+        why = "the model as trained (reference)" if v.unit[0] == "none" else v.why
+        lines.append(f"| {label(*v.unit)} | {ppl} | {v.passkey.text() if v.passkey else 'n/a'} | {p} | {why} |")
     stages = "`screen-ppl/report.md`, `screen-passkey/report.md`, `final/report.md`"
     lines += ["", "## Run it elsewhere", "", *commands(model, decided, outcome, saved, cfg), "",
               f"The stages' own reports: {stages}. Took {plan.duration_text(seconds)} this run."]  # fmt: skip

@@ -20,10 +20,14 @@ RULER_PREFIX = "ruler:"
 
 @dataclass(frozen=True)
 class Rate:
-    """``hits`` of ``n`` (hits may be fractional: RULER's partial-credit scores) with its Wilson 95% interval."""
+    """``hits`` of ``n`` (hits may be fractional: RULER's partial-credit scores) with its 95% interval: Wilson's for a
+    fixed ``n``; with ``anytime``, the anytime-valid one (``posenc.lab.extend.confidence.rate_interval``) that stays
+    valid when ``n`` was where a sequential rule stopped."""
 
     hits: float
     n: int
+    anytime: bool = False
+    cells: int = 1  # pooled cells of equal n: the anytime interval averages each needle index over them
 
     @property
     def value(self) -> float:
@@ -31,6 +35,11 @@ class Rate:
 
     @property
     def interval(self) -> tuple[float, float]:
+        if self.anytime:
+            from posenc.lab.extend.confidence import rate_interval
+
+            low, high = rate_interval(self.hits / self.cells, self.n / self.cells)
+            return float(low), float(high)
         return wilson_interval(self.value, self.n)
 
     def text(self) -> str:
@@ -53,15 +62,17 @@ def ruler_task(metric: str) -> str:
     return metric.removeprefix(RULER_PREFIX)
 
 
-def row_rate(row: Mapping[str, Any]) -> Rate | None:
+def row_rate(row: Mapping[str, Any], anytime: bool = False) -> Rate | None:
     """One ``results.csv`` row's rate (None: n/a); files written before the ``hits`` column give ``accuracy * n``
-    (whole keys for passkey)."""
+    (whole keys for passkey). Its interval is anytime-valid (wherever sequential sampling stopped) where the row
+    says ``interval`` anytime (a cell sampled in rounds), or with ``anytime``."""
     if row["status"] != "ok" or row["accuracy"] is None or not row["n"]:
         return None
+    anytime = anytime or row.get("interval") == "anytime"  # a cell sampled in rounds says so
     if row.get("hits") is not None:
-        return Rate(float(row["hits"]), int(row["n"]))
+        return Rate(float(row["hits"]), int(row["n"]), anytime)
     value = float(row["accuracy"]) * int(row["n"])
-    return Rate(float(round(value)) if row["metric"] == "passkey" else value, int(row["n"]))
+    return Rate(float(round(value)) if row["metric"] == "passkey" else value, int(row["n"]), anytime)
 
 
 #: The unit of the model as trained: (method, factor, finetune_steps, finetune_positions).
@@ -97,22 +108,25 @@ def pool(values: Sequence[Rate | None]) -> Rate | None:
     round) would weigh by ``n`` if summed, so a model whose good depths took more keys would look better than one
     whose bad depths did; instead the rate is the mean of the cells' rates and ``n`` is Kish's effective count for
     equal weights, ``k^2 / sum(1 / n_i)`` rounded down (equal to the sum when the ``n_i`` are equal), so the Wilson
-    interval is no narrower than the evidence allows."""
+    interval is no narrower than the evidence allows. Anytime rates of equal ``n`` pool exactly (needle ``i`` of every
+    cell averaged is one [0, 1] score: ``cells``); of unequal ``n``, by Kish's count, an approximation."""
     kept = [r for r in values if r is not None]
     if not kept:
         return None
-    if len({r.n for r in kept}) == 1:
-        return Rate(sum(r.hits for r in kept), sum(r.n for r in kept))
+    anytime = any(r.anytime for r in kept)
+    if len({r.n / r.cells for r in kept}) == 1:
+        cells = sum(r.cells for r in kept) if anytime else 1  # only the anytime interval reads them
+        return Rate(sum(r.hits for r in kept), sum(r.n for r in kept), anytime, cells)
     n = max(1, int(len(kept) ** 2 / sum(1 / r.n for r in kept)))
-    return Rate(round(n * sum(r.value for r in kept) / len(kept), 9), n)
+    return Rate(round(n * sum(r.value for r in kept) / len(kept), 9), n, anytime)
 
 
 def plot_rates(
     rows: Sequence[Mapping[str, Any]], out_png: str | Path, *, original: int, unit: str = "token"
 ) -> Path | None:
     """Retrieval rate vs length, one panel per measure (passkey pooled over depths, each RULER task), one line per
-    method and factor, Wilson 95% intervals as error bars (lines nudged apart so bars do not hide each other); returns
-    ``out_png``, or None and writes nothing without any rate measured."""
+    method and factor, 95% intervals as error bars (Wilson's; anytime-valid for cells sampled in rounds), lines nudged
+    apart so bars do not hide each other; returns ``out_png``, or None and writes nothing without any rate measured."""
     from posenc.lab.common.plots import MARKERS, PALETTE, new_figure, save_png
     from posenc.lab.extend.report import label, length_axis
 
@@ -154,7 +168,7 @@ def plot_rates(
         n = max((r.n for by in groups.values() for r in by.values() if r is not None), default=0)
         ax.set_title(f"{name}, n up to {n} per point", fontsize=10)
         ax.set_xlabel(f"evaluation length in {unit}s (log2 scale)")
-        ax.set_ylabel("score (%), 95% Wilson interval")
+        ax.set_ylabel("score (%), 95% interval")
         ax.grid(True, color="0.88", linewidth=0.8)
         ax.set_axisbelow(True)
     axes[-1].legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8.5, frameon=False, borderaxespad=0.0)

@@ -118,6 +118,12 @@ def format_counts(rows: Sequence[Mapping[str, Any]], metric: str, depths: Sequen
     return _markdown(*counts(rows, metric, depths))
 
 
+def interval_name(cfg: ExtendConfig) -> str:
+    """Which 95% interval a study's rates carry: Wilson's at fixed counts, an anytime-valid one where rounds stopped
+    each cell once clear (``posenc.lab.extend.confidence.rate_interval``: valid wherever a cell stopped)."""
+    return "anytime-valid" if cfg.adaptive else "Wilson"
+
+
 def format_table(rows: Sequence[Mapping[str, Any]], metric: str) -> str:
     return _markdown(*table(rows, metric))
 
@@ -581,8 +587,9 @@ def write_report(
             "## Passkey retrieval",
             "",
             f"Keys found (exact match) of keys tried, pooled over depths "
-            f"{', '.join(f'{d:g}' for d in cfg.depths)} (Mohtashami & Jaggi 2023): `hits/n rate [95% Wilson "
-            f"interval]`. `n/a`: the length is shorter than the prompt ({target.min_passkey} {unit}s). The heatmaps "
+            f"{', '.join(f'{d:g}' for d in cfg.depths)} (Mohtashami & Jaggi 2023): `hits/n rate "
+            f"[95% {interval_name(cfg)} interval]`. `n/a`: the length is shorter than the prompt "
+            f"({target.min_passkey} {unit}s). The heatmaps "
             "give every depth; two rates differ beyond noise only where their intervals are disjoint. Keys: "
             f"{rule_text(cfg, 'keys', cfg.trials)}; a cell is a model at one length and depth.",
             "",
@@ -651,7 +658,8 @@ def _ruler_section(
         f"RULER (Hsieh et al. 2024) as lm-eval {ruler.LM_EVAL_VERSION} builds it from the model's tokenizer: the first "
         "n documents of each length, greedy decoding, every prompt whole (max_length = the "
         "longest prompt + the generation bound; a truncated prompt is an error). Score: the share of expected "
-        "strings in the answer (lm-eval's `string_match_all`), as `hits/n rate [95% Wilson interval]`. Documents: "
+        "strings in the answer (lm-eval's `string_match_all`), as `hits/n rate [95% " + interval_name(cfg)
+        + " interval]`. Documents: "
         f"{rule_text(cfg, 'documents', cfg.ruler_samples)}; a cell is a model at one task and length, its n in the "
         "table.",
         "",

@@ -332,6 +332,7 @@ class Score:
     hits: float
     n: int
     answers: tuple[str, ...]
+    scores: tuple[float, ...] = ()  # each document's score, in the selected order
 
     @property
     def accuracy(self) -> float:
@@ -351,7 +352,7 @@ def parse(results: dict, task: str, length: int, expected: Sequence[int]) -> Sco
             fail("results", value, f"a score in [0, 1] for {task} document {i} at {length} tokens")
         scores.append(float(value))
     answers = tuple(str(logged[i]["filtered_resps"][0]) for i in expected)
-    return Score(hits=sum(scores), n=len(scores), answers=answers)
+    return Score(hits=sum(scores), n=len(scores), answers=answers, scores=tuple(scores))
 
 
 def evaluate(

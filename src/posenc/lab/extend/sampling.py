@@ -4,7 +4,9 @@ rate is decided.
 A *cell* is one rate measured for one model: passkey at a (length, depth), a RULER task at a length; the models
 (method, factor, fine-tuning) measured there form its *group*. ``trials`` and ``ruler_samples`` are caps. Every cell
 gets a first round of ``min(ROUND, cap)`` samples; after that a cell gets further rounds of the same size until it is
-*decided* or reaches its cap. Decided (``decided``): its Wilson 95% interval is disjoint from the interval of its
+*decided* or reaches its cap. Decided (``decided``): its anytime-valid 95% interval (``confidence.rate_interval``:
+valid however often the rule looks, so the interval reported where a cell stopped keeps its coverage; Wilson's
+fixed-n one did not) is disjoint from the interval of its
 group's best cell (the highest rate; the first model in the study's order on a tie), or it is at most
 ``stop_width`` wide. The best cell itself is decided only by its width (or its cap).
 
@@ -95,7 +97,8 @@ def rule_text(cfg: ExtendConfig, what: str, cap_value: int) -> str:
         return f"{cap_value} {what} per cell (one round of at most {ROUND}: no cell stops early)"
     first = min(ROUND, cap_value)
     return (
-        f"up to {cap_value} {what} per cell, in rounds of {first}: after each round a cell stops once its 95% Wilson "
+        f"up to {cap_value} {what} per cell, in rounds of {first}: after each round a cell stops once its "
+        "anytime-valid 95% "
         f"interval is disjoint from that of the best model at the same place (the highest rate) or at most "
         f"{cfg.stop_width:g} wide (the best one stops on its width or the cap only); each cell's samples are the "
         "first n of a fixed sequence, so n differs between cells but never which samples were drawn"

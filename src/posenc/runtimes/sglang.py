@@ -1,0 +1,408 @@
+"""What SGLang runs for a model: its RoPE per layer, read the way SGLang reads a transformers folder, a
+``config.json`` or a GGUF file.
+
+Follows ``sgl-project/sglang`` (``FOLLOWS`` names the file and commit of each piece): the rotary factory
+``python/sglang/srt/layers/rotary_embedding/factory.py`` at 108c36c008291c3a1ea524342837056c503c5724 (``get_rope``,
+``_get_rope_param``) with its classes (``base.py``, ``yarn.py``, ``rope_variant.py`` at
+0b1fd02d56f010c589968aa6e05534e10c2d4bf3), the config path ``python/sglang/srt/utils/hf_transformers/common.py`` at
+d7287464193f2efe5b2e72385f883534e2ba04f5 (``get_rope_config``, ``get_context_length``) and ``config.py`` at
+9b6f8f1ffe0fc2fcc09865108fb39e61804600be (``get_config``: transformers' ``AutoConfig``, GGUF through
+``gguf_file``), and ``python/sglang/srt/models/qwen3.py`` at 01b5f572b7b678e2fa5a727881f1ff3ab4dd3c6d. SGLang >=
+0.5.10 runs with transformers 5 (pinned 5.8.1 since sglang #25451); posenc parses the config with the installed
+transformers. SGLang's rotary modules import its kernels and platform code, so this module is written from that code;
+``tests/reference/sglang_rope.py`` holds the formulas copied from it and the tests hold this reader to them.
+
+How SGLang differs from vLLM (``posenc.runtimes.vllm``), as this module reads it:
+
+- **Config.** ``get_rope_config(config)``: with transformers 5 the whole ``rope_parameters`` dict is the
+  ``rope_scaling`` passed to ``get_rope`` and ``rope_parameters["rope_theta"]`` the base (a dict nested by layer
+  type has no ``rope_theta``: ``KeyError``); with a v4-style config, ``config.rope_theta`` and
+  ``config.rope_scaling``. SGLang has no ``patch_rope_parameters``: ``rotary_emb_base`` and ``rotary_pct`` are
+  not renamed.
+- **Missing keys default** (``_get_rope_param``, with a warning) instead of raising: ``factor`` 1,
+  ``original_max_position_embeddings`` ``max_position``, llama3's ``low_freq_factor`` 1 and ``high_freq_factor`` 4.
+- **``dynamic``** with ``factor`` is static NTK at the constant base ``base * (factor**2 - factor + 1) ** (d / (d -
+  2))`` (the formula vLLM fixed in PR #41277), over ``factor * max_position_embeddings`` positions.
+- **``yarn``** reads ``mscale`` and ``mscale_all_dim`` (the DeepSeek ratio when both are given, else ``0.1 ln s +
+  1``), times ``attn_factor``; ``truncate``; not ``attention_factor``.
+- **``longrope``** switches a whole batch to the long factors once any position exceeds
+  ``original_max_position_embeddings`` (length dependent, like transformers, but on position > L, not length > L).
+- **``ntk``**, ``telechat3-yarn`` and other types vLLM knows are unknown here: ``ValueError``.
+- **Context.** ``get_context_length``: the first of ``max_sequence_length``, ``seq_length``, ``max_seq_len``,
+  ``model_max_length``, ``max_position_embeddings``, times ``factor`` unless the RoPE dict has
+  ``original_max_position_embeddings`` (which transformers 5 adds to every YaRN dict) or is ``llama3``: a YaRN model
+  gets ``max_position_embeddings``, not vLLM's ``original_max_position_embeddings * factor``. Cos/sin tables grow on
+  demand (``_ensure_cos_sin_cache_length``).
+- **Dual Chunk Attention.** ``qwen3.py`` (01b5f572) passes no ``dual_chunk_attention_config`` to ``get_rope``: a
+  Qwen3 model runs plain RoPE. Qwen2 / Qwen2-MoE pass it (seen in an unpinned excerpt of ``qwen2_moe.py``: not
+  verified at a commit).
+
+Not verified (said in the views' notes): SGLang's model files other than ``qwen3.py`` at a transformers-5 version (the
+stored ``llama.py``, ``qwen2.py`` and ``gemma3_causal.py`` predate it: ``llama.py`` reads ``config.rope_theta``, which a
+transformers-5 ``LlamaConfig`` no longer has, the default-θ fallback of sglang #14745); generic models are read with
+``get_rope_config`` as ``qwen3.py`` does; Gemma 3 / Gemma 4 / Llama 4 / gpt-oss layers are not read (no view
+layers); ``hf_transformers/gguf_native.py`` (not read).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from posenc.runtimes import LayerRope, RuntimeView, Source, register
+from posenc.runtimes import vllm as _v
+
+FACTORY_COMMIT = "108c36c008291c3a1ea524342837056c503c5724"
+CLASSES_COMMIT = "0b1fd02d56f010c589968aa6e05534e10c2d4bf3"
+
+#: The code this reader follows (``RuntimeView.follows``).
+FOLLOWS = (
+    f"sgl-project/sglang: python/sglang/srt/layers/rotary_embedding/factory.py@{FACTORY_COMMIT} (get_rope, "
+    f"_get_rope_param); base.py, yarn.py, rope_variant.py@{CLASSES_COMMIT}; "
+    "python/sglang/srt/utils/hf_transformers/common.py@d7287464193f2efe5b2e72385f883534e2ba04f5 (get_rope_config, "
+    "get_context_length); hf_transformers/config.py@9b6f8f1ffe0fc2fcc09865108fb39e61804600be (get_config); "
+    "python/sglang/srt/models/qwen3.py@01b5f572b7b678e2fa5a727881f1ff3ab4dd3c6d"
+)
+
+#: The keys SGLang's ``get_rope`` reads for each rope type.
+_READS = {
+    "default": {
+        "mrope_section",
+        "mrope_interleaved",
+        "mrope_interleaved_glm",
+        "video_rope",
+        "use_fope",
+        "num_kv_heads",
+        "fope_init_factor",
+        "fope_sep_head",
+        "num_inv_freq",
+    },
+    "llama3": {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"},
+    "linear": {"factor"},
+    "dynamic": {"alpha", "factor"},
+    "yarn": {
+        "factor",
+        "original_max_position_embeddings",
+        "extrapolation_factor",
+        "attn_factor",
+        "beta_fast",
+        "beta_slow",
+        "mscale",
+        "mscale_all_dim",
+        "truncate",
+        "mrope_section",
+        "mrope_interleaved",
+        "video_rope",
+    },
+    "deepseek_yarn": {
+        "factor",
+        "original_max_position_embeddings",
+        "extrapolation_factor",
+        "attn_factor",
+        "beta_fast",
+        "beta_slow",
+        "mscale",
+        "mscale_all_dim",
+    },
+    "longrope": {"short_factor", "long_factor", "original_max_position_embeddings", "short_mscale", "long_mscale"},
+    "proportional": set(),
+}
+
+
+def sglang_get_rope(
+    head_size: int,
+    rotary_dim: int,
+    max_position: int,
+    base: float,
+    rope_scaling: Mapping[str, Any] | None,
+    *,
+    is_neox_style: bool = True,
+    partial_rotary_factor: float = 1.0,
+    dual_chunk: Mapping[str, Any] | None = None,
+    where: str = "rope_parameters",
+) -> _v.Built:
+    """What SGLang's ``get_rope(head_size, rotary_dim, max_position, base, is_neox_style, rope_scaling, dtype,
+    partial_rotary_factor, dual_chunk_attention_config)`` builds, in float64.
+
+    Raises:
+        _Refused: where ``get_rope`` raises (no rope type, unknown rope type, missing factor lists).
+    """
+    if partial_rotary_factor < 1.0:
+        rotary_dim = int(rotary_dim * partial_rotary_factor)
+    dim, base = rotary_dim, float(base)
+    layout = _v._layout(is_neox_style)
+    notes: list[str] = []
+    params: dict[str, Any] = {"rope_theta": base, "max_position": max_position}
+    if dual_chunk is not None:
+        for key in ("chunk_size", "local_size"):
+            if key not in dual_chunk:
+                raise _v._Refused(f"DualChunkRotaryEmbedding needs dual_chunk_attention_config[{key!r}] (TypeError)")
+        params.update(
+            rope_type="dual_chunk",
+            chunk_size=int(dual_chunk["chunk_size"]),
+            local_size=int(dual_chunk["local_size"]),
+            original_max_position_embeddings=dual_chunk.get("original_max_position_embeddings", 0),
+            logit_mscale=0.1,
+            posenc_method="dca_vllm",
+        )
+        ignored = []
+        kind = (rope_scaling or {}).get("rope_type") or (rope_scaling or {}).get("type")
+        if kind not in (None, "default"):
+            ignored.append(f"{where} (rope_type {kind!r}): the dual-chunk branch of get_rope comes first")
+        notes.append("not verified: SGLang's dual-chunk attention backend (read: its rotary tables, as vLLM's)")
+        layer = LayerRope(_v.inv_freq(dim, base), 1.0, dim, layout, "dual_chunk", params, length_dependent=True)
+        return _v.Built(layer, None, ignored, notes)
+    if rope_scaling is None:
+        params["rope_type"] = "default"
+        return _v.Built(LayerRope(_v.inv_freq(dim, base), 1.0, dim, layout, "default", params), None, [], notes)
+    rp = dict(rope_scaling)
+    rope_type = rp.get("rope_type", rp.get("type"))
+    if rope_type is None:
+        raise _v._Refused(f"SGLang's get_rope raises ValueError: Unknown RoPE scaling type ({where} has no rope_type)")
+    reads = _READS.get(rope_type)
+    if reads is None:
+        raise _v._Refused(f"SGLang's get_rope raises ValueError: Unknown RoPE scaling type {rope_type!r} ({where})")
+    params["rope_type"] = rope_type
+    ignored = _v.unread(rp, reads, where, rope_type)
+
+    def get(key: str, default: Any) -> Any:  # _get_rope_param: a missing key is defaulted, with a warning
+        if key not in rp:
+            notes.append(f"{where} (rope_type {rope_type!r}) lacks {key!r}: SGLang defaults it to {default}")
+        return rp.get(key, default)
+
+    factor_af, length_dependent = 1.0, False
+    if rope_type == "default":
+        if any(k in rp for k in ("mrope_section", "use_fope")):
+            notes.append("not verified: M-RoPE / Fourier RoPE (read here as plain RoPE for text positions)")
+        freqs = _v.inv_freq(dim, base)
+    elif rope_type == "llama3":
+        f, lo = get("factor", 1.0), get("low_freq_factor", 1.0)
+        hi, orig = get("high_freq_factor", 4.0), get("original_max_position_embeddings", max_position)
+        params.update(factor=f, low_freq_factor=lo, high_freq_factor=hi, original_max_position_embeddings=orig)
+        freqs = _v.llama3_inv_freq(dim, base, f, lo, hi, orig)
+    elif rope_type == "linear":
+        f = get("factor", 1.0)
+        params["factor"] = f
+        freqs = _v.inv_freq(dim, base) / f
+    elif rope_type == "dynamic":
+        f = get("factor", 1.0)
+        if "alpha" in rp:
+            params.update(alpha=rp["alpha"], base_used=_v.ntk_base(base, dim, rp["alpha"]))
+        else:
+            params.update(factor=f, base_used=_v.ntk_base(base, dim, f * f - (f - 1)))
+            notes.append(
+                f"dynamic NTK served static: SGLang's DynamicNTKScalingRotaryEmbedding uses one base, "
+                f"base * (factor**2 - factor + 1) ** (d / (d - 2)) = base * {f * f - (f - 1):g}^(d/(d-2)), for every "
+                "length (rope_variant.py; the formula vLLM replaced in PR #41277)"
+            )
+        freqs = _v.inv_freq(dim, params["base_used"])
+    elif rope_type == "yarn":
+        f, orig = get("factor", 1.0), get("original_max_position_embeddings", max_position)
+        kw = {k: rp.get(k, d) for k, d in {**_v.YARN_DEFAULTS, "truncate": True}.items()}
+        mscale, mscale_all_dim = rp.get("mscale"), rp.get("mscale_all_dim")
+        params.update(
+            factor=f, original_max_position_embeddings=orig, mscale=mscale, mscale_all_dim=mscale_all_dim, **kw
+        )
+        freqs = _v.yarn_kw_inv_freq(dim, base, f, orig, kw)
+        if mscale is not None and mscale_all_dim is not None:
+            factor_af = _v.yarn_mscale(f, mscale) / _v.yarn_mscale(f, mscale_all_dim)
+        else:
+            factor_af = _v.yarn_mscale(f)
+        factor_af *= kw["attn_factor"]
+        if "mrope_section" in rp:
+            notes.append("not verified: YaRN with M-RoPE (YaRNScalingMRotaryEmbedding)")
+    elif rope_type == "deepseek_yarn":
+        f, orig = get("factor", 1.0), get("original_max_position_embeddings", max_position)
+        kw = {k: rp.get(k, d) for k, d in _v.DEEPSEEK_DEFAULTS.items()}
+        params.update(factor=f, original_max_position_embeddings=orig, **kw)
+        freqs = _v.yarn_kw_inv_freq(dim, base, f, orig, kw)
+        factor_af = _v.yarn_mscale(f, kw["mscale"]) / _v.yarn_mscale(f, kw["mscale_all_dim"]) * kw["attn_factor"]
+    elif rope_type == "longrope":
+        for key in ("short_factor", "long_factor"):
+            if key not in rp:
+                raise _v._Refused(f"SGLang's get_rope raises KeyError {key!r}: {where} of rope_type 'longrope'")
+        short, long, orig = rp["short_factor"], rp["long_factor"], get("original_max_position_embeddings", max_position)
+        if not is_neox_style:
+            raise _v._Refused("Phi3LongRoPEScaledRotaryEmbedding only supports neox_style")
+        if len(short) != dim // 2 or len(long) != dim // 2:
+            raise _v._Refused(f"longrope factors of lengths {len(short)}, {len(long)} for {dim // 2} rotary pairs")
+        m = _v.longrope_mscale(max_position, orig)
+        params.update(original_max_position_embeddings=orig, short_factor=list(short), long_factor=list(long))
+        params.update(short_mscale=rp.get("short_mscale", m), long_mscale=rp.get("long_mscale", m))
+        freqs, factor_af, length_dependent = _v.longrope_inv_freq(dim, base, short), params["short_mscale"], True
+        notes.append(
+            f"LongRoPE: SGLang switches a whole batch to the long factors (times long_mscale "
+            f"{params['long_mscale']:.6g}) once any position exceeds {orig} (position > L, where transformers "
+            "switches on length > L); the inv_freq here is the short one"
+        )
+    elif rope_type == "proportional":
+        freqs = _v.proportional_inv_freq(head_size, dim, base)
+        params["rotating_pairs"] = dim // 2
+        dim = head_size
+    else:  # a type listed in _READS without a branch
+        raise AssertionError(rope_type)
+    layer = LayerRope(freqs, float(factor_af), dim, layout, rope_type, params, length_dependent)
+    return _v.Built(layer, None, ignored, notes)
+
+
+def get_rope_config(config: Any, raw: Mapping[str, Any]) -> tuple[float, dict | None]:
+    """SGLang's ``get_rope_config``: ``(rope_parameters["rope_theta"], rope_parameters)`` with transformers 5, else
+    ``(config.rope_theta, config.rope_scaling)``.
+
+    Raises:
+        _Refused: ``rope_parameters`` without ``rope_theta`` (a dict nested by layer type): ``KeyError``.
+    """
+    rp = _v.rope_parameters(config)
+    if rp is not None:
+        if "rope_theta" not in rp:
+            raise _v._Refused(
+                "get_rope_config reads rope_parameters['rope_theta']: a dict nested by layer type has none (KeyError)"
+            )
+        return float(rp["rope_theta"]), rp
+    theta = _v.attr(config, raw, "rope_theta")
+    if theta is None:
+        raise _v._Refused("get_rope_config reads config.rope_theta: absent (AttributeError)")
+    return float(theta), _v.attr(config, raw, "rope_scaling")
+
+
+#: Model types whose SGLang model file builds RoPE its own way and was not read at a transformers-5 version.
+_UNREAD = (
+    "gemma3",
+    "gemma3_text",
+    "gemma4",
+    "gemma4_text",
+    "llama4",
+    "llama4_text",
+    "gpt_oss",
+    "gemma3n",
+    "gemma3n_text",
+)
+_DEEPSEEK = ("deepseek_v2", "deepseek_v3", "kimi_k2")
+
+
+def _sglang_layers(parsed: _v.ParsedConfig) -> tuple[list[_v.Built], list[str], list[str]]:
+    text = parsed.text
+    raw = dict(parsed.raw.get("text_config") or parsed.raw)
+    model_type = text.model_type
+    notes: list[str] = []
+    ignored: list[str] = []
+    n = int(text.num_hidden_layers)
+    mpe = int(_v.attr(text, raw, "max_position_embeddings", 32768))
+    if model_type in _UNREAD:
+        stored = (
+            " (the stored gemma3_causal.py@8dac1b72 reads config.rope_theta, rope_local_base_freq and rope_scaling, "
+            "which a transformers-5 Gemma3TextConfig no longer has, and transformers' ROPE_INIT_FUNCTIONS)"
+            if model_type.startswith("gemma3")
+            else ""
+        )
+        raise _v._Refused(
+            f"not verified: SGLang's model file for {model_type} builds its RoPE its own way and was not read at a "
+            f"version that runs with transformers 5{stored}"
+        )
+    theta, rp = get_rope_config(text, raw)
+    dca = _v.attr(text, raw, "dual_chunk_attention_config")
+    if model_type in _DEEPSEEK:
+        rp = dict(rp or {})
+        if rp and rp.get("rope_type", "default") != "default":
+            rp["rope_type"] = "deepseek_yarn"
+        head = text.qk_rope_head_dim
+        built = sglang_get_rope(head, head, mpe, theta, rp, is_neox_style=False)
+        notes.append(
+            f"not verified: SGLang's {model_type} model file at a pinned commit (read as its DeepSeek-V4 code and "
+            "vLLM's deepseek_v2.py do: non-default rope types as deepseek_yarn, GPT-J style)"
+        )
+        return [built] * n, notes, ignored
+    head = _v.attr(text, raw, "head_dim") or text.hidden_size // text.num_attention_heads
+    if model_type == "qwen3":
+        partial = 1.0  # qwen3.py rotates the whole head
+        if rp and rp.get("partial_rotary_factor", 1.0) != 1.0:
+            ignored.append(
+                f"rope_parameters['partial_rotary_factor']={rp['partial_rotary_factor']} (qwen3.py "
+                "rotates head_dim channels)"
+            )
+        if dca is not None:
+            ignored.append("dual_chunk_attention_config (qwen3.py@01b5f572 does not pass it to get_rope)")
+        dual = None
+    else:
+        try:
+            partial = getattr(text, "partial_rotary_factor", 1)
+        except Exception:
+            partial = 1
+        partial = 1 if partial is None else partial
+        if rp and rp.get("partial_rotary_factor", 1.0) != partial:
+            ignored.append(
+                f"rope_parameters['partial_rotary_factor']={rp['partial_rotary_factor']} (the model file "
+                f"reads config.partial_rotary_factor = {partial})"
+            )
+        dual = dca if model_type in ("qwen2", "qwen2_moe") else None
+        if dca is not None and dual is None:
+            ignored.append(f"dual_chunk_attention_config (not passed to get_rope for {model_type}; not verified)")
+        notes.append(
+            f"not verified: SGLang's model file for {model_type} was not read at a version that runs with "
+            "transformers 5; read with get_rope_config as qwen3.py@01b5f572 reads it"
+            + (" (dual_chunk_attention_config passed as qwen2_moe.py passes it)" if dual is not None else "")
+        )
+    built = sglang_get_rope(head, head, mpe, theta, rp, partial_rotary_factor=partial, dual_chunk=dual)
+    return [built] * n, notes, ignored
+
+
+_CONTEXT_KEYS = ("max_sequence_length", "seq_length", "max_seq_len", "model_max_length", "max_position_embeddings")
+
+
+def sglang_context_length(parsed: _v.ParsedConfig) -> tuple[int, dict[str, Any]]:
+    """SGLang's ``get_context_length(hf_text_config)`` (no ``--context-length``)."""
+    text = parsed.text
+    raw = dict(parsed.raw.get("text_config") or parsed.raw)
+    try:
+        rope_scaling = getattr(text, "rope_scaling", None)  # transformers 5: rope_parameters
+    except Exception:
+        rope_scaling = raw.get("rope_scaling")
+    factor = 1
+    if rope_scaling:
+        factor = rope_scaling.get("factor", 1)
+        if "original_max_position_embeddings" in rope_scaling or rope_scaling.get("rope_type") == "llama3":
+            factor = 1
+    for key in _CONTEXT_KEYS:
+        value = _v.attr(text, raw, key)
+        if value is not None:
+            return int(factor * value), {"key": key, "factor": factor}
+    return 2048, {"key": "none (SGLang assumes 2048)", "factor": factor}
+
+
+@register("sglang")
+def read_sglang(source: Source) -> RuntimeView:
+    """What SGLang (``FOLLOWS``) runs for ``source``: per layer, the RoPE ``get_rope`` builds from
+    ``get_rope_config``; its default context length; the keys it does not read; why it would refuse."""
+    follows = f"{FOLLOWS}; config parsed by transformers {_v.transformers_version()} as installed"
+    context = None
+    try:
+        parsed = _v.parse_config(source, "SGLang")
+        context, how = sglang_context_length(parsed)
+        built, notes, ignored = _sglang_layers(parsed)
+    except _v._Refused as err:
+        message = str(err)
+        if message.startswith("not verified"):
+            return RuntimeView("sglang", follows, (), context, notes=(message,))
+        return RuntimeView("sglang", follows, (), context, refused=message)
+    notes = [*parsed.notes, *notes]
+    if source.kind == "gguf":
+        notes.append("not verified: the rotation layout SGLang uses on a GGUF's permuted q/k rows (read: its default)")
+    if (note := _v.missing_original_note(parsed)) is not None:
+        notes.append(note)
+    for b in _v._unique(built):
+        notes.extend(b.notes)
+        ignored.extend(b.ignored)
+    notes.append(f"context: SGLang's get_context_length from {how}")
+    layers = tuple(b.layer for b in built)
+    return RuntimeView(
+        "sglang",
+        follows,
+        layers,
+        context,
+        tuple(_v._dedupe([*parsed.ignored, *ignored])),
+        None,
+        tuple(_v._dedupe(notes)),
+    )
+
+
+__all__ = ["FOLLOWS", "read_sglang", "sglang_get_rope", "sglang_context_length", "get_rope_config"]

@@ -1,0 +1,93 @@
+"""``posenc check PATH``: a table (or ``--json``), exit 0 when every runtime named is ``same``, 1 otherwise, 2 for bad
+input with one line on stderr and no traceback."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import pytest
+
+from hf.tiny import tiny_model
+from posenc.cli import main
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    """A linear x2 folder (transformers runs it as measured) and a dca_vllm one (transformers drops DCA)."""
+    import posenc.hf as H
+
+    out = {}
+    for kind, method in (("llama", "linear"), ("qwen2", "dca_vllm")):
+        model = tiny_model(kind)
+        H.extend_context(model, method, 2.0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            out[method] = H.save_pretrained(model, None, tmp_path_factory.mktemp(kind) / "out", check=False)
+    return out
+
+
+def _run(capsys, *args):
+    code = main(["check", *map(str, args)])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_same_exits_0_with_a_table(folders, capsys):
+    code, out, err = _run(capsys, folders["linear"], "--runtimes", "transformers")
+    assert (code, err) == (0, "")
+    assert "transformers" in out and "same" in out and "max |Δ inv_freq|" in out
+    assert "posenc's record in config.json (linear x2)" in out
+
+
+def test_a_difference_exits_1_and_json_holds_the_rows(folders, capsys):
+    code, out, err = _run(capsys, folders["dca_vllm"], "--runtimes", "transformers", "--json")
+    assert (code, err) == (1, "")
+    rows = json.loads(out)
+    assert [r["runtime"] for r in rows] == ["transformers"] and rows[0]["status"] == "differs"
+    assert "ignores dual_chunk_attention_config" in rows[0]["verdict"]
+    assert set(rows[0]) >= {"max_inv_freq_delta", "attention_factor_delta", "rotary", "context", "follows", "notes"}
+
+
+def test_a_length_past_the_extension_exits_1(folders, capsys):
+    code, out, _ = _run(capsys, folders["linear"], "--runtimes", "transformers", "--length", "65", "--json")
+    assert code == 1 and "length 65 is past the 64 tokens" in json.loads(out)[0]["verdict"]
+    code, out, _ = _run(capsys, folders["linear"], "--runtimes", "transformers", "--length", "64", "--json")
+    assert code == 0
+
+
+def test_every_runtime_by_default_and_a_missing_reader_is_not_same(folders, capsys, monkeypatch):
+    import posenc.runtimes as R
+
+    monkeypatch.setattr(R, "_load_readers", lambda: None)
+    monkeypatch.setattr(R, "_READERS", {k: v for k, v in R._READERS.items() if k == "transformers"})
+    code, out, _ = _run(capsys, folders["linear"], "--json")
+    rows = json.loads(out)
+    assert code == 1 and [r["runtime"] for r in rows] == ["transformers", "vllm", "sglang", "llamacpp"]
+    assert [r["status"] for r in rows] == ["same", "not verified", "not verified", "not verified"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--runtimes", "transformers,tgi"], "posenc check: runtimes='tgi' is invalid: expected one of"),
+        (["--length", "0"], "posenc check: argument --length: '0' is invalid"),
+        (["--length", "2k"], "posenc check: argument --length: '2k' is invalid"),
+        (["--frobnicate"], "posenc check: unrecognized arguments: --frobnicate"),
+    ],
+)
+def test_bad_input_exits_2_in_one_line(folders, capsys, args, message):
+    code, out, err = _run(capsys, folders["linear"], *args)
+    assert code == 2 and out == ""
+    assert err.startswith(message) and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_a_missing_or_unreadable_path_exits_2(tmp_path, capsys):
+    code, _, err = _run(capsys, tmp_path / "nowhere")
+    assert code == 2 and err.startswith("posenc check: path=") and err.count("\n") == 1
+    (tmp_path / "bad.json").write_text("{not json")
+    code, _, err = _run(capsys, tmp_path / "bad.json")
+    assert code == 2 and "a readable JSON config" in err and err.count("\n") == 1
+    (tmp_path / "notes.txt").write_text("hello")
+    code, _, err = _run(capsys, tmp_path / "notes.txt")
+    assert code == 2 and err.count("\n") == 1
