@@ -121,6 +121,17 @@ def test_plan_checks_the_save_path_and_names_it(llama, corpus, tmp_path, no_weig
     assert _tree(tmp_path) == ["used", "used/mine.txt"]
 
 
+def test_longrope_without_its_searched_factors_is_refused_before_anything_is_measured(llama, corpus, tmp_path,
+                                                                                       no_weights):
+    """LongRoPE's long_factor comes from a search that no option sets: the study refuses it at its plan, naming the
+    setting and the Python call that takes searched factors -- not after measuring the unpatched model."""
+    args = ["extend", llama, "--corpus", corpus, "--lengths", "32,128", "--methods", "longrope", "--factors", "2"]
+    code, text = _cli(*args, "--out", tmp_path / "out", "--plan")
+    assert code == 2 and text.count("\n") == 1 and "methods='longrope' is invalid" in text, text
+    assert "long_factor comes from a search" in text and "extend_context(model, 'longrope', F, long_factor=" in text
+    assert not (tmp_path / "out").exists()
+
+
 def test_extend_help_says_a_plan_and_estimate_come_first():
     from posenc.cli import build_parser
 

@@ -616,6 +616,11 @@ class HFTarget:
     def check_patch(self, method: str, factor: float) -> dict:
         """The patch applied to a weight-free (meta) copy of the model: a method the model cannot take is refused
         before any weight is read. Returns what changed (``extend_context``'s description)."""
+        if "longrope" in composed.parts(method):
+            fail("methods", "longrope", "methods whose parameters follow from the factor: LongRoPE's per-frequency "
+                 "long_factor comes from a search (no option of posenc extend sets it); in Python, "
+                 "posenc.hf.extend_context(model, 'longrope', F, long_factor=[...]) applies a searched one",
+                 )  # fmt: skip
         return self._extend(_meta_model(self.config), method, factor)
 
     def load(self) -> None:
