@@ -1,7 +1,9 @@
 """posenc: positional encodings for PyTorch transformers, each verified against its reference implementation."""
 
 from posenc import functional, hf
-from posenc.attention import attention, document_lengths, packed_positions
+from posenc._version import __version__ as __version__
+from posenc.attention import attention
+from posenc.documents import document_lengths, packed_positions
 from posenc.encodings._base import Encoding
 from posenc.encodings.alibi import ALiBi, ALiBi2D, ALiBi2DConfig, ALiBiConfig
 from posenc.encodings.axial_rope import AxialRoPE, AxialRoPEConfig
@@ -45,8 +47,6 @@ from posenc.scalings import (
     parse_scaling,
     rope_frequencies,
 )
-
-__version__ = "0.1.0"
 
 __all__ = [
     "ALiBi",

@@ -12,47 +12,18 @@ Shapes:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from posenc import kernels
-from posenc._checks import _readable, check_choice, check_number, fail
-from posenc._config import DictConfig
+from posenc._checks import _readable, check_number, fail
 from posenc.encodings._base import FrequencyModule, check_position_values, check_qk
-from posenc.functional.rope import LAYOUTS, angles_of, rope_cos_sin, table_dtype
+from posenc.encodings.rotary_config import RotaryConfig
+from posenc.encodings.rotary_hf import rotary_config_from_hf, rotary_config_to_hf
+from posenc.functional.rope import angles_of, rope_cos_sin, table_dtype
 from posenc.registry import register
-from posenc.scalings import RopeScaling, check_rotary_keys, parse_scaling, rope_frequencies, rotary_dim
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class RotaryConfig(DictConfig):
-    """Everything that defines a RoPE: validated on construction, round-trips through ``to_dict``/``from_dict``."""
-
-    head_dim: int
-    base: float = 10000.0
-    scaling: RopeScaling | None = None
-    layout: str = "half"
-    partial_rotary_factor: float = 1.0
-
-    def __post_init__(self) -> None:
-        check_rotary_keys(self.scaling, base=self.base, partial_rotary_factor=self.partial_rotary_factor)
-        object.__setattr__(self, "scaling", parse_scaling(self.scaling))
-        check_choice("layout", self.layout, LAYOUTS)
-        check_number("base", self.base, above=1.0)
-        dim = rotary_dim(self.head_dim, self.partial_rotary_factor)
-        if self.scaling is not None:
-            self.scaling.check_dim(dim)
-
-    @property
-    def rotary_dim(self) -> int:
-        return rotary_dim(self.head_dim, self.partial_rotary_factor)
-
-    def to_dict(self) -> dict[str, Any]:
-        out = DictConfig.to_dict(self)
-        out["scaling"] = None if self.scaling is None else self.scaling.to_dict()
-        return out
+from posenc.scalings import RopeScaling, rope_frequencies
 
 
 def check_positions(positions: torch.Tensor, x: torch.Tensor, name: str = "positions") -> torch.Tensor:
@@ -159,15 +130,11 @@ class RotaryEmbedding(FrequencyModule):
     @classmethod
     def from_hf(cls, config: Any, *, layer_type: str | None = None) -> RotaryEmbedding:
         """Build from a Hugging Face model config (``PretrainedConfig`` or its dict); see ``posenc.hf``."""
-        from posenc.encodings.rotary_hf import rotary_config_from_hf
-
         return cls.from_config(rotary_config_from_hf(config, layer_type=layer_type))
 
     def to_hf(self, *, runtime: str = "transformers") -> dict[str, Any]:
         """The Hugging Face config keys that describe this RoPE, for ``runtime`` (``"transformers"`` or ``"vllm"``:
         mixed NTK has vLLM's form only); see ``posenc.hf.rotary_config_to_hf``."""
-        from posenc.encodings.rotary_hf import rotary_config_to_hf
-
         return rotary_config_to_hf(self.config, runtime=runtime)
 
     def build_inv_freq(self) -> torch.Tensor:

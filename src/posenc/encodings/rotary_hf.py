@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from posenc._checks import fail
-from posenc.encodings.rotary import RotaryConfig
+from posenc.encodings.rotary_config import RotaryConfig
 from posenc.scalings import MixedNTKScaling, NTKAlphaScaling, NTKScaling, YaRNLogScaling, parse_scaling
 
 # Scalings that read the model's max_position_embeddings / original_max_position_embeddings in HF.

@@ -19,3 +19,12 @@ def architecture(model: Any) -> str:
     """``"llama (LlamaForCausalLM)"``: the model type and class, for error messages."""
     config = getattr(model, "config", None)
     return f"{model_type(config) if config is not None else None!s} ({type(model).__name__})"
+
+
+def rotary_modules(model: Any) -> list[tuple[str, Any]]:
+    """Every submodule holding an ``inv_freq`` buffer (or a per-layer-type ``<type>_inv_freq``)."""
+    return [
+        (name, m)
+        for name, m in model.named_modules()
+        if any(b == "inv_freq" or (b.endswith("_inv_freq") and "original" not in b) for b in m._buffers)
+    ]

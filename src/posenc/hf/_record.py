@@ -26,6 +26,9 @@ from typing import Any
 
 import torch
 
+from posenc._version import __version__
+from posenc.hf._methods import FREQUENCY_METHODS
+
 #: The config.json key holding the record.
 CONFIG_KEY = "posenc"
 _ATTR = "_posenc_extensions"
@@ -50,8 +53,6 @@ def entry(
     method: str, factor: float, arguments: Mapping[str, Any], options: Mapping[str, Any], description: Mapping
 ) -> dict[str, Any]:
     """One call to ``extend_context`` and what it resolved to (``description``: what it returned)."""
-    from posenc.hf.extend import FREQUENCY_METHODS
-
     context = description.get("max_position_embeddings")
     out = {
         "method": method,
@@ -100,10 +101,8 @@ def mark_loaded(model: torch.nn.Module, items: list[dict[str, Any]]) -> None:
 
 def config_record(model: torch.nn.Module) -> dict[str, Any] | None:
     """The ``"posenc"`` block for the model's saved ``config.json``; None when it runs no extension."""
-    import posenc
-
     found = [{k: v for k, v in e.items() if k != "loaded"} for e in extensions(model)]
-    return {"version": posenc.__version__, "extensions": copy.deepcopy(found)} if found else None
+    return {"version": __version__, "extensions": copy.deepcopy(found)} if found else None
 
 
 def number(value: float) -> str:
@@ -138,42 +137,3 @@ def not_in_config(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def reapply(model: torch.nn.Module) -> str:
     """The calls that rebuild ``model`` on its saved folder loaded by transformers, separated by ``; ``."""
     return "; ".join(call(e, explicit=True) for e in not_in_config(extensions(model)))
-
-
-def apply_saved(model: torch.nn.Module) -> list[dict[str, Any]]:
-    """On a model loaded from a folder posenc saved: apply what its config records but does not carry (a remapping
-    method), and give length-dependent RoPE scalings and half-precision models the run-time parts
-    ``extend_context`` adds (re-rotated cached keys, RoPE in float32). Returns the applied entries."""
-    from posenc.hf.extend import extend_context
-
-    items = saved_extensions(getattr(model.config, CONFIG_KEY, None))
-    if not items:
-        return []
-    if any(e.get("in_config") for e in items):
-        _runtime_parts(model, items)
-    for item in not_in_config(items):
-        arguments = {k: v for k, v in item.get("arguments", {}).items() if k in _ARGUMENTS}
-        if item.get("original_max_position_embeddings") is not None:
-            arguments["original_max_position_embeddings"] = item["original_max_position_embeddings"]
-        extend_context(model, item["method"], item["factor"], **arguments, **item.get("options", {}))
-    mark_loaded(model, items)
-    return not_in_config(items)
-
-
-def _runtime_parts(model: torch.nn.Module, items: list[dict[str, Any]]) -> None:
-    """What ``extend_context`` adds beside the config for a frequency method (``posenc.hf._rope_patch``)."""
-    from posenc.hf._rope_patch import guard_cache, rotary_modules
-    from posenc.hf.rope_float32 import keep_rope_float32
-    from posenc.hf.rotary import rotary_config_from_hf
-
-    modules = rotary_modules(model)
-    if not modules:
-        return
-    layer_type = next((e["arguments"].get("layer_type") for e in reversed(items) if e.get("in_config")), None)
-    try:
-        setup = rotary_config_from_hf(model.config, layer_type=layer_type)
-    except ValueError:
-        setup = None
-    if setup is not None:
-        guard_cache(model, modules, setup)
-    keep_rope_float32(model)

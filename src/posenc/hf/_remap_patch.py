@@ -44,7 +44,7 @@ from typing import Any
 import torch
 
 from posenc._checks import fail
-from posenc.attention import document_lengths
+from posenc.documents import document_lengths
 from posenc.encodings.rotary import RotaryEmbedding
 from posenc.hf import _cache_positions as cache_positions
 from posenc.hf._common import architecture, model_type
@@ -244,7 +244,7 @@ def _check_implementation(rotary: torch.nn.Module) -> None:
 
 
 def _refuse_save(self: torch.nn.Module, *args: Any, **kwargs: Any) -> None:
-    from posenc.hf.save import rebuild_advice, remap_save_problem
+    from posenc.hf._serving import rebuild_advice, remap_save_problem
 
     remap = self.__dict__["_posenc_remap"]
     problem = remap_save_problem(self.config, remap.method, remap.encoding)

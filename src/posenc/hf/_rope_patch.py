@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from posenc._checks import fail
-from posenc.hf._common import architecture
+from posenc.hf._common import architecture, rotary_modules
 from posenc.hf._reach import rotary_positions, watch_reach
 from posenc.hf.rope_float32 import keep_rope_float32
 from posenc.hf.rotary import rotary_config_from_hf, rotary_config_to_hf
@@ -42,15 +42,6 @@ from posenc.scalings import (
 # rope types whose HF parameters carry original_max_position_embeddings.
 _WITH_ORIGINAL = ("llama3", "yarn", "longrope")
 _MODULE_STATE = frozenset(vars(torch.nn.Module()))
-
-
-def rotary_modules(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
-    """Every submodule holding an ``inv_freq`` buffer (or a per-layer-type ``<type>_inv_freq``)."""
-    return [
-        (name, m)
-        for name, m in model.named_modules()
-        if any(b == "inv_freq" or (b.endswith("_inv_freq") and "original" not in b) for b in m._buffers)
-    ]
 
 
 def _scaling(method: str, factor: float, original: int, rotary_dim: int, options: dict[str, Any]) -> RopeScaling:

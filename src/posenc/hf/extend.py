@@ -23,12 +23,12 @@ import torch
 from posenc._checks import check_choice, check_number, check_positive_int, fail
 from posenc.hf import _record
 from posenc.hf._common import architecture, model_type
+from posenc.hf._methods import FREQUENCY_METHODS
 from posenc.hf.alibi import ALIBI_MODEL_TYPES
 from posenc.hf.setup import check_model_type
 from posenc.remapping import METHODS as REMAPPING
 
 #: Frequency methods: new RoPE frequencies, in the config (``rope_parameters``).
-FREQUENCY_METHODS = ("linear", "ntk", "dynamic", "yarn", "longrope", "llama3")
 #: Remapping methods (``posenc.remapping``): the same frequencies, other positions per (query, key) pair.
 REMAP_METHODS = tuple(REMAPPING)
 METHODS = (*FREQUENCY_METHODS, *REMAP_METHODS)

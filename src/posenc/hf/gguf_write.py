@@ -115,7 +115,7 @@ def check_model(model: torch.nn.Module) -> Any:
                 f"{method.group} --grp-attn-w {method.window}"
             )
         else:
-            from posenc.hf.save import rebuild_advice
+            from posenc.hf._serving import rebuild_advice
 
             instead = f"llama.cpp has no {method.name}. {rebuild_advice(model)}"
             if method.name.startswith("dca"):

@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from posenc._checks import check_choice, fail
+from posenc.hf import _record
 from posenc.hf.alibi import ALIBI_MODEL_TYPES
 from posenc.hf.dtypes import slow_reason
 from posenc.hf.gguf_header import GGUFHeader, read_gguf_header
@@ -391,7 +392,44 @@ def load_causal_lm(
     tokenizer = AutoTokenizer.from_pretrained(source.folder, local_files_only=True, **tokenizer_kwargs)
     model = model.to(device).eval()
     if source.kind == "transformers":
-        from posenc.hf import _record
-
-        _record.apply_saved(model)
+        apply_saved(model)
     return model, tokenizer
+
+
+def apply_saved(model: torch.nn.Module) -> list[dict[str, Any]]:
+    """On a model loaded from a folder posenc saved: apply what its config records but does not carry (a remapping
+    method), and give length-dependent RoPE scalings and half-precision models the run-time parts
+    ``extend_context`` adds (re-rotated cached keys, RoPE in float32). Returns the applied entries."""
+    from posenc.hf.extend import extend_context
+
+    items = _record.saved_extensions(getattr(model.config, _record.CONFIG_KEY, None))
+    if not items:
+        return []
+    if any(e.get("in_config") for e in items):
+        _runtime_parts(model, items)
+    for item in _record.not_in_config(items):
+        arguments = {k: v for k, v in item.get("arguments", {}).items() if k in _record._ARGUMENTS}
+        if item.get("original_max_position_embeddings") is not None:
+            arguments["original_max_position_embeddings"] = item["original_max_position_embeddings"]
+        extend_context(model, item["method"], item["factor"], **arguments, **item.get("options", {}))
+    _record.mark_loaded(model, items)
+    return _record.not_in_config(items)
+
+
+def _runtime_parts(model: torch.nn.Module, items: list[dict[str, Any]]) -> None:
+    """What ``extend_context`` adds beside the config for a frequency method (``posenc.hf._rope_patch``)."""
+    from posenc.hf._rope_patch import guard_cache, rotary_modules
+    from posenc.hf.rope_float32 import keep_rope_float32
+    from posenc.hf.rotary import rotary_config_from_hf
+
+    modules = rotary_modules(model)
+    if not modules:
+        return
+    layer_type = next((e["arguments"].get("layer_type") for e in reversed(items) if e.get("in_config")), None)
+    try:
+        setup = rotary_config_from_hf(model.config, layer_type=layer_type)
+    except ValueError:
+        setup = None
+    if setup is not None:
+        guard_cache(model, modules, setup)
+    keep_rope_float32(model)

@@ -31,6 +31,8 @@ from typing import Any
 
 import torch
 
+from posenc.hf._common import rotary_modules
+
 _HOOK_ATTR = "_posenc_float32_tables"
 _WRAPPED_ATTR = "_posenc_casts_back"
 _LOW = (torch.bfloat16, torch.float16)
@@ -72,8 +74,6 @@ def keep_rope_float32(model: torch.nn.Module) -> int:
     Returns:
         The number of rotary embedding modules hooked (0: no rotary module, nothing done).
     """
-    from posenc.hf._rope_patch import rotary_modules
-
     modules = rotary_modules(model)
     for _, m in modules:
         if getattr(m, _HOOK_ATTR, None) is None:

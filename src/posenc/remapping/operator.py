@@ -26,6 +26,7 @@ import math
 import torch
 
 from posenc._checks import check_choice, check_positions, check_positive_int, check_same_device, fail
+from posenc.documents import document_lengths
 from posenc.encodings.rotary import RotaryEmbedding, check_seq_len
 from posenc.remapping._branch import Branch, RemapMethod
 
@@ -248,8 +249,6 @@ def _lengths(
     positions: float64, 0-d or ``(B|1, T)``."""
     if seq_len is None:
         if docs is not None:
-            from posenc.attention import document_lengths  # posenc.attention imports this module
-
             return document_lengths(k_pos, docs)
         return k_pos.max().double() + 1
     length = check_seq_len(seq_len, k_pos, "seq_len", queries=q_pos)

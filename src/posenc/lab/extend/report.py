@@ -16,6 +16,7 @@ from posenc.lab.common.files import write_text_atomic
 from posenc.lab.common.report import config_and_environment, duration, environment, wide_console
 from posenc.lab.extend import composed
 from posenc.lab.extend.config import ExtendConfig
+from posenc.lab.extend.labels import label, length_axis
 from posenc.lab.extend.rates import (
     RULER_PREFIX,
     UNPATCHED,
@@ -36,14 +37,6 @@ LENGTH_DEPENDENT = {"dynamic", "dca", "dca_vllm"}
 
 if TYPE_CHECKING:
     from posenc.lab.extend.targets import HFTarget, LabTarget
-
-
-def label(method: str, factor: float, finetune_steps: int, positions: str = "plain") -> str:
-    """``yarn x2``, ``yarn x2 +ft40`` (fine-tuned 40 steps, plain positions), ``yarn x2 +ft40 pose``."""
-    text = "none" if method == "none" and factor == 1 else f"{method} x{factor:g}"
-    if not finetune_steps:
-        return text
-    return text + f" +ft{finetune_steps}" + ("" if positions == "plain" else f" {positions}")
 
 
 def _lines(rows: Sequence[Mapping[str, Any]], metric: str) -> dict[tuple, dict[int, list[float]]]:
@@ -363,19 +356,6 @@ def _agreement(rows: Sequence[Mapping[str, Any]], metrics: Sequence[str], far: i
 
 #: Line styles of ``extend.png`` by factor (the unpatched model is solid): dashed, dash-dot, dash-dot-dot, long dash.
 FACTOR_STYLES = ("--", "-.", (0, (5, 1.5, 1, 1.5, 1, 1.5)), (0, (8, 2)))
-
-
-def length_axis(ax: Any, lengths: Sequence[int], original: int, *, margin: float) -> None:
-    """A log2 length axis with a tick at each measured length (plain numbers), ``margin`` room either side, and the
-    original length as a dotted vertical line."""
-    from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
-
-    ax.set_xscale("log", base=2)
-    ax.xaxis.set_major_locator(FixedLocator(lengths))
-    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-    ax.xaxis.set_minor_locator(NullLocator())
-    ax.set_xlim(min(lengths[0], original) / margin, lengths[-1] * margin)
-    ax.axvline(original, color="0.35", linestyle=":", linewidth=1.5, zorder=1)
 
 
 def plot_extend(
