@@ -4,6 +4,7 @@ The statistics themselves are simulated in ``test_race_simulation.py``."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 
@@ -325,6 +326,51 @@ def test_the_plan_writes_nothing_and_estimates_from_the_models_own_speed(llama, 
     assert "At most" in text and "from two timed forwards of the model on this machine" in text
     assert "sampling stops at the deadline, 0:00:01 from the start (--budget)" in text
     assert plan.screen_seconds > 0 and plan.final_seconds > 0 and plan.seconds_per_unit > 0
+
+
+def test_the_plan_measures_a_remapping_forward_against_the_plain_one(llama, corpus, tmp_path, capsys, monkeypatch):
+    """A remapping candidate's cost comes from one timed forward on this machine (on a Xeon with AMX it was 5-10x a
+    frequency method's, on an AMD EPYC 1.5x): its attention part, above the plain forward's linear part ``a n``,
+    scaled as the plain quadratic part ``b n^2`` to the target length. The clock is scripted here (3 s for the
+    remapping forward), so the ratio is known: no timing is asserted."""
+    import types
+
+    from posenc.lab.extend import picking
+    from posenc.lab.extend import targets as targets_module
+
+    a, b, n = 1e-3, 1e-5, 128
+    calibrate = HFTarget.calibrate
+    fitted = [True]
+
+    real_time = targets_module.time
+
+    def scripted(self, lengths):
+        monkeypatch.setattr(targets_module, "time", real_time)  # calibrate's own forwards on the real clock
+        out = calibrate(self, lengths)
+        # what calibrate fits from two forwards of a longer study; (None, None): timing noise left them apart
+        self.timed = (a, b, n, a * n + b * n * n) if fitted[0] else (None, None, n, 0.5)
+        clock = iter([100.0, 103.0])
+        monkeypatch.setattr(targets_module, "time", types.SimpleNamespace(perf_counter=lambda: next(clock)))
+        return out
+
+    monkeypatch.setattr(HFTarget, "calibrate", scripted)
+    cfg = _cfg(llama, corpus, trials=None, methods=("yarn", "self_extend"))
+    plan = run_pick(cfg, "2x", tmp_path / "pick", progress=False, plan_only=True)["plan"]
+    attention = (3.0 - a * n) / (b * n * n)
+    length = plan.target
+    want = (a * length + attention * b * length**2) / (a * length + b * length**2)
+    assert plan.remap_cost == pytest.approx(want, rel=1e-12) and plan.remap_cost > 5
+    assert "self_extend x2: a 128-token forward took 3 s" in plan.remap_measured
+    text = capsys.readouterr().out
+    assert f"a remapping candidate at {want:.3g}x a frequency one per forward (self_extend x2: " in text
+    # the estimate weighs each remapping candidate by it: more than the constant 1.5 gives, on the same cost model
+    costs = types.SimpleNamespace(forward_cost=lambda length: float(length), cfg=cfg)
+    measured = picking._estimate(plan, costs, cfg)
+    constant = picking._estimate(dataclasses.replace(plan, remap_cost=rules.REMAP_COST), costs, cfg)
+    assert measured.screen_seconds > constant.screen_seconds and measured.final_seconds > constant.final_seconds
+    fitted[0] = False  # no linear/quadratic split: the ratio at the timed length, said so
+    plan = run_pick(cfg, "2x", tmp_path / "pick", progress=False, plan_only=True)["plan"]
+    assert plan.remap_cost == pytest.approx(3.0 / 0.5) and "(not extrapolated to" in plan.remap_measured
 
 
 def test_save_limits_the_candidates_to_what_the_format_carries(llama, corpus, tmp_path):

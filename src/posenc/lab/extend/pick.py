@@ -52,8 +52,10 @@ PPL_BREAK = 2.0
 DEFAULT_CAP = 20
 
 #: A remapping candidate's time per sample relative to a frequency method's, for the plan's estimate. Measured on
-#: SmolLM2-135M, bfloat16, an idle 2-core AMD EPYC, 2026-11-26, at 8,192 tokens: Self-Extend's prefill 1.35x YaRN's
-#: (32.9 vs 24.3 s), a passkey generate 1.56x (36.7 vs 23.5 s); DCA's attention alone 1.3-2.0x (BENCHMARKS.md).
+#: A remapping candidate's time per sample relative to a frequency method's, until the plan measures it on the
+#: machine (``picking._calibrated``, ``HFTarget.remap_cost``): SmolLM2-135M, bfloat16, an idle 2-core AMD EPYC,
+#: 2026-11-26, at 8,192 tokens: Self-Extend's prefill 1.35x YaRN's (32.9 vs 24.3 s), a passkey generate 1.56x (36.7
+#: vs 23.5 s). On a Xeon with AMX it was 5-10x (BENCHMARKS.md, "A needle's cost on a Xeon with AMX"): hence measured.
 REMAP_COST = 1.5
 
 #: How a saved pick is served, cheapest first: (tier, where it runs).
@@ -81,9 +83,15 @@ def serving(method: str, model_type: str | None) -> str:
     return "patch"
 
 
-def cost_factor(method: str) -> float:
-    """A candidate's time per sample relative to a frequency method's (``REMAP_COST`` for remapping methods)."""
-    return REMAP_COST if method in REMAP_CANDIDATES or method in ("dca_vllm", *NOT_CANDIDATES) else 1.0
+def is_remapping(method: str) -> bool:
+    """Whether a candidate runs posenc's remapping attention (Self-Extend, DCA, ..., and FREQUENCY+string)."""
+    return method in REMAP_CANDIDATES or method in ("dca_vllm", *NOT_CANDIDATES)
+
+
+def cost_factor(method: str, remap_cost: float = REMAP_COST) -> float:
+    """A candidate's time per sample relative to a frequency method's: ``remap_cost`` for remapping methods (the
+    plan's measured ratio on this machine, ``REMAP_COST`` before it is measured), 1 otherwise."""
+    return remap_cost if is_remapping(method) else 1.0
 
 
 def parse_target(text: str | int, original: int | None) -> int:

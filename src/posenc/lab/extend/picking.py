@@ -65,6 +65,8 @@ class PickPlan:
     finetune_seconds: float
     budget: float | None
     calibrated: bool = False  # seconds_per_unit from the model's own timed forwards (else the probe)
+    remap_cost: float = rules.REMAP_COST  # a remapping candidate's time per sample over a frequency method's
+    remap_measured: str = ""  # how remap_cost was measured ("" : the constant, not measured)
 
     def settings(self) -> dict[str, Any]:
         return {
@@ -319,7 +321,7 @@ def _estimate(decided: PickPlan, model: Any, cfg: ExtendConfig) -> PickPlan:
     model and the fine-tuned ones, each to the cap in every cell (a race that decides stops sooner)."""
     spu = decided.seconds_per_unit
     cost_t, cost_s = model.forward_cost(decided.target), model.forward_cost(decided.screen)
-    weights = sorted((rules.cost_factor(c.method) for c in decided.candidates), reverse=True)
+    weights = sorted((rules.cost_factor(c.method, decided.remap_cost) for c in decided.candidates), reverse=True)
     screen_seconds = (1 + sum(weights)) * (cost_t + len(decided.depths) * racing.SCREEN_CAP * cost_s) * spu
     window = cfg.finetune_window or decided.target
     finetune_seconds = len(decided.tuned) * cfg.finetune_steps * 3 * model.forward_cost(window) * spu
@@ -339,7 +341,15 @@ def _calibrated(decided: PickPlan, model: Any, plan_only: bool) -> PickPlan:
         return decided
     model.load()
     spu = model.calibrate([decided.target])[0]
-    return _estimate(dataclasses.replace(decided, seconds_per_unit=spu, calibrated=True), model, model.cfg)
+    decided = dataclasses.replace(decided, seconds_per_unit=spu, calibrated=True)
+    remaps = [c for c in decided.candidates if rules.is_remapping(c.method)]
+    if remaps and hasattr(model, "remap_cost"):  # one remapping forward timed against the plain one
+        first = next((c for c in remaps if c.method == "self_extend"), remaps[0])
+        measured = model.remap_cost(first.method, first.factor, decided.target)
+        if measured is not None:
+            ratio, how = measured
+            decided = dataclasses.replace(decided, remap_cost=ratio, remap_measured=how)
+    return _estimate(decided, model, model.cfg)
 
 
 def _savable(model: Any, save: str | Path, save_type: str, cfg: ExtendConfig, out: Path, length: int) -> Any:
@@ -450,6 +460,10 @@ def plan_text(decided: PickPlan, model: Any, cfg: ExtendConfig) -> str:
     )
     source = ("two timed forwards of the model on this machine" if decided.calibrated else
               "this machine's matrix-multiply speed and the model's size, before any weight is loaded")  # fmt: skip
+    if any(rules.is_remapping(c.method) for c in decided.candidates):
+        source += (f"; a remapping candidate at {decided.remap_cost:.3g}x a frequency one per forward "
+                   + (f"({decided.remap_measured})" if decided.remap_measured else
+                      "(not measured here: the ratio on an idle AMD EPYC)"))  # fmt: skip
     deadline = (f"; sampling stops at the deadline, {plan.duration_text(decided.budget)} from the start (--budget)"
                 if decided.budget else "")  # fmt: skip
     lines.append(
@@ -473,7 +487,7 @@ def left_text(out: Path, decided: PickPlan, model: Any) -> str:
     spu = decided.seconds_per_unit
     cost_t = model.forward_cost(decided.target)
     units = [UNPATCHED, *(c.unit for c in decided.candidates)]
-    weight = {c.unit: rules.cost_factor(c.method) for c in decided.candidates} | {UNPATCHED: 1.0}
+    weight = {c.unit: rules.cost_factor(c.method, decided.remap_cost) for c in decided.candidates} | {UNPATCHED: 1.0}
     ppl = {model_of(r) for r in rows("screen-ppl") if r["metric"] == "ppl" and r["length"] == decided.target}
     left = sum(weight[u] * cost_t for u in units if u not in ppl) * spu
     screening = [("passkey", decided.screen, d) for d in decided.depths]

@@ -39,7 +39,7 @@ from posenc.lab.common.corpus import eval_windows, load_corpus, train_batch
 from posenc.lab.common.gpt import GPT, ModelConfig
 from posenc.lab.common.scaling import EXTEND_METHODS, scaled_encoding
 from posenc.lab.common.train import TrainConfig, load_model, step_generator, train
-from posenc.lab.extend import composed, plan
+from posenc.lab.extend import composed, labels, plan
 from posenc.lab.extend import passkey as pk
 from posenc.lab.extend.config import ExtendConfig
 
@@ -661,9 +661,39 @@ class HFTarget:
         t2 = self._timed_forward(n2, warm_up=False)
         b = (t2 / n2 - t1 / n1) / (n2 - n1)  # seconds per token**2
         a = t1 / n1 - b * n1  # seconds per token
-        if a > 0 and b > 0:  # else timing noise: keep the model's l0
+        fitted = a > 0 and b > 0
+        if fitted:  # else timing noise: keep the model's l0
             self.l0 = a / b
+        self.timed = (a, b, n2, t2) if fitted else (None, None, n2, t2)
         return t2 / self.forward_cost(n2), n2, t2
+
+    def remap_cost(self, method: str, factor: float, length: int) -> tuple[float, str] | None:
+        """A remapping method's forward time over the plain one at ``length`` tokens on this machine, and how it was
+        measured: one forward of the ``calibrate`` length with ``method`` patched, its attention part (the time
+        above the plain forward's linear part ``a*n``) scaled as the plain forward's quadratic part ``b*n**2``.
+        Where the two parts could not be told apart (timing noise), the ratio at the timed length itself. At least 1
+        (an upper bound's ratio). None before ``calibrate`` timed a forward of 2048 tokens or more."""
+        timed = getattr(self, "timed", None)
+        if timed is None:
+            return None
+        a, b, n, plain = timed
+        model, _ = self.patched(method, factor)
+        x, y = self.val[None, :n].to(self.device), self.val[None, 1 : n + 1].to(self.device)  # (1, n) each
+        with torch.inference_mode():
+            self._losses(model, x[:, :128], y[:, :128])  # warm-up: the remapping path's first call
+            _sync(self.device)
+            start = time.perf_counter()
+            self._losses(model, x, y)
+            _sync(self.device)
+        seconds = time.perf_counter() - start
+        del model
+        name = labels.label(method, factor, 0)
+        measured = f"{name}: a {n}-token forward took {seconds:.3g} s against {plain:.3g} s plain"
+        if a is None:
+            return max(1.0, seconds / plain), f"{measured}, on this machine (not extrapolated to {length} tokens)"
+        attention = max(seconds - a * n, 0.0) / (b * n * n)  # the remapped attention over the plain one
+        ratio = max(1.0, (a * length + attention * b * length**2) / (a * length + b * length**2))
+        return ratio, f"{measured}, attention {attention:.3g}x, on this machine"
 
     def _timed_forward(self, n: int, *, warm_up: bool) -> float:
         x, y = self.val[None, :n].to(self.device), self.val[None, 1 : n + 1].to(self.device)  # (1, n) each
