@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from posenc._checks import fail
 
@@ -13,6 +13,8 @@ class DictConfig:
     """Mixin for ``@dataclass(frozen=True, kw_only=True, slots=True)`` configs: strict dict round trips."""
 
     __slots__ = ()
+    if TYPE_CHECKING:  # what @dataclass adds to every subclass: dataclasses.fields accepts it
+        __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]
 
     def to_dict(self) -> dict[str, Any]:
         """Every field by name; tuples become lists (JSON-friendly)."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import torch
 
@@ -59,7 +59,7 @@ class RopeScaling:
     def from_dict(cls, config: Mapping[str, Any]) -> RopeScaling:
         """Build from an HF-style dict; ``rope_type`` / ``type`` may be present and must match."""
         if cls is RopeScaling:
-            return parse_scaling(config)
+            return cast(RopeScaling, parse_scaling(config))  # a mapping always parses to a scaling
         config = _released_form(config)
         given = config.get("rope_type") or config.get("type")
         if given is not None and given != cls.rope_type:
@@ -268,7 +268,8 @@ class YaRNScaling(RopeScaling):
     def effective_factor(self) -> float:
         if self.factor is not None:
             return self.factor
-        return self.max_position_embeddings / self.original_max_position_embeddings
+        # without a factor, __post_init__ requires both lengths
+        return cast(int, self.max_position_embeddings) / cast(int, self.original_max_position_embeddings)
 
     def frequencies(self, dim, *, base, seq_len=None, device=None):
         return F.yarn_frequencies(
@@ -324,7 +325,7 @@ class LongRoPEScaling(RopeScaling):
         if self.factor is not None:
             return self.factor
         if self.max_position_embeddings is not None:
-            return self.max_position_embeddings / self.original_max_position_embeddings
+            return self.max_position_embeddings / cast(int, self.original_max_position_embeddings)
         return 1.0  # only reached with an explicit attention_factor, which then overrides it
 
     def check_dim(self, dim: int) -> None:
@@ -601,7 +602,7 @@ def grok_rope_scaling(config: Mapping[str, Any] | Any) -> YaRNLogScaling | None:
             UserWarning,
             stacklevel=2,
         )
-    fields = {field: get(key) for key, field in _GROK_KEYS.items() if get(key) is not None}
+    fields: dict[str, Any] = {field: get(key) for key, field in _GROK_KEYS.items() if get(key) is not None}
     return YaRNLogScaling(**fields)
 
 
