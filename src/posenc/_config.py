@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from posenc._checks import fail
+
+_Config = TypeVar("_Config", bound="DictConfig")
 
 
 class DictConfig:
@@ -22,7 +24,7 @@ class DictConfig:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in out.items()}
 
     @classmethod
-    def from_dict(cls, config: Mapping[str, Any]):  # noqa: ANN206 - returns cls
+    def from_dict(cls: type[_Config], config: Mapping[str, Any]) -> _Config:
         """Build from a dict; an unknown key is an error, never silently dropped."""
         names = [f.name for f in dataclasses.fields(cls)]
         if not isinstance(config, Mapping):

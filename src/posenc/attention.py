@@ -103,6 +103,8 @@ from posenc.encodings.nope import NoPE
 from posenc.remapping import RemapMethod, remap_attention
 
 if TYPE_CHECKING:
+    from torch.nn.attention.flex_attention import BlockMask
+
     from posenc.encodings.rotary import RotaryEmbedding
 
 BACKENDS = ("auto", "eager", "sdpa", "flex")
@@ -557,7 +559,7 @@ class _Mask:
 
         return doc_mod
 
-    def block_mask(self, device: torch.device, sink_key: bool = False):  # noqa: ANN201 - BlockMask | None
+    def block_mask(self, device: torch.device, sink_key: bool = False) -> BlockMask | None:
         """FlexAttention block mask built from per-tile bounds: O((S/128) * (T/128)), never an S x T tensor.
 
         Built even when every key is visible: without one, FlexAttention on CPU materialises an S x T mask.

@@ -254,8 +254,10 @@ def check_qk(q: torch.Tensor, k: torch.Tensor, head_dim: int | None = None) -> N
 class RotaryModule(ConfiguredModule):
     """Shared shell of the rotary family: ``forward`` delegates to the ``rotate(q, k, q_pos, k_pos)`` hook."""
 
-    def rotate(self, q, k, q_pos, k_pos):  # noqa: ANN001, ANN201 - defined by each encoding
-        raise NotImplementedError
+    def rotate(
+        self, q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError  # defined by each encoding
 
     def _check_position_pair(self, q, k, q_pos, k_pos) -> None:  # noqa: ANN001
         """Exact, finite query and key positions on the devices of q and k (after their shapes were checked)."""

@@ -83,7 +83,7 @@ class DualChunk(RemapMethod):
         chunk_size: int | None = None,
         local_window: int | None = None,
         mscale: float = CHUNKLLAMA_MSCALE,
-    ):  # noqa: ANN206
+    ) -> DualChunk:
         """The reference's rule (``replace_with_chunkllama``): ``chunk_size = 3L // 4``, ``local_window = L // 8``,
         the factor over ``L = original``."""
         chunk_size = original * 3 // 4 if chunk_size is None else chunk_size

@@ -49,7 +49,7 @@ class ReRoPE(RemapMethod):
         window: int | None = None,
         leak: float | str | None = None,
         log_scale: bool = True,
-    ):  # noqa: ANN206
+    ) -> ReRoPE:
         """The reference's settings: ``window = L / 8`` (512 for a 4k model) and the log scaling over ``L``; Leaky
         ReRoPE (``leak="auto"``) takes the smallest leak (to 0.01, above 1) that keeps the largest distance at
         ``target`` below ``L``: ``(target - 1 - window) / (L - 1 - window)``."""
