@@ -5,11 +5,12 @@ from __future__ import annotations
 import math
 import weakref
 from collections.abc import Sequence
+from typing import NoReturn
 
 import torch
 
 
-def fail(name: str, value: object, allowed: str) -> None:
+def fail(name: str, value: object, allowed: str) -> NoReturn:
     """Raise the project's standard error for a bad argument."""
     raise ValueError(f"{name}={value!r} is invalid: expected {allowed}")
 

@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from posenc._checks import fail
+
+_Config = TypeVar("_Config", bound="DictConfig")
 
 
 class DictConfig:
     """Mixin for ``@dataclass(frozen=True, kw_only=True, slots=True)`` configs: strict dict round trips."""
 
     __slots__ = ()
+    if TYPE_CHECKING:  # what @dataclass adds to every subclass: dataclasses.fields accepts it
+        __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]
 
     def to_dict(self) -> dict[str, Any]:
         """Every field by name; tuples become lists (JSON-friendly)."""
@@ -20,7 +24,7 @@ class DictConfig:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in out.items()}
 
     @classmethod
-    def from_dict(cls, config: Mapping[str, Any]):  # noqa: ANN206 - returns cls
+    def from_dict(cls: type[_Config], config: Mapping[str, Any]) -> _Config:
         """Build from a dict; an unknown key is an error, never silently dropped."""
         names = [f.name for f in dataclasses.fields(cls)]
         if not isinstance(config, Mapping):

@@ -85,6 +85,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from typing import TYPE_CHECKING, cast
 
 import torch
 import torch.nn.functional as F
@@ -100,6 +101,11 @@ from posenc.documents import document_lengths
 from posenc.encodings._base import Encoding, check_sequence_positions
 from posenc.encodings.nope import NoPE
 from posenc.remapping import RemapMethod, remap_attention
+
+if TYPE_CHECKING:
+    from torch.nn.attention.flex_attention import BlockMask
+
+    from posenc.encodings.rotary import RotaryEmbedding
 
 BACKENDS = ("auto", "eager", "sdpa", "flex")
 
@@ -208,7 +214,7 @@ def attention(
             k,
             v,
             method=remap,
-            encoding=encoding,
+            encoding=cast("RotaryEmbedding", encoding),  # remap_attention refuses any other encoding
             q_positions=q_positions,
             k_positions=k_positions,
             document_ids=document_ids,
@@ -261,7 +267,8 @@ def attention(
     if encoding.depends_on_length:
         if seq_len is None and docs is not None:
             seq_len = document_lengths(k_pos, docs)
-        q, k = encoding.rotate(q, k, q_pos, k_pos, seq_len=seq_len, **counted)
+        # depends_on_length: a rotary encoding whose rotate takes seq_len= (Encoding's hook does not)
+        q, k = encoding.rotate(q, k, q_pos, k_pos, seq_len=seq_len, **counted)  # type: ignore[call-arg]
     else:
         if seq_len is not None:
             _check_ignored_seq_len(seq_len)
@@ -329,7 +336,8 @@ def _positions(
         if s != t:
             missing = "k_positions" if k_pos is None else "q_positions"
             fail(missing, None, f"the positions of all {t if k_pos is None else s} tokens, since S={s} != T={t}")
-        return (k_pos, k_pos) if q_pos is None else (q_pos, q_pos)
+        one = cast(torch.Tensor, k_pos if q_pos is None else q_pos)  # not both None: returned above
+        return one, one
     return q_pos, k_pos
 
 
@@ -369,7 +377,8 @@ def _chunk_ids(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Each query's and key's chunk, ``floor(position / chunk_size)``: ``(B|1, S)`` and ``(B|1, T)`` int64."""
     q_pos, k_pos = _sequence_positions(q_pos, k_pos, q_name, k_name, s, t, b, "chunk_size")
-    return tuple(torch.div(p, chunk_size, rounding_mode="floor").long() for p in (q_pos, k_pos))
+    q_ids, k_ids = (torch.div(p, chunk_size, rounding_mode="floor").long() for p in (q_pos, k_pos))
+    return q_ids, k_ids
 
 
 def _needs_grad(encoding: Encoding, *tensors: torch.Tensor | None) -> bool:
@@ -497,8 +506,8 @@ class _Mask:
                 return torch.full((self.s,), self.t, dtype=torch.int64, device=device)
             return torch.arange(self.offset + 1, self.offset + self.s + 1, device=device)  # (S,)
         rows = max(1, KEY_COUNT_TILE // (self._batch() * self.t))
-        counts = [self._rows(device, lo, min(lo + rows, self.s)).sum(-1) for lo in range(0, self.s, rows)]
-        counts = torch.cat(counts, dim=-1)  # (B|1, S)
+        tiles = [self._rows(device, lo, min(lo + rows, self.s)).sum(-1) for lo in range(0, self.s, rows)]
+        counts = torch.cat(tiles, dim=-1)  # (B|1, S)
         return counts[0] if counts.shape[0] == 1 else counts
 
     def _batch(self) -> int:
@@ -542,15 +551,15 @@ class _Mask:
             if docs is not None:
                 row = 0 if one_row else b
                 same = same & (docs[row, q_idx + start] == docs[row, kv_idx])
-            if q_chunks is not None:
+            if q_chunks is not None and k_chunks is not None:  # both or neither
                 same = same & (q_chunks[0 if q_one else b, q_idx] == k_chunks[0 if k_one else b, kv_idx])
-            if q_pos is not None:
+            if q_pos is not None and k_pos is not None and w is not None:  # all or none
                 same = same & (q_pos[0 if qp_one else b, q_idx] - k_pos[0 if kp_one else b, kv_idx] < w)
             return same
 
         return doc_mod
 
-    def block_mask(self, device: torch.device, sink_key: bool = False):  # noqa: ANN201 - BlockMask | None
+    def block_mask(self, device: torch.device, sink_key: bool = False) -> BlockMask | None:
         """FlexAttention block mask built from per-tile bounds: O((S/128) * (T/128)), never an S x T tensor.
 
         Built even when every key is visible: without one, FlexAttention on CPU materialises an S x T mask.

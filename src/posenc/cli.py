@@ -30,7 +30,7 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn, cast
 
 import torch
 
@@ -43,7 +43,7 @@ def _demo_scalings(head_dim: int, base: float, trained: int, factor: float) -> d
     from posenc.lab.common.scaling import rope_scaling
 
     long_factor = [1.0 + (factor - 1.0) * i / (head_dim // 2 - 1) for i in range(head_dim // 2)]
-    scalings = {"default": {}}
+    scalings: dict[str, dict] = {"default": {}}
     for method in ("linear", "ntk", "dynamic", "yarn"):
         scalings[method] = rope_scaling(method, factor=factor, original_len=trained)
     scalings["longrope"] = {
@@ -329,7 +329,8 @@ def extend(args: argparse.Namespace) -> int:
         device=args.device,  # kept as given ("auto" stays "auto" in extend.json); checked here
         dtype=None if args.dtype == "auto" else args.dtype,  # auto: resolved for the machine, then stored
         seed=args.seed,
-        **({"baseline": False} if args.no_baseline else {}),  # left out: extend.json as before the setting
+        # left out: extend.json as before the setting
+        **cast("dict[str, Any]", {"baseline": False} if args.no_baseline else {}),
     )
     resolve_device(args.device, allow_auto=True)
     if args.pick:
@@ -361,7 +362,9 @@ def _length(text: str) -> int | str:
         raise argparse.ArgumentTypeError(f"{text!r} is invalid: expected {LENGTH_FORMS}") from None
 
 
-_length.what = "a length in tokens (4096) or a positive multiple of the model's original context (0.5x, 2x)"
+_length.what = (  # type: ignore[attr-defined]  # read by posenc._argtypes.comma_list, as its own parsers'
+    "a length in tokens (4096) or a positive multiple of the model's original context (0.5x, 2x)"
+)
 _lengths = A.comma_list(_length, "4096,2x")
 
 
@@ -761,6 +764,8 @@ class _Parser(argparse.ArgumentParser):
 
     #: The command line being parsed (set by ``main``): an option with two spellings is named as it was typed.
     typed: Sequence[str] = ()
+    #: Subcommand name -> its parser (set by ``build_parser`` on the top-level one).
+    commands: dict[str, _Parser]
 
     def error(self, message: str) -> NoReturn:
         found = re.match(r"argument ((?:-[\w-]+/)+-[\w-]+): ", message)
@@ -775,7 +780,7 @@ def _one_line(text: object) -> str:
     return " ".join(str(text).split("\n"))
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> _Parser:
     parser = _Parser(prog="posenc", description="Positional encodings for PyTorch transformers.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_lab(sub)
@@ -786,7 +791,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_figures(sub)
     _add_bench(sub)
     _add_demo(sub)
-    parser.commands = sub.choices  # name -> subparser, for errors in the subcommand's own words
+    # name -> subparser, for errors in the subcommand's own words
+    parser.commands = cast("dict[str, _Parser]", sub.choices)
     return parser
 
 
@@ -856,7 +862,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if unknown:  # argparse would blame the top-level parser: name the subcommand instead
             parser.commands[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
     except SystemExit as stop:  # --help (0), or a usage error already printed on one line (2)
-        return 0 if stop.code is None else stop.code
+        return 0 if stop.code is None else cast(int, stop.code)  # argparse exits with 0 or 2
     name = f"posenc {args.command}"
     out = None
     if args.command in RESUMABLE:

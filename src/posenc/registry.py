@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import torch
 
@@ -17,7 +17,7 @@ _ROPE_SCALINGS: dict[str, type] = {}
 
 def register_scaling(cls: T) -> T:
     """Class decorator: make a ``RopeScaling`` subclass available under its ``rope_type``."""
-    name = cls.rope_type
+    name = cast(Any, cls).rope_type  # a RopeScaling subclass's ClassVar
     if name in _ROPE_SCALINGS and _ROPE_SCALINGS[name] is not cls:
         fail("rope_type", name, f"a name not already registered (taken by {_ROPE_SCALINGS[name].__name__})")
     _ROPE_SCALINGS[name] = cls
@@ -73,7 +73,8 @@ def available() -> list[str]:
 
 def _parameters(factory: Callable[..., Any]) -> tuple[set[str], set[str], bool]:
     """(accepted keywords, required keywords, takes **kwargs) of ``factory``'s signature."""
-    if isinstance(factory, type) and factory.__init__ is torch.nn.Module.__init__:
+    # the class's own constructor, not a bound instance's (mypy: misc, unsound on instances only)
+    if isinstance(factory, type) and factory.__init__ is torch.nn.Module.__init__:  # type: ignore[misc]
         return set(), set(), False  # a module without its own constructor takes no configuration
     params = inspect.signature(factory).parameters.values()
     accepted = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}

@@ -9,13 +9,15 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import torch
 
 from posenc._checks import check_number, check_positive_int, fail
 from posenc.functional import rope_scaling as F
 from posenc.registry import available_scalings, register_scaling, scaling_class
+
+_Device = torch.device | str | None  # where the frequencies are built
 
 # Keys of an HF rope dict that configure the rotary embedding itself, not the scaling.
 _ROTARY_KEYS = ("rope_theta", "partial_rotary_factor")
@@ -33,7 +35,7 @@ class RopeScaling:
     factor_minimum: ClassVar[float | None] = 1.0
 
     def frequencies(
-        self, dim: int, *, base: float, seq_len: int | torch.Tensor | None = None, device=None
+        self, dim: int, *, base: float, seq_len: int | torch.Tensor | None = None, device: _Device = None
     ) -> tuple[torch.Tensor, float]:
         """Float32 ``inv_freq`` of shape ``(dim // 2,)`` and the attention factor."""
         raise NotImplementedError
@@ -59,7 +61,7 @@ class RopeScaling:
     def from_dict(cls, config: Mapping[str, Any]) -> RopeScaling:
         """Build from an HF-style dict; ``rope_type`` / ``type`` may be present and must match."""
         if cls is RopeScaling:
-            return parse_scaling(config)
+            return cast(RopeScaling, parse_scaling(config))  # a mapping always parses to a scaling
         config = _released_form(config)
         given = config.get("rope_type") or config.get("type")
         if given is not None and given != cls.rope_type:
@@ -178,7 +180,9 @@ class LinearScaling(RopeScaling):
     def __post_init__(self) -> None:
         _check_factor(self.factor)
 
-    def frequencies(self, dim, *, base, seq_len=None, device=None):
+    def frequencies(
+        self, dim: int, *, base: float, seq_len: int | torch.Tensor | None = None, device: _Device = None
+    ) -> tuple[torch.Tensor, float]:
         return F.linear_frequencies(dim, base=base, factor=self.factor, device=device)
 
 
@@ -196,7 +200,9 @@ class NTKScaling(RopeScaling):
     def check_dim(self, dim: int) -> None:
         _check_rotary_dim_for_ntk(dim)
 
-    def frequencies(self, dim, *, base, seq_len=None, device=None):
+    def frequencies(
+        self, dim: int, *, base: float, seq_len: int | torch.Tensor | None = None, device: _Device = None
+    ) -> tuple[torch.Tensor, float]:
         self.check_dim(dim)
         return F.ntk_frequencies(dim, base=base, factor=self.factor, device=device)
 
@@ -218,7 +224,9 @@ class DynamicNTKScaling(RopeScaling):
     def check_dim(self, dim: int) -> None:
         _check_rotary_dim_for_ntk(dim)
 
-    def frequencies(self, dim, *, base, seq_len=None, device=None):
+    def frequencies(
+        self, dim: int, *, base: float, seq_len: int | torch.Tensor | None = None, device: _Device = None
+    ) -> tuple[torch.Tensor, float]:
         self.check_dim(dim)
         return F.dynamic_ntk_frequencies(
             dim,
@@ -268,9 +276,12 @@ class YaRNScaling(RopeScaling):
     def effective_factor(self) -> float:
         if self.factor is not None:
             return self.factor
-        return self.max_position_embeddings / self.original_max_position_embeddings
+        # without a factor, __post_init__ requires both lengths
+        return cast(int, self.max_position_embeddings) / cast(int, self.original_max_position_embeddings)
 
-    def frequencies(self, dim, *, base, seq_len=None, device=None):
+    def frequencies(
+        self, dim: int, *, base: float, seq_len: int | torch.Tensor | None = None, device: _Device = None
+    ) -> tuple[torch.Tensor, float]:
         return F.yarn_frequencies(
             dim,
             base=base,
@@ -324,7 +335,7 @@ class LongRoPEScaling(RopeScaling):
         if self.factor is not None:
             return self.factor
         if self.max_position_embeddings is not None:
-            return self.max_position_embeddings / self.original_max_position_embeddings
+            return self.max_position_embeddings / cast(int, self.original_max_position_embeddings)
         return 1.0  # only reached with an explicit attention_factor, which then overrides it
 
     def check_dim(self, dim: int) -> None:
@@ -332,7 +343,9 @@ class LongRoPEScaling(RopeScaling):
             if len(getattr(self, name)) != dim // 2:
                 fail(f"len({name})", len(getattr(self, name)), f"rotary dim // 2 = {dim // 2}")
 
-    def frequencies(self, dim, *, base, seq_len=None, device=None):
+    def frequencies(
+        self, dim: int, *, base: float, seq_len: int | torch.Tensor | None = None, device: _Device = None
+    ) -> tuple[torch.Tensor, float]:
         self.check_dim(dim)
         return F.longrope_frequencies(
             dim,
@@ -365,7 +378,9 @@ class Llama3Scaling(RopeScaling):
             fail("high_freq_factor", self.high_freq_factor, f"a number > low_freq_factor = {self.low_freq_factor}")
         check_positive_int("original_max_position_embeddings", self.original_max_position_embeddings)
 
-    def frequencies(self, dim, *, base, seq_len=None, device=None):
+    def frequencies(
+        self, dim: int, *, base: float, seq_len: int | torch.Tensor | None = None, device: _Device = None
+    ) -> tuple[torch.Tensor, float]:
         return F.llama3_frequencies(
             dim,
             base=base,
@@ -399,7 +414,9 @@ class ProportionalScaling(RopeScaling):
         if self.factor is not None:
             _check_factor(self.factor)
 
-    def frequencies(self, dim, *, base, seq_len=None, device=None):
+    def frequencies(
+        self, dim: int, *, base: float, seq_len: int | torch.Tensor | None = None, device: _Device = None
+    ) -> tuple[torch.Tensor, float]:
         return F.proportional_frequencies(
             dim,
             base=base,
@@ -429,7 +446,9 @@ class NTKAlphaScaling(RopeScaling):
     def check_dim(self, dim: int) -> None:
         _check_rotary_dim_for_ntk(dim)
 
-    def frequencies(self, dim, *, base, seq_len=None, device=None):
+    def frequencies(
+        self, dim: int, *, base: float, seq_len: int | torch.Tensor | None = None, device: _Device = None
+    ) -> tuple[torch.Tensor, float]:
         self.check_dim(dim)
         return F.ntk_alpha_frequencies(dim, base=base, alpha=self.alpha, device=device)
 
@@ -455,7 +474,9 @@ class MixedNTKScaling(RopeScaling):
     def to_hf_dict(self) -> dict[str, Any]:
         return {"rope_type": "ntk", "factor": self.factor, "mixed_b": self.mixed_b}
 
-    def frequencies(self, dim, *, base, seq_len=None, device=None):
+    def frequencies(
+        self, dim: int, *, base: float, seq_len: int | torch.Tensor | None = None, device: _Device = None
+    ) -> tuple[torch.Tensor, float]:
         return F.ntk_mixed_frequencies(dim, base=base, factor=self.factor, mixed_b=self.mixed_b, device=device)
 
 
@@ -506,7 +527,9 @@ class TeleChat3YaRNScaling(RopeScaling):
     def to_hf_dict(self) -> dict[str, Any]:
         return self.as_yarn().to_dict()
 
-    def frequencies(self, dim, *, base, seq_len=None, device=None):
+    def frequencies(
+        self, dim: int, *, base: float, seq_len: int | torch.Tensor | None = None, device: _Device = None
+    ) -> tuple[torch.Tensor, float]:
         return F.telechat3_yarn_frequencies(
             dim,
             base=base,
@@ -546,7 +569,9 @@ class YaRNLogScaling(RopeScaling):
             fail("beta_fast", self.beta_fast, f"a number > beta_slow = {self.beta_slow}")
         check_number("extrapolation_factor", self.extrapolation_factor, minimum=0.0)
 
-    def frequencies(self, dim, *, base, seq_len=None, device=None):
+    def frequencies(
+        self, dim: int, *, base: float, seq_len: int | torch.Tensor | None = None, device: _Device = None
+    ) -> tuple[torch.Tensor, float]:
         return F.yarn_log_frequencies(
             dim,
             base=base,
@@ -601,7 +626,7 @@ def grok_rope_scaling(config: Mapping[str, Any] | Any) -> YaRNLogScaling | None:
             UserWarning,
             stacklevel=2,
         )
-    fields = {field: get(key) for key, field in _GROK_KEYS.items() if get(key) is not None}
+    fields: dict[str, Any] = {field: get(key) for key, field in _GROK_KEYS.items() if get(key) is not None}
     return YaRNLogScaling(**fields)
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import torch
 from torch import nn
@@ -68,14 +68,16 @@ class Encoding(nn.Module):
     """
 
     has_bias: ClassVar[bool] = False
-    has_value_term: ClassVar[bool] = False
-    per_head_keys: ClassVar[bool] = False
+    has_value_term: bool = False  # a class attribute; an instance may set its own (ShawRelative(values=...))
+    per_head_keys: bool = False  # likewise (FoPE per head)
     position_kind: ClassVar[str] = "sequence"
     needs_keys: ClassVar[bool] = False
     causal_only: ClassVar[bool] = False
     per_layer: ClassVar[bool] = False
     reads_key_count: ClassVar[bool] = False
     depends_on_length: bool = False
+    #: The encoding's config dataclass (``ConfiguredModule``s and most others set it in ``__init__``).
+    config: Any
 
     def embed(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Token embeddings with absolute position information added: ``(B, S, Dm) -> (B, S, Dm)``."""
@@ -120,7 +122,7 @@ class Encoding(nn.Module):
         """Positions for ``length`` tokens of a batch of ``batch``: ``(length,)`` or ``(1|batch, length)``."""
         check_sequence_positions(positions, length, batch, name)
 
-    def check_heads(self, q: torch.Tensor, name: str = "q") -> None:
+    def check_heads(self, q: torch.Tensor | None, name: str = "q") -> None:
         """``q (B, H, S, D)`` must have the ``num_heads`` this encoding was built for, if its config has one.
 
         Per-head encodings (ALiBi's slopes, T5's table, RoPE-Mixed's frequencies) would otherwise fail with a
@@ -220,13 +222,16 @@ def position_reader(positions: torch.Tensor) -> Callable[[torch.Tensor, torch.Te
     return lambda b, i: positions[b, i]
 
 
+_Configured = TypeVar("_Configured", bound="ConfiguredModule")
+
+
 class ConfiguredModule(Encoding):
     """An encoding whose constructor arguments are exactly the fields of ``config_class``."""
 
-    config_class: ClassVar[type]
+    config_class: ClassVar[Any]  # a config dataclass with from_dict
 
     @classmethod
-    def from_config(cls, config: Any, **kwargs: Any):  # noqa: ANN206 - returns cls
+    def from_config(cls: type[_Configured], config: Any, **kwargs: Any) -> _Configured:
         """Build from a config object or its dict (``to_dict()`` output); ``kwargs`` go to the constructor."""
         if isinstance(config, Mapping):
             config = cls.config_class.from_dict(config)
@@ -249,8 +254,10 @@ def check_qk(q: torch.Tensor, k: torch.Tensor, head_dim: int | None = None) -> N
 class RotaryModule(ConfiguredModule):
     """Shared shell of the rotary family: ``forward`` delegates to the ``rotate(q, k, q_pos, k_pos)`` hook."""
 
-    def rotate(self, q, k, q_pos, k_pos):  # noqa: ANN001, ANN201 - defined by each encoding
-        raise NotImplementedError
+    def rotate(
+        self, q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError  # defined by each encoding
 
     def _check_position_pair(self, q, k, q_pos, k_pos) -> None:  # noqa: ANN001
         """Exact, finite query and key positions on the devices of q and k (after their shapes were checked)."""
@@ -269,7 +276,14 @@ class RotaryModule(ConfiguredModule):
         if k_positions is None and k.dim() >= 2 and q.dim() >= 2 and k.shape[-2] != q.shape[-2]:
             fail("k_positions", None, f"the keys' positions, since k has {k.shape[-2]} positions and q {q.shape[-2]}")
 
-    def _table_pair(self, q, k, q_pos, k_pos, tables):  # noqa: ANN001, ANN202
+    def _table_pair(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        q_pos: torch.Tensor,
+        k_pos: torch.Tensor,
+        tables: Callable[[torch.Tensor, torch.dtype], tuple[torch.Tensor, torch.Tensor]],
+    ) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
         """``tables(positions, dtype)`` for q and for k, built once when they share positions and table dtype."""
         q_tables = tables(q_pos, table_dtype(q.dtype))
         if k_pos is q_pos and table_dtype(k.dtype) == table_dtype(q.dtype):

@@ -15,6 +15,7 @@ Shapes:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 
@@ -95,7 +96,8 @@ class _SlopeModule(ConfiguredModule):
 
     def forward(self, positions: torch.Tensor, k_positions: torch.Tensor | None = None) -> torch.Tensor:
         """The bias ``(B|1, H, S, T)``; keys use ``k_positions`` if given, else ``positions``."""
-        return self.bias(positions, positions if k_positions is None else k_positions)
+        bias = self.bias(positions, positions if k_positions is None else k_positions)
+        return cast(torch.Tensor, bias)  # has_bias: never None
 
     def extra_repr(self) -> str:
         return ", ".join(f"{k}={v!r}" for k, v in self.config.to_dict().items())

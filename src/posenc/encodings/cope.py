@@ -21,6 +21,7 @@ Shapes:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 from torch import nn
@@ -125,6 +126,7 @@ class CoPE(ConfiguredModule):
             if pos is not None:
                 check_positions(pos, name)
         self._check_content(q, k)
+        q, k = cast(torch.Tensor, q), cast(torch.Tensor, k)  # checked by _check_content
         return cope_bias(q, k, self.embeddings, scale=scale, mask=mask)
 
     def positions(
@@ -140,6 +142,7 @@ class CoPE(ConfiguredModule):
                 fail(name, type(x).__name__, f"the {'queries' if name == 'q' else 'keys'} (B, heads, length, "
                      f"{self.config.head_dim}): CoPE's positions count gates sigmoid(q . k)")  # fmt: skip
         check_cope_inputs(q, k)
+        q = cast(torch.Tensor, q)  # checked by the loop
         self.check_heads(q)
         if q.shape[-1] != self.config.head_dim:
             fail("q.shape[-1]", q.shape[-1], f"head_dim = {self.config.head_dim}")

@@ -18,6 +18,7 @@ Shapes:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 from torch import nn
@@ -97,7 +98,7 @@ class FIRE(ConfiguredModule):
 
     def _parameters32(self) -> tuple[torch.Tensor, ...]:
         """``c, L, w1 (W,), b1 (W,), w2 (H, W), b2 (H,)`` in float32 (a bf16 model keeps float32 math)."""
-        first, second = self.mlp[0], self.mlp[2]
+        first, second = cast(nn.Linear, self.mlp[0]), cast(nn.Linear, self.mlp[2])
         return (
             self.c.float(),
             self.threshold(),
@@ -126,7 +127,7 @@ class FIRE(ConfiguredModule):
         # The parameters themselves, cast and combined per score inside the closure: under torch.compile a
         # score_mod that captures a tensor computed in the same graph fails to lower on CPU (torch 2.13), one that
         # captures a parameter works.
-        first, second = self.mlp[0], self.mlp[2]
+        first, second = cast(nn.Linear, self.mlp[0]), cast(nn.Linear, self.mlp[2])
         c, multiplier, w1, b1, w2, b2 = (
             p.to(q_pos.device)
             for p in (self.c, self.L_multiplier, first.weight, first.bias, second.weight, second.bias)

@@ -179,7 +179,7 @@ class FoPE(FrequencyModule):
             positions, self.inv_freq, self.cos_coef, self.sin_coef, pairs=self.config.head_dim // 2, dtype=dtype
         )
 
-    def check_heads(self, q: torch.Tensor, name: str = "q") -> None:
+    def check_heads(self, q: torch.Tensor | None, name: str = "q") -> None:
         """``q`` must have ``num_heads`` heads (the coefficient sets are laid out for them)."""
         heads = self.config.num_heads
         if isinstance(q, torch.Tensor) and q.dim() >= 3 and q.shape[-3] != heads:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 
@@ -113,7 +114,7 @@ class MRoPE(FrequencyModule):
         self.config = MRoPEConfig(
             head_dim=head_dim,
             base=base,
-            mrope_section=mrope_section,
+            mrope_section=cast("tuple[int, int, int] | None", mrope_section),  # a tuple after __post_init__
             layout=layout,
             interleaved_sections=interleaved_sections,
         )

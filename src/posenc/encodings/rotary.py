@@ -12,7 +12,7 @@ Shapes:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -48,6 +48,7 @@ def check_seq_len(
 
     ``queries`` (the last ``S`` of the tokens) are checked against the last ``S`` lengths too.
     """
+    length: float | torch.Tensor
     if isinstance(seq_len, torch.Tensor):
         if seq_len.dtype == torch.bool or seq_len.is_complex():
             fail(f"{name}.dtype", seq_len.dtype, "an integer or floating point dtype")
@@ -122,7 +123,11 @@ class RotaryEmbedding(FrequencyModule):
     ) -> None:
         super().__init__()
         self.config = RotaryConfig(
-            head_dim=head_dim, base=base, scaling=scaling, layout=layout, partial_rotary_factor=partial_rotary_factor
+            head_dim=head_dim,
+            base=base,
+            scaling=cast("RopeScaling | None", scaling),  # a dict is read into a RopeScaling by __post_init__
+            layout=layout,
+            partial_rotary_factor=partial_rotary_factor,
         )
         inv_freq, self.attention_factor = self._frequencies(None, device=None)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
@@ -152,7 +157,7 @@ class RotaryEmbedding(FrequencyModule):
         )
 
     @property
-    def depends_on_length(self) -> bool:
+    def depends_on_length(self) -> bool:  # type: ignore[override]  # Encoding's class attribute, computed here
         """True for ``dynamic``/``longrope``: the frequencies depend on the sequence length (``seq_len``)."""
         return self.config.scaling is not None and self.config.scaling.depends_on_length
 
@@ -276,10 +281,10 @@ class RotaryEmbedding(FrequencyModule):
                 return None, None  # cos_sin takes positions.max() + 1, once for both
             length = torch.maximum(q_pos.max().double(), k_pos.max().to(device=q_pos.device).double()) + 1
             return length, length
-        length = check_seq_len(seq_len, k_pos, "seq_len", queries=q_pos)
-        if not isinstance(length, torch.Tensor) or length.dim() == 0:
-            return length, length
-        return length[..., length.shape[-1] - s :], length
+        checked = check_seq_len(seq_len, k_pos, "seq_len", queries=q_pos)
+        if not isinstance(checked, torch.Tensor) or checked.dim() == 0:
+            return checked, checked
+        return checked[..., checked.shape[-1] - s :], checked
 
     def same_frequencies(self, seq_len: int | float, other_seq_len: int | float) -> bool:
         """Whether lengths ``seq_len`` and ``other_seq_len`` rotate by the same angles (always, unless the scaling

@@ -144,7 +144,7 @@ def rotary_config_to_hf(config: RotaryConfig, *, legacy: bool = False, runtime: 
             "(NTKScalingRotaryEmbedding), which vLLM runs and transformers cannot load (it has no 'ntk' rope type: "
             "KeyError 'ntk'); write it for vLLM with rotary_config_to_hf(config, runtime='vllm')",
         )
-    rope = {"rope_type": "default"} if scaling is None else scaling.to_hf_dict()
+    rope: dict[str, Any] = {"rope_type": "default"} if scaling is None else scaling.to_hf_dict()
     max_pos = rope.pop("max_position_embeddings", None)
     out: dict[str, Any] = {"head_dim": config.head_dim}
     if max_pos is not None:

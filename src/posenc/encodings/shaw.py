@@ -21,6 +21,7 @@ reset per document) need nothing special. The value term only runs in ``posenc.a
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 from torch import nn
@@ -102,7 +103,8 @@ class ShawRelative(ConfiguredModule):
     ) -> torch.Tensor:
         """``scale * q_i . w^K_{clip(k_j - q_i)}`` ``(B, H, S, T)``; ``q`` is required, ``scale`` defaults to
         ``1 / sqrt(head_dim)`` (pass the attention's own scale)."""
-        return shaw_bias(q, q_pos, k_pos, self.relative_keys, scale=self._scale(scale))
+        # q=None is refused by shaw_bias's own check (check_shaw_query)
+        return shaw_bias(cast(torch.Tensor, q), q_pos, k_pos, self.relative_keys, scale=self._scale(scale))
 
     def score_mod(
         self,
@@ -117,6 +119,7 @@ class ShawRelative(ConfiguredModule):
         Captures ``scale * q @ w^K.T`` ``(B, H, S, 2K + 1)`` and the positions, never an ``S x T`` tensor.
         """
         k_max = check_shaw_query(q, q_pos, k_pos, self.relative_keys)
+        q = cast(torch.Tensor, q)  # checked: a (B, H, S, D) tensor
         qr = shaw_query_scores(q, self.relative_keys, scale=self._scale(scale))  # (B, H, S, 2K + 1)
         q_at, k_at = position_reader(q_pos.long()), position_reader(k_pos.long())
 

@@ -47,7 +47,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -144,12 +144,17 @@ class SSMax(RotaryModule):
     ) -> None:
         super().__init__()
         self.config = SSMaxConfig(
-            num_heads=num_heads, head_dim=head_dim, s_init=s_init, bias=bias, window=window, rope=rope
+            num_heads=num_heads,
+            head_dim=head_dim,
+            s_init=s_init,
+            bias=bias,
+            window=window,
+            rope=cast("dict[str, Any] | None", rope),  # copied into a dict by __post_init__
         )
         self.s = nn.Parameter(torch.empty(num_heads))
         # not named `bias`: that is the Encoding hook adding to the scores, which SSMax does not use
         self.b = nn.Parameter(torch.empty(num_heads)) if bias else None
-        self.rope = None if self.config.rope is None else RotaryEmbedding(head_dim, **self.config.rope)
+        self.rope = None if self.config.rope is None else RotaryEmbedding(cast(int, head_dim), **self.config.rope)
         self.reset_parameters()
 
     @torch.no_grad()
@@ -160,7 +165,7 @@ class SSMax(RotaryModule):
             self.b.zero_()
 
     @property
-    def depends_on_length(self) -> bool:
+    def depends_on_length(self) -> bool:  # type: ignore[override]  # Encoding's class attribute, computed here
         """True when the RoPE under SSMax is ``dynamic``/``longrope`` (``rotate`` then takes ``seq_len``)."""
         return self.rope is not None and self.rope.depends_on_length
 

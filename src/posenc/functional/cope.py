@@ -30,6 +30,8 @@ Shapes:
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 
 from posenc._checks import broadcasts_to, check_number, fail
@@ -43,6 +45,7 @@ def check_cope_inputs(q: object, k: object, mask: object = None) -> None:
             shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
             fail(f"{name}.shape", shape, "a floating-point tensor (B, heads, length, head_dim): CoPE's gates are "
                  "sigmoid(q . k)")  # fmt: skip
+    q, k = cast(torch.Tensor, q), cast(torch.Tensor, k)  # both checked by the loop
     b, h, s, d = q.shape
     if k.shape[0] != b or k.shape[-1] != d:
         fail("k.shape", tuple(k.shape), f"({b}, Hkv, T, {d}): q's batch size and head_dim")
@@ -160,14 +163,15 @@ def check_cope_table(embeddings: object, q: torch.Tensor) -> int:
     ``p_max``."""
     h, d = q.shape[1], q.shape[-1]
     ok = isinstance(embeddings, torch.Tensor) and embeddings.is_floating_point() and embeddings.shape[-1] == d
-    ok = ok and (embeddings.dim() == 2 or (embeddings.dim() == 3 and embeddings.shape[0] == h))
-    if not ok or embeddings.shape[-2] < 2:
+    table = cast(torch.Tensor, embeddings)  # a tensor wherever ok holds
+    ok = ok and (table.dim() == 2 or (table.dim() == 3 and table.shape[0] == h))
+    if not ok or table.shape[-2] < 2:
         shape = tuple(embeddings.shape) if isinstance(embeddings, torch.Tensor) else type(embeddings).__name__
         fail("embeddings.shape", shape, f"(p_max + 1, {d}) shared by the heads or ({h}, p_max + 1, {d}) per head, "
              "with p_max >= 1, a floating-point table")  # fmt: skip
-    if embeddings.device != q.device:
-        fail("embeddings.device", embeddings.device, f"q's device, {q.device}")
-    return embeddings.shape[-2] - 1
+    if table.device != q.device:
+        fail("embeddings.device", table.device, f"q's device, {q.device}")
+    return table.shape[-2] - 1
 
 
 def cope_bias(

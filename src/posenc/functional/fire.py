@@ -33,6 +33,8 @@ time. The materialised bias therefore costs ``O(W)`` elementwise passes over ``(
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 import torch
 
 from posenc._checks import check_number, fail
@@ -78,9 +80,11 @@ def check_fire_params(c: object, threshold: object, w1: object, b1: object, w2: 
     for name, t in tensors.items():
         if not isinstance(t, torch.Tensor) or not t.is_floating_point():
             fail(name, type(t).__name__ if not isinstance(t, torch.Tensor) else t.dtype, "a floating point tensor")
+    checked = cast("dict[str, torch.Tensor]", tensors)  # each checked above
+    w1, b1, w2, b2 = checked["w1"], checked["b1"], checked["w2"], checked["b2"]
     for name in ("c", "threshold"):
-        if tensors[name].dim() != 0:
-            fail(f"{name}.shape", tuple(tensors[name].shape), "(): a scalar tensor")
+        if checked[name].dim() != 0:
+            fail(f"{name}.shape", tuple(checked[name].shape), "(): a scalar tensor")
     if w1.dim() != 1:
         fail("w1.shape", tuple(w1.shape), "(W,): the first layer's weight[:, 0]")
     width = w1.shape[0]
@@ -117,7 +121,7 @@ def fire_bias(
     heads, width = check_fire_params(c, threshold, w1, b1, w2, b2)
     check_number("eps", eps, minimum=0.0)
     q, k = check_alibi_positions(q_pos, k_pos)  # (1|B, S), (1|B, T)
-    f32 = {"device": q.device, "dtype": torch.float32}
+    f32: dict[str, Any] = {"device": q.device, "dtype": torch.float32}
     x = fire_normalized_distance(
         q[:, None, :, None], k[:, None, None, :], c.to(**f32), threshold.to(**f32), eps=eps
     )  # (B|1, 1, S, T)

@@ -25,6 +25,8 @@ eagerly. ``log1p`` replaces the reference's ``log(1 + x)`` (the same function, b
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 
 from posenc._checks import check_choice, fail
@@ -92,6 +94,7 @@ def _check_params(r1: object, r2: object) -> None:
         if not isinstance(p, torch.Tensor) or p.dim() != 1 or not p.is_floating_point():
             shape = tuple(p.shape) if isinstance(p, torch.Tensor) else type(p).__name__
             fail(f"{name}.shape", shape, "(H,): one floating point value per head")
+    r1, r2 = cast(torch.Tensor, r1), cast(torch.Tensor, r2)  # both checked by the loop
     if r1.shape != r2.shape:
         fail("r2.shape", tuple(r2.shape), f"{tuple(r1.shape)}, the shape of r1 (one value per head)")
 

@@ -23,6 +23,7 @@ Shapes:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import cast
 
 import torch
 
@@ -52,7 +53,7 @@ def check_mrope_section(mrope_section: object, num_freqs: int, *, interleaved: b
                 f"sections the interleaved layout can realise over {num_freqs} frequencies "
                 f"(3 * height - 2 < {num_freqs} and 3 * width - 1 < {num_freqs}); this one gives {list(counts)}",
             )
-    return section  # type: ignore[return-value]
+    return section
 
 
 def mrope_streams(
@@ -70,9 +71,9 @@ def mrope_streams(
 
 def _three_counts(mrope_section: object) -> tuple[int, int, int]:
     ok = isinstance(mrope_section, Sequence) and not isinstance(mrope_section, str) and len(mrope_section) == 3
-    if not ok or any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in mrope_section):
+    if not ok or any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in cast("Sequence", mrope_section)):
         fail("mrope_section", mrope_section, "three non-negative integers (temporal, height, width)")
-    return tuple(mrope_section)  # type: ignore[return-value]
+    return cast("tuple[int, int, int]", tuple(cast("Sequence[int]", mrope_section)))
 
 
 def _streams(section: tuple[int, ...], num_freqs: int, *, interleaved: bool) -> list[int]:

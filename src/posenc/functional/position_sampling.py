@@ -33,7 +33,7 @@ Shapes:
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 import torch
 
@@ -76,11 +76,16 @@ def pose_draw_ranges(*, document_length: int, window: int, target: int) -> PoseD
     )
 
 
+def _pairs(ranges: PoseDraws) -> tuple[tuple[int, int], ...]:
+    """``pose_draw_ranges``' result as what it holds: a ``(low, high)`` pair per draw."""
+    return cast("tuple[tuple[int, int], ...]", ranges)
+
+
 def pose_layout(*, document_length: int, window: int, target: int, draws: PoseDraws) -> PoseSample:
     """The PoSE window for given draws: text indices and position ids of the two chunks, concatenated.
 
     Raises ``ValueError`` for a draw outside its range (``pose_draw_ranges``)."""
-    ranges = pose_draw_ranges(document_length=document_length, window=window, target=target)
+    ranges = _pairs(pose_draw_ranges(document_length=document_length, window=window, target=target))
     for name, value, (low, high) in zip(PoseDraws._fields, draws, ranges, strict=True):
         if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
             fail(f"draws.{name}", value, f"an integer in [{low}, {high}]")
@@ -120,7 +125,7 @@ def pose_sample(*, document_length: int, window: int, target: int, generator: to
     Shapes:
         text_index, positions (min(N, W),) int64.
     """
-    ranges = pose_draw_ranges(document_length=document_length, window=window, target=target)
+    ranges = _pairs(pose_draw_ranges(document_length=document_length, window=window, target=target))
     _check_generator(generator)
     draws = PoseDraws(*(_randint(low, high, generator) for low, high in ranges))
     return pose_layout(document_length=document_length, window=window, target=target, draws=draws)

@@ -24,6 +24,7 @@ Shapes:
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import torch
 
@@ -44,8 +45,8 @@ def check_integer_positions(positions: object, name: str = "positions") -> torch
 def check_position_pair(q_pos: object, k_pos: object) -> None:
     """Integer ``(S,)``/``(B, S)`` query and ``(T,)``/``(B, T)`` key positions on one device, batch sizes that
     broadcast."""
-    check_integer_positions(q_pos, "q_pos")
-    check_integer_positions(k_pos, "k_pos")
+    q_pos = check_integer_positions(q_pos, "q_pos")
+    k_pos = check_integer_positions(k_pos, "k_pos")
     if k_pos.device != q_pos.device:
         fail("k_pos.device", k_pos.device, f"q_pos's device, {q_pos.device}")
     batches = (q_pos.shape[0], k_pos.shape[0])
@@ -105,7 +106,7 @@ def t5_relative_position_bucket(
         fail("relative_position.dtype", relative_position.dtype, "an integer dtype (key_pos - query_pos)")
     check_t5_buckets(num_buckets=num_buckets, max_distance=max_distance, bidirectional=bidirectional)
     relative_position = relative_position.long()
-    buckets = 0
+    buckets: torch.Tensor | int = 0
     if bidirectional:
         num_buckets //= 2
         buckets = (relative_position > 0).long() * num_buckets
@@ -187,6 +188,7 @@ def shaw_query_scores(q: torch.Tensor, table: torch.Tensor, *, scale: float) -> 
 def check_shaw_query(q: object, q_pos: object, k_pos: object, table: object) -> int:
     """Validate the inputs of Shaw's key term without building anything; returns ``K`` (from the table)."""
     k_max = _shaw_max_distance(table, "table")
+    table = cast(torch.Tensor, table)  # checked by _shaw_max_distance
     if not isinstance(q, torch.Tensor):
         fail("q", q, "the queries, a tensor of shape (B, H, S, head_dim): Shaw's bias is q . w^K")
     if q.dim() != 4:
@@ -194,6 +196,7 @@ def check_shaw_query(q: object, q_pos: object, k_pos: object, table: object) -> 
     if q.shape[-1] != table.shape[1]:
         fail("q.shape[-1]", q.shape[-1], f"head_dim = {table.shape[1]}, the width of the relative key table")
     check_position_pair(q_pos, k_pos)
+    q_pos, k_pos = cast(torch.Tensor, q_pos), cast(torch.Tensor, k_pos)  # checked by check_position_pair
     batch, length = q.shape[0], q.shape[2]
     if q_pos.shape[-1] != length or (q_pos.dim() == 2 and q_pos.shape[0] not in (1, batch)):
         fail("q_pos.shape", tuple(q_pos.shape), f"({length},) or ({batch}, {length}), one position per query")

@@ -18,6 +18,8 @@ float32, so a bf16 model at position 1e6 is rotated by the right angle; the resu
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 
 from posenc import kernels
@@ -83,11 +85,12 @@ def check_inv_freq(inv_freq: object, name: str = "inv_freq", positions: torch.Te
     """Frequencies are a floating point ``(F,)`` tensor, or per token ``(*positions.shape, F)`` when ``positions``
     is given (length-dependent scalings with a length per document); any other shape would broadcast silently."""
     ok = isinstance(inv_freq, torch.Tensor) and inv_freq.is_floating_point()
-    per_token = positions is not None and ok and inv_freq.dim() == positions.dim() + 1
+    t = cast(torch.Tensor, inv_freq)  # a tensor wherever ok holds
+    per_token = positions is not None and ok and t.dim() == positions.dim() + 1
     if per_token:
-        ok = inv_freq.shape[:-1] == positions.shape
+        ok = t.shape[:-1] == cast(torch.Tensor, positions).shape
     elif ok:
-        ok = inv_freq.dim() == 1
+        ok = t.dim() == 1
     if not ok:
         shape = tuple(inv_freq.shape) if isinstance(inv_freq, torch.Tensor) else type(inv_freq).__name__
         tokens = "" if positions is None else f" or ({', '.join(map(str, positions.shape))}, F) per token"

@@ -36,6 +36,7 @@ import torch
 from posenc._checks import check_number, check_positive_int, fail
 
 SeqLen = int | torch.Tensor | None
+_Device = torch.device | str | None  # where the frequencies are built
 
 
 def _check(dim: int, base: float, *, ntk: bool = False, lengths: dict | None = None, **positive: object) -> None:
@@ -71,19 +72,19 @@ def _out(inv_freq: torch.Tensor, attention_factor: float) -> tuple[torch.Tensor,
     return inv_freq.to(torch.float32), float(attention_factor)
 
 
-def default_frequencies(dim: int, *, base: float, device=None) -> tuple[torch.Tensor, float]:
+def default_frequencies(dim: int, *, base: float, device: _Device = None) -> tuple[torch.Tensor, float]:
     """Unscaled RoPE: ``base ** (-2i / dim)``."""
     _check(dim, base)
     return _out(_base_inv_freq(dim, base, device), 1.0)
 
 
-def linear_frequencies(dim: int, *, base: float, factor: float, device=None) -> tuple[torch.Tensor, float]:
+def linear_frequencies(dim: int, *, base: float, factor: float, device: _Device = None) -> tuple[torch.Tensor, float]:
     """Position Interpolation: every frequency divided by ``factor`` (positions squeezed into the trained range)."""
     _check(dim, base, factor=factor)
     return _out(_base_inv_freq(dim, base, device) / factor, 1.0)
 
 
-def ntk_frequencies(dim: int, *, base: float, factor: float, device=None) -> tuple[torch.Tensor, float]:
+def ntk_frequencies(dim: int, *, base: float, factor: float, device: _Device = None) -> tuple[torch.Tensor, float]:
     """Static NTK-aware scaling: the base raised to ``base * factor ** (dim / (dim - 2))``.
 
     The lowest frequency is interpolated by exactly ``factor``; the highest is untouched.
@@ -93,7 +94,13 @@ def ntk_frequencies(dim: int, *, base: float, factor: float, device=None) -> tup
 
 
 def dynamic_ntk_frequencies(
-    dim: int, *, base: float, factor: float, max_position_embeddings: int, seq_len: SeqLen = None, device=None
+    dim: int,
+    *,
+    base: float,
+    factor: float,
+    max_position_embeddings: int,
+    seq_len: SeqLen = None,
+    device: _Device = None,
 ) -> tuple[torch.Tensor, float]:
     """Dynamic NTK: the NTK base for the current length, unscaled up to ``max_position_embeddings``.
 
@@ -154,7 +161,7 @@ def yarn_frequencies(
     mscale: float | None = None,
     mscale_all_dim: float | None = None,
     attention_factor: float | None = None,
-    device=None,
+    device: _Device = None,
 ) -> tuple[torch.Tensor, float]:
     """YaRN "NTK-by-parts": high frequencies kept, low frequencies interpolated, a linear ramp in between.
 
@@ -201,7 +208,7 @@ def longrope_frequencies(
     factor: float,
     attention_factor: float | None = None,
     seq_len: SeqLen = None,
-    device=None,
+    device: _Device = None,
 ) -> tuple[torch.Tensor, float]:
     """LongRoPE: per-frequency rescale factors, ``long_factor`` beyond the original length, ``short_factor`` within."""
     lengths = {"original_max_position_embeddings": original_max_position_embeddings}
@@ -229,7 +236,7 @@ def llama3_frequencies(
     low_freq_factor: float,
     high_freq_factor: float,
     original_max_position_embeddings: int,
-    device=None,
+    device: _Device = None,
 ) -> tuple[torch.Tensor, float]:
     """Llama 3.1: wavelengths above ``L / low_freq_factor`` divided by ``factor``, below ``L / high_freq_factor``
     kept, and a smooth blend in between (``L`` the original context length).
@@ -254,7 +261,7 @@ def llama3_frequencies(
 
 
 def proportional_frequencies(
-    dim: int, *, base: float, partial_rotary_factor: float, factor: float = 1.0, device=None
+    dim: int, *, base: float, partial_rotary_factor: float, factor: float = 1.0, device: _Device = None
 ) -> tuple[torch.Tensor, float]:
     """p-RoPE: the ``int(partial_rotary_factor * dim // 2)`` highest frequencies rotate, the rest are 0.
 
@@ -278,7 +285,7 @@ def proportional_frequencies(
     return _out(inv_freq / factor, 1.0)
 
 
-def ntk_alpha_frequencies(dim: int, *, base: float, alpha: float, device=None) -> tuple[torch.Tensor, float]:
+def ntk_alpha_frequencies(dim: int, *, base: float, alpha: float, device: _Device = None) -> tuple[torch.Tensor, float]:
     """NTK-by-alpha (Tencent Hunyuan): default RoPE at base ``base * alpha ** (dim / (dim - 2))``.
 
     The NTK-aware base change with the scale given directly as ``alpha`` (Hunyuan ships ``alpha = 1000``); it is
@@ -293,7 +300,7 @@ def ntk_alpha_frequencies(dim: int, *, base: float, alpha: float, device=None) -
 
 
 def ntk_mixed_frequencies(
-    dim: int, *, base: float, factor: float, mixed_b: float, device=None
+    dim: int, *, base: float, factor: float, mixed_b: float, device: _Device = None
 ) -> tuple[torch.Tensor, float]:
     """Mixed NTK (Su 2023): pair ``i`` (``m = i + 1``) divided by ``lambda_m = exp(a m ** b)``,
     ``a = ln(factor) / (dim / 2) ** b``.
@@ -326,7 +333,7 @@ def telechat3_yarn_frequencies(
     beta_slow: float = 1.0,
     truncate: bool = True,
     attn_factor: float = 1.0,
-    device=None,
+    device: _Device = None,
 ) -> tuple[torch.Tensor, float]:
     """TeleChat3's YaRN: YaRN's frequencies, attention factor ``(0.07 ln(factor) + 1) * attn_factor``.
 
@@ -357,7 +364,7 @@ def yarn_log_frequencies(
     beta_fast: float = 32.0,
     beta_slow: float = 1.0,
     extrapolation_factor: float = 1.0,
-    device=None,
+    device: _Device = None,
 ) -> tuple[torch.Tensor, float]:
     """Grok's ``yarn_log``: YaRN's ramp, but the two frequencies blended in log space,
     ``exp(ln(theta) * w + ln(theta / factor) * (1 - w))`` with ``w = (1 - ramp) * extrapolation_factor``: a pair

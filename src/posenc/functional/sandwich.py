@@ -40,6 +40,7 @@ score (64 at the paper's ``d' = 128``), so the materialised bias costs ``F`` ele
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import cast
 
 import torch
 
@@ -98,7 +99,7 @@ def sandwich_kernel(distance: torch.Tensor, half_frequencies: torch.Tensor) -> t
     for k in range(half_frequencies.shape[-1]):  # F terms, unrolled: every step is a pointwise op
         s = torch.sin(distance * half_frequencies[..., k])
         total = s * s if total is None else total + s * s
-    return -2.0 * total
+    return -2.0 * cast(torch.Tensor, total)  # F >= 1 terms
 
 
 def check_sandwich_frequencies(frequencies: object) -> tuple[int, int]:

@@ -16,7 +16,7 @@ BLOOM with its slope function replaced by interpolated slopes, and against the f
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -54,7 +54,7 @@ def extend_alibi(
     ``replace=True`` drops the earlier interpolation instead."""
     import importlib
 
-    config = model.config
+    config: Any = model.config  # a transformers PretrainedConfig
     kind = config.model_type
     module_name, class_name, key = _BLOCKS[kind]
     block_class = getattr(importlib.import_module(module_name), class_name)
@@ -88,7 +88,7 @@ def extend_alibi(
     old_len = None
     if kind == "mpt":  # MPT's bias table covers max_seq_len keys: a longer input would not fit
         old_len = int(config.max_seq_len)
-        config.max_seq_len = max(old_len, target)
+        config.max_seq_len = max(old_len, cast(int, target))  # MPT: original, hence target, is set
     slopes = alibi_slopes(int(config.num_attention_heads))
     return {
         "architecture": kind,

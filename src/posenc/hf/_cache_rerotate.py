@@ -70,7 +70,7 @@ from __future__ import annotations
 import dataclasses
 import types
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -158,7 +158,7 @@ def install_rerotation(
     cached keys are re-rotated. Earlier hooks must have been removed (``remove_rerotation``). The hooks are plain
     functions reading the module's ``__dict__``, so ``copy.deepcopy`` of the model gives hooks on the copy's rotary
     module. Returns the names of the modules hooked (empty: none found, nothing installed)."""
-    config = model.config
+    config: Any = model.config  # a transformers PretrainedConfig
     hooked = []
     for name, m in attention_modules(model):
         layer_type = _layer_type(m, config)
@@ -178,10 +178,10 @@ def exact_with_cache(model: torch.nn.Module, layer_types: set[str | None]) -> bo
     """Whether re-rotating the cached keys makes cached decoding equal the full forward: only when no attention
     layer comes after the first whose frequencies change (that layer's keys and values are computed from hidden
     states that do not depend on the length; every later layer's, from hidden states computed at an earlier one)."""
-    config = model.config
-    indices = [m.layer_idx for _, m in attention_modules(model)]
+    config: Any = model.config  # a transformers PretrainedConfig
+    indices = [cast(int, m.layer_idx) for _, m in attention_modules(model)]
     dependent = [
-        m.layer_idx
+        cast(int, m.layer_idx)
         for _, m in attention_modules(model)
         if (None if None in layer_types else _layer_type(m, config)) in layer_types
     ]
@@ -194,7 +194,7 @@ def reencode_at_switch(model: torch.nn.Module, switch: int) -> None:
     factors once and decodes exactly from there: the rule of Phi-3's ``prepare_inputs_for_generation``, for every
     architecture (a bound method on the model, so ``copy.deepcopy`` keeps it)."""
     model.__dict__[_SWITCH] = switch
-    model.prepare_inputs_for_generation = types.MethodType(_prepare_inputs, model)
+    model.prepare_inputs_for_generation = types.MethodType(_prepare_inputs, model)  # type: ignore[assignment]  # nn.Module's __setattr__ types only tensors and modules
 
 
 def _prepare_inputs(self, input_ids, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202

@@ -39,7 +39,7 @@ import math
 import types
 import warnings
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -95,13 +95,13 @@ class _Remap:
             return True
         n = int(moved.sum())
         lengths, index = torch.unique(torch.cat([written[moved], now[moved]]), return_inverse=True)  # (U,), (2n,)
-        state = []  # (U, ·) per distinct length
+        parts: list[torch.Tensor] = []  # (U, ·) per distinct length
         if self.encoding.depends_on_length:
             inv_freq, factor = self.encoding._frequencies(lengths, device=lengths.device)  # (U, F), float or (U,)
-            state += [inv_freq.double(), torch.as_tensor(factor, dtype=torch.float64).expand(len(lengths))[:, None]]
+            parts += [inv_freq.double(), torch.as_tensor(factor, dtype=torch.float64).expand(len(lengths))[:, None]]
         if self.method.depends_on_length:
-            state.append(self.method.logit_factor(lengths)[:, None])
-        state = torch.cat(state, dim=1)
+            parts.append(cast(torch.Tensor, self.method.logit_factor(lengths))[:, None])  # depends_on_length: set
+        state = torch.cat(parts, dim=1)
         return torch.equal(state[index[:n]], state[index[n:]])
 
     def call(self) -> str:
@@ -125,8 +125,9 @@ def check_remappable(model: torch.nn.Module) -> None:
     params = getattr(model.config, "rope_parameters", None) or {}
     if any(isinstance(v, Mapping) for v in params.values()):
         fail("model", architecture(model), "a model with one RoPE for every layer (not per-layer-type rope_parameters)")
-    if getattr(model, "_posenc_remap", None) is not None:
-        fail("method", model._posenc_remap.method.name, "one remapping method per model (load it again for another)")
+    remap = getattr(model, "_posenc_remap", None)
+    if remap is not None:
+        fail("method", remap.method.name, "one remapping method per model (load it again for another)")
 
 
 def apply_remap(model: torch.nn.Module, method: RemapMethod, **record: Any) -> dict[str, Any]:
@@ -162,8 +163,8 @@ def apply_remap(model: torch.nn.Module, method: RemapMethod, **record: Any) -> d
         module.__dict__["_posenc_remap"] = remap
         _identity_rotation(module)
     _derive_positions(model)
-    old = model.config._attn_implementation
-    model.set_attn_implementation(IMPLEMENTATION)
+    old = cast(Any, model.config)._attn_implementation
+    cast(Any, model).set_attn_implementation(IMPLEMENTATION)  # a transformers PreTrainedModel
     _refuse_switches(model, remap)
     return {
         "architecture": architecture(model),
@@ -193,7 +194,7 @@ def remove_remap(model: torch.nn.Module, attn_implementation: str = "sdpa") -> N
             handle.remove()
         for name in _REFUSALS:
             module.__dict__.pop(name, None)
-    model.set_attn_implementation(attn_implementation)
+    cast(Any, model).set_attn_implementation(attn_implementation)  # a transformers PreTrainedModel
 
 
 def _refuse_switches(model: torch.nn.Module, remap: _Remap) -> None:
@@ -231,7 +232,7 @@ def _check_implementation(rotary: torch.nn.Module) -> None:
     """Refuse a forward of a model whose config names another attention than posenc's: a change no method call
     made (``config._attn_implementation = ...``, ``PreTrainedModel.set_attn_implementation(model, ...)``), which
     transformers would dispatch to without the rotation. The rotary module runs once per forward, before any layer."""
-    implementation = rotary.config._attn_implementation
+    implementation = cast(Any, rotary.config)._attn_implementation
     if implementation != IMPLEMENTATION:
         remap = rotary.__dict__["_posenc_remap"]
         fail(
@@ -259,7 +260,7 @@ def _refuse_save(self: torch.nn.Module, *args: Any, **kwargs: Any) -> None:
         f"{architecture(self)} patched with {remap.method.name}",
         f"a model whose save reloads as what it runs: model.save_pretrained writes no record of {remap.method.name} "
         f"(it would reload as the unextended model with max_position_embeddings "
-        f"{self.config.max_position_embeddings}); {instead}",
+        f"{cast(Any, self.config).max_position_embeddings}); {instead}",
     )
 
 
@@ -333,7 +334,7 @@ def _attention(
         fail("dropout", dropout, "0 (remapped attention is for inference; call model.eval())")
     b, s, t = query.shape[0], query.shape[2], key.shape[2]
     cache = cache_positions.current_cache(module)
-    layer = None if cache is None else cache_positions.cache_layer(cache, module.layer_idx)
+    layer = None if cache is None else cache_positions.cache_layer(cache, cast(int, module.layer_idx))
     if position_ids is None:  # transformers' default: the tokens after the cache
         position_ids = torch.arange(t - s, t, device=query.device)[None]
     q_pos = position_ids.to(query.device).long()  # (B|1, S)
@@ -426,7 +427,8 @@ def extend_remap(
     length, Self-Extend's groups counted over the YaRN model's context). ``dynamic`` keeps the pretraining length
     there (it has no fixed reach), so dynamic x2 then a remapping method x2 reaches 2x."""
     check_remappable(model)
-    original = int(model.config.max_position_embeddings) if original is None else original
+    config: Any = model.config  # a transformers PretrainedConfig
+    original = int(config.max_position_embeddings) if original is None else original
     target = math.ceil(original * factor) if target is None else target
     if target <= original and name not in WITHIN_TRAINING:  # STRING is meant to run at the training length too
         fail(
@@ -435,15 +437,15 @@ def extend_remap(
             f"a target beyond the original length {original} (within it {name} changes nothing)",
         )
     method = remap_method(name, original=original, target=target, **options)
-    old = int(model.config.max_position_embeddings)
+    old = int(config.max_position_embeddings)
     description = apply_remap(model, method, original=original, factor=factor, options=options)
-    model.config.max_position_embeddings = max(old, target)
+    config.max_position_embeddings = max(old, target)
     what = f"{name} x{factor:g} ({method!r} over {original} tokens)"
     watch_reach(rotary_modules(model), method.reach(original), what)  # replaces a frequency method's
     description.update(
         factor=factor,
         original_max_position_embeddings=original,
-        max_position_embeddings={"old": old, "new": int(model.config.max_position_embeddings)},
+        max_position_embeddings={"old": old, "new": int(config.max_position_embeddings)},
         rule="new",
         description=f"{method!r}: reaches {method.reach(original):g} tokens from {original}",
     )

@@ -19,7 +19,7 @@ import copy
 import dataclasses
 import warnings
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -73,7 +73,7 @@ def default_original(config: Any, layer_type: str | None) -> int:
     return int(config.max_position_embeddings)
 
 
-def _layer_params(config: Any, layer_type: str | None, model: torch.nn.Module) -> dict[str, Any]:
+def _layer_params(config: Any, layer_type: str | None, model: torch.nn.Module) -> Mapping[str, Any]:
     params = config.rope_parameters
     if not isinstance(params, Mapping) or not params:
         fail("model", architecture(model), "a model whose config has rope_parameters")
@@ -115,7 +115,7 @@ def extend_rope(
     replace: bool = False,
 ) -> dict[str, Any]:
     """Apply ``method`` to a loaded transformers RoPE model in place; see ``posenc.hf.extend_context``."""
-    config = model.config
+    config: Any = model.config  # a transformers PretrainedConfig
     modules = rotary_modules(model)
     if not modules:
         fail("model", architecture(model), "a model with rotary embedding modules (none holds an inv_freq buffer)")
@@ -250,6 +250,7 @@ def plan_extension(
         "; pass replace=True to drop it (right only when the weights were not trained with it, e.g. a zero-shot "
         "scaling applied earlier)"
     )
+    scaling: RopeScaling
     if old is None or replace:
         explicit = original is not None
         if original is None:
@@ -303,7 +304,7 @@ def plan_extension(
     total = old_factor * factor
     # YaRN's max_position_embeddings would otherwise derive a factor of its own; linear takes no options.
     extra = {"max_position_embeddings": None} if method == "yarn" else {}
-    scaling = dataclasses.replace(old, factor=total, **extra, **options)
+    scaling = dataclasses.replace(old, factor=total, **extra, **options)  # type: ignore[call-arg]  # COMPOSABLE: all have factor
     if target is None:
         target = lengthen(current, factor)
     original = old_original if old_original is not None else current
@@ -411,7 +412,8 @@ def guard_cache(model: torch.nn.Module, modules: list[tuple[str, torch.nn.Module
 
     if len(modules) == 1 and attention_modules(model):
         if install_rerotation(model, modules[0][1], set(dependent), notify=notify):
-            switches = {s.original_max_position_embeddings for s in dependent.values() if s.rope_type == "longrope"}
+            longropes = [cast(LongRoPEScaling, s) for s in dependent.values() if s.rope_type == "longrope"]
+            switches = {s.original_max_position_embeddings for s in longropes}
             if switches and hasattr(type(model), "prepare_inputs_for_generation"):
                 reencode_at_switch(model, min(switches))
         return  # else no layer of the extended type: nothing goes stale

@@ -10,7 +10,7 @@ Reference: transformers ``modeling_bloom._get_alibi_slopes`` and ``modeling_mpt.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from posenc._checks import check_choice, fail
 from posenc.encodings.alibi import ALiBiConfig
@@ -33,7 +33,7 @@ def alibi_config_from_hf(config: Any) -> ALiBiConfig:
     """
     cfg = as_dict(config)
     kind = cfg.get("model_type")
-    check_choice("config.model_type", kind, list(ALIBI_MODEL_TYPES))
+    kind = check_choice("config.model_type", kind, list(ALIBI_MODEL_TYPES))
     key = ALIBI_MODEL_TYPES[kind]
     heads = cfg.get(key) or cfg.get("num_attention_heads")
     if not heads:
@@ -64,7 +64,7 @@ def alibi_config_to_hf(config: ALiBiConfig, *, model_type: str) -> dict[str, Any
         fail("config", type(config).__name__, "a posenc ALiBiConfig")
     if config.symmetric:
         fail("symmetric", True, f"False: {model_type} uses the causal ALiBi")
-    if config.eval_len is not None and config.eval_len > config.train_len:
+    if config.eval_len is not None and config.eval_len > cast(int, config.train_len):  # set with eval_len
         fail(
             "eval_len",
             config.eval_len,

@@ -17,7 +17,7 @@ llama.cpp ``convert_hf_to_gguf.py`` (``LlamaModel.permute``).
 from __future__ import annotations
 
 import mmap
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -98,7 +98,8 @@ def llama_config(header: GGUFHeader) -> Any:
         kwargs["vocab_size"] = meta["tokenizer.ggml.tokens"].count
     config = LlamaConfig(**kwargs)
     params, context, _ = rope_config(header)
-    if params.get("rope_type", "default") != "default" or params["rope_theta"] != config.rope_parameters["rope_theta"]:
+    default = cast("dict[str, Any]", config.rope_parameters)  # transformers fills it from rope_theta
+    if params.get("rope_type", "default") != "default" or params["rope_theta"] != default["rope_theta"]:
         config.rope_parameters = params  # an unscaled file keeps exactly the config transformers builds
         config.max_position_embeddings = context
     return config
@@ -185,8 +186,8 @@ def load(
 
     config = llama_config(header)
     weights = state_dict(header, config)
-    kwargs = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
-    model = LlamaForCausalLM.from_pretrained(None, config=config, state_dict=weights, dtype=dtype, **kwargs)
+    kwargs: dict[str, Any] = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
+    model: Any = LlamaForCausalLM.from_pretrained(None, config=config, state_dict=weights, dtype=dtype, **kwargs)
     del weights
     model = model.to(device).eval()
     # The class AutoTokenizer picks for a byte-level BPE GGUF, built from the same file without re-deriving the

@@ -39,7 +39,7 @@ import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -206,15 +206,14 @@ def llamacpp_frequencies(rope: GGUFRope, *, n_ctx: int | None = None) -> tuple[n
         original = rope.original_context_length or rope.context_length
         use_long = (n_ctx or rope.context_length) > original
         ff = rope.long_factors if use_long else rope.short_factors
-    if ff is not None:
-        ff = [_f32(x) for x in ff]
+    factors = None if ff is None else [_f32(x) for x in ff]
     scaled = rope.scaling_type in ("linear", "yarn") and rope.factor not in (None, 0.0)
-    freq_scale = 1.0 / _f32(rope.factor) if scaled else 1.0
+    freq_scale = 1.0 / _f32(cast(float, rope.factor)) if scaled else 1.0
     ext = 1.0 if rope.scaling_type == "yarn" else 0.0
     attn = llamacpp_attn_factor(freq_scale, ext_factor=ext, rope_attn_factor=_f32(rope.attn_factor or 1.0))
     return ggml_rope_frequencies(
         rope.head_dim, _f32(rope.freq_base), freq_scale, n_ctx_orig=rope.original_context_length or rope.context_length,
-        freq_factors=ff, ext_factor=ext, attn_factor=attn, beta_fast=_YARN_BETAS[0], beta_slow=_YARN_BETAS[1],
+        freq_factors=factors, ext_factor=ext, attn_factor=attn, beta_fast=_YARN_BETAS[0], beta_slow=_YARN_BETAS[1],
     )  # fmt: skip
 
 
@@ -327,7 +326,7 @@ def check_same(config: Any, rope: GGUFRope) -> None:
     import numpy as np  # only here: `import posenc` needs torch alone
     lengths = [rope.context_length]
     if rope.scaling_type == "longrope":  # llama.cpp picks the factors by n_ctx, transformers by the sequence length
-        lengths.append(rope.original_context_length)
+        lengths.append(cast(int, rope.original_context_length))  # a LongRoPE file has one
     for n in lengths:
         ours, ours_scale = llamacpp_frequencies(rope, n_ctx=n)
         theirs, their_scale = hf_frequencies(config, seq_len=n)
@@ -415,8 +414,9 @@ def to_hf(rope: GGUFRope) -> tuple[dict[str, Any], int]:
             params["attention_factor"] = rope.attn_factor * (1.0 + 0.1 * math.log(factor))
     else:  # longrope
         original = rope.original_context_length or context
-        short = rope.short_factors or tuple(1.0 for _ in rope.long_factors)
-        params.update(rope_type="longrope", long_factor=list(rope.long_factors), short_factor=list(short),
+        long = cast("tuple[float, ...]", rope.long_factors)  # a LongRoPE file has them
+        short = rope.short_factors or tuple(1.0 for _ in long)
+        params.update(rope_type="longrope", long_factor=list(long), short_factor=list(short),
                       original_max_position_embeddings=original, attention_factor=rope.attn_factor or 1.0)  # fmt: skip
     return params, context
 
@@ -451,5 +451,5 @@ def _same_rope(rope: GGUFRope, params: dict[str, Any], context: int, *, d: int) 
     except (ValueError, KeyError, TypeError):
         return False
     return again.metadata() == rope.metadata() and all(
-        np.array_equal(a, rope.tensors().get(name)) for name, a in again.tensors().items()
+        np.array_equal(a, cast(Any, rope.tensors().get(name))) for name, a in again.tensors().items()  # None: False
     ) and again.tensors().keys() == rope.tensors().keys()  # fmt: skip

@@ -28,7 +28,7 @@ from __future__ import annotations
 import contextlib
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -154,7 +154,7 @@ def _model_tensors(model: torch.nn.Module, header: Any, tensor_type: str) -> lis
     import gguf
     from gguf.quants import quantize
 
-    config = model.config
+    config: Any = model.config  # a transformers PretrainedConfig
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, config.num_hidden_layers)
     weights = {}
     for key, value in model.state_dict().items():
@@ -284,7 +284,7 @@ def save_gguf(
         out.parent.mkdir(parents=True, exist_ok=True)
         _write(out, reader, metadata, rope, tensors, copy)
     types = [t.tensor_type.name for t in reader.tensors if t.name not in gguf_rope.ROPE_TENSORS] if copy else [
-        q.name for _, _, q in tensors
+        q.name for _, _, q in cast(list, tensors)  # built where not copy
     ]
     types += ["F32"] * len(rope.tensors())
     counts = {t: types.count(t) for t in sorted(set(types))}
@@ -314,7 +314,7 @@ def _write(out: Path, reader: Any, metadata: list, rope: Any, tensors: list | No
             for t in kept:
                 writer.add_tensor_info(t.name, t.data.shape, t.data.dtype, t.data.nbytes, t.tensor_type)
         else:
-            for name, data, qtype in tensors:
+            for name, data, qtype in cast(list, tensors):  # given where not copy
                 writer.add_tensor_info(name, data.shape, data.dtype, data.nbytes, qtype)  # uint8: quantized bytes
         extra = rope.tensors()
         for name, data in extra.items():
@@ -326,7 +326,7 @@ def _write(out: Path, reader: Any, metadata: list, rope: Any, tensors: list | No
             for t in kept:
                 writer.write_tensor_data(t.data, tensor_endianess=reader.endianess)
         else:
-            for _, data, _ in tensors:
+            for _, data, _ in cast(list, tensors):
                 writer.write_tensor_data(data)
         for data in extra.values():
             writer.write_tensor_data(data)

@@ -14,7 +14,7 @@ them to chunks of ``attention_chunk_size`` tokens: neither is a positional encod
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from posenc._checks import check_positive_int, fail
 from posenc.hf._common import as_dict
@@ -33,7 +33,7 @@ def _text_config(config: Any) -> dict[str, Any]:
     text = d.get("text_config")
     if isinstance(text, dict) and "num_hidden_layers" in text:
         d = dict(text)
-    return {**HYBRID_DEFAULTS.get(d.get("model_type"), {}), **{k: v for k, v in d.items() if v is not None}}
+    return {**HYBRID_DEFAULTS.get(cast(str, d.get("model_type")), {}), **{k: v for k, v in d.items() if v is not None}}
 
 
 def rope_layers(config: Any) -> tuple[bool, ...]:
@@ -47,8 +47,7 @@ def rope_layers(config: Any) -> tuple[bool, ...]:
         config: a transformers ``PretrainedConfig`` (or a model holding one) or its ``config.json`` dict.
     """
     d = _text_config(config)
-    n = d.get("num_hidden_layers")
-    check_positive_int("num_hidden_layers", n)
+    n = check_positive_int("num_hidden_layers", d.get("num_hidden_layers"))
     flags = d.get("no_rope_layers")
     if flags:
         if len(flags) != n or any(f not in (0, 1) for f in flags):
@@ -57,7 +56,7 @@ def rope_layers(config: Any) -> tuple[bool, ...]:
     interval = d.get("no_rope_layer_interval")
     if interval is None:
         return (True,) * n
-    check_positive_int("no_rope_layer_interval", interval)
+    interval = check_positive_int("no_rope_layer_interval", interval)
     return tuple((i + 1) % interval != 0 for i in range(n))
 
 

@@ -25,7 +25,7 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -148,9 +148,9 @@ def resolve_model(spec: str | os.PathLike) -> ModelSource:
             fail("model", text, f"{_SPEC_HELP}; this file is not a .gguf file")
         inspect_gguf(path)
         return ModelSource(kind="gguf", folder=path.parent, gguf_file=path.name, label=path.name)
-    source = _transformers_folder(path, text)
-    if source is not None:
-        return source
+    folder_source = _transformers_folder(path, text)
+    if folder_source is not None:
+        return folder_source
     ggufs = sorted(p.name for p in path.iterdir() if p.suffix.lower() == ".gguf" and p.is_file())
     if len(ggufs) > 1:
         fail("model", text, f"a folder holding exactly one .gguf file; it holds {len(ggufs)}: {ggufs} (name one)")
@@ -324,7 +324,7 @@ def weights_dtype(source: ModelSource | str | os.PathLike) -> torch.dtype:
     if not files:
         own = getattr(load_config(source), "dtype", None)
         own = getattr(torch, own, None) if isinstance(own, str) else own
-        return own if own in _SAFETENSORS_DTYPES.values() else torch.float32
+        return cast(torch.dtype, own) if own in _SAFETENSORS_DTYPES.values() else torch.float32
     found = set().union(*(_safetensors_dtypes(f) for f in files))
     floats = {d for d in found if d.startswith(("F", "BF"))}  # F64, F32, BF16, F16, F8_*: not the integer ones
     if len(floats) == 1 and next(iter(floats)) in _SAFETENSORS_DTYPES:
@@ -377,7 +377,7 @@ def load_causal_lm(
         fail("device", device, "a torch device, e.g. 'cpu' or 'cuda'")
     if (reason := slow_reason(dtype, device)) is not None:
         warnings.warn(f"load_causal_lm(dtype={dtype}): {reason}; float32 is faster here", stacklevel=2)
-    kwargs = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
+    kwargs: dict[str, Any] = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
     if source.kind == "gguf":
         from posenc.hf import gguf_llama
 
@@ -387,7 +387,7 @@ def load_causal_lm(
         kwargs["gguf_file"] = source.gguf_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    model = AutoModelForCausalLM.from_pretrained(source.folder, local_files_only=True, dtype=dtype, **kwargs)
+    model: Any = AutoModelForCausalLM.from_pretrained(source.folder, local_files_only=True, dtype=dtype, **kwargs)
     tokenizer_kwargs = {"gguf_file": source.gguf_file} if source.gguf_file is not None else {}
     tokenizer = AutoTokenizer.from_pretrained(source.folder, local_files_only=True, **tokenizer_kwargs)
     model = model.to(device).eval()

@@ -83,5 +83,5 @@ def keep_rope_float32(model: torch.nn.Module) -> int:
             source = sys.modules.get(name)
             apply = getattr(source, "apply_rotary_pos_emb", None)
             if callable(apply) and not getattr(apply, _WRAPPED_ATTR, False):
-                source.apply_rotary_pos_emb = _casting_back(apply)
+                setattr(source, "apply_rotary_pos_emb", _casting_back(apply))  # noqa: B010 - a module found above
     return len(modules)

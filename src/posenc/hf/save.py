@@ -32,7 +32,7 @@ import tempfile
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -51,7 +51,7 @@ def _copy_for_saving(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Mod
     quantizer = getattr(model, "hf_quantizer", None)
     if quantizer is not None:
         memo[id(quantizer)] = None
-    clone = copy.deepcopy(model, memo)
+    clone: Any = copy.deepcopy(model, memo)  # a transformers PreTrainedModel
     if hasattr(clone.config, "quantization_config"):
         del clone.config.quantization_config
     clone.hf_quantizer = None
@@ -139,11 +139,11 @@ def save_pretrained(
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         fail("out_dir", str(out), "a new or empty folder (posenc never overwrites files)")
     check_new_path("out_dir", out)
-    target = model.dtype if dtype is None else as_dtype(dtype)
+    target = cast(torch.dtype, model.dtype) if dtype is None else as_dtype(dtype)
     _check_alibi(model)
     remap = remap_config(model)  # refuses a remapping method no config format records, before anything is written
     record = _record.config_record(model)
-    clone = _copy_for_saving(model, target)
+    clone: Any = _copy_for_saving(model, target)  # a transformers PreTrainedModel
     if record is None:
         clone.config.__dict__.pop(_record.CONFIG_KEY, None)  # a reloaded folder's record no longer holds
     else:

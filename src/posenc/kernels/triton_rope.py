@@ -23,7 +23,7 @@ Importing this module imports Triton: ``posenc.kernels`` only imports it on firs
 """
 
 import math
-from typing import Optional
+from typing import Optional, cast
 
 import torch
 import triton
@@ -120,7 +120,7 @@ def _rope_qk_kernel(
 
 def _table_strides(t: torch.Tensor) -> tuple[int, int, int]:
     """``(batch, position, pair)`` strides of a ``(S, F)`` (batch stride 0) or ``(B, S, F)`` table."""
-    return (0, *t.stride()) if t.dim() == 2 else tuple(t.stride())
+    return cast("tuple[int, int, int]", (0, *t.stride()) if t.dim() == 2 else tuple(t.stride()))
 
 
 def _launch(q, k, q_out, k_out, q_cos, q_sin, k_cos, k_sin, cu_seqlens, layout, inverse, copy_tail) -> None:  # noqa: ANN001

@@ -23,7 +23,7 @@ from posenc.remapping.streaming_llm import StreamingLLM
 from posenc.remapping.string import STRING_MSCALE, String
 
 #: name -> (class, the options ``remap_method`` takes for it)
-METHODS: dict[str, tuple[type, tuple[str, ...]]] = {
+METHODS: dict[str, tuple[type[Any], tuple[str, ...]]] = {
     "self_extend": (SelfExtend, ("window", "group")),
     "dca": (DualChunk, ("chunk_size", "local_window", "mscale")),
     "dca_vllm": (DualChunk, ("chunk_size", "local_window")),

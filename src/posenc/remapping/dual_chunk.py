@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 
@@ -82,7 +83,7 @@ class DualChunk(RemapMethod):
         chunk_size: int | None = None,
         local_window: int | None = None,
         mscale: float = CHUNKLLAMA_MSCALE,
-    ):  # noqa: ANN206
+    ) -> DualChunk:
         """The reference's rule (``replace_with_chunkllama``): ``chunk_size = 3L // 4``, ``local_window = L // 8``,
         the factor over ``L = original``."""
         chunk_size = original * 3 // 4 if chunk_size is None else chunk_size
@@ -110,14 +111,15 @@ class DualChunk(RemapMethod):
         return "chunk_size", self.chunk_size
 
     @property
-    def depends_on_length(self) -> bool:  # type: ignore[override]
+    def depends_on_length(self) -> bool:
         return self.mscale > 0
 
     def logit_factor(self, length: torch.Tensor) -> torch.Tensor | None:
         """``max(1, mscale * ln(S / L) + 1) ** 2`` for lengths ``S`` (float64); None without a factor."""
         if not self.depends_on_length:
             return None
-        m = (self.mscale * torch.log(length.double() / self.original_max_position_embeddings) + 1).clamp_min(1.0)
+        original = cast(int, self.original_max_position_embeddings)  # set wherever mscale > 0
+        m = (self.mscale * torch.log(length.double() / original) + 1).clamp_min(1.0)
         return m * m
 
     def branches(self) -> tuple[Branch, ...]:

@@ -34,7 +34,9 @@ class LMInfinite(RemapMethod):
         check_positive_int("global_tokens", self.global_tokens)
 
     @classmethod
-    def for_target(cls, original: int, target: int, *, window: int | None = None, global_tokens: int | None = None):  # noqa: ANN206
+    def for_target(
+        cls, original: int, target: int, *, window: int | None = None, global_tokens: int | None = None
+    ) -> LMInfinite:
         """The reference's drop-in settings: ``window = L`` (local branch and distance limit), 10 global tokens."""
         window = original if window is None else window
         method = cls(window=window, global_tokens=10 if global_tokens is None else global_tokens)

@@ -22,6 +22,7 @@ Shapes:
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 
@@ -38,7 +39,7 @@ DEFAULT_BLOCK = 256
 BACKENDS = ("auto", "sdpa", "eager")
 
 # PyTorch's CPU flash-attention kernel returns the log-sum-exp the exact merge needs (public SDPA does not).
-_CPU_FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+_CPU_FLASH: Any = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 
 
 def remap_attention(

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 
@@ -48,7 +49,7 @@ class ReRoPE(RemapMethod):
         window: int | None = None,
         leak: float | str | None = None,
         log_scale: bool = True,
-    ):  # noqa: ANN206
+    ) -> ReRoPE:
         """The reference's settings: ``window = L / 8`` (512 for a 4k model) and the log scaling over ``L``; Leaky
         ReRoPE (``leak="auto"``) takes the smallest leak (to 0.01, above 1) that keeps the largest distance at
         ``target`` below ``L``: ``(target - 1 - window) / (L - 1 - window)``."""
@@ -58,6 +59,7 @@ class ReRoPE(RemapMethod):
             fail("window", window, f"less than the pretraining length {original}")
         if leak == "auto":  # Leaky ReRoPE: the smallest leak keeping every distance at ``target`` below ``L``
             leak = math.ceil(100 * max(1.01, (target - 1 - window) / (original - 1 - window))) / 100
+        leak = cast("float | None", leak)  # "auto" replaced by its number above
         method = cls(window=window, leak=leak, log_scale_length=original if log_scale else None)
         method.check_target(original, target)
         return method

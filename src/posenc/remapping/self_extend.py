@@ -35,7 +35,9 @@ class SelfExtend(RemapMethod):
         check_positive_int("group", self.group)
 
     @classmethod
-    def for_target(cls, original: int, target: int, *, window: int | None = None, group: int | None = None):  # noqa: ANN206
+    def for_target(
+        cls, original: int, target: int, *, window: int | None = None, group: int | None = None
+    ) -> SelfExtend:
         """The paper's rule: a window of ``original // 4`` (the paper's settings keep it well inside the pretraining
         length), and the smallest group reaching ``target``: ``G = ceil((target - W) / (original - W))``."""
         window = max(1, original // 4) if window is None else window

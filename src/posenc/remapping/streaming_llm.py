@@ -65,7 +65,9 @@ class StreamingLLM(RemapMethod):
             fail("sinks", self.sinks, "a non-negative integer")
 
     @classmethod
-    def for_target(cls, original: int, target: int, *, window: int | None = None, sinks: int | None = None):  # noqa: ANN206
+    def for_target(
+        cls, original: int, target: int, *, window: int | None = None, sinks: int | None = None
+    ) -> StreamingLLM:
         """The reference's 4 sinks, and the largest window keeping the cache's positions below ``L``:
         ``window = L - 1 - sinks`` (``sinks + window`` cached keys plus the token being decoded)."""
         sinks = SINKS if sinks is None else sinks

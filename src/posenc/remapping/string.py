@@ -101,7 +101,7 @@ class String(RemapMethod):
         shifted_offset: int | None = None,
         local_window: int | None = None,
         mscale: float | None = None,
-    ):  # noqa: ANN206
+    ) -> String:
         """The reference's rule: ``S = int(0.33 * target)`` (its scripts: ``shifted_ratio`` times the test length;
         its README: ``0.33 * max_position_embeddings``, the same at the training length), raised to ``target - L +
         W`` where a target past ``L`` needs it to keep every distance below ``L``; ``W = 128`` (at most ``L // 8``);

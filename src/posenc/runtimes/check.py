@@ -353,9 +353,9 @@ def _probe_lengths(ref: Reference, length: int | None) -> list[int]:
         return [length]
     if ref.context is not None:
         return [int(ref.context)]
-    originals = [layer.params.get("max_position_embeddings") or layer.params.get("original_max_position_embeddings")
-                 for layer in ref.layers if layer.length_dependent]  # fmt: skip
-    originals = [int(x) for x in originals if x] or ([int(ref.original)] if ref.original else [])
+    read = [layer.params.get("max_position_embeddings") or layer.params.get("original_max_position_embeddings")
+            for layer in ref.layers if layer.length_dependent]  # fmt: skip
+    originals = [int(x) for x in read if x] or ([int(ref.original)] if ref.original else [])
     if not originals:
         return []
     factors = [float(layer.params.get("factor") or 2.0) for layer in ref.layers if layer.length_dependent]
@@ -385,8 +385,9 @@ def _fix_for_remap(runtime: str, remap: Mapping[str, Any], path: str) -> str:
 
 def compare(view: RuntimeView, ref: Reference, length: int | None = None) -> Row:
     """One runtime's ``Row``: ``view`` (``posenc.runtimes.read``) against what posenc measured (``reference``)."""
-    common = dict(runtime=view.runtime, reference=ref.source, follows=view.follows, notes=tuple(view.notes),
-                  context=view.context, layers=len(view.layers), rotary=_rotary_text(view.layers))  # fmt: skip
+    common: dict[str, Any] = dict(
+        runtime=view.runtime, reference=ref.source, follows=view.follows, notes=tuple(view.notes),
+        context=view.context, layers=len(view.layers), rotary=_rotary_text(view.layers))  # fmt: skip
     unverified = [n.removeprefix("not verified: ") for n in view.notes if n.startswith("not verified")]
     unverified += [n for n in ref.unverified if n.split(": ", 1)[-1] not in unverified]
     if view.refused is not None:
@@ -408,14 +409,15 @@ def compare(view: RuntimeView, ref: Reference, length: int | None = None) -> Row
         if (a.inv_freq is None) != (b.inv_freq is None):
             nope_mismatch.append(i)
             continue
-        if a.inv_freq is None:
+        if a.inv_freq is None or b.inv_freq is None:
             continue
         if a.rotary_dim != b.rotary_dim or a.inv_freq.numel() != b.inv_freq.numel():
             dims.append(i)
             continue
         if a.layout != b.layout:
             layouts.append(i)
-        tables = [(a.inv_freq, b.inv_freq, a.attention_factor, b.attention_factor)]
+        tables: list[tuple[torch.Tensor, torch.Tensor, float, float]] = [
+            (a.inv_freq, b.inv_freq, a.attention_factor, b.attention_factor)]
         if a.length_dependent or b.length_dependent:
             for n in probes:
                 at_a, at_b = _at(a, n), _at(b, n)
@@ -500,7 +502,8 @@ def compare(view: RuntimeView, ref: Reference, length: int | None = None) -> Row
     elif view.context is not None and ref.context is not None and view.context < ref.context:
         problems.append(f"{view.runtime} allows at most {view.context} tokens, posenc extended the model to "
                         f"{ref.context}")  # fmt: skip
-    numbers = dict(max_inv_freq_delta=max_delta, max_inv_freq_ratio=max_ratio, attention_factor_delta=max_factor)
+    numbers: dict[str, Any] = dict(
+        max_inv_freq_delta=max_delta, max_inv_freq_ratio=max_ratio, attention_factor_delta=max_factor)
     if problems:
         text = "differs: " + "; ".join(problems)
         if fixes:
@@ -516,7 +519,7 @@ def compare(view: RuntimeView, ref: Reference, length: int | None = None) -> Row
 def _at(layer: LayerRope, n: int) -> tuple[torch.Tensor, float] | None:
     """The layer's frequencies and attention factor for ``n`` tokens; None where its reader does not say."""
     if not layer.length_dependent:
-        return layer.inv_freq, layer.attention_factor
+        return None if layer.inv_freq is None else (layer.inv_freq, layer.attention_factor)
     return None if layer.at_length is None else layer.at_length(n)
 
 

@@ -55,7 +55,7 @@ import dataclasses
 import json
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -201,7 +201,7 @@ def _layout(arch: str, meta: Mapping[str, Any]) -> tuple[str | None, str | None]
     if arch in _NO_ROPE:
         return "none", None
     if arch in _MROPE:
-        sections = meta.get(f"{arch}.rope.dimension_sections") or ()
+        sections: tuple[int, ...] = meta.get(f"{arch}.rope.dimension_sections") or ()
         plain = _MROPE[arch]
         if plain is not None and not (len(sections) > 1 and sections[0] > 0 and sections[1] > 0):
             return plain, None
@@ -239,7 +239,7 @@ def _swa_layers(arch: str, rules: _Arch, meta: Mapping[str, Any], n_layer: int) 
         if len(value) < n_layer:
             raise _Refused(f"{key} holds {len(value)} values for {n_layer} layers")
         return [bool(v) for v in value[:n_layer]]
-    n, dense_first = rules.swa
+    n, dense_first = cast("tuple[int, bool]", rules.swa)  # "array" returned above
     if value is not None:
         n = int(value)
     if dense_first:
@@ -475,7 +475,7 @@ def _record_note(meta: Mapping[str, Any], layers: tuple[LayerRope, ...], n_ctx_s
     except (ImportError, ValueError, KeyError, TypeError):
         return None
     for layer in rotating:
-        ours = layer.inv_freq.numpy()
+        ours = cast(torch.Tensor, layer.inv_freq).numpy()  # rotating: not None
         if ours.shape != theirs.shape or not (
             np.allclose(ours, theirs, rtol=1e-5, atol=0) and math.isclose(layer.attention_factor, scale, rel_tol=1e-5)
         ):
@@ -611,7 +611,7 @@ def convert(config: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, list[f
                            " (the converter writes no scaling for it)")  # fmt: skip
         if kind in ("linear", "yarn") and factor is None:
             ignored.append(f"rope_parameters.rope_type={kind!r} without a factor (the converter writes nothing)")
-    sliding = rope.get("sliding_attention") if isinstance(rope.get("sliding_attention"), Mapping) else {}
+    sliding = rope["sliding_attention"] if isinstance(rope.get("sliding_attention"), Mapping) else {}
     if params.get("rope_theta") is not None:
         put("rope.freq_base", params["rope_theta"], True)
     if sliding.get("rope_theta") is not None:

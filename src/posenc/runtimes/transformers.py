@@ -42,7 +42,7 @@ import dataclasses
 import importlib
 import logging
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -150,7 +150,7 @@ def build_config(config: Mapping[str, Any]) -> tuple[Any, list[str]]:
         fail("model_type", model_type, f"a model type transformers {_version()} has a config class for")
     with _transformers_log() as messages:
         try:
-            built = CONFIG_MAPPING[model_type].from_dict(dict(config))
+            built = CONFIG_MAPPING[cast(str, model_type)].from_dict(dict(config))
         except Exception as err:  # noqa: BLE001 - transformers raises KeyError, ValueError, TypeError ...
             raise RuntimeError(f"{type(err).__name__}: {err}") from err
     return built, messages
@@ -303,12 +303,13 @@ def _gguf_config(header: Any) -> tuple[dict[str, Any] | None, tuple[str, ...], s
         "tie_word_embeddings": all(t.name != "output.weight" for t in header.tensors) or arch in ("falcon", "bloom")
     }
     defaults = GGUF_CONFIG_DEFAULTS_MAPPING.get(updated, GGUF_CONFIG_DEFAULTS_MAPPING.get(arch) or {})
+    value: Any  # a GGUF metadata value of any type
     for key, value in defaults.items():
         config.setdefault(key, value)
     for key, value in meta.items():
         gguf_key = key.replace(arch, updated)
         prefix, _, config_key = gguf_key.partition(".")
-        renames = GGUF_CONFIG_MAPPING.get(prefix)
+        renames = cast("dict[str, Any] | None", GGUF_CONFIG_MAPPING.get(prefix))
         if renames is None or config_key not in renames:
             continue
         renamed = renames[config_key]
@@ -439,7 +440,8 @@ def read_transformers(source: Source) -> RuntimeView:
         if config is None:
             return _refused(f"transformers {_version()}: {follows}", why)
         return _relative_to_file(read_config(config, follows, ignored), source.gguf.architecture)
-    return read_config(source.config, "configuration_auto CONFIG_MAPPING[model_type].from_dict")
+    config_json = cast("Mapping[str, Any]", source.config)  # a transformers folder's config.json
+    return read_config(config_json, "configuration_auto CONFIG_MAPPING[model_type].from_dict")
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -66,7 +66,7 @@ import math
 import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -261,7 +261,7 @@ def parse_config(source: Source, runtime: str) -> ParsedConfig:
                     "the model's own config class (--trust-remote-code), which posenc does not run"
                 )
             try:
-                config = CONFIG_MAPPING[model_type].from_dict(json.loads(json.dumps(raw)))
+                config = CONFIG_MAPPING[cast(str, model_type)].from_dict(json.loads(json.dumps(raw)))
             except Exception as err:  # the config class refuses it: so does the runtime
                 raise _Refused(f"transformers {version} refuses the config ({type(err).__name__}: {err})") from err
         text = config.get_text_config() if hasattr(config, "get_text_config") else config
@@ -318,7 +318,7 @@ def is_nested(rp: Mapping[str, Any] | None, config: Any) -> bool:
     from transformers import configuration_utils as cu
 
     types = getattr(cu, "ALLOWED_ATTENTION_LAYER_TYPES", None) or cu.ALLOWED_LAYER_TYPES
-    return bool(rp) and set(rp).issubset(types)
+    return bool(rp) and set(cast("Mapping[str, Any]", rp)).issubset(types)
 
 
 def _patch_rope_parameters(config: Any) -> None:
@@ -814,7 +814,7 @@ def _vllm_layers(parsed: ParsedConfig, gguf: bool) -> tuple[list[Built], list[st
         built = vllm_get_rope(text.qk_rope_head_dim, mpe, rp, is_neox_style=False)
         if rp.get("rope_type") == "deepseek_yarn":
             m = yarn_mscale(rp["factor"], float(rp.get("mscale_all_dim", 0) or 0))
-            built.layer.params["softmax_scale_factor"] = m * m
+            cast("dict[str, Any]", built.layer.params)["softmax_scale_factor"] = m * m  # a dict at runtime
             built.notes.append(
                 "DeepSeek: any non-default rope_type runs as deepseek_yarn; the softmax scale is also multiplied by "
                 f"yarn_get_mscale(factor, mscale_all_dim)**2 = {m * m:.6g} (as in transformers' DeepSeek)"
@@ -870,7 +870,7 @@ def vllm_max_model_len(parsed: ParsedConfig, folder: Path | None) -> tuple[int, 
         derived = 2048
         how["key"] = "none (vLLM assumes 2048)"
     rp = rope_parameters(config)
-    layered = rp.values() if is_nested(rp, config) else ([rp] if rp else [])
+    layered = cast(dict, rp).values() if is_nested(rp, config) else ([rp] if rp else [])
     if rp and "gemma3" not in config.model_type:
         scaling = 1.0
         for d in layered:
