@@ -286,6 +286,8 @@ def test_a_length_past_the_extension_or_a_reader_that_gives_one_length(tmp_path)
     assert row.status == "differs"
     assert "length 100 is past the 64 tokens posenc extended the model to" in row.verdict
     assert "a factor of at least 3.125 over its original 32 tokens" in row.verdict
+    unextended = _row(check(_saved(tmp_path, "llama", name="plain"), ["transformers"], length=100))
+    assert "length 100 is past the 32 tokens the model was trained for" in unextended.verdict  # posenc did nothing
     dynamic = _saved(tmp_path, "llama", ("dynamic", 2.0), name="dynamic")
     source = Source.open(dynamic)
     ref = reference(source)

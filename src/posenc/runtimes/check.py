@@ -492,16 +492,17 @@ def compare(view: RuntimeView, ref: Reference, length: int | None = None) -> Row
             problems.append(f"ignores {remap['key']}: posenc measured {remap['method']}, {view.runtime} runs the model "
                             "without it")  # fmt: skip
             fixes.append(_fix_for_remap(view.runtime, remap, ref.path))
+    extended = ref.original is not None and ref.original != ref.context  # else the model's own context
+    reach = "posenc extended the model to" if extended else "the model was trained for"
     if length is not None and ref.context is not None and length > ref.context:
-        problems.append(f"length {length} is past the {ref.context} tokens posenc extended the model to")
+        problems.append(f"length {length} is past the {ref.context} tokens {reach}")
         least = f"a factor of at least {length / ref.original:.4g} over its original {ref.original} tokens" if (
             ref.original) else "a larger factor"  # fmt: skip
         fixes.append(f"extend it with {least} and measure it there")
     if view.context is not None and length is not None and length > view.context:
         problems.append(f"{view.runtime} allows at most {view.context} tokens, not length {length}")
     elif view.context is not None and ref.context is not None and view.context < ref.context:
-        problems.append(f"{view.runtime} allows at most {view.context} tokens, posenc extended the model to "
-                        f"{ref.context}")  # fmt: skip
+        problems.append(f"{view.runtime} allows at most {view.context} tokens, {reach} {ref.context}")
     numbers: dict[str, Any] = dict(
         max_inv_freq_delta=max_delta, max_inv_freq_ratio=max_ratio, attention_factor_delta=max_factor)
     if problems:
