@@ -131,22 +131,39 @@ def disagreement_interval(
     return low, high
 
 
-def probability_best(
-    hits: torch.Tensor, n: torch.Tensor, draws: int = 20_000, seed: int = 0
-) -> tuple[torch.Tensor, torch.Tensor]:
+#: Cells of the quadrature grid on [0, 1] that ``probability_best`` integrates on.
+GRID = 8192
+
+
+def probability_best(hits: torch.Tensor, n: torch.Tensor, grid: int = GRID) -> tuple[torch.Tensor, torch.Tensor]:
     """Each model's posterior probability of having the highest rate, and the expected loss of picking it
-    (``E[max_j p_j - p_i]``, in rate), under independent Beta(1 + hits, 1 + n - hits) posteriors, by ``draws``
-    seeded Monte Carlo draws: a description of how sure the pick is, not a decision rule.
+    (``E[max_j p_j - p_i]``, in rate), under independent Beta(1 + hits, 1 + n - hits) posteriors: a description of
+    how sure the pick is, not a decision rule (screening's credible set is built on it).
+
+    Computed by quadrature, not sampling: on ``grid`` cells of [0, 1], ``P(i best) = sum_k w_i(k) prod_{j != i}
+    F_j(k)`` with ``w_i(k)`` the posterior mass of cell ``k`` and ``F_j(k)`` the mass below its midpoint (half the
+    cell's own), and ``E[max] = sum_k x_k dG(k)`` with ``G`` the product of the CDFs. Deterministic (identical
+    posteriors get identical chances, so ties stay ties), and exact to the grid: a posterior a few cells wide needs
+    ``n`` in the hundreds of thousands. It replaced 20,000 seeded Monte Carlo draws (~0.4% noise, 20x slower).
 
     Shapes:
         hits, n: (M,) -> probability, loss: (M,).
     """
-    hits, n = _tensor(hits), _tensor(n)
-    g = torch.Generator().manual_seed(seed)
-    sample = torch.distributions.Beta(1 + hits, 1 + n - hits)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(int(torch.randint(0, 2**62, (1,), generator=g)))
-        p = sample.sample((draws,))  # (draws, M)
-    best = p.max(-1).values
-    wins = torch.nn.functional.one_hot(p.argmax(-1), p.shape[-1]).to(torch.float64)
-    return wins.mean(0), (best[:, None] - p).mean(0)
+    hits, n = _tensor(hits).reshape(-1), _tensor(n).reshape(-1)
+    # each distinct posterior once, with its multiplicity: identical models get bit-identical answers
+    distinct, index, count = torch.unique(torch.stack([hits, n], dim=1), dim=0, return_inverse=True,
+                                          return_counts=True)  # fmt: skip
+    a, b, c = distinct[:, 0], distinct[:, 1] - distinct[:, 0], count.to(torch.float64)
+    x = (torch.arange(grid, dtype=torch.float64) + 0.5) / grid  # (G,) cell midpoints
+    log_pdf = a[:, None] * torch.log(x) + b[:, None] * torch.log1p(-x)  # (U, G), up to a constant
+    w = torch.exp(log_pdf - log_pdf.max(dim=1, keepdim=True).values)
+    w = w / w.sum(dim=1, keepdim=True)  # (U, G) the posterior mass per cell
+    below = torch.cumsum(w, dim=1) - 0.5 * w  # (U, G) mass below each midpoint
+    powers = c[None, :] - torch.eye(len(c), dtype=torch.float64)  # (U, U): row u, every model but one of u
+    others = torch.stack([below.pow(powers[u][:, None]).prod(dim=0) for u in range(len(c))])  # (U, G)
+    chance = (w * others).sum(dim=1)  # (U,) each model of that posterior
+    chance = chance / (chance * c).sum()
+    cdf_max = torch.cumsum(w, dim=1).clamp(max=1.0).pow(c[:, None]).prod(dim=0)  # (G,) P(max <= cell k's edge)
+    expected_max = (x * torch.diff(cdf_max, prepend=cdf_max.new_zeros(1))).sum()
+    loss = expected_max - (x * w).sum(dim=1)
+    return chance[index], loss[index]

@@ -136,8 +136,7 @@ def best_estimate(estimate: torch.Tensor, allowed: torch.Tensor, tier: torch.Ten
 SCREEN_MASS = 0.98
 
 
-def credible_set(hits: torch.Tensor, n: torch.Tensor, allowed: torch.Tensor, mass: float = SCREEN_MASS,
-                 draws: int = 4000, seed: int = 0) -> torch.Tensor:  # fmt: skip
+def credible_set(hits: torch.Tensor, n: torch.Tensor, allowed: torch.Tensor, mass: float = SCREEN_MASS) -> torch.Tensor:
     """Screening's survivors: the fewest of the ``allowed`` models whose posterior chances of having the highest
     rate add up to ``mass`` (Beta(1 + hits, 1 + misses) posteriors, ``probability_best``), the likeliest first;
     a model tied with the last one taken is taken too. With few needles the set is wide (in doubt, a candidate goes
@@ -154,7 +153,7 @@ def credible_set(hits: torch.Tensor, n: torch.Tensor, allowed: torch.Tensor, mas
         idx = allowed[r].nonzero()[:, 0]
         if idx.numel() == 0:
             continue
-        p, _ = probability_best(hits[r, idx], n[r, idx], draws=draws, seed=seed + r)
+        p, _ = probability_best(hits[r, idx], n[r, idx])
         order = torch.argsort(p, descending=True, stable=True)
         before = torch.cumsum(p[order], 0) - p[order]  # the mass of the likelier ones
         take = before < mass - 1e-12
