@@ -167,7 +167,8 @@ def save_pretrained(
     with writing_folder(out) as partial:
         clone.save_pretrained(partial)
         config_file = Path(partial) / "config.json"
-        config_file.write_text(json.dumps(with_v4_rope_keys(json.loads(config_file.read_text())), indent=2) + "\n")
+        config = with_v4_rope_keys(json.loads(config_file.read_text()))
+        config_file.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")  # as transformers writes it
         if tokenizer is not None:
             tokenizer.save_pretrained(partial)
     if check:
