@@ -55,7 +55,8 @@ DEFAULT_CAP = 20
 #: A remapping candidate's time per sample relative to a frequency method's, until the plan measures it on the
 #: machine (``picking._calibrated``, ``HFTarget.remap_cost``): SmolLM2-135M, bfloat16, an idle 2-core AMD EPYC,
 #: 2026-11-26, at 8,192 tokens: Self-Extend's prefill 1.35x YaRN's (32.9 vs 24.3 s), a passkey generate 1.56x (36.7
-#: vs 23.5 s). On a Xeon with AMX it was 5-10x (BENCHMARKS.md, "A needle's cost on a Xeon with AMX"): hence measured.
+#: vs 23.5 s). On a Xeon with AMX 1.6-2.7x quiet, up to 10x under load (BENCHMARKS.md, "A needle's cost on a Xeon with
+#: AMX"): hence measured.
 REMAP_COST = 1.5
 
 #: How a saved pick is served, cheapest first: (tier, where it runs).
