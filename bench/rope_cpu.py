@@ -51,7 +51,9 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     shape = (args.batch, args.heads, args.seq, args.head_dim)
-    k_shape = (args.batch, args.kv_heads or args.heads, args.seq, args.head_dim)
+    if args.kv_heads is not None and not (0 < args.kv_heads <= args.heads and args.heads % args.kv_heads == 0):
+        p.error(f"--kv-heads {args.kv_heads}: expected a divisor of --heads ({args.heads})")
+    k_shape = (args.batch, args.heads if args.kv_heads is None else args.kv_heads, args.seq, args.head_dim)
     print(
         f"# RoPE on q {shape} and k {k_shape}, {datetime.date.today()}, {platform.processor() or platform.machine()}, "
         f"{torch.get_num_threads()} threads, torch {torch.__version__}, {cpu_kernel_name()}, "
