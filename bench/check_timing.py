@@ -23,15 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+from newcomer_commands import _cpu_name  # the CPU's name as /proc/cpuinfo gives it (bench/ is on the path)
 
 
 def fresh(path: Path, runtimes: str) -> float:
