@@ -1,5 +1,5 @@
 """CPU-seconds per answered passkey needle, unshared (a fresh ``generate`` per key) vs shared prefix
-(``posenc.lab.extend.needles``), interleaved in one run on one machine.
+(``posenc.lab.extend.needles.shared_prefix``), interleaved in one run on one machine.
 
     python bench/needle_prefix.py --length 16384 --depth 0.5 --keys 2
 
@@ -19,8 +19,8 @@ import time
 import torch
 
 from posenc.hf import extend_context, keep_rope_float32, load_causal_lm
-from posenc.lab.extend import passkey as pk
-from posenc.lab.extend.needles import SharedPrefix, cache_name, split_cached_attention
+from posenc.lab.extend.needles import passkey as pk
+from posenc.lab.extend.needles.shared_prefix import SharedPrefix, cache_name, split_cached_attention
 
 
 def main() -> None:

@@ -255,7 +255,7 @@ def no_work(monkeypatch):
     """A value wrongly accepted fails at once instead of running a default-sized study."""
     import posenc.cli
     from posenc.lab import bench
-    from posenc.lab.extend import study as extend
+    from posenc.lab.extend.study import run as extend
     from posenc.lab.length import study
     from posenc.lab.vision import study as vision
 

@@ -288,8 +288,8 @@ def extend(args: argparse.Namespace) -> int:
     from posenc._checks import fail
     from posenc.lab.common.devices import resolve_device
     from posenc.lab.common.runfiles import check_out
-    from posenc.lab.extend.config import ExtendConfig
-    from posenc.lab.extend.study import run_extend
+    from posenc.lab.extend.study.config import ExtendConfig
+    from posenc.lab.extend.study.run import run_extend
 
     if not args.pick:
         for flag, value in (("--target", args.target), ("--budget", args.budget)):
@@ -334,7 +334,7 @@ def extend(args: argparse.Namespace) -> int:
     )
     resolve_device(args.device, allow_auto=True)
     if args.pick:
-        from posenc.lab.extend.picking import run_pick
+        from posenc.lab.extend.pick.run import run_pick
 
         check_out(args.out, "pick")
         run_pick(cfg, args.target, Path(args.out), budget=args.budget, resume=args.resume, progress=not args.quiet,
@@ -354,7 +354,7 @@ def extend(args: argparse.Namespace) -> int:
 
 def _length(text: str) -> int | str:
     """``--eval-tokens 4096`` or ``--eval-tokens 2x``: tokens, or a multiple of the model's original context."""
-    from posenc.lab.extend.config import LENGTH_FORMS, length_form
+    from posenc.lab.extend.study.config import LENGTH_FORMS, length_form
 
     try:
         return length_form("length", text)
@@ -371,7 +371,7 @@ _lengths = A.comma_list(_length, "4096,2x")
 def _add_extend(sub: argparse._SubParsersAction) -> None:
     from posenc.hf.dtypes import DTYPE_CHOICES
     from posenc.hf.gguf_write import TENSOR_TYPES
-    from posenc.lab.extend.config import ExtendConfig
+    from posenc.lab.extend.study.config import ExtendConfig
 
     d = ExtendConfig(model="new", task="passkey")
     p = sub.add_parser(

@@ -53,7 +53,7 @@ def test_load_causal_lm_warns_for_a_slow_dtype(caps, tmp_path):
     """The library loads what it is asked for, but says it will be slow (the lab refuses instead)."""
     pytest.importorskip("transformers")
     from hf.tiny import tiny_model
-    from lab.extend.test_passkey import byte_bpe_tokenizer
+    from lab.extend.needles.test_passkey import byte_bpe_tokenizer
     from posenc.hf import load_causal_lm
 
     tokenizer = byte_bpe_tokenizer(tmp_path)

@@ -192,7 +192,7 @@ def _ids(n=3 * ORIGINAL):
 
 @pytest.fixture(scope="module")
 def bpe_tokenizer():
-    from lab.extend.test_passkey import byte_bpe_tokenizer
+    from lab.extend.needles.test_passkey import byte_bpe_tokenizer
 
     return byte_bpe_tokenizer()
 

@@ -94,7 +94,7 @@ def test_a_frequency_off_by_a_multiple_of_the_tolerance(tmp_path, scale, status)
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory) -> dict[str, Path]:
     """Tiny transformers folders with a tokenizer, as posenc export reads them: Llama, and Qwen2 for DCA."""
-    from lab.extend.test_study import _hf_folder
+    from lab.extend.study.test_study import _hf_folder
 
     return {kind: _hf_folder(tmp_path_factory.mktemp(kind), kind) for kind in ("llama", "qwen2")}
 

@@ -4,7 +4,7 @@ The study in this folder (``extend.json``, ``results.csv``) measured ``yarn+stri
 "yarn", 2)`` then ``extend_context(model, "string", 1)``, whose STRING multiplies queries and keys by its paper's
 ``mscale = 0.1 ln 2 + 1`` on top of YaRN's own attention temperature. This script measures the same model with
 ``extend_context(model, "string", 1, mscale=1.0)`` instead (YaRN's temperature kept, STRING's left out), through the
-study's own code (``posenc.lab.extend.targets.HFTarget``: the same GGUF, float32, held-out text, windows, loss path,
+study's own code (``posenc.lab.extend.targets.hf.HFTarget``: the same GGUF, float32, held-out text, windows, loss path,
 passkey prompts and seeds), at the study's settings read from ``extend.json``:
 
 - perplexity at 4096 and 16384 (non-overlapping windows over ``eval_tokens`` held-out tokens), and at 16384 over the
@@ -37,11 +37,11 @@ import torch
 import posenc
 from posenc.hf import extend_context
 from posenc.lab.common.devices import resolve_device
-from posenc.lab.extend import plan
-from posenc.lab.extend.config import ExtendConfig, resolve_lengths
-from posenc.lab.extend.rates import Rate
-from posenc.lab.extend.study import _passkey_seed, read_results
-from posenc.lab.extend.targets import load_target
+from posenc.lab.extend.stats.rates import Rate
+from posenc.lab.extend.study import plan
+from posenc.lab.extend.study.config import ExtendConfig, resolve_lengths
+from posenc.lab.extend.study.run import _passkey_seed, read_results
+from posenc.lab.extend.targets.load import load_target
 
 HERE = Path(__file__).resolve().parent
 METHOD, FACTOR = "yarn+string", 2.0
@@ -76,7 +76,7 @@ def main() -> int:
     cfg = ExtendConfig(**settings)
     rows = read_results(HERE / "results.csv")
 
-    # As posenc.lab.extend.study.run_extend sets the study up (device, seed, lengths, plan, held-out text, weights).
+    # As posenc.lab.extend.study.run.run_extend sets the study up (device, seed, lengths, plan, held-out text, weights).
     device = resolve_device(cfg.device, allow_auto=True)
     torch.manual_seed(cfg.seed)
     target = load_target(cfg, HERE, device=device, progress=False)

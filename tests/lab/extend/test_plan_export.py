@@ -14,13 +14,13 @@ transformers = pytest.importorskip("transformers")
 
 from hf.tiny import tiny_model  # noqa: E402 - after the skip
 from hf.tiny_gguf import write_llama  # noqa: E402
-from lab.extend.test_passkey import byte_bpe_tokenizer  # noqa: E402
-from lab.extend.test_study import TINY, _hf_folder, _lab_run  # noqa: E402
-from lab.extend.test_study import _cli as _cli_of_strings  # noqa: E402
+from lab.extend.needles.test_passkey import byte_bpe_tokenizer  # noqa: E402
+from lab.extend.study.test_study import TINY, _hf_folder, _lab_run  # noqa: E402
+from lab.extend.study.test_study import _cli as _cli_of_strings  # noqa: E402
 from posenc.hf.gguf_header import read_gguf_header  # noqa: E402
-from posenc.lab.extend.config import ExtendConfig, resolve_lengths  # noqa: E402
-from posenc.lab.extend.study import read_results, run_extend  # noqa: E402
-from posenc.lab.extend.targets import HFTarget  # noqa: E402
+from posenc.lab.extend.study.config import ExtendConfig, resolve_lengths  # noqa: E402
+from posenc.lab.extend.study.run import read_results, run_extend  # noqa: E402
+from posenc.lab.extend.targets.hf import HFTarget  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 STUDY = ["--methods", "yarn", "--factors", "2", "--depths", "0.5", "--trials", "1", "--device", "cpu"]
@@ -342,7 +342,7 @@ def test_a_refused_export_names_the_python_that_rebuilds_the_model(llama, tmp_pa
     loading with extend_context(model, 'self_extend', 2)", which missed --original-len and the dtype."""
     import posenc.hf
     from posenc.lab.extend.export import _load
-    from posenc.lab.extend.targets import load_target
+    from posenc.lab.extend.targets.load import load_target
 
     if "bfloat16" in extra:  # a CPU with bfloat16 units, where --dtype bfloat16 is allowed
         caps = {**torch.cpu.get_capabilities(), "avx512_bf16": True}

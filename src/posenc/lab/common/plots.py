@@ -1,9 +1,9 @@
 """The lab's figure helpers: a canvas, colours and markers that stay distinct, log axes people can read values off.
 
 Every study draws its figures from its results CSV alone with these (``posenc.lab.length.plot``,
-``posenc.lab.vision.report``, ``posenc.lab.extend.report``; the tool ``posenc.lab.figures`` too). Figures are built
-on matplotlib's Agg canvas directly (``Figure`` + ``FigureCanvasAgg``), not through ``pyplot``: no window, no global
-backend switched under a notebook that imports this, and nothing left open between calls.
+``posenc.lab.vision.report``, ``posenc.lab.extend.study.report``; the tool ``posenc.lab.figures`` too). Figures are
+built on matplotlib's Agg canvas directly (``Figure`` + ``FigureCanvasAgg``), not through ``pyplot``: no window, no
+global backend switched under a notebook that imports this, and nothing left open between calls.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 findings as markdown, the closing configuration and environment sections, and the Wilson interval of an accuracy.
 
 Each study writes its own ``report.md`` (``posenc.lab.length.report``, ``posenc.lab.vision.report``,
-``posenc.lab.extend.report``) from its results CSV alone, with these pieces.
+``posenc.lab.extend.study.report``) from its results CSV alone, with these pieces.
 """
 
 from __future__ import annotations

@@ -11,11 +11,11 @@ weight is loaded.
 
 Command: ``posenc extend MODEL [--methods yarn,dynamic] [--factors 2,4] [--task ruler --ruler-tasks niah_single_1]
 [--out OUT] [--resume] [--save DIR] [--plan]``; ``posenc extend MODEL --pick --target T [--budget 2h]`` picks the
-method for a length (``picking``); ``posenc export MODEL --method M --factor F --save PATH`` writes one (``export``).
+method for a length (``pick.run``); ``posenc export MODEL --method M --factor F --save PATH`` writes one (``export``).
 
 Files in ``OUT``:
     extend.json         the settings (``ExtendConfig``, the plan's defaults filled in), checked on ``--resume``
-    results.csv         one row per measurement, upserted as each finishes (``study.COLUMNS``)
+    results.csv         one row per measurement, upserted as each finishes (``study.run.COLUMNS``)
     extend.png          perplexity against length, one line per method and factor (task ``lm``)
     passkey.png         passkey heatmaps, length x depth, keys found / tried per cell
     rates.png           passkey and RULER rates vs length per method, Wilson 95% intervals
@@ -23,20 +23,33 @@ Files in ``OUT``:
     runs/               training and fine-tuning runs of lab models
 
 Where to change what:
-    ``study``       the command: load, plan, patch, measure, write (``run_extend``)
-    ``config``      the settings (``ExtendConfig``) and their checks that need no model
-    ``plan``        the defaults by model kind and device, and every check against the model and the machine
-    ``targets``     the models: ``LabTarget`` (a lab GPT) and ``HFTarget`` (transformers / GGUF) behind one
-                    interface: load, patch, perplexity, passkey, fine-tune
-    ``passkey``     the passkey prompt, for byte-level and tokenized models
-    ``ruler``       RULER through lm-evaluation-harness: task checks, documents per length, the truncation guard
-    ``rates``       hits of n with Wilson intervals, pooled over depths; ``rates.png``
-    ``sampling``    sample until the answer is clear: rounds per cell, stopped once decided
-    ``pick``        ``--pick``'s rules: candidates, screening, the budget's cap, the pick (pure functions of rows)
-    ``picking``     ``--pick``'s run: the plan, three studies in one folder, ``pick.md``, the save
-    ``needles``     needles sharing their haystack (a prefix KV cache; off by default)
+    ``study/``      the study itself
+        ``run``         the command: load, plan, patch, measure, write (``run_extend``)
+        ``config``      the settings (``ExtendConfig``) and their checks that need no model
+        ``plan``        the defaults by model kind and device, and every check against the model and the machine
+        ``finetune``    fine-tuning in a short window (plain, PoSE, random positions) and its training loop
+        ``report``      the tables, the findings, ``extend.png``, ``passkey.png`` and ``report.md``
+        ``labels``      a model's name in tables, plots and files; the length axis
+    ``targets/``    the models, behind one interface: load, patch, perplexity, passkey, fine-tune
+        ``base``        the interface (``Target``, ``PretrainedTarget``: typing Protocols) and what both targets share
+        ``lab``         ``LabTarget``: a lab GPT
+        ``hf``          ``HFTarget``: a transformers model (transformers folder, GGUF, ``smollm2``)
+        ``load``        ``load_target``: which target a model is
+        ``composed``    composed methods, ``FREQUENCY+REMAP`` (``yarn+string``)
+    ``needles/``    the retrieval tasks
+        ``passkey``     the passkey prompt, for byte-level and tokenized models
+        ``ruler``       RULER through lm-evaluation-harness: task checks, documents per length, the truncation guard
+        ``shared_prefix``   needles sharing their haystack (a prefix KV cache; off by default)
+    ``stats/``      rates, intervals and when to stop sampling
+        ``rates``       hits of n with Wilson intervals, pooled over depths; ``rates.png``
+        ``confidence``  anytime-valid intervals (confidence sequences)
+        ``sampling``    sample until the answer is clear: rounds per cell, stopped once decided
+        ``race``        the race at the target: paired elimination, the verdict, the pick and how sure
+    ``pick/``       ``--pick``
+        ``rules``       ``--pick``'s rules: candidates, screening, the budget's cap, the pick (pure functions of rows)
+        ``run``         ``--pick``'s run: the plan, three studies in one folder, ``pick.md``, the save
+        ``racing``      ``--pick``'s rounds: screening and the race as ``run_extend`` round policies
     ``export``      ``posenc export``: one extended model written, nothing measured
-    ``report``      the tables, the findings, ``extend.png``, ``passkey.png`` and ``report.md``
     a lab model's GPT, corpus, scoring and RoPE patches are ``posenc.lab.common`` (``gpt``, ``corpus``,
     ``evaluate``, ``scaling``); transformers models are patched by ``posenc.hf``.
 """

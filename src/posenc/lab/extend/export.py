@@ -1,10 +1,10 @@
 """``posenc export MODEL --method M --factor F --save PATH``: one patched model written, no study run.
 
 The model is extended as ``posenc extend --save`` extends it (``HFTarget``: ``posenc.hf.extend_context`` for every
-layer the study would patch) and written with the same checks (``study.check_save``): a pretrained RoPE model
+layer the study would patch) and written with the same checks (``study.run.check_save``): a pretrained RoPE model
 (ALiBi's slope interpolation is a forward hook no config records), a method a saved config runs as posenc measures
 it (frequency methods; ``dca_vllm`` on Qwen2/Qwen3, which vLLM reads), a new or empty folder, or a new
-``.gguf`` file from a GGUF source with a method llama.cpp runs (``study.GGUF_METHODS``). Everything is checked from
+``.gguf`` file from a GGUF source with a method llama.cpp runs (``study.run.GGUF_METHODS``). Everything is checked from
 the config, tokenizer and a weight-free (meta) copy before any weight is read (a path under a regular file
 included); nothing but ``PATH`` is written, and ``PATH`` appears whole or not at all (``posenc.hf.save_pretrained``
 writes a folder beside it under a temporary name and renames it into place; ``posenc.hf.save_gguf`` writes a file
@@ -29,8 +29,8 @@ from posenc._checks import check_choice, fail
 from posenc.hf import _record
 from posenc.hf.load import weights_dtype
 from posenc.lab.common.devices import resolve_device
-from posenc.lab.extend.config import ExtendConfig
-from posenc.lab.extend.report import label
+from posenc.lab.extend.study.config import ExtendConfig
+from posenc.lab.extend.study.report import label
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,8 +78,8 @@ def export(
             path that exists (a non-empty folder, any file): all before any weight is read.
     """
     from posenc.hf.extend import check_factor
-    from posenc.lab.extend.study import check_save
-    from posenc.lab.extend.targets import load_target
+    from posenc.lab.extend.study.run import check_save
+    from posenc.lab.extend.targets.load import load_target
 
     start = time.perf_counter()
     _check_method(method)
@@ -143,7 +143,7 @@ def _check_method(method: Any) -> None:
     """The method, before anything else (a misspelt one is not blamed on ``--save``): one extension export can
     write with no more than a factor."""
     from posenc.hf.extend import METHODS
-    from posenc.lab.extend import composed
+    from posenc.lab.extend.targets import composed
 
     if not isinstance(method, str) or not method:
         fail("method", method, f"one of {list(METHODS)}, or FREQUENCY+string (e.g. 'yarn+string')")
@@ -169,7 +169,7 @@ def _name(dtype: Any) -> str:
 def _load(target: Any) -> Any:
     """The weights, as ``HFTarget.load`` reads them (RoPE tables kept in float32), without its held-out text."""
     from posenc.hf import keep_rope_float32, load_causal_lm
-    from posenc.lab.extend.targets import _no_transformers_bars
+    from posenc.lab.extend.targets.hf import _no_transformers_bars
 
     with _no_transformers_bars(), warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r"load_causal_lm\(dtype=")  # its speed: no forward runs here

@@ -1,0 +1,177 @@
+"""``--pick``'s rounds: screening's credible set and the race's paired elimination, as ``run_extend`` round policies.
+
+Both decide from ``samples.csv`` alone (each needle's score by its index; ``posenc.lab.extend.study.run.SAMPLES``) and
+replay their rounds from the start at every look, so a pick stopped anywhere and resumed takes the same rounds:
+
+- ``screen``: at the screening length, every candidate gets a first round; after each round the candidates holding
+  ``race.SCREEN_MASS`` of the posterior chance of being the best (``race.credible_set``, over every candidate, so one
+  dropped early comes back if the others fall) get another, up to ``SCREEN_CAP`` needles per cell, until at most
+  ``KEEP`` remain; the set goes on to the race -- all of it, when still wider (in doubt a candidate goes on).
+- ``race_rounds``: at the target, the models ``race.next_round`` names (the pick, its strongest challenger, the
+  unpatched reference while not eliminated) get rounds until the verdict stops or the pick and its challenger have
+  the cap.
+
+Every round waits for ``Deadline``: past it, sampling stops and the pick is made from what was measured.
+
+Shapes: M models, C cells (rate measurements: passkey at a length and depth, a RULER task at a length), N samples.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from posenc.lab.extend.stats import race
+from posenc.lab.extend.stats.rates import is_rate_metric, model_of
+
+#: Screening: needles per cell at most (rounds of ``race.ROUND``), and how many candidates the race should get.
+SCREEN_CAP = 12
+KEEP = 4
+
+
+@dataclasses.dataclass
+class Deadline:
+    """Wall-clock time this invocation may sample until (``--budget``); None: no deadline."""
+
+    at: float | None = None
+    hit: bool = False
+
+    @classmethod
+    def after(cls, seconds: float | None) -> Deadline:
+        return cls(None if seconds is None else time.monotonic() + seconds)
+
+    def passed(self) -> bool:
+        if self.at is not None and time.monotonic() >= self.at:
+            self.hit = True
+        return self.hit
+
+
+@dataclasses.dataclass(frozen=True)
+class Field:
+    """The models and rate cells a stage samples, with their cap (needles per cell)."""
+
+    units: list[tuple]
+    cells: list[tuple]  # (metric, length, depth)
+    cap: int
+
+    @classmethod
+    def of(cls, units: Sequence[tuple], grid: Sequence[tuple], cap: int) -> Field:
+        return cls(list(units), [m for m in grid if is_rate_metric(m[0])], cap)
+
+
+def needles(field: Field, samples: dict[tuple, list[float | None]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The stored needles as ``(1, M, C, cap)`` scores and each model's count: the needles every one of its cells
+    has, from index 0 without a gap (a model's cells advance together)."""
+    m, c = len(field.units), len(field.cells)
+    scores = torch.zeros(1, m, c, field.cap, dtype=torch.float64)
+    counts = torch.full((m,), field.cap, dtype=torch.long)
+    for i, unit in enumerate(field.units):
+        for j, (metric, length, depth) in enumerate(field.cells):
+            got = samples.get((unit, metric, length, depth), [])[: field.cap]
+            have = next((k for k, x in enumerate(got) if x is None), len(got))
+            scores[0, i, j, :have] = torch.tensor(got[:have], dtype=torch.float64)
+            counts[i] = min(int(counts[i]), have)
+    return scores, counts
+
+
+@dataclasses.dataclass(frozen=True)
+class Replay:
+    """Where a stage stands: the models' needle counts it has used, those that need another round (empty: done),
+    and the last look (a ``race.Verdict`` for the race; screening's set as a bool (M,) tensor)."""
+
+    n: torch.Tensor  # (M,)
+    wanted: list[int]
+    look: Any
+
+
+def replay_race(field: Field, scores: torch.Tensor, counts: torch.Tensor, tier: torch.Tensor,
+                reference: torch.Tensor) -> Replay:  # fmt: skip
+    """The race's rounds from the first one, as far as the stored needles go."""
+    n = torch.full((1, len(field.units)), min(race.ROUND, field.cap), dtype=torch.long)
+    if bool((counts < n[0]).any()):  # the first round (run_extend measures it) is not complete
+        return Replay(n[0], [i for i in range(len(field.units)) if counts[i] < n[0, i]], None)
+    v = race.verdict(scores, n, torch.ones_like(n, dtype=torch.bool), tier, reference)
+    while True:
+        chosen = race.next_round(v, n, field.cap, reference)[0]
+        if not chosen.any():
+            return Replay(n[0], [], v)
+        more = torch.where(chosen, (n[0] + race.ROUND).clamp(max=field.cap), n[0])
+        lacking = [i for i in range(len(field.units)) if chosen[i] and counts[i] < more[i]]
+        if lacking:
+            return Replay(n[0], lacking, v)
+        n = more[None]
+        v = race.verdict(scores, n, v.active, tier, reference)
+
+
+def replay_screen(field: Field, scores: torch.Tensor, counts: torch.Tensor, keep: int = KEEP) -> Replay:
+    """Screening's rounds from the first one, as far as the stored needles go. The unpatched model (``none``), a
+    reference, gets the first round only and is never in the set."""
+    m = len(field.units)
+    n = torch.full((m,), min(race.ROUND, field.cap), dtype=torch.long)
+    if bool((counts < n).any()):
+        return Replay(n, [i for i in range(m) if counts[i] < n[i]], None)
+    candidates = torch.tensor([u[0] != "none" for u in field.units])
+    while True:
+        hits = torch.stack([scores[0, i, :, : n[i]].sum() / scores.shape[2] for i in range(m)])  # pooled over cells
+        kept = race.credible_set(hits, n.to(torch.float64), candidates)
+        chosen = kept & (n < field.cap)
+        if int(kept.sum()) <= keep or not chosen.any():
+            return Replay(n, [], kept)
+        more = torch.where(chosen, (n + race.ROUND).clamp(max=field.cap), n)
+        lacking = [i for i in range(m) if chosen[i] and counts[i] < more[i]]
+        if lacking:
+            return Replay(n, lacking, kept)
+        n = more
+
+
+def policy(replay: Callable[[Field, torch.Tensor, torch.Tensor], Replay], cap: int, deadline: Deadline) -> Callable:
+    """A ``run_extend`` ``more_rounds``: replay, measure one round for each model the replay wants, repeat -- until
+    the replay is done or the deadline passes."""
+    from posenc.lab.extend.study.report import label
+    from posenc.lab.extend.study.run import (
+        _model_for,
+        _more,
+        read_results,
+        read_samples,
+        result_key,
+        upsert_results,
+    )
+
+    def more_rounds(target: Any, cfg: Any, units: Sequence[tuple], grid: Sequence[tuple], results: Path,
+                    study: Any, described: dict, samples: Path | None) -> None:  # fmt: skip
+        if samples is None:
+            raise ValueError("--pick races pretrained models only (their needles are kept one by one)")
+        field = Field.of(units, grid, cap)
+        while not deadline.passed():
+            scores, counts = needles(field, read_samples(samples))
+            wanted = replay(field, scores, counts).wanted
+            if not wanted:
+                return
+            rows = {result_key(r): r for r in read_results(results)}
+            measured = False
+            for i in wanted:
+                if deadline.passed():
+                    return
+                unit = field.units[i]
+                name = label(*unit)
+                model, described[name], _ = _model_for(target, unit)
+                with study.bar(f"{name}: a round") as tick:
+                    for row in [r for r in rows.values() if model_of(r) == unit and is_rate_metric(r["metric"])]:
+                        if row["n"] >= int(counts[i]) + race.ROUND or row["n"] >= cap:
+                            continue  # this cell has the round already (a resumed round cut mid-way)
+                        count = min(race.ROUND, cap - row["n"])
+                        fresh = _more(target, model, dict(row), count, tick, samples)
+                        upsert_results(results, [fresh])
+                        rows[result_key(fresh)] = fresh
+                        measured = True
+                del model
+            if not measured:  # the rows are ahead of samples.csv: a stage measured without keeping its needles
+                raise ValueError(f"{samples}: the needles of {[label(*field.units[i]) for i in wanted]} are not kept "
+                                 "one by one (a stage measured at fixed counts); start the pick in a new folder")
+
+    return more_rounds

@@ -1,0 +1,644 @@
+"""``posenc extend MODEL --target T --pick``: screen every candidate method, race the contenders at T, name the pick
+-- and say how sure that is.
+
+One folder (``--out``) holds the whole pick and resumes like every study (``--resume``; Ctrl-C or SIGTERM keeps each
+finished measurement; every decision is replayed from the stored needles, so a resumed pick takes the same rounds):
+
+    pick.json       the settings and the candidates (checked on resume)
+    screen-ppl/     a ``posenc extend`` study: every candidate and the unpatched model, perplexity at T
+    screen-passkey/ a ``posenc extend`` study: the candidates whose perplexity is not broken (``rules.broken``) and the
+                    unpatched model, passkeys at a shorter length (``rules.screen_length``) in rounds, each round for
+                    the candidates in the 98% credible set of the best (``posenc.lab.extend.pick.racing``)
+    final/          a ``posenc extend`` study: the credible set, the unpatched model and, with ``finetune_steps``, a
+                    fine-tuned YaRN at T: perplexity at T and needle cells at T raced in rounds -- paired on the same
+                    needles, a model dropped once another is better beyond noise (``posenc.lab.extend.stats.race``)
+    pick.md         the rule, the pick and how sure (its posterior chance of being the best, the expected loss, what
+                    each cheaper method would cost in rate), the ranked table with anytime-valid intervals, screening,
+                    and the commands that run it elsewhere
+
+``--budget`` is a deadline for this invocation: when it passes, sampling stops and the pick is made from what was
+measured (a resume continues). The plan's estimate comes from two timed forwards of the model itself
+(``targets.hf.HFTarget.calibrate``); it is an upper bound (every contender to the cap) and never refuses a budget.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from posenc._checks import fail
+from posenc.lab.common.devices import resolve_device
+from posenc.lab.common.files import write_text_atomic
+from posenc.lab.common.runfiles import check_out, check_settings
+from posenc.lab.extend.pick import racing, rules
+from posenc.lab.extend.stats import confidence, race, sampling
+from posenc.lab.extend.stats import rates as rates_mod
+from posenc.lab.extend.stats.rates import RULER_PREFIX, UNPATCHED
+from posenc.lab.extend.study import plan
+from posenc.lab.extend.study.config import STOP_WIDTH, ExtendConfig
+from posenc.lab.extend.study.report import label
+from posenc.lab.extend.targets import composed
+from posenc.lab.extend.targets.load import load_target
+
+#: Where a fine-tuned candidate comes from: PoSE's paper fine-tunes a YaRN (or PI) model; here YaRN at T.
+FINETUNED_METHOD = "yarn"
+
+
+@dataclasses.dataclass(frozen=True)
+class PickPlan:
+    """Everything decided before any weight is loaded."""
+
+    target: int
+    screen: int
+    candidates: list[rules.Candidate]
+    left_out: dict[str, str]
+    depths: tuple[float, ...]
+    tuned: list[tuple]
+    cap: int
+    seconds_per_unit: float
+    screen_seconds: float
+    final_seconds: float
+    finetune_seconds: float
+    budget: float | None
+    calibrated: bool = False  # seconds_per_unit from the model's own timed forwards (else the probe)
+    remap_cost: float = rules.REMAP_COST  # a remapping candidate's time per sample over a frequency method's
+    remap_measured: str = ""  # how remap_cost was measured ("" : the constant, not measured)
+
+    def settings(self) -> dict[str, Any]:
+        return {
+            "target": self.target, "screen": self.screen, "depths": list(self.depths),
+            "candidates": [[c.method, c.factor] for c in self.candidates], "tuned": [list(u) for u in self.tuned],
+        }  # fmt: skip
+
+
+def run_pick(
+    cfg: ExtendConfig,
+    target: str | int,
+    out: str | Path,
+    *,
+    budget: str | float | None = None,
+    resume: bool = False,
+    progress: bool = True,
+    save: str | Path | None = None,
+    save_type: str = "source",
+    plan_only: bool = False,
+) -> dict[str, Any]:
+    """Pick the method that makes ``cfg.model`` work at ``target`` tokens (or ``"4x"``, ``"32k"``); returns the
+    outcome.
+
+    ``cfg``: the model and the study settings that apply to every stage (``corpus``, ``depths`` -- default 0.5 --,
+    ``task`` -- ``ruler`` adds ``ruler_tasks`` at T --, ``finetune_*`` to add a fine-tuned YaRN, ``dtype``,
+    ``device``, ``seed``); ``methods`` limits the candidates; ``trials`` (or ``ruler_samples``) is the race's cap,
+    needles per cell (default ``rules.DEFAULT_CAP``); ``stop_width`` 0 samples every raced model to the cap (a fixed
+    design) instead of racing; ``lengths`` / ``factors`` are set by the pick and refused. ``budget``: seconds or a
+    duration (``"1h30"``): a deadline for this invocation, after which sampling stops and the pick is made from what
+    was measured. ``save``: a new folder (or ``.gguf`` file) the pick is written to; with it only candidates that
+    format can carry compete. ``plan_only``: print the plan and its estimate, write nothing.
+
+    Returns a dict: ``pick`` (its label), ``unit``, ``reason``, ``shown``, ``ended``, ``standings`` (rows of the
+    ranked table), ``saved`` (the path or None), ``plan`` (``PickPlan``).
+
+    Raises:
+        ValueError: bad settings (a target not beyond the original context or past the held-out text, a lab model,
+            settings the pick sets itself), a folder that holds something else, or a ``--resume`` with other settings
+            -- all before any weight is loaded.
+    """
+    start = time.perf_counter()
+    out = Path(out)
+    for name in ("lengths", "factors"):
+        if getattr(cfg, name) is not None:
+            fail(name, getattr(cfg, name), f"left out with --pick (it sets {name} itself from --target)")
+    if cfg.trials is not None and cfg.ruler_samples is not None and cfg.trials != cfg.ruler_samples:
+        fail("ruler_samples", cfg.ruler_samples, f"left out or equal to --trials ({cfg.trials}): a raced model's "
+             "cells advance together, one cap for all")  # fmt: skip
+    seconds = rules.parse_budget(budget)
+    deadline = racing.Deadline.after(seconds)
+    before = check_out(out, "pick")
+    device = resolve_device(cfg.device, allow_auto=True)
+    if cfg.task == "ruler":
+        from posenc.lab.extend.needles.ruler import require
+
+        require()  # lm-eval missing: the pip command now, not after screening
+    model = load_target(cfg, out / "final", device=device, progress=progress)  # config and tokenizer only
+    if model.kind == "lab":
+        fail("model", cfg.model, "a pretrained model for --pick (a lab model cannot follow a passkey prompt)")
+    stored = (before or {}) if resume else {}  # a resumed pick keeps its candidates
+    decided = make_plan(cfg, model, target, device=device, budget=seconds, save=save, save_type=save_type, out=out,
+                        stored=stored.get("candidates"))  # fmt: skip
+    settings = {k: v for k, v in cfg.to_dict().items() if k != "out"}
+    settings.update(decided.settings())
+    stages = stage_configs(cfg, decided, decided.cap)
+    resolved = [plan.resolve(stage, kind=model.kind, original=model.original_len,
+                             default_methods=model.default_methods, device=device) for stage in stages]  # fmt: skip
+    model.use(resolved[-1])  # the corpus once: every stage reads the same text; the race's adds its fine-tuning text
+    if model.heldout_tokens < decided.target + 1:
+        fail("target", target, f"a length the held-out text can fill: {model.corpus_name} gives "
+             f"{model.heldout_tokens} held-out tokens, so at most {model.heldout_tokens - 1}; a lower --target or a "
+             "bigger --corpus")  # fmt: skip
+    for stage in resolved:  # every stage's settings against the model and the machine, before anything is written
+        plan.check(stage, model, device=device)
+    if plan_only or progress:
+        decided = _calibrated(decided, model, plan_only)
+        print(plan_text(decided, model, cfg))
+    if plan_only and resume and before:
+        print(left_text(out, decided, model))
+    if plan_only:
+        return {"plan": decided}
+    check_settings(out, {**settings, "cap": decided.cap}, resume, command="pick", what="pick")
+    from posenc.lab.extend.study.run import read_samples, run_extend
+
+    ppl_cfg, keys_cfg, final_cfg = stages
+    units = [c.unit for c in decided.candidates]
+    ppl_rows = run_extend(ppl_cfg, out / "screen-ppl", resume=True, progress=progress, units=units,
+                          measurements=[("ppl", decided.target, None)])  # fmt: skip
+    broken = rules.broken(ppl_rows, units, target=decided.target)
+    whole = [u for u in units if u not in broken]
+    screening = [("passkey", decided.screen, d) for d in decided.depths]
+    key_rows = run_extend(keys_cfg, out / "screen-passkey", resume=True, progress=progress, units=whole,
+                          measurements=screening,
+                          more_rounds=racing.policy(racing.replay_screen, racing.SCREEN_CAP, deadline))  # fmt: skip
+    field = racing.Field([UNPATCHED, *whole], screening, racing.SCREEN_CAP)
+    screen_scores, screen_counts = racing.needles(field, read_samples(out / "screen-passkey" / "samples.csv"))
+    screen_look = racing.replay_screen(field, screen_scores, screen_counts)
+    if screen_look.wanted:  # the deadline came first: screening is not over
+        return _unfinished(out, "screening", progress)
+    kept_mask, n_screen = screen_look.look, screen_look.n
+    hits = torch.stack([screen_scores[0, i, :, : n_screen[i]].sum() / len(screening) for i in range(len(field.units))])
+    p_best, _ = confidence.probability_best(hits, n_screen.to(torch.float64))
+    kept = [u for u, k in zip(field.units, kept_mask.tolist(), strict=True) if k and u != UNPATCHED]
+    screen_rows = ppl_rows + [r for r in key_rows if r["metric"] == "passkey"]
+    chances = dict(zip(field.units, p_best.tolist(), strict=True))
+    verdicts = rules.screened(screen_rows, [UNPATCHED, *units], target=decided.target, screen=decided.screen,
+                              broken_units=broken, kept=kept, p_best=chances, keep=racing.KEEP)  # fmt: skip
+    raced = kept + decided.tuned
+    if progress:
+        print(f"Screening: {', '.join(label(*u) for u in raced) or 'nothing'} go on to {decided.target} tokens")
+    if not raced:
+        fail("methods", [c.method for c in decided.candidates], "a candidate that keeps perplexity and finds keys at "
+             f"{decided.screen} tokens: none does; {'; '.join(f'{label(*v.unit)}: {v.why}' for v in verdicts)}")
+    final_units = [UNPATCHED, *raced]
+    measurements = _final_measurements(final_cfg, decided)
+    replay = _race_replay(final_units, model.model_type, fixed=not cfg.adaptive)
+    final_rows = run_extend(final_cfg, out / "final", resume=True, progress=progress, units=raced,
+                            measurements=measurements,
+                            more_rounds=racing.policy(replay, decided.cap, deadline))  # fmt: skip
+    field = racing.Field.of(final_units, measurements, decided.cap)
+    scores, counts = racing.needles(field, read_samples(out / "final" / "samples.csv"))
+    look = replay(field, scores, counts)
+    ended = "decided" if bool(look.look.stop[0]) else "deadline" if look.wanted else "cap"
+    ranked = standings(final_rows, field, look, scores, model.model_type, decided.target)
+    why_not = _savable(model, save, save_type, cfg, out, decided.target) if save is not None else None
+    outcome = rules.decide(ranked, look.look, final_units, lambda u: label(*u), ended=ended, savable=why_not)
+    saved = _save(final_cfg, out, outcome.pick.unit, save, save_type, device, progress) if save else None
+    text = report(cfg, model, decided, decided.cap, verdicts, ranked, outcome, saved, time.perf_counter() - start)
+    write_text_atomic(out / "pick.md", text)
+    if progress:
+        print(summary(ranked, outcome, saved))
+    return {
+        "pick": label(*outcome.pick.unit), "unit": outcome.pick.unit, "reason": outcome.reason, "saved": saved,
+        "shown": outcome.shown, "ended": ended, "standings": [_standing_row(s) for s in ranked], "plan": decided,
+        "cap": decided.cap,
+    }  # fmt: skip
+
+
+def _race_replay(units: Sequence[tuple], model_type: str | None, *, fixed: bool) -> Any:
+    """The race's replay over ``units`` (the unpatched model first): paired elimination and LUCB rounds, or with
+    ``fixed`` every model to the cap (``--stop-width 0``)."""
+    tier = torch.tensor([rules.SERVING[rules.serving(u[0], model_type)][0] if u[0] != "none" else 9 for u in units])
+    reference = torch.tensor([u[0] == "none" for u in units])
+
+    def replay(field: racing.Field, scores: torch.Tensor, counts: torch.Tensor) -> racing.Replay:
+        if not fixed:
+            return racing.replay_race(field, scores, counts, tier, reference)
+        n = counts.clamp(max=field.cap)
+        wanted = [i for i in range(len(field.units)) if counts[i] < field.cap]
+        full = torch.full((1, len(field.units)), field.cap, dtype=torch.long)
+        v = race.verdict(scores, torch.minimum(full, n[None]), torch.ones_like(full, dtype=torch.bool), tier,
+                         reference)  # fmt: skip
+        return racing.Replay(n, wanted, dataclasses.replace(v, stop=torch.tensor([not wanted]) & v.shown))
+
+    return replay
+
+
+def _unfinished(out: Path, stage: str, progress: bool) -> dict[str, Any]:
+    """The deadline passed before ``stage`` was over: nothing to pick from yet; the command that continues."""
+    text = (f"# Pick in {out}: not finished\n\nThe deadline (--budget) came during {stage}; what was measured is kept. "
+            "Continue with the same command and `--resume` (and a new --budget).\n")  # fmt: skip
+    write_text_atomic(out / "pick.md", text)
+    if progress:
+        print(f"Deadline: {stage} is not over; continue with --resume")
+    return {"pick": None, "ended": "deadline", "stage": stage}
+
+
+def standings(rows: Sequence[dict], field: racing.Field, look: racing.Replay, scores: torch.Tensor,
+              model_type: str | None, target: int) -> list[rules.Standing]:  # fmt: skip
+    """Each raced model at the target from the race's last look, best estimate first: pooled rate with its
+    anytime-valid interval, each cell's rate, whether it was still sampled, who beat it, its posterior chance of being
+    the best method and the expected loss of picking it."""
+    from posenc.lab.extend.stats.rates import model_of
+
+    v, n = look.look, look.n
+    low, high = race.pooled_interval(scores, n[None])
+    methods = torch.tensor([u[0] != "none" for u in field.units])
+    pooled_hits = race.pooled(scores, n[None])[0] * n
+    p_best = torch.zeros(len(field.units), dtype=torch.float64)
+    loss = torch.zeros(len(field.units), dtype=torch.float64)
+    p, expected = confidence.probability_best(pooled_hits[methods], n[methods].to(torch.float64))
+    p_best[methods], loss[methods] = p, expected
+    out = []
+    for i, unit in enumerate(field.units):
+        by = {}
+        for metric, length, depth in field.cells:
+            k = int(n[i])
+            cell = scores[0, i, field.cells.index((metric, length, depth)), :k]
+            key = metric if depth is None else f"{metric} @{depth:g}"
+            by[key] = rates_mod.Rate(float(cell.sum()), k, anytime=True)
+        beaten = (v.low[0, :, i] > 0).nonzero()
+        ppl = next((float(r["ppl"]) for r in rows if model_of(r) == unit and r["metric"] == "ppl_past"
+                    and r["length"] == target and r["status"] == "ok"), None)  # fmt: skip
+        out.append(rules.Standing(
+            unit=unit, estimate=float(v.estimate[0, i]), interval=(float(low[0, i]), float(high[0, i])), n=int(n[i]),
+            by_metric=by, ppl_past=ppl, serving=rules.serving(unit[0], model_type), active=bool(v.active[0, i]),
+            beaten_by=field.units[int(beaten[0])] if beaten.numel() else None, p_best=float(p_best[i]),
+            loss=float(loss[i]),
+        ))  # fmt: skip
+    return sorted(out, key=lambda s: (-s.estimate, rules.SERVING[s.serving][0]))
+
+
+#: The race's default passkey depth: one cell (RULER's needle tasks place their needles at many depths themselves).
+DEPTHS = (0.5,)
+
+
+def make_plan(cfg: ExtendConfig, model: Any, target: str | int, *, device: str, budget: float | None,
+              save: str | Path | None, save_type: str, out: Path, stored: list | None = None) -> PickPlan:  # fmt: skip
+    """The candidates, the lengths, the cap and an upper bound of the time, from the model's config alone (the
+    speed: a matrix-multiply probe until ``_calibrated`` times the model itself). ``stored``: the candidates of the
+    pick being resumed (a ``--save`` added on resume then chooses among those it can write)."""
+    from posenc.hf._remap_patch import REMAP_MODEL_TYPES
+
+    original = model.original_len
+    length = rules.parse_target(target, original)
+    savable = _savable(model, save, save_type, cfg, out, length) if save is not None else None
+    candidates, left_out = rules.candidates(
+        original, length, model_type=model.model_type, remapping=model.model_type in REMAP_MODEL_TYPES,
+        methods=cfg.methods, savable=savable if stored is None else None,
+    )  # fmt: skip
+    if stored is not None:
+        kept = {(str(m), float(f)) for m, f in stored}
+        candidates = [c for c in candidates if (c.method, c.factor) in kept]
+    for c in list(candidates):  # a method this model cannot take (ALiBi: linear only) is left out, saying why
+        try:
+            model.check_patch(c.method, c.factor)
+        except ValueError as err:
+            candidates.remove(c)
+            left_out[c.method] = str(err)
+    if not candidates:
+        fail("methods", list(cfg.methods or ()), f"a method this model takes; left out: {left_out}")
+    screen = rules.screen_length(original, length)
+    if screen < model.min_passkey:
+        fail("target", target, f"a target whose screening length ({screen}) fits a passkey prompt "
+             f"({model.min_passkey} tokens)")  # fmt: skip
+    depths = tuple(cfg.depths) if cfg.depths is not None else DEPTHS
+    factor = length / original
+    tuned = (
+        [(FINETUNED_METHOD, factor, cfg.finetune_steps, p) for p in cfg.finetune_positions]
+        if cfg.finetune_steps
+        else []
+    )
+    cap = cfg.trials or cfg.ruler_samples or rules.DEFAULT_CAP
+    spu = plan.probe_seconds_per_unit(model.dims, model.dtype, device)
+    return _estimate(PickPlan(length, screen, candidates, left_out, depths, tuned, cap, spu, 0.0, 0.0, 0.0, budget),
+                     model, cfg)  # fmt: skip
+
+
+def _estimate(decided: PickPlan, model: Any, cfg: ExtendConfig) -> PickPlan:
+    """The plan's time, at most, at ``decided.seconds_per_unit``: screening's perplexity for every candidate and its
+    passkeys to ``SCREEN_CAP`` for all of them; the race with the ``KEEP`` most expensive candidates, the unpatched
+    model and the fine-tuned ones, each to the cap in every cell (a race that decides stops sooner)."""
+    spu = decided.seconds_per_unit
+    cost_t, cost_s = model.forward_cost(decided.target), model.forward_cost(decided.screen)
+    weights = sorted((rules.cost_factor(c.method, decided.remap_cost) for c in decided.candidates), reverse=True)
+    screen_seconds = (1 + sum(weights)) * (cost_t + len(decided.depths) * racing.SCREEN_CAP * cost_s) * spu
+    window = cfg.finetune_window or decided.target
+    finetune_seconds = len(decided.tuned) * cfg.finetune_steps * 3 * model.forward_cost(window) * spu
+    cells = len(decided.depths) + (len(_ruler_tasks(cfg)) if cfg.task == "ruler" else 0)
+    models = 1 + sum(weights[: racing.KEEP]) + len(decided.tuned)  # in plain-forward units
+    final_seconds = models * (1 + cells * decided.cap) * cost_t * spu
+    return dataclasses.replace(decided, screen_seconds=screen_seconds, final_seconds=final_seconds,
+                               finetune_seconds=finetune_seconds)  # fmt: skip
+
+
+def _calibrated(decided: PickPlan, model: Any, plan_only: bool) -> PickPlan:
+    """The plan's estimate from the model's own speed: its weights loaded and two forwards timed
+    (``HFTarget.calibrate``: the linear and quadratic parts of a forward's cost on this machine), in place of the
+    probe. Loading takes seconds for SmolLM2; a model too big to load quickly keeps the probe's estimate under
+    ``--plan``."""
+    if plan_only and getattr(model, "weights_bytes", 0) > 4 * 2**30:
+        return decided
+    model.load()
+    spu = model.calibrate([decided.target])[0]
+    decided = dataclasses.replace(decided, seconds_per_unit=spu, calibrated=True)
+    remaps = [c for c in decided.candidates if rules.is_remapping(c.method)]
+    if remaps and hasattr(model, "remap_cost"):  # one remapping forward timed against the plain one
+        first = next((c for c in remaps if c.method == "self_extend"), remaps[0])
+        measured = model.remap_cost(first.method, first.factor, decided.target)
+        if measured is not None:
+            ratio, how = measured
+            decided = dataclasses.replace(decided, remap_cost=ratio, remap_measured=how)
+    return _estimate(decided, model, model.cfg)
+
+
+def _savable(model: Any, save: str | Path, save_type: str, cfg: ExtendConfig, out: Path, length: int) -> Any:
+    """``--save``'s path checked now (with a method it takes), and the rule that leaves out what it cannot carry."""
+    from posenc.hf.save import remap_save_problem
+    from posenc.lab.extend.study.run import GGUF_METHODS, check_save
+
+    gguf = Path(save).suffix.lower() == ".gguf"
+    probe = dataclasses.replace(cfg, methods=("yarn",), factors=(length / model.original_len,), finetune_steps=0)
+    check_save(save, probe, model, out, save_type)  # the path, the source and the folder, before anything runs
+
+    def why(method: str) -> str | None:
+        if gguf:
+            return None if method in GGUF_METHODS else "llama.cpp runs no GGUF key for it (--save FILE.gguf)"
+        if (remap := composed.remapping(method)) is not None:
+            return remap_save_problem(model.model_type, remap)
+        return None
+
+    return why
+
+
+def stage_configs(cfg: ExtendConfig, decided: PickPlan, cap: int) -> tuple[ExtendConfig, ...]:
+    """The settings of the three studies: screening's perplexity at T, screening's passkeys at the shorter length
+    (rounds to ``racing.SCREEN_CAP`` per depth) and the race at T (rounds to ``cap`` per cell; with the user's
+    ``stop_width`` 0 the race's replay takes every raced model to the cap)."""
+    methods = tuple(dict.fromkeys(c.method for c in decided.candidates))
+    factors = tuple(sorted({c.factor for c in decided.candidates}))
+    common = dict(methods=methods, factors=factors, depths=decided.depths, eval_tokens=decided.target, out=None)
+    zero_shot = dict(
+        task="lm", finetune_steps=0, finetune_positions=("plain",), finetune_window=None, finetune_lr=None,
+        finetune_corpus=None, ruler_tasks=None, ruler_samples=None,
+    )  # fmt: skip
+    ppl = dataclasses.replace(cfg, **common, **zero_shot, lengths=(decided.target,), trials=1, stop_width=0.0)
+    keys = dataclasses.replace(cfg, **common, **zero_shot, lengths=(decided.screen,), trials=racing.SCREEN_CAP,
+                               stop_width=STOP_WIDTH)  # fmt: skip
+    if decided.tuned and FINETUNED_METHOD not in methods:
+        common["methods"] = (*methods, FINETUNED_METHOD)
+    final = dataclasses.replace(cfg, **common, lengths=(decided.target,), trials=cap,
+                                ruler_samples=cap if cfg.task == "ruler" else None,
+                                stop_width=STOP_WIDTH)  # rounds, needles kept one by one  # fmt: skip
+    return ppl, keys, final
+
+
+def _final_measurements(cfg: ExtendConfig, decided: PickPlan) -> list[tuple]:
+    ruler = [(RULER_PREFIX + t, decided.target, None) for t in _ruler_tasks(cfg)] if cfg.task == "ruler" else []
+    return [("ppl", decided.target, None)] + [("passkey", decided.target, d) for d in decided.depths] + ruler
+
+
+def _ruler_tasks(cfg: ExtendConfig) -> tuple[str, ...]:
+    from posenc.lab.extend.needles.ruler import DEFAULT_TASKS
+
+    return tuple(cfg.ruler_tasks or DEFAULT_TASKS)
+
+
+def _save(cfg: ExtendConfig, out: Path, unit: tuple, save: str | Path, save_type: str, device: str,
+          progress: bool) -> Path:  # fmt: skip
+    """Write the pick: the race's model reloaded and patched again (a fine-tuned one from its finished run)."""
+    from posenc.lab.extend.study.run import _model_for, check_save
+
+    method, factor, steps, positions = unit
+    one = dataclasses.replace(cfg, methods=(method,), factors=(factor,), finetune_steps=steps,
+                              finetune_positions=(positions,))  # fmt: skip
+    final = out / "final"
+    model_target = load_target(one, final, device=device, progress=False)
+    resolved = plan.resolve(one, kind=model_target.kind, original=model_target.original_len,
+                            default_methods=model_target.default_methods, device=device)  # fmt: skip
+    resolved = dataclasses.replace(resolved, dtype=str(model_target.dtype).removeprefix("torch."))
+    model_target.use(resolved)
+    path = check_save(save, resolved, model_target, out, save_type)
+    model_target.load()
+    patched, _, _ = _model_for(model_target, unit)
+    model_target.save(patched, path, tensor_type=save_type, check=progress)
+    if progress:
+        print(f"Saved the pick, {label(*unit)}, to {path}")
+    return path
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Text
+
+
+def plan_text(decided: PickPlan, model: Any, cfg: ExtendConfig) -> str:
+    cap = decided.cap
+    names = ", ".join(label(c.method, c.factor, 0) for c in decided.candidates)
+    lines = [
+        f"Pick for {model.name} at {decided.target} tokens (trained for {model.original_len}): "
+        f"{len(decided.candidates)} candidates ({names})"
+    ]
+    if decided.left_out:
+        lines.append("Left out: " + "; ".join(f"{m}: {why}" for m, why in decided.left_out.items()))
+    cells = f"passkey at depth{'s' if len(decided.depths) > 1 else ''} {', '.join(f'{d:g}' for d in decided.depths)}"
+    cells += f" and RULER {', '.join(_ruler_tasks(cfg))}" if cfg.task == "ruler" else ""
+    lines.append(
+        f"1. Screening, each candidate and the unpatched model: perplexity at {decided.target} tokens (a candidate "
+        f"above {rules.PPL_BREAK:g}x the best is out), then passkeys at {decided.screen} tokens in rounds of "
+        f"{sampling.ROUND} per depth for the candidates in the 98% credible set of the best, to at most "
+        f"{racing.SCREEN_CAP}, until {racing.KEEP} or fewer remain (the whole set goes on): at most "
+        f"{plan.duration_text(decided.screen_seconds)}"
+    )
+    if decided.tuned:
+        lines.append(f"   fine-tuning {', '.join(label(*u) for u in decided.tuned)}: about "
+                     f"{plan.duration_text(decided.finetune_seconds)}")  # fmt: skip
+    lines.append(
+        f"2. Race at {decided.target} tokens, the screened set and the unpatched model"
+        f"{' and the fine-tuned' if decided.tuned else ''}: {cells}, up to {cap} needles per cell in rounds of "
+        f"{sampling.ROUND}, paired on the same needles; {race.RULE if cfg.adaptive else 'every model to the cap'}: "
+        f"at most {plan.duration_text(decided.final_seconds)} with {racing.KEEP} methods raced"
+    )
+    source = ("two timed forwards of the model on this machine" if decided.calibrated else
+              "this machine's matrix-multiply speed and the model's size, before any weight is loaded")  # fmt: skip
+    if any(rules.is_remapping(c.method) for c in decided.candidates):
+        source += (f"; a remapping candidate at {decided.remap_cost:.3g}x a frequency one per forward "
+                   + (f"({decided.remap_measured})" if decided.remap_measured else
+                      "(not measured here: the ratio on an idle AMD EPYC)"))  # fmt: skip
+    deadline = (f"; sampling stops at the deadline, {plan.duration_text(decided.budget)} from the start (--budget)"
+                if decided.budget else "")  # fmt: skip
+    lines.append(
+        f"At most {plan.duration_text(decided.screen_seconds + decided.finetune_seconds + decided.final_seconds)} "
+        f"in all, from {source} ({decided.seconds_per_unit * 1e3:.3g} ms per token-equivalent); a race that decides "
+        f"stops sooner{deadline}"
+    )
+    return "\n".join(lines)
+
+
+def left_text(out: Path, decided: PickPlan, model: Any) -> str:
+    """A resumed pick's ``--plan``: where each stage stands (replayed from its stored needles) and, at most, the time
+    left: nothing for a finished pick."""
+    from posenc.lab.extend.stats.rates import model_of
+    from posenc.lab.extend.study.run import read_results, read_samples
+
+    def rows(stage: str) -> list[dict]:
+        path = out / stage / "results.csv"
+        return read_results(path) if path.exists() else []
+
+    spu = decided.seconds_per_unit
+    cost_t = model.forward_cost(decided.target)
+    units = [UNPATCHED, *(c.unit for c in decided.candidates)]
+    weight = {c.unit: rules.cost_factor(c.method, decided.remap_cost) for c in decided.candidates} | {UNPATCHED: 1.0}
+    ppl = {model_of(r) for r in rows("screen-ppl") if r["metric"] == "ppl" and r["length"] == decided.target}
+    left = sum(weight[u] * cost_t for u in units if u not in ppl) * spu
+    screening = [("passkey", decided.screen, d) for d in decided.depths]
+    screened = [model_of(r) for r in rows("screen-passkey") if r["metric"] == "passkey"]
+    field = racing.Field(list(dict.fromkeys([UNPATCHED, *screened])), screening, racing.SCREEN_CAP)
+    look = racing.replay_screen(field, *racing.needles(field, read_samples(out / "screen-passkey" / "samples.csv")))
+    if len(ppl) < len(units) or look.wanted or not screened:
+        left += decided.screen_seconds - sum(weight.get(u, 1.0) * cost_t for u in ppl) * spu
+        left += decided.final_seconds + decided.finetune_seconds
+        state = f"screening: perplexity for {len(ppl)} of {len(units)} models, passkeys under way"
+    else:
+        kept = [u for u, k in zip(field.units, look.look.tolist(), strict=True) if k and u != UNPATCHED]
+        final_units = [UNPATCHED, *kept, *decided.tuned]
+        final = [m for m in _final_measurements(model.cfg, decided) if m[0] != "ppl"]
+        field = racing.Field(final_units, final, decided.cap)
+        scores, counts = racing.needles(field, read_samples(out / "final" / "samples.csv"))
+        replay = _race_replay(final_units, model.model_type, fixed=not model.cfg.adaptive)
+        now = replay(field, scores, counts) if rows("final") else None
+        measured = {model_of(r) for r in rows("final") if r["metric"] == "ppl"}
+        left += sum(weight.get(u, 1.0) * cost_t for u in final_units if u not in measured) * spu
+        if now is None or now.wanted:
+            n = counts if now is None else now.n
+            left += sum(weight.get(u, 1.0) * len(final) * max(0, decided.cap - int(n[i])) * cost_t
+                        for i, u in enumerate(final_units)) * spu  # fmt: skip
+            state = f"the race: {', '.join(f'{label(*u)} {int(counts[i])}' for i, u in enumerate(final_units))} " \
+                    "needles per cell"  # fmt: skip
+        else:
+            state = "finished (pick.md)"
+    return f"Resumed from {out}: {state}. Left: at most {plan.duration_text(max(0.0, left))}"
+
+
+def stale_cache_note(units: Sequence[tuple]) -> list[str]:
+    """Said once in ``pick.md`` where a raced model scales its frequencies with the length (dynamic NTK): its needles
+    come from generation with the KV cache (``posenc.hf.CacheStaleWarning``, kept quiet while the pick runs)."""
+    dynamic = [label(*u) for u in units if composed.parts(u[0])[0] == "dynamic"]
+    if not dynamic:
+        return []
+    return [f"{', '.join(dynamic)}: answers generated with the KV cache, whose cached keys posenc re-rotates to each "
+            "step's frequencies while earlier tokens' hidden states keep their step's (dynamic scaling with a cache, "
+            "YaRN section 3.3; `posenc.hf.CacheStaleWarning`). The rates stand as what a server with a KV cache "
+            "runs, not as the full forward at each length."]  # fmt: skip
+
+
+def _standing_row(s: rules.Standing) -> dict[str, Any]:
+    return {
+        "model": label(*s.unit), "needles": s.text(), **{m: r.text() for m, r in s.by_metric.items()},
+        "p_best": s.p_best, "loss": s.loss, "ppl_past": s.ppl_past, "serving": s.serving, "active": s.active,
+    }  # fmt: skip
+
+
+def _ranked_table(ranked: list[rules.Standing], outcome: rules.Outcome) -> list[str]:
+    metrics = list(dict.fromkeys(m for s in ranked for m in s.by_metric))
+    head = ["", "model", "needles at T (pooled)", *metrics, "P(best)", "ppl past L", "raced", "served as"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for i, s in enumerate(ranked, 1):
+        mark = "**pick**" if s is outcome.pick else "runner-up" if s is outcome.runner_up else str(i)
+        status = ("to the end" if s.active else f"stopped: {label(*s.beaten_by)} better" if s.beaten_by else
+                  "stopped")  # fmt: skip
+        cells = [mark, label(*s.unit), s.text(), *[s.by_metric[m].text() if m in s.by_metric else "n/a"
+                                                   for m in metrics],
+                 "-" if s.unit[0] == "none" else f"{s.p_best:.2f}",
+                 "n/a" if s.ppl_past is None else f"{s.ppl_past:.3g}", status,
+                 "unpatched" if s.unit[0] == "none" else s.serving]  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def summary(ranked: list[rules.Standing], outcome: rules.Outcome, saved: Path | None) -> str:
+    text = "\n".join(_ranked_table(ranked, outcome)) + f"\n\nPick: {label(*outcome.pick.unit)}. {outcome.reason}."
+    if saved is not None:
+        text += f"\nSaved to {saved}"
+    return text
+
+
+def commands(model: Any, decided: PickPlan, outcome: rules.Outcome, saved: Path | None,
+             cfg: ExtendConfig) -> list[str]:  # fmt: skip
+    """How to run and evaluate the pick outside posenc."""
+    method = outcome.pick.unit[0]
+    kind = outcome.pick.serving
+    folder = str(saved) if saved is not None else "DIR"
+    t = decided.target
+    lines = []
+    if saved is None:
+        lines.append("Write it: the same command with `--resume --save DIR` (a new folder; `FILE.gguf` for llama.cpp "
+                     "where the method has a GGUF key) writes the pick without measuring again.")  # fmt: skip
+    if saved is not None and saved.suffix.lower() == ".gguf":
+        return [*lines, "```bash", f"llama-cli -m {shlex.quote(folder)} -c {t}", "```"]
+    task = _ruler_tasks(cfg)[0]
+    meta = f"'{{\"max_seq_lengths\":[{t}]}}'"
+    shell = []
+    if kind in ("config", "dynamic"):
+        shell.append(f"lm_eval --model hf --model_args {shlex.quote(f'pretrained={folder},max_length={t}')} "
+                     f"--tasks {task} --metadata {meta} --batch_size 1")  # fmt: skip
+    if kind in ("config", "dynamic", "dca_vllm"):
+        shell.append(f"lm_eval --model vllm --model_args {shlex.quote(f'pretrained={folder},max_model_len={t}')} "
+                     f"--tasks {task} --metadata {meta} --batch_size auto")  # fmt: skip
+    if shell:
+        lines += ["", "```bash", *shell, "```"]
+    if kind == "dca_vllm":
+        lines.append("transformers loads this folder unextended: evaluate it with vLLM, or in Python load it with "
+                     f"`posenc.hf.load_causal_lm({folder!r})`, which re-applies DCA.")
+    if kind == "patch":
+        factor = f"{outcome.pick.unit[1]:g}"
+        lines.append(f"No saved config runs {method}: in Python, `{model.calls(method, outcome.pick.unit[1])}` "
+                     "rebuilds the model measured here; evaluate it with "
+                     f"`posenc extend MODEL --methods {method} --factors {factor} --task ruler`.")  # fmt: skip
+    return lines
+
+
+def report(cfg: ExtendConfig, model: Any, decided: PickPlan, cap: int, verdicts: list[rules.Screened],
+           ranked: list[rules.Standing], outcome: rules.Outcome, saved: Path | None,
+           seconds: float) -> str:  # fmt: skip
+    sure = "shown" if outcome.shown else f"best with probability {outcome.pick.p_best:.2f}, not shown better"
+    lines = [
+        f"# Which method for {model.name} at {decided.target} tokens?",
+        "",
+        plan_text(decided, model, cfg),
+        "",
+        f"## The pick: {label(*outcome.pick.unit)} ({sure})",
+        "",
+        f"The rule: {race.RULE if cfg.adaptive else 'every raced model to the cap, then the best estimate'}.",
+        "",
+        outcome.reason + ".",
+    ]
+    if outcome.runner_up is not None:
+        r = outcome.runner_up
+        lines.append(f"Runner-up: {label(*r.unit)}, {r.text()}, best with probability {r.p_best:.2f}.")
+    lines += ["", "## At the target", "", *_ranked_table(ranked, outcome), ""]
+    if note := stale_cache_note([s.unit for s in ranked]):
+        lines += [*note, ""]
+    lines += [
+        f"Needles: up to {cap} per cell in rounds of {sampling.ROUND}, the same needles (keys, documents) for every "
+        "model in the same order; a model's cells advance together, and its pooled rate weighs each cell the same. "
+        "Intervals are anytime-valid 95% intervals (`posenc.lab.extend.stats.confidence`): valid wherever sampling "
+        "stopped, so wider than Wilson's fixed-n ones. P(best): the posterior chance of the highest pooled rate "
+        "among the methods (independent Beta posteriors). Served as: "
+        + "; ".join(f"{k}: {where}" for k, (_, where) in rules.SERVING.items()),
+        "",
+        "## Screening",
+        "",
+        f"| candidate | ppl past L at {decided.target} | passkey at {decided.screen} | P(best) there | verdict |",
+        "|---|---|---|---|---|",
+    ]
+    for v in verdicts:
+        ppl = "n/a" if v.ppl_past is None else f"{v.ppl_past:.3g}"
+        p = "-" if v.p_best is None or v.unit[0] == "none" else f"{v.p_best:.2f}"
+        why = "the model as trained (reference)" if v.unit[0] == "none" else v.why
+        lines.append(f"| {label(*v.unit)} | {ppl} | {v.passkey.text() if v.passkey else 'n/a'} | {p} | {why} |")
+    stages = "`screen-ppl/report.md`, `screen-passkey/report.md`, `final/report.md`"
+    lines += ["", "## Run it elsewhere", "", *commands(model, decided, outcome, saved, cfg), "",
+              f"The stages' own reports: {stages}. Took {plan.duration_text(seconds)} this run."]  # fmt: skip
+    return "\n".join(lines) + "\n"

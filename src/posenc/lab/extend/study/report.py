@@ -1,0 +1,722 @@
+"""What ``posenc extend`` writes from ``results.csv`` alone: tables, findings, ``extend.png``, ``passkey.png`` and
+``report.md`` (never by rerunning a model)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from posenc.lab.common.files import write_text_atomic
+from posenc.lab.common.report import config_and_environment, duration, environment, wide_console
+from posenc.lab.extend.stats.rates import (
+    RULER_PREFIX,
+    UNPATCHED,
+    Rate,
+    is_rate_metric,
+    model_of,
+    plot_rates,
+    pool,
+    rates,
+    row_rate,
+    ruler_task,
+    unit_order,
+)
+from posenc.lab.extend.stats.sampling import rule_text
+from posenc.lab.extend.study.config import ExtendConfig
+from posenc.lab.extend.study.labels import label, length_axis
+from posenc.lab.extend.targets import composed
+
+#: Patches whose attention depends on the sequence's length: cached generation is not the full forward there.
+LENGTH_DEPENDENT = {"dynamic", "dca", "dca_vllm"}
+
+if TYPE_CHECKING:
+    from posenc.lab.extend.targets.base import Target
+
+
+def _lines(rows: Sequence[Mapping[str, Any]], metric: str) -> dict[tuple, dict[int, list[float]]]:
+    """(method, factor, finetune_steps, finetune_positions) -> length -> measured values (perplexity, or accuracy
+    per depth), in run order with the unpatched model first."""
+    groups: dict[tuple, dict[int, list[float]]] = {}
+    for r in rows:
+        if r["metric"] != metric:
+            continue
+        values = groups.setdefault(model_of(r), {})
+        value = r["accuracy"] if metric == "passkey" else r["ppl"]
+        values.setdefault(r["length"], [])
+        if r["status"] == "ok" and value is not None:
+            values[r["length"]].append(value)
+    return dict(sorted(groups.items(), key=lambda g: unit_order(g[0])))
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def table(rows: Sequence[Mapping[str, Any]], metric: str) -> tuple[list[str], list[list[str]]]:
+    """Headers and cells: one line per method and factor, one column per length; passkey and RULER cells are rates
+    (``3/4 75% [30-95]``: hits of n pooled over depths, the 95% Wilson interval in percent)."""
+    original = next((r["original_len"] for r in rows if r["original_len"]), None)
+    lengths = sorted({r["length"] for r in rows if r["metric"] == metric})
+    headers = ["method"] + [
+        f"{n} (original)" if n == original else f"{n} ({n / original:g}x)" if original else str(n) for n in lengths
+    ]
+    cells = []
+    if is_rate_metric(metric):
+        for unit, by_rate in rates(rows, metric).items():
+            cells.append([label(*unit)] + [
+                "-" if n not in by_rate else "n/a" if by_rate[n] is None else by_rate[n].text() for n in lengths
+            ])  # fmt: skip
+        return headers, cells
+    for unit, by_length in _lines(rows, metric).items():
+        line = [label(*unit)]
+        for n in lengths:
+            value = _mean(by_length.get(n, []))
+            if n not in by_length:
+                line.append("-")
+            elif value is None:
+                line.append("n/a")
+            else:
+                line.append(f"{100 * value:.0f}%" if metric == "passkey" else f"{value:.2f}")
+        cells.append(line)
+    return headers, cells
+
+
+def counts(rows: Sequence[Mapping[str, Any]], metric: str, depths: Sequence[float]) -> tuple[list, list[list[str]]]:
+    """Headers and cells of the samples each cell got: one line per model, one column per length, ``n`` per depth
+    joined by ``/`` (``-``: not measured; ``n/a``: the length is too short for the task)."""
+    headers, _ = table(rows, metric)
+    lengths = sorted({r["length"] for r in rows if r["metric"] == metric})
+    n: dict[tuple, dict[tuple, int]] = {}
+    for r in rows:
+        if r["metric"] == metric:
+            n.setdefault(model_of(r), {})[(r["length"], r["depth"])] = int(r["n"] or 0)
+    cells = []
+    for unit in sorted(n, key=unit_order):
+        by = n[unit]
+        line = [label(*unit)]
+        for length in lengths:
+            got = [by.get((length, d)) for d in depths]
+            line.append("n/a" if all(n == 0 for n in got) else "/".join("-" if n is None else str(n) for n in got))
+        cells.append(line)
+    return headers, cells
+
+
+def format_counts(rows: Sequence[Mapping[str, Any]], metric: str, depths: Sequence[float]) -> str:
+    return _markdown(*counts(rows, metric, depths))
+
+
+def interval_name(cfg: ExtendConfig) -> str:
+    """Which 95% interval a study's rates carry: Wilson's at fixed counts, an anytime-valid one where rounds stopped
+    each cell once clear (``posenc.lab.extend.stats.confidence.rate_interval``: valid wherever a cell stopped)."""
+    return "anytime-valid" if cfg.adaptive else "Wilson"
+
+
+def format_table(rows: Sequence[Mapping[str, Any]], metric: str) -> str:
+    return _markdown(*table(rows, metric))
+
+
+def _markdown(headers: list[str], cells: list[list[str]]) -> str:
+    rule = "|:--|" + "--:|" * (len(headers) - 1)
+    return "\n".join(["| " + " | ".join(headers) + " |", rule, *("| " + " | ".join(c) + " |" for c in cells)]) + "\n"
+
+
+def print_table(rows: Sequence[Mapping[str, Any]], metric: str) -> None:
+    from rich.table import Table
+
+    headers, cells = table(rows, metric)
+    title = {
+        "ppl": "Perplexity by length (lower is better)",
+        "ppl_past": "Perplexity past the original context only (lower is better)",
+        "passkey": "Passkey keys found by length, pooled over depths: hits/n, %, 95% interval (higher is better)",
+    }.get(metric) or f"RULER {ruler_task(metric)} (lm-eval) by length: score hits/n, %, 95% interval"
+    out = Table(title=title)
+    for j, h in enumerate(headers):
+        out.add_column(h, justify="left" if j == 0 else "right", style="cyan" if j == 0 else None)
+    for line in cells:
+        out.add_row(*line)
+    console = wide_console()
+    console.width = max(console.width, 100)
+    console.print(out)
+
+
+def _passkey_advice(
+    within: float | None, original: int, cfg: ExtendConfig | None, kind: str, *, tried_within: bool = False
+) -> str:
+    """What to change when no method retrieved a key past the original length, given the settings that were used
+    (never advice the user already followed). ``tried_within``: a length up to the original was in the plan."""
+    units = "bytes" if kind == "lab" else "tokens"
+    if within is None:
+        if tried_within:  # measured n/a: the prompt does not fit in the original context
+            return (
+                f"the passkey prompt does not fit in the original {original} {units}, so whether the model retrieves "
+                "at all is unknown: test a model with a longer original context"
+            )
+        return (
+            f"retrieval was not measured within the original {original} {units}, so whether the model retrieves at "
+            f"all is unknown: add a length up to {original} to --lengths"
+        )
+    if within == 0:
+        if cfg is not None and cfg.task == "passkey":
+            lower = " or lower --train-len" if cfg.is_new else ""
+            return (
+                f"the model did not learn retrieval at its training length {original} in {cfg.train_steps} steps: "
+                f"raise --train-steps (e.g. {max(3000, 3 * cfg.train_steps)}){lower}"
+            )
+        first = "the model cannot retrieve even at its original length, so there is nothing to rescue"
+        return f"{first}; `--task passkey` trains retrieval first" if kind == "lab" else first
+    if cfg is not None and cfg.finetune_steps:
+        return f"not even after {cfg.finetune_steps} fine-tuning steps at the target length: raise --finetune-steps"
+    return "try `--finetune-steps`: Position Interpolation is meant to be followed by brief fine-tuning"
+
+
+def findings_for(
+    rows: Sequence[Mapping[str, Any]], original: int, cfg: ExtendConfig | None = None, *, kind: str = "lab"
+) -> list[str]:
+    """Plain statements read off the table: each method against the unpatched model past the original length.
+
+    ``cfg`` (the settings used) and ``kind`` (``lab`` or ``hf``, the target's) make the advice fit what was run."""
+    lines = []
+    units = "bytes" if kind == "lab" else "tokens"  # the lab's models read bytes
+    ppl, keys = _lines(rows, "ppl"), rates(rows, "passkey")
+    if ppl:
+        far = max(n for by in ppl.values() for n in by)
+        base = ppl.get(UNPATCHED, {})
+        inside = [n for by in ppl.values() for n in by if n <= original]
+        ref = max(inside) if inside else original  # the original length, else the longest measured within it
+        where = f"the original {original} {units}" if ref == original else f"{ref} (within the original {original})"
+        at_orig, at_far = _mean(base.get(ref, [])), _mean(base.get(far, []))
+        if at_orig is not None and at_far is not None:
+            lines.append(
+                f"- Unpatched: perplexity {at_orig:.2f} at {where} -> {at_far:.2f} at {far} ({far / original:g}x)."
+            )
+        scored = {u: _mean(by.get(far, [])) for u, by in ppl.items() if u[0] != "none" or u[2]}
+        scored = {u: v for u, v in scored.items() if v is not None}
+        if scored and not base:  # --no-baseline: the methods against each other only
+            best = min(scored, key=scored.get)
+            lines.append(
+                f"- At {far} {units} the best is {label(*best)} with perplexity {scored[best]:.2f} (the unpatched "
+                "model was left out of this study: --no-baseline)."
+            )
+        elif scored and at_far is not None:
+            best = min(scored, key=scored.get)
+            rescued = sorted(label(*u) for u, v in scored.items() if v < at_far)
+            lines.append(
+                f"- At {far} {units} the best is {label(*best)} with perplexity {scored[best]:.2f} "
+                f"({scored[best] / at_far:.2f}x the unpatched {at_far:.2f}); lower than unpatched there: "
+                f"{', '.join(rescued) or 'none of them'}."
+            )
+        for u, by in ppl.items():
+            if u[0] == "none" and not u[2]:
+                continue
+            near, long = _mean(by.get(ref, [])), _mean(by.get(far, []))
+            if near is not None and long is not None and not base:
+                lines.append(f"- {label(*u)}: {near:.2f} at {ref}, {long:.2f} at {far}.")
+            elif near is not None and long is not None and at_orig is not None:
+                lines.append(
+                    f"- {label(*u)}: {near:.2f} at {ref} ({near / at_orig:.2f}x unpatched there), {long:.2f} at {far}."
+                )
+        beyond = {u: _mean(by.get(far, [])) for u, by in _lines(rows, "ppl_past").items()}
+        beyond = {u: v for u, v in beyond.items() if v is not None}
+        if beyond:
+            lines.append(
+                f"- Past the original {original} {units} only (targets at positions {original}-{far - 1} of "
+                f"{far}-{units[:-1]} windows): " + ", ".join(f"{label(*u)} {v:.2f}" for u, v in beyond.items()) + "."
+            )
+    if keys:
+        lines += _passkey_findings(rows, original, cfg, kind)
+    lines += _ruler_findings(rows, original, units)
+    return lines or ["- Nothing measured."]
+
+
+def _split(by: Mapping[int, Rate | None], original: int, past: bool) -> Rate | None:
+    """The rate pooled over the lengths within (``past`` False) or past the original context."""
+    return pool([r for n, r in by.items() if (n > original) == past])
+
+
+def _best(at: Mapping[tuple, Rate]) -> tuple[tuple, list[str]]:
+    """The unit with the highest rate, and the labels of the others within noise of it."""
+    best = max(at, key=lambda u: at[u].value)
+    return best, [label(*u) for u, r in at.items() if u != best and not r.beyond_noise(at[best])]
+
+
+def _versus(rate: Rate, base: Rate | None, name: str = "the unpatched model") -> str:
+    if base is None:
+        return ""
+    if not rate.beyond_noise(base):
+        return f" (within noise of {name})"
+    return f" ({'above' if rate.value > base.value else 'below'} {name} beyond noise)"
+
+
+def _passkey_findings(
+    rows: Sequence[Mapping[str, Any]], original: int, cfg: ExtendConfig | None, kind: str
+) -> list[str]:
+    """Passkey as rates: hits of n pooled over depths and lengths within / past the original context, each with its
+    Wilson 95% interval; a difference is called real only where the intervals are disjoint."""
+    keys = rates(rows, "passkey")
+    base = keys.get(UNPATCHED, {})
+    within, beyond = _split(base, original, False), _split(base, original, True)
+    lines = []
+    if within is not None or beyond is not None:
+        lines.append(
+            "- Passkey, unpatched (keys found, pooled over depths; 95% interval): "
+            + (f"{within.text()} within the original length" if within is not None else "not measured within")
+            + (f", {beyond.text()} past it." if beyond is not None else ".")
+        )
+    patched = {u: by for u, by in keys.items() if u[0] != "none" or u[2]}
+    kept = {u: r for u, by in patched.items() if (r := _split(by, original, False)) is not None}
+    past = {u: r for u, by in patched.items() if (r := _split(by, original, True)) is not None}
+    if kept and (within is not None or not base):  # without a baseline (--no-baseline): the rates alone
+        lines.append(
+            "- Passkey within the original length after patching: "
+            + ", ".join(f"{label(*u)} {r.text()}{_versus(r, within)}" for u, r in kept.items())
+            + "."
+        )
+    if past and all(r.hits == 0 for r in past.values()):
+        tried = any(r["metric"] == "passkey" and r["length"] <= original for r in rows)
+        why = _passkey_advice(None if within is None else within.value, original, cfg, kind, tried_within=tried)
+        if not base and not any(r["method"] == "none" for r in rows):
+            why = ("the unpatched model was left out (--no-baseline), so whether the model retrieves at all is not "
+                   "in this study")  # fmt: skip
+        lines.append(f"- Passkey past the original length: no method retrieved a single key ({why}).")
+    elif past:
+        best, tied = _best(past)
+        lines.append(
+            f"- Passkey past the original length (pooled over lengths and depths): best {label(*best)} with "
+            f"{past[best].text()}{_versus(past[best], beyond)}"
+            + "".join(f"; {label(*u)} {r.text()}{_versus(r, beyond)}" for u, r in past.items() if u != best)
+            + (f". Within noise of the best: {', '.join(tied)}." if tied else ".")
+        )
+    return lines
+
+
+def _ruler_findings(rows: Sequence[Mapping[str, Any]], original: int, units: str) -> list[str]:
+    """Per RULER task, each model at the longest length and within the original context, against the unpatched
+    model; then whether RULER, passkey and perplexity name the same best method at the longest length."""
+    lines = []
+    metrics = [m for m in dict.fromkeys(r["metric"] for r in rows) if m.startswith(RULER_PREFIX)]
+    for metric in metrics:
+        task = ruler_task(metric)
+        groups = rates(rows, metric)
+        lengths = sorted({n for by in groups.values() for n, r in by.items() if r is not None})
+        if not lengths:
+            continue
+        base = groups.get(UNPATCHED, {})
+        for n in sorted({lengths[-1], *[m for m in lengths if m <= original][-1:]}, reverse=True):
+            where = f"past the original {original} {units}" if n > original else "within the original context"
+            scored = [(u, by.get(n)) for u, by in groups.items() if by.get(n) is not None]
+            lines.append(
+                f"- RULER {task} at {n} {units} ({where}): "
+                + ", ".join(
+                    f"{label(*u)} {r.text()}" + ("" if u == UNPATCHED else _versus(r, base.get(n))) for u, r in scored
+                )
+                + "."
+            )
+    far = max((r["length"] for r in rows if is_rate_metric(r["metric"]) or r["metric"] == "ppl"), default=None)
+    if metrics and far is not None and far > original:
+        lines += _agreement(rows, metrics, far, units)
+    return lines
+
+
+def _agreement(rows: Sequence[Mapping[str, Any]], metrics: Sequence[str], far: int, units: str) -> list[str]:
+    """Which method each measure ranks first at ``far`` (and which are within noise of it), and whether they agree.
+    A retrieval measure on which nothing scored names no best."""
+    bests: dict[str, tuple[str, list[str]] | None] = {}  # measure -> (best, others within noise of it) or None
+    for metric in [*metrics, "passkey"]:
+        at = {u: r for u, by in rates(rows, metric).items() if (r := by.get(far)) is not None}
+        if at:
+            best, tied = _best(at)
+            name = "passkey" if metric == "passkey" else f"RULER {ruler_task(metric)}"
+            bests[name] = (label(*best), tied) if at[best].hits > 0 else None
+    ppl = {u: v for u, by in _lines(rows, "ppl").items() if (v := _mean(by.get(far, []))) is not None}
+    if ppl:
+        bests["perplexity"] = (label(*min(ppl, key=ppl.get)), [])
+    named = "; ".join(
+        f"{m}: " + ("nothing found" if b is None else b[0] + (f" (within noise of {', '.join(b[1])})" if b[1] else ""))
+        for m, b in bests.items()
+    )
+    ranked = {m: b for m, b in bests.items() if b is not None}
+    if len(ranked) < 2:
+        return [f"- Best method at {far} {units} by each measure: {named}."] if len(bests) > 1 else []
+    winners = {b[0] for b in ranked.values()}
+    if len(winners) == 1:
+        verdict = f"they agree on {winners.pop()}"
+    else:
+        noisy = [m for m, b in ranked.items() if b[1]]
+        verdict = "they disagree" + (
+            f" (where {', '.join(noisy)} cannot tell the best apart from others)" if noisy else ""
+        )
+    return [f"- Best method at {far} {units} by each measure: {named} — {verdict}."]
+
+
+#: Line styles of ``extend.png`` by factor (the unpatched model is solid): dashed, dash-dot, dash-dot-dot, long dash.
+FACTOR_STYLES = ("--", "-.", (0, (5, 1.5, 1, 1.5, 1, 1.5)), (0, (8, 2)))
+
+
+def plot_extend(
+    rows: Sequence[Mapping[str, Any]], out_png: str | Path, *, original: int, title: str, unit: str = "token"
+) -> Path | None:
+    """Perplexity vs length (log y), one line per method, factor and fine-tuning; returns ``out_png``, or None and
+    writes nothing when no perplexity was measured (task passkey: accuracy is in ``plot_passkey``'s heatmaps).
+
+    Colour per method (black: the unpatched model), line style per factor, a marker per line (hollow: fine-tuned);
+    a line identical to an earlier one is dotted with large hollow markers and its label says "= ...". The original
+    length is a dotted vertical line. ``unit`` names what a length counts ("byte" for lab models).
+    """
+    from posenc.lab.common.plots import MARKERS, PALETTE, log_axis, new_figure, same_points, save_png
+
+    groups = {u: by for u, by in _lines(rows, "ppl").items() if any(by.values())}
+    if not groups:
+        return None
+    fig = new_figure(9.0, 5.2)
+    ax = fig.add_subplot()
+    colours = [c for c in PALETTE if c != "#000000"]  # black is the unpatched model's
+    methods = [m for m in dict.fromkeys(u[0] for u in groups) if m != "none"]
+    factors = sorted({u[1] for u in groups if u[0] != "none"})
+    drawn: dict[tuple, list[tuple[int, float]]] = {}
+    for i, (unit_, by_length) in enumerate(groups.items()):
+        points = sorted((n, _mean(v)) for n, v in by_length.items() if v)
+        method, factor, steps, _ = unit_
+        twin = next((label(*u) for u, p in drawn.items() if same_points(points, p)), None)
+        drawn[unit_] = points
+        style = "-" if method == "none" else FACTOR_STYLES[factors.index(factor) % len(FACTOR_STYLES)]
+        colour = "black" if method == "none" else colours[methods.index(method) % len(colours)]
+        xs, ys = zip(*points, strict=True)
+        ax.plot(
+            xs, ys, marker=MARKERS[i % len(MARKERS)], color=colour, linestyle=":" if twin else style,
+            linewidth=2.2 if method == "none" else 1.5, markersize=9 if twin else 6,
+            markerfacecolor="white" if steps and not twin else "none" if twin else colour,
+            label=label(*unit_) + (f" (= {twin})" if twin else ""),
+        )  # fmt: skip
+    lengths = sorted({n for by in groups.values() for n, v in by.items() if v})
+    length_axis(ax, lengths, original, margin=1.3)
+    box = {"facecolor": "white", "edgecolor": "none", "alpha": 0.8, "pad": 1.0}
+    ax.text(original * 1.03, 0.98, f"original length {original}", transform=ax.get_xaxis_transform(), fontsize=9,
+            color="0.25", va="top", bbox=box)  # fmt: skip
+    ax.set_yscale("log")
+    values = [y for p in drawn.values() for _, y in p]
+    low, high = min(values) / 1.08, max(values) * 1.08
+    ax.set_ylim(low, high)
+    log_axis(ax.yaxis, low, high)
+    ax.set_ylabel(f"held-out perplexity per {unit} (log scale; lower is better)")
+    ax.set_xlabel(f"evaluation length in {unit}s (log2 scale)")
+    ax.set_title(title, fontsize=11)
+    ax.grid(True, color="0.88", linewidth=0.8)
+    ax.set_axisbelow(True)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8.5, frameon=False, borderaxespad=0.0)
+    return save_png(fig, out_png)
+
+
+def plot_passkey(
+    rows: Sequence[Mapping[str, Any]], out_png: str | Path, *, original: int, unit: str = "token"
+) -> Path | None:
+    """Passkey heatmaps, depth (rows) x length (columns), one panel per method and factor, each cell coloured by its
+    rate and labelled with keys found / keys tried; returns
+    ``out_png``, or None and writes nothing when no passkey cell was measured.
+
+    Colours from cividis (sequential, readable with any colour vision and in grey), each cell's number in black or
+    white, whichever contrasts more with it (``posenc.lab.common.plots.text_colour_on``); grey cells are n/a.
+    """
+    from matplotlib import colormaps
+    from matplotlib import patheffects as pe
+
+    from posenc.lab.common.plots import HEATMAP, new_figure, save_png, text_colour_on
+
+    groups = [(u, by) for u, by in _lines(rows, "passkey").items()]
+    if not groups:
+        return None
+    cells = {(*model_of(r), r["length"], r["depth"]): r for r in rows if r["metric"] == "passkey"}
+    lengths = sorted({r["length"] for r in rows if r["metric"] == "passkey"})
+    depths = sorted({r["depth"] for r in rows if r["metric"] == "passkey"})
+    cols = min(4, max(1, len(groups)))
+    nrows = max(1, math.ceil(len(groups) / cols))
+    fig = new_figure(2.2 + 0.55 * len(lengths) * cols, 0.9 + (0.45 * len(depths) + 0.8) * nrows)
+    axes = fig.subplots(nrows, cols, squeeze=False)
+    cmap = colormaps[HEATMAP].with_extremes(bad="0.85")
+    image = None
+    for k, ax in enumerate(axes.flat):
+        if k >= len(groups):
+            ax.axis("off")
+            continue
+        unit_ = groups[k][0]
+        grid = torch.full((len(depths), len(lengths)), float("nan"))
+        found: dict[tuple[int, int], str] = {}  # (i, j) -> "k/n"
+        for i, d in enumerate(depths):
+            for j, n in enumerate(lengths):
+                r = cells.get((*unit_, n, d))
+                if r is not None and r["status"] == "ok" and r["accuracy"] is not None:
+                    grid[i, j] = r["accuracy"]
+                    cell = row_rate(r)
+                    found[i, j] = f"{cell.hits:g}/{cell.n}"
+        image = ax.imshow(grid.numpy(), cmap=cmap, vmin=0.0, vmax=1.0, aspect="auto")
+        for i in range(len(depths)):
+            for j in range(len(lengths)):
+                value = float(grid[i, j])
+                text = "n/a" if math.isnan(value) else found[i, j]
+                colour = text_colour_on(cmap(float("nan") if math.isnan(value) else value))
+                ax.text(j, i, text, ha="center", va="center", fontsize=7, color=colour)
+        ax.set_xticks(range(len(lengths)), [str(n) for n in lengths], fontsize=7, rotation=45)
+        ax.set_yticks(range(len(depths)), [f"{d:g}" for d in depths], fontsize=7)
+        past = [j for j, n in enumerate(lengths) if n > original]
+        if past and past[0] > 0:  # left of it: up to the original length; white on a black edge shows on any cell
+            ax.axvline(past[0] - 0.5, color="white", linewidth=1.6,
+                       path_effects=[pe.Stroke(linewidth=3.2, foreground="black"), pe.Normal()])  # fmt: skip
+        ax.set_title(label(*unit_), fontsize=9)
+        ax.set_xlabel(f"length ({unit}s)", fontsize=8)
+        ax.set_ylabel("depth of the key (0: first)", fontsize=8)
+    if image is not None:
+        colorbar = fig.colorbar(image, ax=axes, shrink=0.8, label="keys found (%)")
+        colorbar.set_ticks([0, 0.25, 0.5, 0.75, 1.0], labels=["0", "25", "50", "75", "100"])
+    fig.suptitle(
+        f"Passkey retrieval, keys found / keys tried per cell (edged line: past the original {original} {unit}s; "
+        "grey: n/a, shorter than the prompt; intervals: rates.png)",
+        fontsize=10,
+    )
+    return save_png(fig, out_png)
+
+
+def write_report(
+    out: Path,
+    rows: Sequence[Mapping[str, Any]],
+    cfg: ExtendConfig,
+    target: Target,
+    described: Mapping[str, Any],
+    findings: Sequence[str],
+    seconds: float,
+    resumed: int = 0,
+    saved: Path | None = None,
+) -> Path:
+    """``OUT/report.md``. ``saved``: the folder or GGUF file ``run_extend(save=...)`` wrote this run (the RULER
+    section's ``lm_eval`` commands then name that folder instead of a ``DIR`` placeholder)."""
+    env = environment(target.device)
+    original = target.original_len
+    unit = unit_of(target)
+    baseline = "`none` is the model as trained. " if any(r["method"] == "none" for r in rows) else (
+        "the unpatched model was left out (`--no-baseline`). ")  # fmt: skip
+    lines = [
+        "# posenc extend: context extension",
+        "",
+        f"Model: {target.name} in {precision_text(cfg.dtype, target.kind)}, original context {original} {unit}s. "
+        "Each method patched at factors "
+        f"{', '.join(f'{f:g}' for f in cfg.factors)} and measured at "
+        f"{', '.join(map(str, sorted({r['length'] for r in rows})))} {unit}s; {baseline}"
+        f"Time taken: {duration(seconds)}"
+        + (f" by this run, which resumed a study with {resumed} measurements already made." if resumed else "."),
+        "",
+        f"Layers changed by each patch: {target.layers_note}.",
+        "",
+    ]
+    notes = getattr(target, "remap_notes", {})
+    if notes:
+        lines += [
+            "Remapping methods (every layer's attention; the rotary module returns the identity), with the "
+            "parameters their papers' rules give for the original context and the factor (overridable through "
+            "`posenc.hf.extend_context`): " + "; ".join(f"{m}: `{text}`" for m, text in notes.items()) + ".",
+            "",
+        ]
+    generated = {r["method"] for r in rows if r["metric"] == "passkey" or r["metric"].startswith("ruler")}
+    stale = sorted({m for m in generated if set(composed.parts(m)) & LENGTH_DEPENDENT})
+    if stale and target.kind != "lab":
+        lines += [
+            f"Answers (passkey, RULER) of {', '.join(stale)} are generated with the KV cache, and these patches "
+            "depend on the sequence's length (dynamic NTK's frequencies, DCA's logit factor): the cached keys follow "
+            "each step's length, but the earlier tokens' hidden states keep the length of the step that computed "
+            "them, so this is each method with a KV cache (for dynamic NTK as YaRN, section 3.3, defines it), not "
+            "the full forward at each length (`posenc.hf.CacheStaleWarning`, not printed during the study). The "
+            "measurement stands as what a server with a KV cache runs.",
+            "",
+        ]
+    if target.kind != "lab" and any(r["length"] > r["original_len"] * r["factor"] for r in rows
+                                    if r["method"] not in ("none", "dynamic")):  # fmt: skip
+        lines += [
+            "Some lengths are past the context a patch was derived for (its factor x the original context; "
+            "`posenc.hf.ReachExceededWarning`, not printed during the study): those rows measure each method beyond "
+            "its own reach, as the study asks.",
+            "",
+        ]
+    if any(r["metric"] == "ppl" for r in rows):
+        corpus = cfg.corpus or "the Python standard library"
+        lines += [
+            "## Perplexity",
+            "",
+            f"Held-out perplexity per {unit} on {corpus} by evaluation length (non-overlapping windows, up to "
+            f"{cfg.eval_tokens} {unit}s scored per length; lower is better). `-`: not measured; `n/a`: not enough "
+            "text. All numbers: [results.csv](results.csv).",
+            "",
+            format_table(rows, "ppl"),
+        ]
+        if (out / "extend.png").is_file():
+            lines += ["![perplexity by length](extend.png)", ""]
+    if any(r["metric"] == "ppl_past" for r in rows):
+        lines += [
+            "### Past the original context",
+            "",
+            f"The same forwards scored only where the model has never been: targets predicted at positions "
+            f">= {original} in each window (metric `ppl_past`). A method that keeps the whole-window perplexity "
+            "low only thanks to the first positions shows here.",
+            "",
+            format_table(rows, "ppl_past"),
+        ]
+    if any(r["metric"] == "passkey" for r in rows):
+        lines += [
+            "## Passkey retrieval",
+            "",
+            f"Keys found (exact match) of keys tried, pooled over depths "
+            f"{', '.join(f'{d:g}' for d in cfg.depths)} (Mohtashami & Jaggi 2023): `hits/n rate "
+            f"[95% {interval_name(cfg)} interval]`. `n/a`: the length is shorter than the prompt "
+            f"({target.min_passkey} {unit}s). The heatmaps "
+            "give every depth; two rates differ beyond noise only where their intervals are disjoint. Keys: "
+            f"{rule_text(cfg, 'keys', cfg.trials)}; a cell is a model at one length and depth.",
+            "",
+            format_table(rows, "passkey"),
+        ]
+        if cfg.adaptive:
+            lines += [
+                f"Keys tried per cell (n at depths {', '.join(f'{d:g}' for d in cfg.depths)}, in that order). Where "
+                "a model's depths got different n, its pooled rate above is the mean of its depths' rates, with "
+                "Kish's effective n for equal weights (k^2 / sum 1/n_i), so no depth counts more for having taken "
+                "more keys:",
+                "",
+                format_counts(rows, "passkey", cfg.depths),
+            ]
+        if (out / "passkey.png").is_file():
+            lines += ["![passkey keys found by length and depth](passkey.png)", ""]
+    ruler_metrics = [m for m in dict.fromkeys(r["metric"] for r in rows) if m.startswith(RULER_PREFIX)]
+    if ruler_metrics:
+        lines += _ruler_section(rows, ruler_metrics, cfg, target, saved)
+    if (out / "rates.png").is_file():
+        lines += ["![retrieval rates by length with 95% intervals](rates.png)", ""]
+    lines += _finetune_section(out, cfg, target)
+    lines += ["## Findings", "", *findings, "", "## Patches applied", ""]
+    lines += [f"- `{label}`: `{json.dumps(d, default=str)}`" for label, d in described.items()] or ["- (none this run)"]
+    lines += ["", *config_and_environment({**cfg.to_dict(), "original_len": original}, env, seconds)]
+    return write_text_atomic(out / "report.md", "\n".join(lines))
+
+
+def _finetune_section(out: Path, cfg: ExtendConfig, target: Any) -> list[str]:
+    """How the fine-tuned models were trained: steps, window, positions, text, and the loss curve."""
+    if not cfg.finetune_steps:
+        return []
+    unit = unit_of(target)
+    window = f"{cfg.finetune_window}-{unit} windows" if cfg.finetune_window else "windows of the target length"
+    kinds = {
+        "plain": "`plain` positions 0..W-1",
+        "pose": "`pose`: PoSE's two chunks with a position skip (Zhu et al. 2024)",
+        "random": "`random`: a sorted random subset of the target's positions (Ruoss et al. 2023)",
+    }
+    text = cfg.finetune_corpus or f"the training split of {cfg.corpus or 'the Python standard library'}"
+    lines = [
+        "## Fine-tuning",
+        "",
+        f"Each fine-tuned model (`+ft{cfg.finetune_steps}`): the patched model trained {cfg.finetune_steps} steps "
+        f"in {window}, read at {'; '.join(kinds[p] for p in cfg.finetune_positions)}; text: {text} (disjoint from "
+        "the held-out text measured above). Runs, checkpoints and losses: `runs/finetune-*`.",
+        "",
+    ]
+    if (out / "finetune.png").is_file():
+        lines += ["![fine-tuning loss by step](finetune.png)", ""]
+    return lines
+
+
+def _ruler_section(
+    rows: Sequence[Mapping[str, Any]], metrics: Sequence[str], cfg: ExtendConfig, target: Any, saved: Path | None
+) -> list:
+    """The RULER tables, how they were measured, and the ``lm_eval`` commands that rebuild them for a saved model:
+    the folder this run saved (``saved``), else a ``DIR`` placeholder for one ``--save DIR`` would write (a GGUF
+    file is not what ``lm_eval --model hf`` loads)."""
+    from posenc.lab.extend.needles import ruler
+
+    suite = getattr(target, "suite", None)
+    lines = [
+        "## RULER (lm-evaluation-harness)",
+        "",
+        f"RULER (Hsieh et al. 2024) as lm-eval {ruler.LM_EVAL_VERSION} builds it from the model's tokenizer: the first "
+        "n documents of each length, greedy decoding, every prompt whole (max_length = the "
+        "longest prompt + the generation bound; a truncated prompt is an error). Score: the share of expected "
+        "strings in the answer (lm-eval's `string_match_all`), as `hits/n rate [95% " + interval_name(cfg)
+        + " interval]`. Documents: "
+        f"{rule_text(cfg, 'documents', cfg.ruler_samples)}; a cell is a model at one task and length, its n in the "
+        "table.",
+        "",
+    ]
+    for metric in metrics:
+        task = ruler_task(metric)
+        bound = ruler.GEN_TOKENS.get(task, "?")
+        lines += [f"### {task} (generation bound {bound} tokens)", "", format_table(rows, metric)]
+    if suite is not None:
+        suites = {m: suite for m in metrics}
+        if saved is not None and saved.suffix.lower() != ".gguf":
+            folder = Path(os.path.abspath(saved))  # the commands run from anywhere
+            unit = (cfg.methods[0], cfg.factors[0], cfg.finetune_steps, cfg.finetune_positions[0])
+            intro = f"for the model this run saved to `{folder}` (`{label(*unit)}`; the numbers equal its row above):"
+            suites = {m: _documents_of(suite, rows, m, unit) for m in metrics}  # the n its cells stopped at
+        else:
+            folder = "DIR"
+            early = ", where its cells took every document (a cell that stopped at n: the first n)" * cfg.adaptive
+            intro = (
+                "for a model written by `posenc extend --save DIR` (one method and factor; the numbers equal this "
+                f"table's row for it{early}):"
+            )
+        lines += [
+            f"The same documents through the `lm_eval` command line, {intro}",
+            "",
+            "```bash",
+            *(ruler.lm_eval_command(folder, suites[m], ruler_task(m), dtype=cfg.dtype or "float32") for m in metrics),
+            "```",
+            "",
+        ]
+    return lines
+
+
+def _documents_of(suite: Any, rows: Sequence[Mapping[str, Any]], metric: str, unit: tuple) -> Any:
+    """``suite`` with each length's documents cut to the ``n`` one model's cell took (``stop_width``: cells stop
+    early); lengths it did not measure keep them all."""
+    import dataclasses
+
+    task = ruler_task(metric)
+    took = {r["length"]: r["n"] for r in rows if r["metric"] == metric and model_of(r) == unit and r["n"]}
+    documents = {n: docs[: took.get(n, len(docs))] for n, docs in suite.samples[task].items()}
+    return dataclasses.replace(suite, samples={**suite.samples, task: documents})
+
+
+def precision_text(dtype: str | None, kind: str) -> str:
+    """How the model computes: ``float32``, or ``bfloat16 (RoPE tables and rotation in float32)``."""
+    dtype = dtype or "float32"
+    return dtype if dtype == "float32" or kind == "lab" else f"{dtype} (RoPE tables and rotation in float32)"
+
+
+def unit_of(target: Target) -> str:
+    """What a length counts: bytes for the byte-level lab models, tokens for a transformers model."""
+    return "byte" if target.kind == "lab" else "token"
+
+
+def finish(out: Path, cfg: ExtendConfig, target, rows, described, seconds: float, progress: bool,  # noqa: ANN001
+           resumed: int = 0, saved: Path | None = None) -> None:  # fmt: skip
+    """Draw the figures (only those with something to show), write the report, print the tables and findings.
+    ``saved``: what ``--save`` wrote this run, named in the report."""
+    original = target.original_len
+    unit = unit_of(target)
+    title = f"{target.name}: original context {original} {unit}s"
+    figures = [
+        path.name
+        for path in (
+            plot_extend(rows, out / "extend.png", original=original, title=title, unit=unit),
+            plot_passkey(rows, out / "passkey.png", original=original, unit=unit),
+            plot_rates(rows, out / "rates.png", original=original, unit=unit),
+        )
+        if path is not None
+    ]
+    findings = findings_for(rows, original, cfg, kind=target.kind)
+    write_report(out, rows, cfg, target, described, findings, seconds, resumed, saved)
+    if progress:
+        for metric in dict.fromkeys(["ppl", "ppl_past", "passkey", *(r["metric"] for r in rows)]):
+            if any(r["metric"] == metric for r in rows):
+                print_table(rows, metric)
+        for line in findings:
+            print(line)
+        print(f"\nWrote {out / 'results.csv'}, {', '.join([*figures, 'report.md'])} in {seconds:.0f} s")

@@ -1,0 +1,524 @@
+"""``HFTarget``: a pretrained transformers causal LM as ``posenc extend`` measures it (``base.PretrainedTarget``).
+
+A pretrained model ``posenc.hf.resolve_model`` finds (a GGUF file, dequantized in memory; a transformers folder;
+``smollm2``), loaded offline; patched by ``posenc.hf.extend_context`` on a deep copy (for per-layer-type RoPE, the
+chosen layer types only), measured on the corpus tokenized with its own tokenizer, fine-tuned by a plain AdamW loop.
+Everything ``run_extend`` checks comes from its config, tokenizer and a weight-free (meta-device) copy, patched there
+too, before ``load`` reads a weight.
+
+It measures perplexity through ``base.window_scores``: one pass over ``posenc.lab.common.corpus.eval_windows``, the
+per-position losses of each window giving the whole-window score and the score past the original context together. A
+pretrained model's forward is the fast one (``token_losses``): SDPA attention, float32 on CPU, inference mode, the
+hidden states through the output head in ``HEAD_CHUNK``-row chunks (never the full (S, vocab) logits: 2.4 GB at 12k
+tokens for
+SmolLM2), checked against the model's own logits on real text when loaded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from posenc._checks import fail
+from posenc.lab.common import evaluate as ev
+from posenc.lab.common.corpus import load_corpus
+from posenc.lab.common.train import TrainConfig, train
+from posenc.lab.extend.needles import passkey as pk
+from posenc.lab.extend.study import labels, plan
+from posenc.lab.extend.study.config import ExtendConfig
+from posenc.lab.extend.targets import composed
+from posenc.lab.extend.targets.base import Tick, _model_error, _window_batches, finetune_text, window_scores
+
+#: Every method a transformers RoPE model takes without extra options (LongRoPE needs searched factors).
+HF_ROPE_METHODS = ("linear", "ntk", "dynamic", "yarn", "llama3")
+#: Methods of a pretrained RoPE model's default study: the two that need no fine-tuning (Peng et al. 2023).
+HF_DEFAULT_METHODS = ("yarn", "dynamic")
+
+
+class _Logits(torch.nn.Module):
+    """A transformers causal LM as ``tokens (B, S) -> logits (B, S, V)``, the form ``ev.perplexity`` takes."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+        self.encoding = None  # no posenc encoding: no length limit for evaluate.max_length
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=tokens).logits  # (B, S, V)
+
+
+def _is_alibi(model_type: str) -> bool:
+    from posenc.hf import ALIBI_MODEL_TYPES
+
+    return model_type in ALIBI_MODEL_TYPES
+
+
+def _patched_count(description: Mapping[str, Any]) -> int:
+    """How many modules ``extend_context`` says it patched (keys like ``modules_patched``), 0 if it does not say."""
+    total = 0
+    for key, value in description.items():
+        if "patched" in str(key).lower():
+            if isinstance(value, int) and not isinstance(value, bool):
+                total += value
+            elif isinstance(value, (list, tuple, set)):
+                total += len(value)
+    return total
+
+
+def token_losses(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Next-token losses of a transformers causal LM without its full logits: the decoder's last hidden states
+    through the output head ``plan.HEAD_CHUNK`` rows at a time (with Gemma's final logit soft-capping).
+
+    Shapes:
+        x, y (B, S) int64 -> (B, S) float32.
+    """
+    hidden = model.base_model(input_ids=x, use_cache=False).last_hidden_state.flatten(0, 1)  # (B*S, Dm)
+    head = model.get_output_embeddings()
+    cap = getattr(model.config.get_text_config(), "final_logit_softcapping", None)
+    targets = y.flatten()  # (B*S,)
+    out = torch.empty(targets.shape, dtype=torch.float32, device=x.device)
+    for i in range(0, hidden.shape[0], plan.HEAD_CHUNK):
+        logits = head(hidden[i : i + plan.HEAD_CHUNK])  # (chunk, V)
+        if cap:  # as the model's own forward: in its dtype, before the loss's float32
+            logits = torch.tanh(logits / cap) * cap
+        rows = slice(i, i + plan.HEAD_CHUNK)
+        out[rows] = F.cross_entropy(logits.float(), targets[rows], reduction="none")
+    return out.view(y.shape)
+
+
+def logits_losses(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The reference for ``token_losses``: the model's own forward, full logits. Shapes: x, y (B, S) -> (B, S)."""
+    logits = model(input_ids=x, use_cache=False).logits  # (B, S, V)
+    return F.cross_entropy(logits.flatten(0, 1).float(), y.flatten(), reduction="none").view(y.shape)
+
+
+def _patch_layer_types(layer_type: str | None, config: Any, label: str) -> tuple[str | None, ...]:
+    """The layer types ``extend_context`` is called for: ``(None,)`` for one RoPE (or ALiBi) for all layers; for
+    per-layer-type RoPE (Gemma 3) ``full_attention`` by default (as Gemma 3's own long-context configs scale only
+    those: the sliding layers see at most a window), the one named, or every type for ``all``."""
+    params = getattr(config, "rope_parameters", None)
+    nested = sorted(k for k, v in params.items() if isinstance(v, Mapping)) if isinstance(params, Mapping) else []
+    if not nested:
+        if layer_type is not None:
+            fail(
+                "layer_type",
+                layer_type,
+                f"no --layer-type: {label} has one positional encoding for all its layers (no per-layer-type RoPE)",
+            )
+        return (None,)
+    if layer_type is None:
+        if "full_attention" in nested:
+            return ("full_attention",)
+        fail("layer_type", None, f"one of {nested} or 'all' (the layer types of {label}; none is 'full_attention')")
+    if layer_type == "all":
+        return tuple(nested)
+    if layer_type not in nested:
+        fail("layer_type", layer_type, f"one of {nested} or 'all', the layer types of {label}")
+    return (layer_type,)
+
+
+def _load_tokenizer(source: Any) -> Any:
+    """The model's tokenizer alone, offline, as ``posenc.hf.load_causal_lm`` builds it (no weight read)."""
+    from transformers import AutoTokenizer
+
+    if source.kind == "transformers":
+        return AutoTokenizer.from_pretrained(source.folder, local_files_only=True)
+    from posenc.hf import gguf_llama
+    from posenc.hf.gguf_header import read_gguf_header
+
+    if gguf_llama.handles(read_gguf_header(source.path)):
+        from transformers import TokenizersBackend
+
+        return TokenizersBackend.from_pretrained(str(source.folder), gguf_file=source.gguf_file, local_files_only=True)
+    return AutoTokenizer.from_pretrained(source.folder, gguf_file=source.gguf_file, local_files_only=True)
+
+
+def _meta_model(config: Any) -> torch.nn.Module:
+    """The model on the meta device (no memory, no weights), its rotary modules real so that ``extend_context`` can
+    patch and verify them: the same patch as on the loaded model, before the load."""
+    from transformers import AutoModelForCausalLM
+
+    from posenc.hf._rope_patch import rotary_modules
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(copy.deepcopy(config))
+    for name, module in rotary_modules(model):
+        parent, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent) if parent else model, child, type(module)(model.config))
+    return model
+
+
+class HFTarget:
+    """A pretrained causal LM: checked from its config, tokenizer and a meta-device copy, then loaded (``load``),
+    patched by ``posenc.hf.extend_context`` on a copy, and measured on tokenized text."""
+
+    kind = "hf"
+    original_len: int  # for mypy (``base.Target``): ``__init__`` sets it from the settings or the config, else fails
+
+    def __init__(self, cfg: ExtendConfig, out: Path, device: str, progress: bool) -> None:
+        from posenc.hf import load_config, original_context, resolve_model
+
+        if cfg.task == "passkey":
+            fail(
+                "task",
+                cfg.task,
+                "'lm' for a pretrained model (it is tested on passkey zero-shot); --task passkey trains lab models",
+            )
+        self.cfg, self.out, self.device, self.progress = cfg, out, device, progress
+        self.source = resolve_model(cfg.model)  # GGUF header checks: format, truncation, architecture
+        self.config = load_config(self.source)
+        self.model_type = self.config.model_type
+        label = self.source.label
+        self.patch_types = _patch_layer_types(cfg.layer_type, self.config, label)
+        try:
+            self.tokenizer = _load_tokenizer(self.source)
+        except (OSError, ValueError) as err:
+            _model_error(cfg.model, f"its tokenizer could not be loaded: {err}")
+        meta = _meta_model(self.config)
+        self.class_name = type(meta).__name__
+        self.dims = plan.ModelDims.of(self.config, sum(p.numel() for p in meta.parameters()))
+        self.l0 = self.dims.l0  # the cost model's crossover length; calibrate() fits this machine's
+        self.attn = "sdpa" if getattr(type(meta), "_supports_sdpa", False) else None
+        self.name = f"{self.class_name} ({self.model_type}) from {label}"
+        self.encoding = self.model_type
+        self.original_len = cfg.original_len
+        if self.original_len is None:
+            try:
+                self.original_len = original_context(self.source, layer_type=self.patch_types[0])
+            except ValueError:
+                fail("original_len", None, f"the context {label} was trained for (its config has none): --original-len")
+        params = getattr(self.config, "rope_parameters", None) or {}
+        params = params.get(self.patch_types[0], params) if self.patch_types[0] else params
+        proportional = isinstance(params, Mapping) and params.get("rope_type") == "proportional"
+        self.default_methods = ("linear",) if _is_alibi(self.model_type) or proportional else HF_DEFAULT_METHODS
+        self.min_passkey = pk.min_length(self.tokenizer)
+        self.dtype = self._dtype()
+        self.weight_bytes = self.act_bytes = torch.empty((), dtype=self.dtype).element_size()
+        self.layers_note = ""
+        self.remap_notes: dict[str, str] = {}  # remapping method -> its parameters, for the report
+        self.model = None
+        self.val = self.train = None
+        self._losses = token_losses
+        self._prompts: dict = {}
+        self.suite = None  # task ruler: the RULER documents (``build_ruler``)
+
+    def _dtype(self) -> torch.dtype:
+        """``cfg.dtype``, refused where the device cannot run it fast; None (auto): ``posenc.hf.dtypes.auto_dtype``
+        (bfloat16 on a CPU with bfloat16 units, else float32; on CUDA the checkpoint's own half dtype)."""
+        from posenc.hf.dtypes import auto_dtype, check_runs_fast
+
+        if self.cfg.dtype is not None:
+            dtype = getattr(torch, self.cfg.dtype)
+            check_runs_fast("dtype", dtype, self.device)
+            return dtype
+        if self.cfg.finetune_steps:
+            return torch.float32  # AdamW's updates need float32 weights (ExtendConfig refuses half ones)
+        own = getattr(self.config, "dtype", None)
+        if isinstance(own, str):
+            own = getattr(torch, own, None)
+        return auto_dtype(self.device, own if isinstance(own, torch.dtype) else None)
+
+    def legacy_dtype(self) -> torch.dtype:
+        """The dtype studies ran in before ``dtype`` was a setting (float32 on CPU): a resumed older study keeps it."""
+        from posenc.hf.dtypes import auto_dtype
+
+        return auto_dtype(self.device, None) if self.device.startswith("cuda") else torch.float32
+
+    def use(self, cfg: ExtendConfig) -> None:
+        """Take the study's settings with every default filled in; tokenize the corpus (no weights yet)."""
+        self.cfg = cfg
+        corpus = load_corpus(cfg.corpus, max_bytes=cfg.corpus_bytes)
+        self.val = self._tokens(corpus.val)
+        self.train = self._tokens(finetune_text(cfg, corpus.train)) if cfg.finetune_steps else None
+        self.heldout_tokens = self.val.numel()
+        self.train_tokens = 0 if self.train is None else self.train.numel()
+        self.corpus_name = f"{cfg.corpus or 'the Python standard library'} (first {cfg.corpus_bytes} bytes)"
+
+    def _tokens(self, data: torch.Tensor) -> torch.Tensor:
+        text = bytes(data.tolist()).decode("utf-8", errors="replace").replace("\0", "\n\n")
+        return torch.tensor(self.tokenizer(text, verbose=False)["input_ids"], dtype=torch.long)  # (N,)
+
+    def forward_cost(self, length: int) -> float:
+        return plan.forward_cost(length, self.l0)
+
+    def windows(self, length: int) -> int:
+        return plan.windows(self.heldout_tokens, length, self.cfg.eval_tokens)
+
+    def _extend(self, model: torch.nn.Module, method: str, factor: float) -> dict:
+        from posenc.hf import extend_context
+
+        first, remap = composed.parts(method)
+        described = []
+        for layer_type in self.patch_types:
+            described.append(
+                extend_context(
+                    model, first, factor, original_max_position_embeddings=self.original_len, layer_type=layer_type
+                )
+            )
+        stretched = dict(described[-1])
+        if remap is not None:  # then within the stretched context (its original length: the model's current one)
+            described = [extend_context(model, remap, 1.0, layer_type=t) for t in self.patch_types]
+        description = dict(described[-1])
+        if not isinstance(description, Mapping) or _patched_count(description) < 1:
+            fail(
+                "method",
+                method,
+                f"a patch that changes {self.encoding}'s positions; extend_context reported {description!r}, so the "
+                "model would be measured unpatched",
+            )
+        layers = self._changed_layers()
+        description["layer_types"] = list(self.patch_types) if self.patch_types != (None,) else None
+        description["layers_changed"] = layers
+        if len(described) > 1:
+            description["rope_parameters"] = {
+                d["layer_type"]: d["rope_parameters"] for d in described if "rope_parameters" in d
+            }
+        if "parameters" in description:  # a remapping method: what the paper's rule set its parameters to
+            note = description["description"]
+            if remap is not None:
+                note = f"{stretched.get('description', first)}, then {note}"
+                description["frequency"] = stretched
+            self.remap_notes[method] = note
+            self.layers_note = self.layers_note or self._layers_text(description, layers)
+        else:
+            self.layers_note = self._layers_text(description, layers)
+        return description
+
+    def _changed_layers(self) -> list[int]:
+        if self.patch_types == (None,):
+            return list(range(self.dims.layers))
+        types = list(getattr(self.config, "layer_types", None) or ())
+        return [i for i, t in enumerate(types) if t in self.patch_types]
+
+    def _layers_text(self, description: Mapping[str, Any], layers: list[int]) -> str:
+        names = ", ".join(description.get("module_names", ())[:3])
+        n = self.dims.layers
+        if "parameters" in description:
+            return f"all {n} layers (remapping: the rotary module returns the identity, each attention remaps)"
+        if self.patch_types == (None,):
+            how = "a hook on each block" if _is_alibi(self.model_type) else f"rotary embedding {names}"
+            return f"all {n} layers ({how})"
+        kept = sorted({t for t in (getattr(self.config, "layer_types", None) or ()) if t not in self.patch_types})
+        if not kept:
+            return f"all {n} layers, of every type: {', '.join(self.patch_types)} (rotary embedding {names})"
+        shown = ", ".join(map(str, layers[:12])) + (", ..." if len(layers) > 12 else "")
+        return (
+            f"the {', '.join(self.patch_types)} layers only: {len(layers)} of {n} (layers {shown}; rotary embedding "
+            f"{names}); {', '.join(kept)} layers unchanged"
+        )
+
+    def calls(self, method: str, factor: float) -> str:
+        """The Python that rebuilds the model ``patched(method, factor)`` measures, from the model as given: loaded
+        as ``load`` loads it, then patched by the calls ``_extend`` makes."""
+        dtype = "" if self.dtype == torch.float32 else f", dtype={str(self.dtype).removeprefix('torch.')!r}"
+        calls = composed.calls(method, factor, original=self.original_len, layer_types=self.patch_types)
+        return f"model, tokenizer = posenc.hf.load_causal_lm({self.cfg.model!r}{dtype}); {calls}"
+
+    def check_patch(self, method: str, factor: float) -> dict:
+        """The patch applied to a weight-free (meta) copy of the model: a method the model cannot take is refused
+        before any weight is read. Returns what changed (``extend_context``'s description)."""
+        if "longrope" in composed.parts(method):
+            fail("methods", "longrope", "methods whose parameters follow from the factor: LongRoPE's per-frequency "
+                 "long_factor comes from a search (no option of posenc extend sets it); in Python, "
+                 "posenc.hf.extend_context(model, 'longrope', F, long_factor=[...]) applies a searched one",
+                 )  # fmt: skip
+        return self._extend(_meta_model(self.config), method, factor)
+
+    def load(self) -> None:
+        """Read the weights (a GGUF dequantized in memory), and check the fast loss path against the model's logits
+        on the first held-out tokens (else measure through the full logits)."""
+        from posenc.hf import keep_rope_float32, load_causal_lm
+
+        with _no_transformers_bars():
+            self.model, _ = load_causal_lm(
+                self.source, device=self.device, dtype=self.dtype, attn_implementation=self.attn
+            )
+        keep_rope_float32(self.model)  # the unpatched model too: bfloat16 weights, RoPE in float32
+        n = min(64, self.heldout_tokens - 1)
+        x, y = self.val[None, :n].to(self.device), self.val[None, 1 : n + 1].to(self.device)  # (1, n) each
+        with torch.inference_mode():
+            fast, full = token_losses(self.model, x, y), logits_losses(self.model, x, y)
+        tolerance = 1e-3 if self.dtype == torch.float32 else 5e-2
+        if not torch.allclose(fast, full, rtol=tolerance, atol=tolerance):
+            self._losses = logits_losses
+            if self.progress:
+                print(f"{self.class_name}: its head is not the plain output layer; measuring through full logits")
+
+    def calibrate(self, lengths: Sequence[int]) -> tuple[float, int, float]:
+        """Seconds per ``forward_cost`` unit, and the cost model's crossover length ``l0``, from timed forwards on
+        this machine (after a warm-up: the first forward pays kernel set-up and page faults).
+
+        One forward of ``n1`` = up to 1024 tokens gives the seconds per unit with the model's own ``l0`` (from its
+        dimensions). Where the study goes to 2048 tokens or more, a second forward of ``n2`` = up to 4096 tokens fits
+        ``t(n) = a*n + b*n**2`` through both, so that the linear (weights) and quadratic (attention) parts are this
+        machine's: their ratio differs between CPUs (on SmolLM2, 12288 tokens took 5.3x a 4096-token forward on an
+        Intel Xeon, 5.9x on an AMD EPYC), and a single short forward extrapolated with the wrong ratio misjudged a
+        study by 45%. Returns (seconds per unit, tokens of the longest timed forward, its seconds)."""
+        n1 = min(1024, max(lengths), self.heldout_tokens - 1)
+        n2 = min(4096, max(lengths), self.heldout_tokens - 1)
+        t1 = self._timed_forward(n1, warm_up=True)
+        if n2 < 2 * n1:
+            return t1 / self.forward_cost(n1), n1, t1
+        t2 = self._timed_forward(n2, warm_up=False)
+        b = (t2 / n2 - t1 / n1) / (n2 - n1)  # seconds per token**2
+        a = t1 / n1 - b * n1  # seconds per token
+        fitted = a > 0 and b > 0
+        if fitted:  # else timing noise: keep the model's l0
+            self.l0 = a / b
+        self.timed = (a, b, n2, t2) if fitted else (None, None, n2, t2)
+        return t2 / self.forward_cost(n2), n2, t2
+
+    def remap_cost(self, method: str, factor: float, length: int) -> tuple[float, str] | None:
+        """A remapping method's forward time over the plain one at ``length`` tokens on this machine, and how it was
+        measured: one forward of the ``calibrate`` length with ``method`` patched, its attention part (the time
+        above the plain forward's linear part ``a*n``) scaled as the plain forward's quadratic part ``b*n**2``.
+        Where the two parts could not be told apart (timing noise), the ratio at the timed length itself. At least 1
+        (an upper bound's ratio). None before ``calibrate`` timed a forward of 2048 tokens or more."""
+        timed = getattr(self, "timed", None)
+        if timed is None:
+            return None
+        a, b, n, plain = timed
+        model, _ = self.patched(method, factor)
+        x, y = self.val[None, :n].to(self.device), self.val[None, 1 : n + 1].to(self.device)  # (1, n) each
+        with torch.inference_mode():
+            self._losses(model, x[:, :128], y[:, :128])  # warm-up: the remapping path's first call
+            _sync(self.device)
+            start = time.perf_counter()
+            self._losses(model, x, y)
+            _sync(self.device)
+        seconds = time.perf_counter() - start
+        del model
+        name = labels.label(method, factor, 0)
+        measured = f"{name}: a {n}-token forward took {seconds:.3g} s against {plain:.3g} s plain"
+        if a is None:
+            return max(1.0, seconds / plain), f"{measured}, on this machine (not extrapolated to {length} tokens)"
+        attention = max(seconds - a * n, 0.0) / (b * n * n)  # the remapped attention over the plain one
+        ratio = max(1.0, (a * length + attention * b * length**2) / (a * length + b * length**2))
+        return ratio, f"{measured}, attention {attention:.3g}x, on this machine"
+
+    def _timed_forward(self, n: int, *, warm_up: bool) -> float:
+        x, y = self.val[None, :n].to(self.device), self.val[None, 1 : n + 1].to(self.device)  # (1, n) each
+        with torch.inference_mode():
+            if warm_up:
+                self._losses(self.model, x[:, :128], y[:, :128])
+                _sync(self.device)
+            start = time.perf_counter()
+            self._losses(self.model, x, y)
+            _sync(self.device)
+        return time.perf_counter() - start
+
+    def prepare(self) -> None:
+        return
+
+    def copy(self):  # noqa: ANN201
+        return copy.deepcopy(self.model)
+
+    def patched(self, method: str, factor: float) -> tuple[Any, dict]:
+        model = self.copy()
+        return model, self._extend(model, method, factor)
+
+    def save(
+        self, model: torch.nn.Module, folder: Path, *, tensor_type: str = "source", dtype: torch.dtype | None = None,
+        check: bool = True,
+    ) -> Path:
+        """The patched model as a transformers folder (weights in ``dtype``; default the checkpoint's dtype, a
+        GGUF's: the loaded one), or as a GGUF file when ``folder`` ends in ``.gguf`` (``posenc.hf.save_gguf`` from
+        the source file). ``check``: print ``posenc check``'s table of what was written."""
+        from posenc.hf import save_gguf, save_pretrained
+
+        if folder.suffix.lower() == ".gguf":
+            return save_gguf(model, folder, source=self.source.path, tensor_type=tensor_type, check=check)["path"]
+
+        if dtype is None:
+            own = getattr(self.config, "dtype", None) if self.source.kind == "transformers" else None
+            own = getattr(torch, own, None) if isinstance(own, str) else own
+            dtype = own if own in (torch.float16, torch.bfloat16, torch.float32) else None
+        with _no_transformers_bars():
+            return save_pretrained(model, self.tokenizer, folder, dtype=dtype, check=check)
+
+    def perplexity(self, model, length: int, tick: Tick | None = None) -> tuple[ev.Score, ev.Score | None]:  # noqa: ANN001
+        cost = self.forward_cost(length)
+        return window_scores(
+            lambda x, y: self._losses(model, x, y), self.val, length=length, max_tokens=self.cfg.eval_tokens,
+            original=self.original_len, batch=1, device=self.device,
+            tick=None if tick is None else lambda n: tick(n * cost, n),
+        )  # fmt: skip
+
+    def passkey(self, model, length: int, depth: float, seed: int, tick: Tick | None = None,  # noqa: ANN001
+                outcomes: list[float] | None = None) -> float:  # fmt: skip
+        """Passkey accuracy over ``cfg.trials`` keys; ``outcomes`` gets each key's score (1.0 or 0.0)."""
+        cost = self.forward_cost(length)
+        return pk.hf_accuracy(
+            model, self.tokenizer, length=length, depth=depth, trials=self.cfg.trials, seed=seed,
+            prompts=self._prompts, on_trial=None if tick is None else lambda: tick(cost, 1), outcomes=outcomes,
+        )  # fmt: skip
+
+    def build_ruler(self, lengths: Sequence[int]) -> Any:
+        """Task ruler: lm-eval builds its documents with this model's tokenizer (no weights needed)."""
+        from posenc.lab.extend.needles import ruler
+
+        self.suite = ruler.build(self.cfg.ruler_tasks, self.tokenizer, lengths, self.cfg.ruler_samples)
+        return self.suite
+
+    def ruler(self, model, task: str, length: int, tick: Tick | None = None) -> Any:  # noqa: ANN001
+        """``task``'s documents at ``length`` through lm-eval (``posenc.lab.extend.needles.ruler.evaluate``)."""
+        from posenc.lab.extend.needles import ruler
+
+        cost = self.forward_cost(length)
+        return ruler.evaluate(
+            self.suite, model, self.tokenizer, task, length, device=self.device,
+            on_answer=None if tick is None else lambda: tick(cost, 1),
+        )  # fmt: skip
+
+    def finetune(self, model, label: str, target: int, positions: str = "plain") -> Path:  # noqa: ANN001
+        """AdamW (no weight decay, warmup over ``finetune.warmup_steps``, then constant; gradients clipped at 1) on one
+        window of ``cfg.finetune_window`` tokens per step (default the target) read at ``positions``, through the
+        lab's resumable loop: checkpoints in ``OUT/runs/finetune-<label>`` at Ctrl-C / SIGTERM and every 5 minutes, the
+        loss in its ``metrics.jsonl``. Returns that folder. ``pose`` and ``random`` positions are refused for an ALiBi
+        model (BLOOM, MPT: no position ids; ``finetune.check_positions_reach``)."""
+        from posenc.lab.extend.study.finetune import CausalLMTrainer, check_positions_reach, run_folder, warmup_steps
+
+        check_positions_reach((positions,), self.model_type)  # BLOOM and MPT drop position ids
+        window = self.cfg.finetune_window_for(target)
+        steps = self.cfg.finetune_steps
+        tcfg = TrainConfig(
+            steps=steps, batch_size=1, length=window, lr=self.cfg.finetune_lr or 2e-5, min_lr_ratio=1.0,
+            warmup=warmup_steps(steps), weight_decay=0.0, seed=self.cfg.seed + 1, log_every=1, checkpoint_every=0,
+            checkpoint_seconds=300.0,
+        )  # fmt: skip
+        description = {"model": self.name, "fine-tune": label, "target": target, "window": window,
+                       "positions": positions, "dtype": str(self.dtype)}  # fmt: skip
+        trainer = CausalLMTrainer(model, description)
+        run_dir = run_folder(self.out, label)
+        where = f"@{target}" + (f" in {window}-token windows" if window != target else "")
+        batches = _window_batches(self.train, window, target, positions, 1, self.cfg.seed + 1)
+        with torch.inference_mode(False):
+            train(trainer, batches, tcfg, run_dir, progress=self.progress, description=f"fine-tune {label} {where}")
+        model.eval()
+        return run_dir
+
+
+@contextlib.contextmanager
+def _no_transformers_bars() -> Iterator[None]:
+    """transformers' own tqdm bars (loading weights, writing shards) off: the study prints its own progress."""
+    from transformers.utils import logging as hf_logging
+
+    was = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was:
+            hf_logging.enable_progress_bar()
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize(device)
