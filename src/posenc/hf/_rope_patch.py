@@ -428,6 +428,8 @@ def guard_cache(model: torch.nn.Module, modules: list[tuple[str, torch.nn.Module
             positions = rotary_positions(args, kwargs)
             if positions is None or torch.compiler.is_compiling() or positions.numel() == 0:
                 return None
+            if module.__dict__.get("_posenc_drope") is not None:
+                return None  # DroPE: the module returns no rotation, so its frequencies leave the cache alone
             start, length = int(positions.min()), int(positions.max()) + 1
             last, state["length"] = state["length"], length
             if start > 0 and last is not None and not state["warned"] and not rope.same_frequencies(last, length):

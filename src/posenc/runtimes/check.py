@@ -211,12 +211,12 @@ def _record_reference(source: Source, structure: RuntimeView | None) -> Referenc
     remaps = []
     for entry in _record.not_in_config(entries):
         key = "dual_chunk_attention_config" if entry["method"] == "dca_vllm" else _record.CONFIG_KEY
-        remaps.append({"key": key, "method": f"{entry['method']} x{_record.number(entry['factor'])}",
+        remaps.append({"key": key, "method": _record.label(entry),
                        "call": _record.call(entry, explicit=True)})  # fmt: skip
     last = entries[-1]
     dynamic = last.get("in_config") and last["method"] == "dynamic"
     context = None if dynamic else last.get("max_position_embeddings")
-    methods = " then ".join(f"{e['method']} x{_record.number(e['factor'])}" for e in entries)
+    methods = " then ".join(_record.label(e) for e in entries)
     return Reference(f"posenc's record in config.json ({methods})", _posenc_layers(measured, structure), context,
                      tuple(remaps), tuple(notes),
                      original=entries[0].get("original_max_position_embeddings"))  # fmt: skip
@@ -377,9 +377,14 @@ def _ignores(view: RuntimeView, key: str) -> bool:
 
 
 def _fix_for_remap(runtime: str, remap: Mapping[str, Any], path: str) -> str:
+    from posenc.hf._record import CONFIG_KEY
+
     if runtime == "transformers":
         return (f"load it with posenc.hf.load_causal_lm({path!r}), which applies it, or after from_pretrained call "
                 f"{remap['call']}")  # fmt: skip
+    if remap["key"] == CONFIG_KEY:  # DroPE: no runtime has a key for it
+        return (f"none in {runtime}: no key of it runs {remap['method']}; run the folder in transformers with "
+                f"posenc.hf.load_causal_lm({path!r})")  # fmt: skip
     return f"serve it with a runtime this table does not show ignoring {remap['key']}"
 
 
@@ -487,8 +492,10 @@ def compare(view: RuntimeView, ref: Reference, length: int | None = None) -> Row
         unverified.append(f"{_layer_list(sorted(set(unprobed)), layers)}: the frequencies change with the length and "
                           f"{view.runtime}'s reader gives them at one length only (compared up to the original "
                           "context)")  # fmt: skip
+    from posenc.hf._record import CONFIG_KEY
+
     for remap in ref.remaps:
-        if _ignores(view, remap["key"]):
+        if remap["key"] == CONFIG_KEY or _ignores(view, remap["key"]):  # no runtime reads posenc's own record
             problems.append(f"ignores {remap['key']}: posenc measured {remap['method']}, {view.runtime} runs the model "
                             "without it")  # fmt: skip
             fixes.append(_fix_for_remap(view.runtime, remap, ref.path))
