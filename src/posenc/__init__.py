@@ -23,6 +23,7 @@ from posenc.encodings.shaw import ShawRelative, ShawRelativeConfig
 from posenc.encodings.sinusoidal import Sinusoidal, Sinusoidal2D, Sinusoidal2DConfig, SinusoidalConfig
 from posenc.encodings.ssmax import SSMax, SSMaxConfig, rope_ssmax
 from posenc.encodings.t5 import T5Bias, T5BiasConfig
+from posenc.encodings.xdrope import XDRoPE, XDRoPEConfig
 from posenc.encodings.xpos import XPos, XPosConfig
 from posenc.functional.alibi import alibi_slopes
 from posenc.functional.axial_rope import grid_positions
@@ -100,6 +101,8 @@ __all__ = [
     "T5Bias",
     "T5BiasConfig",
     "TeleChat3YaRNScaling",
+    "XDRoPE",
+    "XDRoPEConfig",
     "XPos",
     "XPosConfig",
     "YaRNLogScaling",
