@@ -16,6 +16,7 @@ from posenc.encodings.mrope import MRoPE, MRoPEConfig
 from posenc.encodings.nope import NoPE
 from posenc.encodings.nope_temperature import NoPETemperature, NoPETemperatureConfig
 from posenc.encodings.p_rope import p_rope
+from posenc.encodings.rope_3d import RoPE3D, RoPE3DConfig
 from posenc.encodings.rope_mixed import RoPEMixed, RoPEMixedConfig
 from posenc.encodings.rotary import RotaryConfig, RotaryEmbedding
 from posenc.encodings.sandwich import Sandwich, SandwichConfig
@@ -83,6 +84,8 @@ __all__ = [
     "NoPETemperatureConfig",
     "PoseSample",
     "ProportionalScaling",
+    "RoPE3D",
+    "RoPE3DConfig",
     "RoPEMixed",
     "RoPEMixedConfig",
     "RopeScaling",
