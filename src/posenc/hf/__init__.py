@@ -2,7 +2,8 @@
 
 - ``rotary_config_from_hf`` / ``rotary_config_to_hf``: RoPE (``RotaryConfig``) from and to HF config keys;
   ``xdrope_config_from_hf`` / ``xdrope_config_to_hf``: HunYuan-VL's XD-RoPE (``XDRoPEConfig``);
-  ``rope_3d_config_from_hf`` / ``rope_3d_config_to_hf``: ERNIE-4.5-VL's 3-D RoPE (``RoPE3DConfig``).
+  ``rope_3d_config_from_hf`` / ``rope_3d_config_to_hf``: ERNIE-4.5-VL's and Bailing's 3-D RoPE
+  (``RoPE3DConfig``).
 - ``alibi_config_from_hf`` / ``alibi_config_to_hf``: ALiBi (``ALiBiConfig``) from and to BLOOM / MPT configs.
 - ``positional_setup``: the posenc config(s) for any supported architecture's config.
 - ``extend_context``: linear / ntk / dynamic / yarn / longrope / llama3 on a loaded RoPE model, the remapping
