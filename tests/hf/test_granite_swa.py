@@ -74,19 +74,21 @@ def _received(model: torch.nn.Module, ids: torch.Tensor) -> list:
     return [seen[i] for i in range(len(model.model.layers))]
 
 
-def _assert_reading_is_what_layers_receive(model: torch.nn.Module, ids: torch.Tensor) -> None:
-    """posenc's per-layer reading of ``model.config`` gives the cos/sin each attention receives (HF's float32 angles
-    against posenc's float64 ones: ``angle_atol``), and None exactly where the layer gets none."""
+def assert_reading_is_what_layers_receive(model: torch.nn.Module, ids: torch.Tensor) -> None:
+    """posenc's per-layer reading of ``model.config`` (``layer_rotary_configs``, also of its config.json dict) gives
+    the cos/sin each attention receives (HF's float32 angles against posenc's float64 ones: ``angle_atol``), over the
+    rotary channels, and None exactly where the layer gets none."""
     configs = layer_rotary_configs(model.config)
-    assert configs == layer_rotary_configs(model.config.to_dict()) == positional_setup(model.config)
+    assert configs == layer_rotary_configs(model.config.to_dict())
     positions = torch.arange(ids.shape[1])
     for i, (setup, got) in enumerate(zip(configs, _received(model, ids), strict=True)):
         if setup is None:
             assert got is None, f"layer {i}: posenc reads NoPE, the layer gets RoPE"
             continue
         assert got is not None, f"layer {i}: posenc reads RoPE, the layer gets none"
+        partial = setup.partial_rotary_factor
         inv_freq, factor = rope_frequencies(
-            setup.head_dim, base=setup.base, scaling=setup.scaling, seq_len=ids.shape[1]
+            setup.head_dim, base=setup.base, scaling=setup.scaling, partial_rotary_factor=partial, seq_len=ids.shape[1]
         )
         angles = positions.double()[:, None] * inv_freq.double()
         emb = torch.cat((angles, angles), dim=-1)
@@ -98,6 +100,7 @@ def _assert_reading_is_what_layers_receive(model: torch.nn.Module, ids: torch.Te
 def test_the_reading_is_what_each_layer_receives(kind, ids):
     model = tiny_model(kind)
     assert layer_thetas(model.config) == tuple(THETAS)
+    assert positional_setup(model.config) == layer_rotary_configs(model.config)
     assert rope_layers(model.config) == (False, True, True, True)
     assert positional_setup(model.config) == (
         None,
@@ -105,7 +108,7 @@ def test_the_reading_is_what_each_layer_receives(kind, ids):
         RotaryConfig(head_dim=8, base=500000.0),
         RotaryConfig(head_dim=8, base=10000.0),
     )
-    _assert_reading_is_what_layers_receive(model, ids)
+    assert_reading_is_what_layers_receive(model, ids)
 
 
 def test_a_config_without_layer_bases_is_rope_everywhere_at_the_global_base(ids):
@@ -117,7 +120,7 @@ def test_a_config_without_layer_bases_is_rope_everywhere_at_the_global_base(ids)
     assert model.config.layer_rope_theta == [5e4] * 4
     raw = {k: v for k, v in model.config.to_dict().items() if k != "layer_rope_theta"}
     assert layer_thetas(raw) == (5e4,) * 4 and layer_rotary_configs(raw) == layer_rotary_configs(model.config)
-    _assert_reading_is_what_layers_receive(model, ids)
+    assert_reading_is_what_layers_receive(model, ids)
 
 
 METHODS = ("linear", "ntk", "dynamic", "yarn", "longrope", "llama3")
@@ -142,7 +145,7 @@ def test_patched_equals_native(kind, method, ids):
     assert report["positional_setup"]["new"][0] is None  # the NoPE layer stays NoPE
     if method != "ntk":
         assert model.config.layer_rope_theta == THETAS
-    _assert_reading_is_what_layers_receive(model, ids)
+    assert_reading_is_what_layers_receive(model, ids)
 
 
 def test_yarn_reaches_every_rope_layer_at_its_own_base():

@@ -82,7 +82,7 @@ def test_errors():
 
 def test_layer_rotary_configs_follow_the_layers_rules():
     """Each layer's ``RotaryConfig``: None where a hybrid has NoPE, the per-layer-type entry where rope_parameters are
-    nested (Gemma 3); Granite-SWA's bases are in tests/hf/test_granite_swa.py."""
+    nested (Gemma 3); Granite-SWA's bases are in tests/hf/test_granite_swa.py, MiMo's types in test_mimo_v2_flash.py."""
     smollm3 = SmolLM3Config(**SMALL, num_hidden_layers=4, rope_parameters={"rope_type": "linear", "factor": 2.0,
                                                                            "rope_theta": 1e5})  # fmt: skip
     rope = rotary_config_from_hf(smollm3)

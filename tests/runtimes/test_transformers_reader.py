@@ -2,7 +2,7 @@
 attention module receives in a forward of the model transformers builds from the same config.json, on full tensors,
 for every rope type (default, linear, dynamic, yarn with DeepSeek's mscale ratio and gpt-oss's truncate, longrope,
 llama3, proportional, HunYuan's alpha), per layer type (Gemma 3, Gemma 4), with NoPE and chunked layers (Llama 4),
-a base per layer (Granite-SWA),
+a base per layer (Granite-SWA), a base and partial rotary per layer type (MiMo-V2-Flash),
 both config generations, and from GGUF headers as transformers' GGUF loader reads them."""
 
 from __future__ import annotations
@@ -85,6 +85,13 @@ CASES = {
     "granite-swa": dict(model_type="granite_swa", **{**SMALL, "max_position_embeddings": 64}, sliding_window=16,
                         layer_types=["full_attention", "sliding_attention"] * 2, bos_token_id=1, eos_token_id=2,
                         layer_rope_theta=[0, 10000.0, 500000.0, 10000.0], rope_parameters=YARN),
+    # MiMo-V2-Flash: a base per layer type, 8 of 24 channels rotating (0.334), YaRN on the full layers only.
+    "mimo": dict(model_type="mimo_v2_flash", **{**SMALL, "head_dim": 24, "max_position_embeddings": 64},
+                 v_head_dim=8, moe_intermediate_size=16, n_routed_experts=4, num_experts_per_tok=2, sliding_window=16,
+                 layer_types=["full_attention", "sliding_attention"] * 2,
+                 rope_parameters={"full_attention": {**YARN, "rope_theta": 5e6, "partial_rotary_factor": 0.334},
+                                  "sliding_attention": {"rope_type": "default", "rope_theta": 1e4,
+                                                        "partial_rotary_factor": 0.334}}),
 }  # fmt: skip
 LAYOUT = {"yarn-deepseek": "interleaved", "llama4": "interleaved"}  # every other case: half
 LENGTHS = (24, 48)  # within the original context (32), and past it (dynamic and LongRoPE switch)
@@ -173,6 +180,8 @@ def test_the_readings_are_the_scalings_they_claim(tmp_path):
     assert methods["granite-swa"] == ["nope", "yarn", "yarn", "yarn"]
     assert [layer.params["rope_theta"] for layer in granite[1:]] == [10000.0, 500000.0, 10000.0]
     assert float(granite[2].inv_freq[0]) == 1.0 and granite[2].inv_freq[-1] < granite[1].inv_freq[-1]
+    assert methods["mimo"] == ["yarn", "default", "yarn", "default"]
+    assert [layer.rotary_dim for layer in views["mimo"].layers] == [8] * 4  # int(24 * 0.334), the rest pass through
     gemma3 = views["gemma3"].layers
     assert float(gemma3[0].inv_freq[1]) == pytest.approx(100.0**-0.25, rel=1e-6)  # rope_local_base_freq
     assert float(gemma3[1].inv_freq[1]) == pytest.approx(1e6**-0.25 / 4, rel=1e-6)

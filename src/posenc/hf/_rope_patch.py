@@ -26,6 +26,7 @@ import torch
 
 from posenc._checks import fail
 from posenc.encodings.rotary_config import RotaryConfig
+from posenc.encodings.rotary_hf import DEFAULT_PARTIAL_ROTARY
 from posenc.hf._common import architecture, rotary_modules
 from posenc.hf._layer_theta import module_theta, theta_config
 from posenc.hf._reach import rotary_positions, watch_reach
@@ -165,6 +166,8 @@ def extend_rope(
     new_params = exported["rope_parameters"]
     if "partial_rotary_factor" in old_params:  # Phi-3 and GPT-NeoX configs read it unconditionally
         new_params.setdefault("partial_rotary_factor", old_params["partial_rotary_factor"])
+    if config.model_type in DEFAULT_PARTIAL_ROTARY:  # MiMo: its default RoPE and its scalings read other defaults
+        new_params.setdefault("partial_rotary_factor", old_setup.partial_rotary_factor)
     new_max = exported.get("max_position_embeddings", plan.target)  # dynamic NTK: its threshold, the original length
 
     updates: dict[str, Any] = {"max_position_embeddings": new_max}

@@ -28,6 +28,7 @@ from typing import Any, cast
 
 from posenc._checks import check_positive_int, fail
 from posenc.encodings.rotary_config import RotaryConfig
+from posenc.encodings.rotary_hf import rope_parameters_of
 from posenc.hf._common import as_dict
 from posenc.hf.rotary import rotary_config_from_hf
 
@@ -133,7 +134,7 @@ def layer_rotary_configs(config: Any) -> tuple[RotaryConfig | None, ...]:
             lacks, or a bad ``layer_rope_theta``.
     """
     d = _text_config(config)
-    params = d.get("rope_parameters") or d.get("rope_scaling") or {}
+    params = rope_parameters_of(d)
     nested = sorted(k for k, v in params.items() if isinstance(v, Mapping))
     thetas = layer_thetas(d)
     uses_rope = rope_layers(d)

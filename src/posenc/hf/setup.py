@@ -8,6 +8,7 @@ from typing import Any
 from posenc._checks import fail
 from posenc.encodings.alibi import ALiBiConfig
 from posenc.encodings.rotary import RotaryConfig
+from posenc.encodings.rotary_hf import rope_parameters_of
 from posenc.hf._common import as_dict
 from posenc.hf.alibi import ALIBI_MODEL_TYPES, alibi_config_from_hf
 from posenc.hf.layers import LAYER_THETA_MODEL_TYPES, layer_rotary_configs
@@ -15,7 +16,8 @@ from posenc.hf.rotary import rotary_config_from_hf
 
 #: Architectures whose RoPE transformers builds with a ``*RotaryEmbedding`` module driven by ``rope_parameters``,
 #: each checked in ``tests/hf`` (a model type absent here is refused, not guessed at). Gemma 4's full-attention layers
-#: are p-RoPE (``"proportional"``) at their own ``head_dim``; Granite-SWA gives each layer its own base (0: NoPE).
+#: are p-RoPE (``"proportional"``) at their own ``head_dim``; Granite-SWA gives each layer its own base (0: NoPE);
+#: MiMo-V2-Flash has a base and a partial rotary per layer type.
 ROPE_MODEL_TYPES = (
     "llama",
     "mistral",
@@ -29,6 +31,7 @@ ROPE_MODEL_TYPES = (
     "gemma4_text",
     "granite_swa",
     "granitemoe_swa",
+    "mimo_v2_flash",
 )
 
 # What some common architectures use instead, for the error message.
@@ -85,7 +88,7 @@ def positional_setup(
         return alibi_config_from_hf(cfg)
     if kind in LAYER_THETA_MODEL_TYPES:
         return layer_rotary_configs(cfg)
-    params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    params = rope_parameters_of(cfg)
     nested = sorted(k for k, v in params.items() if isinstance(v, Mapping))
     if nested:
         return {layer_type: rotary_config_from_hf(cfg, layer_type=layer_type) for layer_type in nested}

@@ -76,6 +76,7 @@ LAYOUTS: dict[str, str] = {
             "gpt_oss",
             "granite_swa",
             "granitemoe_swa",
+            "mimo_v2_flash",
         ),
         "half",
     ),  # fmt: skip
@@ -84,7 +85,7 @@ LAYOUTS: dict[str, str] = {
 }
 #: Model types whose attention rotates only the rotary channels and passes the rest through (``q_rot, q_pass``);
 #: the others rotate the whole head, so a ``partial_rotary_factor`` below 1 fails there (shape mismatch).
-PARTIAL_ROTARY = ("phi3", "gpt_neox", "deepseek_v3")
+PARTIAL_ROTARY = ("phi3", "gpt_neox", "deepseek_v3", "mimo_v2_flash")
 #: Model types whose attention skips RoPE where ``config.no_rope_layers[i] == 0`` (``self.use_rope``); Granite-SWA's
 #: model skips it where ``layer_rope_theta[i] == 0`` (``posenc.hf.layers.LAYER_THETA_MODEL_TYPES``).
 NOPE_LAYERS = ("llama4_text", "smollm3")
