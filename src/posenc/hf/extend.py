@@ -1,8 +1,9 @@
 """``extend_context``: run a loaded transformers model at a longer context than it was trained for.
 
-RoPE models (Llama, Mistral, Qwen2/3, Phi-3, GPT-NeoX, Gemma 1/2/3/4) take any of posenc's scalings: ``linear``
-(Position Interpolation, Chen et al. 2023), ``ntk`` (static NTK-aware), ``dynamic`` (dynamic NTK), ``yarn``
-(Peng et al. 2023), ``longrope`` (Ding et al. 2024) and ``llama3`` (Meta 2024); see ``posenc.hf._rope_patch``. A
+RoPE models (Llama, Mistral, Qwen2/3, Phi-3, GPT-NeoX, Gemma 1/2/3/4, Granite-SWA, MiMo-V2-Flash) take any of posenc's
+scalings: ``linear`` (Position Interpolation, Chen et al. 2023), ``ntk`` (static NTK-aware), ``dynamic`` (dynamic
+NTK), ``yarn`` (Peng et al. 2023), ``longrope`` (Ding et al. 2024) and ``llama3`` (Meta 2024); see
+``posenc.hf._rope_patch``. A
 model whose RoPE is p-RoPE (``rope_type: "proportional"``, e.g. Gemma 4's full-attention layers) takes ``linear``
 only, applied to its rotating pairs.
 The remapping methods ``self_extend`` (Jin et al. 2024), ``dca`` and ``dca_vllm`` (Dual Chunk Attention, An et al.
@@ -168,7 +169,11 @@ def extend_context(
             ``max_seq_len``; BLOOM has none, which only leaves the target length unset).
         max_position_embeddings: the new context length written to the config (MPT: ``max_seq_len``); defaults to
             ``ceil(original * factor)``. ``dynamic`` keeps the original length there, as transformers expects.
-        layer_type: for per-layer-type ``rope_parameters`` (Gemma 3, Gemma 4), the layer type to extend.
+        layer_type: for per-layer-type ``rope_parameters`` (Gemma 3, Gemma 4, MiMo-V2-Flash: each type keeps its
+            base and partial rotary), the layer type to extend; the other types are left as they are. Granite-SWA
+            has one ``rope_parameters`` for all its RoPE layers, each at its own base (``layer_rope_theta``; 0: NoPE):
+            the scaling reaches every RoPE layer (static NTK grows every base), its NoPE layers stay without positions,
+            and ``layer_type`` is refused (no transformers config scales one layer type alone there).
         replace: drop the model's current scaling and apply ``method`` over its original length, instead of the
             rule above (composing the same method, refusing another).
         **options: the method's own keys, ``METHOD_OPTIONS[method]``: YaRN's ``beta_fast``, ``beta_slow``,
