@@ -53,8 +53,10 @@ from posenc.hf.setup import ROPE_MODEL_TYPES
 
 METHOD = "drope"
 #: Architectures DroPE is applied to: each RoPE architecture posenc handles (every layer's attention takes the
-#: rotary module's cos/sin), each checked in ``tests/hf/test_extend_drope.py``.
-DROPE_MODEL_TYPES = ROPE_MODEL_TYPES
+#: rotary module's cos/sin), each checked in ``tests/hf/test_extend_drope.py``; not yet those with a RoPE per layer
+#: built from copies of the config (Granite-SWA, whose NoPE layers already have none; MiMo-V2-Flash), refused.
+_NOT_YET = ("granite_swa", "granitemoe_swa", "mimo_v2_flash")
+DROPE_MODEL_TYPES = tuple(kind for kind in ROPE_MODEL_TYPES if kind not in _NOT_YET)
 _STATE = "_posenc_drope"  # on the model(s), attention and rotary modules: the shared _Dropped
 _OLD_SCALING = "_posenc_drope_scaling"  # on each attention module: its softmax scale before the patch
 _OLD_REACH = "_posenc_drope_reach"  # on each rotary module: the reach an earlier extension set
