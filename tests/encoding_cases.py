@@ -72,13 +72,14 @@ def positions(encoding: posenc.Encoding, length: int, *, start: int = 0, batch: 
         pos = grid_positions(*([GRID_SIDE] * n_axes))[start : start + length]  # (length, n_axes)
     elif kind == "mrope":
         t = torch.arange(start, start + length)
-        pos = torch.stack([t, t // 3, t % 5])  # (3, length): three position streams
+        rows = [t, t // 3, t % 5, t // 7]  # distinct position streams: (N, length), N = the encoding's streams
+        pos = torch.stack(rows[: getattr(encoding, "num_streams", 3)])
     else:
         pos = torch.arange(start, start + length)
     if batch is None:
         return pos
     if kind == "mrope":
-        return torch.stack([pos + 7 * r for r in range(batch)], dim=1)  # (3, B, length)
+        return torch.stack([pos + 7 * r for r in range(batch)], dim=1)  # (N, B, length)
     return torch.stack([pos + 7 * r for r in range(batch)])  # (B, length, ...): rows differ by a shift
 
 

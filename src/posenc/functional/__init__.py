@@ -27,6 +27,12 @@ from posenc.functional.rope_scaling import (
     proportional_frequencies,
     yarn_frequencies,
 )
+from posenc.functional.rope_shared_kv import (
+    apply_rotary_tail,
+    compressed_positions,
+    compressed_visible,
+    shared_kv_rope_attention,
+)
 from posenc.functional.sandwich import sandwich_bias, sandwich_frequencies
 from posenc.functional.sinusoidal import sinusoidal_2d_encoding, sinusoidal_encoding
 from posenc.functional.ssmax import apply_ssmax, ssmax_key_count, ssmax_scale
@@ -40,12 +46,15 @@ __all__ = [
     "angle_dtype",
     "apply_fope",
     "apply_rotary",
+    "apply_rotary_tail",
     "apply_ssmax",
     "apply_temperature",
     "attention_temperature",
     "axial_angles",
     "axial_cos_sin",
     "axial_inv_freq",
+    "compressed_positions",
+    "compressed_visible",
     "cope_bias",
     "cope_gates",
     "cope_positions",
@@ -77,6 +86,7 @@ __all__ = [
     "rope_cos_sin",
     "sandwich_bias",
     "sandwich_frequencies",
+    "shared_kv_rope_attention",
     "shaw_bias",
     "shaw_value_term",
     "sinusoidal_2d_encoding",

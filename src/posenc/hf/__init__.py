@@ -1,14 +1,17 @@
 """Hugging Face interop: positional configs in and out of transformers, and context extension of loaded models.
 
-- ``rotary_config_from_hf`` / ``rotary_config_to_hf``: RoPE (``RotaryConfig``) from and to HF config keys.
+- ``rotary_config_from_hf`` / ``rotary_config_to_hf``: RoPE (``RotaryConfig``) from and to HF config keys;
+  ``xdrope_config_from_hf`` / ``xdrope_config_to_hf``: HunYuan-VL's XD-RoPE (``XDRoPEConfig``);
+  ``rope_3d_config_from_hf`` / ``rope_3d_config_to_hf``: ERNIE-4.5-VL's and Bailing's 3-D RoPE
+  (``RoPE3DConfig``).
 - ``alibi_config_from_hf`` / ``alibi_config_to_hf``: ALiBi (``ALiBiConfig``) from and to BLOOM / MPT configs.
 - ``positional_setup``: the posenc config(s) for any supported architecture's config.
 - ``extend_context``: linear / ntk / dynamic / yarn / longrope / llama3 on a loaded RoPE model, the remapping
   methods self_extend / dca / dca_vllm / rerope / leaky_rerope / lm_infinite / string / streaming_llm
-  (``REMAP_METHODS``), slope interpolation on an ALiBi model, in place; a patched bfloat16/float16 model computes
-  its RoPE tables and rotation in float32 (``keep_rope_float32``, also callable on its own). A patched model warns
-  once past its patch's reach (``ReachExceededWarning``) and where cached decoding leaves the full forward
-  (``CacheStaleWarning``).
+  (``REMAP_METHODS``), ``drope`` (DroPE: RoPE dropped from every layer), slope interpolation on an ALiBi model, in
+  place; a patched bfloat16/float16 model computes its RoPE tables and rotation in float32 (``keep_rope_float32``,
+  also callable on its own). A patched model warns once past its patch's reach (``ReachExceededWarning``) and where
+  cached decoding leaves the full forward (``CacheStaleWarning``).
 - ``resolve_model`` / ``inspect_gguf`` / ``load_config`` / ``original_context`` / ``load_causal_lm``: pretrained
   models from GGUF files, transformers folders or ``"smollm2"``, offline; ``save_pretrained`` writes one back as a
   transformers folder (its ``config.json`` records the ``extend_context`` calls, and ``load_causal_lm`` of that
@@ -25,8 +28,15 @@ from posenc.hf.extend import METHOD_OPTIONS, METHODS, REMAP_METHODS, extend_cont
 from posenc.hf.gguf_write import save_gguf
 from posenc.hf.load import ModelSource, inspect_gguf, load_causal_lm, load_config, original_context, resolve_model
 from posenc.hf.rope_float32 import keep_rope_float32
-from posenc.hf.rotary import rotary_config_from_hf, rotary_config_to_hf
-from posenc.hf.save import ServedOnlyWarning, save_pretrained
+from posenc.hf.rotary import (
+    rope_3d_config_from_hf,
+    rope_3d_config_to_hf,
+    rotary_config_from_hf,
+    rotary_config_to_hf,
+    xdrope_config_from_hf,
+    xdrope_config_to_hf,
+)
+from posenc.hf.save import PosencOnlyWarning, ServedOnlyWarning, save_pretrained
 from posenc.hf.setup import ROPE_MODEL_TYPES, positional_setup, supported_model_types
 
 __all__ = [
@@ -35,6 +45,7 @@ __all__ = [
     "METHODS",
     "METHOD_OPTIONS",
     "ModelSource",
+    "PosencOnlyWarning",
     "REMAP_METHODS",
     "ROPE_MODEL_TYPES",
     "ReachExceededWarning",
@@ -49,9 +60,13 @@ __all__ = [
     "original_context",
     "positional_setup",
     "resolve_model",
+    "rope_3d_config_from_hf",
+    "rope_3d_config_to_hf",
     "rotary_config_from_hf",
     "rotary_config_to_hf",
     "save_gguf",
     "save_pretrained",
     "supported_model_types",
+    "xdrope_config_from_hf",
+    "xdrope_config_to_hf",
 ]

@@ -228,6 +228,8 @@ def _before(module, args, kwargs):  # noqa: ANN001, ANN202 - forward pre-hook
     cache's ``update``."""
     if module.__dict__.get("_posenc_remap") is not None:
         return None  # a remapping patch caches un-rotated keys and rotates them in its attention
+    if module.__dict__.get("_posenc_drope") is not None:
+        return None  # DroPE caches un-rotated keys, which no frequency change moves
     cache = current_cache(module)
     source = module.__dict__.get(_SOURCE)
     if cache is None or source is None:

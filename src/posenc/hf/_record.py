@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from posenc._version import __version__
-from posenc.hf._methods import FREQUENCY_METHODS
+from posenc.hf._methods import DROP_METHODS, FREQUENCY_METHODS
 
 #: The config.json key holding the record.
 CONFIG_KEY = "posenc"
@@ -111,13 +111,22 @@ def number(value: float) -> str:
     return short if float(short) == value else repr(float(value))
 
 
+def label(item: Mapping[str, Any]) -> str:
+    """``"yarn x2"``: an entry's method and factor (DroPE: its name alone, it has no factor)."""
+    if item["method"] in DROP_METHODS:
+        return str(item["method"])
+    return f"{item['method']} x{number(item['factor'])}"
+
+
 def call(item: Mapping[str, Any], *, explicit: bool = False) -> str:
     """The ``extend_context`` call of one entry: as it was made, or (``explicit``) over the original length it
     resolved to, which rebuilds it on a model whose config already holds the extended context."""
     arguments = dict(item.get("arguments", {}))
     if explicit and item.get("original_max_position_embeddings") is not None:
         arguments["original_max_position_embeddings"] = item["original_max_position_embeddings"]
-    text = [f"model, {item['method']!r}, {number(item['factor'])}"]
+    text = [f"model, {item['method']!r}"]
+    if item["method"] not in DROP_METHODS:  # DroPE has no factor
+        text[0] += f", {number(item['factor'])}"
     text += [f"{k}={arguments[k]!r}" for k in _ARGUMENTS if k in arguments]
     text += [f"{k}={v!r}" for k, v in item.get("options", {}).items()]
     return f"posenc.hf.extend_context({', '.join(text)})"

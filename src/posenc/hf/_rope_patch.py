@@ -8,7 +8,8 @@ pairs stay at frequency 0 (HF's own ``factor`` key of that type); other methods 
 ``*RotaryEmbedding`` module is then re-initialised by its own class from the updated config, and the state of that
 fresh module (``inv_freq``, ``original_inv_freq``, ``attention_scaling``, ``rope_type``, ``max_seq_len_cached``, the
 per-layer-type variants) replaces the old one's, so the patched model is the model transformers builds natively from
-the new config, while the module objects (and any hooks on them) stay where they are.
+the new config, while the module objects (and any hooks on them) stay where they are. Granite-SWA's per-base modules
+are rebuilt from per-base copies of the new config, as its model builds them (``posenc.hf._layer_theta``).
 Reference: transformers ``modeling_rope_utils`` (``ROPE_INIT_FUNCTIONS``, ``dynamic_rope_update``); checked in
 ``tests/hf/test_extend.py`` by comparing logits with natively built models.
 """
@@ -24,10 +25,15 @@ from typing import Any, cast
 import torch
 
 from posenc._checks import fail
+from posenc.encodings.rotary_config import RotaryConfig
+from posenc.encodings.rotary_hf import DEFAULT_PARTIAL_ROTARY
 from posenc.hf._common import architecture, rotary_modules
+from posenc.hf._layer_theta import module_theta, theta_config
 from posenc.hf._reach import rotary_positions, watch_reach
+from posenc.hf.layers import LAYER_THETA_MODEL_TYPES
 from posenc.hf.rope_float32 import keep_rope_float32
 from posenc.hf.rotary import rotary_config_from_hf, rotary_config_to_hf
+from posenc.hf.setup import positional_setup
 from posenc.scalings import (
     DynamicNTKScaling,
     LinearScaling,
@@ -64,6 +70,12 @@ def _scaling(method: str, factor: float, original: int, rotary_dim: int, options
     return LongRoPEScaling(factor=factor, original_max_position_embeddings=original, **options)
 
 
+def ntk_base(setup: RotaryConfig, scaling: NTKScaling, base: float) -> float:
+    """The base static NTK gives a RoPE of ``base`` (``rotary_config_to_hf``'s ``base * factor ** (d / (d - 2))``)."""
+    exported = rotary_config_to_hf(dataclasses.replace(setup, base=float(base), scaling=scaling))
+    return float(exported["rope_parameters"]["rope_theta"])
+
+
 def default_original(config: Any, layer_type: str | None) -> int:
     """The pretraining length: the scaling's own ``original_max_position_embeddings`` if it has one, else
     ``max_position_embeddings``."""
@@ -83,6 +95,10 @@ def _layer_params(config: Any, layer_type: str | None, model: torch.nn.Module) -
             fail("layer_type", layer_type, f"one of {nested} (this config has per-layer-type rope_parameters)")
         return params[layer_type]
     if layer_type is not None:
+        if config.model_type in LAYER_THETA_MODEL_TYPES:
+            fail("layer_type", layer_type, f"None: {architecture(model)} has one rope_parameters for every RoPE "
+                 "layer (layer_rope_theta gives each layer only its base, 0 for NoPE), so transformers has no config "
+                 "that scales one layer type alone; the scaling reaches every RoPE layer at its own base")  # fmt: skip
         fail("layer_type", layer_type, "None: this config has one rope_parameters for every layer")
     return params
 
@@ -119,8 +135,9 @@ def extend_rope(
     modules = rotary_modules(model)
     if not modules:
         fail("model", architecture(model), "a model with rotary embedding modules (none holds an inv_freq buffer)")
-    for name, m in modules:
-        if getattr(m, "config", None) is not config or not hasattr(m, "rope_type"):
+    thetas = [module_theta(config, m) for _, m in modules]  # Granite-SWA: a module per layer base, from a copy
+    for (name, m), theta in zip(modules, thetas, strict=True):
+        if (theta is None and getattr(m, "config", None) is not config) or not hasattr(m, "rope_type"):
             fail(
                 "model",
                 architecture(model),
@@ -129,6 +146,7 @@ def extend_rope(
             )
     old_params = _layer_params(config, layer_type, model)
     old_setup = rotary_config_from_hf(config, layer_type=layer_type)
+    old_report = positional_setup(config) if config.model_type in LAYER_THETA_MODEL_TYPES else old_setup
     current = int(config.max_position_embeddings)
     plan = plan_extension(
         old_setup.scaling,
@@ -148,6 +166,8 @@ def extend_rope(
     new_params = exported["rope_parameters"]
     if "partial_rotary_factor" in old_params:  # Phi-3 and GPT-NeoX configs read it unconditionally
         new_params.setdefault("partial_rotary_factor", old_params["partial_rotary_factor"])
+    if config.model_type in DEFAULT_PARTIAL_ROTARY:  # MiMo: its default RoPE and its scalings read other defaults
+        new_params.setdefault("partial_rotary_factor", old_setup.partial_rotary_factor)
     new_max = exported.get("max_position_embeddings", plan.target)  # dynamic NTK: its threshold, the original length
 
     updates: dict[str, Any] = {"max_position_embeddings": new_max}
@@ -157,6 +177,12 @@ def extend_rope(
         updates["rope_parameters"] = {**config.rope_parameters, layer_type: new_params}
     if hasattr(config, "original_max_position_embeddings") and new_params["rope_type"] in _WITH_ORIGINAL:
         updates["original_max_position_embeddings"] = original  # Phi-3: transformers prefers the top-level key
+    new_thetas = {t: t for t in thetas if t is not None}
+    if config.model_type in LAYER_THETA_MODEL_TYPES and isinstance(scaling, NTKScaling):
+        # Static NTK is a new base, and Granite-SWA's layers each have their own: every non-zero base grows by it.
+        grown = [ntk_base(old_setup, scaling, t) if t else t for t in config.layer_rope_theta]
+        new_thetas = {t: ntk_base(old_setup, scaling, t) for t in new_thetas}
+        updates["layer_rope_theta"] = grown
     old_values = {k: copy.deepcopy(getattr(config, k)) for k in updates}
 
     trial = copy.deepcopy(config)
@@ -170,7 +196,10 @@ def extend_rope(
     for key, value in updates.items():
         setattr(config, key, value)
     try:
-        fresh = [type(m)(config) for _, m in modules]
+        fresh = [
+            type(m)(config if t is None else theta_config(config, new_thetas[t]))
+            for (_, m), t in zip(modules, thetas, strict=True)
+        ]
     except Exception:
         for key, value in old_values.items():
             setattr(config, key, value)
@@ -179,6 +208,7 @@ def extend_rope(
         _adopt(m, new)
     _check_patched(model, modules, fresh)
     new_setup = rotary_config_from_hf(config, layer_type=layer_type)
+    new_report = positional_setup(config) if config.model_type in LAYER_THETA_MODEL_TYPES else new_setup
     guard_cache(model, modules, new_setup)
     watch_reach(modules, None if method == "dynamic" else new_max, plan.description)  # dynamic: no fixed reach
     keep_rope_float32(model)  # a bfloat16/float16 model: tables and rotation in float32, cast once after
@@ -195,7 +225,7 @@ def extend_rope(
         "previous_scaling": old_setup.scaling,
         "rule": plan.rule,
         "description": plan.description,
-        "positional_setup": {"old": old_setup, "new": new_setup},
+        "positional_setup": {"old": old_report, "new": new_report},
         "modules_patched": len(modules),
         "module_names": [name for name, _ in modules],
     }
@@ -428,6 +458,8 @@ def guard_cache(model: torch.nn.Module, modules: list[tuple[str, torch.nn.Module
             positions = rotary_positions(args, kwargs)
             if positions is None or torch.compiler.is_compiling() or positions.numel() == 0:
                 return None
+            if module.__dict__.get("_posenc_drope") is not None:
+                return None  # DroPE: the module returns no rotation, so its frequencies leave the cache alone
             start, length = int(positions.min()), int(positions.max()) + 1
             last, state["length"] = state["length"], length
             if start > 0 and last is not None and not state["warned"] and not rope.same_frequencies(last, length):

@@ -1,8 +1,9 @@
 """``extend_context``: run a loaded transformers model at a longer context than it was trained for.
 
-RoPE models (Llama, Mistral, Qwen2/3, Phi-3, GPT-NeoX, Gemma 1/2/3/4) take any of posenc's scalings: ``linear``
-(Position Interpolation, Chen et al. 2023), ``ntk`` (static NTK-aware), ``dynamic`` (dynamic NTK), ``yarn``
-(Peng et al. 2023), ``longrope`` (Ding et al. 2024) and ``llama3`` (Meta 2024); see ``posenc.hf._rope_patch``. A
+RoPE models (Llama, Mistral, Qwen2/3, Phi-3, GPT-NeoX, Gemma 1/2/3/4, Granite-SWA, MiMo-V2-Flash) take any of posenc's
+scalings: ``linear`` (Position Interpolation, Chen et al. 2023), ``ntk`` (static NTK-aware), ``dynamic`` (dynamic
+NTK), ``yarn`` (Peng et al. 2023), ``longrope`` (Ding et al. 2024) and ``llama3`` (Meta 2024); see
+``posenc.hf._rope_patch``. A
 model whose RoPE is p-RoPE (``rope_type: "proportional"``, e.g. Gemma 4's full-attention layers) takes ``linear``
 only, applied to its rotating pairs.
 The remapping methods ``self_extend`` (Jin et al. 2024), ``dca`` and ``dca_vllm`` (Dual Chunk Attention, An et al.
@@ -10,6 +11,8 @@ The remapping methods ``self_extend`` (Jin et al. 2024), ``dca`` and ``dca_vllm`
 and ``leaky_rerope`` (Su 2023), ``lm_infinite`` (Han et al. 2024), ``string`` (An et al. 2025; also at factor 1, the
 training length) and ``streaming_llm`` (Xiao et al. 2024) keep the frequencies and change which positions each
 (query, key) pair is rotated at; see ``posenc.remapping`` and ``posenc.hf._remap_patch``.
+``drope`` (DroPE, Gelberg et al. 2025) drops RoPE from every layer, as the authors' code does; see
+``posenc.hf._drope_patch``.
 ALiBi models (BLOOM, MPT) take ``linear``, which for ALiBi is slope interpolation (Al-Khateeb et al. 2023); see
 ``posenc.hf._alibi_patch``. transformers is imported only when a model is patched.
 """
@@ -23,7 +26,7 @@ import torch
 from posenc._checks import check_choice, check_number, check_positive_int, fail
 from posenc.hf import _record
 from posenc.hf._common import architecture, model_type
-from posenc.hf._methods import FREQUENCY_METHODS
+from posenc.hf._methods import DROP_METHODS, FREQUENCY_METHODS
 from posenc.hf.alibi import ALIBI_MODEL_TYPES
 from posenc.hf.setup import check_model_type
 from posenc.remapping import METHODS as REMAPPING
@@ -31,7 +34,8 @@ from posenc.remapping import METHODS as REMAPPING
 #: Frequency methods: new RoPE frequencies, in the config (``rope_parameters``).
 #: Remapping methods (``posenc.remapping``): the same frequencies, other positions per (query, key) pair.
 REMAP_METHODS = tuple(REMAPPING)
-METHODS = (*FREQUENCY_METHODS, *REMAP_METHODS)
+#: DroPE: no RoPE at all, in every layer; it has no factor.
+METHODS = (*FREQUENCY_METHODS, *REMAP_METHODS, *DROP_METHODS)
 #: The keyword options each method accepts (frequency methods: names and defaults as in Hugging Face
 #: ``rope_parameters``; remapping methods: the parameters ``posenc.remapping.remap_method`` derives, to override).
 METHOD_OPTIONS: dict[str, tuple[str, ...]] = {
@@ -42,14 +46,21 @@ METHOD_OPTIONS: dict[str, tuple[str, ...]] = {
     "longrope": ("long_factor", "short_factor", "attention_factor"),
     "llama3": ("low_freq_factor", "high_freq_factor"),
     **{name: options for name, (_, options) in REMAPPING.items()},
+    "drope": ("softmax_scale",),
 }
 
 
 #: The one rule for a context factor, in the library and on the command line: the context grows by it. At 1 every
 #: method but STRING (which remaps distances within the original context) is the model as it is: the library takes
 #: that (the identity); a study or an export refuses it, since it would measure or write the unpatched model under a
-#: method's name.
+#: method's name. DroPE has none (``DROPE_FACTOR_RULE``).
 FACTOR_RULE = "a number >= 1 (the context grows by it; 1 keeps the original context)"
+#: DroPE removes RoPE: no factor scales it and no context length follows from one (a NoPE model has no positions
+#: to run out of), so the factor is left out (None) or 1, the only value that means nothing.
+DROPE_FACTOR_RULE = (
+    "None (or 1) for 'drope': it drops RoPE from every layer, which no factor scales, and sets no context length "
+    "(a NoPE model has no positions to run out of)"
+)
 
 
 def check_factor(factor: object, method: str | None = None, *, name: str = "factor", as_model: bool = False) -> float:
@@ -73,7 +84,7 @@ def check_factor(factor: object, method: str | None = None, *, name: str = "fact
 def extend_context(
     model: torch.nn.Module,
     method: str,
-    factor: float,
+    factor: float | None = None,
     *,
     original_max_position_embeddings: int | None = None,
     max_position_embeddings: int | None = None,
@@ -141,15 +152,28 @@ def extend_context(
             frequency method
             works with every attention implementation. One remapping method per model, after
             any frequency method; its original length is the model's current context (``max_position_embeddings``),
-            so the context grows by ``factor`` again.
-        factor: the extension factor, ``>= 1``. For ``dynamic`` it is the NTK growth rate past the original length.
-            ``string`` takes 1 (the training length, where its paper runs it) and reaches at most ``2 - W / L``.
+            so the context grows by ``factor`` again. ``"drope"`` (DroPE, Gelberg et al. 2025) drops RoPE from every
+            layer as the authors' code does (the rotary modules return ``cos = 1``, ``sin = 0``, so q and k reach
+            any attention implementation and the KV cache un-rotated; option ``softmax_scale``, their
+            ``config.softmax_scale``); it takes no factor, lengths, ``layer_type`` or ``replace``, keeps
+            ``max_position_embeddings`` and leaves no reach to warn about; no method may follow it. It is a
+            run-time patch: ``posenc.hf.save_pretrained`` records it for ``posenc.hf.load_causal_lm`` (and warns,
+            ``PosencOnlyWarning``: nothing else reads that record), the model's own ``save_pretrained`` and
+            ``save_gguf`` refuse it. The model is meant to be recalibrated (fine-tuned at its original context)
+            before it is used: RoPE-trained weights run without RoPE are not the authors' DroPE model yet.
+        factor: the extension factor, ``>= 1`` (required but for ``drope``). For ``dynamic`` it is the NTK growth
+            rate past the original length. ``string`` takes 1 (the training length, where its paper runs it) and
+            reaches at most ``2 - W / L``. ``drope`` takes none (None, or 1): see ``DROPE_FACTOR_RULE``.
         original_max_position_embeddings: the pretraining length. Defaults to the config's: the current scaling's
             ``original_max_position_embeddings`` if it has one, else ``max_position_embeddings`` (MPT:
             ``max_seq_len``; BLOOM has none, which only leaves the target length unset).
         max_position_embeddings: the new context length written to the config (MPT: ``max_seq_len``); defaults to
             ``ceil(original * factor)``. ``dynamic`` keeps the original length there, as transformers expects.
-        layer_type: for per-layer-type ``rope_parameters`` (Gemma 3, Gemma 4), the layer type to extend.
+        layer_type: for per-layer-type ``rope_parameters`` (Gemma 3, Gemma 4, MiMo-V2-Flash: each type keeps its
+            base and partial rotary), the layer type to extend; the other types are left as they are. Granite-SWA
+            has one ``rope_parameters`` for all its RoPE layers, each at its own base (``layer_rope_theta``; 0: NoPE):
+            the scaling reaches every RoPE layer (static NTK grows every base), its NoPE layers stay without positions,
+            and ``layer_type`` is refused (no transformers config scales one layer type alone there).
         replace: drop the model's current scaling and apply ``method`` over its original length, instead of the
             rule above (composing the same method, refusing another).
         **options: the method's own keys, ``METHOD_OPTIONS[method]``: YaRN's ``beta_fast``, ``beta_slow``,
@@ -160,7 +184,8 @@ def extend_context(
             ``dca_vllm``: ``chunk_size``, ``local_window``; ``rerope``:
             ``window``, ``log_scale``; ``leaky_rerope``: also ``leak``; ``lm_infinite``: ``window``,
             ``global_tokens``; ``string``: ``shifted_offset``, ``local_window``, ``mscale``; ``streaming_llm``:
-            ``window``, ``sinks``), each overriding the paper's rule.
+            ``window``, ``sinks``), each overriding the paper's rule; ``drope``: ``softmax_scale`` (every
+            attention's logit scale, replacing its own).
 
     Returns:
         A dict: ``architecture``, ``model_class``, ``method``, ``factor``, ``original_max_position_embeddings``,
@@ -174,8 +199,10 @@ def extend_context(
         ValueError: an architecture that is not handled (naming ``model.config.model_type`` and the class), an
             unknown method or option, ``factor < 1``, an original length above the target, a method that would drop
             the model's current scaling (another method, ``longrope`` twice, anything but ``linear`` on p-RoPE), a
-            context shorter than the current one, or a scaling the model's config class rejects. The model is left
-            unchanged.
+            context shorter than the current one, or a scaling the model's config class rejects; for ``drope`` a
+            factor other than None or 1, any length, ``layer_type`` or ``replace``, a ``softmax_scale`` that is not
+            a positive number, an ALiBi model; any method on a model DroPE patched, DroPE on a remapped one. The
+            model is left unchanged.
     """
     description = _extend(
         model, method, factor, original=original_max_position_embeddings, target=max_position_embeddings,
@@ -187,14 +214,15 @@ def extend_context(
         "layer_type": layer_type,
         "replace": replace,
     }
-    _record.add(model, _record.entry(method, factor, arguments, options, description))
+    recorded = 1.0 if factor is None else factor  # DroPE: no factor, recorded as the 1 that changes nothing
+    _record.add(model, _record.entry(method, recorded, arguments, options, description))
     return description
 
 
 def _extend(
     model: torch.nn.Module,
     method: str,
-    factor: float,
+    factor: float | None,
     *,
     original: int | None,
     target: int | None,
@@ -208,7 +236,14 @@ def _extend(
         fail("model", type(model).__name__, "a transformers model (a torch.nn.Module with a .config)")
     kind = check_model_type(model_type(model.config), where=f"model.config.model_type of {type(model).__name__}")
     check_choice("method", method, METHODS)
-    factor = check_factor(factor)
+    scale = 1.0  # the factor, checked
+    if method in DROP_METHODS:
+        if factor is not None and (isinstance(factor, bool) or factor != 1):
+            fail("factor", factor, DROPE_FACTOR_RULE)
+    elif factor is None:
+        fail("factor", factor, f"{FACTOR_RULE} for {method!r}")
+    else:
+        scale = check_factor(factor)
     allowed = METHOD_OPTIONS[method]
     for name, value in options.items():
         if name not in allowed:
@@ -228,8 +263,27 @@ def _extend(
             "model",
             f"{architecture(model)} patched with {remapped.method.name}",
             "a model without a remapping method: apply frequency methods first (yarn, then self_extend), and one "
-            "remapping method per model",
+            "remapping method per model (DroPE on a model as loaded)",
         )
+    if model.__dict__.get("_posenc_drope") is not None:
+        fail(
+            "model",
+            f"{architecture(model)} patched with DroPE",
+            "a model that still has RoPE: DroPE removed it from every layer, so no method can scale or remap it "
+            "(load the model again)",
+        )
+    if method in DROP_METHODS:
+        for name, value, default in (
+            ("original_max_position_embeddings", original, None),
+            ("max_position_embeddings", max_position_embeddings, None),
+            ("layer_type", layer_type, None),
+            ("replace", replace, False),
+        ):
+            if value is not default:
+                fail(name, value, f"{default} for 'drope': it drops RoPE in every layer and sets no context length")
+        from posenc.hf._drope_patch import apply_drope
+
+        return apply_drope(model, **options)
     if method in REMAP_METHODS:
         if kind in ALIBI_MODEL_TYPES:
             fail(
@@ -243,7 +297,7 @@ def _extend(
             )
         from posenc.hf._remap_patch import extend_remap
 
-        return extend_remap(model, method, factor, original=original, target=max_position_embeddings, options=options)
+        return extend_remap(model, method, scale, original=original, target=max_position_embeddings, options=options)
     if kind in ALIBI_MODEL_TYPES:
         if method != "linear":
             fail("method", method, f"'linear' (slope interpolation) for the ALiBi model {architecture(model)}")
@@ -251,14 +305,14 @@ def _extend(
             fail("layer_type", layer_type, f"None for the ALiBi model {architecture(model)}")
         from posenc.hf._alibi_patch import extend_alibi
 
-        return extend_alibi(model, factor=factor, original=original, target=max_position_embeddings, replace=replace)
+        return extend_alibi(model, factor=scale, original=original, target=max_position_embeddings, replace=replace)
 
     from posenc.hf._rope_patch import extend_rope
 
     return extend_rope(
         model,
         method=method,
-        factor=factor,
+        factor=scale,
         original=original,
         target=max_position_embeddings,
         layer_type=layer_type,

@@ -124,6 +124,17 @@ def check_model(model: torch.nn.Module) -> Any:
                     "dual_chunk_attention_config)"
                 )
         fail("model", f"patched with {method.name}", f"a model whose RoPE a GGUF records: {instead}")
+    if model.__dict__.get("_posenc_drope") is not None:
+        from posenc.hf._serving import rebuild_advice
+
+        fail(
+            "model",
+            "patched with drope",
+            "a model whose RoPE a GGUF records: llama.cpp has no key that turns RoPE off in every layer (a Llama "
+            "file's rope.dimension_count must equal the head dim, 'invalid n_rot' otherwise; its per-layer NoPE step "
+            "n_no_rope_layer_step is fixed per architecture, read from no key), so the file would run with RoPE. "
+            f"{rebuild_advice(model)}",
+        )
     config = getattr(model, "config", None)
     if getattr(config, "model_type", None) != "llama":
         fail("model", getattr(config, "model_type", type(model).__name__), "a Llama model (model_type 'llama')")

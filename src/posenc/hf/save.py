@@ -12,6 +12,9 @@ engines would run with another logit factor) and ALiBi's slope interpolation (a 
 ``extend_context`` call made since the model was loaded, in order, so that saving the model as loaded and making them
 again rebuilds it. ``config.json`` records those calls under the key ``"posenc"`` (``posenc.hf._record``). Once written,
 the folder is checked as ``posenc check`` checks it and the table printed (``check=True``; ``posenc.runtimes.check``).
+DroPE has no config key anywhere (transformers' Llama-family configs, vLLM and llama.cpp all rotate every layer of
+these architectures): its folder holds the model's weights, reloads with RoPE in plain transformers, and is run as
+DroPE by ``posenc.hf.load_causal_lm`` alone, from the record; a ``PosencOnlyWarning`` says so.
 Two things the plain ``model.save_pretrained`` gets in the way of:
 
 - a model transformers loaded from GGUF keeps ``config.quantization_config`` and ``model.hf_quantizer``, and refuses
@@ -60,6 +63,11 @@ def _copy_for_saving(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Mod
 
 class ServedOnlyWarning(UserWarning):
     """A saved folder runs its extension in serving engines only: transformers loads it as the unextended model."""
+
+
+class PosencOnlyWarning(UserWarning):
+    """A saved folder's extension is in posenc's record alone (DroPE): ``posenc.hf.load_causal_lm`` re-applies it;
+    transformers, vLLM, SGLang and llama.cpp load the model without it."""
 
 
 def remap_config(model: torch.nn.Module) -> dict[str, int] | None:
@@ -152,6 +160,18 @@ def save_pretrained(
         from posenc.hf._remap_patch import remove_remap
 
         remove_remap(clone)  # the copy saves as the model it is; the block below is what serving engines run
+    from posenc.hf._drope_patch import dropped, remove_drope
+
+    if dropped(clone):
+        remove_drope(clone)  # its own save_pretrained again; the record set above keeps DroPE for load_causal_lm
+        warnings.warn(
+            f"{out}: only posenc.hf.load_causal_lm({str(out)!r}) runs this folder as DroPE (from the 'posenc' record "
+            "in its config.json): no config key of transformers, vLLM, SGLang or llama.cpp drops RoPE in every layer "
+            f"of {clone.config.model_type}, so they load it with RoPE, a model posenc did not measure (after loading "
+            f"it with transformers, call {_record.reapply(model)})",
+            PosencOnlyWarning,
+            stacklevel=2,
+        )
     if remap is not None:
         clone.config.dual_chunk_attention_config = remap
         warnings.warn(

@@ -8,13 +8,16 @@ from typing import Any
 from posenc._checks import fail
 from posenc.encodings.alibi import ALiBiConfig
 from posenc.encodings.rotary import RotaryConfig
+from posenc.encodings.rotary_hf import rope_parameters_of
 from posenc.hf._common import as_dict
 from posenc.hf.alibi import ALIBI_MODEL_TYPES, alibi_config_from_hf
+from posenc.hf.layers import LAYER_THETA_MODEL_TYPES, layer_rotary_configs
 from posenc.hf.rotary import rotary_config_from_hf
 
 #: Architectures whose RoPE transformers builds with a ``*RotaryEmbedding`` module driven by ``rope_parameters``,
 #: each checked in ``tests/hf`` (a model type absent here is refused, not guessed at). Gemma 4's full-attention layers
-#: are p-RoPE (``"proportional"``) at their own ``head_dim``.
+#: are p-RoPE (``"proportional"``) at their own ``head_dim``; Granite-SWA gives each layer its own base (0: NoPE);
+#: MiMo-V2-Flash has a base and a partial rotary per layer type.
 ROPE_MODEL_TYPES = (
     "llama",
     "mistral",
@@ -26,6 +29,9 @@ ROPE_MODEL_TYPES = (
     "gemma2",
     "gemma3_text",
     "gemma4_text",
+    "granite_swa",
+    "granitemoe_swa",
+    "mimo_v2_flash",
 )
 
 # What some common architectures use instead, for the error message.
@@ -59,7 +65,9 @@ def check_model_type(kind: object, *, where: str = "config.model_type") -> str:
     raise AssertionError  # unreachable
 
 
-def positional_setup(config: Any) -> RotaryConfig | dict[str, RotaryConfig] | ALiBiConfig:
+def positional_setup(
+    config: Any,
+) -> RotaryConfig | dict[str, RotaryConfig] | tuple[RotaryConfig | None, ...] | ALiBiConfig:
     """How a transformers model encodes positions, as posenc configs.
 
     Args:
@@ -67,8 +75,9 @@ def positional_setup(config: Any) -> RotaryConfig | dict[str, RotaryConfig] | AL
 
     Returns:
         A ``RotaryConfig`` for the RoPE family (Phi-3's LongRoPE, GPT-NeoX's partial rotary and every scaling
-        included); for configs with per-layer-type RoPE (Gemma 3), ``{layer_type: RotaryConfig}``; an
-        ``ALiBiConfig`` for BLOOM and MPT.
+        included); for configs with per-layer-type RoPE (Gemma 3), ``{layer_type: RotaryConfig}``; for a RoPE base
+        per layer (Granite-SWA's ``layer_rope_theta``), one ``RotaryConfig`` per layer, None for its NoPE layers
+        (``posenc.hf.layers.layer_rotary_configs``); an ``ALiBiConfig`` for BLOOM and MPT.
 
     Raises:
         ValueError: naming ``config.model_type`` for an architecture that is not handled.
@@ -77,7 +86,9 @@ def positional_setup(config: Any) -> RotaryConfig | dict[str, RotaryConfig] | AL
     kind = check_model_type(cfg.get("model_type"))
     if kind in ALIBI_MODEL_TYPES:
         return alibi_config_from_hf(cfg)
-    params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    if kind in LAYER_THETA_MODEL_TYPES:
+        return layer_rotary_configs(cfg)
+    params = rope_parameters_of(cfg)
     nested = sorted(k for k, v in params.items() if isinstance(v, Mapping))
     if nested:
         return {layer_type: rotary_config_from_hf(cfg, layer_type=layer_type) for layer_type in nested}

@@ -124,13 +124,18 @@ class Row:
 # The reference
 
 
-def _posenc_layer(cfg: Mapping[str, Any], layer_type: str | None, extra: Mapping[str, Any]) -> LayerRope:
+def _posenc_layer(
+    cfg: Mapping[str, Any], layer_type: str | None, extra: Mapping[str, Any], base: float | None = None
+) -> LayerRope:
     """One layer's RoPE as posenc computes it for the config dict ``cfg`` (``rotary_config_from_hf`` and posenc's
-    scalings), float32 like the model posenc patched, returned in float64."""
+    scalings; ``base``: the layer's own, Granite-SWA's ``layer_rope_theta``), float32 like the model posenc patched,
+    returned in float64."""
     from posenc.hf.rotary import rotary_config_from_hf
     from posenc.scalings import rope_frequencies
 
     setup = rotary_config_from_hf(dict(cfg), layer_type=layer_type)
+    if base is not None:
+        setup = dataclasses.replace(setup, base=base)
 
     def at(n: int | None) -> tuple[torch.Tensor, float]:
         inv_freq, factor = rope_frequencies(setup.head_dim, base=setup.base, scaling=setup.scaling,
@@ -155,7 +160,7 @@ def _text(cfg: Mapping[str, Any]) -> Mapping[str, Any]:
 def _posenc_layers(cfg: Mapping[str, Any], structure: RuntimeView | None) -> tuple[LayerRope, ...]:
     """Every layer as posenc computes it: which layer has which RoPE type and which has none from the config
     (``layer_types``; ``posenc.hf.layers.rope_layers`` for NoPE), else from the runtime view given as ``structure``."""
-    from posenc.hf.layers import rope_layers
+    from posenc.hf.layers import layer_thetas, rope_layers
 
     cfg = _text(cfg)
     params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
@@ -169,16 +174,18 @@ def _posenc_layers(cfg: Mapping[str, Any], structure: RuntimeView | None) -> tup
         if len(types) != n:
             fail("config", "{...}", f"'layer_types' for its {n} layers (it has per-layer-type rope_parameters)")
     uses = rope_layers(cfg)
-    cache: dict[str | None, LayerRope] = {}
+    thetas = layer_thetas(cfg) or (None,) * n  # Granite-SWA: a base per layer
+    cache: dict[tuple[str | None, float | None], LayerRope] = {}
     layers = []
     for i in range(n):
         extra = {} if types[i] is None else {"layer_type": types[i]}
         if not uses[i] or (types[i] is not None and params.get(types[i]) is None):
             layers.append(LayerRope(None, 1.0, 0, "half", "nope", extra))
             continue
-        if types[i] not in cache:
-            cache[types[i]] = _posenc_layer(cfg, types[i], extra)
-        layers.append(cache[types[i]])
+        key = (types[i], thetas[i])
+        if key not in cache:
+            cache[key] = _posenc_layer(cfg, types[i], extra, thetas[i])
+        layers.append(cache[key])
     return tuple(layers)
 
 
@@ -211,12 +218,12 @@ def _record_reference(source: Source, structure: RuntimeView | None) -> Referenc
     remaps = []
     for entry in _record.not_in_config(entries):
         key = "dual_chunk_attention_config" if entry["method"] == "dca_vllm" else _record.CONFIG_KEY
-        remaps.append({"key": key, "method": f"{entry['method']} x{_record.number(entry['factor'])}",
+        remaps.append({"key": key, "method": _record.label(entry),
                        "call": _record.call(entry, explicit=True)})  # fmt: skip
     last = entries[-1]
     dynamic = last.get("in_config") and last["method"] == "dynamic"
     context = None if dynamic else last.get("max_position_embeddings")
-    methods = " then ".join(f"{e['method']} x{_record.number(e['factor'])}" for e in entries)
+    methods = " then ".join(_record.label(e) for e in entries)
     return Reference(f"posenc's record in config.json ({methods})", _posenc_layers(measured, structure), context,
                      tuple(remaps), tuple(notes),
                      original=entries[0].get("original_max_position_embeddings"))  # fmt: skip
@@ -377,9 +384,14 @@ def _ignores(view: RuntimeView, key: str) -> bool:
 
 
 def _fix_for_remap(runtime: str, remap: Mapping[str, Any], path: str) -> str:
+    from posenc.hf._record import CONFIG_KEY
+
     if runtime == "transformers":
         return (f"load it with posenc.hf.load_causal_lm({path!r}), which applies it, or after from_pretrained call "
                 f"{remap['call']}")  # fmt: skip
+    if remap["key"] == CONFIG_KEY:  # DroPE: no runtime has a key for it
+        return (f"none in {runtime}: no key of it runs {remap['method']}; run the folder in transformers with "
+                f"posenc.hf.load_causal_lm({path!r})")  # fmt: skip
     return f"serve it with a runtime this table does not show ignoring {remap['key']}"
 
 
@@ -487,8 +499,10 @@ def compare(view: RuntimeView, ref: Reference, length: int | None = None) -> Row
         unverified.append(f"{_layer_list(sorted(set(unprobed)), layers)}: the frequencies change with the length and "
                           f"{view.runtime}'s reader gives them at one length only (compared up to the original "
                           "context)")  # fmt: skip
+    from posenc.hf._record import CONFIG_KEY
+
     for remap in ref.remaps:
-        if _ignores(view, remap["key"]):
+        if remap["key"] == CONFIG_KEY or _ignores(view, remap["key"]):  # no runtime reads posenc's own record
             problems.append(f"ignores {remap['key']}: posenc measured {remap['method']}, {view.runtime} runs the model "
                             "without it")  # fmt: skip
             fixes.append(_fix_for_remap(view.runtime, remap, ref.path))

@@ -14,7 +14,8 @@ The reading *is* transformers' computation, not a re-implementation of it:
   length-dependent types (``dynamic``, ``longrope``) ``dynamic_rope_update``'s rule at a given length;
 - the layers: the rules of the model files, one per layer: per-layer-type tables where the rotary module keeps one
   per type (Gemma 3/4: ``config.layer_types[i]``), no RoPE where the attention reads ``config.no_rope_layers[i] == 0``
-  (Llama 4, SmolLM3), Llama 4's chunked attention on its RoPE layers (``attention_chunk_size``, in ``params``).
+  (Llama 4, SmolLM3), Llama 4's chunked attention on its RoPE layers (``attention_chunk_size``, in ``params``),
+  Granite-SWA's rotary module per base (``config.layer_rope_theta[i]``, built as its model builds it; 0: no RoPE).
 
 The channel layout is not in any config: ``LAYOUTS`` says, per model type, what its attention does (read from its
 model file). A model type outside ``LAYOUTS`` is still read with its rotary module, noted ``not verified``.
@@ -46,6 +47,7 @@ from typing import Any, cast
 
 import torch
 
+from posenc.hf.layers import LAYER_THETA_MODEL_TYPES
 from posenc.runtimes import LayerRope, RuntimeView, Source, register
 
 #: The channel layout each model type's attention applies RoPE in, from its model file (transformers 5.24):
@@ -72,6 +74,9 @@ LAYOUTS: dict[str, str] = {
             "hunyuan_v1_moe",
             "smollm3",
             "gpt_oss",
+            "granite_swa",
+            "granitemoe_swa",
+            "mimo_v2_flash",
         ),
         "half",
     ),  # fmt: skip
@@ -80,8 +85,9 @@ LAYOUTS: dict[str, str] = {
 }
 #: Model types whose attention rotates only the rotary channels and passes the rest through (``q_rot, q_pass``);
 #: the others rotate the whole head, so a ``partial_rotary_factor`` below 1 fails there (shape mismatch).
-PARTIAL_ROTARY = ("phi3", "gpt_neox", "deepseek_v3")
-#: Model types whose attention skips RoPE where ``config.no_rope_layers[i] == 0`` (``self.use_rope``).
+PARTIAL_ROTARY = ("phi3", "gpt_neox", "deepseek_v3", "mimo_v2_flash")
+#: Model types whose attention skips RoPE where ``config.no_rope_layers[i] == 0`` (``self.use_rope``); Granite-SWA's
+#: model skips it where ``layer_rope_theta[i] == 0`` (``posenc.hf.layers.LAYER_THETA_MODEL_TYPES``).
 NOPE_LAYERS = ("llama4_text", "smollm3")
 #: The rotary module of model types whose model file holds several (the vision tower's is not the text model's).
 ROTARY_CLASSES = {"llama4_text": "Llama4TextRotaryEmbedding", "gemma4_text": "Gemma4TextRotaryEmbedding"}
@@ -218,12 +224,29 @@ def _head_dim(text: Any) -> int | None:
     )
 
 
-def _layers(text: Any, rotary: Any, layout: str) -> tuple[list[LayerRope], list[str]]:
-    """One ``LayerRope`` per decoder layer, by the model files' rules; and notes."""
+def _per_layer_rotary(text: Any, cls: type, rotary: Any) -> list[Any]:
+    """The rotary module each decoder layer reads: Granite-SWA's model builds one per distinct non-zero
+    ``layer_rope_theta`` from a copy of the config at that base (``GraniteSWAModel.__init__``) and gives a layer whose
+    base is 0 no position embeddings (None here); every other model, its one rotary module."""
     n = int(text.num_hidden_layers)
-    per_type = isinstance(getattr(rotary, "rope_type", None), Mapping)
+    if text.model_type not in LAYER_THETA_MODEL_TYPES:
+        return [rotary] * n
+    from posenc.hf._layer_theta import theta_config
+
+    thetas = list(text.layer_rope_theta)
+    with _transformers_log(), torch.device("cpu"):
+        by_theta = {t: cls(config=theta_config(text, t)) for t in sorted({t for t in thetas if t})}
+    return [by_theta[t] if t else None for t in thetas]
+
+
+def _layers(text: Any, rotaries: list[Any], layout: str) -> tuple[list[LayerRope], list[str]]:
+    """One ``LayerRope`` per decoder layer from the rotary module it reads (None: none), by the model files' rules;
+    and notes."""
+    n = int(text.num_hidden_layers)
+    first = next((r for r in rotaries if r is not None), None)
+    per_type = isinstance(getattr(first, "rope_type", None), Mapping)
     layer_types = list(getattr(text, "layer_types", None) or [])
-    uses_rope = [True] * n
+    uses_rope = [r is not None for r in rotaries]
     notes: list[str] = []
     if text.model_type in NOPE_LAYERS:
         uses_rope = [bool(f) for f in text.no_rope_layers]
@@ -236,11 +259,13 @@ def _layers(text: Any, rotary: Any, layout: str) -> tuple[list[LayerRope], list[
             extra["attention_chunk_size"] = int(chunk)  # RoPE layers attend within chunks of this many tokens
         params_all = text.rope_parameters
         params = params_all.get(layer_type) if per_type else params_all
-        if not uses_rope[i] or params is None or (per_type and layer_type not in rotary.rope_type):
+        rotary = rotaries[i]
+        if not uses_rope[i] or rotary is None or params is None or (per_type and layer_type not in rotary.rope_type):
             if text.model_type == "llama4_text" and getattr(text, "attn_temperature_tuning", False):
                 extra.update(attn_temperature_tuning=True, floor_scale=text.floor_scale, attn_scale=text.attn_scale)
             layers.append(LayerRope(None, 1.0, 0, layout, "nope", extra))
             continue
+        params = rotary.config.rope_parameters if rotary.config is not text else params  # Granite-SWA: its base
         prefix = "" if layer_type is None else f"{layer_type}_"
         rope_type = rotary.rope_type[layer_type] if per_type else rotary.rope_type
         inv_freq = _as64(getattr(rotary, f"{prefix}inv_freq"))
@@ -398,7 +423,11 @@ def read_config(config: Mapping[str, Any], follows_source: str, ignored: tuple[s
                      "layouts and per-layer rules (posenc.runtimes.transformers.LAYOUTS); read with its rotary "
                      "module as 'half', one table for every layer")  # fmt: skip
         layout = "half"
-    layers, more = _layers(text, rotary, layout)
+    try:
+        rotaries = _per_layer_rotary(text, cls, rotary)
+    except Exception as err:  # noqa: BLE001 - what transformers raises building the model, as it raises it
+        return _refused(follows, f"{cls.__name__}(config) raises {type(err).__name__}: {err}", ignored=ignored)
+    layers, more = _layers(text, rotaries, layout)
     notes += more
     uniform = not isinstance(rotary.rope_type, Mapping) and not getattr(text, "is_heterogeneous", False)
     head_dim = _head_dim(text) if uniform else None  # Gemma 4's per-layer head dims are in its per-layer tables

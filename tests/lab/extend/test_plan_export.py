@@ -132,6 +132,17 @@ def test_longrope_without_its_searched_factors_is_refused_before_anything_is_mea
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("finetune", [[], ["--finetune-steps", "2"]])
+def test_drope_is_refused_by_the_study_naming_its_recalibration(llama, corpus, tmp_path, no_weights, finetune):
+    """DroPE has no factor and is meant to be recalibrated at the original context (its authors' fine-tune), not
+    measured per factor nor fine-tuned per factor at the target: refused at the plan, with the Python route."""
+    args = ["extend", llama, "--corpus", corpus, "--lengths", "32,128", "--methods", "yarn,drope", "--factors", "2"]
+    code, text = _cli(*args, *finetune, "--out", tmp_path / "out", "--plan")
+    assert code == 2 and text.count("\n") == 1 and "methods='drope' is invalid" in text, text
+    assert "DroPE has no factor" in text and "posenc.hf.extend_context(model, 'drope')" in text
+    assert not (tmp_path / "out").exists()
+
+
 def test_extend_help_says_a_plan_and_estimate_come_first():
     from posenc.cli import build_parser
 
@@ -411,6 +422,8 @@ def test_export_refusals_come_before_anything_is_read_or_written(llama, llama_gg
          "export can make from a factor alone: LongRoPE's per-frequency long_factor comes from a search"),
         ([llama, "--method", "none", "--save", work / "f"], "method='none' is invalid: expected an extension method: "
          "export writes an extended model"),
+        ([llama, "--method", "drope", "--save", work / "f"], "method='drope' is invalid: expected a method export "
+         "can make from a factor alone: DroPE has no factor"),
         ([llama, "--methods", "yarn,dynamic", "--save", work / "f"], "expected one method: export writes one model"),
     ]
     for args, match in cases:

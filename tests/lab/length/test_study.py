@@ -290,7 +290,7 @@ def test_all_expands_to_every_sequence_encoding_and_is_stored_expanded():
     from posenc.lab.length.config import StudyConfig, sequence_encodings
 
     names = sequence_encodings()
-    grid = {"rope_axial", "rope_mixed", "alibi_2d", "sinusoidal_2d", "learned_2d", "mrope"}
+    grid = {"rope_axial", "rope_mixed", "alibi_2d", "sinusoidal_2d", "learned_2d", "mrope", "xdrope", "rope_3d"}
     assert set(names) == set(posenc.available()) - grid
     cfg = StudyConfig(encodings=("rope", "all", "rope/nope:2"))
     assert cfg.encodings == ("rope", *(n for n in names if n != "rope"), "rope/nope:2")

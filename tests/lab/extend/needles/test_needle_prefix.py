@@ -43,6 +43,9 @@ def _patched(model, method: str):  # noqa: ANN001, ANN202
     if method == "none":
         return model
     patched = copy.deepcopy(model)
+    if method == "drope":  # no factor: RoPE dropped from every layer (the cache holds un-rotated keys)
+        extend_context(patched, method)
+        return patched
     options = {"long_factor": [1.0 + 1.5 * i for i in range(4)]} if method == "longrope" else {}
     factor = 1.5 if method == "string" else 4.0  # STRING reaches 2L - W at most
     extend_context(patched, method, factor, original_max_position_embeddings=ORIGINAL, **options)

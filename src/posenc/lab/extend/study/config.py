@@ -26,6 +26,23 @@ NEW = "new"
 STOP_WIDTH = 0.3
 
 
+def check_not_drope(method: str) -> None:
+    """Refuse DroPE (``posenc.hf.extend_context(model, "drope")``) as a study method: a study measures each method at
+    each factor, and DroPE has none; its recalibration is its own fine-tune, at the original context."""
+    from posenc.hf._methods import DROP_METHODS
+
+    if method in DROP_METHODS:
+        fail(
+            "methods",
+            method,
+            "a method posenc extend measures at each factor: DroPE has no factor (it drops RoPE from every layer, the "
+            "same model at every factor) and is meant to be recalibrated first, as its authors do (the plain LM loss "
+            "on every parameter at the original context, for billions of tokens: SakanaAI/DroPE), not fine-tuned "
+            "per factor at the target; in Python: posenc.hf.extend_context(model, 'drope'), fine-tune it at its "
+            "original context, posenc.hf.save_pretrained (posenc.hf.load_causal_lm loads it back as DroPE)",
+        )
+
+
 @dataclass(frozen=True, kw_only=True)
 class ExtendConfig(DictConfig):
     """Everything that defines an extension study; stored as ``OUT/extend.json`` and checked on resume.
@@ -139,6 +156,7 @@ class ExtendConfig(DictConfig):
                 fail("methods", self.methods, "each method once")
             for method in self.methods:
                 composed.check(method)
+                check_not_drope(method)
         if self.factors is not None:
             from posenc.hf.extend import check_factor
 
