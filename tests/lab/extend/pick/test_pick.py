@@ -373,6 +373,27 @@ def test_the_plan_measures_a_remapping_forward_against_the_plain_one(llama, corp
     assert plan.remap_cost == pytest.approx(3.0 / 0.5) and "(not extrapolated to" in plan.remap_measured
 
 
+def test_the_plan_of_a_model_too_big_to_load_quickly_keeps_the_probes_estimate(llama, corpus, tmp_path,
+                                                                               monkeypatch):  # fmt: skip
+    """--plan loads a model to time it only up to LOAD_FOR_PLAN_BYTES of weights (parameters x bytes per element);
+    above, nothing is loaded and the plan says the probe's estimate. (The guard once read an attribute no target has,
+    so it never fired.)"""
+    from posenc.lab.extend.pick import run as pick_run
+
+    def refuse(self):
+        raise AssertionError("--plan loaded the weights of a model above the limit")
+
+    cfg = _cfg(llama, corpus, trials=None)
+    monkeypatch.setattr(HFTarget, "load", refuse)
+    monkeypatch.setattr(pick_run, "LOAD_FOR_PLAN_BYTES", 0)
+    plan = run_pick(cfg, "2x", tmp_path / "pick", progress=False, plan_only=True)["plan"]
+    assert not plan.calibrated and not (tmp_path / "pick").exists()
+    monkeypatch.undo()
+    calls = []
+    monkeypatch.setattr(HFTarget, "load", lambda self, load=HFTarget.load: (calls.append(1), load(self))[1])
+    assert run_pick(cfg, "2x", tmp_path / "pick", progress=False, plan_only=True)["plan"].calibrated and calls
+
+
 def test_save_limits_the_candidates_to_what_the_format_carries(llama, corpus, tmp_path):
     cfg = _cfg(llama, corpus, methods=("yarn", "self_extend", "dca"))
     result = run_pick(cfg, 128, tmp_path / "pick", progress=False, save=tmp_path / "saved", plan_only=True)

@@ -51,7 +51,6 @@ PPL_BREAK = 2.0
 #: Needles per cell at T when --trials is left out (the issue's n >= 20).
 DEFAULT_CAP = 20
 
-#: A remapping candidate's time per sample relative to a frequency method's, for the plan's estimate. Measured on
 #: A remapping candidate's time per sample relative to a frequency method's, until the plan measures it on the
 #: machine (``run._calibrated``, ``HFTarget.remap_cost``): SmolLM2-135M, bfloat16, an idle 2-core AMD EPYC,
 #: 2026-11-26, at 8,192 tokens: Self-Extend's prefill 1.35x YaRN's (32.9 vs 24.3 s), a passkey generate 1.56x (36.7

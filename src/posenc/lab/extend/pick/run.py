@@ -334,12 +334,17 @@ def _estimate(decided: PickPlan, model: Any, cfg: ExtendConfig) -> PickPlan:
                                finetune_seconds=finetune_seconds)  # fmt: skip
 
 
+#: ``--pick --plan`` loads a model to time two forwards only up to this many bytes of weights (in the dtype it runs
+#: in); a bigger one keeps the probe's estimate, so the plan stays a matter of seconds.
+LOAD_FOR_PLAN_BYTES = 4 * 2**30
+
+
 def _calibrated(decided: PickPlan, model: Any, plan_only: bool) -> PickPlan:
     """The plan's estimate from the model's own speed: its weights loaded and two forwards timed
     (``HFTarget.calibrate``: the linear and quadratic parts of a forward's cost on this machine), in place of the
     probe. Loading takes seconds for SmolLM2; a model too big to load quickly keeps the probe's estimate under
-    ``--plan``."""
-    if plan_only and getattr(model, "weights_bytes", 0) > 4 * 2**30:
+    ``--plan`` (``LOAD_FOR_PLAN_BYTES``)."""
+    if plan_only and model.dims.params * model.weight_bytes > LOAD_FOR_PLAN_BYTES:
         return decided
     model.load()
     spu = model.calibrate([decided.target])[0]
