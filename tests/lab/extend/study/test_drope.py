@@ -46,7 +46,16 @@ def test_drope_is_one_model_labelled_drope_whatever_the_factors():
         ("yarn", 2.0, 3, "plain"), ("yarn", 4.0, 3, "plain"), ("drope", 1.0, 3, "plain"),
     ]  # fmt: skip
     assert label("drope", 1.0, 0) == "drope" and label("drope", 1.0, 3) == "drope +ft3"
-    ExtendConfig(model="smollm2", methods=("drope",), factors=(8.0,))  # a factor drope ignores is no error
+    ExtendConfig(model="smollm2", methods=("drope",), factors=(8.0,))  # the factor still sets the default lengths
+
+
+def test_a_layer_type_drope_would_ignore_is_refused():
+    """Nothing the user gives is silently dropped: a layer type other than all (DroPE drops RoPE from every layer)."""
+    for layer_type in ("full_attention", "sliding_attention"):
+        with pytest.raises(ValueError, match=f"layer_type='{layer_type}' is invalid: expected None or 'all' with"):
+            ExtendConfig(model="smollm2", methods=("yarn", "drope"), layer_type=layer_type)
+    ExtendConfig(model="smollm2", methods=("yarn", "drope"), layer_type="all")
+    ExtendConfig(model="smollm2", methods=("yarn", "drope"), factors=(8.0,))  # the factor is yarn's
 
 
 def test_pose_or_random_positions_with_drope_are_refused_naming_why():

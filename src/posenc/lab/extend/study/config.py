@@ -198,6 +198,14 @@ class ExtendConfig(DictConfig):
             check_positive_int(name, getattr(self, name))
         if self.layer_type is not None and (not isinstance(self.layer_type, str) or not self.layer_type):
             fail("layer_type", self.layer_type, "a layer type of the model's config (e.g. 'full_attention') or 'all'")
+        dropping = [m for m in self.methods or () if drops(m)]
+        if dropping and self.layer_type not in (None, "all"):
+            fail(
+                "layer_type",
+                self.layer_type,
+                f"None or 'all' with method {dropping[0]!r}: DroPE drops RoPE from every layer, as its authors do "
+                "(run the other methods per layer type in a study without drope)",
+            )
         if isinstance(self.finetune_steps, bool) or not isinstance(self.finetune_steps, int) or self.finetune_steps < 0:
             fail("finetune_steps", self.finetune_steps, "0 (zero-shot only) or a positive number of steps")
         if self.finetune_lr is not None:
