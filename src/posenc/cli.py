@@ -398,7 +398,9 @@ def _add_extend(sub: argparse._SubParsersAction) -> None:
         dest="methods",
         type=A.names,
         help="comma-separated; default yarn,dynamic (pretrained), every method (lab); FREQ+string composes "
-        "(yarn+string: YaRN at the factor, then STRING within that context)",
+        "(yarn+string: YaRN at the factor, then STRING within that context); drope (DroPE, transformers RoPE "
+        "models) drops RoPE: measured once, whatever --factors, and with --finetune-steps recalibrated at the "
+        "original context (the authors' recipe; without it, an ablation: RoPE dropped, not recalibrated)",
     )
     p.add_argument(
         "--factors",
@@ -424,14 +426,18 @@ def _add_extend(sub: argparse._SubParsersAction) -> None:
         "needles per cell in the race, default 20",
     )
     p.add_argument(
-        "--finetune-steps", type=A.nonnegative_int, default=0, help="also fine-tune each patch at its target length"
+        "--finetune-steps",
+        type=A.nonnegative_int,
+        default=0,
+        help="also fine-tune each patch at its target length (drope: recalibrate it at the original context, plain "
+        "positions, every parameter)",
     )
     p.add_argument("--finetune-lr", type=A.positive_float, help="default 3e-4 (lab), 2e-5 (transformers)")
     p.add_argument(
         "--finetune-window",
         type=_length,
         help="tokens per fine-tuning sequence, or a multiple of the original context (1x) (default: the target "
-        "length); shorter makes a long target affordable",
+        "length; drope: the original context, and at most that); shorter makes a long target affordable",
     )
     p.add_argument(
         "--finetune-positions",
@@ -439,7 +445,7 @@ def _add_extend(sub: argparse._SubParsersAction) -> None:
         default=("plain",),
         help="comma-separated, one fine-tuned model each: plain (0..W-1), pose (PoSE's skipped chunks), random "
         "(sorted random positions up to the target); pose and random need --finetune-window and a model that "
-        "reads position ids (not BLOOM or MPT); default plain",
+        "reads position ids (not BLOOM or MPT), and are refused with drope (no RoPE reads them); default plain",
     )
     p.add_argument(
         "--finetune-corpus", help="text file or folder to fine-tune on (default: the training split of --corpus)"
@@ -487,7 +493,8 @@ def _add_extend(sub: argparse._SubParsersAction) -> None:
         metavar="DIR|FILE.gguf",
         help="also write the patched model (one --methods, one --factors) as a transformers folder: a new or empty "
         "DIR, written before the measurements (after fine-tuning); a name ending in .gguf writes a GGUF file that "
-        "llama.cpp runs with the extension (a GGUF model; none, linear, ntk, yarn, llama3, longrope)",
+        "llama.cpp runs with the extension (a GGUF model; none, linear, ntk, yarn, llama3, longrope); --methods "
+        "drope: the recalibrated model (--finetune-steps), a folder posenc.hf.load_causal_lm reloads as DroPE",
     )
     p.add_argument(
         "--save-type",

@@ -133,13 +133,18 @@ def test_longrope_without_its_searched_factors_is_refused_before_anything_is_mea
 
 
 @pytest.mark.parametrize("finetune", [[], ["--finetune-steps", "2"]])
-def test_drope_is_refused_by_the_study_naming_its_recalibration(llama, corpus, tmp_path, no_weights, finetune):
-    """DroPE has no factor and is meant to be recalibrated at the original context (its authors' fine-tune), not
-    measured per factor nor fine-tuned per factor at the target: refused at the plan, with the Python route."""
+def test_drope_is_planned_once_beside_a_factor_method(llama, corpus, tmp_path, no_weights, finetune):
+    """DroPE has no factor: ``--methods yarn,drope --factors 2`` plans drope once, labelled ``drope``; zero-shot, the
+    plan says it is not the authors' DroPE (no recalibration); fine-tuned, that it is recalibrated at the original
+    context (issue 50, point 1; ``tests/lab/extend/study/test_drope.py`` runs it)."""
     args = ["extend", llama, "--corpus", corpus, "--lengths", "32,128", "--methods", "yarn,drope", "--factors", "2"]
     code, text = _cli(*args, *finetune, "--out", tmp_path / "out", "--plan")
-    assert code == 2 and text.count("\n") == 1 and "methods='drope' is invalid" in text, text
-    assert "DroPE has no factor" in text and "posenc.hf.extend_context(model, 'drope')" in text
+    text = " ".join(text.split())
+    assert code == 0 and "(none, yarn x2, drope" in text, text
+    if finetune:
+        assert "drope +ft2" in text and "(drope: recalibrated at the original context, 64 tokens at most)" in text
+    else:
+        assert "zero-shot drope is RoPE dropped without recalibration (an ablation), not DroPE" in text
     assert not (tmp_path / "out").exists()
 
 

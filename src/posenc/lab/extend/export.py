@@ -158,9 +158,10 @@ def _check_method(method: Any) -> None:
     if "drope" in composed.parts(method):
         fail("method", "drope", "a method export can make from a factor alone: DroPE has no factor, and RoPE-trained "
              "weights without RoPE are not a DroPE model until recalibrated (its authors fine-tune every parameter at "
-             "the original context); in Python, posenc.hf.extend_context(model, 'drope'), fine-tune it, then "
-             "posenc.hf.save_pretrained writes it (posenc.hf.load_causal_lm loads it back as DroPE; GGUF cannot hold "
-             "it)")  # fmt: skip
+             "the original context), so there is nothing to export before that fine-tune; posenc extend MODEL "
+             "--methods drope --finetune-steps N --save DIR recalibrates it and writes it through "
+             "posenc.hf.save_pretrained (posenc.hf.load_causal_lm loads it back as DroPE; GGUF cannot hold it)",
+             )  # fmt: skip
     if "longrope" in composed.parts(method):
         fail("method", "longrope", "a method export can make from a factor alone: LongRoPE's per-frequency "
              "long_factor comes from a search (no option sets it); in Python, posenc.hf.extend_context(model, "

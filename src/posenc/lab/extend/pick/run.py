@@ -41,7 +41,7 @@ from posenc.lab.extend.stats import confidence, race, sampling
 from posenc.lab.extend.stats import rates as rates_mod
 from posenc.lab.extend.stats.rates import RULER_PREFIX, UNPATCHED
 from posenc.lab.extend.study import plan
-from posenc.lab.extend.study.config import STOP_WIDTH, ExtendConfig
+from posenc.lab.extend.study.config import STOP_WIDTH, ExtendConfig, drops
 from posenc.lab.extend.study.report import label
 from posenc.lab.extend.targets import composed
 from posenc.lab.extend.targets.load import load_target
@@ -114,6 +114,11 @@ def run_pick(
     for name in ("lengths", "factors"):
         if getattr(cfg, name) is not None:
             fail(name, getattr(cfg, name), f"left out with --pick (it sets {name} itself from --target)")
+    for method in cfg.methods or ():
+        if drops(method):
+            fail("methods", method, "a method --pick races at the target's factor: DroPE has no factor and is only "
+                 "DroPE once recalibrated; measure it with posenc extend MODEL --methods drope --finetune-steps N",
+                 )  # fmt: skip
     if cfg.trials is not None and cfg.ruler_samples is not None and cfg.trials != cfg.ruler_samples:
         fail("ruler_samples", cfg.ruler_samples, f"left out or equal to --trials ({cfg.trials}): a raced model's "
              "cells advance together, one cap for all")  # fmt: skip

@@ -26,21 +26,26 @@ NEW = "new"
 STOP_WIDTH = 0.3
 
 
-def check_not_drope(method: str) -> None:
-    """Refuse DroPE (``posenc.hf.extend_context(model, "drope")``) as a study method: a study measures each method at
-    each factor, and DroPE has none; its recalibration is its own fine-tune, at the original context."""
+def drops(method: str) -> bool:
+    """Whether ``method`` drops RoPE instead of scaling it (``drope``, ``posenc.hf._drope_patch``): no factor, one
+    model per study (``unit_factors``), recalibrated at the original context when fine-tuned."""
     from posenc.hf._methods import DROP_METHODS
 
-    if method in DROP_METHODS:
-        fail(
-            "methods",
-            method,
-            "a method posenc extend measures at each factor: DroPE has no factor (it drops RoPE from every layer, the "
-            "same model at every factor) and is meant to be recalibrated first, as its authors do (the plain LM loss "
-            "on every parameter at the original context, for billions of tokens: SakanaAI/DroPE), not fine-tuned "
-            "per factor at the target; in Python: posenc.hf.extend_context(model, 'drope'), fine-tune it at its "
-            "original context, posenc.hf.save_pretrained (posenc.hf.load_causal_lm loads it back as DroPE)",
-        )
+    return method in DROP_METHODS
+
+
+def unit_factors(cfg: ExtendConfig, method: str) -> tuple[float, ...]:
+    """The factors ``method`` is measured at: ``cfg.factors``, or ``(1.0,)`` for ``drope`` (no factor: one model,
+    labelled ``drope``, whatever ``--factors`` says; its fine-tune target is the original context)."""
+    return (1.0,) if drops(method) else tuple(cfg.factors or ())
+
+
+#: Why a ``drope`` study is not the authors' DroPE without ``--finetune-steps``, said by the plan and the report.
+DROPE_ZERO_SHOT = (
+    "zero-shot drope is RoPE dropped without recalibration (an ablation), not DroPE as its authors run it: they "
+    "recalibrate every parameter with the plain LM loss at the original context (SakanaAI/DroPE); --finetune-steps N "
+    "does that here"
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -56,7 +61,10 @@ class ExtendConfig(DictConfig):
         methods: extension methods; None: every method for a lab model's encoding, ``yarn`` and ``dynamic`` for a
             pretrained RoPE model (``linear`` for ALiBi and p-RoPE ones). ``FREQUENCY+REMAP`` (``yarn+string``)
             composes a frequency method at the factor with STRING within the stretched context
-            (``posenc.lab.extend.targets.composed``; pretrained RoPE models).
+            (``posenc.lab.extend.targets.composed``; pretrained RoPE models). ``drope`` (DroPE, transformers RoPE
+            models) takes no factor: measured once at factor 1 (``unit_factors``, label ``drope``) beside the
+            others' factors; zero-shot it is RoPE dropped without recalibration (an ablation), fine-tuned it is
+            recalibrated at the original context (``finetune_window`` at most that, ``plain`` positions only).
         factors: context factors, each ``>= 1`` (``posenc.hf.extend.FACTOR_RULE``: target context = factor *
             original length; 1 only for STRING, every other method being the unpatched model there); None: the
             plan's.
@@ -70,8 +78,9 @@ class ExtendConfig(DictConfig):
         finetune_steps: 0, or steps of fine-tuning at the target length after patching (also measured zero-shot).
         finetune_lr: learning rate of that fine-tuning; None: 3e-4 (lab), 2e-5 (transformers).
         finetune_window: tokens per fine-tuning sequence, or a multiple of the original context (``"1x"``); None:
-            the target length (Position Interpolation's recipe). A shorter window makes a fine-tune to a long
-            target affordable; ``finetune_positions`` then decides which positions it sees.
+            the target length (Position Interpolation's recipe; ``drope``'s target is the original context). A
+            shorter window makes a fine-tune to a long target affordable; ``finetune_positions`` then decides which
+            positions it sees.
         finetune_positions: position ids of the fine-tuning windows, one fine-tuned model each: ``plain`` (0..W-1,
             never beyond the window), ``pose`` (PoSE's two chunks with a skip, Zhu et al. 2024), ``random`` (a
             sorted random subset of the target's positions, Ruoss et al. 2023). ``pose`` and ``random`` need a
@@ -156,12 +165,12 @@ class ExtendConfig(DictConfig):
                 fail("methods", self.methods, "each method once")
             for method in self.methods:
                 composed.check(method)
-                check_not_drope(method)
         if self.factors is not None:
             from posenc.hf.extend import check_factor
 
+            scaled = [m for m in self.methods or () if not drops(m)] or [None]  # drope takes none: measured once
             for factor in self.factors:  # 1 measures the model as trained again (`none`, always measured) but STRING
-                for method in self.methods or (None,):
+                for method in scaled:
                     check_factor(factor, method, name="factors", as_model=True)
             object.__setattr__(self, "factors", tuple(float(f) for f in self.factors))
             if len(set(self.factors)) != len(self.factors):
@@ -189,6 +198,14 @@ class ExtendConfig(DictConfig):
             check_positive_int(name, getattr(self, name))
         if self.layer_type is not None and (not isinstance(self.layer_type, str) or not self.layer_type):
             fail("layer_type", self.layer_type, "a layer type of the model's config (e.g. 'full_attention') or 'all'")
+        dropping = [m for m in self.methods or () if drops(m)]
+        if dropping and self.layer_type not in (None, "all"):
+            fail(
+                "layer_type",
+                self.layer_type,
+                f"None or 'all' with method {dropping[0]!r}: DroPE drops RoPE from every layer, as its authors do "
+                "(run the other methods per layer type in a study without drope)",
+            )
         if isinstance(self.finetune_steps, bool) or not isinstance(self.finetune_steps, int) or self.finetune_steps < 0:
             fail("finetune_steps", self.finetune_steps, "0 (zero-shot only) or a positive number of steps")
         if self.finetune_lr is not None:
@@ -264,6 +281,15 @@ class ExtendConfig(DictConfig):
                 list(self.finetune_positions),
                 f"'plain' only without a fine-tuning window: {sampled[0]!r} spreads a short window's positions over "
                 "the target, so pass --finetune-window (e.g. a quarter of the target)",
+            )
+        dropping = [m for m in self.methods or () if drops(m)]
+        if sampled and dropping:
+            fail(
+                "finetune_positions",
+                list(self.finetune_positions),
+                f"'plain' with method {dropping[0]!r}: DroPE's recalibration reads plain positions, as its authors "
+                "train it, and without RoPE no position id reaches attention, so a pose or random fine-tune would "
+                "be the plain one under another name (measure them for the other methods in a study without drope)",
             )
         if sampled and self.task == "passkey":
             fail("finetune_positions", list(self.finetune_positions), "'plain' with task passkey (pose and random "

@@ -9,8 +9,9 @@ from typing import Any
 
 
 def label(method: str, factor: float, finetune_steps: int, positions: str = "plain") -> str:
-    """``yarn x2``, ``yarn x2 +ft40`` (fine-tuned 40 steps, plain positions), ``yarn x2 +ft40 pose``."""
-    text = "none" if method == "none" and factor == 1 else f"{method} x{factor:g}"
+    """``yarn x2``, ``yarn x2 +ft40`` (fine-tuned 40 steps, plain positions), ``yarn x2 +ft40 pose``; ``drope`` and
+    ``drope +ft40`` (DroPE has no factor: measured at 1, recalibrated at the original context)."""
+    text = method if method in ("none", "drope") and factor == 1 else f"{method} x{factor:g}"
     if not finetune_steps:
         return text
     return text + f" +ft{finetune_steps}" + ("" if positions == "plain" else f" {positions}")

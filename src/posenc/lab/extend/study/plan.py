@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from posenc._checks import fail
-from posenc.lab.extend.study.config import ExtendConfig, check_lengths
+from posenc.lab.extend.study.config import ExtendConfig, check_lengths, drops, unit_factors
 
 DEFAULT_DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
 LAB_EVAL_TOKENS = 16384
@@ -116,22 +116,39 @@ def check(cfg: ExtendConfig, target: Any, *, device: str) -> None:
         )
     check_memory(target, longest, device)
     if cfg.finetune_steps:
-        window = max(cfg.finetune_window_for(round(target.original_len * f)) for f in cfg.factors)
+        window = max(cfg.finetune_window_for(t) for t in finetune_targets(cfg, target))
         check_finetune_memory(target, window, device)
+
+
+def finetune_targets(cfg: ExtendConfig, target: Any) -> list[int]:
+    """The target contexts the study fine-tunes at, sorted: ``factor * original`` per factor of a scaling method (a
+    lab model's unpatched one too), the original context itself for ``drope`` (its recalibration)."""
+    methods = [*cfg.methods, *(("none",) if target.kind == "lab" else ())]
+    return sorted({round(target.original_len * f) for m in methods for f in unit_factors(cfg, m)})
 
 
 def check_finetune(cfg: ExtendConfig, target: Any) -> None:
     """The fine-tuning positions against the model (``pose`` and ``random`` need one that reads position ids:
-    not a transformers ALiBi model), the window against the targets (``factor * original``) and the fine-tuning
-    text."""
+    not a transformers ALiBi model), the window against the targets (``factor * original``; ``drope``: at most the
+    original context, where it is recalibrated) and the fine-tuning text."""
     if not cfg.finetune_steps or (target.kind == "lab" and cfg.task == "passkey"):
         return
     if target.kind != "lab":  # a lab model reads its positions, ALiBi included
         from posenc.lab.extend.study.finetune import check_positions_reach
 
         check_positions_reach(cfg.finetune_positions, target.model_type)
-    targets = sorted(round(target.original_len * f) for f in cfg.factors)
+    targets = finetune_targets(cfg, target)
     window = cfg.finetune_window
+    dropping = [m for m in cfg.methods if drops(m)]
+    if dropping and window is not None and window > target.original_len:
+        fail(
+            "finetune_window",
+            window,
+            f"at most the original context, {target.original_len}, with method {dropping[0]!r}: DroPE is "
+            "recalibrated at the context the model was pretrained for (its authors' recipe, SakanaAI/DroPE), never "
+            "beyond it; leave --finetune-window out to recalibrate at the original context, or fine-tune the other "
+            "methods in longer windows in a study without drope",
+        )
     if window is not None and window > targets[0]:
         fail("finetune_window", window, f"at most the shortest target context, {targets[0]} (factor x original)")
     sampled = [p for p in cfg.finetune_positions if p != "plain"]

@@ -28,7 +28,7 @@ from posenc.lab.extend.stats.rates import (
     unit_order,
 )
 from posenc.lab.extend.stats.sampling import rule_text
-from posenc.lab.extend.study.config import ExtendConfig
+from posenc.lab.extend.study.config import DROPE_ZERO_SHOT, ExtendConfig, drops, unit_factors
 from posenc.lab.extend.study.labels import label, length_axis
 from posenc.lab.extend.targets import composed
 
@@ -377,14 +377,14 @@ def plot_extend(
     ax = fig.add_subplot()
     colours = [c for c in PALETTE if c != "#000000"]  # black is the unpatched model's
     methods = [m for m in dict.fromkeys(u[0] for u in groups) if m != "none"]
-    factors = sorted({u[1] for u in groups if u[0] != "none"})
+    factors = sorted({u[1] for u in groups if u[0] != "none" and not drops(u[0])})  # drope: no factor, solid
     drawn: dict[tuple, list[tuple[int, float]]] = {}
     for i, (unit_, by_length) in enumerate(groups.items()):
         points = sorted((n, _mean(v)) for n, v in by_length.items() if v)
         method, factor, steps, _ = unit_
         twin = next((label(*u) for u, p in drawn.items() if same_points(points, p)), None)
         drawn[unit_] = points
-        style = "-" if method == "none" else FACTOR_STYLES[factors.index(factor) % len(FACTOR_STYLES)]
+        style = "-" if method == "none" or drops(method) else FACTOR_STYLES[factors.index(factor) % len(FACTOR_STYLES)]
         colour = "black" if method == "none" else colours[methods.index(method) % len(colours)]
         xs, ys = zip(*points, strict=True)
         ax.plot(
@@ -503,7 +503,9 @@ def write_report(
         "",
         f"Model: {target.name} in {precision_text(cfg.dtype, target.kind)}, original context {original} {unit}s. "
         "Each method patched at factors "
-        f"{', '.join(f'{f:g}' for f in cfg.factors)} and measured at "
+        f"{', '.join(f'{f:g}' for f in cfg.factors)}"
+        + (" (drope once: it has no factor)" if any(drops(m) for m in cfg.methods) else "")
+        + " and measured at "
         f"{', '.join(map(str, sorted({r['length'] for r in rows})))} {unit}s; {baseline}"
         f"Time taken: {duration(seconds)}"
         + (f" by this run, which resumed a study with {resumed} measurements already made." if resumed else "."),
@@ -511,6 +513,20 @@ def write_report(
         f"Layers changed by each patch: {target.layers_note}.",
         "",
     ]
+    dropped = {r["finetune_steps"] for r in rows if drops(r["method"])}
+    if dropped:
+        text = "DroPE (`drope`): RoPE dropped from every layer (`posenc.hf.extend_context(model, 'drope')`)."
+        tuned = sorted(s for s in dropped if s)
+        if tuned:
+            window = cfg.finetune_window or original
+            text += (
+                f" `drope +ft{tuned[0]}` is it recalibrated as its authors do (SakanaAI/DroPE): the plain LM loss "
+                f"on every parameter in {window}-{unit} windows at plain positions, within the original context, "
+                f"for {tuned[0]} steps (theirs: billions of tokens)."
+            )
+        if 0 in dropped:
+            text += f" Note: {DROPE_ZERO_SHOT}."
+        lines += [text, ""]
     notes = getattr(target, "remap_notes", {})
     if notes:
         lines += [
@@ -532,7 +548,7 @@ def write_report(
             "",
         ]
     if target.kind != "lab" and any(r["length"] > r["original_len"] * r["factor"] for r in rows
-                                    if r["method"] not in ("none", "dynamic")):  # fmt: skip
+                                    if r["method"] not in ("none", "dynamic") and not drops(r["method"])):  # fmt: skip
         lines += [
             "Some lengths are past the context a patch was derived for (its factor x the original context; "
             "`posenc.hf.ReachExceededWarning`, not printed during the study): those rows measure each method beyond "
@@ -652,7 +668,7 @@ def _ruler_section(
         suites = {m: suite for m in metrics}
         if saved is not None and saved.suffix.lower() != ".gguf":
             folder = Path(os.path.abspath(saved))  # the commands run from anywhere
-            unit = (cfg.methods[0], cfg.factors[0], cfg.finetune_steps, cfg.finetune_positions[0])
+            unit = (cfg.methods[0], unit_factors(cfg, cfg.methods[0])[0], cfg.finetune_steps, cfg.finetune_positions[0])
             intro = f"for the model this run saved to `{folder}` (`{label(*unit)}`; the numbers equal its row above):"
             suites = {m: _documents_of(suite, rows, m, unit) for m in metrics}  # the n its cells stopped at
         else:

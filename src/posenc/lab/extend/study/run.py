@@ -56,7 +56,15 @@ from posenc.lab.common.runfiles import KeyedCSV, check_out, check_resumable, che
 from posenc.lab.extend.stats import sampling
 from posenc.lab.extend.stats.rates import RULER_PREFIX, Rate, model_of
 from posenc.lab.extend.study import plan
-from posenc.lab.extend.study.config import STOP_WIDTH, ExtendConfig, check_lengths, resolve_lengths
+from posenc.lab.extend.study.config import (
+    DROPE_ZERO_SHOT,
+    STOP_WIDTH,
+    ExtendConfig,
+    check_lengths,
+    drops,
+    resolve_lengths,
+    unit_factors,
+)
 from posenc.lab.extend.study.finetune import plot_losses, run_folder
 from posenc.lab.extend.study.report import finish, label, precision_text
 from posenc.lab.extend.targets.load import load_target, original_len_of
@@ -131,13 +139,15 @@ def rate(row: dict, hits: float, n: int, anytime: bool = False) -> dict:
 
 def _units(cfg: ExtendConfig, methods: Sequence[str], kind: str) -> list[Unit]:
     """The models to measure: the unpatched one first, each patch zero-shot, then each patch fine-tuned with each
-    kind of positions. A lab model is also fine-tuned unpatched at each target (what fine-tuning alone gives); a
+    kind of positions (``drope``: once, at factor 1, whatever the factors; fine-tuned at the original context, its
+    recalibration). A lab model is also fine-tuned unpatched at each target (what fine-tuning alone gives); a
     pretrained model is not (each fine-tune costs minutes there, and the methods are what the study compares).
     ``cfg.baseline`` False: no unpatched model at all (``--no-baseline``)."""
-    units = [("none", 1.0, 0, "plain")] + [(m, f, 0, "plain") for m in methods for f in cfg.factors]
+    units = [("none", 1.0, 0, "plain")] + [(m, f, 0, "plain") for m in methods for f in unit_factors(cfg, m)]
     if cfg.finetune_steps:
         tuned = ("none", *methods) if kind == "lab" else tuple(methods)
-        units += [(m, f, cfg.finetune_steps, p) for p in cfg.finetune_positions for m in tuned for f in cfg.factors]
+        units += [(m, f, cfg.finetune_steps, p) for p in cfg.finetune_positions for m in tuned
+                  for f in (cfg.factors if m == "none" else unit_factors(cfg, m))]  # fmt: skip
     return units if cfg.baseline else [u for u in units if u[0] != "none"]
 
 
@@ -205,6 +215,8 @@ def _check_save_gguf(save: str | Path, cfg: ExtendConfig, target: Any) -> Path:
             "dynamic": "dynamic NTK changes its frequencies with the sequence length, which no GGUF key records "
             "(write ntk or yarn instead)",
             "self_extend": f"llama.cpp runs its own Self-Extend from the unpatched file: llama-cli {grouped}",
+            "drope": "no GGUF key turns RoPE off in every layer; save a transformers folder (--save DIR), which "
+            "posenc.hf.load_causal_lm reloads as DroPE",
         }.get(method, f"llama.cpp has no {method}; save a transformers folder (--save DIR) instead")
         fail("save", str(save), f"a method llama.cpp runs from a GGUF ({', '.join(GGUF_METHODS)}): {instead}")
     if target.source.kind != "gguf":
@@ -221,7 +233,8 @@ GGUF_METHODS = ("none", "linear", "ntk", "yarn", "llama3", "longrope")
 def check_save(
     save: str | Path | None, cfg: ExtendConfig, target: Any, out: Path, save_type: str = "source"
 ) -> Path | None:
-    """``--save DIR`` or ``--save FILE.gguf``: one patched pretrained RoPE model (exactly one method and one factor),
+    """``--save DIR`` or ``--save FILE.gguf``: one patched pretrained RoPE model (exactly one method and one factor;
+    ``drope`` takes no factor and is saved recalibrated only, through ``posenc.hf.save_pretrained`` with its record),
     into a new or empty folder that is not the study's own, or a new GGUF file llama.cpp runs."""
     from posenc.hf.gguf_write import TENSOR_TYPES
 
@@ -237,7 +250,13 @@ def check_save(
 
     if target.model_type in ALIBI_MODEL_TYPES:
         fail("save", str(save), "a RoPE model: ALiBi's slope interpolation is a forward hook no config.json records")
-    if len(cfg.methods) != 1 or len(cfg.factors) != 1:
+    dropping = drops(cfg.methods[0]) and len(cfg.methods) == 1
+    if dropping and not cfg.finetune_steps:
+        fail("save", str(save), "--finetune-steps N with --methods drope: RoPE dropped without recalibration is not "
+             "a DroPE model (its authors recalibrate every parameter at the original context before using it), so "
+             "there is nothing to save; --finetune-steps N recalibrates it here, then --save writes that model",
+             )  # fmt: skip
+    if len(cfg.methods) != 1 or (len(cfg.factors) != 1 and not dropping):
         fail(
             "save",
             str(save),
@@ -274,6 +293,12 @@ def check_save(
     if folder.resolve() == out.resolve():
         fail("save", str(save), "a folder other than --out (the study's results go there)")
     return folder
+
+
+def saved_unit(cfg: ExtendConfig) -> Unit:
+    """The model ``--save`` writes: the study's one method at its one factor (``drope``: 1), fine-tuned if it is."""
+    method = cfg.methods[0]
+    return (method, unit_factors(cfg, method)[0], cfg.finetune_steps, cfg.finetune_positions[0])
 
 
 def _saved_as(path: Path) -> str:
@@ -354,7 +379,7 @@ def run_extend(
     measured = _only(_units(cfg, cfg.methods, target.kind), units)
     lengths = tuple(sorted(set(cfg.lengths)))
     for method in cfg.methods:  # every patch is checked before anything is measured (pretrained: on a meta copy)
-        target.check_patch(method, cfg.factors[0])
+        target.check_patch(method, unit_factors(cfg, method)[0])
     save_to = check_save(save, cfg, target, out, save_type)
     settings = {k: v for k, v in cfg.to_dict().items() if k != "out"}
     settings = {k: v for k, v in settings.items() if k not in LATER_SETTINGS or v != LATER_SETTINGS[k]}
@@ -390,13 +415,14 @@ def run_extend(
     save_unit = None
     if save_to is not None:
         if cfg.finetune_steps:  # written once fine-tuned, below
-            save_unit = (cfg.methods[0], cfg.factors[0], cfg.finetune_steps, cfg.finetune_positions[0])
+            save_unit = saved_unit(cfg)
         else:
-            model, _ = target.patched(cfg.methods[0], cfg.factors[0])
+            factor = unit_factors(cfg, cfg.methods[0])[0]
+            model, _ = target.patched(cfg.methods[0], factor)
             target.save(model, save_to, tensor_type=save_type, check=progress)
             del model
             if progress:
-                print(f"Saved {label(cfg.methods[0], cfg.factors[0], 0)} to {save_to} ({_saved_as(save_to)})")
+                print(f"Saved {label(cfg.methods[0], factor, 0)} to {save_to} ({_saved_as(save_to)})")
     target.prepare()
     results = out / "results.csv"
     samples = None if target.kind == "lab" else out / SAMPLES_FILE
@@ -508,7 +534,7 @@ def _print_plan(cfg: ExtendConfig, target: Any, out: Path, grid: list[tuple], le
                 + (" (fine-tuning included)" if tunes else "")
             )
     if save_to is not None:
-        name = label(cfg.methods[0], cfg.factors[0], cfg.finetune_steps, cfg.finetune_positions[0])
+        name = label(*saved_unit(cfg))
         lines.append(f"Would write {name} to {save_to} ({_saved_as(save_to)})")
     lines.append(f"Nothing written (--plan): the same command without --plan runs it into {out}")
     print("\n".join(lines))
@@ -659,10 +685,14 @@ def _plan_text(cfg: ExtendConfig, target: Any, work: list, lengths: Sequence[int
     if tunes:
         unit = "byte" if target.kind == "lab" else "token"
         windows = f"{cfg.finetune_window}-{unit} windows" if cfg.finetune_window else "windows of the target length"
+        if any(drops(u[0]) for u, todo in work if todo and u[2]):
+            windows += f" (drope: recalibrated at the original context, {target.original_len} {unit}s at most)"
         text += (
             f"; before their measurements, {_count(len(tunes), 'fine-tune')} of {cfg.finetune_steps} steps in "
             f"{windows} (each with its own bar and ETA; a finished one is reloaded, not rerun)"
         )
+    if any(drops(u[0]) and not u[2] for u, todo in work if todo):
+        text += f". Note: {DROPE_ZERO_SHOT}"
     return text
 
 

@@ -59,6 +59,8 @@ def calls(
     from posenc.hf._record import number
 
     first, second = parts(method)
+    if first == "drope":  # no factor, no context length, every layer
+        return "posenc.hf.extend_context(model, 'drope')"
     made = []
     for layer_type in layer_types:
         extra = "" if original is None else f", original_max_position_embeddings={original}"

@@ -253,7 +253,16 @@ class HFTarget:
 
     def _extend(self, model: torch.nn.Module, method: str, factor: float) -> dict:
         from posenc.hf import extend_context
+        from posenc.lab.extend.study.config import drops
 
+        if drops(method):  # RoPE dropped from every layer, whatever the layer type: no factor, no original length
+            description = dict(extend_context(model, method))
+            description["layer_types"] = None
+            description["layers_changed"] = list(description["layers"])
+            self.layers_note = (
+                self.layers_note or f"all {self.dims.layers} layers (DroPE: RoPE dropped, cos = 1, sin = 0)"
+            )
+            return description
         first, remap = composed.parts(method)
         described = []
         for layer_type in self.patch_types:

@@ -139,6 +139,12 @@ class LabTarget:
 
     def check_patch(self, method: str, factor: float) -> dict:
         """Patch a copy, to refuse a method before anything is measured; returns what changed."""
+        from posenc.lab.extend.study.config import drops
+
+        if drops(method):
+            fail("methods", method, "a method of a lab model: DroPE (drope) drops RoPE from a pretrained transformers "
+                 "model (posenc.hf.extend_context); a lab GPT has no such patch (train one with encoding nope "
+                 "instead, or measure drope on a transformers model)")  # fmt: skip
         return self.patched(method, factor)[1]
 
     def patched(self, method: str, factor: float) -> tuple[Any, dict]:

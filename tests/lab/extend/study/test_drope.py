@@ -1,0 +1,206 @@
+"""DroPE in ``posenc extend`` (issue 50, point 1): ``--methods drope`` is measured once (no factor, labelled
+``drope``), zero-shot as the "dropped without recalibration" ablation, and with ``--finetune-steps N`` recalibrated
+as its authors do (plain LM loss, every parameter, plain positions, windows of at most the original context);
+``--save`` writes the recalibrated model through ``posenc.hf.save_pretrained``, which ``load_causal_lm`` reloads as
+DroPE. A tiny transformers Llama (original context 64) and a tiny lab GPT (which refuses drope)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from lab.extend.study.test_study import ORIGINAL, TINY, _cli, _hf_folder, _lab_run, _needs_extend_context
+from posenc.lab.common.checkpoint import read_checkpoint
+from posenc.lab.extend.study.config import ExtendConfig, unit_factors
+from posenc.lab.extend.study.labels import label
+from posenc.lab.extend.study.run import _units, run_extend
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+HF_ORIGINAL = 64  # _hf_folder's max_position_embeddings
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory) -> Path:
+    _needs_extend_context()
+    return _hf_folder(tmp_path_factory.mktemp("llama"))
+
+
+def _cfg(folder: Path, corpus: Path, **kwargs) -> ExtendConfig:
+    settings = {"methods": ("drope",), "factors": (2.0,), "lengths": (64, 128), **TINY, "trials": 1,
+                "depths": (0.5,)}  # fmt: skip
+    return ExtendConfig(model=str(folder), corpus=str(corpus), **{**settings, **kwargs})
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The grid: drope once, at factor 1, whatever --factors says
+
+
+def test_drope_is_one_model_labelled_drope_whatever_the_factors():
+    cfg = ExtendConfig(model="smollm2", methods=("yarn", "drope"), factors=(2.0, 4.0), finetune_steps=3)
+    assert unit_factors(cfg, "drope") == (1.0,) and unit_factors(cfg, "yarn") == (2.0, 4.0)
+    assert _units(cfg, cfg.methods, "hf") == [
+        ("none", 1.0, 0, "plain"), ("yarn", 2.0, 0, "plain"), ("yarn", 4.0, 0, "plain"), ("drope", 1.0, 0, "plain"),
+        ("yarn", 2.0, 3, "plain"), ("yarn", 4.0, 3, "plain"), ("drope", 1.0, 3, "plain"),
+    ]  # fmt: skip
+    assert label("drope", 1.0, 0) == "drope" and label("drope", 1.0, 3) == "drope +ft3"
+    ExtendConfig(model="smollm2", methods=("drope",), factors=(8.0,))  # the factor still sets the default lengths
+
+
+def test_a_layer_type_drope_would_ignore_is_refused():
+    """Nothing the user gives is silently dropped: a layer type other than all (DroPE drops RoPE from every layer)."""
+    for layer_type in ("full_attention", "sliding_attention"):
+        with pytest.raises(ValueError, match=f"layer_type='{layer_type}' is invalid: expected None or 'all' with"):
+            ExtendConfig(model="smollm2", methods=("yarn", "drope"), layer_type=layer_type)
+    ExtendConfig(model="smollm2", methods=("yarn", "drope"), layer_type="all")
+    ExtendConfig(model="smollm2", methods=("yarn", "drope"), factors=(8.0,))  # the factor is yarn's
+
+
+def test_pose_or_random_positions_with_drope_are_refused_naming_why():
+    for kind in ("pose", "random"):
+        with pytest.raises(ValueError, match=r"^finetune_positions=.* expected 'plain' with method 'drope': .*no "
+                           "position id reaches attention"):  # fmt: skip
+            ExtendConfig(model="smollm2", methods=("yarn", "drope"), finetune_steps=2, finetune_window=16,
+                         finetune_positions=("plain", kind))  # fmt: skip
+
+
+def test_a_window_beyond_the_original_context_is_refused_for_drope_before_loading(llama, corpus, tmp_path,
+                                                                                   monkeypatch):  # fmt: skip
+    from posenc.lab.extend.targets.hf import HFTarget
+
+    loads = []
+    monkeypatch.setattr(HFTarget, "load", lambda self: loads.append(1))
+    cfg = _cfg(llama, corpus, methods=("yarn", "drope"), finetune_steps=2, finetune_window=HF_ORIGINAL + 1)
+    match = rf"^finetune_window={HF_ORIGINAL + 1} is invalid: expected at most the original context, {HF_ORIGINAL}, "
+    with pytest.raises(ValueError, match=match + "with method 'drope': DroPE is recalibrated at the context"):
+        run_extend(cfg, tmp_path / "out", progress=False)
+    assert not loads and not (tmp_path / "out" / "results.csv").exists()
+
+
+def test_the_plan_says_zero_shot_drope_is_not_the_authors_and_where_it_is_recalibrated(llama, corpus, tmp_path,
+                                                                                        capsys):  # fmt: skip
+    cfg = _cfg(llama, corpus, methods=("yarn", "drope"))
+    run_extend(cfg, tmp_path / "zero", progress=False, plan_only=True)
+    text = " ".join(capsys.readouterr().out.split())
+    assert "3 models (none, yarn x2, drope)" in text, text
+    assert "zero-shot drope is RoPE dropped without recalibration (an ablation), not DroPE as its authors" in text
+    run_extend(_cfg(llama, corpus, finetune_steps=2), tmp_path / "tuned", progress=False, plan_only=True)
+    text = " ".join(capsys.readouterr().out.split())
+    assert "drope +ft2" in text and f"(drope: recalibrated at the original context, {HF_ORIGINAL} tokens" in text
+    assert not (tmp_path / "zero").exists() and not (tmp_path / "tuned").exists()
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# End to end on a tiny transformers Llama
+
+
+def test_yarn_and_drope_recalibrated_at_the_original_context_end_to_end(llama, corpus, tmp_path):
+    cfg = _cfg(llama, corpus, methods=("yarn", "drope"), finetune_steps=2, finetune_lr=1e-2)
+    rows = run_extend(cfg, tmp_path / "out", progress=False)
+    models = {(r["method"], r["factor"], r["finetune_steps"], r["finetune_positions"]) for r in rows}
+    assert models == {("none", 1.0, 0, "plain"), ("yarn", 2.0, 0, "plain"), ("drope", 1.0, 0, "plain"),
+                      ("yarn", 2.0, 2, "plain"), ("drope", 1.0, 2, "plain")}  # fmt: skip
+    ppl = {(r["method"], r["finetune_steps"], r["length"]): r["ppl"] for r in rows if r["metric"] == "ppl"}
+    assert all(v is not None and v > 0 for v in ppl.values())
+    assert ppl[("drope", 0, 128)] != ppl[("none", 0, 128)]  # RoPE really dropped
+    assert ppl[("drope", 2, 128)] != ppl[("drope", 0, 128)]  # and recalibrated
+    run = tmp_path / "out" / "runs" / "finetune-drope-ft2"
+    described = json.loads((run / "config.json").read_text())["model"]
+    assert described["target"] == HF_ORIGINAL and described["window"] == HF_ORIGINAL  # the original context
+    assert described["positions"] == "plain"
+    yarn = json.loads((tmp_path / "out" / "runs" / "finetune-yarn-x2-ft2" / "config.json").read_text())["model"]
+    assert yarn["target"] == yarn["window"] == 2 * HF_ORIGINAL  # the other methods as before
+    report = " ".join((tmp_path / "out" / "report.md").read_text().split())
+    assert "(drope once: it has no factor)" in report
+    assert "`drope +ft2` is it recalibrated as its authors do" in report and "64-token windows" in report
+    assert "zero-shot drope is RoPE dropped without recalibration (an ablation)" in report
+    table = (tmp_path / "out" / "results.csv").read_text()
+    assert "drope,1.0,2,plain" in table
+
+
+def test_save_writes_the_recalibrated_model_and_load_causal_lm_reloads_it_with_identical_logits(llama, corpus,
+                                                                                                tmp_path):  # fmt: skip
+    from posenc.hf import extend_context, load_causal_lm
+    from posenc.hf._drope_patch import dropped
+
+    cfg = _cfg(llama, corpus, factors=(2.0, 4.0), finetune_steps=2, finetune_lr=1e-2, finetune_window=48)
+    run_extend(cfg, tmp_path / "out", progress=False, save=tmp_path / "saved")
+    reloaded, _ = load_causal_lm(tmp_path / "saved")
+    assert dropped(reloaded)  # the record re-applied DroPE
+    rebuilt, _ = load_causal_lm(llama)  # the study's recalibrated model: DroPE on the source, the fine-tuned weights
+    extend_context(rebuilt, "drope")
+    weights, _ = read_checkpoint(tmp_path / "out" / "runs" / "finetune-drope-ft2" / "checkpoint.safetensors")
+    rebuilt.load_state_dict({k.removeprefix("model.model."): v for k, v in weights.items() if k.startswith("model.")})
+    source, _ = load_causal_lm(llama)
+    x = torch.arange(3, 3 + 100)[None] % reloaded.config.vocab_size  # (1, 100): past the original context
+    with torch.inference_mode():
+        got, want, plain = (m.eval()(input_ids=x).logits for m in (reloaded, rebuilt, source))
+    assert torch.equal(got, want)
+    assert not torch.allclose(got, plain)
+    for name, value in reloaded.state_dict().items():
+        assert torch.equal(value, weights[f"model.model.{name}"]), name  # the recalibrated weights, as trained
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "save", "match"),
+    [
+        (
+            {},
+            "saved",
+            r"^save=.* expected --finetune-steps N with --methods drope: RoPE dropped without "
+            "recalibration is not a DroPE model",
+        ),
+        ({"finetune_steps": 2}, "saved.gguf", r"^save=.* no GGUF key turns RoPE off in every layer"),
+        ({"methods": ("yarn", "drope"), "finetune_steps": 2}, "saved", r"^save=.* exactly one method and one factor"),
+    ],
+)
+def test_save_of_drope_without_recalibration_or_to_gguf_is_refused_before_loading(
+    llama, corpus, tmp_path, monkeypatch, kwargs, save, match
+):
+    from posenc.lab.extend.targets.hf import HFTarget
+
+    monkeypatch.setattr(HFTarget, "load", lambda self: pytest.fail("weights were read"))
+    with pytest.raises(ValueError, match=match):
+        run_extend(_cfg(llama, corpus, **kwargs), tmp_path / "out", progress=False, save=tmp_path / save)
+    assert not (tmp_path / save).exists() and not (tmp_path / "out" / "results.csv").exists()
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Refused elsewhere: a lab model, --pick, posenc export
+
+
+def test_a_lab_model_refuses_drope_clearly(tmp_path, corpus):
+    run = _lab_run(tmp_path / "rope", "rope", corpus, steps=2)
+    cfg = ExtendConfig(model=str(run), methods=("drope",), factors=(2.0,), lengths=(ORIGINAL, 64), corpus=str(corpus),
+                       **TINY)  # fmt: skip
+    with pytest.raises(ValueError, match=r"^methods='drope' is invalid: expected a method of a lab model: DroPE"):
+        run_extend(cfg, tmp_path / "out", progress=False)
+    assert not (tmp_path / "out" / "results.csv").exists()
+
+
+def test_pick_and_export_still_refuse_drope(llama, corpus, tmp_path):
+    from posenc.lab.extend.pick.run import run_pick
+
+    cfg = ExtendConfig(model=str(llama), methods=("drope",), corpus=str(corpus), device="cpu")
+    with pytest.raises(ValueError, match=r"^methods='drope' is invalid: expected a method --pick races"):
+        run_pick(cfg, 128, tmp_path / "pick", progress=False)
+    code, text = _cli("export", str(llama), "--method", "drope", "--factor", "2", "--save", str(tmp_path / "f"))
+    assert code == 2 and "nothing to export before that fine-tune" in text and "--finetune-steps N --save DIR" in text
+    assert not (tmp_path / "f").exists()
+
+
+def test_cli_runs_drope_with_yarn_at_a_factor(llama, corpus, tmp_path):
+    code, text = _cli("extend", str(llama), "--corpus", str(corpus), "--lengths", "64,128", "--methods", "yarn,drope",
+                      "--factors", "2", "--depths", "0.5", "--trials", "1", "--device", "cpu", "--eval-tokens", "256",
+                      "--out", str(tmp_path / "out"), "--quiet")  # fmt: skip
+    assert code == 0, text
+    methods = {(r["method"], r["factor"]) for r in run_rows(tmp_path / "out")}
+    assert methods == {("none", 1.0), ("yarn", 2.0), ("drope", 1.0)}
+
+
+def run_rows(out: Path) -> list[dict]:
+    from posenc.lab.extend.study.run import read_results
+
+    return read_results(out / "results.csv")
