@@ -66,7 +66,8 @@ def test_every_architecture_inside_the_window_is_the_unpatched_model(kind):
 def _reference_attention(method):
     """An attention function that runs ``method``'s written-out float64 reference on the layer's q, k, v."""
 
-    def run(q, k, v, *, method, encoding, q_positions, k_positions, mask, seq_len, scale):
+    def run(q, k, v, *, method, encoding, q_positions, k_positions, mask, seq_len, scale, span_dtype):
+        assert span_dtype is None  # a float64 model: float64 spans
         assert mask is None and torch.equal(k_positions[0], torch.arange(k.shape[2]))
         assert torch.equal(seq_len, torch.full_like(seq_len, k.shape[2]))
         inv = encoding.inv_freq
@@ -324,6 +325,25 @@ def test_a_frequency_scaling_first_then_remapping_composes():
     assert_close(
         logits(both, x), expected, atol=64 * 22 * torch.finfo(torch.float32).eps * float(expected.abs().max()), rtol=0
     )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_the_spans_run_in_the_model_s_dtype(dtype, monkeypatch):
+    """A bf16/fp16 model runs each span in its dtype, as its own attention would (float32 products and merge); a
+    float32 model in float32. The spans' numerics are checked in ``tests/remapping/test_operator.py``."""
+    seen = []
+
+    def spy(*args, span_dtype, **kwargs):
+        seen.append(span_dtype)
+        return real(*args, span_dtype=span_dtype, **kwargs)
+
+    real = remap_patch.remap_attention
+    monkeypatch.setattr(remap_patch, "remap_attention", spy)
+    model = model_of("llama", dtype)
+    extend_context(model, "self_extend", 2.0, window=4, group=3)
+    out = logits(model, ids(12))
+    assert out.dtype == dtype and bool(torch.isfinite(out).all())
+    assert seen and set(seen) == {None if dtype == torch.float32 else dtype}
 
 
 def test_meta_model_patches_without_weights():

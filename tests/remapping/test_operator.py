@@ -12,7 +12,7 @@ import posenc
 from largest_tensor import LargestTensor
 from posenc.remapping import SelfExtend, remap_attention
 from reference import remapping as ref
-from tolerances import rotated_softmax_atol
+from tolerances import gamma, rotated_softmax_atol, unit_roundoff
 
 
 def qkv(b, h, hkv, s, d, *, t=None, dtype=torch.float64, seed=0, dv=0):
@@ -55,6 +55,47 @@ def test_float32_within_the_bound_of_the_float64_reference(backend):
     expected = ref.self_extend(q, k, v, enc.inv_freq, window=6, group=4)
     assert out.dtype == torch.float32
     assert_close(out.double(), expected, atol=rotated_softmax_atol(q, k, v, torch.float32, max_position=50), rtol=0)
+
+
+def half_span_atol(q, k, expected_abs, dtype, *, max_position, scale=None):
+    """Elementwise bound on ``span_dtype=dtype`` (bf16/fp16 spans) against the float64 reference.
+
+    A score ``q~ . k~`` of rotated vectors rounded to ``dtype`` (relative ``u`` each) and summed in float32 moves by
+    at most ``(2 u + u^2 + gamma_32(D + 1) + 2 (max_position + 8) u_32) |q| |k|`` (Cauchy-Schwarz: ``sum |q_i k_i|
+    <= |q| |k|``, and the rotation keeps both norms), times the scale. The probabilities then move by a factor within
+    ``exp(+-2 E)``, so the output by ``expm1(2 E) sum p |v|``; the values' rounding, the weights' rounding before they
+    weigh them, the normalisation and each span's output rounding add ``u sum p |v|`` each (4 u, and 2 u of slack).
+    ``expected_abs`` is the reference run on ``|v|``: ``sum p |v|`` for each output element."""
+    u, u32 = unit_roundoff(dtype), unit_roundoff(torch.float32)
+    d = q.shape[-1]
+    scale = d**-0.5 if scale is None else scale
+    norms = float(q.norm(dim=-1).max()) * float(k.norm(dim=-1).max())
+    score = scale * norms * (2 * u + u * u + gamma(d + 1) + 2 * (max_position + 8) * u32)
+    return expected_abs * (torch.expm1(torch.tensor(2 * score, dtype=torch.float64)) + 6 * u) + 1e-6
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("backend", ["eager", "sdpa"])
+def test_half_spans_within_their_bound_of_the_float64_reference(dtype, backend):
+    """The spans in bf16/fp16 (what a bf16 model runs): within the rounding bound, and that bound tighter than what a
+    region one token off moves."""
+    q, k, v = qkv(2, 4, 2, 60, 16, dtype=torch.float32, seed=3)
+    q, k = q * 0.5, k * 0.5  # a model's scores: a few units, not tens
+    enc, method = rope(16), SelfExtend(window=6, group=4)
+    out = remap_attention(q, k, v, method=method, encoding=enc, backend=backend, block=16, span_dtype=dtype)
+    assert out.dtype == torch.float32
+    expected = ref.self_extend(q, k, v, enc.inv_freq, window=6, group=4)
+    bound = half_span_atol(q, k, ref.self_extend(q, k, v.abs(), enc.inv_freq, window=6, group=4), dtype,
+                           max_position=60)  # fmt: skip
+    assert bool(((out.double() - expected).abs() <= bound).all())
+    off_by_one = ref.self_extend(q, k, v, enc.inv_freq, window=7, group=4)
+    assert bool(((off_by_one - expected).abs() > bound).any())  # the bound can tell a wrong region
+
+
+def test_half_spans_of_half_inputs_come_back_in_their_dtype():
+    q, k, v = (x.bfloat16() for x in qkv(1, 2, 1, 20, 8, dtype=torch.float32))
+    out = remap_attention(q, k, v, method=SelfExtend(window=4, group=2), encoding=rope(8), span_dtype=torch.bfloat16)
+    assert out.dtype == torch.bfloat16
 
 
 def test_partial_rotary_and_a_frequency_scaling_are_the_encodings():
@@ -167,6 +208,7 @@ def test_no_tensor_grows_with_the_square_of_the_length():
         (dict(q_positions=torch.arange(10.0)), "q_positions.dtype"),
         (dict(block=0), "block"),
         (dict(backend="flex"), "backend"),
+        (dict(span_dtype=torch.int8), "span_dtype"),
         (dict(key_mask=torch.ones(10)), "key_mask.dtype"),
         (dict(document_ids=torch.zeros(9, dtype=torch.long)), "document_ids.shape"),
         (dict(scale=0.0), "scale"),

@@ -38,6 +38,9 @@ DEFAULT_BLOCK = 256
 
 BACKENDS = ("auto", "sdpa", "eager")
 
+#: What ``span_dtype`` may be.
+SPAN_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+
 # PyTorch's CPU flash-attention kernel returns the log-sum-exp the exact merge needs (public SDPA does not).
 _CPU_FLASH: Any = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 
@@ -58,6 +61,7 @@ def remap_attention(
     scale: float | None = None,
     block: int = DEFAULT_BLOCK,
     backend: str = "auto",
+    span_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """Causal attention in which each (query, key) pair is scored by the method's branch for it.
 
@@ -119,10 +123,13 @@ def remap_attention(
 
     backend = _backend(backend, q, v)
     work = torch.float64 if q.dtype == torch.float64 else torch.float32
+    span = work if span_dtype is None else span_dtype
+    if span not in SPAN_DTYPES:
+        fail("span_dtype", span_dtype, f"None or one of {[str(d) for d in SPAN_DTYPES]}")
     branches = method.branches()
     rotate = _Rotations(encoding, method, q, k, q_pos, k_pos, lengths, work)
-    rotated = [(rotate.queries(branch), rotate.keys(branch)) for branch in branches]
-    v = _repeat_kv(v.to(work), h)
+    rotated = [(rotate.queries(branch).to(span), rotate.keys(branch).to(span)) for branch in branches]
+    v = _repeat_kv(v.to(span), h)
     offset = t - s
     out = torch.empty(b, h, s, v.shape[-1], dtype=work, device=q.device)
     for r0 in range(0, s, block):
@@ -145,27 +152,37 @@ def remap_attention(
                 continue
             lo, up = int(cols[0]), int(cols[-1]) + 1  # the span of keys this branch scores for the block
             region = region[:, None, :, lo:up]  # (B|1, 1, Sb, n)
-            values, lse = _span(backend, qb[:, :, r0:r1], kb[:, :, lo:up], v[:, :, lo:up], region, scale)
-            parts.append((values, lse.masked_fill(~region.any(dim=-1), -math.inf)))  # rows with no key: weight 0
+            values, lse = _span(backend, qb[:, :, r0:r1], kb[:, :, lo:up], v[:, :, lo:up], region, scale, work)
+            lse = lse.to(work).masked_fill(~region.any(dim=-1), -math.inf)  # rows with no key: weight 0
+            parts.append((values.to(work), lse))
         out[:, :, r0:r1] = _merge(parts, out[:, :, r0:r1])
     return out.to(q.dtype)
 
 
 def _span(
-    backend: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, region: torch.Tensor, scale: float
+    backend: str,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    region: torch.Tensor,
+    scale: float,
+    work: torch.dtype,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Attention of a block of queries over a span of keys where ``region`` is True: ``(values, log-sum-exp)``.
+    """Attention of a block of queries over a span of keys where ``region`` is True: ``(values, log-sum-exp)``,
+    the values in q's dtype, the log-sum-exp in ``work`` (float32 for half inputs).
 
     ``sdpa``: PyTorch's fused CPU flash-attention kernel, which also returns the log-sum-exp; ``eager``: written
-    out. A row with no True gets values 0 (the caller gives it weight 0).
+    out, the scores and softmax in ``work``, the weights cast to q's dtype before they weigh the values (as the
+    fused kernel does). A row with no True gets values 0 (the caller gives it weight 0).
     """
-    mask = torch.zeros(region.shape, dtype=q.dtype, device=q.device).masked_fill_(~region, -math.inf)
     if backend == "sdpa":
+        mask = torch.zeros(region.shape, dtype=q.dtype, device=q.device).masked_fill_(~region, -math.inf)
         return _CPU_FLASH(q, k, v, attn_mask=mask, scale=scale)
-    scores = (q @ k.transpose(-1, -2)) * scale + mask  # (B, H, Sb, n)
+    mask = torch.zeros(region.shape, dtype=work, device=q.device).masked_fill_(~region, -math.inf)
+    scores = (q @ k.transpose(-1, -2)).to(work) * scale + mask  # (B, H, Sb, n)
     lse = torch.logsumexp(scores, dim=-1)  # (B, H, Sb)
-    weights = torch.exp(scores - lse.clamp_min(torch.finfo(q.dtype).min)[..., None])
-    return weights @ v, lse
+    weights = torch.exp(scores - lse.clamp_min(torch.finfo(work).min)[..., None])
+    return weights.to(v.dtype) @ v, lse
 
 
 def _merge(parts: list[tuple[torch.Tensor, torch.Tensor]], like: torch.Tensor) -> torch.Tensor:
