@@ -1,8 +1,11 @@
 """Remapped attention against plain causal SDPA: time ratio and peak memory, per method and length.
 
     python bench/remap_attention.py [--lengths 4096 8192 16384] [--repeats 3] [--methods self_extend dca ...]
+                                    [--dtype float32|bfloat16]
 
-Shapes are SmolLM2-135M's attention (B=1, 9 query heads, 3 key/value heads, head_dim 64, float32, inference); each
+Shapes are SmolLM2-135M's attention (B=1, 9 query heads, 3 key/value heads, head_dim 64, inference) in ``--dtype``;
+with bfloat16, ``plain`` is SDPA in bfloat16 (what a bf16 model's frequency methods run), ``remap`` runs its spans in
+bfloat16 (``span_dtype``, what a patched bf16 model runs) and the last columns the same call with float32 spans. Each
 method takes its paper's parameters for a 2x extension (``original = length / 2``; STRING, which reaches less than
 2x, for the training length itself, where its paper runs it: ``original = length``). Both sides include the RoPE
 rotation: ``plain`` is ``posenc.attention`` with RoPE (rotation + ``torch.nn.functional.scaled_dot_product_attention``
@@ -44,11 +47,14 @@ def spec_for(method: str, length: int):  # noqa: ANN201
     return remap_method(method, original=original, target=length)
 
 
-def measure_one(method: str, length: int, repeats: int, device: str) -> dict:
-    """In a child process: warm-up, median time, and peak memory of one call above the inputs."""
+def measure_one(method: str, length: int, repeats: int, device: str, dtype: str = "float32", spans: str = "") -> dict:
+    """In a child process: warm-up, median time, and peak memory of one call above the inputs. ``spans``: the
+    remapped spans' dtype (default: the inputs' for half inputs, as a patched model runs them)."""
     gen = torch.Generator().manual_seed(0)
-    q = torch.randn(B, H, length, D, generator=gen).to(device)
-    k, v = (torch.randn(B, HKV, length, D, generator=gen).to(device) for _ in range(2))
+    dt = getattr(torch, dtype)
+    span_dtype = getattr(torch, spans) if spans else (dt if dt in (torch.bfloat16, torch.float16) else None)
+    q = torch.randn(B, H, length, D, generator=gen).to(device, dt)
+    k, v = (torch.randn(B, HKV, length, D, generator=gen).to(device, dt) for _ in range(2))
     enc = posenc.build("rope", head_dim=D, base=BASE).to(device)
     if method == "plain":
 
@@ -58,7 +64,7 @@ def measure_one(method: str, length: int, repeats: int, device: str) -> dict:
         spec = spec_for(method, length)
 
         def call():  # noqa: ANN202
-            return remap_attention(q, k, v, method=spec, encoding=enc)
+            return remap_attention(q, k, v, method=spec, encoding=enc, span_dtype=span_dtype)
 
     cuda = device.startswith("cuda")
     sync = torch.cuda.synchronize if cuda else (lambda: None)
@@ -88,35 +94,41 @@ def measure_one(method: str, length: int, repeats: int, device: str) -> dict:
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "one":
-        print(json.dumps(measure_one(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5])))
+        print(json.dumps(measure_one(*sys.argv[2:3], int(sys.argv[3]), int(sys.argv[4]), *sys.argv[5:])))
         return
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lengths", type=int, nargs="+", default=[4096, 8192, 16384])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     args = parser.parse_args()
+    half = args.dtype != "float32"
     where = torch.cuda.get_device_name() if args.device.startswith("cuda") else platform.processor() or "cpu"
     print(
-        f"# remapped vs plain causal attention, B={B} H={H} Hkv={HKV} D={D} float32, inference, median of"
+        f"# remapped vs plain causal attention, B={B} H={H} Hkv={HKV} D={D} {args.dtype}, inference, median of"
         f" {args.repeats}; torch {torch.__version__}, {torch.get_num_threads()} threads, {where}"
     )
-    print("| method | branches | L | time s | plain s | time / plain | peak MiB | plain MiB |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    extra = " float32 spans s | / plain |" if half else ""
+    print(f"| method | branches | L | time s | plain s | time / plain | peak MiB | plain MiB |{extra}")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if half else ""))
     for length in args.lengths:
-        plain = _child("plain", length, args.repeats, args.device)
+        plain = _child("plain", length, args.repeats, args.device, args.dtype)
         for method in args.methods:
-            row = _child(method, length, args.repeats, args.device)
+            row = _child(method, length, args.repeats, args.device, args.dtype)
             n = len(spec_for(method, length).branches())
-            print(
+            line = (
                 f"| {method} | {n} | {length} | {row['seconds']:.3f} | {plain['seconds']:.3f} |"
-                f" {row['seconds'] / plain['seconds']:.2f} | {row['extra_mib']:.0f} | {plain['extra_mib']:.0f} |",
-                flush=True,
+                f" {row['seconds'] / plain['seconds']:.2f} | {row['extra_mib']:.0f} | {plain['extra_mib']:.0f} |"
             )
+            if half:
+                f32 = _child(method, length, args.repeats, args.device, args.dtype, "float32")
+                line += f" {f32['seconds']:.3f} | {f32['seconds'] / plain['seconds']:.2f} |"
+            print(line, flush=True)
 
 
-def _child(method: str, length: int, repeats: int, device: str) -> dict:
-    cmd = [sys.executable, __file__, "one", method, str(length), str(repeats), device]
+def _child(method: str, length: int, repeats: int, device: str, dtype: str, spans: str = "") -> dict:
+    cmd = [sys.executable, __file__, "one", method, str(length), str(repeats), device, dtype, spans]
     return json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
 
 

@@ -1,8 +1,11 @@
 import os
+import sys
 
 import pytest
 import torch
 from hypothesis import settings
+
+import posenc.attention  # noqa: F401 - the module, for _flex_uncompiled
 
 # Under pytest-xdist (`-n auto`: one worker per core) each worker gets its share of the cores' threads, so the
 # workers do not oversubscribe the CPU (tests that pin their own thread count still do).
@@ -17,6 +20,18 @@ settings.load_profile("ci")
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+@pytest.fixture(autouse=True)
+def _flex_uncompiled(request, monkeypatch):
+    """posenc compiles FlexAttention once per shape: on a CPU, inductor's C++ takes seconds per kernel with a cold
+    cache (a fresh CI venv), and the suite's decode loops and shape sweeps met ~100 shapes (BENCHMARKS.md, "Time of
+    CI"). Tests of posenc's masks, positions and score_mods run torch's uncompiled FlexAttention -- the same score_mod
+    and block mask, an ``S x T`` matrix -- and the tests marked ``flex_compiled`` run the kernels users run: every
+    score_mod (each encoding's ``test_score_mod_in_compiled_flex_attention``, ``..._compiles_without_graph_breaks``),
+    windows, chunks and sinks, narrow head dims, low precision and the linear memory of the compiled path."""
+    if "flex_compiled" not in request.keywords:
+        monkeypatch.setattr(sys.modules["posenc.attention"], "FLEX_COMPILED", False)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -151,6 +151,7 @@ def test_sdpa_matches_eager_backward(name):
         assert_close(sdpa.double(), exact, rtol=0.0, atol=like_reference_atol(eager, exact))
 
 
+@pytest.mark.flex_compiled
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", posenc.available())
 def test_flex_matches_eager_on_cuda_forward_and_backward(name):
@@ -172,6 +173,7 @@ def test_flex_matches_eager_on_cuda_forward_and_backward(name):
         assert_close(g, g_ref, atol=1e-3, rtol=1e-3)
 
 
+@pytest.mark.flex_compiled
 def test_flex_pads_narrow_values_and_slices_the_output_back(monkeypatch):
     """CUDA's FlexAttention refuses v (and q, k) narrower than 16: posenc pads them with zeros and slices the output
     back. Run here by giving the CPU CUDA's minimums: the padded call equals eager, and flex saw 16-wide values."""
@@ -370,6 +372,7 @@ def test_default_positions_are_the_last_keys():
     assert_close(implicit, explicit, rtol=0, atol=0)
 
 
+@pytest.mark.flex_compiled
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_low_precision_flex_and_sdpa_near_float32(dtype):
     enc = posenc.build("alibi", num_heads=H)
@@ -504,6 +507,7 @@ def _chunk_allowed(q_pos, k_pos, c, *, docs=None, s=None, t=None):
     return allowed[:, None]
 
 
+@pytest.mark.flex_compiled
 @pytest.mark.parametrize("backend", ["eager", "sdpa", "flex"])
 @pytest.mark.parametrize(("s", "t", "chunk", "docs"), [(9, 9, None, False), (3, 11, 4, False), (200, 200, 48, True)])
 def test_sinks_and_chunks_are_the_formula(backend, s, t, chunk, docs):
@@ -720,6 +724,7 @@ def test_chunked_decode_and_packing_equal_alone(backend):
             assert_close(packed[:, :, a:b], alone, atol=2e-6, rtol=2e-6)
 
 
+@pytest.mark.flex_compiled
 def test_flex_chunks_and_sinks_build_nothing_quadratic(monkeypatch):
     """Everything posenc prepares for FlexAttention with chunks and sinks (chunk ids, block mask, the sink's extra
     key) stays linear in length; the kernel itself (stubbed here: a dispatch mode cannot enter it) is FlexAttention's

@@ -17,6 +17,8 @@ import torch
 
 import posenc
 
+pytestmark = pytest.mark.flex_compiled  # the compiled kernels are what this file is about
+
 H, D, T = 2, 32, 64
 SINK = 4.0155  # 4.0 in bfloat16; its float32 value is what the compiled kernel uses
 

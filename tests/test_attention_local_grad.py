@@ -25,6 +25,7 @@ CASES = {
 DEVICES = [("cpu", "sdpa"), pytest.param("cuda", "flex", marks=pytest.mark.gpu)]
 
 
+@pytest.mark.flex_compiled
 @pytest.mark.parametrize(("device", "backend"), DEVICES)
 @pytest.mark.parametrize("case", CASES)
 def test_forward_and_backward_match_eager(device, backend, case):

@@ -250,6 +250,7 @@ CASES = [
 ]
 
 
+@pytest.mark.flex_compiled
 @pytest.mark.parametrize("backend", ["sdpa", "flex"])
 @pytest.mark.parametrize(("name", "s", "t", "w", "chunk", "docs", "with_sinks"), CASES)
 def test_backends_equal_eager(backend, name, s, t, w, chunk, docs, with_sinks):
@@ -283,6 +284,7 @@ def test_sdpa_gradients_equal_eager():
         assert_close(g, g_ref, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.flex_compiled
 def test_flex_window_and_sinks_build_nothing_quadratic(monkeypatch):
     """Everything posenc prepares for FlexAttention with a window and sinks (positions, block mask, the sink's extra
     key) stays linear in length; the kernel itself (stubbed: a dispatch mode cannot enter it) is FlexAttention's

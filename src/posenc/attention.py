@@ -134,6 +134,12 @@ KEY_COUNT_TILE = 2**24
 #: posenc drops the kernels and compiles anew (see ``_compiled_flex``).
 FLEX_KERNELS_KEPT = 64
 
+#: Whether posenc compiles FlexAttention outside ``torch.compile`` (the default, and what to run). ``False`` runs
+#: torch's uncompiled FlexAttention: the same ``score_mod`` and block mask over a materialised ``S x T`` score matrix,
+#: no compilation per shape -- for debugging posenc's masks and score_mods, and for the tests of them that need not
+#: pay a compilation per shape (``tests/conftest.py``; with bfloat16 inputs its roundings differ, see above).
+FLEX_COMPILED = True
+
 
 def attention(
     q: torch.Tensor,
@@ -710,7 +716,9 @@ def _flex(q, k, v, encoding, q_pos, k_pos, mask, scale, sinks=None):  # noqa: AN
         v = F.pad(v, (0, v_min - dv))  # (B, Hkv, T, Dv) -> (B, Hkv, T, v_min)
     block_mask = mask.block_mask(q.device, sink_key=sinks is not None)
     kwargs = {"score_mod": score_mod, "block_mask": block_mask, "scale": scale, "enable_gqa": k.shape[1] != q.shape[1]}
-    if torch.compiler.is_compiling():
+    if not isinstance(FLEX_COMPILED, bool):
+        fail("posenc.attention.FLEX_COMPILED", FLEX_COMPILED, "True or False")
+    if torch.compiler.is_compiling() or not FLEX_COMPILED:
         out = flex_attention(q, k, v, **kwargs)
     else:
         out = _compiled_flex(flex_attention, q, k, v, **kwargs)

@@ -2,7 +2,8 @@
 ``drope``), zero-shot as the "dropped without recalibration" ablation, and with ``--finetune-steps N`` recalibrated
 as its authors do (plain LM loss, every parameter, plain positions, windows of at most the original context);
 ``--save`` writes the recalibrated model through ``posenc.hf.save_pretrained``, which ``load_causal_lm`` reloads as
-DroPE. A tiny transformers Llama (original context 64) and a tiny lab GPT (which refuses drope)."""
+DroPE. A tiny transformers Llama (original context 64) and a tiny lab GPT (DroPE in miniature: RoPE dropped, the
+model recalibrated at its training length)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import posenc
 from lab.extend.study.test_study import ORIGINAL, TINY, _cli, _hf_folder, _lab_run, _needs_extend_context
 from posenc.lab.common.checkpoint import read_checkpoint
 from posenc.lab.extend.study.config import ExtendConfig, unit_factors
@@ -171,11 +173,38 @@ def test_save_of_drope_without_recalibration_or_to_gguf_is_refused_before_loadin
 # Refused elsewhere: a lab model, --pick, posenc export
 
 
-def test_a_lab_model_refuses_drope_clearly(tmp_path, corpus):
+def test_a_lab_rope_model_is_dropped_and_recalibrated_at_its_original_context(tmp_path, corpus):
+    """DroPE in miniature (issue 50, point 2): a lab GPT trained with RoPE, RoPE dropped from every layer (the model
+    is then a NoPE one with the same weights), recalibrated in windows of its training length."""
     run = _lab_run(tmp_path / "rope", "rope", corpus, steps=2)
     cfg = ExtendConfig(model=str(run), methods=("drope",), factors=(2.0,), lengths=(ORIGINAL, 64), corpus=str(corpus),
+                       finetune_steps=2, finetune_lr=1e-2, **TINY)  # fmt: skip
+    rows = run_extend(cfg, tmp_path / "out", progress=False)
+    ppl = {(r["method"], r["finetune_steps"], r["length"]): r["ppl"] for r in rows if r["metric"] == "ppl"}
+    units = (("none", 0), ("none", 2), ("drope", 0), ("drope", 2))  # none +ft2: RoPE trained as long, the control
+    assert set(ppl) == {(m, n, length) for m, n in units for length in (ORIGINAL, 64)}
+    assert ppl[("drope", 0, 64)] != ppl[("none", 0, 64)] and ppl[("drope", 2, 64)] != ppl[("drope", 0, 64)]
+    trained = json.loads((tmp_path / "out" / "runs" / "finetune-drope-ft2" / "config.json").read_text())["train"]
+    assert trained["length"] == ORIGINAL  # recalibrated in windows of the training length
+    # zero-shot drope is the trained weights with a NoPE encoding: its perplexity is that model's
+    from posenc.lab.extend.targets.lab import LabTarget
+
+    target = LabTarget(cfg, tmp_path / "again", "cpu", progress=False)
+    dropped, description = target.patched("drope", 1.0)
+    assert type(dropped.encoding).__name__ == "NoPE" and description["encoding"] == {"name": "nope"}
+    assert type(target.model.encoding).__name__ == "RotaryEmbedding"  # the target's own model keeps RoPE
+    nope = target.copy()
+    nope.set_encoding(posenc.build("nope"))
+    x = torch.randint(0, 256, (2, 64), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(dropped(x), nope(x), rtol=0, atol=0)
+
+
+def test_a_lab_model_without_rope_refuses_drope_clearly(tmp_path, corpus):
+    run = _lab_run(tmp_path / "alibi", "alibi", corpus, steps=2)
+    cfg = ExtendConfig(model=str(run), methods=("drope",), factors=(2.0,), lengths=(ORIGINAL, 64), corpus=str(corpus),
                        **TINY)  # fmt: skip
-    with pytest.raises(ValueError, match=r"^methods='drope' is invalid: expected a method of a lab model: DroPE"):
+    with pytest.raises(ValueError, match=r"^methods='drope' is invalid: expected a method of this lab model: DroPE"):
         run_extend(cfg, tmp_path / "out", progress=False)
     assert not (tmp_path / "out" / "results.csv").exists()
 

@@ -61,7 +61,7 @@ class ExtendConfig(DictConfig):
         methods: extension methods; None: every method for a lab model's encoding, ``yarn`` and ``dynamic`` for a
             pretrained RoPE model (``linear`` for ALiBi and p-RoPE ones). ``FREQUENCY+REMAP`` (``yarn+string``)
             composes a frequency method at the factor with STRING within the stretched context
-            (``posenc.lab.extend.targets.composed``; pretrained RoPE models). ``drope`` (DroPE, transformers RoPE
+            (``posenc.lab.extend.targets.composed``; pretrained RoPE models). ``drope`` (DroPE, transformers or lab RoPE
             models) takes no factor: measured once at factor 1 (``unit_factors``, label ``drope``) beside the
             others' factors; zero-shot it is RoPE dropped without recalibration (an ablation), fine-tuned it is
             recalibrated at the original context (``finetune_window`` at most that, ``plain`` positions only).

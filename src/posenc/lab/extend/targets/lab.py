@@ -15,6 +15,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+import posenc
 from posenc._checks import fail
 from posenc.lab.common import evaluate as ev
 from posenc.lab.common.corpus import load_corpus, train_batch
@@ -23,7 +24,7 @@ from posenc.lab.common.scaling import EXTEND_METHODS, scaled_encoding
 from posenc.lab.common.train import TrainConfig, load_model, step_generator, train
 from posenc.lab.extend.needles import passkey as pk
 from posenc.lab.extend.study import plan
-from posenc.lab.extend.study.config import ExtendConfig
+from posenc.lab.extend.study.config import ExtendConfig, drops
 from posenc.lab.extend.targets.base import Tick, _window_batches, finetune_text, window_scores
 
 
@@ -139,17 +140,20 @@ class LabTarget:
 
     def check_patch(self, method: str, factor: float) -> dict:
         """Patch a copy, to refuse a method before anything is measured; returns what changed."""
-        from posenc.lab.extend.study.config import drops
-
-        if drops(method):
-            fail("methods", method, "a method of a lab model: DroPE (drope) drops RoPE from a pretrained transformers "
-                 "model (posenc.hf.extend_context); a lab GPT has no such patch (train one with encoding nope "
-                 "instead, or measure drope on a transformers model)")  # fmt: skip
+        if drops(method) and (self.model.config.encoding != "rope"):
+            fail("methods", method, "a method of this lab model: DroPE (drope) drops RoPE from a model that has one "
+                 f"in every layer, and this one was trained with {self.model.config.encoding!r} (train one with "
+                 "--encodings rope)")  # fmt: skip
         return self.patched(method, factor)[1]
 
     def patched(self, method: str, factor: float) -> tuple[Any, dict]:
+        """A copy with ``method``'s encoding; ``drope`` (DroPE in miniature, SakanaAI/DroPE): RoPE dropped from every
+        layer, the model then a NoPE one (``nope``) until ``finetune`` recalibrates it at the original context."""
         model = self.copy()
         before = model.encoding
+        if drops(method):
+            model.set_encoding(posenc.build("nope"))
+            return model, {"method": method, "factor": factor, "encoding": {"name": "nope"}}
         model.set_encoding(scaled_encoding(model, method, factor=factor, original_len=self.original_len))
         after = model.encoding
         if after is before or after.config == before.config:  # never measure an unpatched model as if patched
