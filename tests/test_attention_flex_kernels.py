@@ -77,3 +77,20 @@ def test_kept_must_be_positive(monkeypatch, kept):
     monkeypatch.setattr(sys.modules["posenc.attention"], "FLEX_KERNELS_KEPT", kept)
     with pytest.raises(ValueError, match="FLEX_KERNELS_KEPT"):
         _probe(1)
+
+
+def test_flex_compiled_false_runs_the_uncompiled_path(monkeypatch):
+    """``FLEX_COMPILED = False`` (debugging; the suite's tests of masks and score_mods) runs torch's uncompiled
+    FlexAttention: the probe gives the uncompiled value, not the compiled kernel's."""
+    monkeypatch.setattr(sys.modules["posenc.attention"], "FLEX_COMPILED", False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "flex_attention called without torch.compile()"
+        out = _probe(1)
+    assert not torch.equal(out, torch.full_like(out, _compiled_value()))
+
+
+@pytest.mark.parametrize("value", ["no", 0, None])
+def test_flex_compiled_must_be_a_bool(monkeypatch, value):
+    monkeypatch.setattr(sys.modules["posenc.attention"], "FLEX_COMPILED", value)
+    with pytest.raises(ValueError, match=r"^posenc.attention.FLEX_COMPILED=.* is invalid: expected True or False"):
+        _probe(1)

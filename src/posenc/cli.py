@@ -399,8 +399,8 @@ def _add_extend(sub: argparse._SubParsersAction) -> None:
         type=A.names,
         help="comma-separated; default yarn,dynamic (pretrained), every method (lab); FREQ+string composes "
         "(yarn+string: YaRN at the factor, then STRING within that context); drope (DroPE, RoPE models: "
-        "transformers or lab) drops RoPE: measured once, whatever --factors, and with --finetune-steps recalibrated at the "
-        "original context (the authors' recipe; without it, an ablation: RoPE dropped, not recalibrated)",
+        "transformers or lab) drops RoPE: measured once, whatever --factors, and with --finetune-steps recalibrated "
+        "at the original context (the authors' recipe; without it, an ablation: RoPE dropped, not recalibrated)",
     )
     p.add_argument(
         "--factors",
