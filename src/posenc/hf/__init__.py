@@ -10,7 +10,8 @@
   methods self_extend / dca / dca_vllm / rerope / leaky_rerope / lm_infinite / string / streaming_llm
   (``REMAP_METHODS``), ``drope`` (DroPE: RoPE dropped from every layer), slope interpolation on an ALiBi model, in
   place; a patched bfloat16/float16 model computes its RoPE tables and rotation in float32 (``keep_rope_float32``,
-  also callable on its own). A patched model warns once past its patch's reach (``ReachExceededWarning``) and where
+  also callable on its own) and a remapping method's attention spans in its own dtype, merged in float32. A patched
+  model warns once past its patch's reach (``ReachExceededWarning``) and where
   cached decoding leaves the full forward (``CacheStaleWarning``).
 - ``resolve_model`` / ``inspect_gguf`` / ``load_config`` / ``original_context`` / ``load_causal_lm``: pretrained
   models from GGUF files, transformers folders or ``"smollm2"``, offline; ``save_pretrained`` writes one back as a

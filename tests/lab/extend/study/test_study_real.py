@@ -520,7 +520,9 @@ def test_auto_picks_bfloat16_only_on_a_cpu_with_bfloat16_units(units, want, llam
     out = tmp_path / "out"
     run_extend(_tiny_cfg(llama_folder, corpus), out, progress=False)
     assert json.loads((out / "extend.json").read_text())["dtype"] == want
-    shown = "bfloat16 (RoPE tables and rotation in float32)" if want == "bfloat16" else "float32"
+    shown = "float32" if want != "bfloat16" else (
+        "bfloat16 (RoPE tables and rotation in float32, remapped attention's spans in bfloat16 merged in float32)"
+    )
     assert f" in {shown}, original context" in (out / "report.md").read_text()
     rows = read_results(out / "results.csv")
     assert {r["method"] for r in rows} == {"none", "yarn"}

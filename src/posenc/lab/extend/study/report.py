@@ -701,9 +701,12 @@ def _documents_of(suite: Any, rows: Sequence[Mapping[str, Any]], metric: str, un
 
 
 def precision_text(dtype: str | None, kind: str) -> str:
-    """How the model computes: ``float32``, or ``bfloat16 (RoPE tables and rotation in float32)``."""
+    """How the model computes: ``float32``, or ``bfloat16 (RoPE tables and rotation in float32, ...)``: a remapping
+    method's spans in the model's dtype, their merge in float32 (``posenc.hf._remap_patch.HALF_DTYPES``)."""
     dtype = dtype or "float32"
-    return dtype if dtype == "float32" or kind == "lab" else f"{dtype} (RoPE tables and rotation in float32)"
+    if dtype == "float32" or kind == "lab":
+        return dtype
+    return f"{dtype} (RoPE tables and rotation in float32, remapped attention's spans in {dtype} merged in float32)"
 
 
 def unit_of(target: Target) -> str:
