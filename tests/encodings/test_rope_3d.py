@@ -12,6 +12,7 @@ import torch
 from torch.testing import assert_close
 
 import posenc
+from multistream_cases import qk, x_max
 from posenc import RoPE3D, RoPE3DConfig
 from posenc.hf import rope_3d_config_from_hf, rope_3d_config_to_hf
 from reference import ernie_rope as ernie
@@ -34,25 +35,16 @@ def _positions(batch: int, length: int, *, low: int = 0, seed: int = 0) -> torch
     return torch.randint(low, MAX_POSITION, (3, batch, length), generator=torch.Generator().manual_seed(seed))
 
 
-def _qk(head_dim: int, s: int = 9, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
-    gen = torch.Generator().manual_seed(seed)
-    return torch.randn(2, 4, s, head_dim, generator=gen), torch.randn(2, 2, s, head_dim, generator=gen)
-
-
-def _x_max(*tensors: torch.Tensor) -> float:
-    return max(float(t.abs().max()) for t in tensors)
-
-
 @pytest.mark.parametrize(("head_dim", "section"), SECTIONS)
 @pytest.mark.parametrize("batched", [True, False])
 def test_matches_vllm_in_float64(head_dim, section, batched):
-    q, k = _qk(head_dim)
+    q, k = qk(head_dim)
     pos = _positions(2, q.shape[2])
     if not batched:  # (3, S): one set of positions for the batch
         pos = pos[:, 0]
     got_q, got_k = RoPE3D(head_dim, base=BASE, mrope_section=_thw(section))(q, k, pos)
     cos, sin = ernie.vllm_cos_sin(pos, head_dim, BASE, section)
-    atol = rope_rotation_atol(rope_table_atol(MAX_POSITION), _x_max(q, k))
+    atol = rope_rotation_atol(rope_table_atol(MAX_POSITION), x_max(q, k))
     assert_close(got_q.double(), ernie.rotate_pairs(q, cos, sin), rtol=0, atol=atol)
     assert_close(got_k.double(), ernie.rotate_pairs(k, cos, sin), rtol=0, atol=atol)
 
@@ -69,11 +61,11 @@ def test_transformers_pre_rotation_is_vllms_selection(head_dim, section):
 
 
 def test_vllm_comparison_catches_swapped_height_and_width():
-    q, k = _qk(32)
+    q, k = qk(32)
     pos = _positions(2, q.shape[2])
     cos, sin = ernie.vllm_cos_sin(pos, 32, BASE, [5, 5, 6])
     got, _ = RoPE3D(32, base=BASE, mrope_section=(6, 5, 5))(q, k, pos[[0, 2, 1]])
-    atol = rope_rotation_atol(rope_table_atol(MAX_POSITION), _x_max(q, k))
+    atol = rope_rotation_atol(rope_table_atol(MAX_POSITION), x_max(q, k))
     assert float((got.double() - ernie.rotate_pairs(q, cos, sin)).abs().max()) > 100 * atol
 
 
@@ -94,7 +86,7 @@ def test_matches_transformers(head_dim, section, text):
     """The tables and rotated q, k of transformers' module, on image-like (three different) and text positions."""
     enc = RoPE3D(head_dim, base=BASE, mrope_section=_thw(section))
     modeling, rotary = _hf_module(enc)
-    q, k = _qk(head_dim)
+    q, k = qk(head_dim)
     pos = _positions(2, q.shape[2])
     if text:
         pos = pos[:1].expand(3, -1, -1)
@@ -105,15 +97,15 @@ def test_matches_transformers(head_dim, section, text):
     assert_close(hf_sin, sin.repeat_interleave(2, dim=-1), rtol=0, atol=table_atol)
     want_q, want_k = modeling.apply_rotary_pos_emb(q, k, hf_cos, hf_sin)
     got_q, got_k = enc(q, k, pos)
-    assert_close(got_q, want_q, rtol=0, atol=rope_rotation_atol(table_atol, _x_max(q)))
-    assert_close(got_k, want_k, rtol=0, atol=rope_rotation_atol(table_atol, _x_max(k)))
+    assert_close(got_q, want_q, rtol=0, atol=rope_rotation_atol(table_atol, x_max(q)))
+    assert_close(got_k, want_k, rtol=0, atol=rope_rotation_atol(table_atol, x_max(k)))
 
 
 @pytest.mark.parametrize(("head_dim", "section"), SECTIONS)
 @pytest.mark.parametrize("layout", ["half", "interleaved"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
 def test_equal_streams_are_rope(head_dim, section, layout, dtype):
-    q, k = (t.to(dtype) for t in _qk(head_dim))
+    q, k = (t.to(dtype) for t in qk(head_dim))
     pos = _positions(2, q.shape[2])[0]  # (B, S)
     enc = RoPE3D(head_dim, base=BASE, mrope_section=_thw(section), layout=layout)
     rope = posenc.RotaryEmbedding(head_dim, base=BASE, layout=layout)
@@ -133,7 +125,7 @@ def test_through_attention():
 
 def test_compiles_without_graph_breaks():
     enc = RoPE3D(16, mrope_section=(4, 2, 2))
-    q, k = _qk(16)
+    q, k = qk(16)
     pos = _positions(2, q.shape[2])
     for got, want in zip(torch.compile(enc, fullgraph=True)(q, k, pos), enc(q, k, pos), strict=True):
         assert_close(got, want)
@@ -229,7 +221,7 @@ def test_bad_config(kwargs, match):
 
 def test_bad_positions():
     enc = RoPE3D(16)
-    q, k = _qk(16, s=5)
+    q, k = qk(16, s=5)
     with pytest.raises(ValueError, match=r"^positions\.shape.*\[temporal, height, width\]"):
         enc(q, k, torch.zeros(4, 2, 5, dtype=torch.long))
     with pytest.raises(ValueError, match=r"^positions\.dtype"):

@@ -17,6 +17,7 @@ import torch
 from torch.testing import assert_close
 
 import posenc
+from multistream_cases import qk, x_max
 from posenc import RoPE3D, RoPE3DConfig
 from posenc.hf import rope_3d_config_from_hf, rope_3d_config_to_hf
 from reference import bailing_mrope as bailing
@@ -50,25 +51,16 @@ def _positions(batch: int, length: int, seed: int = 0) -> torch.Tensor:
     return torch.cat((t, t + torch.randint(-40, 40, (2, batch, length), generator=gen)))
 
 
-def _qk(head_dim: int, s: int = 9, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
-    gen = torch.Generator().manual_seed(seed)
-    return torch.randn(2, 4, s, head_dim, generator=gen), torch.randn(2, 2, s, head_dim, generator=gen)
-
-
-def _x_max(*tensors: torch.Tensor) -> float:
-    return max(float(t.abs().max()) for t in tensors)
-
-
 @pytest.mark.parametrize(("head_dim", "section"), SECTIONS)
 @pytest.mark.parametrize("batched", [True, False])
 def test_matches_vllm_in_float64(head_dim, section, batched):
-    q, k = _qk(head_dim)
+    q, k = qk(head_dim)
     pos = _positions(2, q.shape[2])
     if not batched:
         pos = pos[:, 0]
     got_q, got_k = RoPE3D(head_dim, base=BASE, mrope_section=tuple(section))(q, k, pos)
     cos, sin = bailing.vllm_cos_sin(pos, head_dim, BASE, section)
-    atol = rope_rotation_atol(rope_table_atol(MAX_POSITION + 40), _x_max(q, k))
+    atol = rope_rotation_atol(rope_table_atol(MAX_POSITION + 40), x_max(q, k))
     assert_close(got_q.double(), ernie.rotate_pairs(q, cos, sin), rtol=0, atol=atol)
     assert_close(got_k.double(), ernie.rotate_pairs(k, cos, sin), rtol=0, atol=atol)
 
@@ -88,11 +80,11 @@ def test_is_ernies_rotation_with_the_sections_reordered(head_dim, section):
 
 def test_text_tokens_are_vllms_one_dimensional_path():
     """vLLM takes 1-D positions for text as the plain cache rows: RoPE3D with three equal streams."""
-    q, k = _qk(64)
+    q, k = qk(64)
     pos = torch.randint(0, MAX_POSITION, (q.shape[2],))
     cos, sin = bailing.vllm_cos_sin(pos, 64, BASE, [8, 12, 12])
     got, _ = RoPE3D(64, base=BASE, mrope_section=(8, 12, 12))(q, k, pos.expand(3, -1))
-    atol = rope_rotation_atol(rope_table_atol(MAX_POSITION), _x_max(q, k))
+    atol = rope_rotation_atol(rope_table_atol(MAX_POSITION), x_max(q, k))
     assert_close(got.double(), ernie.rotate_pairs(q, cos, sin), rtol=0, atol=atol)
 
 
@@ -103,7 +95,7 @@ def test_text_tokens_are_transformers_bailing_hybrid():
     configuration = pytest.importorskip("transformers.models.bailing_hybrid.configuration_bailing_hybrid")
     config = configuration.BailingHybridConfig(qk_rope_head_dim=64, num_hidden_layers=1)
     rotary = modeling.BailingHybridRotaryEmbedding(config)
-    q, k = _qk(64)
+    q, k = qk(64)
     pos = torch.randint(0, MAX_POSITION, (2, q.shape[2]))
     cos, sin = rotary(q, pos)
     want_q, want_k = modeling.apply_rotary_pos_emb_interleave(q, k, cos, sin)
@@ -111,8 +103,8 @@ def test_text_tokens_are_transformers_bailing_hybrid():
     got_q, got_k = enc(q, k, pos.expand(3, -1, -1))
     to_half = torch.cat((torch.arange(0, 64, 2), torch.arange(1, 64, 2)))
     table_atol = hf_rope_table_atol(MAX_POSITION, BASE)
-    assert_close(got_q[..., to_half], want_q, rtol=0, atol=rope_rotation_atol(table_atol, _x_max(q)))
-    assert_close(got_k[..., to_half], want_k, rtol=0, atol=rope_rotation_atol(table_atol, _x_max(k)))
+    assert_close(got_q[..., to_half], want_q, rtol=0, atol=rope_rotation_atol(table_atol, x_max(q)))
+    assert_close(got_k[..., to_half], want_k, rtol=0, atol=rope_rotation_atol(table_atol, x_max(k)))
 
 
 def test_through_attention_with_negative_positions():

@@ -18,6 +18,7 @@ import torch
 from torch.testing import assert_close
 
 import posenc
+from multistream_cases import qk, x_max
 from posenc import XDRoPE, XDRoPEConfig
 from posenc.hf import xdrope_config_from_hf, xdrope_config_to_hf
 from reference import xdrope as ref
@@ -47,15 +48,6 @@ def _positions(n: int, batch: int, length: int, *, text: bool = False, seed: int
     return torch.randint(0, MAX_POSITION, (n, batch, length), generator=gen)
 
 
-def _qk(head_dim: int, s: int = 9, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
-    gen = torch.Generator().manual_seed(seed)
-    return torch.randn(2, 4, s, head_dim, generator=gen), torch.randn(2, 2, s, head_dim, generator=gen)
-
-
-def _x_max(*tensors: torch.Tensor) -> float:
-    return max(float(t.abs().max()) for t in tensors)
-
-
 # --------------------------------------------------------------------------------------------------------------
 # vLLM and Tencent's code, in float64
 
@@ -65,14 +57,14 @@ def _x_max(*tensors: torch.Tensor) -> float:
 @pytest.mark.parametrize("layout", ["half", "interleaved"])
 @pytest.mark.parametrize("batched", [True, False])
 def test_matches_vllm_in_float64(head_dim, section, alpha, layout, batched):
-    q, k = _qk(head_dim)
+    q, k = qk(head_dim)
     pos = _positions(len(section), 2, q.shape[2])
     if not batched:  # (N, S): one set of positions for the batch
         pos = pos[:, 0]
     enc = XDRoPE(head_dim, base=10000.0, xdrope_section=section, alpha=alpha, layout=layout)
     got_q, got_k = enc(q, k, pos)
     freqs = ref.inv_freq(head_dim, 10000.0, alpha)
-    atol = rope_rotation_atol(rope_table_atol(MAX_POSITION * float(freqs.max())), _x_max(q, k))
+    atol = rope_rotation_atol(rope_table_atol(MAX_POSITION * float(freqs.max())), x_max(q, k))
     for got, x in ((got_q, q), (got_k, k)):
         want = ref.vllm_rotate(x, pos, freqs, list(section), neox=layout == "half")
         assert_close(got.double(), want, rtol=0, atol=atol)
@@ -87,17 +79,17 @@ def test_tencent_code_is_vllm(head_dim, section):
     t_cos, t_sin = ref.tencent_cos_sin(pos, freqs, list(section))
     assert_close(t_cos, torch.cat((cos, cos), dim=-1), rtol=0, atol=0)
     assert_close(t_sin, torch.cat((sin, sin), dim=-1), rtol=0, atol=0)
-    q, _ = _qk(head_dim, s=7)
+    q, _ = qk(head_dim, s=7)
     assert_close(ref.rotate_half_tables(q, t_cos, t_sin), ref.vllm_rotate(q, pos, freqs, list(section)))
 
 
 def test_vllm_comparison_catches_swapped_streams():
-    q, k = _qk(64)
+    q, k = qk(64)
     pos = _positions(4, 2, q.shape[2])
     freqs = ref.inv_freq(64, 10000.0)
     want = ref.vllm_rotate(q, pos, freqs, [8, 8, 8, 8])
     got, _ = XDRoPE(64, xdrope_section=(8, 8, 8, 8))(q, k, pos[[0, 2, 1, 3]])
-    atol = rope_rotation_atol(rope_table_atol(MAX_POSITION), _x_max(q, k))
+    atol = rope_rotation_atol(rope_table_atol(MAX_POSITION), x_max(q, k))
     assert float((got.double() - want).abs().max()) > 100 * atol
 
 
@@ -121,7 +113,7 @@ def test_matches_transformers_on_text_tokens(head_dim, section, alpha):
     """Equal positions on every stream (text tokens, decoding): the tables and q, k of transformers' module."""
     enc = XDRoPE(head_dim, base=10000.0, xdrope_section=section, alpha=alpha)
     hunyuan, rotary = _hf_rotary(enc)
-    q, k = _qk(head_dim)
+    q, k = qk(head_dim)
     pos = _positions(len(section), 2, q.shape[2], text=True)
     hf_cos, hf_sin = rotary(q, pos)  # (B, S, D)
     cos, sin = enc.cos_sin(pos)  # (B, S, F)
@@ -130,8 +122,8 @@ def test_matches_transformers_on_text_tokens(head_dim, section, alpha):
     assert_close(hf_sin, torch.cat((sin, sin), dim=-1), rtol=0, atol=table_atol)
     want_q, want_k = hunyuan.apply_rotary_pos_emb(q, k, hf_cos, hf_sin)
     got_q, got_k = enc(q, k, pos)
-    assert_close(got_q, want_q, rtol=0, atol=rope_rotation_atol(table_atol, _x_max(q)))
-    assert_close(got_k, want_k, rtol=0, atol=rope_rotation_atol(table_atol, _x_max(k)))
+    assert_close(got_q, want_q, rtol=0, atol=rope_rotation_atol(table_atol, x_max(q)))
+    assert_close(got_k, want_k, rtol=0, atol=rope_rotation_atol(table_atol, x_max(k)))
 
 
 @pytest.mark.parametrize(("head_dim", "section"), SECTIONS[:3])
@@ -140,7 +132,7 @@ def test_transformers_5_24_differs_on_image_tokens(head_dim, section):
     is not Tencent's or vLLM's once a token's positions differ (image tokens): the finding this file reports."""
     enc = XDRoPE(head_dim, xdrope_section=section, alpha=1000.0)
     _, rotary = _hf_rotary(enc)
-    q, _ = _qk(head_dim)
+    q, _ = qk(head_dim)
     pos = _positions(len(section), 2, q.shape[2])
     hf_cos, hf_sin = rotary(q, pos)
     freqs = ref.inv_freq(head_dim, 10000.0, 1000.0)
@@ -160,7 +152,7 @@ def test_transformers_5_24_differs_on_image_tokens(head_dim, section):
 @pytest.mark.parametrize("layout", ["half", "interleaved"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
 def test_equal_streams_are_rope_at_the_ntk_alpha_base(head_dim, section, layout, dtype):
-    q, k = (t.to(dtype) for t in _qk(head_dim))
+    q, k = (t.to(dtype) for t in qk(head_dim))
     pos = _positions(1, 2, q.shape[2])[0]  # (B, S)
     enc = XDRoPE(head_dim, base=1e6, xdrope_section=section, alpha=1000.0, layout=layout)
     rope = posenc.RotaryEmbedding(
@@ -172,7 +164,7 @@ def test_equal_streams_are_rope_at_the_ntk_alpha_base(head_dim, section, layout,
 
 @pytest.mark.parametrize(("head_dim", "section"), [(16, (2, 3, 3)), (128, (16, 24, 24)), (24, (4, 4, 4))])
 def test_three_streams_at_alpha_one_are_mrope(head_dim, section):
-    q, k = _qk(head_dim)
+    q, k = qk(head_dim)
     pos = _positions(3, 2, q.shape[2])
     got = XDRoPE(head_dim, base=1e6, xdrope_section=section)(q, k, pos)
     want = posenc.MRoPE(head_dim, base=1e6, mrope_section=section)(q, k, pos)
@@ -198,7 +190,7 @@ def test_through_attention_with_a_cache():
 
 def test_compiles_without_graph_breaks():
     enc = XDRoPE(16, xdrope_section=(2, 2, 2, 2), alpha=1000.0)
-    q, k = _qk(16)
+    q, k = qk(16)
     pos = _positions(4, 2, q.shape[2])
     for got, want in zip(torch.compile(enc, fullgraph=True)(q, k, pos), enc(q, k, pos), strict=True):
         assert_close(got, want)
@@ -325,7 +317,7 @@ def test_bad_config(kwargs, match):
 
 def test_bad_positions_name_the_streams():
     enc = XDRoPE(16)
-    q, k = _qk(16, s=5)
+    q, k = qk(16, s=5)
     with pytest.raises(ValueError, match=r"^positions\.shape.*\[position, width, height, image\]"):
         enc(q, k, _positions(3, 2, 5))  # three streams for a four-stream XD-RoPE
     with pytest.raises(ValueError, match=r"^positions\.shape"):
