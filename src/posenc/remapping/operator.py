@@ -131,13 +131,16 @@ def remap_attention(
     rotated = [(rotate.queries(branch).to(span), rotate.keys(branch).to(span)) for branch in branches]
     v = _repeat_kv(v.to(span), h)
     offset = t - s
+    # The regions compare positions block by block over (Sb, T) pairs: in int32 where they fit, half the bytes.
+    q_near, k_near = _narrow(q_pos), _narrow(k_pos)
+    keys = torch.arange(t, device=q.device, dtype=torch.int32)
     out = torch.empty(b, h, s, v.shape[-1], dtype=work, device=q.device)
     for r0 in range(0, s, block):
         r1 = min(s, r0 + block)
         hi = r1 + offset  # keys at index < hi are the block's causal past
-        i = q_pos[:, r0:r1, None]  # (B|1, Sb, 1)
-        j = k_pos[:, None, :hi]  # (B|1, 1, hi)
-        allowed = torch.arange(r0 + offset, hi, device=q.device)[:, None] >= torch.arange(hi, device=q.device)
+        i = q_near[:, r0:r1, None]  # (B|1, Sb, 1)
+        j = k_near[:, None, :hi]  # (B|1, 1, hi)
+        allowed = keys[r0 + offset : hi, None] >= keys[None, :hi]
         if docs is not None:
             allowed = allowed & (docs[:, r0 + offset : hi, None] == docs[:, None, :hi])  # (B|1, Sb, hi)
         if keep is not None:
@@ -176,13 +179,28 @@ def _span(
     fused kernel does). A row with no True gets values 0 (the caller gives it weight 0).
     """
     if backend == "sdpa":
-        mask = torch.zeros(region.shape, dtype=q.dtype, device=q.device).masked_fill_(~region, -math.inf)
-        return _CPU_FLASH(q, k, v, attn_mask=mask, scale=scale)
-    mask = torch.zeros(region.shape, dtype=work, device=q.device).masked_fill_(~region, -math.inf)
+        return _CPU_FLASH(q, k, v, attn_mask=_additive(region, q.dtype), scale=scale)
+    mask = _additive(region, work)
     scores = (q @ k.transpose(-1, -2)).to(work) * scale + mask  # (B, H, Sb, n)
     lse = torch.logsumexp(scores, dim=-1)  # (B, H, Sb)
     weights = torch.exp(scores - lse.clamp_min(torch.finfo(work).min)[..., None])
     return weights.to(v.dtype) @ v, lse
+
+
+def _additive(region: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """0 where ``region`` is True, -inf elsewhere, in ``dtype`` (one pass)."""
+    zero = torch.zeros((), dtype=dtype, device=region.device)
+    return torch.where(region, zero, torch.full((), -math.inf, dtype=dtype, device=region.device))
+
+
+def _narrow(positions: torch.Tensor) -> torch.Tensor:
+    """Integer positions as int32 where every value fits (exact), else as they are."""
+    if positions.dtype == torch.int32 or positions.numel() == 0:
+        return positions
+    info = torch.iinfo(torch.int32)
+    if int(positions.min()) >= info.min and int(positions.max()) <= info.max:
+        return positions.to(torch.int32)
+    return positions
 
 
 def _merge(parts: list[tuple[torch.Tensor, torch.Tensor]], like: torch.Tensor) -> torch.Tensor:
