@@ -1,4 +1,4 @@
-"""DroPE in miniature: one table over the seeds ``run.sh`` ran (``seed*/lab/results.csv``, ``seed*/drope/...``).
+"""DroPE in miniature: one table over the seeds ``run.sh`` ran (``seed*/lab/``, ``seed*/drope-ft<N>/``).
 
     python experiments/drope-miniature/summarize.py experiments/drope-miniature
 
@@ -20,45 +20,54 @@ from pathlib import Path
 from scipy import stats
 
 LENGTHS = (64, 128, 256, 512, 1024)
-#: Table rows: label -> (file, key columns); the lab's rows by encoding and scaling, the study's by method and steps.
-ROWS = {
-    "RoPE": ("lab", ("rope", "none")),
-    "RoPE + YaRN (factor = length / 64)": ("lab", ("rope", "yarn")),
-    "NoPE (trained from scratch)": ("lab", ("nope", "none")),
-    "RoPE +N steps": ("drope", ("none", "N")),
-    "RoPE dropped, zero-shot": ("drope", ("drope", "0")),
-    "DroPE: dropped +N steps at 64": ("drope", ("drope", "N")),
+#: The lab's rows: label -> (encoding, scaling) in ``seed*/lab/results.csv``.
+LAB_ROWS = {
+    "RoPE": ("rope", "none"),
+    "RoPE + YaRN (factor = length / 64)": ("rope", "yarn"),
+    "NoPE (trained from scratch)": ("nope", "none"),
 }
-PAIRS = (
-    ("DroPE: dropped +N steps at 64", "RoPE +N steps"),
-    ("DroPE: dropped +N steps at 64", "RoPE + YaRN (factor = length / 64)"),
-    ("DroPE: dropped +N steps at 64", "NoPE (trained from scratch)"),
-)
+ZERO_SHOT = "RoPE dropped, zero-shot"
 
 
-def read(seed_dir: Path) -> dict[tuple[str, int], float]:
-    out: dict[tuple[str, int], float] = {}
-    with (seed_dir / "lab" / "results.csv").open() as f:
-        for r in csv.DictReader(f):
-            for name, (where, key) in ROWS.items():
-                if where == "lab" and (r["encoding"], r["scaling"]) == key and r["finetune_steps"] == "0":
-                    out[name, int(r["eval_len"])] = float(r["ppl"])
-    with (seed_dir / "drope" / "results.csv").open() as f:
-        for r in csv.DictReader(f):
-            for name, (where, key) in ROWS.items():
-                steps = "0" if r["finetune_steps"] == "0" else "N"  # N: the run's --finetune-steps
-                if where == "drope" and r["metric"] == "ppl" and (r["method"], steps) == key:
-                    out[name, int(r["length"])] = float(r["ppl"])
+def study_rows(steps: str) -> dict[str, tuple[str, str]]:
+    """The rows of ``seed*/drope-ft<steps>/results.csv``: label -> (method, finetune_steps)."""
+    return {f"RoPE +{steps} steps": ("none", steps), f"DroPE: dropped +{steps} steps at 64": ("drope", steps)}
+
+
+def pairs(steps: list[str]) -> list[tuple[str, str]]:
+    """The comparisons: each DroPE against RoPE trained as long, RoPE + YaRN, and NoPE from scratch."""
+    out = []
+    for n in steps:
+        drope = f"DroPE: dropped +{n} steps at 64"
+        out += [(drope, f"RoPE +{n} steps"), (drope, "RoPE + YaRN (factor = length / 64)"),
+                (drope, "NoPE (trained from scratch)")]  # fmt: skip
     return out
 
 
-def _steps(seeds: list[Path]) -> str:
-    """The recalibration's steps (one number for every seed)."""
-    found = set()
-    for seed_dir in seeds:
-        with (seed_dir / "drope" / "results.csv").open() as f:
-            found |= {r["finetune_steps"] for r in csv.DictReader(f) if r["finetune_steps"] != "0"}
-    return "/".join(sorted(found)) or "0"
+def read(seed_dir: Path) -> dict[tuple[str, int], float]:
+    """One seed's perplexities: (label, length) -> ppl."""
+    out: dict[tuple[str, int], float] = {}
+    with (seed_dir / "lab" / "results.csv").open() as f:
+        for r in csv.DictReader(f):
+            for name, key in LAB_ROWS.items():
+                if (r["encoding"], r["scaling"]) == key and r["finetune_steps"] == "0":
+                    out[name, int(r["eval_len"])] = float(r["ppl"])
+    for folder in seed_dir.glob("drope-ft*"):
+        if not (folder / "results.csv").exists():
+            continue
+        rows = {**study_rows(folder.name.removeprefix("drope-ft")), ZERO_SHOT: ("drope", "0")}
+        with (folder / "results.csv").open() as f:
+            for r in csv.DictReader(f):
+                for name, key in rows.items():
+                    if r["metric"] == "ppl" and (r["method"], r["finetune_steps"]) == key:
+                        out[name, int(r["length"])] = float(r["ppl"])
+    return out
+
+
+def found_steps(seeds: list[Path]) -> list[str]:
+    """The recalibration lengths run (``drope-ft<N>`` folders with results), in order."""
+    names = {p.parent.name.removeprefix("drope-ft") for s in seeds for p in s.glob("drope-ft*/results.csv")}
+    return sorted(names, key=int)
 
 
 def interval(values: list[float]) -> tuple[float, float, float]:
@@ -72,15 +81,17 @@ def interval(values: list[float]) -> tuple[float, float, float]:
 
 
 def main(root: Path) -> None:
-    seeds = sorted(p for p in root.glob("seed*") if (p / "drope" / "results.csv").exists())
+    seeds = sorted(p for p in root.glob("seed*") if any(p.glob("drope-ft*/results.csv")))
     if not seeds:
-        sys.exit(f"summarize.py: no seed*/drope/results.csv under {root}: run run.sh first")
+        sys.exit(f"summarize.py: no seed*/drope-ft*/results.csv under {root}: run run.sh first")
+    steps = found_steps(seeds)
+    names = [*LAB_ROWS, ZERO_SHOT, *(name for n in steps for name in study_rows(n))]
     runs = [read(p) for p in seeds]
     n = len(runs)
     lines = [f"Perplexity per byte, mean over n = {n} seeds ({', '.join(p.name for p in seeds)}) [95% t interval]", ""]
     lines += ["| model | " + " | ".join(f"{length}" for length in LENGTHS) + " |"]
     lines += ["|:--|" + "--:|" * len(LENGTHS)]
-    for name in ROWS:
+    for name in names:
         cells = []
         for length in LENGTHS:
             values = [run[name, length] for run in runs if (name, length) in run]
@@ -93,7 +104,7 @@ def main(root: Path) -> None:
     lines += ["", "Paired differences (first minus second, same seed), mean [95% t interval] (each seed's):", ""]
     lines += ["| comparison | " + " | ".join(f"{length}" for length in LENGTHS) + " |"]
     lines += ["|:--|" + "--:|" * len(LENGTHS)]
-    for a, b in PAIRS:
+    for a, b in pairs(steps):
         cells = []
         for length in LENGTHS:
             diffs = [run[a, length] - run[b, length] for run in runs if (a, length) in run and (b, length) in run]
@@ -105,7 +116,7 @@ def main(root: Path) -> None:
             each = ", ".join(f"{d:+.2f}" for d in diffs)
             cells.append(f"{mean:+.2f} [{low:+.2f}, {high:+.2f}]{verdict} ({each})")
         lines.append(f"| {a} vs {b} | " + " | ".join(cells) + " |")
-    text = "\n".join(lines).replace("+N steps", f"+{_steps(seeds)} steps") + "\n"
+    text = "\n".join(lines) + "\n"
     (root / "summary.md").write_text(text)
     print(text)
 

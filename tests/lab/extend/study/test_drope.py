@@ -186,6 +186,8 @@ def test_a_lab_rope_model_is_dropped_and_recalibrated_at_its_original_context(tm
     assert ppl[("drope", 0, 64)] != ppl[("none", 0, 64)] and ppl[("drope", 2, 64)] != ppl[("drope", 0, 64)]
     trained = json.loads((tmp_path / "out" / "runs" / "finetune-drope-ft2" / "config.json").read_text())["train"]
     assert trained["length"] == ORIGINAL  # recalibrated in windows of the training length
+    report = " ".join((tmp_path / "out" / "report.md").read_text().split())
+    assert "RoPE dropped from every layer (`model.set_encoding(posenc.build('nope'))`)" in report
     # zero-shot drope is the trained weights with a NoPE encoding: its perplexity is that model's
     from posenc.lab.extend.targets.lab import LabTarget
 

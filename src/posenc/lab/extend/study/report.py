@@ -515,7 +515,10 @@ def write_report(
     ]
     dropped = {r["finetune_steps"] for r in rows if drops(r["method"])}
     if dropped:
-        text = "DroPE (`drope`): RoPE dropped from every layer (`posenc.hf.extend_context(model, 'drope')`)."
+        how = "posenc.hf.extend_context(model, 'drope')"
+        if target.kind == "lab":
+            how = "model.set_encoding(posenc.build('nope'))"
+        text = f"DroPE (`drope`): RoPE dropped from every layer (`{how}`)."
         tuned = sorted(s for s in dropped if s)
         if tuned:
             window = cfg.finetune_window or original
