@@ -407,8 +407,9 @@ def _add_extend(sub: argparse._SubParsersAction) -> None:
         "--factor",
         dest="factors",
         type=A.factors,
-        help="comma-separated factors >= 1 (1: STRING only, within the original context); default 2 (CPU) or "
-        "2,4,8 (CUDA), 2,4 (lab)",
+        help="comma-separated factors >= 1 (1: STRING only, within the original context; with drope alone, where "
+        "a lab model's unpatched control is fine-tuned: 1 is its original context); default 2 (CPU) or 2,4,8 "
+        "(CUDA), 2,4 (lab)",
     )
     p.add_argument(
         "--lengths",

@@ -51,6 +51,18 @@ def test_drope_is_one_model_labelled_drope_whatever_the_factors():
     ExtendConfig(model="smollm2", methods=("drope",), factors=(8.0,))  # the factor still sets the default lengths
 
 
+def test_a_drope_study_takes_factor_1_for_its_control_at_the_original_context():
+    """With drope alone the factors only set where `none` is fine-tuned (lab models): 1 is the original context, the
+    recalibration's control (RoPE trained as long on the same windows). Beside a frequency method 1 stays refused."""
+    cfg = ExtendConfig(model="smollm2", methods=("drope",), factors=(1,), finetune_steps=3)
+    assert _units(cfg, cfg.methods, "lab") == [
+        ("none", 1.0, 0, "plain"), ("drope", 1.0, 0, "plain"), ("none", 1.0, 3, "plain"), ("drope", 1.0, 3, "plain"),
+    ]  # fmt: skip
+    assert label("none", 1.0, 3) == "none +ft3"
+    with pytest.raises(ValueError, match=r"^factors=1 is invalid: expected a factor > 1 for yarn"):
+        ExtendConfig(model="smollm2", methods=("drope", "yarn"), factors=(1,))
+
+
 def test_a_layer_type_drope_would_ignore_is_refused():
     """Nothing the user gives is silently dropped: a layer type other than all (DroPE drops RoPE from every layer)."""
     for layer_type in ("full_attention", "sliding_attention"):

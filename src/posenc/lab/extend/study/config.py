@@ -169,9 +169,13 @@ class ExtendConfig(DictConfig):
             from posenc.hf.extend import check_factor
 
             scaled = [m for m in self.methods or () if not drops(m)] or [None]  # drope takes none: measured once
-            for factor in self.factors:  # 1 measures the model as trained again (`none`, always measured) but STRING
+            # 1 measures the model as trained again (`none`, always measured) but STRING; in a study of drope alone
+            # the factors only set the targets `none` is fine-tuned at, and 1 is the original context (the control
+            # of a recalibration: RoPE trained as long on the same windows).
+            only_drope = bool(self.methods) and scaled == [None]
+            for factor in self.factors:
                 for method in scaled:
-                    check_factor(factor, method, name="factors", as_model=True)
+                    check_factor(factor, method, name="factors", as_model=not only_drope)
             object.__setattr__(self, "factors", tuple(float(f) for f in self.factors))
             if len(set(self.factors)) != len(self.factors):
                 fail("factors", self.factors, "each factor once")
