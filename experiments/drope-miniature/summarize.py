@@ -118,7 +118,38 @@ def main(root: Path) -> None:
         lines.append(f"| {a} vs {b} | " + " | ".join(cells) + " |")
     text = "\n".join(lines) + "\n"
     (root / "summary.md").write_text(text)
+    plot(root, names, runs)
     print(text)
+
+
+def plot(root: Path, names: list[str], runs: list[dict[tuple[str, int], float]]) -> None:
+    """``drope.png``: each model's mean perplexity by length, bars the 95% t intervals over the seeds."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    for name in names:
+        points = [(length, interval([run[name, length] for run in runs])) for length in LENGTHS
+                  if all((name, length) in run for run in runs)]  # fmt: skip
+        if not points:
+            continue
+        xs = [x for x, _ in points]
+        mean = [m for _, (m, _, _) in points]
+        low = [m - lo if not math.isnan(lo) else 0.0 for _, (m, lo, _) in points]
+        high = [hi - m if not math.isnan(hi) else 0.0 for _, (m, _, hi) in points]
+        ax.errorbar(xs, mean, yerr=[low, high], marker="o", capsize=3, label=name)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(LENGTHS, [str(n) for n in LENGTHS])
+    ax.axvline(64, color="grey", linestyle=":", linewidth=1)
+    ax.set_xlabel("evaluation length (bytes; trained at 64)")
+    ax.set_ylabel("perplexity per byte")
+    ax.set_title(f"DroPE in miniature: mean of {len(runs)} seeds, 95% t intervals")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(root / "drope.png", dpi=120)
+    plt.close(fig)
 
 
 if __name__ == "__main__":
