@@ -127,8 +127,8 @@ def remap_attention(
     if span not in SPAN_DTYPES:
         fail("span_dtype", span_dtype, f"None or one of {[str(d) for d in SPAN_DTYPES]}")
     branches = method.branches()
-    rotate = _Rotations(encoding, method, q, k, q_pos, k_pos, lengths, work)
-    rotated = [(rotate.queries(branch).to(span), rotate.keys(branch).to(span)) for branch in branches]
+    rotate = _Rotations(encoding, method, q, k, q_pos, k_pos, lengths, work, span)
+    rotated = [(rotate.queries(branch), rotate.keys(branch)) for branch in branches]
     v = _repeat_kv(v.to(span), h)
     offset = t - s
     # The regions compare positions block by block over (Sb, T) pairs: in int32 where they fit, half the bytes.
@@ -236,13 +236,14 @@ def _repeat_kv(x: torch.Tensor, heads: int) -> torch.Tensor:
 
 
 class _Rotations:
-    """Each branch's rotated queries and keys in the working dtype; branches sharing a position map (DCA's three
-    key maps) share one rotation. The frequencies of a length-dependent scaling and the method's length factor follow
-    the length of the sequence a token belongs to, the same for every branch, so q.k stays a function of the two
-    mapped positions (``dynamic``/``longrope``)."""
+    """Each branch's queries and keys rotated in the working dtype, then cast to the spans' dtype; branches sharing a
+    position map (DCA's three key maps) share one rotation and one cast. The frequencies of a length-dependent
+    scaling and the method's length factor follow the length of the sequence a token belongs to, the same for every
+    branch, so q.k stays a function of the two mapped positions (``dynamic``/``longrope``)."""
 
-    def __init__(self, encoding, method, q, k, q_pos, k_pos, lengths, work) -> None:  # noqa: ANN001
+    def __init__(self, encoding, method, q, k, q_pos, k_pos, lengths, work, span) -> None:  # noqa: ANN001
         self.encoding, self.q, self.k, self.q_pos, self.k_pos, self.work = encoding, q, k, q_pos, k_pos, work
+        self.span = span
         s = q.shape[2]
         per_key = isinstance(lengths, torch.Tensor) and lengths.dim() > 0
         self.q_len = lengths[..., lengths.shape[-1] - s :] if per_key else lengths
@@ -258,7 +259,8 @@ class _Rotations:
         return self.encoding.rotate_mapped(x, positions, seq_len=length)
 
     def queries(self, branch: Branch) -> torch.Tensor:
-        """``(B, H, S, D)``, times the branch's per-query logit factor and the method's length factor."""
+        """``(B, H, S, D)`` in the spans' dtype, times the branch's per-query logit factor and the method's length
+        factor (in the working dtype, before the cast)."""
         key = ("q", branch.query, branch.query_scale)
         if key not in self.done:
             rotated = self._rotate(self.q, branch.query(self.q_pos), self.q_len).to(self.work)
@@ -266,15 +268,15 @@ class _Rotations:
                 rotated = rotated * branch.query_scale(self.q_pos).to(rotated.dtype)[:, None, :, None]
             if self.factor is not None:
                 rotated = rotated * self.factor.to(rotated.dtype)
-            self.done[key] = rotated
+            self.done[key] = rotated.to(self.span)
         return self.done[key]
 
     def keys(self, branch: Branch) -> torch.Tensor:
-        """``(B, H, T, D)``: key heads repeated for the query heads they serve."""
+        """``(B, H, T, D)`` in the spans' dtype: key heads repeated for the query heads they serve."""
         key = ("k", branch.key)
         if key not in self.done:
             rotated = self._rotate(self.k, branch.key(self.k_pos), self.k_len)
-            self.done[key] = _repeat_kv(rotated.to(self.work), self.q.shape[1])
+            self.done[key] = _repeat_kv(rotated.to(self.span), self.q.shape[1])
         return self.done[key]
 
 
