@@ -54,15 +54,15 @@ from posenc.remapping import WITHIN_TRAINING, RemapMethod, remap_attention, rema
 
 IMPLEMENTATION = "posenc_remap"
 
-#: Architectures whose attention is the plain pattern the patch relies on: ``apply_rotary_pos_emb(q, k, cos, sin)``
-#: from the model's rotary module, then ``ALL_ATTENTION_FUNCTIONS`` with no logit soft-capping and one RoPE for every
-#: layer (each checked in ``tests/hf/test_extend_remap.py``). Gemma 2/3/4 (soft-capping, sliding layers with their
-#: own RoPE) are refused.
 #: A model computing in these runs each span of the remapped attention in its own dtype, as its own attention would
 #: (``remap_attention(span_dtype=...)``: products accumulated in float32, branches merged in float32); a float32 model
 #: in float32.
 HALF_DTYPES = (torch.bfloat16, torch.float16)
 
+#: Architectures whose attention is the plain pattern the patch relies on: ``apply_rotary_pos_emb(q, k, cos, sin)``
+#: from the model's rotary module, then ``ALL_ATTENTION_FUNCTIONS`` with no logit soft-capping and one RoPE for every
+#: layer (each checked in ``tests/hf/test_extend_remap.py``). Gemma 2/3/4 (soft-capping, sliding layers with their
+#: own RoPE) are refused.
 REMAP_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gpt_neox", "gemma")
 
 
