@@ -18,7 +18,12 @@ modeling_deepseek_v4.py``:
 
 vLLM's ``DeepseekV4ScalingRotaryEmbedding`` (``vllm-project/vllm``, ``vllm/ir/ops/rotary_embedding.py`` @
 0c1d2cc94016883a88656a016db32872aad27adf, ``_apply_deepseek_rope`` with ``inverse=True`` and ``rope_dim_offset =
-head_size - rotary_dim``) is the same rotation and inverse.
+head_size - rotary_dim``) is the same rotation and inverse. The class itself, ``DeepseekV4ScalingRotaryEmbedding``
+in ``vllm/model_executor/layers/rotary_embedding/deepseek_scaling_rope.py``, is read from the vLLM fork
+``Whamp/vllm`` @ 96e9b37479db8ff9bee719172a12164aaa88fb6e (the upstream file stored for reading, @ 7bc8d408, predates
+the class): ``forward_native`` rotates the last ``rotary_dim`` channels, ``inverse=True`` negates ``sin``, the
+cos/sin cache is float32 (``freqs.cos() * mscale``), the rotation runs in float32 and is cast back to the input's dtype,
+``is_neox_style=False`` takes GPT-J pairs (``repeat_interleave``) -- the rotation and inverse written here.
 
 Everything here is float64 and written as loops over heads where the model file broadcasts, so that nothing in it
 shares code with posenc.

@@ -28,7 +28,10 @@ vLLM (``vllm-project/vllm``) does the same: ``DeepseekV4ScalingRotaryEmbedding.f
 negates ``sin`` and rotates from ``rope_dim_offset = head_size - rotary_dim`` on, GPT-J style
 (``vllm/ir/ops/rotary_embedding.py`` @ 0c1d2cc94016883a88656a016db32872aad27adf, ``cos_sin_format="deepseek"``), built
 by ``vllm/models/deepseek_v4/common/rope.py`` @ 06d0369d75e060e83dffac3e0190ceff8fc37e12 (``is_neox_style=False``,
-``mscale`` off) and applied to the attention output before the grouped output projection.
+``mscale`` off) and applied to the attention output before the grouped output projection; the class itself is read
+from ``vllm/model_executor/layers/rotary_embedding/deepseek_scaling_rope.py`` in the vLLM fork ``Whamp/vllm`` @
+96e9b37479db8ff9bee719172a12164aaa88fb6e (a float32 cos/sin cache, the rotation in float32 cast back to the input's
+dtype).
 
 Shapes:
     B batch, H query heads, Hkv kv heads (1 in DeepSeek-V4), S queries, T keys, D head dim, F = rotary dims / 2.
