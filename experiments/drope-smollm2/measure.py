@@ -2,7 +2,9 @@
 
 The folder ``run.sh`` saved reloads as the recalibrated NoPE model (``posenc.hf.load_causal_lm`` re-applies DroPE
 from its config's ``"posenc"`` entry), so the study measures it as its unpatched model (``units=[]``: no method is
-applied on top; it is labelled ``none`` in the files). The settings are the pick's (``pick.json``): seed 0, the
+applied on top; it is labelled ``none`` in the files). ``methods=("yarn",)`` only fills the setting, which must
+name a method ("none" is refused there): with ``units=[]`` no method is measured.
+The settings are the pick's (``pick.json``): seed 0, the
 default corpus and its held-out text, 16,384 evaluation tokens, passkeys at depth 0.5 and RULER ``niah_single_1``
 sampled in rounds of 4 (adaptive: the rounds' seeds are the race's), 8 needles per cell.
 

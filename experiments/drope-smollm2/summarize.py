@@ -7,7 +7,8 @@ recalibrated model at 16,384 tokens, labelled ``none`` there: it is the loaded m
 ``../picking-a-method/cpu-16k-2026-11-27/pick/final/`` (the unpatched model and YaRN, the same needles). Needles are
 compared pairwise on the needles both models saw (the same key or document at the same index): the counts of needles
 only one of the two found, and the exact two-sided McNemar p-value (a binomial test on those discordant needles). A
-difference with p >= 0.05 is "not shown different", never "equivalent". Writes ``summary-ft<STEPS>.md``.
+difference with p >= 0.05 is "not shown different", never "equivalent". Each cell's rate carries the 95% interval
+its study recorded (anytime-valid: valid wherever the sampling stopped). Writes ``summary-ft<STEPS>.md``.
 """
 
 from __future__ import annotations
@@ -43,12 +44,22 @@ def scores(folder: Path, method: str, factor: float) -> dict[str, dict[int, floa
     return out
 
 
-def ppl_past(folder: Path, method: str, factor: float) -> float | None:
+def row(folder: Path, metric: str, method: str, factor: float) -> dict[str, str] | None:
+    """The row of ``results.csv`` for one zero-shot model's metric at 16k, or None."""
     with (folder / "results.csv").open() as f:
         for r in csv.DictReader(f):
-            if (r["metric"], r["method"], float(r["factor"]), r["finetune_steps"]) == ("ppl_past", method, factor, "0"):
-                return float(r["ppl"])
+            if (r["metric"], r["method"], float(r["factor"]), r["finetune_steps"], int(r["length"])) == (
+                metric, method, factor, "0", LENGTH
+            ):  # fmt: skip
+                return r
     return None
+
+
+def rate(r: dict[str, str] | None) -> str:
+    """``hits/n [low-high]`` in percent, the 95% interval the study recorded (its ``interval`` column says which)."""
+    if r is None:
+        return "n/a"
+    return f"{int(float(r['hits']))}/{r['n']} [{100 * float(r['ci_low']):.0f}-{100 * float(r['ci_high']):.0f}%]"
 
 
 def mcnemar(a: dict[int, float], b: dict[int, float]) -> tuple[int, int, int, float]:
@@ -80,10 +91,11 @@ def main(here: Path, steps: str) -> Path:
               "|---|---:|" + "---:|" * len(CELLS)]  # fmt: skip
     models = {f"DroPE +{steps}": (measured, "none", 1.0, drope)}
     models |= {k: (pick, m, f, scores(pick, m, f)) for k, (m, f) in OTHERS.items()}
-    for name, (folder, method, factor, got) in models.items():
-        ppl = ppl_past(folder, method, factor)
-        cells = [f"{int(sum(got.get(m, {}).values()))}/{len(got.get(m, {}))}" for m, _ in CELLS]
-        lines.append(f"| {name} | {'n/a' if ppl is None else f'{ppl:.2f}'} | " + " | ".join(cells) + " |")
+    for name, (folder, method, factor, _) in models.items():
+        past = row(folder, "ppl_past", method, factor)
+        cells = [rate(row(folder, m, method, factor)) for m, _ in CELLS]
+        ppl = "n/a" if past is None else f"{float(past['ppl']):.2f}"
+        lines.append(f"| {name} | {ppl} | " + " | ".join(cells) + " |")
     lines += ["", "Paired on the same needles (only DroPE found / only the other found; exact McNemar p):", ""]
     for name in OTHERS:
         other = models[name][3]
