@@ -214,6 +214,19 @@ def test_a_lab_rope_model_is_dropped_and_recalibrated_at_its_original_context(tm
         torch.testing.assert_close(dropped(x), nope(x), rtol=0, atol=0)
 
 
+def test_a_lab_passkey_model_is_recalibrated_on_its_task_and_the_report_says_so_not_plain_lm(tmp_path):
+    """A lab model studied with --task passkey is fine-tuned on passkey rows (the loss on the key's digits), not on
+    text: the report must not call that the authors' plain LM loss, in the DroPE sentence or the fine-tuning one."""
+    cfg = ExtendConfig(model="new", task="passkey", train_len=104, train_steps=1, methods=("drope",), factors=(1.0,),
+                       lengths=(104, 208), finetune_steps=1, **{**TINY, "depths": (0.5,)})  # fmt: skip
+    rows = run_extend(cfg, tmp_path / "out", progress=False)
+    assert {(r["method"], r["finetune_steps"]) for r in rows} == {("none", 0), ("none", 1), ("drope", 0), ("drope", 1)}
+    report = " ".join((tmp_path / "out" / "report.md").read_text().split())
+    assert "`drope +ft1` is it recalibrated on the task the model was trained on, not as its authors do" in report
+    assert "plain LM loss on every parameter" not in report and "text: the training split" not in report
+    assert "trained 1 steps on passkey rows in windows of the target length" in report
+
+
 def test_a_lab_model_without_rope_refuses_drope_clearly(tmp_path, corpus):
     run = _lab_run(tmp_path / "alibi", "alibi", corpus, steps=2)
     cfg = ExtendConfig(model=str(run), methods=("drope",), factors=(2.0,), lengths=(ORIGINAL, 64), corpus=str(corpus),

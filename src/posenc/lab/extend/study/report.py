@@ -520,7 +520,13 @@ def write_report(
             how = "model.set_encoding(posenc.build('nope'))"
         text = f"DroPE (`drope`): RoPE dropped from every layer (`{how}`)."
         tuned = sorted(s for s in dropped if s)
-        if tuned:
+        if tuned and trains_on_passkey(cfg, target):
+            text += (
+                f" `drope +ft{tuned[0]}` is it recalibrated on the task the model was trained on, not as its authors "
+                f"do (SakanaAI/DroPE: the plain LM loss on text): every parameter, {PASSKEY_ROWS}, within the "
+                f"original context, for {tuned[0]} steps."
+            )
+        elif tuned:
             window = cfg.finetune_window or original
             text += (
                 f" `drope +ft{tuned[0]}` is it recalibrated as its authors do (SakanaAI/DroPE): the plain LM loss "
@@ -617,6 +623,19 @@ def write_report(
     return write_text_atomic(out / "report.md", "\n".join(lines))
 
 
+#: What a lab model studied on the passkey task is fine-tuned on (``LabTarget.finetune``: ``passkey.passkey_batch``).
+PASSKEY_ROWS = (
+    "passkey rows in windows of the target length (filler, the needle, the question; the loss on the key's five "
+    "digits only)"
+)
+
+
+def trains_on_passkey(cfg: ExtendConfig, target: Any) -> bool:
+    """Whether the fine-tuned models learned the passkey task rather than text: a lab model studied with
+    ``--task passkey`` is fine-tuned on that task's rows (``LabTarget.finetune``); a pretrained model reads text."""
+    return target.kind == "lab" and cfg.task == "passkey"
+
+
 def _finetune_section(out: Path, cfg: ExtendConfig, target: Any) -> list[str]:
     """How the fine-tuned models were trained: steps, window, positions, text, and the loss curve."""
     if not cfg.finetune_steps:
@@ -628,13 +647,19 @@ def _finetune_section(out: Path, cfg: ExtendConfig, target: Any) -> list[str]:
         "pose": "`pose`: PoSE's two chunks with a position skip (Zhu et al. 2024)",
         "random": "`random`: a sorted random subset of the target's positions (Ruoss et al. 2023)",
     }
-    text = cfg.finetune_corpus or f"the training split of {cfg.corpus or 'the Python standard library'}"
+    if trains_on_passkey(cfg, target):
+        what = f"on {PASSKEY_ROWS}, keys and depths drawn at random"
+    else:
+        text = cfg.finetune_corpus or f"the training split of {cfg.corpus or 'the Python standard library'}"
+        what = (
+            f"in {window}, read at {'; '.join(kinds[p] for p in cfg.finetune_positions)}; text: {text} (disjoint "
+            "from the held-out text measured above)"
+        )
     lines = [
         "## Fine-tuning",
         "",
         f"Each fine-tuned model (`+ft{cfg.finetune_steps}`): the patched model trained {cfg.finetune_steps} steps "
-        f"in {window}, read at {'; '.join(kinds[p] for p in cfg.finetune_positions)}; text: {text} (disjoint from "
-        "the held-out text measured above). Runs, checkpoints and losses: `runs/finetune-*`.",
+        f"{what}. Runs, checkpoints and losses: `runs/finetune-*`.",
         "",
     ]
     if (out / "finetune.png").is_file():
