@@ -36,7 +36,7 @@ from posenc._checks import fail
 from posenc.lab.common.devices import resolve_device
 from posenc.lab.common.files import write_text_atomic
 from posenc.lab.common.runfiles import check_out, check_settings
-from posenc.lab.extend.pick import racing, rules
+from posenc.lab.extend.pick import ledger, racing, rules
 from posenc.lab.extend.stats import confidence, race, sampling
 from posenc.lab.extend.stats import rates as rates_mod
 from posenc.lab.extend.stats.rates import RULER_PREFIX, UNPATCHED
@@ -156,6 +156,19 @@ def run_pick(
     if plan_only:
         return {"plan": decided}
     check_settings(out, {**settings, "cap": decided.cap}, resume, command="pick", what="pick")
+    estimate = decided.screen_seconds + decided.finetune_seconds + decided.final_seconds
+    with ledger.timed(out, plan_seconds=estimate if decided.calibrated else None, start=start) as entry:
+        result = _measure_and_pick(cfg, model, decided, stages, out, deadline, entry, save=save,
+                                   save_type=save_type, device=device, progress=progress)  # fmt: skip
+        entry["ended"] = "picked" if result["pick"] is not None else "deadline"
+    return result
+
+
+def _measure_and_pick(cfg: ExtendConfig, model: Any, decided: PickPlan, stages: Sequence[ExtendConfig], out: Path,
+                      deadline: racing.Deadline, entry: dict[str, Any], *, save: str | Path | None, save_type: str,
+                      device: str, progress: bool) -> dict[str, Any]:  # fmt: skip
+    """The stages, in order (each resumable), the decision, the save and ``pick.md``; ``entry``: this run's line
+    in ``runs.jsonl`` (``ledger``), whose time so far the report gives beside the earlier runs'."""
     from posenc.lab.extend.study.run import read_samples, run_extend
 
     ppl_cfg, keys_cfg, final_cfg = stages
@@ -201,7 +214,8 @@ def run_pick(
     why_not = _savable(model, save, save_type, cfg, out, decided.target) if save is not None else None
     outcome = rules.decide(ranked, look.look, final_units, lambda u: label(*u), ended=ended, savable=why_not)
     saved = _save(final_cfg, out, outcome.pick.unit, save, save_type, device, progress) if save else None
-    text = report(cfg, model, decided, decided.cap, verdicts, ranked, outcome, saved, time.perf_counter() - start)
+    took = ledger.total_text(ledger.read(out), ledger.elapsed(entry), plan.duration_text)
+    text = report(cfg, model, decided, decided.cap, verdicts, ranked, outcome, saved, took)
     write_text_atomic(out / "pick.md", text)
     if progress:
         print(summary(ranked, outcome, saved))
@@ -611,7 +625,7 @@ def commands(model: Any, decided: PickPlan, outcome: rules.Outcome, saved: Path 
 
 def report(cfg: ExtendConfig, model: Any, decided: PickPlan, cap: int, verdicts: list[rules.Screened],
            ranked: list[rules.Standing], outcome: rules.Outcome, saved: Path | None,
-           seconds: float) -> str:  # fmt: skip
+           took: str) -> str:  # fmt: skip
     sure = "shown" if outcome.shown else f"best with probability {outcome.pick.p_best:.2f}, not shown better"
     lines = [
         f"# Which method for {model.name} at {decided.target} tokens?",
@@ -650,5 +664,5 @@ def report(cfg: ExtendConfig, model: Any, decided: PickPlan, cap: int, verdicts:
         lines.append(f"| {label(*v.unit)} | {ppl} | {v.passkey.text() if v.passkey else 'n/a'} | {p} | {why} |")
     stages = "`screen-ppl/report.md`, `screen-passkey/report.md`, `final/report.md`"
     lines += ["", "## Run it elsewhere", "", *commands(model, decided, outcome, saved, cfg), "",
-              f"The stages' own reports: {stages}. Took {plan.duration_text(seconds)} this run."]  # fmt: skip
+              f"The stages' own reports: {stages}. {took}"]  # fmt: skip
     return "\n".join(lines) + "\n"

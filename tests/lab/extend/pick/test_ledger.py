@@ -1,0 +1,40 @@
+"""``runs.jsonl`` (``posenc.lab.extend.pick.ledger``): one line per measuring run of a pick, however it ends, so a pick
+resumed over sittings has a measured total beside its plan."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from posenc.lab.extend.pick import ledger
+from posenc.lab.extend.study.plan import duration_text
+
+
+def test_each_run_appends_its_line_and_an_error_is_named_and_reraised(tmp_path):
+    with ledger.timed(tmp_path, plan_seconds=3725.04) as entry:
+        assert ledger.elapsed(entry) >= 0
+    with pytest.raises(KeyboardInterrupt), ledger.timed(tmp_path, plan_seconds=None):
+        raise KeyboardInterrupt
+    with pytest.raises(ValueError, match="bad"), ledger.timed(tmp_path, plan_seconds=None) as entry:
+        entry["ended"] = "deadline"
+        raise ValueError("bad")
+    rows = ledger.read(tmp_path)
+    assert [r["ended"] for r in rows] == ["picked", "interrupted", "failed: ValueError"]
+    assert rows[0]["plan_seconds"] == 3725.0 and rows[1]["plan_seconds"] is None
+    assert all(r["seconds"] >= 0 and r["started"].endswith("+00:00") and "_start" not in r for r in rows)
+
+
+def test_a_half_written_line_is_skipped_and_the_total_counts_every_run(tmp_path):
+    lines = [
+        {"seconds": 3600.0, "plan_seconds": 7200.0, "load_start": 0.3, "load_end": 1.1, "ended": "deadline"},
+        {"seconds": 1800.0, "plan_seconds": None, "load_start": None, "load_end": 0.9, "ended": "interrupted"},
+    ]
+    (tmp_path / "runs.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + '\n{"seconds": 12')
+    rows = ledger.read(tmp_path)
+    assert len(rows) == 2
+    text = ledger.total_text(rows, 600.0, duration_text)
+    assert text.startswith("Took 0:10:00 this run; 1:40:00 in all, over 3 runs (runs.jsonl; the first run's plan: "
+                           "at most 2:00:00; 1-minute load averages 0.3-1.1 in earlier runs")  # fmt: skip
+    assert ledger.total_text([], 61.0, duration_text) == "Took 0:01:01 this run."
+    assert ledger.read(tmp_path / "missing") == []
