@@ -271,7 +271,7 @@ def test_the_budget_is_a_deadline_and_a_resume_continues(llama, corpus, tmp_path
         assert cut["ended"] in ("deadline", "decided", "cap")
     monkeypatch.setattr(racing.Deadline, "passed", passed)
     first = json.loads((tmp_path / "cut" / "runs.jsonl").read_text())
-    assert first["ended"] == ("deadline" if cut["pick"] is None else "picked")
+    assert first["ended"] == ("deadline" if cut["pick"] is None else f"picked: {cut['ended']}")
     resumed = run_pick(cfg, "2x", tmp_path / "cut", budget="5h", resume=True, progress=False)
     assert resumed["standings"] == straight["standings"] and resumed["pick"] == straight["pick"]
     capsys.readouterr()
@@ -311,7 +311,8 @@ def test_an_interrupted_pick_resumes_to_the_same_answer(llama, corpus, tmp_path,
     assert resumed["standings"] == straight["standings"] and resumed["pick"] == straight["pick"]
     # runs.jsonl: one line per measuring run, however it ended (the refused one and --plan wrote none); pick.md sums
     runs = [json.loads(line) for line in (tmp_path / "cut" / "runs.jsonl").read_text().splitlines()]
-    assert [r["ended"] for r in runs] == ["interrupted", "picked"] and all(r["seconds"] > 0 for r in runs)
+    assert [r["ended"] for r in runs] == ["interrupted", f"picked: {resumed['ended']}"]
+    assert all(r["seconds"] > 0 for r in runs)
     assert runs[0]["plan_seconds"] is None  # progress=False: no calibrated plan was made, none is claimed
     total = runs[0]["seconds"] + runs[1]["seconds"]
     took = re.search(r"Took (\d+:\d\d:\d\d) this run; (\d+:\d\d:\d\d) in all, over 2 runs \(runs.jsonl",
@@ -319,8 +320,8 @@ def test_an_interrupted_pick_resumes_to_the_same_answer(llama, corpus, tmp_path,
     assert took, (tmp_path / "cut" / "pick.md").read_text()
     h, m, sec = map(int, took.group(2).split(":"))
     assert abs(h * 3600 + m * 60 + sec - total) <= 1.5  # whole seconds, from the same two measured runs
-    assert [json.loads(line)["ended"] for line in (tmp_path / "straight" / "runs.jsonl").read_text().splitlines()] \
-        == ["picked"]
+    straight_runs = (tmp_path / "straight" / "runs.jsonl").read_text().splitlines()
+    assert [json.loads(line)["ended"] for line in straight_runs] == [f"picked: {straight['ended']}"]
 
 
 def test_the_plan_writes_nothing_and_estimates_from_the_models_own_speed(llama, corpus, tmp_path, capsys,

@@ -1,13 +1,15 @@
 """``runs.jsonl``: the time each invocation of a pick took, so a pick resumed over sittings has a measured total.
 
 A long pick runs across sittings (``--budget``, Ctrl-C, SIGTERM, then ``--resume``), and "how long does the whole pick
-take on this machine?" is the question its plan answers in advance. Each invocation that measures appends one line
-to ``PICK/runs.jsonl`` when it ends, however it ends: when it started (UTC), its wall-clock seconds, how it ended
-(``picked``, ``deadline`` -- the budget passed before a pick could be made --, ``interrupted``, or ``failed: <error>``),
-the plan's estimate of the whole pick at its start (``plan_seconds``: the calibrated "at most", or None where no plan
-was timed) and the one-minute load average at its start and end, since a pick timed on a busy machine is not an idle
-one's time. ``--plan`` writes nothing. One short line is appended and flushed per invocation, so a line is never half
-written by a later run; a line that cannot be parsed (a machine that died mid-write) is skipped by ``read``.
+take on this machine?" is the question its plan answers in advance. Each invocation that measures appends one line to
+``PICK/runs.jsonl`` when it ends, however it ends: when it started (UTC), its wall-clock seconds, how it ended
+(``picked: decided`` / ``picked: cap`` / ``picked: deadline`` -- the race settled, reached its cap, or was cut by
+``--budget`` and the pick made from what was measured --, ``deadline`` -- the budget passed before a pick could be made
+--, ``interrupted``, or ``failed: <error>``), the plan's estimate of the whole pick at its start (``plan_seconds``: the
+calibrated "at most", or None where no plan was timed) and the one-minute load average at its start and end, since a
+pick timed on a busy machine is not an idle one's time. ``--plan`` writes nothing. One short line is appended and
+flushed per invocation, so a line is never half written by a later run; a line that cannot be parsed (a machine that
+died mid-write) is skipped by ``read``.
 """
 
 from __future__ import annotations

@@ -160,7 +160,9 @@ def run_pick(
     with ledger.timed(out, plan_seconds=estimate if decided.calibrated else None, start=start) as entry:
         result = _measure_and_pick(cfg, model, decided, stages, out, deadline, entry, save=save,
                                    save_type=save_type, device=device, progress=progress)  # fmt: skip
-        entry["ended"] = "picked" if result["pick"] is not None else "deadline"
+        # picked: decided (the race settled), cap or deadline (the best estimate then; a --resume races on);
+        # deadline: it came before a pick could be made
+        entry["ended"] = "deadline" if result["pick"] is None else f"picked: {result['ended']}"
     return result
 
 
