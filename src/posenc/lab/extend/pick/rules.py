@@ -328,7 +328,8 @@ def decide(standings: Sequence[Standing], verdict: Any, units: Sequence[tuple], 
         reason = (f"{name(pick.unit)}, {pick.text()}, is shown within {DELTA:g} of every model still in the race "
                   f"and is the cheapest of them to serve: {where}")  # fmt: skip
     else:
-        why = {"cap": "every contender reached the cap", "deadline": "the deadline came"}.get(ended, "sampling ended")
+        endings = {"cap": "the pick and its strongest challenger reached the cap", "deadline": "the deadline came"}
+        why = endings.get(ended, "sampling ended")
         reason = (f"{name(pick.unit)} has the best estimate, {pick.text()}, but is not shown better than "
                   f"{', '.join(name(s.unit) for s in others if s.beaten_by is None) or 'the others'} ({why}); best "
                   f"with probability {pick.p_best:.2f}, expected loss {pick.loss:.3f} in rate; it is served as "
