@@ -23,6 +23,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from posenc.lab.extend.study.plan import duration_text
+
 LEDGER = "runs.jsonl"
 
 
@@ -38,7 +40,7 @@ def timed(out: Path, *, plan_seconds: float | None, start: float | None = None) 
     """Append this invocation's line to ``out/runs.jsonl`` when the block ends. The block sets ``entry["ended"]``
     (default ``picked``); an exception marks it ``interrupted`` (Ctrl-C, SIGTERM) or ``failed: <type>``, and is
     re-raised. ``start``: the invocation's ``time.perf_counter()`` at its beginning (default: now), so the time to
-    load and time the model counts too; ``elapsed(entry)`` gives the seconds so far to a report written inside."""
+    load and time the model counts too."""
     start = time.perf_counter() if start is None else start
     entry: dict[str, Any] = {
         "started": (dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=time.perf_counter() - start)).isoformat(
@@ -49,7 +51,6 @@ def timed(out: Path, *, plan_seconds: float | None, start: float | None = None) 
         "plan_seconds": None if plan_seconds is None else round(float(plan_seconds), 1),
         "load_start": _load(),
     }
-    entry["_start"] = start
     try:
         yield entry
     except KeyboardInterrupt:
@@ -59,7 +60,6 @@ def timed(out: Path, *, plan_seconds: float | None, start: float | None = None) 
         entry["ended"] = f"failed: {type(e).__name__}"
         raise
     finally:
-        entry.pop("_start", None)
         entry["seconds"] = round(time.perf_counter() - start, 1)
         entry["load_end"] = _load()
         out.mkdir(parents=True, exist_ok=True)
@@ -67,11 +67,6 @@ def timed(out: Path, *, plan_seconds: float | None, start: float | None = None) 
             f.write(json.dumps(entry) + "\n")
             f.flush()
             os.fsync(f.fileno())
-
-
-def elapsed(entry: dict[str, Any]) -> float:
-    """Seconds since the block of ``timed`` began."""
-    return time.perf_counter() - entry["_start"]
 
 
 def read(out: Path) -> list[dict[str, Any]]:
@@ -88,18 +83,18 @@ def read(out: Path) -> list[dict[str, Any]]:
     return entries
 
 
-def total_text(entries: list[dict[str, Any]], this_run: float, duration: Any) -> str:
+def total_text(entries: list[dict[str, Any]], this_run: float) -> str:
     """ "Took X this run; Y in all over N runs (first plan: at most Z; load averages ...)" for the report, where
     ``entries`` are the earlier runs' lines and ``this_run`` the current one's seconds so far."""
-    text = f"Took {duration(this_run)} this run"
+    text = f"Took {duration_text(this_run)} this run"
     if not entries:
         return text + "."
     total = this_run + sum(float(e["seconds"]) for e in entries)
     loads = [x for e in entries for x in (e.get("load_start"), e.get("load_end")) if isinstance(x, int | float)]
     plans = [e["plan_seconds"] for e in entries if isinstance(e.get("plan_seconds"), int | float)]
-    text += f"; {duration(total)} in all, over {len(entries) + 1} runs ({LEDGER}"
+    text += f"; {duration_text(total)} in all, over {len(entries) + 1} runs ({LEDGER}"
     if plans:
-        text += f"; the first run's plan: at most {duration(plans[0])}"
+        text += f"; the first run's plan: at most {duration_text(plans[0])}"
     if loads:
         text += f"; 1-minute load averages {min(loads):.1f}-{max(loads):.1f} in earlier runs, {os.cpu_count()} cores"
     return text + ")."

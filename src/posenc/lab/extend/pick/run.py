@@ -158,7 +158,7 @@ def run_pick(
     check_settings(out, {**settings, "cap": decided.cap}, resume, command="pick", what="pick")
     estimate = decided.screen_seconds + decided.finetune_seconds + decided.final_seconds
     with ledger.timed(out, plan_seconds=estimate if decided.calibrated else None, start=start) as entry:
-        result = _measure_and_pick(cfg, model, decided, stages, out, deadline, entry, save=save,
+        result = _measure_and_pick(cfg, model, decided, stages, out, deadline, start, save=save,
                                    save_type=save_type, device=device, progress=progress)  # fmt: skip
         # picked: decided (the race settled), cap or deadline (the best estimate then; a --resume races on);
         # deadline: it came before a pick could be made
@@ -167,10 +167,10 @@ def run_pick(
 
 
 def _measure_and_pick(cfg: ExtendConfig, model: Any, decided: PickPlan, stages: Sequence[ExtendConfig], out: Path,
-                      deadline: racing.Deadline, entry: dict[str, Any], *, save: str | Path | None, save_type: str,
+                      deadline: racing.Deadline, start: float, *, save: str | Path | None, save_type: str,
                       device: str, progress: bool) -> dict[str, Any]:  # fmt: skip
-    """The stages, in order (each resumable), the decision, the save and ``pick.md``; ``entry``: this run's line
-    in ``runs.jsonl`` (``ledger``), whose time so far the report gives beside the earlier runs'."""
+    """The stages, in order (each resumable), the decision, the save and ``pick.md``, whose time line gives this run's
+    seconds since ``start`` (``time.perf_counter()``) beside the earlier runs' in ``runs.jsonl`` (``ledger``)."""
     from posenc.lab.extend.study.run import read_samples, run_extend
 
     ppl_cfg, keys_cfg, final_cfg = stages
@@ -216,7 +216,7 @@ def _measure_and_pick(cfg: ExtendConfig, model: Any, decided: PickPlan, stages: 
     why_not = _savable(model, save, save_type, cfg, out, decided.target) if save is not None else None
     outcome = rules.decide(ranked, look.look, final_units, lambda u: label(*u), ended=ended, savable=why_not)
     saved = _save(final_cfg, out, outcome.pick.unit, save, save_type, device, progress) if save else None
-    took = ledger.total_text(ledger.read(out), ledger.elapsed(entry), plan.duration_text)
+    took = ledger.total_text(ledger.read(out), time.perf_counter() - start)
     text = report(cfg, model, decided, decided.cap, verdicts, ranked, outcome, saved, took)
     write_text_atomic(out / "pick.md", text)
     if progress:
