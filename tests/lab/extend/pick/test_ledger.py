@@ -11,7 +11,7 @@ from posenc.lab.extend.pick import ledger
 
 
 def test_each_run_appends_its_line_and_an_error_is_named_and_reraised(tmp_path):
-    with ledger.timed(tmp_path, plan_seconds=3725.04) as entry:
+    with ledger.timed(tmp_path, plan_seconds=3725.04, plan_about_seconds=2500.0) as entry:
         assert entry["ended"] == "picked"  # the default: a block that ends normally picked
     with pytest.raises(KeyboardInterrupt), ledger.timed(tmp_path, plan_seconds=None):
         raise KeyboardInterrupt
@@ -21,6 +21,7 @@ def test_each_run_appends_its_line_and_an_error_is_named_and_reraised(tmp_path):
     rows = ledger.read(tmp_path)
     assert [r["ended"] for r in rows] == ["picked", "interrupted", "failed: ValueError"]
     assert rows[0]["plan_seconds"] == 3725.0 and rows[1]["plan_seconds"] is None
+    assert rows[0]["plan_about_seconds"] == 2500.0 and rows[1]["plan_about_seconds"] is None
     assert all(r["seconds"] >= 0 and r["started"].endswith("+00:00") for r in rows)
 
 
@@ -37,3 +38,12 @@ def test_a_half_written_line_is_skipped_and_the_total_counts_every_run(tmp_path)
                            "at most 2:00:00; 1-minute load averages 0.3-1.1 in earlier runs")  # fmt: skip
     assert ledger.total_text([], 61.0) == "Took 0:01:01 this run."
     assert ledger.read(tmp_path / "missing") == []
+
+
+def test_the_first_plan_is_said_as_it_was_logged(tmp_path):
+    old = {"seconds": 60.0, "plan_seconds": 7200.0}  # a line from before the expectation was logged
+    new = {"seconds": 60.0, "plan_seconds": 7200.0, "plan_about_seconds": 4500.0}
+    untimed = {"seconds": 60.0, "plan_seconds": None, "plan_about_seconds": None}
+    assert "the first run's plan: about 1:15:00, at most 2:00:00)" in ledger.total_text([untimed, new, old], 0.0)
+    assert "the first run's plan: at most 2:00:00)" in ledger.total_text([old, new], 0.0)
+    assert "plan" not in ledger.total_text([untimed], 0.0)

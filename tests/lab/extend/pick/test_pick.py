@@ -338,9 +338,39 @@ def test_the_plan_writes_nothing_and_estimates_from_the_models_own_speed(llama, 
     plan = result["plan"]
     assert plan.cap == rules.DEFAULT_CAP and len(plan.candidates) == 13 and plan.calibrated
     text = capsys.readouterr().out
-    assert "At most" in text and "from two timed forwards of the model on this machine" in text
+    assert re.search(r"About \d+:\d\d:\d\d in all \(at most \d+:\d\d:\d\d\), from two timed forwards of the model "
+                     "on this machine", text)  # fmt: skip
+    assert "the pick and its strongest challenger to the cap, the others a round or two" in text
     assert "sampling stops at the deadline, 0:00:01 from the start (--budget)" in text
     assert plan.screen_seconds > 0 and plan.final_seconds > 0 and plan.seconds_per_unit > 0
+    assert 0 < plan.race_seconds < plan.final_seconds and plan.about_seconds < plan.most_seconds
+
+
+def test_the_plan_expects_the_race_on_a_tie_and_every_model_to_the_cap_without_stopping(llama, corpus):
+    """The race's expectation: LUCB on a tie (``racing.tied_race``: the unpatched reference 12 needles per cell until
+    shown below, the pick and its strongest challenger the cap of 20; with two candidates, fewer than ``KEEP``, both are
+    raced), each raced candidate at the candidates' mean cost, one perplexity forward each; with ``--stop-width 0``
+    every model to the cap (the "at most"). The cost model is scripted (a forward costs its length), so the numbers
+    are known."""
+    import types
+
+    from posenc.lab.extend.pick import run as picking
+
+    cfg = _cfg(llama, corpus, trials=20, task="ruler")
+    costs = types.SimpleNamespace(forward_cost=lambda length: float(length))
+    decided = picking.PickPlan(
+        target=100, screen=50, candidates=[rules.Candidate("yarn", 2.0, ""), rules.Candidate("self_extend", 2.0, "")],
+        left_out={}, depths=(0.5,), tuned=[], cap=20, seconds_per_unit=0.01, screen_seconds=0.0, final_seconds=0.0,
+        finetune_seconds=0.0, budget=None, remap_cost=3.0,
+    )  # fmt: skip
+    got = picking._estimate(decided, costs, cfg)
+    cells, mean = 2, (1.0 + 3.0) / 2  # passkey and RULER; the candidates' mean weight
+    race_forwards = (1 + cells * 12) + mean * (1 + cells * 20) * 2
+    assert got.race_seconds == pytest.approx(race_forwards * 100 * 0.01, rel=1e-12)
+    most = (1 + 3.0 + 1.0) * (1 + cells * 20) * 100 * 0.01  # the two candidates' weights; KEEP is 4
+    assert got.final_seconds == pytest.approx(most, rel=1e-12)
+    fixed = picking._estimate(decided, costs, dataclasses.replace(cfg, stop_width=0.0))
+    assert not dataclasses.replace(cfg, stop_width=0.0).adaptive and fixed.race_seconds == fixed.final_seconds
 
 
 def test_the_plan_measures_a_remapping_forward_against_the_plain_one(llama, corpus, tmp_path, capsys, monkeypatch):
@@ -438,7 +468,7 @@ def test_cli_pick_plan_and_one_line_errors(llama, corpus, tmp_path):
     out = tmp_path / "pick"
     code, text = _cli("extend", str(llama), "--pick", "--target", "2x", "--plan", "--corpus", str(corpus),
                       "--depths", "0.5", "--device", "cpu", "--out", str(out))  # fmt: skip
-    assert code == 0 and "Pick for" in text and "At most" in text and not out.exists()
+    assert code == 0 and "Pick for" in text and "About" in text and "(at most" in text and not out.exists()
     for args, match in ((["--target", "2x"], "--target='2x' is invalid: expected a setting of --pick"),
                         (["--pick"], "--target=None is invalid"),
                         (["--pick", "--target", "3"], "target='3' is invalid"),

@@ -146,3 +146,15 @@ def test_a_studys_cells_stopped_by_the_rule_report_intervals_that_cover(rates):
     early = n <= 4
     if early.any():
         assert covered[early].to(torch.float64).mean() >= 0.95
+
+
+def test_the_plans_tied_race_expects_the_needles_a_race_spends_within_1_5x():
+    """The plan's expectation of the race (``racing.tied_race``: LUCB on a tie, the pick and its strongest challenger
+    to the cap) against the mean needles the race spends on each mix, simulated: within 1.5x either way, the issue's
+    bound for the plan's time. On a tie the reference needs 3 rounds to be shown below, the others 1-2."""
+    assert racing.tied_race(4, 2, CAP).tolist() == [12, 20, 20, 8, 8]
+    for name, rates, tiers in MIXES:
+        _, _, n = _race(rates, tiers, coupled=True, reps=300)
+        spent = float(n.sum(1).double().mean())
+        expected = float(racing.tied_race(len(rates) - 1, 2, CAP).sum())
+        assert 1 / 1.5 <= expected / spent <= 1.5, f"{name}: expected {expected}, simulated mean {spent:.1f}"

@@ -5,11 +5,11 @@ take on this machine?" is the question its plan answers in advance. Each invocat
 ``PICK/runs.jsonl`` when it ends, however it ends: when it started (UTC), its wall-clock seconds, how it ended
 (``picked: decided`` / ``picked: cap`` / ``picked: deadline`` -- the race settled, reached its cap, or was cut by
 ``--budget`` and the pick made from what was measured --, ``deadline`` -- the budget passed before a pick could be made
---, ``interrupted``, or ``failed: <error>``), the plan's estimate of the whole pick at its start (``plan_seconds``: the
-calibrated "at most", or None where no plan was timed) and the one-minute load average at its start and end, since a
-pick timed on a busy machine is not an idle one's time. ``--plan`` writes nothing. One short line is appended and
-flushed per invocation, so a line is never half written by a later run; a line that cannot be parsed (a machine that
-died mid-write) is skipped by ``read``.
+--, ``interrupted``, or ``failed: <error>``), the plan's estimates of the whole pick at its start
+(``plan_about_seconds``, its expectation, and ``plan_seconds``, its "at most"; None where no plan was timed) and the
+one-minute load average at its start and end, since a pick timed on a busy machine is not an idle one's time.
+``--plan`` writes nothing. One short line is appended and flushed per invocation, so a line is never half written by a
+later run; a line that cannot be parsed (a machine that died mid-write) is skipped by ``read``.
 """
 
 from __future__ import annotations
@@ -36,7 +36,8 @@ def _load() -> float | None:
 
 
 @contextlib.contextmanager
-def timed(out: Path, *, plan_seconds: float | None, start: float | None = None) -> Iterator[dict[str, Any]]:
+def timed(out: Path, *, plan_seconds: float | None, plan_about_seconds: float | None = None,
+          start: float | None = None) -> Iterator[dict[str, Any]]:  # fmt: skip
     """Append this invocation's line to ``out/runs.jsonl`` when the block ends. The block sets ``entry["ended"]``
     (default ``picked``); an exception marks it ``interrupted`` (Ctrl-C, SIGTERM) or ``failed: <type>``, and is
     re-raised. ``start``: the invocation's ``time.perf_counter()`` at its beginning (default: now), so the time to
@@ -49,6 +50,7 @@ def timed(out: Path, *, plan_seconds: float | None, start: float | None = None) 
         "seconds": 0.0,
         "ended": "picked",
         "plan_seconds": None if plan_seconds is None else round(float(plan_seconds), 1),
+        "plan_about_seconds": None if plan_about_seconds is None else round(float(plan_about_seconds), 1),
         "load_start": _load(),
     }
     try:
@@ -84,17 +86,28 @@ def read(out: Path) -> list[dict[str, Any]]:
 
 
 def total_text(entries: list[dict[str, Any]], this_run: float) -> str:
-    """ "Took X this run; Y in all over N runs (first plan: at most Z; load averages ...)" for the report, where
+    """ "Took X this run; Y in all over N runs (the first run's plan: about Z, at most W; load averages ...)" for the
+    report, where
     ``entries`` are the earlier runs' lines and ``this_run`` the current one's seconds so far."""
     text = f"Took {duration_text(this_run)} this run"
     if not entries:
         return text + "."
     total = this_run + sum(float(e["seconds"]) for e in entries)
     loads = [x for e in entries for x in (e.get("load_start"), e.get("load_end")) if isinstance(x, int | float)]
-    plans = [e["plan_seconds"] for e in entries if isinstance(e.get("plan_seconds"), int | float)]
     text += f"; {duration_text(total)} in all, over {len(entries) + 1} runs ({LEDGER}"
-    if plans:
-        text += f"; the first run's plan: at most {duration_text(plans[0])}"
+    if plan := _first_plan(entries):
+        text += f"; the first run's plan: {plan}"
     if loads:
         text += f"; 1-minute load averages {min(loads):.1f}-{max(loads):.1f} in earlier runs, {os.cpu_count()} cores"
     return text + ")."
+
+
+def _first_plan(entries: list[dict[str, Any]]) -> str:
+    """The first timed plan's estimates, as it gave them ("about Z, at most W"; a line from before the plan's
+    expectation was logged has "at most W" only)."""
+    for e in entries:
+        most, about = e.get("plan_seconds"), e.get("plan_about_seconds")
+        if isinstance(most, int | float):
+            text = f"at most {duration_text(most)}"
+            return f"about {duration_text(about)}, {text}" if isinstance(about, int | float) else text
+    return ""

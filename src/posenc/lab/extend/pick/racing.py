@@ -129,6 +129,19 @@ def replay_screen(field: Field, scores: torch.Tensor, counts: torch.Tensor, keep
         n = more
 
 
+def tied_race(candidates: int, cells: int, cap: int) -> torch.Tensor:
+    """Each model's needles per cell when the race runs on a tie -- every candidate finds every needle, the unpatched
+    reference (first) none --, the usual case among the methods screening sends on and the plan's expectation of the
+    race's length: the pick and its strongest challenger reach the cap, the others get a round or two (LUCB) and the
+    reference is sampled until it is shown below. ``race.race`` itself is run, so the count follows its rules.
+    Shapes: () -> (1 + candidates,) long."""
+    scores = torch.ones(1, 1 + candidates, cells, cap, dtype=torch.float64)
+    scores[:, 0] = 0.0
+    reference = torch.tensor([True] + [False] * candidates)
+    _, n = race.race(scores, torch.zeros(1 + candidates, dtype=torch.long), reference, cap)
+    return n[0]
+
+
 def policy(replay: Callable[[Field, torch.Tensor, torch.Tensor], Replay], cap: int, deadline: Deadline) -> Callable:
     """A ``run_extend`` ``more_rounds``: replay, measure one round for each model the replay wants, repeat -- until
     the replay is done or the deadline passes."""
