@@ -87,8 +87,7 @@ def read(out: Path) -> list[dict[str, Any]]:
 
 def total_text(entries: list[dict[str, Any]], this_run: float) -> str:
     """ "Took X this run; Y in all over N runs (the first run's plan: about Z, at most W; load averages ...)" for the
-    report, where
-    ``entries`` are the earlier runs' lines and ``this_run`` the current one's seconds so far."""
+    report, where ``entries`` are the earlier runs' lines and ``this_run`` the current one's seconds so far."""
     text = f"Took {duration_text(this_run)} this run"
     if not entries:
         return text + "."

@@ -357,7 +357,8 @@ def _estimate(decided: PickPlan, model: Any, cfg: ExtendConfig) -> PickPlan:
     candidates, the unpatched model and the fine-tuned ones each to the cap in every cell (``final_seconds``), and
     about as LUCB samples a tie (``race_seconds``: ``racing.tied_race`` for ``KEEP`` candidates at their mean cost and
     the fine-tuned ones; every model to the cap with ``--stop-width 0``). Each raced model also gets one perplexity
-    forward at the target. Measured on the idle 2-core Xeon, the 16k pick took 0.55x the "at most" (issue 47)."""
+    forward at the target. On the idle 2-core Xeon the 16k pick took 0.55x its "at most" and, from that run's plan
+    inputs, 0.83x its "about" (experiments/picking-a-method/README.md)."""
     spu = decided.seconds_per_unit
     cost_t, cost_s = model.forward_cost(decided.target), model.forward_cost(decided.screen)
     weights = sorted((rules.cost_factor(c.method, decided.remap_cost) for c in decided.candidates), reverse=True)
