@@ -254,17 +254,24 @@ def test_a_cheaper_config_is_not_picked_on_a_tie_it_has_not_shown(llama, corpus,
     assert "(best with probability" in report and "not shown better)" in report
 
 
-def test_the_budget_is_a_deadline_and_a_resume_continues(llama, corpus, tmp_path, monkeypatch, capsys):
-    """--budget stops sampling when it passes (here: after three looks) and the pick is made from what was measured,
-    reported as ended by the deadline; a resume with another budget (not a stored setting) continues the race and
-    reaches the same answer as a pick that ran straight through."""
+@pytest.mark.parametrize("before", [1, 6])
+def test_the_budget_is_a_deadline_and_a_resume_continues(llama, corpus, tmp_path, monkeypatch, capsys, before):
+    """--budget stops sampling when it passes (here: after ``before`` looks; the deadline is looked at before each
+    model's first measurements and before each round) and the pick is made from what was measured, reported as ended
+    by the deadline; a resume with another budget (not a stored setting) continues and reaches the same answer as a
+    pick that ran straight through. After one look the perplexity screen stops after its first model: nothing is
+    picked from a partial screen."""
     from posenc.lab.extend.pick import racing
+    from posenc.lab.extend.study.run import read_results
 
     cfg = _cfg(llama, corpus, methods=("yarn",), trials=12)
     straight = run_pick(cfg, "2x", tmp_path / "straight", progress=False)
     looks, passed = [], racing.Deadline.passed
-    monkeypatch.setattr(racing.Deadline, "passed", lambda self: looks.append(1) is None and len(looks) > 3)
+    monkeypatch.setattr(racing.Deadline, "passed", lambda self: looks.append(1) is None and len(looks) > before)
     cut = run_pick(cfg, "2x", tmp_path / "cut", budget="1h30", progress=False)
+    if before == 1:
+        ppl = read_results(tmp_path / "cut" / "screen-ppl" / "results.csv")
+        assert {r["method"] for r in ppl} == {"none"} and cut["stage"] == "screening"
     if cut["pick"] is None:  # the deadline came in screening
         assert cut["ended"] == "deadline" and "not finished" in (tmp_path / "cut" / "pick.md").read_text()
     else:

@@ -39,7 +39,7 @@ from posenc.lab.common.runfiles import check_out, check_settings
 from posenc.lab.extend.pick import ledger, racing, rules
 from posenc.lab.extend.stats import confidence, race, sampling
 from posenc.lab.extend.stats import rates as rates_mod
-from posenc.lab.extend.stats.rates import RULER_PREFIX, UNPATCHED
+from posenc.lab.extend.stats.rates import RULER_PREFIX, UNPATCHED, model_of
 from posenc.lab.extend.study import plan
 from posenc.lab.extend.study.config import STOP_WIDTH, ExtendConfig, drops
 from posenc.lab.extend.study.report import label
@@ -189,13 +189,17 @@ def _measure_and_pick(cfg: ExtendConfig, model: Any, decided: PickPlan, stages: 
     ppl_cfg, keys_cfg, final_cfg = stages
     units = [c.unit for c in decided.candidates]
     ppl_rows = run_extend(ppl_cfg, out / "screen-ppl", resume=True, progress=progress, units=units,
-                          measurements=[("ppl", decided.target, None)])  # fmt: skip
+                          measurements=[("ppl", decided.target, None)], stop=deadline.passed)  # fmt: skip
+    have = {model_of(r) for r in ppl_rows if r["metric"] == "ppl" and r["length"] == decided.target}
+    if not {UNPATCHED, *units} <= have:  # the deadline came first (run_extend checks it before each model)
+        return _unfinished(out, "screening", progress)
     broken = rules.broken(ppl_rows, units, target=decided.target)
     whole = [u for u in units if u not in broken]
     screening = [("passkey", decided.screen, d) for d in decided.depths]
     key_rows = run_extend(keys_cfg, out / "screen-passkey", resume=True, progress=progress, units=whole,
                           measurements=screening,
-                          more_rounds=racing.policy(racing.replay_screen, racing.SCREEN_CAP, deadline))  # fmt: skip
+                          more_rounds=racing.policy(racing.replay_screen, racing.SCREEN_CAP, deadline),
+                          stop=deadline.passed)  # fmt: skip
     field = racing.Field([UNPATCHED, *whole], screening, racing.SCREEN_CAP)
     screen_scores, screen_counts = racing.needles(field, read_samples(out / "screen-passkey" / "samples.csv"))
     screen_look = racing.replay_screen(field, screen_scores, screen_counts)
@@ -220,10 +224,13 @@ def _measure_and_pick(cfg: ExtendConfig, model: Any, decided: PickPlan, stages: 
     replay = _race_replay(final_units, model.model_type, fixed=not cfg.adaptive)
     final_rows = run_extend(final_cfg, out / "final", resume=True, progress=progress, units=raced,
                             measurements=measurements,
-                            more_rounds=racing.policy(replay, decided.cap, deadline))  # fmt: skip
+                            more_rounds=racing.policy(replay, decided.cap, deadline),
+                            stop=deadline.passed)  # fmt: skip
     field = racing.Field.of(final_units, measurements, decided.cap)
     scores, counts = racing.needles(field, read_samples(out / "final" / "samples.csv"))
     look = replay(field, scores, counts)
+    if look.look is None or bool((counts == 0).any()):  # the deadline came before every raced model's first round
+        return _unfinished(out, "the race's first round", progress)
     ended = "decided" if bool(look.look.stop[0]) else "deadline" if look.wanted else "cap"
     ranked = standings(final_rows, field, look, scores, model.model_type, decided.target)
     why_not = _savable(model, save, save_type, cfg, out, decided.target) if save is not None else None

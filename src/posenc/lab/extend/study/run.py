@@ -317,6 +317,7 @@ def run_extend(
     measurements: Sequence[tuple[str, int, float | None]] | None = None,
     plan_only: bool = False,
     more_rounds: Any = None,
+    stop: Any = None,
 ) -> list[dict[str, Any]]:
     """Run (or continue) the study; returns the rows of ``OUT/results.csv``. Files land in ``out`` (or ``cfg.out``).
 
@@ -332,6 +333,8 @@ def run_extend(
     depth)`` of the study's grid (depth None but for passkey). Both are stored with the settings and checked on
     resume. ``more_rounds``: what samples rate cells after their first round, called as ``_more_rounds`` is (its
     default: cell by cell until each is decided, ``posenc.lab.extend.stats.sampling``); ``--pick`` races models instead.
+    ``stop``: called before each model's first measurements; when it says True no further model is started (a
+    ``--pick`` deadline; what was measured is kept and ``resume`` continues).
     A pretrained model's needles are kept one by one in ``samples.csv`` (``SAMPLES``).
 
     ``save``: a new or empty folder; the study's one patched model (exactly one method and one factor) is written
@@ -438,7 +441,11 @@ def run_extend(
                          grid if measurements is not None else None))  # fmt: skip
     described: dict[str, Any] = {}
     tuned: dict[str, Path] = {}
+    stopped = False
     for unit, todo in work:
+        if stop is not None and stop():  # a deadline (--pick --budget): what is measured is kept, --resume goes on
+            stopped = True
+            break
         method, factor, steps, positions = unit
         name = label(*unit)
         if progress and (message := skipped(name, len(grid) - len(todo), len(grid), "measurements")):
@@ -461,8 +468,11 @@ def run_extend(
                 upsert_results(results, rows)
                 done.update(result_key(r) for r in rows)
         del model
-    with _said_in_report(target):
-        (more_rounds or _more_rounds)(target, cfg, measured, grid, results, study, described, samples)
+    if stopped and not results.is_file():
+        return []  # stopped before anything was measured: no report to write
+    if not stopped:
+        with _said_in_report(target):
+            (more_rounds or _more_rounds)(target, cfg, measured, grid, results, study, described, samples)
     rows = read_results(results)
     plot_losses(tuned, out / "finetune.png", unit="byte" if target.kind == "lab" else "token")
     finish(out, cfg, target, rows, described, time.perf_counter() - start, progress, resumed, saved=save_to)
