@@ -520,6 +520,26 @@ def test_stop_width_zero_gives_every_race_cell_its_cap(llama, corpus, tmp_path):
     assert sorted(r["n"] for r in rows if r["metric"] == "passkey") == [8] * len(final["units"])
 
 
+def test_a_deadline_in_the_races_first_pass_picks_nothing_and_resumes(llama, corpus, tmp_path, monkeypatch):
+    """With --stop-width 0 too: a deadline that passes once the race's first model is measured leaves the others
+    unmeasured, so nothing is picked from a partial race ("not finished"); --resume measures the rest."""
+    from posenc.lab.extend.pick import racing
+    from posenc.lab.extend.study.run import read_results
+
+    cfg = _cfg(llama, corpus, methods=("yarn",), trials=8, stop_width=0.0)
+    final = tmp_path / "pick" / "final" / "results.csv"
+    passed = racing.Deadline.passed
+    monkeypatch.setattr(racing.Deadline, "passed", lambda self: final.is_file())
+    cut = run_pick(cfg, "2x", tmp_path / "pick", budget="1h", progress=False)
+    assert cut["pick"] is None and cut["stage"] == "the race's first round"
+    assert "not finished" in (tmp_path / "pick" / "pick.md").read_text()
+    assert len({r["method"] for r in read_results(final)}) == 1
+    monkeypatch.setattr(racing.Deadline, "passed", passed)
+    resumed = run_pick(cfg, "2x", tmp_path / "pick", resume=True, progress=False)
+    rows = read_results(final)
+    assert resumed["pick"] is not None and {r["n"] for r in rows if r["metric"] == "passkey"} == {8}
+
+
 def test_a_pose_fine_tuned_yarn_joins_the_race(llama, corpus, tmp_path):
     """--finetune-steps adds YaRN at the target fine-tuned with PoSE's positions in a shorter window: it skips
     screening (a fine-tune is the expensive option) and is raced and ranked with the zero-shot survivors."""

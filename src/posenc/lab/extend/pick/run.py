@@ -168,9 +168,10 @@ def run_pick(
     if plan_only:
         return {"plan": decided}
     check_settings(out, {**settings, "cap": decided.cap}, resume, command="pick", what="pick")
-    timed = decided.calibrated  # a probe's plan is not claimed as this run's
-    with ledger.timed(out, plan_seconds=decided.most_seconds if timed else None,
-                      plan_about_seconds=decided.about_seconds if timed else None, start=start) as entry:  # fmt: skip
+    calibrated = decided.calibrated  # a probe's plan is not claimed as this run's
+    with ledger.timed(out, plan_seconds=decided.most_seconds if calibrated else None,
+                      plan_about_seconds=decided.about_seconds if calibrated else None,
+                      start=start) as entry:  # fmt: skip
         result = _measure_and_pick(cfg, model, decided, stages, out, deadline, start, save=save,
                                    save_type=save_type, device=device, progress=progress)  # fmt: skip
         # picked: decided (the race settled), cap or deadline (the best estimate then; a --resume races on);
@@ -190,8 +191,7 @@ def _measure_and_pick(cfg: ExtendConfig, model: Any, decided: PickPlan, stages: 
     units = [c.unit for c in decided.candidates]
     ppl_rows = run_extend(ppl_cfg, out / "screen-ppl", resume=True, progress=progress, units=units,
                           measurements=[("ppl", decided.target, None)], stop=deadline.passed)  # fmt: skip
-    have = {model_of(r) for r in ppl_rows if r["metric"] == "ppl" and r["length"] == decided.target}
-    if not {UNPATCHED, *units} <= have:  # the deadline came first (run_extend checks it before each model)
+    if not {UNPATCHED, *units} <= _ppl_measured(ppl_rows, decided.target):  # the deadline came first
         return _unfinished(out, "screening", progress)
     broken = rules.broken(ppl_rows, units, target=decided.target)
     whole = [u for u in units if u not in broken]
@@ -229,7 +229,7 @@ def _measure_and_pick(cfg: ExtendConfig, model: Any, decided: PickPlan, stages: 
     field = racing.Field.of(final_units, measurements, decided.cap)
     scores, counts = racing.needles(field, read_samples(out / "final" / "samples.csv"))
     look = replay(field, scores, counts)
-    if look.look is None or bool((counts == 0).any()):  # the deadline came before every raced model's first round
+    if look.look is None:  # the deadline came before every raced model's first round
         return _unfinished(out, "the race's first round", progress)
     ended = "decided" if bool(look.look.stop[0]) else "deadline" if look.wanted else "cap"
     ranked = standings(final_rows, field, look, scores, model.model_type, decided.target)
@@ -248,6 +248,11 @@ def _measure_and_pick(cfg: ExtendConfig, model: Any, decided: PickPlan, stages: 
     }  # fmt: skip
 
 
+def _ppl_measured(rows: Sequence[dict], target: int) -> set[tuple]:
+    """The models the perplexity screen has measured at ``target``."""
+    return {model_of(r) for r in rows if r["metric"] == "ppl" and r["length"] == target}
+
+
 def _race_replay(units: Sequence[tuple], model_type: str | None, *, fixed: bool) -> Any:
     """The race's replay over ``units`` (the unpatched model first): paired elimination and LUCB rounds, or with
     ``fixed`` every model to the cap (``--stop-width 0``)."""
@@ -259,6 +264,8 @@ def _race_replay(units: Sequence[tuple], model_type: str | None, *, fixed: bool)
             return racing.replay_race(field, scores, counts, tier, reference)
         n = counts.clamp(max=field.cap)
         wanted = [i for i in range(len(field.units)) if counts[i] < field.cap]
+        if bool((n == 0).any()):  # a model not measured yet (a deadline in the first pass): no look, as replay_race
+            return racing.Replay(n, wanted, None)
         full = torch.full((1, len(field.units)), field.cap, dtype=torch.long)
         v = race.verdict(scores, torch.minimum(full, n[None]), torch.ones_like(full, dtype=torch.bool), tier,
                          reference)  # fmt: skip
@@ -282,7 +289,6 @@ def standings(rows: Sequence[dict], field: racing.Field, look: racing.Replay, sc
     """Each raced model at the target from the race's last look, best estimate first: pooled rate with its
     anytime-valid interval, each cell's rate, whether it was still sampled, who beat it, its posterior chance of being
     the best method and the expected loss of picking it."""
-    from posenc.lab.extend.stats.rates import model_of
 
     v, n = look.look, look.n
     low, high = race.pooled_interval(scores, n[None])
@@ -543,7 +549,6 @@ def _race_expectation(cfg: ExtendConfig) -> str:
 def left_text(out: Path, decided: PickPlan, model: Any) -> str:
     """A resumed pick's ``--plan``: where each stage stands (replayed from its stored needles) and, at most, the time
     left: nothing for a finished pick."""
-    from posenc.lab.extend.stats.rates import model_of
     from posenc.lab.extend.study.run import read_results, read_samples
 
     def rows(stage: str) -> list[dict]:
@@ -554,7 +559,7 @@ def left_text(out: Path, decided: PickPlan, model: Any) -> str:
     cost_t = model.forward_cost(decided.target)
     units = [UNPATCHED, *(c.unit for c in decided.candidates)]
     weight = {c.unit: rules.cost_factor(c.method, decided.remap_cost) for c in decided.candidates} | {UNPATCHED: 1.0}
-    ppl = {model_of(r) for r in rows("screen-ppl") if r["metric"] == "ppl" and r["length"] == decided.target}
+    ppl = _ppl_measured(rows("screen-ppl"), decided.target)
     left = sum(weight[u] * cost_t for u in units if u not in ppl) * spu
     screening = [("passkey", decided.screen, d) for d in decided.depths]
     screened = [model_of(r) for r in rows("screen-passkey") if r["metric"] == "passkey"]

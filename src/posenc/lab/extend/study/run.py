@@ -443,7 +443,7 @@ def run_extend(
     tuned: dict[str, Path] = {}
     stopped = False
     for unit, todo in work:
-        if stop is not None and stop():  # a deadline (--pick --budget): what is measured is kept, --resume goes on
+        if todo and stop is not None and stop():  # a deadline (--pick --budget): what is measured is kept
             stopped = True
             break
         method, factor, steps, positions = unit
