@@ -383,7 +383,7 @@ def _add_extend(sub: argparse._SubParsersAction) -> None:
         "the model: a pretrained model gets a study sized for the device (CPU: none, yarn x2, dynamic x2 at 0.5x and "
         "1.5x its context; CUDA: factors 2, 4, 8 up to 8x), a lab model the lab's (every method, x2 and x4, 1x-8x). "
         "Before any weight loads, every setting is checked and a plan is printed (the models, lengths and forwards) "
-        "with a time estimate from the model's size and this machine's speed; the estimate is refined after two "
+        "with a time estimate from the model's size and this machine's speed; the estimate is refined after "
         "timed forwards. --plan prints that plan and estimate and stops, writing nothing. To write a patched model "
         "without measuring it: posenc export.",
     )
@@ -539,7 +539,7 @@ def _add_extend(sub: argparse._SubParsersAction) -> None:
         "--plan",
         action="store_true",
         help="print the plan (models, lengths, forwards) and its time estimate, made before any weight is loaded "
-        "(the study refines it after two timed forwards), and stop: nothing is written, no weight is read; with "
+        "(the study refines it after timed forwards), and stop: nothing is written, no weight is read; with "
         "--pick, the pick's plan",
     )
     p.add_argument(

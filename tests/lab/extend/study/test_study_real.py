@@ -549,18 +549,33 @@ def test_a_study_from_before_dtype_resumes_in_float32(llama_folder, corpus, tmp_
 
 
 @pytest.mark.parametrize(("a", "b"), [(2e-3, 3e-7), (1e-3, 1e-8)])
-def test_calibration_fits_this_machines_linear_and_quadratic_costs(a, b, llama_folder, corpus, tmp_path, monkeypatch):
-    """Two timed forwards fit t(n) = a*n + b*n**2: the cost model then predicts any length exactly (a single
-    short forward with the model's own l0 misjudged a study by 45% on a CPU whose ratio differed)."""
-    target = _loaded(_tiny_cfg(llama_folder, corpus, lengths=(32, 4096), eval_tokens=4096), tmp_path)
-    target.heldout_tokens = 10_000  # as if the held-out text were long enough: only the timings are faked
+@pytest.mark.parametrize(
+    ("longest", "timed_at", "fixed"), [(4096, [1024, 4096], 0.0), (16384, [1024, 4096, 8192], 0.05)]
+)
+def test_calibration_fits_this_machines_linear_and_quadratic_costs(a, b, longest, timed_at, fixed, llama_folder,
+                                                                    corpus, tmp_path, monkeypatch):  # fmt: skip
+    """Timed forwards fit t(n) = c + a*n + b*n**2: the cost model then predicts any length (a single short forward
+    with the model's own l0 misjudged a study by 45% on a CPU whose ratio differed). A study beyond 8192 tokens also
+    times 8192, so a forward's fixed cost ``c`` (which only the short forwards feel) is fitted apart from attention's
+    quadratic part: through 1024 and 4096 alone it would read as a smaller ``b``."""
+    target = _loaded(_tiny_cfg(llama_folder, corpus, lengths=(32, longest), eval_tokens=longest), tmp_path)
+    target.heldout_tokens = 20_000  # as if the held-out text were long enough: only the timings are faked
     timed = []
-    monkeypatch.setattr(target, "_timed_forward", lambda n, warm_up: timed.append(n) or a * n + b * n * n)
-    rate, n, seconds = target.calibrate([32, 4096])
-    assert timed == [1024, 4096] and (n, seconds) == (4096, a * 4096 + b * 4096**2)
+    monkeypatch.setattr(target, "_timed_forward", lambda n, warm_up: timed.append((n, warm_up)) or t(n))
+
+    def t(n):
+        return fixed + a * n + b * n * n
+
+    rate, n, seconds = target.calibrate([32, longest])
+    assert timed == [(n, i == 0) for i, n in enumerate(timed_at)] and (n, seconds) == (timed_at[-1], t(n))
     assert target.l0 == pytest.approx(a / b, rel=1e-9)
-    for length in (4096, 12288, 65536):  # the estimate of a forward at any length is the fitted time
-        assert rate * target.forward_cost(length) == pytest.approx(a * length + b * length**2, rel=1e-9)
+    for length in (4096, 12288, 65536):  # the estimate at any length: the fitted time, scaled to the longest timed
+        assert rate * target.forward_cost(length) == pytest.approx(
+            (a * length + b * length**2) * t(n) / (a * n + b * n * n), rel=1e-9
+        )
+    if fixed:  # the failure the third length removes: 1024 and 4096 alone read c as a smaller b (or none at all)
+        two = plan.fit_forward_times([(1024, t(1024)), (4096, t(4096))])
+        assert two is None or two[1] == pytest.approx(b - fixed / (1024 * 4096), rel=1e-9)
 
 
 def test_calibration_keeps_the_models_cost_ratio_when_timings_are_noise(llama_folder, corpus, tmp_path, monkeypatch):

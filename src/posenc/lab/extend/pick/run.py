@@ -17,8 +17,9 @@ finished measurement; every decision is replayed from the stored needles, so a r
                     and the commands that run it elsewhere
 
 ``--budget`` is a deadline for this invocation: when it passes, sampling stops and the pick is made from what was
-measured (a resume continues). The plan's estimate comes from two timed forwards of the model itself
-(``targets.hf.HFTarget.calibrate``); it is an upper bound (every contender to the cap) and never refuses a budget.
+measured (a resume continues). The plan's estimates (*about*, as a tie races; *at most*, every contender to the
+cap) come from timed forwards of the model itself and of a remapping candidate (``targets.hf.HFTarget.calibrate``,
+``remap_cost``); they never refuse a budget.
 """
 
 from __future__ import annotations
@@ -392,15 +393,16 @@ def _estimate(decided: PickPlan, model: Any, cfg: ExtendConfig) -> PickPlan:
                                finetune_seconds=finetune_seconds, race_seconds=race_seconds)  # fmt: skip
 
 
-#: ``--pick --plan`` loads a model to time two forwards only up to this many bytes of weights (in the dtype it runs
-#: in); a bigger one keeps the probe's estimate, so the plan stays a matter of seconds.
+#: ``--pick --plan`` loads a model to time its forwards only up to this many bytes of weights (in the dtype it runs
+#: in); a bigger one keeps the probe's estimate, so the plan stays a matter of a minute or so.
 LOAD_FOR_PLAN_BYTES = 4 * 2**30
 
 
 def _calibrated(decided: PickPlan, model: Any, plan_only: bool) -> PickPlan:
-    """The plan's estimate from the model's own speed: its weights loaded and two forwards timed
-    (``HFTarget.calibrate``: the linear and quadratic parts of a forward's cost on this machine), in place of the
-    probe. Loading takes seconds for SmolLM2; a model too big to load quickly keeps the probe's estimate under
+    """The plan's estimate from the model's own speed: its weights loaded and forwards of up to 1024, 4096 and 8192
+    tokens timed, plain and with one remapping candidate (``HFTarget.calibrate``, ``HFTarget.remap_cost``: the
+    linear and quadratic parts of a forward's cost on this machine), in place of the probe. For SmolLM2 at 32,768
+    tokens that is about a minute on a 2-core CPU; a model too big to load quickly keeps the probe's estimate under
     ``--plan`` (``LOAD_FOR_PLAN_BYTES``)."""
     if plan_only and model.dims.params * model.weight_bytes > LOAD_FOR_PLAN_BYTES:
         return decided
@@ -408,7 +410,7 @@ def _calibrated(decided: PickPlan, model: Any, plan_only: bool) -> PickPlan:
     spu = model.calibrate([decided.target])[0]
     decided = dataclasses.replace(decided, seconds_per_unit=spu, calibrated=True)
     remaps = [c for c in decided.candidates if rules.is_remapping(c.method)]
-    if remaps and hasattr(model, "remap_cost"):  # one remapping forward timed against the plain one
+    if remaps and hasattr(model, "remap_cost"):  # remapping forwards timed against the plain ones
         first = next((c for c in remaps if c.method == "self_extend"), remaps[0])
         measured = model.remap_cost(first.method, first.factor, decided.target)
         if measured is not None:
@@ -524,7 +526,7 @@ def plan_text(decided: PickPlan, model: Any, cfg: ExtendConfig) -> str:
         f"about {plan.duration_text(decided.race_seconds)} with {racing.KEEP} methods raced "
         f"({_race_expectation(cfg)}; at most {plan.duration_text(decided.final_seconds)})"
     )
-    source = ("two timed forwards of the model on this machine" if decided.calibrated else
+    source = ("timed forwards of the model on this machine" if decided.calibrated else
               "this machine's matrix-multiply speed and the model's size, before any weight is loaded")  # fmt: skip
     if any(rules.is_remapping(c.method) for c in decided.candidates):
         source += (f"; a remapping candidate at {decided.remap_cost:.3g}x a frequency one per forward "

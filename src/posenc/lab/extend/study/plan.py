@@ -228,6 +228,55 @@ def forward_cost(length: int, l0: float) -> float:
     return length * (1.0 + length / l0)
 
 
+#: The lengths ``calibration_lengths`` times forwards at: a short one, one where attention starts to weigh, and one
+#: where it weighs enough to fit its quadratic part (timed only for studies beyond it).
+CALIBRATION_LENGTHS = (1024, 4096, 8192)
+
+
+def calibration_lengths(longest: int) -> tuple[int, ...]:
+    """The forward lengths to time for a study whose longest forward is ``longest`` tokens: ``CALIBRATION_LENGTHS``
+    up to it, each at least twice the one before (1024 alone below 2048; ``longest`` itself where it falls between
+    two); 8192 only for studies beyond it, where a fit from 1024 and 4096 alone misjudged the quadratic part (a
+    forward's fixed cost, tens of milliseconds, weighs on the 1024-token one: on SmolLM2 at 32,768 tokens it put a
+    Xeon's crossover length at 132k tokens against about 20k measured)."""
+    sizes = [min(CALIBRATION_LENGTHS[0], longest)]
+    for n in CALIBRATION_LENGTHS[1:]:
+        if longest < 2 * sizes[-1] or (n == CALIBRATION_LENGTHS[-1] and longest <= n):
+            break
+        sizes.append(min(n, longest))
+    return tuple(sizes)
+
+
+def fit_forward_times(points: Sequence[tuple[int, float]]) -> tuple[float, float] | None:
+    """``(a, b)`` of ``t(n) = c + a*n + b*n**2`` through timed forwards ``(n, seconds)``, lengths increasing: the
+    linear (weights) and quadratic (attention) parts, ``c`` a forward's fixed cost, which only shorter forwards
+    feel (left out of the estimate of a long one). Three or more points: least squares with ``c``; where that gives a
+    negative part (timing noise), the two longest points without ``c``. None where no positive ``a`` and ``b`` fit
+    (then the model's own crossover length stays)."""
+    ns = [float(n) for n, _ in points]
+    ts = [float(t) for _, t in points]
+    if len(ns) >= 3:
+        scale = ns[-1]  # lengths in units of the longest: a well-conditioned system
+        design = torch.tensor([[1.0, n / scale, (n / scale) ** 2] for n in ns], dtype=torch.float64)
+        coef = torch.linalg.lstsq(design, torch.tensor(ts, dtype=torch.float64)[:, None]).solution[:, 0]
+        c, a, b = float(coef[0]), float(coef[1]) / scale, float(coef[2]) / scale**2
+        if c >= 0 and a > 0 and b > 0:
+            return a, b
+    if len(ns) < 2:
+        return None
+    (n1, n2), (t1, t2) = ns[-2:], ts[-2:]
+    b = (t2 / n2 - t1 / n1) / (n2 - n1)
+    a = t1 / n1 - b * n1
+    return (a, b) if a > 0 and b > 0 else None
+
+
+def cost_ratio(fitted: tuple[float, float], base: tuple[float, float], length: int) -> float:
+    """A forward's time under ``fitted`` over its time under ``base`` at ``length`` tokens, both ``(a, b)`` of
+    ``fit_forward_times`` (fixed costs left out), at least 1 (an upper bound's ratio)."""
+    (a1, b1), (a0, b0) = fitted, base
+    return max(1.0, (a1 * length + b1 * length**2) / (a0 * length + b0 * length**2))
+
+
 #: How fast a whole forward runs relative to ``probe_seconds_per_unit``'s matrix products (FLOPs per second of the
 #: model's ``2 * params`` per token-equivalent over the probe's). Measured: SmolLM2-135M, bfloat16, 2-core AMD EPYC
 #: (AVX512-BF16), torch 2.13.0, idle machine, 2026-11-26: a 16,384-token forward took 88.9 s (1.75 ms per

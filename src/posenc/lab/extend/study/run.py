@@ -540,7 +540,7 @@ def _print_plan(cfg: ExtendConfig, target: Any, out: Path, grid: list[tuple], le
             lines.append(
                 f"Time:{most} about {plan.duration_text((units + tuning) * spu)} on {device}, estimated from this "
                 f"machine's matrix-multiply speed and the model's size ({spu * 1e3:.3g} ms per token-equivalent) "
-                "before any weight is loaded; the study refines it after two timed forwards"
+                "before any weight is loaded; the study refines it after timed forwards"
                 + (" (fine-tuning included)" if tunes else "")
             )
     if save_to is not None:

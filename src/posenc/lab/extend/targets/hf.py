@@ -364,62 +364,56 @@ class HFTarget:
         """Seconds per ``forward_cost`` unit, and the cost model's crossover length ``l0``, from timed forwards on
         this machine (after a warm-up: the first forward pays kernel set-up and page faults).
 
-        One forward of ``n1`` = up to 1024 tokens gives the seconds per unit with the model's own ``l0`` (from its
-        dimensions). Where the study goes to 2048 tokens or more, a second forward of ``n2`` = up to 4096 tokens fits
-        ``t(n) = a*n + b*n**2`` through both, so that the linear (weights) and quadratic (attention) parts are this
-        machine's: their ratio differs between CPUs (on SmolLM2, 12288 tokens took 5.3x a 4096-token forward on an
-        Intel Xeon, 5.9x on an AMD EPYC), and a single short forward extrapolated with the wrong ratio misjudged a
-        study by 45%. Returns (seconds per unit, tokens of the longest timed forward, its seconds)."""
-        n1 = min(1024, max(lengths), self.heldout_tokens - 1)
-        n2 = min(4096, max(lengths), self.heldout_tokens - 1)
-        t1 = self._timed_forward(n1, warm_up=True)
-        if n2 < 2 * n1:
-            return t1 / self.forward_cost(n1), n1, t1
-        t2 = self._timed_forward(n2, warm_up=False)
-        b = (t2 / n2 - t1 / n1) / (n2 - n1)  # seconds per token**2
-        a = t1 / n1 - b * n1  # seconds per token
-        fitted = a > 0 and b > 0
-        if fitted:  # else timing noise: keep the model's l0
-            self.l0 = a / b
-        self.timed = (a, b, n2, t2) if fitted else (None, None, n2, t2)
-        return t2 / self.forward_cost(n2), n2, t2
+        Forwards of up to 1024, 4096 and 8192 tokens (``plan.calibration_lengths``: as far as the study goes) fit
+        ``t(n) = c + a*n + b*n**2`` (``plan.fit_forward_times``), so that the linear (weights) and quadratic
+        (attention) parts are this machine's: their ratio differs between CPUs (on SmolLM2, 12288 tokens took 5.3x a
+        4096-token forward on an Intel Xeon, 5.9x on an AMD EPYC), and a single short forward extrapolated with the
+        wrong ratio misjudged a study by 45%. One forward only (a study up to 2047 tokens): the model's own ``l0``.
+        Returns (seconds per unit, tokens of the longest timed forward, its seconds)."""
+        sizes = plan.calibration_lengths(min(max(lengths), self.heldout_tokens - 1))
+        times = [self._timed_forward(n, warm_up=i == 0) for i, n in enumerate(sizes)]
+        fit = plan.fit_forward_times(list(zip(sizes, times, strict=True))) if len(sizes) > 1 else None
+        if fit is not None:  # else timing noise: keep the model's l0
+            self.l0 = fit[0] / fit[1]
+        self.timed = (sizes, times, fit)
+        return times[-1] / self.forward_cost(sizes[-1]), sizes[-1], times[-1]
 
     def remap_cost(self, method: str, factor: float, length: int) -> tuple[float, str] | None:
         """A remapping method's forward time over the plain one at ``length`` tokens on this machine, and how it was
-        measured: one forward of the ``calibrate`` length with ``method`` patched, its attention part (the time
-        above the plain forward's linear part ``a*n``) scaled as the plain forward's quadratic part ``b*n**2``.
-        Where the two parts could not be told apart (timing noise), the ratio at the timed length itself. At least 1
-        (an upper bound's ratio). None before ``calibrate`` timed a forward of 2048 tokens or more."""
+        measured: forwards with ``method`` patched at the lengths ``calibrate`` timed, fitted as the plain ones are
+        (its own linear and quadratic parts: a remapping attention adds work linear in the length too, which an
+        earlier estimate scaled as attention and so judged Self-Extend 8.35x a frequency method at 32,768 tokens on
+        a Xeon where DCA measured 2.5x at 20,480), the two fits' ratio at ``length``. Where either fit failed
+        (timing noise), the ratio at the longest timed length itself. At least 1 (an upper bound's ratio). None
+        before ``calibrate`` timed two lengths (a study up to 2047 tokens)."""
         timed = getattr(self, "timed", None)
-        if timed is None:
+        if timed is None or len(timed[0]) < 2:
             return None
-        a, b, n, plain = timed
+        sizes, plain, fit = timed
         model, _ = self.patched(method, factor)
-        x, y = self.val[None, :n].to(self.device), self.val[None, 1 : n + 1].to(self.device)  # (1, n) each
-        with torch.inference_mode():
-            self._losses(model, x[:, :128], y[:, :128])  # warm-up: the remapping path's first call
-            _sync(self.device)
-            start = time.perf_counter()
-            self._losses(model, x, y)
-            _sync(self.device)
-        seconds = time.perf_counter() - start
+        times = [self._timed_forward(n, warm_up=i == 0, model=model) for i, n in enumerate(sizes)]
         del model
+        remapped = plan.fit_forward_times(list(zip(sizes, times, strict=True)))
         name = labels.label(method, factor, 0)
-        measured = f"{name}: a {n}-token forward took {seconds:.3g} s against {plain:.3g} s plain"
-        if a is None:
-            return max(1.0, seconds / plain), f"{measured}, on this machine (not extrapolated to {length} tokens)"
-        attention = max(seconds - a * n, 0.0) / (b * n * n)  # the remapped attention over the plain one
-        ratio = max(1.0, (a * length + attention * b * length**2) / (a * length + b * length**2))
-        return ratio, f"{measured}, attention {attention:.3g}x, on this machine"
+        n = sizes[-1]
+        measured = f"{name}: a {n}-token forward took {times[-1]:.3g} s against {plain[-1]:.3g} s plain"
+        if fit is None or remapped is None:
+            ratio = max(1.0, times[-1] / plain[-1])
+            return ratio, f"{measured}, on this machine (not extrapolated to {length} tokens)"
+        lengths = ", ".join(str(s) for s in sizes)
+        return plan.cost_ratio(remapped, fit, length), f"{measured}, fitted on {lengths} tokens, on this machine"
 
-    def _timed_forward(self, n: int, *, warm_up: bool) -> float:
+    def _timed_forward(self, n: int, *, warm_up: bool, model: torch.nn.Module | None = None) -> float:
+        """Seconds of one loss forward of ``n`` held-out tokens through ``model`` (default: the unpatched one);
+        ``warm_up``: a 128-token forward first, untimed."""
+        model = self.model if model is None else model
         x, y = self.val[None, :n].to(self.device), self.val[None, 1 : n + 1].to(self.device)  # (1, n) each
         with torch.inference_mode():
             if warm_up:
-                self._losses(self.model, x[:, :128], y[:, :128])
+                self._losses(model, x[:, :128], y[:, :128])
                 _sync(self.device)
             start = time.perf_counter()
-            self._losses(self.model, x, y)
+            self._losses(model, x, y)
             _sync(self.device)
         return time.perf_counter() - start
 
