@@ -54,11 +54,11 @@ class LMInfinite(RemapMethod):
     def branches(self) -> tuple[Branch, ...]:
         w, n = self.window, self.global_tokens
         return (
-            Branch(name="local", query=identity, key=identity, region=lambda i, j: (i - j) < w),
+            Branch(name="local", query=identity, key=identity, region=lambda i, j: j > i - w),
             Branch(
                 name="global",
                 query=lambda i: torch.full_like(i, w),
                 key=torch.zeros_like,
-                region=lambda i, j: ((i - j) >= w) & (j < n),
+                region=lambda i, j: (j <= i - w) & (j < n),
             ),  # fmt: skip
         )

@@ -61,11 +61,11 @@ class SelfExtend(RemapMethod):
         w, g = self.window, self.group
         shift = w - w // g
         return (
-            Branch(name="neighbor", query=identity, key=identity, region=lambda i, j: (i - j) < w),
+            Branch(name="neighbor", query=identity, key=identity, region=lambda i, j: j > i - w),
             Branch(
                 name="grouped",
                 query=lambda i: torch.div(i, g, rounding_mode="floor") + shift,
                 key=lambda j: torch.div(j, g, rounding_mode="floor"),
-                region=lambda i, j: (i - j) >= w,
+                region=lambda i, j: j <= i - w,
             ),
         )

@@ -89,11 +89,11 @@ class StreamingLLM(RemapMethod):
     def branches(self) -> tuple[Branch, ...]:
         w, n = self.window, self.sinks
         return (
-            Branch(name="window", query=identity, key=identity, region=lambda i, j: (i - j) <= w),
+            Branch(name="window", query=identity, key=identity, region=lambda i, j: j >= i - w),
             Branch(
                 name="sinks",
                 query=lambda i: torch.clamp(i, max=n + w),
                 key=identity,
-                region=lambda i, j: ((i - j) > w) & (j < n),
+                region=lambda i, j: (j < i - w) & (j < n),
             ),
         )

@@ -134,14 +134,14 @@ class String(RemapMethod):
         s, w = self.shifted_offset, self.local_window
         scale = None if self.mscale == 1.0 else _constant(self.mscale**2)
         return (
-            Branch(name="diagonal", query=identity, key=identity, region=lambda i, j: (i - j) < s, query_scale=scale),
+            Branch(name="diagonal", query=identity, key=identity, region=lambda i, j: j > i - s, query_scale=scale),
             Branch(
                 # Only queries i >= S score this branch (at i - S + W >= W); the clamp keeps the others' unused
                 # rotations at valid positions.
                 name="shifted",
                 query=lambda i: torch.clamp(i - s + w, min=0),
                 key=identity,
-                region=lambda i, j: (i - j) >= s,
+                region=lambda i, j: j <= i - s,
                 query_scale=scale,
             ),
         )
