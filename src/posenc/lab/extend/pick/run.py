@@ -399,11 +399,11 @@ LOAD_FOR_PLAN_BYTES = 4 * 2**30
 
 
 def _calibrated(decided: PickPlan, model: Any, plan_only: bool) -> PickPlan:
-    """The plan's estimate from the model's own speed: its weights loaded and forwards of up to 1024, 4096 and 8192
-    tokens timed, plain and with one remapping candidate (``HFTarget.calibrate``, ``HFTarget.remap_cost``: the
-    linear and quadratic parts of a forward's cost on this machine), in place of the probe. For SmolLM2 at 32,768
-    tokens that is about a minute on a 2-core CPU; a model too big to load quickly keeps the probe's estimate under
-    ``--plan`` (``LOAD_FOR_PLAN_BYTES``)."""
+    """The plan's estimate from the model's own speed: its weights loaded, forwards of up to 1024, 4096 and 8192
+    tokens timed (``HFTarget.calibrate``: the linear and quadratic parts of a forward's cost on this machine) and
+    one of a remapping candidate at the longest (``HFTarget.remap_cost``), in place of the probe. For SmolLM2 at
+    32,768 tokens that is under a minute on a 2-core CPU; a model too big to load quickly keeps the probe's estimate
+    under ``--plan`` (``LOAD_FOR_PLAN_BYTES``)."""
     if plan_only and model.dims.params * model.weight_bytes > LOAD_FOR_PLAN_BYTES:
         return decided
     model.load()

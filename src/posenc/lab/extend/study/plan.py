@@ -236,9 +236,9 @@ CALIBRATION_LENGTHS = (1024, 4096, 8192)
 def calibration_lengths(longest: int) -> tuple[int, ...]:
     """The forward lengths to time for a study whose longest forward is ``longest`` tokens: ``CALIBRATION_LENGTHS``
     up to it, each at least twice the one before (1024 alone below 2048; ``longest`` itself where it falls between
-    two); 8192 only for studies beyond it, where a fit from 1024 and 4096 alone misjudged the quadratic part (a
-    forward's fixed cost, tens of milliseconds, weighs on the 1024-token one: on SmolLM2 at 32,768 tokens it put a
-    Xeon's crossover length at 132k tokens against about 20k measured)."""
+    two); 8192 only for studies beyond it: the estimate scales the longest timed forward, and the further it is
+    scaled the more the crossover length's error counts (on SmolLM2, a crossover off by 2x moves an estimate at
+    32,768 tokens by up to 1.39x from a 4096-token forward, 1.25x from an 8192-token one)."""
     sizes = [min(CALIBRATION_LENGTHS[0], longest)]
     for n in CALIBRATION_LENGTHS[1:]:
         if longest < 2 * sizes[-1] or (n == CALIBRATION_LENGTHS[-1] and longest <= n):
@@ -270,11 +270,20 @@ def fit_forward_times(points: Sequence[tuple[int, float]]) -> tuple[float, float
     return (a, b) if a > 0 and b > 0 else None
 
 
-def cost_ratio(fitted: tuple[float, float], base: tuple[float, float], length: int) -> float:
-    """A forward's time under ``fitted`` over its time under ``base`` at ``length`` tokens, both ``(a, b)`` of
-    ``fit_forward_times`` (fixed costs left out), at least 1 (an upper bound's ratio)."""
-    (a1, b1), (a0, b0) = fitted, base
-    return max(1.0, (a1 * length + b1 * length**2) / (a0 * length + b0 * length**2))
+#: A fitted crossover length is kept only within this factor of the model's own (from its FLOPs): single timed
+#: forwards are noisy by ~10%, which moves a fit's ``l0`` far more. On the idle 2-core Xeon (2026-11-28) the fits of
+#: SmolLM2 gave 6,899, 18,284 and ~132,000 tokens on three calibrations, while forwards of 4,096 and 20,480 tokens
+#: measured about 8,000 -- the model's own is 7,784.
+L0_RANGE = 2.0
+
+
+def fitted_l0(fit: tuple[float, float] | None, model_l0: float) -> float:
+    """The crossover length ``a / b`` of ``fit`` where it lies within ``L0_RANGE`` of ``model_l0``, else
+    ``model_l0`` (no fit, or one that timing noise put out of range)."""
+    if fit is None:
+        return model_l0
+    l0 = fit[0] / fit[1]
+    return l0 if model_l0 / L0_RANGE <= l0 <= model_l0 * L0_RANGE else model_l0
 
 
 #: How fast a whole forward runs relative to ``probe_seconds_per_unit``'s matrix products (FLOPs per second of the

@@ -365,43 +365,39 @@ class HFTarget:
         this machine (after a warm-up: the first forward pays kernel set-up and page faults).
 
         Forwards of up to 1024, 4096 and 8192 tokens (``plan.calibration_lengths``: as far as the study goes) fit
-        ``t(n) = c + a*n + b*n**2`` (``plan.fit_forward_times``), so that the linear (weights) and quadratic
-        (attention) parts are this machine's: their ratio differs between CPUs (on SmolLM2, 12288 tokens took 5.3x a
-        4096-token forward on an Intel Xeon, 5.9x on an AMD EPYC), and a single short forward extrapolated with the
-        wrong ratio misjudged a study by 45%. One forward only (a study up to 2047 tokens): the model's own ``l0``.
-        Returns (seconds per unit, tokens of the longest timed forward, its seconds)."""
+        ``t(n) = c + a*n + b*n**2`` (``plan.fit_forward_times``), whose crossover length ``a / b`` is this machine's
+        ratio of attention to the weights' work (on SmolLM2, 12288 tokens took 5.3x a 4096-token forward on an Intel
+        Xeon, 5.9x on an AMD EPYC) where it lies within 2x of the model's own (``plan.fitted_l0``: single timed
+        forwards are noisy, and a noisy fit's crossover is far off); the seconds per unit come from the longest
+        timed forward. One forward only (a study up to 2047 tokens): the model's own ``l0``. Returns (seconds per
+        unit, tokens of the longest timed forward, its seconds)."""
         sizes = plan.calibration_lengths(min(max(lengths), self.heldout_tokens - 1))
         times = [self._timed_forward(n, warm_up=i == 0) for i, n in enumerate(sizes)]
         fit = plan.fit_forward_times(list(zip(sizes, times, strict=True))) if len(sizes) > 1 else None
-        if fit is not None:  # else timing noise: keep the model's l0
-            self.l0 = fit[0] / fit[1]
-        self.timed = (sizes, times, fit)
+        self.l0 = plan.fitted_l0(fit, self.dims.l0)  # a fit that timing noise put far off: the model's own
+        self.timed = (sizes, times)
         return times[-1] / self.forward_cost(sizes[-1]), sizes[-1], times[-1]
 
     def remap_cost(self, method: str, factor: float, length: int) -> tuple[float, str] | None:
-        """A remapping method's forward time over the plain one at ``length`` tokens on this machine, and how it was
-        measured: forwards with ``method`` patched at the lengths ``calibrate`` timed, fitted as the plain ones are
-        (its own linear and quadratic parts: a remapping attention adds work linear in the length too, which an
-        earlier estimate scaled as attention and so judged Self-Extend 8.35x a frequency method at 32,768 tokens on
-        a Xeon where DCA measured 2.5x at 20,480), the two fits' ratio at ``length``. Where either fit failed
-        (timing noise), the ratio at the longest timed length itself. At least 1 (an upper bound's ratio). None
-        before ``calibrate`` timed two lengths (a study up to 2047 tokens)."""
+        """A remapping method's forward time over the plain one, and how it was measured: one forward with
+        ``method`` patched at the longest length ``calibrate`` timed (8192 tokens for a target beyond it), against
+        the plain one there, not extrapolated to ``length``: the ratio levels off as attention comes to dominate both
+        (Self-Extend x4 on SmolLM2, idle 2-core Xeon: 1.51x at 4,096, 1.96x at 8,192, 2.01x measured at 20,480),
+        while extrapolating it through fits of single timed forwards gave 2.0x-8.35x for the same 20-32k on
+        different calibrations. At least 1. None before ``calibrate`` timed two lengths (a study up to 2047
+        tokens)."""
         timed = getattr(self, "timed", None)
         if timed is None or len(timed[0]) < 2:
             return None
-        sizes, plain, fit = timed
-        model, _ = self.patched(method, factor)
-        times = [self._timed_forward(n, warm_up=i == 0, model=model) for i, n in enumerate(sizes)]
-        del model
-        remapped = plan.fit_forward_times(list(zip(sizes, times, strict=True)))
-        name = labels.label(method, factor, 0)
+        sizes, plain = timed
         n = sizes[-1]
-        measured = f"{name}: a {n}-token forward took {times[-1]:.3g} s against {plain[-1]:.3g} s plain"
-        if fit is None or remapped is None:
-            ratio = max(1.0, times[-1] / plain[-1])
-            return ratio, f"{measured}, on this machine (not extrapolated to {length} tokens)"
-        lengths = ", ".join(str(s) for s in sizes)
-        return plan.cost_ratio(remapped, fit, length), f"{measured}, fitted on {lengths} tokens, on this machine"
+        model, _ = self.patched(method, factor)
+        seconds = self._timed_forward(n, warm_up=True, model=model)
+        del model
+        name = labels.label(method, factor, 0)
+        return max(1.0, seconds / plain[-1]), (
+            f"{name}: a {n}-token forward took {seconds:.3g} s against {plain[-1]:.3g} s plain, on this machine"
+        )
 
     def _timed_forward(self, n: int, *, warm_up: bool, model: torch.nn.Module | None = None) -> float:
         """Seconds of one loss forward of ``n`` held-out tokens through ``model`` (default: the unpatched one);
