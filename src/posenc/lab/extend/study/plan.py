@@ -271,9 +271,9 @@ def fit_forward_times(points: Sequence[tuple[int, float]]) -> tuple[float, float
 
 
 #: A fitted crossover length is kept only within this factor of the model's own (from its FLOPs): single timed
-#: forwards are noisy by ~10%, which moves a fit's ``l0`` far more. On the idle 2-core Xeon (2026-11-28) the fits of
-#: SmolLM2 gave 6,899, 18,284 and ~132,000 tokens on three calibrations, while forwards of 4,096 and 20,480 tokens
-#: measured about 8,000 -- the model's own is 7,784.
+#: forwards are noisy by ~10%, which moves a fit's ``l0`` far more. On the idle 2-core Xeon (2026-11-28) fits of
+#: SmolLM2's forwards ranged from 6,899 to ~132,000 tokens (through 1024 and 4096: 6,899 and ~132,000; with 8192 too:
+#: 7,173 and 18,284), while forwards of 4,096 and 20,480 tokens measured about 8,000 -- the model's own is 7,784.
 L0_RANGE = 2.0
 
 
