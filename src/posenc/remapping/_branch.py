@@ -36,6 +36,8 @@ class Branch:
         query: the position query ``i`` is rotated at.
         key: the position key ``j`` is rotated at.
         region: which pairs ``(i, j)`` (with ``j <= i``) this branch scores; the branches' regions are disjoint.
+            Distance regions compare each key with a per-query bound (``j > i - w``, not ``(i - j) < w``): the same
+            booleans for integer positions without an integer difference over every pair of a block.
         query_scale: a per-query logit factor (ReRoPE's ``log`` scaling), or None.
     """
 

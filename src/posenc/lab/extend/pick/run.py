@@ -410,7 +410,7 @@ def _calibrated(decided: PickPlan, model: Any, plan_only: bool) -> PickPlan:
     spu = model.calibrate([decided.target])[0]
     decided = dataclasses.replace(decided, seconds_per_unit=spu, calibrated=True)
     remaps = [c for c in decided.candidates if rules.is_remapping(c.method)]
-    if remaps and hasattr(model, "remap_cost"):  # remapping forwards timed against the plain ones
+    if remaps and hasattr(model, "remap_cost"):  # one remapping forward timed against the plain one
         first = next((c for c in remaps if c.method == "self_extend"), remaps[0])
         measured = model.remap_cost(first.method, first.factor, decided.target)
         if measured is not None:

@@ -373,7 +373,7 @@ class HFTarget:
         unit, tokens of the longest timed forward, its seconds)."""
         sizes = plan.calibration_lengths(min(max(lengths), self.heldout_tokens - 1))
         times = [self._timed_forward(n, warm_up=i == 0) for i, n in enumerate(sizes)]
-        fit = plan.fit_forward_times(list(zip(sizes, times, strict=True))) if len(sizes) > 1 else None
+        fit = plan.fit_forward_times(list(zip(sizes, times, strict=True)))  # None from one forward
         self.l0 = plan.fitted_l0(fit, self.dims.l0)  # a fit that timing noise put far off: the model's own
         self.timed = (sizes, times)
         return times[-1] / self.forward_cost(sizes[-1]), sizes[-1], times[-1]
