@@ -435,7 +435,8 @@ def plot_passkey(
     depths = sorted({r["depth"] for r in rows if r["metric"] == "passkey"})
     cols = min(4, max(1, len(groups)))
     nrows = max(1, math.ceil(len(groups) / cols))
-    fig = new_figure(2.2 + 0.55 * len(lengths) * cols, 0.9 + (0.45 * len(depths) + 0.8) * nrows)
+    # each panel wide enough for its title and labels (a one-length screen's panels overlapped at 0.55 in each)
+    fig = new_figure(1.4 + (1.1 + 0.55 * len(lengths)) * cols, 1.1 + (0.45 * len(depths) + 0.9) * nrows)
     axes = fig.subplots(nrows, cols, squeeze=False)
     cmap = colormaps[HEATMAP].with_extremes(bad="0.85")
     image = None
@@ -467,13 +468,15 @@ def plot_passkey(
             ax.axvline(past[0] - 0.5, color="white", linewidth=1.6,
                        path_effects=[pe.Stroke(linewidth=3.2, foreground="black"), pe.Normal()])  # fmt: skip
         ax.set_title(label(*unit_), fontsize=9)
-        ax.set_xlabel(f"length ({unit}s)", fontsize=8)
-        ax.set_ylabel("depth of the key (0: first)", fontsize=8)
+        if k + cols >= len(groups):  # the lowest panel of its column
+            ax.set_xlabel(f"length ({unit}s)", fontsize=8)
+        if k % cols == 0:
+            ax.set_ylabel("depth of the key\n(0: first)", fontsize=8)
     if image is not None:
         colorbar = fig.colorbar(image, ax=axes, shrink=0.8, label="keys found (%)")
         colorbar.set_ticks([0, 0.25, 0.5, 0.75, 1.0], labels=["0", "25", "50", "75", "100"])
     fig.suptitle(
-        f"Passkey retrieval, keys found / keys tried per cell (edged line: past the original {original} {unit}s; "
+        f"Passkey retrieval, keys found / keys tried per cell\n(edged line: past the original {original} {unit}s; "
         "grey: n/a, shorter than the prompt; intervals: rates.png)",
         fontsize=10,
     )
