@@ -22,7 +22,7 @@ from multistream_cases import qk, x_max
 from posenc import XDRoPE, XDRoPEConfig
 from posenc.hf import xdrope_config_from_hf, xdrope_config_to_hf
 from reference import xdrope as ref
-from tolerances import hf_rope_table_atol, rope_rotation_atol, rope_table_atol, ulps
+from tolerances import attention_atol, hf_rope_table_atol, rope_rotation_atol, rope_table_atol, ulps
 
 MAX_POSITION = 4096
 # (head_dim, xdrope_section): HunyuanOCR's (16, 16, 16, 16), smaller heads, uneven and empty sections, three streams.
@@ -185,7 +185,9 @@ def test_through_attention_with_a_cache():
     step = posenc.attention(
         q[:, :, -3:], k, v, encoding=enc, q_positions=pos[..., -3:], k_positions=pos, backend="eager"
     )
-    assert_close(step, out[:, :, -3:], **ulps(64))
+    # The 3-row step and the 12-row call reach the BLAS with different shapes, which may block the score and value
+    # sums differently (an AMD EPYC did): bound by the attention's own sums, not by a few ulps.
+    assert_close(step, out[:, :, -3:], rtol=0, atol=attention_atol(rq, rk, v))
 
 
 def test_compiles_without_graph_breaks():
