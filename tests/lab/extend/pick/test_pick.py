@@ -303,7 +303,12 @@ def test_an_interrupted_pick_resumes_to_the_same_answer(llama, corpus, tmp_path,
     monkeypatch.setattr(HFTarget, "passkey", interrupted)
     with pytest.raises(KeyboardInterrupt):
         run_pick(cfg, "2x", tmp_path / "cut", progress=False)
-    assert (tmp_path / "cut" / "final" / "results.csv").exists() and not (tmp_path / "cut" / "pick.md").exists()
+    final = tmp_path / "cut" / "final"
+    assert (final / "results.csv").exists()
+    # the reports say what was measured and that the run was interrupted: none is older than its results
+    assert "The run was interrupted (Ctrl-C or SIGTERM) during the race's first round" in (
+        tmp_path / "cut" / "pick.md").read_text()  # fmt: skip
+    assert (final / "report.md").stat().st_mtime_ns >= (final / "results.csv").stat().st_mtime_ns
     monkeypatch.setattr(HFTarget, "passkey", passkey)
     with pytest.raises(ValueError, match="a new folder, or --resume"):
         run_pick(cfg, "2x", tmp_path / "cut", progress=False)
@@ -329,6 +334,71 @@ def test_an_interrupted_pick_resumes_to_the_same_answer(llama, corpus, tmp_path,
     assert abs(h * 3600 + m * 60 + sec - total) <= 1.5  # whole seconds, from the same two measured runs
     straight_runs = (tmp_path / "straight" / "runs.jsonl").read_text().splitlines()
     assert [json.loads(line)["ended"] for line in straight_runs] == [f"picked: {straight['ended']}"]
+
+
+@pytest.mark.parametrize("how", ["interrupt", "deadline"])
+def test_a_round_cut_midway_is_reported_with_every_needle_measured(llama, corpus, tmp_path, monkeypatch, how):
+    """The race's second round cut after its first model's needles (Ctrl-C, or the deadline between two models):
+    pick.md's table counts every needle measured -- each model's n is its results.csv n, the cut round's model ahead
+    of the others (the anytime-valid intervals hold at any n) --, the stage's report is rewritten, and pick.md says
+    how the run ended."""
+    from posenc.lab.extend.pick import racing
+    from posenc.lab.extend.study.run import read_results
+
+    _scripted(monkeypatch, {("yarn", 2.0): lambda i: 1, ("yarn", 4.0): lambda i: i % 2},
+              screen_found={("yarn", 2.0): lambda i: 1, ("yarn", 4.0): lambda i: 1})  # fmt: skip
+    cfg = _cfg(llama, corpus, methods=("yarn",), trials=40)
+    out = tmp_path / "pick"
+    final = out / "final" / "results.csv"
+
+    def second_round_begun() -> bool:  # a model of the race has more than its first round
+        return final.is_file() and any(r["n"] > 4 for r in read_results(final) if r["metric"] == "passkey")
+
+    if how == "deadline":
+        monkeypatch.setattr(racing.Deadline, "passed", lambda self: second_round_begun())
+        result = run_pick(cfg, "2x", out, budget="1h", progress=False)
+        assert result["ended"] == "deadline"
+    else:
+        scripted = HFTarget.passkey
+
+        def interrupted(self, model, length, *args, **kwargs):
+            if length == 128 and second_round_begun():
+                raise KeyboardInterrupt
+            return scripted(self, model, length, *args, **kwargs)
+
+        monkeypatch.setattr(HFTarget, "passkey", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            run_pick(cfg, "2x", out, progress=False)
+    n = {f"{r['method']} x{r['factor']:g}".replace("none x1", "none"): r["n"] for r in read_results(final)
+         if r["metric"] == "passkey"}  # fmt: skip
+    assert sorted(n.values()) == [4, 4, 8], n  # the cut round measured one model
+    text = (out / "pick.md").read_text()
+    table = {m.group(1): int(m.group(2)) for m in re.finditer(r"^\| [^|]+ \| ([^|]+) \| [^|]+\(n = (\d+) per cell\)",
+                                                             text, re.M)}  # fmt: skip
+    assert table == n, text
+    ended = "the deadline came" if how == "deadline" else "the run was interrupted"
+    assert f"({ended})" in text and "The race is not over" in text and "with `--resume` continues it" in text
+    report = out / "final" / "report.md"
+    assert report.stat().st_mtime_ns >= final.stat().st_mtime_ns
+    cut = next(m for m, k in n.items() if k == 8)
+    assert re.search(rf"^\| {re.escape(cut)} \| \d/8 ", report.read_text(), re.M), report.read_text()
+
+
+def test_an_interrupt_stays_an_interrupt_when_its_reports_cannot_be_written(llama, corpus, tmp_path, monkeypatch,
+                                                                           capsys):  # fmt: skip
+    """Rewriting the reports after Ctrl-C fails (a full disk, say): the interrupt still ends the run, and stderr says
+    which reports were not rewritten."""
+    from posenc.lab.extend.pick import run as pick_run
+
+    def full(*args, **kwargs):
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(pick_run, "_rewrite_stage_reports", full)
+    monkeypatch.setattr(HFTarget, "passkey", lambda self, *a, **k: (_ for _ in ()).throw(KeyboardInterrupt()))
+    with pytest.raises(KeyboardInterrupt):
+        run_pick(_cfg(llama, corpus, methods=("yarn",)), "2x", tmp_path / "pick", progress=False)
+    err = capsys.readouterr().err
+    assert f"the reports in {tmp_path / 'pick'} were not rewritten after the interrupt (OSError: No space" in err
 
 
 def test_the_plan_writes_nothing_and_estimates_from_the_models_own_speed(llama, corpus, tmp_path, capsys,

@@ -288,7 +288,7 @@ class Outcome:
     pick: Standing
     runner_up: Standing | None
     shown: bool  # the pick is shown: better beyond noise than every other, or the cheapest shown within DELTA
-    ended: str  # "decided", "cap" (the pick and its challenger have the cap), "deadline"
+    ended: str  # "decided", "cap" (the pick and its challenger have the cap), "deadline", "interrupted"
     reason: str
     costs: list[tuple[Standing, float, float, float]]  # cheaper methods: (it, pick - it, low, high)
 
@@ -328,7 +328,8 @@ def decide(standings: Sequence[Standing], verdict: Any, units: Sequence[tuple], 
         reason = (f"{name(pick.unit)}, {pick.text()}, is shown within {DELTA:g} of every model still in the race "
                   f"and is the cheapest of them to serve: {where}")  # fmt: skip
     else:
-        endings = {"cap": "the pick and its strongest challenger reached the cap", "deadline": "the deadline came"}
+        endings = {"cap": "the pick and its strongest challenger reached the cap", "deadline": "the deadline came",
+                   "interrupted": "the run was interrupted"}  # fmt: skip
         why = endings.get(ended, "sampling ended")
         reason = (f"{name(pick.unit)} has the best estimate, {pick.text()}, but is not shown better than "
                   f"{', '.join(name(s.unit) for s in others if s.beaten_by is None) or 'the others'} ({why}); best "

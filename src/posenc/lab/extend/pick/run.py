@@ -2,7 +2,8 @@
 -- and say how sure that is.
 
 One folder (``--out``) holds the whole pick and resumes like every study (``--resume``; Ctrl-C or SIGTERM keeps each
-finished measurement; every decision is replayed from the stored needles, so a resumed pick takes the same rounds):
+finished measurement and rewrites ``pick.md`` and the stages' reports from them, saying so; every decision is replayed
+from the stored needles, so a resumed pick takes the same rounds):
 
     pick.json       the settings and the candidates (checked on resume)
     screen-ppl/     a ``posenc extend`` study: every candidate and the unpatched model, perplexity at T
@@ -17,15 +18,17 @@ finished measurement; every decision is replayed from the stored needles, so a r
                     and the commands that run it elsewhere
 
 ``--budget`` is a deadline for this invocation: when it passes, sampling stops and the pick is made from what was
-measured (a resume continues). The plan's estimates (*about*, as a tie races; *at most*, every contender to the
-cap) come from timed forwards of the model itself and of a remapping candidate (``targets.hf.HFTarget.calibrate``,
-``remap_cost``); they never refuse a budget.
+measured (a resume continues); a round cut there or by an interrupt counts in the standings with every needle it
+measured (the intervals are anytime-valid). The plan's estimates (*about*, as a tie races; *at most*, every
+contender to the cap) come from timed forwards of the model itself and of a remapping candidate
+(``targets.hf.HFTarget.calibrate``, ``remap_cost``); they never refuse a budget.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import shlex
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -184,55 +187,128 @@ def run_pick(
 def _measure_and_pick(cfg: ExtendConfig, model: Any, decided: PickPlan, stages: Sequence[ExtendConfig], out: Path,
                       deadline: racing.Deadline, start: float, *, save: str | Path | None, save_type: str,
                       device: str, progress: bool) -> dict[str, Any]:  # fmt: skip
-    """The stages, in order (each resumable), the decision, the save and ``pick.md``, whose time line gives this run's
-    seconds since ``start`` (``time.perf_counter()``) beside the earlier runs' in ``runs.jsonl`` (``ledger``)."""
-    from posenc.lab.extend.study.run import read_samples, run_extend
+    """The stages, in order (each resumable), then the decision, the save and ``pick.md`` (``_conclude``), whose time
+    line gives this run's seconds since ``start`` (``time.perf_counter()``) beside the earlier runs' in
+    ``runs.jsonl`` (``ledger``). Ctrl-C or SIGTERM while measuring: the stages' reports and ``pick.md`` are rewritten
+    from everything measured, saying the run was interrupted (nothing is saved), and the interrupt goes on."""
+    made = {name: _rows(out, name) for name in STAGES}  # what each stage held before this run
+    try:
+        _measure(cfg, model, decided, stages, out, deadline, progress)
+    except KeyboardInterrupt:
+        try:
+            _rewrite_stage_reports(stages, model, out, made, time.perf_counter() - start, device)
+            _conclude(cfg, model, decided, out, start, interrupted=True, save=None, save_type=save_type,
+                      device=device, progress=progress)  # fmt: skip
+        except Exception as err:  # the interrupt comes first; a report that could not be written is said, not raised
+            print(f"posenc: the reports in {out} were not rewritten after the interrupt ({type(err).__name__}: {err})",
+                  file=sys.stderr)  # fmt: skip
+        raise
+    return _conclude(cfg, model, decided, out, start, interrupted=False, save=save, save_type=save_type,
+                     device=device, progress=progress)  # fmt: skip
+
+
+#: The pick's three studies, in the order they run (``stage_configs``).
+STAGES = ("screen-ppl", "screen-passkey", "final")
+
+
+def _rows(out: Path, stage: str) -> list[dict]:
+    from posenc.lab.extend.study.run import read_results
+
+    path = out / stage / "results.csv"
+    return read_results(path) if path.is_file() else []
+
+
+def _measure(cfg: ExtendConfig, model: Any, decided: PickPlan, stages: Sequence[ExtendConfig], out: Path,
+             deadline: racing.Deadline, progress: bool) -> None:  # fmt: skip
+    """Run the stages as far as the deadline lets them (each study resumes where it stands)."""
+    from posenc.lab.extend.study.run import run_extend
 
     ppl_cfg, keys_cfg, final_cfg = stages
     units = [c.unit for c in decided.candidates]
     ppl_rows = run_extend(ppl_cfg, out / "screen-ppl", resume=True, progress=progress, units=units,
                           measurements=[("ppl", decided.target, None)], stop=deadline.passed)  # fmt: skip
     if not {UNPATCHED, *units} <= _ppl_measured(ppl_rows, decided.target):  # the deadline came first
-        return _unfinished(out, "screening", progress)
+        return
+    whole = [u for u in units if u not in rules.broken(ppl_rows, units, target=decided.target)]
+    run_extend(keys_cfg, out / "screen-passkey", resume=True, progress=progress, units=whole,
+               measurements=_screening_cells(decided),
+               more_rounds=racing.policy(racing.replay_screen, racing.SCREEN_CAP, deadline),
+               stop=deadline.passed)  # fmt: skip
+    screen = _screened(out, decided)
+    if screen is None:  # the deadline came first: screening is not over
+        return
+    raced = screen[1]
+    if progress:
+        print(f"Screening: {', '.join(label(*u) for u in raced) or 'nothing'} go on to {decided.target} tokens")
+    if not raced:
+        why = "; ".join(f"{label(*v.unit)}: {v.why}" for v in screen[0])
+        fail("methods", [c.method for c in decided.candidates], "a candidate that keeps perplexity and finds keys at "
+             f"{decided.screen} tokens: none does; {why}")  # fmt: skip
+    final_units = [UNPATCHED, *raced]
+    replay = _race_replay(final_units, model.model_type, fixed=not cfg.adaptive)
+    run_extend(final_cfg, out / "final", resume=True, progress=progress, units=raced,
+               measurements=_final_measurements(final_cfg, decided),
+               more_rounds=racing.policy(replay, decided.cap, deadline), stop=deadline.passed)  # fmt: skip
+
+
+def _screening_cells(decided: PickPlan) -> list[tuple]:
+    return [("passkey", decided.screen, d) for d in decided.depths]
+
+
+def _screened(out: Path, decided: PickPlan) -> tuple[list[rules.Screened], list[tuple]] | None:
+    """Screening from its stored rows and needles: (each candidate's verdict, the models that go on to the race --
+    the credible set and the fine-tuned ones); None while screening is not over (perplexity or passkey rounds left)."""
+    from posenc.lab.extend.study.run import read_samples
+
+    units = [c.unit for c in decided.candidates]
+    ppl_rows = _rows(out, "screen-ppl")
+    if not {UNPATCHED, *units} <= _ppl_measured(ppl_rows, decided.target):
+        return None
     broken = rules.broken(ppl_rows, units, target=decided.target)
-    whole = [u for u in units if u not in broken]
-    screening = [("passkey", decided.screen, d) for d in decided.depths]
-    key_rows = run_extend(keys_cfg, out / "screen-passkey", resume=True, progress=progress, units=whole,
-                          measurements=screening,
-                          more_rounds=racing.policy(racing.replay_screen, racing.SCREEN_CAP, deadline),
-                          stop=deadline.passed)  # fmt: skip
-    field = racing.Field([UNPATCHED, *whole], screening, racing.SCREEN_CAP)
+    screening = _screening_cells(decided)
+    field = racing.Field([UNPATCHED, *(u for u in units if u not in broken)], screening, racing.SCREEN_CAP)
     screen_scores, screen_counts = racing.needles(field, read_samples(out / "screen-passkey" / "samples.csv"))
     screen_look = racing.replay_screen(field, screen_scores, screen_counts)
-    if screen_look.wanted:  # the deadline came first: screening is not over
-        return _unfinished(out, "screening", progress)
+    if screen_look.wanted:
+        return None
     kept_mask, n_screen = screen_look.look, screen_look.n
     hits = torch.stack([screen_scores[0, i, :, : n_screen[i]].sum() / len(screening) for i in range(len(field.units))])
     p_best, _ = confidence.probability_best(hits, n_screen.to(torch.float64))
     kept = [u for u, k in zip(field.units, kept_mask.tolist(), strict=True) if k and u != UNPATCHED]
-    screen_rows = ppl_rows + [r for r in key_rows if r["metric"] == "passkey"]
+    screen_rows = ppl_rows + [r for r in _rows(out, "screen-passkey") if r["metric"] == "passkey"]
     chances = dict(zip(field.units, p_best.tolist(), strict=True))
     verdicts = rules.screened(screen_rows, [UNPATCHED, *units], target=decided.target, screen=decided.screen,
                               broken_units=broken, kept=kept, p_best=chances, keep=racing.KEEP)  # fmt: skip
-    raced = kept + decided.tuned
-    if progress:
-        print(f"Screening: {', '.join(label(*u) for u in raced) or 'nothing'} go on to {decided.target} tokens")
-    if not raced:
-        fail("methods", [c.method for c in decided.candidates], "a candidate that keeps perplexity and finds keys at "
-             f"{decided.screen} tokens: none does; {'; '.join(f'{label(*v.unit)}: {v.why}' for v in verdicts)}")
+    return verdicts, kept + decided.tuned
+
+
+def _conclude(cfg: ExtendConfig, model: Any, decided: PickPlan, out: Path, start: float, *, interrupted: bool,
+              save: str | Path | None, save_type: str, device: str, progress: bool) -> dict[str, Any]:  # fmt: skip
+    """The pick from what the folder holds (nothing is measured here): the race replayed from its stored needles,
+    then the standings from every needle measured (a round cut by the deadline or an interrupt counts too: the
+    intervals are anytime-valid), the decision, the save (``save``) and ``pick.md``."""
+    from posenc.lab.extend.study.run import read_samples
+
+    why = "interrupted (Ctrl-C or SIGTERM)" if interrupted else "deadline"
+    screen = _screened(out, decided)
+    if screen is None:
+        return _unfinished(out, "screening", progress, why)
+    verdicts, raced = screen
     final_units = [UNPATCHED, *raced]
+    final_cfg = stage_configs(cfg, decided, decided.cap)[2]
     measurements = _final_measurements(final_cfg, decided)
-    replay = _race_replay(final_units, model.model_type, fixed=not cfg.adaptive)
-    final_rows = run_extend(final_cfg, out / "final", resume=True, progress=progress, units=raced,
-                            measurements=measurements,
-                            more_rounds=racing.policy(replay, decided.cap, deadline),
-                            stop=deadline.passed)  # fmt: skip
     field = racing.Field.of(final_units, measurements, decided.cap)
     scores, counts = racing.needles(field, read_samples(out / "final" / "samples.csv"))
-    look = replay(field, scores, counts)
-    if look.look is None:  # the deadline came before every raced model's first round
-        return _unfinished(out, "the race's first round", progress)
-    ended = "decided" if bool(look.look.stop[0]) else "deadline" if look.wanted else "cap"
+    look = _race_replay(final_units, model.model_type, fixed=not cfg.adaptive)(field, scores, counts)
+    if look.look is None:  # before every raced model's first round
+        return _unfinished(out, "the race's first round", progress, why)
+    cut = "interrupted" if interrupted else "deadline"  # how a race that is not over ended
+    ended = "decided" if bool(look.look.stop[0]) else cut if look.wanted else "cap"
+    if bool((counts > look.n).any()):  # a round under way: the last look at every needle measured
+        tier, reference = _tiers(final_units, model.model_type)
+        look = racing.Replay(counts, look.wanted, race.verdict(scores, counts[None], look.look.active, tier,
+                                                               reference))  # fmt: skip
+    final_rows = _rows(out, "final")
     ranked = standings(final_rows, field, look, scores, model.model_type, decided.target)
     why_not = _savable(model, save, save_type, cfg, out, decided.target) if save is not None else None
     outcome = rules.decide(ranked, look.look, final_units, lambda u: label(*u), ended=ended, savable=why_not)
@@ -242,6 +318,9 @@ def _measure_and_pick(cfg: ExtendConfig, model: Any, decided: PickPlan, stages: 
     write_text_atomic(out / "pick.md", text)
     if progress:
         print(summary(ranked, outcome, saved))
+        if interrupted:
+            print(f"Interrupted: {out / 'pick.md'} and the stages' reports rewritten from what was measured; "
+                  "continue with the same command and --resume")  # fmt: skip
     return {
         "pick": label(*outcome.pick.unit), "unit": outcome.pick.unit, "reason": outcome.reason, "saved": saved,
         "shown": outcome.shown, "ended": ended, "standings": [_standing_row(s) for s in ranked], "plan": decided,
@@ -249,16 +328,33 @@ def _measure_and_pick(cfg: ExtendConfig, model: Any, decided: PickPlan, stages: 
     }  # fmt: skip
 
 
+def _rewrite_stage_reports(stages: Sequence[ExtendConfig], model: Any, out: Path, made: dict[str, list[dict]],
+                           seconds: float, device: str) -> None:  # fmt: skip
+    """After an interrupt: each stage that measured something this run gets its figures and ``report.md`` again from
+    its ``results.csv`` (``study.run.rewrite_report``; nothing loaded), so no report is older than its results."""
+    from posenc.lab.extend.study.run import rewrite_report
+
+    for name, stage in zip(STAGES, stages, strict=True):
+        rows = _rows(out, name)
+        if rows != made[name]:
+            rewrite_report(stage, out / name, model, seconds, resumed=len(made[name]), device=device)
+
+
 def _ppl_measured(rows: Sequence[dict], target: int) -> set[tuple]:
     """The models the perplexity screen has measured at ``target``."""
     return {model_of(r) for r in rows if r["metric"] == "ppl" and r["length"] == target}
 
 
+def _tiers(units: Sequence[tuple], model_type: str | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The race's serving tier of each model (cheaper first; the unpatched model last) and which is the reference."""
+    tier = torch.tensor([rules.SERVING[rules.serving(u[0], model_type)][0] if u[0] != "none" else 9 for u in units])
+    return tier, torch.tensor([u[0] == "none" for u in units])
+
+
 def _race_replay(units: Sequence[tuple], model_type: str | None, *, fixed: bool) -> Any:
     """The race's replay over ``units`` (the unpatched model first): paired elimination and LUCB rounds, or with
     ``fixed`` every model to the cap (``--stop-width 0``)."""
-    tier = torch.tensor([rules.SERVING[rules.serving(u[0], model_type)][0] if u[0] != "none" else 9 for u in units])
-    reference = torch.tensor([u[0] == "none" for u in units])
+    tier, reference = _tiers(units, model_type)
 
     def replay(field: racing.Field, scores: torch.Tensor, counts: torch.Tensor) -> racing.Replay:
         if not fixed:
@@ -275,14 +371,16 @@ def _race_replay(units: Sequence[tuple], model_type: str | None, *, fixed: bool)
     return replay
 
 
-def _unfinished(out: Path, stage: str, progress: bool) -> dict[str, Any]:
-    """The deadline passed before ``stage`` was over: nothing to pick from yet; the command that continues."""
-    text = (f"# Pick in {out}: not finished\n\nThe deadline (--budget) came during {stage}; what was measured is kept. "
+def _unfinished(out: Path, stage: str, progress: bool, why: str = "deadline") -> dict[str, Any]:
+    """The run ended (``why``: the deadline, or an interrupt) before ``stage`` was over: nothing to pick from yet; the
+    command that continues."""
+    came = "The deadline (--budget) came" if why == "deadline" else f"The run was {why}"
+    text = (f"# Pick in {out}: not finished\n\n{came} during {stage}; what was measured is kept. "
             "Continue with the same command and `--resume` (and a new --budget).\n")  # fmt: skip
     write_text_atomic(out / "pick.md", text)
     if progress:
-        print(f"Deadline: {stage} is not over; continue with --resume")
-    return {"pick": None, "ended": "deadline", "stage": stage}
+        print(f"{'Deadline' if why == 'deadline' else 'Interrupted'}: {stage} is not over; continue with --resume")
+    return {"pick": None, "ended": "deadline" if why == "deadline" else "interrupted", "stage": stage}
 
 
 def standings(rows: Sequence[dict], field: racing.Field, look: racing.Replay, scores: torch.Tensor,
@@ -685,6 +783,10 @@ def report(cfg: ExtendConfig, model: Any, decided: PickPlan, cap: int, verdicts:
         "",
         outcome.reason + ".",
     ]
+    if outcome.ended in ("deadline", "interrupted"):
+        how = "the deadline (--budget) came" if outcome.ended == "deadline" else "the run was interrupted"
+        lines.append(f"The race is not over ({how}): this is the best estimate from every needle measured; the same "
+                     "command with `--resume` continues it.")  # fmt: skip
     if outcome.runner_up is not None:
         r = outcome.runner_up
         lines.append(f"Runner-up: {label(*r.unit)}, {r.text()}, best with probability {r.p_best:.2f}.")

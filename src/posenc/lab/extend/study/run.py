@@ -479,6 +479,18 @@ def run_extend(
     return rows
 
 
+def rewrite_report(cfg: ExtendConfig, out: Path, target: Any, seconds: float, *, resumed: int, device: str) -> None:
+    """A study's figures and ``report.md`` again from its ``results.csv`` alone -- nothing loaded, nothing measured,
+    nothing printed --, as ``run_extend`` writes them when it ends: what ``--pick`` does for its stages after an
+    interrupt. ``target``: the model's config and tokenizer (``load_target``); ``seconds``: the run's time so far;
+    ``resumed``: the measurements the study held before this run."""
+    cfg = resolve_lengths(cfg, target.original_len)
+    cfg = plan.resolve(cfg, kind=target.kind, original=target.original_len, default_methods=target.default_methods,
+                       device=device)  # fmt: skip
+    cfg = dataclasses.replace(cfg, dtype=str(target.dtype).removeprefix("torch."))
+    finish(out, cfg, target, read_results(out / "results.csv"), {}, seconds, False, resumed)
+
+
 @contextlib.contextmanager
 def _said_in_report(target: Any) -> Iterator[None]:
     """The warnings a study expects while it measures, said once in its report instead of between progress bars:
