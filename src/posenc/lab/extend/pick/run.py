@@ -319,8 +319,7 @@ def _conclude(cfg: ExtendConfig, model: Any, decided: PickPlan, out: Path, start
     if progress:
         print(summary(ranked, outcome, saved))
         if interrupted:
-            print(f"Interrupted: {out / 'pick.md'} and the stages' reports rewritten from what was measured; "
-                  "continue with the same command and --resume")  # fmt: skip
+            print(f"Interrupted: {out / 'pick.md'} and the stages' reports rewritten from what was measured")
     return {
         "pick": label(*outcome.pick.unit), "unit": outcome.pick.unit, "reason": outcome.reason, "saved": saved,
         "shown": outcome.shown, "ended": ended, "standings": [_standing_row(s) for s in ranked], "plan": decided,
