@@ -197,13 +197,13 @@ def _measure_and_pick(cfg: ExtendConfig, model: Any, decided: PickPlan, stages: 
     except KeyboardInterrupt:
         try:
             _rewrite_stage_reports(stages, model, out, made, time.perf_counter() - start, device)
-            _conclude(cfg, model, decided, out, start, interrupted=True, save=None, save_type=save_type,
+            _conclude(cfg, stages[2], model, decided, out, start, interrupted=True, save=None, save_type=save_type,
                       device=device, progress=progress)  # fmt: skip
         except Exception as err:  # the interrupt comes first; a report that could not be written is said, not raised
             print(f"posenc: the reports in {out} were not rewritten after the interrupt ({type(err).__name__}: {err})",
                   file=sys.stderr)  # fmt: skip
         raise
-    return _conclude(cfg, model, decided, out, start, interrupted=False, save=save, save_type=save_type,
+    return _conclude(cfg, stages[2], model, decided, out, start, interrupted=False, save=save, save_type=save_type,
                      device=device, progress=progress)  # fmt: skip
 
 
@@ -282,26 +282,26 @@ def _screened(out: Path, decided: PickPlan) -> tuple[list[rules.Screened], list[
     return verdicts, kept + decided.tuned
 
 
-def _conclude(cfg: ExtendConfig, model: Any, decided: PickPlan, out: Path, start: float, *, interrupted: bool,
-              save: str | Path | None, save_type: str, device: str, progress: bool) -> dict[str, Any]:  # fmt: skip
-    """The pick from what the folder holds (nothing is measured here): the race replayed from its stored needles,
-    then the standings from every needle measured (a round cut by the deadline or an interrupt counts too: the
-    intervals are anytime-valid), the decision, the save (``save``) and ``pick.md``."""
+def _conclude(cfg: ExtendConfig, final_cfg: ExtendConfig, model: Any, decided: PickPlan, out: Path, start: float, *,
+              interrupted: bool, save: str | Path | None, save_type: str, device: str,
+              progress: bool) -> dict[str, Any]:  # fmt: skip
+    """The pick from what the folder holds (nothing is measured here): the race (``final_cfg``, the last of
+    ``stage_configs``) replayed from its stored needles, then the standings from every needle measured (a round cut
+    by the deadline or an interrupt counts too: the intervals are anytime-valid), the decision, the save (``save``)
+    and ``pick.md``."""
     from posenc.lab.extend.study.run import read_samples
 
-    why = "interrupted (Ctrl-C or SIGTERM)" if interrupted else "deadline"
     screen = _screened(out, decided)
     if screen is None:
-        return _unfinished(out, "screening", progress, why)
+        return _unfinished(out, "screening", progress, interrupted)
     verdicts, raced = screen
     final_units = [UNPATCHED, *raced]
-    final_cfg = stage_configs(cfg, decided, decided.cap)[2]
     measurements = _final_measurements(final_cfg, decided)
     field = racing.Field.of(final_units, measurements, decided.cap)
     scores, counts = racing.needles(field, read_samples(out / "final" / "samples.csv"))
     look = _race_replay(final_units, model.model_type, fixed=not cfg.adaptive)(field, scores, counts)
     if look.look is None:  # before every raced model's first round
-        return _unfinished(out, "the race's first round", progress, why)
+        return _unfinished(out, "the race's first round", progress, interrupted)
     cut = "interrupted" if interrupted else "deadline"  # how a race that is not over ended
     ended = "decided" if bool(look.look.stop[0]) else cut if look.wanted else "cap"
     if bool((counts > look.n).any()):  # a round under way: the last look at every needle measured
@@ -370,16 +370,16 @@ def _race_replay(units: Sequence[tuple], model_type: str | None, *, fixed: bool)
     return replay
 
 
-def _unfinished(out: Path, stage: str, progress: bool, why: str = "deadline") -> dict[str, Any]:
-    """The run ended (``why``: the deadline, or an interrupt) before ``stage`` was over: nothing to pick from yet; the
-    command that continues."""
-    came = "The deadline (--budget) came" if why == "deadline" else f"The run was {why}"
+def _unfinished(out: Path, stage: str, progress: bool, interrupted: bool) -> dict[str, Any]:
+    """The run ended (the deadline, or an interrupt) before ``stage`` was over: nothing to pick from yet; the command
+    that continues."""
+    came = "The run was interrupted (Ctrl-C or SIGTERM)" if interrupted else "The deadline (--budget) came"
     text = (f"# Pick in {out}: not finished\n\n{came} during {stage}; what was measured is kept. "
             "Continue with the same command and `--resume` (and a new --budget).\n")  # fmt: skip
     write_text_atomic(out / "pick.md", text)
     if progress:
-        print(f"{'Deadline' if why == 'deadline' else 'Interrupted'}: {stage} is not over; continue with --resume")
-    return {"pick": None, "ended": "deadline" if why == "deadline" else "interrupted", "stage": stage}
+        print(f"{'Interrupted' if interrupted else 'Deadline'}: {stage} is not over; continue with --resume")
+    return {"pick": None, "ended": "interrupted" if interrupted else "deadline", "stage": stage}
 
 
 def standings(rows: Sequence[dict], field: racing.Field, look: racing.Replay, scores: torch.Tensor,

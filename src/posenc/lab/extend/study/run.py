@@ -369,11 +369,7 @@ def run_extend(
     if cfg.lengths is not None and (known := original_len_of(cfg)) is not None:
         check_lengths(resolve_lengths(cfg, known).lengths, known)  # from the config alone, before any weights
     target = load_target(cfg, out, device=device, progress=progress)  # pretrained: config and tokenizer only
-    cfg = resolve_lengths(cfg, target.original_len)  # "2x" -> tokens: extend.json and resume compare integers
-    cfg = plan.resolve(
-        cfg, kind=target.kind, original=target.original_len, default_methods=target.default_methods, device=device
-    )
-    cfg = dataclasses.replace(cfg, dtype=str(target.dtype).removeprefix("torch."))  # auto resolved, kept on resume
+    cfg = _resolved(cfg, target, device)
     made_before_rounds = before is not None and "stop_width" not in before
     if made_before_rounds and cfg.stop_width in (None, 0.0, STOP_WIDTH):
         cfg = dataclasses.replace(cfg, stop_width=None)  # a study made before rounds resumes with its fixed counts
@@ -484,11 +480,17 @@ def rewrite_report(cfg: ExtendConfig, out: Path, target: Any, seconds: float, *,
     nothing printed --, as ``run_extend`` writes them when it ends: what ``--pick`` does for its stages after an
     interrupt. ``target``: the model's config and tokenizer (``load_target``); ``seconds``: the run's time so far;
     ``resumed``: the measurements the study held before this run."""
+    finish(out, _resolved(cfg, target, device), target, read_results(out / "results.csv"), {}, seconds, False, resumed)
+
+
+def _resolved(cfg: ExtendConfig, target: Any, device: str) -> ExtendConfig:
+    """The settings as the study runs them on ``target``: lengths in tokens ("2x" -> tokens: extend.json and resume
+    compare integers), the defaults ``plan.resolve`` fills in, and the dtype ``auto`` resolved (kept on resume)."""
     cfg = resolve_lengths(cfg, target.original_len)
-    cfg = plan.resolve(cfg, kind=target.kind, original=target.original_len, default_methods=target.default_methods,
-                       device=device)  # fmt: skip
-    cfg = dataclasses.replace(cfg, dtype=str(target.dtype).removeprefix("torch."))
-    finish(out, cfg, target, read_results(out / "results.csv"), {}, seconds, False, resumed)
+    cfg = plan.resolve(
+        cfg, kind=target.kind, original=target.original_len, default_methods=target.default_methods, device=device
+    )
+    return dataclasses.replace(cfg, dtype=str(target.dtype).removeprefix("torch."))
 
 
 @contextlib.contextmanager
