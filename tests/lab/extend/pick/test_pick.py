@@ -384,6 +384,51 @@ def test_a_round_cut_midway_is_reported_with_every_needle_measured(llama, corpus
     assert re.search(rf"^\| {re.escape(cut)} \| \d/8 ", report.read_text(), re.M), report.read_text()
 
 
+def test_an_interrupt_between_a_models_cells_keeps_every_needle_in_its_cell_columns(llama, corpus, tmp_path,
+                                                                                   monkeypatch):  # fmt: skip
+    """Two passkey depths, Ctrl-C after the second round's first cell: that model's first cell has 8 needles, its
+    second 4. pick.md's cell columns show each cell's own needles (as results.csv and the stage's report do), the
+    pooled rate counts the needles every cell has, and a note names the needles measured past it."""
+    from posenc.lab.extend.study.run import read_results
+
+    _scripted(monkeypatch, {("yarn", 2.0): lambda i: 1, ("yarn", 4.0): lambda i: i % 2},
+              screen_found={("yarn", 2.0): lambda i: 1, ("yarn", 4.0): lambda i: 1})  # fmt: skip
+    cfg = _cfg(llama, corpus, methods=("yarn",), trials=40, depths=(0.25, 0.75))
+    out = tmp_path / "pick"
+    final = out / "final" / "results.csv"
+    scripted = HFTarget.passkey
+
+    def interrupted(self, model, length, *args, **kwargs):
+        ahead = final.is_file() and any(r["n"] > 4 for r in read_results(final) if r["metric"] == "passkey")
+        if length == 128 and ahead:
+            raise KeyboardInterrupt
+        return scripted(self, model, length, *args, **kwargs)
+
+    monkeypatch.setattr(HFTarget, "passkey", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        run_pick(cfg, "2x", out, progress=False)
+    rows = [r for r in read_results(final) if r["metric"] == "passkey"]
+    cells = {(f"{r['method']} x{r['factor']:g}".replace("none x1", "none"), f"passkey @{r['depth']:g}"): r["n"]
+             for r in rows}  # fmt: skip
+    cut = [key for key, n in cells.items() if n == 8]
+    assert len(cut) == 1 and sorted(cells.values()).count(4) == len(cells) - 1, cells  # one cell of one model ahead
+    text = (out / "pick.md").read_text()
+    lines = text.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("|  | model |"))
+    columns = [c.strip() for c in lines[head].strip("|").split("|")]
+    table = {}
+    for line in lines[head + 2:]:
+        if not line.startswith("|"):
+            break
+        row = dict(zip(columns, (c.strip() for c in line.strip("|").split("|")), strict=True))
+        table[row["model"]] = row
+    for (model, cell), n in cells.items():
+        assert re.match(rf"[\d.]+/{n} ", table[model][cell]), (model, cell, table[model])
+    model = cut[0][0]
+    assert "(n = 4 per cell)" in table[model]["needles at T (pooled)"]
+    assert f"{model}: 4 needles of {cut[0][1]} measured past its pooled n = 4" in text, text
+
+
 def test_an_interrupt_stays_an_interrupt_when_its_reports_cannot_be_written(llama, corpus, tmp_path, monkeypatch,
                                                                            capsys):  # fmt: skip
     """Rewriting the reports after Ctrl-C fails (a full disk, say): the interrupt still ends the run, and stderr says

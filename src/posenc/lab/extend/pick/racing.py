@@ -64,19 +64,26 @@ class Field:
         return cls(list(units), [m for m in grid if is_rate_metric(m[0])], cap)
 
 
-def needles(field: Field, samples: dict[tuple, list[float | None]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """The stored needles as ``(1, M, C, cap)`` scores and each model's count: the needles every one of its cells
-    has, from index 0 without a gap (a model's cells advance together)."""
+def stored(field: Field, samples: dict[tuple, list[float | None]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The stored needles as ``(1, M, C, cap)`` scores and each cell's count ``(M, C)``: the needles it has from index
+    0 without a gap (the scores past it are 0)."""
     m, c = len(field.units), len(field.cells)
     scores = torch.zeros(1, m, c, field.cap, dtype=torch.float64)
-    counts = torch.full((m,), field.cap, dtype=torch.long)
+    counts = torch.zeros(m, c, dtype=torch.long)
     for i, unit in enumerate(field.units):
         for j, (metric, length, depth) in enumerate(field.cells):
             got = samples.get((unit, metric, length, depth), [])[: field.cap]
             have = next((k for k, x in enumerate(got) if x is None), len(got))
             scores[0, i, j, :have] = torch.tensor(got[:have], dtype=torch.float64)
-            counts[i] = min(int(counts[i]), have)
+            counts[i, j] = have
     return scores, counts
+
+
+def needles(field: Field, samples: dict[tuple, list[float | None]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The stored needles as ``(1, M, C, cap)`` scores and each model's count ``(M,)``: the needles every one of its
+    cells has (a model's cells advance together; a round cut between them leaves the first ones ahead)."""
+    scores, counts = stored(field, samples)
+    return scores, counts.min(dim=1).values if field.cells else torch.full((len(field.units),), field.cap)
 
 
 @dataclasses.dataclass(frozen=True)

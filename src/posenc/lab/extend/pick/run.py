@@ -298,7 +298,8 @@ def _conclude(cfg: ExtendConfig, final_cfg: ExtendConfig, model: Any, decided: P
     final_units = [UNPATCHED, *raced]
     measurements = _final_measurements(final_cfg, decided)
     field = racing.Field.of(final_units, measurements, decided.cap)
-    scores, counts = racing.needles(field, read_samples(out / "final" / "samples.csv"))
+    scores, per_cell = racing.stored(field, read_samples(out / "final" / "samples.csv"))
+    counts = per_cell.min(dim=1).values
     look = _race_replay(final_units, model.model_type, fixed=not cfg.adaptive)(field, scores, counts)
     if look.look is None:  # before every raced model's first round
         return _unfinished(out, "the race's first round", progress, interrupted)
@@ -309,7 +310,7 @@ def _conclude(cfg: ExtendConfig, final_cfg: ExtendConfig, model: Any, decided: P
         look = racing.Replay(counts, look.wanted, race.verdict(scores, counts[None], look.look.active, tier,
                                                                reference))  # fmt: skip
     final_rows = _rows(out, "final")
-    ranked = standings(final_rows, field, look, scores, model.model_type, decided.target)
+    ranked = standings(final_rows, field, look, scores, per_cell, model.model_type, decided.target)
     why_not = _savable(model, save, save_type, cfg, out, decided.target) if save is not None else None
     outcome = rules.decide(ranked, look.look, final_units, lambda u: label(*u), ended=ended, savable=why_not)
     saved = _save(final_cfg, out, outcome.pick.unit, save, save_type, device, progress) if save else None
@@ -383,10 +384,12 @@ def _unfinished(out: Path, stage: str, progress: bool, interrupted: bool) -> dic
 
 
 def standings(rows: Sequence[dict], field: racing.Field, look: racing.Replay, scores: torch.Tensor,
-              model_type: str | None, target: int) -> list[rules.Standing]:  # fmt: skip
+              per_cell: torch.Tensor, model_type: str | None, target: int) -> list[rules.Standing]:  # fmt: skip
     """Each raced model at the target from the race's last look, best estimate first: pooled rate with its
-    anytime-valid interval, each cell's rate, whether it was still sampled, who beat it, its posterior chance of being
-    the best method and the expected loss of picking it."""
+    anytime-valid interval (over the look's n needles per cell), each cell's rate from every needle it has
+    (``per_cell``, (M, C): a round cut between a model's cells leaves the first ones ahead of its pooled n), whether it
+    was still sampled, who beat it, its posterior chance of being the best method and the expected loss of picking
+    it."""
 
     v, n = look.look, look.n
     low, high = race.pooled_interval(scores, n[None])
@@ -399,9 +402,9 @@ def standings(rows: Sequence[dict], field: racing.Field, look: racing.Replay, sc
     out = []
     for i, unit in enumerate(field.units):
         by = {}
-        for metric, length, depth in field.cells:
-            k = int(n[i])
-            cell = scores[0, i, field.cells.index((metric, length, depth)), :k]
+        for j, (metric, _, depth) in enumerate(field.cells):
+            k = int(per_cell[i, j])
+            cell = scores[0, i, j, :k]
             key = metric if depth is None else f"{metric} @{depth:g}"
             by[key] = rates_mod.Rate(float(cell.sum()), k, anytime=True)
         beaten = (v.low[0, :, i] > 0).nonzero()
@@ -725,8 +728,20 @@ def _ranked_table(ranked: list[rules.Standing], outcome: rules.Outcome) -> list[
     return lines
 
 
+def _ahead_note(ranked: list[rules.Standing]) -> list[str]:
+    """The cells with needles past their model's pooled n (a round cut between the model's cells), as one line."""
+    ahead = [f"{label(*s.unit)}: {r.n - s.n} needles of {m} measured past its pooled n = {s.n}"
+             for s in ranked for m, r in s.by_metric.items() if r.n > s.n]  # fmt: skip
+    if not ahead:
+        return []
+    return ["; ".join(ahead) + ". A round was cut between the model's cells: each cell's column counts every needle "
+            "it has, the pooled rate and the race the needles every cell has; the same command with `--resume` "
+            "measures the rest of the round."]  # fmt: skip
+
+
 def summary(ranked: list[rules.Standing], outcome: rules.Outcome, saved: Path | None) -> str:
-    text = "\n".join(_ranked_table(ranked, outcome)) + f"\n\nPick: {label(*outcome.pick.unit)}. {outcome.reason}."
+    text = "\n\n".join(["\n".join(_ranked_table(ranked, outcome)), *_ahead_note(ranked),
+                        f"Pick: {label(*outcome.pick.unit)}. {outcome.reason}."])  # fmt: skip
     if saved is not None:
         text += f"\nSaved to {saved}"
     return text
@@ -790,6 +805,8 @@ def report(cfg: ExtendConfig, model: Any, decided: PickPlan, cap: int, verdicts:
         r = outcome.runner_up
         lines.append(f"Runner-up: {label(*r.unit)}, {r.text()}, best with probability {r.p_best:.2f}.")
     lines += ["", "## At the target", "", *_ranked_table(ranked, outcome), ""]
+    if ahead := _ahead_note(ranked):
+        lines += [*ahead, ""]
     if note := stale_cache_note([s.unit for s in ranked]):
         lines += [*note, ""]
     lines += [
