@@ -27,6 +27,7 @@ import posenc
 import posenc.functional
 import posenc.hf
 import posenc.remapping
+from markdown_table import markdown_table
 from posenc.registry import available_scalings, scaling_class
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -62,14 +63,7 @@ def _code_blocks(text: str, lang: str) -> list[str]:
 
 def _table_rows(text: str, header_start: str) -> list[list[str]]:
     """The body rows (cells, stripped) of the first markdown table in ``text`` whose header starts so."""
-    lines = text.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith(header_start))
-    rows = []
-    for line in lines[start + 2 :]:
-        if not line.startswith("|"):
-            break
-        rows.append([cell.strip() for cell in line.strip().strip("|").split(" | ")])
-    return rows
+    return markdown_table(text, header_start)[1]
 
 
 def _spans(cell: str) -> list[str]:

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from lab.extend.study.test_study import TINY, _cli, _hf_folder
+from markdown_table import markdown_table
 from posenc.lab.extend.pick import rules
 from posenc.lab.extend.pick.run import run_pick
 from posenc.lab.extend.stats.rates import Rate
@@ -413,15 +414,8 @@ def test_an_interrupt_between_a_models_cells_keeps_every_needle_in_its_cell_colu
     cut = [key for key, n in cells.items() if n == 8]
     assert len(cut) == 1 and sorted(cells.values()).count(4) == len(cells) - 1, cells  # one cell of one model ahead
     text = (out / "pick.md").read_text()
-    lines = text.splitlines()
-    head = next(i for i, line in enumerate(lines) if line.startswith("|  | model |"))
-    columns = [c.strip() for c in lines[head].strip("|").split("|")]
-    table = {}
-    for line in lines[head + 2:]:
-        if not line.startswith("|"):
-            break
-        row = dict(zip(columns, (c.strip() for c in line.strip("|").split("|")), strict=True))
-        table[row["model"]] = row
+    columns, body = markdown_table(text, "|  | model |")
+    table = {row[1]: dict(zip(columns, row, strict=True)) for row in body}
     for (model, cell), n in cells.items():
         assert re.match(rf"[\d.]+/{n} ", table[model][cell]), (model, cell, table[model])
     model = cut[0][0]

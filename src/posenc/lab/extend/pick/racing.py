@@ -79,11 +79,16 @@ def stored(field: Field, samples: dict[tuple, list[float | None]]) -> tuple[torc
     return scores, counts
 
 
+def together(field: Field, per_cell: torch.Tensor) -> torch.Tensor:
+    """Each model's count ``(M,)`` from its cells' ``(M, C)``: the needles every one of its cells has (a model's cells
+    advance together; a round cut between them leaves the first ones ahead)."""
+    return per_cell.min(dim=1).values if field.cells else torch.full((len(field.units),), field.cap)
+
+
 def needles(field: Field, samples: dict[tuple, list[float | None]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """The stored needles as ``(1, M, C, cap)`` scores and each model's count ``(M,)``: the needles every one of its
-    cells has (a model's cells advance together; a round cut between them leaves the first ones ahead)."""
-    scores, counts = stored(field, samples)
-    return scores, counts.min(dim=1).values if field.cells else torch.full((len(field.units),), field.cap)
+    """The stored needles as ``(1, M, C, cap)`` scores and each model's count ``(M,)`` (``together``)."""
+    scores, per_cell = stored(field, samples)
+    return scores, together(field, per_cell)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -299,7 +299,7 @@ def _conclude(cfg: ExtendConfig, final_cfg: ExtendConfig, model: Any, decided: P
     measurements = _final_measurements(final_cfg, decided)
     field = racing.Field.of(final_units, measurements, decided.cap)
     scores, per_cell = racing.stored(field, read_samples(out / "final" / "samples.csv"))
-    counts = per_cell.min(dim=1).values
+    counts = racing.together(field, per_cell)
     look = _race_replay(final_units, model.model_type, fixed=not cfg.adaptive)(field, scores, counts)
     if look.look is None:  # before every raced model's first round
         return _unfinished(out, "the race's first round", progress, interrupted)
