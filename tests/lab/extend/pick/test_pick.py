@@ -676,13 +676,21 @@ def test_cli_pick_runs_into_a_pick_folder_and_prints_the_pick(llama, corpus, tmp
     assert "Pick: yarn x" in text and "| **pick** |" in text
 
 
-def test_pick_md_says_once_that_dynamic_answers_come_from_cached_generation():
+def test_pick_md_says_once_that_length_dependent_answers_come_from_cached_generation():
+    """Dynamic NTK and DCA (its logit factor) both follow the length, so both are named; other methods are not."""
     from posenc.lab.extend.pick.run import stale_cache_note
 
-    assert stale_cache_note([("none", 1.0, 0, "plain"), ("yarn", 2.0, 0, "plain")]) == []
-    [note] = stale_cache_note([("dynamic", 2.0, 0, "plain"), ("dynamic+string", 2.0, 0, "plain")])
-    assert note.startswith("dynamic x2, dynamic+string x2: answers generated with the KV cache")
-    assert "CacheStaleWarning" in note
+    names = ("none x1", "yarn x2", "self_extend x4", "dynamic x2", "dynamic+string x2", "dynamic x4", "dca x4")
+    unit = {name: (name.split()[0], float(name.split("x")[-1]), 0, "plain") for name in names}
+    assert stale_cache_note([unit["none x1"], unit["yarn x2"], unit["self_extend x4"]]) == []
+    [note] = stale_cache_note([unit["dynamic x2"], unit["dynamic+string x2"], unit["yarn x2"]])
+    assert note.startswith("dynamic x2, dynamic+string x2: answers generated with the KV cache while dynamic NTK's")
+    assert "CacheStaleWarning" in note and "DCA" not in note and " follows each step's length" in note
+    [note] = stale_cache_note([unit["dca x4"]])
+    assert note.startswith("dca x4: answers generated with the KV cache while DCA's logit factor follows each step's")
+    [note] = stale_cache_note([unit["dynamic x4"], unit["dca x4"]])
+    assert note.startswith("dynamic x4, dca x4: ")
+    assert "YaRN section 3.3) and DCA's logit factor follow each step's length" in note
 
 
 def test_targets_past_the_text_and_saves_under_a_file_are_refused_before_anything(llama, corpus, tmp_path):

@@ -46,7 +46,7 @@ from posenc.lab.extend.stats import rates as rates_mod
 from posenc.lab.extend.stats.rates import RULER_PREFIX, UNPATCHED, model_of
 from posenc.lab.extend.study import plan
 from posenc.lab.extend.study.config import STOP_WIDTH, ExtendConfig, drops
-from posenc.lab.extend.study.report import label
+from posenc.lab.extend.study.report import LENGTH_DEPENDENT, label
 from posenc.lab.extend.targets import composed
 from posenc.lab.extend.targets.load import load_target
 
@@ -693,15 +693,20 @@ def left_text(out: Path, decided: PickPlan, model: Any) -> str:
 
 
 def stale_cache_note(units: Sequence[tuple]) -> list[str]:
-    """Said once in ``pick.md`` where a raced model scales its frequencies with the length (dynamic NTK): its needles
-    come from generation with the KV cache (``posenc.hf.CacheStaleWarning``, kept quiet while the pick runs)."""
-    dynamic = [label(*u) for u in units if composed.parts(u[0])[0] == "dynamic"]
-    if not dynamic:
+    """Said once in ``pick.md`` where a raced model's attention follows the sequence's length (dynamic NTK's
+    frequencies, DCA's logit factor): its needles come from generation with the KV cache
+    (``posenc.hf.CacheStaleWarning``, kept quiet while the pick runs)."""
+    moving = [u for u in units if set(composed.parts(u[0])) & LENGTH_DEPENDENT]
+    if not moving:
         return []
-    return [f"{', '.join(dynamic)}: answers generated with the KV cache, whose cached keys posenc re-rotates to each "
-            "step's frequencies while earlier tokens' hidden states keep their step's (dynamic scaling with a cache, "
-            "YaRN section 3.3; `posenc.hf.CacheStaleWarning`). The rates stand as what a server with a KV cache "
-            "runs, not as the full forward at each length."]  # fmt: skip
+    names = {p for u in moving for p in composed.parts(u[0])}
+    what = (["dynamic NTK's frequencies (posenc re-rotates the cached keys to each step's: dynamic scaling with a "
+             "cache, YaRN section 3.3)"] if "dynamic" in names else []) + \
+        (["DCA's logit factor"] if names & {"dca", "dca_vllm"} else [])  # fmt: skip
+    return [f"{', '.join(label(*u) for u in moving)}: answers generated with the KV cache while "
+            f"{' and '.join(what)} follow{'s' if len(what) == 1 else ''} each step's length; earlier tokens' hidden "
+            "states keep the length of the step that computed them (`posenc.hf.CacheStaleWarning`). The rates "
+            "stand as what a server with a KV cache runs, not as the full forward at each length."]  # fmt: skip
 
 
 def _standing_row(s: rules.Standing) -> dict[str, Any]:
