@@ -693,6 +693,35 @@ def test_pick_md_says_once_that_length_dependent_answers_come_from_cached_genera
     assert "YaRN section 3.3) and DCA's logit factor follow each step's length" in note
 
 
+def test_a_pick_by_best_estimate_says_which_method_has_the_higher_p_best_and_why():
+    """The 32k race after its eighth sitting: YaRN+STRING 8/8 + 7/8 (n = 8 per cell) is the best pooled estimate,
+    dynamic 20/20 + 17/20 (n = 20) has the higher P(best): the reason names dynamic's P(best) and the cause (the
+    pick's fewer needles, pulled further toward 50% by the uniform priors); with P(best) agreeing, nothing is added."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from posenc.lab.extend.pick import rules
+
+    def standing(unit, estimate, n, p_best, serving):
+        return rules.Standing(unit=unit, estimate=estimate, interval=(0.4, 1.0), n=n, by_metric={}, ppl_past=None,
+                              serving=serving, active=True, beaten_by=None, p_best=p_best, loss=0.08)  # fmt: skip
+
+    units = [("none", 1.0, 0, "plain"), ("dynamic", 4.0, 0, "plain"), ("yarn+string", 4.0, 0, "plain")]
+    name = lambda u: f"{u[0]} x{u[1]:g}"  # noqa: E731
+    verdict = SimpleNamespace(pick=np.array([2]), shown=np.array([False]), low=np.full((1, 3, 3), -0.7),
+                              high=np.full((1, 3, 3), 0.7))  # fmt: skip
+    for p_dynamic, p_string, said in ((0.45, 0.34, True), (0.3, 0.7, False)):
+        standings = [standing(units[2], 15 / 16, 8, p_string, "patch"), standing(units[1], 37 / 40, 20, p_dynamic,
+                     "dynamic"), standing(units[0], 0.0, 12, 0.0, "unpatched")]  # fmt: skip
+        outcome = rules.decide(standings, verdict, units, name, ended="interrupted")
+        assert outcome.pick.unit == units[2] and not outcome.shown
+        note = ("dynamic x4 has the higher P(best), 0.45 (with 8 needles per cell against 20, the uniform priors "
+                "behind P(best) pull yarn+string x4's posterior further toward 50%); the pick is the best estimate")
+        assert (note in outcome.reason) is said, outcome.reason
+        assert ("has the higher P(best)" in outcome.reason) is said
+
+
 def test_targets_past_the_text_and_saves_under_a_file_are_refused_before_anything(llama, corpus, tmp_path):
     """From the audit: --target 131072 past the held-out text blamed --lengths (a flag --pick refuses), --target
     1000001x became 512 million tokens silently, and --save under a file failed after the measuring -- each now one

@@ -335,6 +335,7 @@ def decide(standings: Sequence[Standing], verdict: Any, units: Sequence[tuple], 
                   f"{', '.join(name(s.unit) for s in others if s.beaten_by is None) or 'the others'} ({why}); best "
                   f"with probability {pick.p_best:.2f}, expected loss {pick.loss:.3f} in rate; it is served as "
                   f"{where}")  # fmt: skip
+        reason += _p_best_note(pick, max(methods, key=lambda s: s.p_best), name)
     for s, cost, lo, hi in costs:
         reason += (f"; {name(s.unit)} ({SERVING[s.serving][1].split(' (')[0]}) would cost {cost:+.2f} in rate "
                    f"[{lo:+.2f} to {hi:+.2f}]")  # fmt: skip
@@ -351,3 +352,18 @@ def decide(standings: Sequence[Standing], verdict: Any, units: Sequence[tuple], 
     if not pick.estimate:
         reason += ". No method found a needle at the target"
     return Outcome(pick, runner_up, shown, ended, reason, costs)
+
+
+def _p_best_note(pick: Standing, top: Standing, name: Any) -> str:
+    """Where another method has the higher P(best) than the best estimate: which, and why the two differ."""
+    if top is pick or top.p_best <= pick.p_best:
+        return ""
+    if pick.n < top.n:
+        why = (f"with {pick.n} needles per cell against {top.n}, the uniform priors behind P(best) pull "
+               f"{name(pick.unit)}'s posterior further toward 50%")  # fmt: skip
+    elif pick.n > top.n:
+        why = f"its posterior is wider (n = {top.n} per cell against {pick.n}): more chance of being the highest"
+    else:
+        why = "P(best) weighs each posterior's spread as well as its center"
+    return (f"; {name(top.unit)} has the higher P(best), {top.p_best:.2f} ({why}); the pick is the best estimate, "
+            "and neither is shown better than the other")  # fmt: skip
