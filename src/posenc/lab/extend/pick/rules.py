@@ -356,7 +356,7 @@ def decide(standings: Sequence[Standing], verdict: Any, units: Sequence[tuple], 
 
 def _p_best_note(pick: Standing, top: Standing, name: Any) -> str:
     """Where another method has the higher P(best) than the best estimate: which, and why the two differ."""
-    if top is pick or top.p_best <= pick.p_best:
+    if top.p_best <= pick.p_best:
         return ""
     if pick.n < top.n:
         why = (f"with {pick.n} needles per cell against {top.n}, the uniform priors behind P(best) pull "

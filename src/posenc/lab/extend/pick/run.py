@@ -40,6 +40,7 @@ from posenc._checks import fail
 from posenc.lab.common.devices import resolve_device
 from posenc.lab.common.files import write_text_atomic
 from posenc.lab.common.runfiles import check_out, check_settings
+from posenc.lab.extend.needles.shared_prefix import LENGTH_DEPENDENT_REMAP
 from posenc.lab.extend.pick import ledger, racing, rules
 from posenc.lab.extend.stats import confidence, race, sampling
 from posenc.lab.extend.stats import rates as rates_mod
@@ -702,7 +703,7 @@ def stale_cache_note(units: Sequence[tuple]) -> list[str]:
     names = {p for u in moving for p in composed.parts(u[0])}
     what = (["dynamic NTK's frequencies (posenc re-rotates the cached keys to each step's: dynamic scaling with a "
              "cache, YaRN section 3.3)"] if "dynamic" in names else []) + \
-        (["DCA's logit factor"] if names & {"dca", "dca_vllm"} else [])  # fmt: skip
+        (["DCA's logit factor"] if names & set(LENGTH_DEPENDENT_REMAP) else [])  # fmt: skip
     return [f"{', '.join(label(*u) for u in moving)}: answers generated with the KV cache while "
             f"{' and '.join(what)} follow{'s' if len(what) == 1 else ''} each step's length; earlier tokens' hidden "
             "states keep the length of the step that computed them (`posenc.hf.CacheStaleWarning`). The rates "

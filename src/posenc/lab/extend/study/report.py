@@ -14,6 +14,7 @@ import torch
 
 from posenc.lab.common.files import write_text_atomic
 from posenc.lab.common.report import config_and_environment, duration, environment, wide_console
+from posenc.lab.extend.needles.shared_prefix import LENGTH_DEPENDENT_REMAP
 from posenc.lab.extend.stats.rates import (
     RULER_PREFIX,
     UNPATCHED,
@@ -33,7 +34,7 @@ from posenc.lab.extend.study.labels import label, length_axis
 from posenc.lab.extend.targets import composed
 
 #: Patches whose attention depends on the sequence's length: cached generation is not the full forward there.
-LENGTH_DEPENDENT = {"dynamic", "dca", "dca_vllm"}
+LENGTH_DEPENDENT = {"dynamic", *LENGTH_DEPENDENT_REMAP}
 
 if TYPE_CHECKING:
     from posenc.lab.extend.targets.base import Target
