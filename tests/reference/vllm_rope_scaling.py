@@ -1,4 +1,5 @@
-"""vLLM's RoPE frequency variants written out in float64: NTK-by-alpha, (mixed) NTK, TeleChat3 YaRN, Grok yarn_log.
+"""vLLM's RoPE frequency variants written out in float64: NTK-by-alpha, (mixed) NTK, TeleChat3 YaRN, Grok yarn_log;
+YaRN and DeepSeek YaRN as the release vLLM 0.33.0 computes them (``yarn_release``, ``deepseek_yarn_release``).
 
 Each function follows one vLLM class line by line, in float64 instead of vLLM's float32 (``torch.float`` tensors),
 so that a test can hold posenc's float32 result to its own rounding. Sources, all in ``vllm-project/vllm``:
@@ -192,6 +193,57 @@ def yarn(
     inv_freq = inv_freq_interpolation * (1 - inv_freq_mask) + inv_freq_extrapolation * inv_freq_mask
     mscale = (1.0 if factor <= 1 else 0.1 * math.log(factor) + 1.0) if apply_yarn_scaling else 1.0
     return inv_freq, mscale * attn_factor
+
+
+def yarn_release(
+    dim: int,
+    base: float,
+    factor: float,
+    original_max_position_embeddings: int,
+    *,
+    beta_fast: float = 32,
+    beta_slow: float = 1,
+    mscale: float | None = None,
+    mscale_all_dim: float | None = None,
+    attention_factor: float | None = None,
+    truncate: bool = True,
+) -> tuple[torch.Tensor, float]:
+    """``YaRNScalingRotaryEmbedding`` of vLLM 0.33.0 (the wheel on PyPI,
+    ``vllm/model_executor/layers/rotary_embedding/yarn_scaling_rope.py``; the same file in 0.31.0 and 0.32.0):
+    ``get_rope`` passes ``beta_fast``, ``beta_slow``, ``mscale``, ``mscale_all_dim``, ``attention_factor``,
+    ``truncate``; ``self.mscale = attention_factor`` if it is not None, ``elif mscale and mscale_all_dim``:
+    ``yarn_get_mscale(s, mscale) / yarn_get_mscale(s, mscale_all_dim)``, else ``yarn_get_mscale(s)`` (``common.py``);
+    no ``extrapolation_factor``, ``attn_factor`` or ``apply_yarn_scaling``."""
+    pos_freqs = base ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+    inv_freq_extrapolation = 1.0 / pos_freqs
+    inv_freq_interpolation = 1.0 / (factor * pos_freqs)
+    low, high = _correction_range(beta_fast, beta_slow, dim, base, original_max_position_embeddings, truncate)
+    inv_freq_mask = 1 - _linear_ramp_mask(low, high, dim // 2)
+    inv_freq = inv_freq_interpolation * (1 - inv_freq_mask) + inv_freq_extrapolation * inv_freq_mask
+    if attention_factor is not None:
+        return inv_freq, float(attention_factor)
+    if mscale and mscale_all_dim:
+        return inv_freq, float(yarn_get_mscale(factor, mscale) / yarn_get_mscale(factor, mscale_all_dim))
+    return inv_freq, float(yarn_get_mscale(factor))
+
+
+def deepseek_yarn_release(
+    dim: int,
+    base: float,
+    factor: float,
+    original_max_position_embeddings: int,
+    *,
+    beta_fast: float = 32,
+    beta_slow: float = 1,
+    mscale: float = 1,
+    mscale_all_dim: float = 0,
+) -> tuple[torch.Tensor, float]:
+    """``DeepseekScalingRotaryEmbedding`` of vLLM 0.33.0 (``.../deepseek_scaling_rope.py`` of the wheel): YaRN's
+    blend with the truncated range, ``mscale = yarn_get_mscale(s, mscale) / yarn_get_mscale(s, mscale_all_dim)``;
+    ``get_rope`` passes ``beta_fast``, ``beta_slow``, ``mscale``, ``mscale_all_dim`` only."""
+    inv_freq, _ = yarn_release(dim, base, factor, original_max_position_embeddings, beta_fast=beta_fast,
+                               beta_slow=beta_slow)  # fmt: skip
+    return inv_freq, yarn_get_mscale(factor, float(mscale)) / yarn_get_mscale(factor, float(mscale_all_dim))
 
 
 def yarn_get_mscale(scale: float = 1, mscale: float = 1) -> float:

@@ -1,6 +1,6 @@
-"""The vLLM reader (issue 48): per rope type and config generation, the reader's frequencies and attention factor
-equal vLLM's classes written out in float64 (``tests/reference/vllm_rope_scaling.py``, which names the commits) on
-full tensors; the model files' per-layer rules (Gemma 3/4, Llama 4, gpt-oss, DeepSeek, Qwen2 dual chunk); the
+"""The vLLM reader (issues 48, 68): per rope type and config generation, the reader's frequencies and attention factor
+equal vLLM 0.33.0's classes (the release on PyPI; its wheel's ``vllm/model_executor/layers/rotary_embedding/*.py``)
+written out in float64 (``tests/reference/vllm_rope_scaling.py``, which names the files) on full tensors; the model files' per-layer rules (Gemma 3/4, Llama 4, gpt-oss, DeepSeek, Qwen2 dual chunk); the
 default ``max_model_len``; and the traps the issue lists, each with a fixture the view must flag.
 
 vLLM is not installed here (its rope modules import its custom-op and platform code, and ``DualChunkRotaryEmbedding``
@@ -88,10 +88,10 @@ CASES = [
         16384,
         4096,
     ),
-    (
+    (  # vLLM 0.33.0 takes YaRN's max_position_embeddings as scaled already: max_model_len 4096, no factor
         "yarn",
         {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024},
-        lambda d, b: ref.yarn(d, b, 4.0, 1024),
+        lambda d, b: ref.yarn_release(d, b, 4.0, 1024),
         4096,
         4096,
     ),
@@ -104,21 +104,19 @@ CASES = [
             "beta_fast": 16,
             "beta_slow": 2,
             "truncate": False,
-            "attn_factor": 0.9,
-            "extrapolation_factor": 0.5,
+            "attention_factor": 0.8,
         },
-        lambda d, b: ref.yarn(
-            d, b, 8.0, 2048, beta_fast=16, beta_slow=2, truncate=False, attn_factor=0.9, extrapolation_factor=0.5
-        ),
-        16384,
+        lambda d, b: ref.yarn_release(d, b, 8.0, 2048, beta_fast=16, beta_slow=2, truncate=False, attention_factor=0.8),
+        4096,
         16384,
     ),
     (
-        "yarn-no-scaling",
-        {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024, "apply_yarn_scaling": False},
-        lambda d, b: ref.yarn(d, b, 4.0, 1024, apply_yarn_scaling=False),
+        "yarn-mscale",
+        {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 1024, "mscale": 1.0,
+         "mscale_all_dim": 0.5},  # fmt: skip
+        lambda d, b: ref.yarn_release(d, b, 8.0, 1024, mscale=1.0, mscale_all_dim=0.5),
         4096,
-        4096,
+        8192,
     ),
     (
         "llama3",
@@ -145,11 +143,12 @@ CASES = [
         1024,  # vLLM defaults max_model_len to original_max_position_embeddings
         1024,
     ),
-    (
+    (  # patch_legacy_rope_type (vLLM 0.33.0): plain YaRN with attention_factor 0.07 ln s + 1; no original length:
+        #  transformers fills it with max_position_embeddings
         "telechat3",
         {"rope_type": "telechat3-yarn", "factor": 4.0},
-        lambda d, b: ref.telechat3_yarn(d, b, 4.0, 4096),  # no original length: get_rope's max_position
-        16384,
+        lambda d, b: ref.yarn_release(d, b, 4.0, 4096, attention_factor=0.07 * math.log(4.0) + 1.0),
+        4096,
         16384,
     ),
 ]
@@ -180,7 +179,7 @@ def test_frequencies_factor_and_context_match_vllm(tmp_path, case, form):
     assert view.context == context
     assert layer.params["table_positions"] == table
     assert ("table holds" in " ".join(view.notes)) == (table < context)
-    assert view.follows.startswith("vllm-project/vllm@41c5903d049b80b83a6e570f52f0f55e31316e49")
+    assert view.follows.startswith("vllm 0.33.0 (wheel on PyPI)") and view.version == "vLLM 0.33.0"
 
 
 def test_partial_rotary_and_cos_sin_tables(tmp_path):
@@ -347,7 +346,7 @@ def test_deepseek_mscale_ratio(tmp_path):
     }
     view = read(folder(tmp_path, config), "vllm")
     layer = view.layers[0]
-    want, factor = ref.deepseek_yarn(64, 10000.0, 40.0, 4096, mscale=0.707, mscale_all_dim=1.0)
+    want, factor = ref.deepseek_yarn_release(64, 10000.0, 40.0, 4096, mscale=0.707, mscale_all_dim=1.0)
     assert (layer.method, layer.layout, layer.rotary_dim) == ("deepseek_yarn", "interleaved", 64)
     torch.testing.assert_close(layer.inv_freq, want, **F64)
     assert layer.attention_factor == pytest.approx(factor)
@@ -426,24 +425,30 @@ def test_nested_per_layer_type_dict_on_a_llama_reads_default_theta(tmp_path):
 
 def test_yarn_without_original_length_is_flagged(tmp_path):
     """Trap: YaRN without ``original_max_position_embeddings``: transformers fills in ``max_position_embeddings``;
-    vLLM then ramps at 4096 and allows 4096 * factor."""
+    vLLM 0.33.0 then ramps at 4096 and allows 4096 (its ``_get_and_verify_max_len`` takes YaRN's length as scaled
+    already; 41c5903d allowed 4096 * factor)."""
     view = read(folder(tmp_path, legacy({"rope_type": "yarn", "factor": 4.0})), "vllm")
     layer = _layer(view)
-    torch.testing.assert_close(layer.inv_freq, ref.yarn(HEAD, THETA, 4.0, 4096)[0], **F64)
-    assert view.context == 16384
+    torch.testing.assert_close(layer.inv_freq, ref.yarn_release(HEAD, THETA, 4.0, 4096)[0], **F64)
+    assert view.context == 4096
     assert any("without original_max_position_embeddings" in n for n in view.notes)
 
 
-def test_yarn_mscale_keys_unread_outside_deepseek(tmp_path):
-    """Trap: DeepSeek-style ``mscale`` / ``mscale_all_dim`` (and ``attention_factor``) on a Llama: vLLM's plain YaRN
-    reads none of them; its factor is 0.1 ln s + 1, not the ratio posenc (and transformers) use."""
+def test_yarn_mscale_keys_read_as_transformers_reads_them(tmp_path):
+    """vLLM 0.33.0's YaRN reads DeepSeek-style ``mscale`` / ``mscale_all_dim`` (the ratio, as posenc and transformers
+    do) and ``attention_factor``; ``attn_factor`` and ``extrapolation_factor``, which vLLM read before 0.31, are
+    unread."""
     rope = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024, "mscale": 0.707,
-            "mscale_all_dim": 0.707}  # fmt: skip
+            "mscale_all_dim": 0.707, "attn_factor": 0.9, "extrapolation_factor": 0.5}  # fmt: skip
     view = read(folder(tmp_path, legacy(rope)), "vllm")
-    assert _layer(view).attention_factor == pytest.approx(ref.yarn(HEAD, THETA, 4.0, 1024)[1])
-    assert {k.split("]")[0] for k in view.ignored} >= {"rope_parameters['mscale'", "rope_parameters['mscale_all_dim'"}
-    _, measured = posenc.rope_frequencies(HEAD, base=THETA, scaling=rope)
-    assert measured == pytest.approx(1.0)
+    want, factor = ref.yarn_release(HEAD, THETA, 4.0, 1024, mscale=0.707, mscale_all_dim=0.707)
+    torch.testing.assert_close(_layer(view).inv_freq, want, **F64)
+    assert _layer(view).attention_factor == pytest.approx(factor, rel=1e-14)
+    assert {k.split("]")[0] for k in view.ignored} == {"rope_parameters['attn_factor'",
+                                                       "rope_parameters['extrapolation_factor'"}  # fmt: skip
+    hf_keys = {k: v for k, v in rope.items() if k not in ("attn_factor", "extrapolation_factor")}  # posenc refuses those
+    _, measured = posenc.rope_frequencies(HEAD, base=THETA, scaling=hf_keys)
+    assert measured == pytest.approx(factor)
 
 
 def test_ntk_means_fixed_ntk_not_posenc_ntk(tmp_path):
@@ -490,9 +495,9 @@ def test_unknown_rope_type_is_refused(tmp_path):
     assert view.refused.startswith("transformers") and "'factor'" in view.refused
 
 
-def test_gguf_drops_the_rope_scaling_keys(tmp_path):
-    """Trap: a GGUF carrying YaRN in its ``rope.scaling`` keys: vLLM builds the config with transformers' GGUF loader,
-    which reads only ``rope.freq_base``; Llama GGUFs rotate GPT-J style on their permuted rows."""
+def test_gguf_cannot_run(tmp_path):
+    """vLLM 0.33.0 has no GGUF loader (no ``gguf`` load format or quantization method in its wheel): a GGUF file is
+    'cannot run this', naming the release."""
     import numpy as np
 
     from hf.tiny_gguf import write_gguf
@@ -507,28 +512,11 @@ def test_gguf_drops_the_rope_scaling_keys(tmp_path):
         "llama.rope.freq_base": 10000.0,
         "llama.attention.layer_norm_rms_epsilon": 1e-5,
         "llama.rope.dimension_count": 8,
-        "llama.rope.scaling.type": "yarn",
-        "llama.rope.scaling.factor": 4.0,
-        "llama.rope.scaling.original_context_length": 16,
     }
-    path = write_gguf(tmp_path / "yarn.gguf", "llama", {"token_embd.weight": np.zeros((64, 32), np.float32)}, kv=kv)
+    path = write_gguf(tmp_path / "plain.gguf", "llama", {"token_embd.weight": np.zeros((64, 32), np.float32)}, kv=kv)
     view = read(Source.open(path), "vllm")
-    layer = view.layers[0]
-    assert (layer.method, layer.layout, layer.rotary_dim) == ("default", "interleaved", 8)
-    torch.testing.assert_close(layer.inv_freq, ref.default(8, 10000.0)[0], **F64)
-    assert view.context == 64
-    assert set(view.ignored) >= {"llama.rope.scaling.type", "llama.rope.scaling.factor"}
-    assert any(n.startswith("not verified: vLLM's own GGUF config patches") for n in view.notes)
-    # the config vLLM starts from is AutoConfig's for the GGUF, built here from posenc's header reader
-    import transformers
-
-    from posenc.runtimes.vllm import _gguf_config
-
-    ours, config = _gguf_config(Source.open(path), "vLLM", [], [])
-    theirs = transformers.AutoConfig.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True)
-    assert type(config) is type(theirs)
-    same = {**theirs.to_dict(), "architectures": ours["architectures"], "_name_or_path": ours["_name_or_path"]}
-    assert ours == same  # all but the path the config was loaded from
+    assert view.layers == () and view.version == "vLLM 0.33.0"
+    assert view.refused is not None and view.refused.startswith("vLLM 0.33.0 has no GGUF loader")
 
 
 def test_unknown_model_type_is_not_verified(tmp_path):

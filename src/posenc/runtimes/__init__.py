@@ -60,6 +60,7 @@ class RuntimeView:
     #                                does not read
     refused: str | None = None  # why this runtime cannot run the model at all (None: it runs)
     notes: tuple[str, ...] = ()  # anything else a user must know, e.g. "not verified: ..."
+    version: str = ""  # the release this reading follows, as ``posenc check`` names it ("vLLM 0.33.0")
 
 
 Reader = Callable[["Source"], RuntimeView]
@@ -128,7 +129,25 @@ def read(path: str | os.PathLike | Source, runtime: str) -> RuntimeView:
     if runtime not in _READERS:
         return RuntimeView(runtime, "not implemented", (), None, refused=None,
                            notes=(f"not verified: posenc has no {runtime} reader yet",))  # fmt: skip
-    return _READERS[runtime](source)
+    view = _READERS[runtime](source)
+    return view if view.version else dataclasses.replace(view, version=release(runtime))
+
+
+def release(runtime: str) -> str:
+    """The release of ``runtime`` its reader follows, as ``posenc check`` names it in every row: the module's
+    ``RELEASE`` ("vLLM 0.33.0"); for transformers, the version installed here (posenc reads with it)."""
+    import importlib
+
+    if runtime == "transformers":
+        try:
+            import transformers
+        except ImportError:
+            return "transformers (not installed)"
+        return f"transformers {transformers.__version__} (installed)"
+    try:
+        return str(getattr(importlib.import_module(f"posenc.runtimes.{runtime}"), "RELEASE", ""))
+    except ModuleNotFoundError:
+        return ""
 
 
 def _load_readers() -> None:

@@ -100,6 +100,7 @@ class Row:
         reference: what the runtime was compared with.
         follows: the code the runtime's reading follows.
         notes: the runtime's own notes.
+        version: the release of the runtime that reading follows ("vLLM 0.33.0"; transformers: the one installed).
     """
 
     runtime: str
@@ -114,6 +115,7 @@ class Row:
     reference: str
     follows: str
     notes: tuple[str, ...] = ()
+    version: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able (``posenc check --json``)."""
@@ -398,7 +400,7 @@ def _fix_for_remap(runtime: str, remap: Mapping[str, Any], path: str) -> str:
 def compare(view: RuntimeView, ref: Reference, length: int | None = None) -> Row:
     """One runtime's ``Row``: ``view`` (``posenc.runtimes.read``) against what posenc measured (``reference``)."""
     common: dict[str, Any] = dict(
-        runtime=view.runtime, reference=ref.source, follows=view.follows, notes=tuple(view.notes),
+        runtime=view.runtime, reference=ref.source, follows=view.follows, notes=tuple(view.notes), version=view.version,
         context=view.context, layers=len(view.layers), rotary=_rotary_text(view.layers))  # fmt: skip
     unverified = [n.removeprefix("not verified: ") for n in view.notes if n.startswith("not verified")]
     unverified += [n for n in ref.unverified if n.split(": ", 1)[-1] not in unverified]
@@ -606,14 +608,15 @@ def all_same(rows: Sequence[Row]) -> bool:
 
 
 _STYLES = {"same": "green", "differs": "bold red", "cannot run this": "bold red", "not verified": "yellow"}
-HEADERS = ["runtime", "verdict", "max |Δ inv_freq|", "Δ attention", "rotary", "context"]
+HEADERS = ["runtime", "release read", "verdict", "max |Δ inv_freq|", "Δ attention", "rotary", "context"]
+_NUMERIC = (3, 4, 6)  # right-aligned columns
 
 
 def _cells(row: Row) -> list[str]:
     delta = "-" if row.max_inv_freq_delta is None else _number(row.max_inv_freq_delta)
     factor = "-" if row.attention_factor_delta is None else _number(row.attention_factor_delta)
     context = "no limit" if row.context is None and row.layers else "-" if row.context is None else str(row.context)
-    return [row.runtime, row.status, delta, factor, row.rotary, context]
+    return [row.runtime, row.version or "-", row.status, delta, factor, row.rotary, context]
 
 
 def _footer(rows: Sequence[Row]) -> list[tuple[str, str]]:
@@ -652,10 +655,10 @@ def print_rows(rows: Sequence[Row], *, title: str | None = None, file: Any = Non
         return
     table = Table()  # the title is printed above it, unwrapped: a path longer than the table stays on one line
     for j, header in enumerate(HEADERS):
-        table.add_column(header, justify="right" if j in (2, 3, 5) else "left", style="cyan" if j == 0 else None)
+        table.add_column(header, justify="right" if j in _NUMERIC else "left", style="cyan" if j == 0 else None)
     for row in rows:
-        cells = _cells(row)
-        cells[1] = f"[{_STYLES[row.status]}]{cells[1]}[/]"
+        cells = [_escape(c) for c in _cells(row)]
+        cells[2] = f"[{_STYLES[row.status]}]{cells[2]}[/]"
         table.add_row(*cells)
     tty = getattr(out, "isatty", lambda: False)()
     columns = os.environ.get("COLUMNS", "")

@@ -63,6 +63,8 @@ from posenc.hf import gguf_rope
 from posenc.runtimes import LayerRope, RuntimeView, Source, register
 
 #: The code this reader follows.
+#: How ``posenc check`` names the release this reader follows.
+RELEASE = "llama.cpp 0c1e57098 (llama-cpp-python 0.3.36)"
 FOLLOWS = (
     "ggml-org/llama.cpp@0c1e57098 (as vendored by llama-cpp-python 0.3.36): src/llama-model.cpp load_hparams, "
     "llama_model_rope_type, get_rope_freq_base/scale, get_rope_factors; src/llama-hparams.cpp set_swa_pattern; "

@@ -52,16 +52,19 @@ from typing import Any
 from posenc.runtimes import LayerRope, RuntimeView, Source, register
 from posenc.runtimes import vllm as _v
 
-FACTORY_COMMIT = "108c36c008291c3a1ea524342837056c503c5724"
-CLASSES_COMMIT = "0b1fd02d56f010c589968aa6e05534e10c2d4bf3"
+#: The SGLang release this reader follows: the files of its wheel on the package index (``FOLLOWS``).
+SGLANG_VERSION = "0.5.23"
+#: How ``posenc check`` names it in every row.
+RELEASE = f"SGLang {SGLANG_VERSION}"
 
 #: The code this reader follows (``RuntimeView.follows``).
 FOLLOWS = (
-    f"sgl-project/sglang: python/sglang/srt/layers/rotary_embedding/factory.py@{FACTORY_COMMIT} (get_rope, "
-    f"_get_rope_param); base.py, yarn.py, rope_variant.py@{CLASSES_COMMIT}; "
-    "python/sglang/srt/utils/hf_transformers/common.py@d7287464193f2efe5b2e72385f883534e2ba04f5 (get_rope_config, "
-    "get_context_length); hf_transformers/config.py@9b6f8f1ffe0fc2fcc09865108fb39e61804600be (get_config); "
-    "python/sglang/srt/models/qwen3.py@01b5f572b7b678e2fa5a727881f1ff3ab4dd3c6d"
+    f"sglang {SGLANG_VERSION} (wheel on PyPI): python/sglang/srt/layers/rotary_embedding/factory.py (get_rope, "
+    "_get_rope_param), base.py, yarn.py, rope_variant.py; sglang/srt/utils/hf_transformers/common.py "
+    "(get_rope_config), config.py (get_config: transformers' AutoConfig, GGUF through gguf_file or a config.json "
+    "beside the file), gguf_native.py; sglang/srt/configs/model_config.py (get_context_length); "
+    "sglang/srt/models/llama.py, qwen2.py, qwen3.py; sglang/srt/model_loader/loader.py (GGUFModelLoader) and "
+    "weight_utils.py (gguf_quant_weights_iterator)"
 )
 
 #: The keys SGLang's ``get_rope`` reads for each rope type.
@@ -246,23 +249,12 @@ def sglang_get_rope(
 
 
 def get_rope_config(config: Any, raw: Mapping[str, Any]) -> tuple[float, dict | None]:
-    """SGLang's ``get_rope_config``: ``(rope_parameters["rope_theta"], rope_parameters)`` with transformers 5, else
-    ``(config.rope_theta, config.rope_scaling)``.
-
-    Raises:
-        _Refused: ``rope_parameters`` without ``rope_theta`` (a dict nested by layer type): ``KeyError``.
-    """
+    """SGLang's ``get_rope_config``: ``(rope_parameters.get("rope_theta", config.rope_theta or 10000),
+    rope_parameters)`` with transformers 5, else ``(config.rope_theta or 10000, config.rope_scaling)``."""
     rp = _v.rope_parameters(config)
     if rp is not None:
-        if "rope_theta" not in rp:
-            raise _v._Refused(
-                "get_rope_config reads rope_parameters['rope_theta']: a dict nested by layer type has none (KeyError)"
-            )
-        return float(rp["rope_theta"]), rp
-    theta = _v.attr(config, raw, "rope_theta")
-    if theta is None:
-        raise _v._Refused("get_rope_config reads config.rope_theta: absent (AttributeError)")
-    return float(theta), _v.attr(config, raw, "rope_scaling")
+        return float(rp.get("rope_theta", _v.attr(config, raw, "rope_theta") or 10000)), rp
+    return float(_v.attr(config, raw, "rope_theta") or 10000), _v.attr(config, raw, "rope_scaling")
 
 
 #: Model types whose SGLang model file builds RoPE its own way and was not read at a transformers-5 version.
@@ -296,8 +288,8 @@ def _sglang_layers(parsed: _v.ParsedConfig) -> tuple[list[_v.Built], list[str], 
             else ""
         )
         raise _v._Refused(
-            f"not verified: SGLang's model file for {model_type} builds its RoPE its own way and was not read at a "
-            f"version that runs with transformers 5{stored}"
+            f"not verified: SGLang's model file for {model_type} builds its RoPE its own way and was not read "
+            f"(SGLang {SGLANG_VERSION}){stored}"
         )
     theta, rp = get_rope_config(text, raw)
     dca = _v.attr(text, raw, "dual_chunk_attention_config")
@@ -313,16 +305,32 @@ def _sglang_layers(parsed: _v.ParsedConfig) -> tuple[list[_v.Built], list[str], 
         )
         return [built] * n, notes, ignored
     head = _v.attr(text, raw, "head_dim") or text.hidden_size // text.num_attention_heads
-    if model_type == "qwen3":
-        partial = 1.0  # qwen3.py rotates the whole head
+    neox = True
+    if model_type == "llama":  # llama.py (SGLANG_VERSION): LlamaDecoderLayer / LlamaAttention
+        mpe = int(_v.attr(text, raw, "max_position_embeddings", 8192))
+        rp = _v.rope_parameters(text)
+        if rp is not None:
+            theta = float(rp.get("rope_theta", 10000))
+        top = _v.attr(text, raw, "original_max_position_embeddings")
+        if rp is not None and top and rp.get("original_max_position_embeddings") != top:
+            notes.append(f"llama.py sets rope_parameters['original_max_position_embeddings'] to the config's top-level "
+                         f"original_max_position_embeddings={top} (was {rp.get('original_max_position_embeddings')})")  # fmt: skip
+            rp = {**rp, "original_max_position_embeddings": top}
+        partial = _v.attr(text, raw, "partial_rotary_factor", 1) or 1
+        neox = bool(_v.attr(text, raw, "rope_is_neox_style", True))
+        dual = None
+        if dca is not None:
+            ignored.append("dual_chunk_attention_config (llama.py does not pass it to get_rope)")
+    elif model_type in ("qwen2", "qwen3"):  # qwen2.py / qwen3.py (SGLANG_VERSION): the whole head rotates
+        partial = 1.0
         if rp and rp.get("partial_rotary_factor", 1.0) != 1.0:
             ignored.append(
-                f"rope_parameters['partial_rotary_factor']={rp['partial_rotary_factor']} (qwen3.py "
+                f"rope_parameters['partial_rotary_factor']={rp['partial_rotary_factor']} ({model_type}.py "
                 "rotates head_dim channels)"
             )
-        if dca is not None:
-            ignored.append("dual_chunk_attention_config (qwen3.py@01b5f572 does not pass it to get_rope)")
-        dual = None
+        dual = dca if model_type == "qwen2" else None
+        if dca is not None and dual is None:
+            ignored.append("dual_chunk_attention_config (qwen3.py does not pass it to get_rope)")
     else:
         try:
             partial = getattr(text, "partial_rotary_factor", 1)
@@ -334,15 +342,16 @@ def _sglang_layers(parsed: _v.ParsedConfig) -> tuple[list[_v.Built], list[str], 
                 f"rope_parameters['partial_rotary_factor']={rp['partial_rotary_factor']} (the model file "
                 f"reads config.partial_rotary_factor = {partial})"
             )
-        dual = dca if model_type in ("qwen2", "qwen2_moe") else None
+        dual = dca if model_type == "qwen2_moe" else None
         if dca is not None and dual is None:
             ignored.append(f"dual_chunk_attention_config (not passed to get_rope for {model_type}; not verified)")
         notes.append(
-            f"not verified: SGLang's model file for {model_type} was not read at a version that runs with "
-            "transformers 5; read with get_rope_config as qwen3.py@01b5f572 reads it"
+            f"not verified: SGLang {SGLANG_VERSION}'s model file for {model_type} was not read; read with "
+            "get_rope_config as llama.py and qwen2.py read it"
             + (" (dual_chunk_attention_config passed as qwen2_moe.py passes it)" if dual is not None else "")
         )
-    built = sglang_get_rope(head, head, mpe, theta, rp, partial_rotary_factor=partial, dual_chunk=dual)
+    built = sglang_get_rope(head, head, mpe, theta, rp, is_neox_style=neox, partial_rotary_factor=partial,
+                            dual_chunk=dual)  # fmt: skip
     return [built] * n, notes, ignored
 
 
@@ -382,11 +391,19 @@ def read_sglang(source: Source) -> RuntimeView:
     except _v._Refused as err:
         message = str(err)
         if message.startswith("not verified"):
-            return RuntimeView("sglang", follows, (), context, notes=(message,))
-        return RuntimeView("sglang", follows, (), context, refused=message)
+            return RuntimeView("sglang", follows, (), context, notes=(message,), version=RELEASE)
+        return RuntimeView("sglang", follows, (), context, refused=message, version=RELEASE)
     notes = [*parsed.notes, *notes]
     if source.kind == "gguf":
-        notes.append("not verified: the rotation layout SGLang uses on a GGUF's permuted q/k rows (read: its default)")
+        notes.append(
+            "GGUF: SGLang's GGUFModelLoader loads the file's q/k rows as they are (gguf_quant_weights_iterator does "
+            "not undo the converter's permutation) and the model file rotates them with its own layout"
+        )
+        if (source.path.parent / "config.json").is_file():
+            notes.append(
+                "not verified: a config.json sits beside this GGUF; SGLang reads it instead of the GGUF header "
+                "(hf_transformers/config.py get_config), and posenc compared the header"
+            )
     if (note := _v.missing_original_note(parsed)) is not None:
         notes.append(note)
     for b in _v._unique(built):
@@ -402,6 +419,7 @@ def read_sglang(source: Source) -> RuntimeView:
         tuple(_v._dedupe([*parsed.ignored, *ignored])),
         None,
         tuple(_v._dedupe(notes)),
+        version=RELEASE,
     )
 
 

@@ -72,18 +72,22 @@ import torch
 
 from posenc.runtimes import LayerRope, RuntimeView, Source, register
 
-COMMIT = "41c5903d049b80b83a6e570f52f0f55e31316e49"
+#: The vLLM release this reader follows: the files of its wheel on the package index (``FOLLOWS``).
+VLLM_VERSION = "0.33.0"
+#: How ``posenc check`` names it in every row.
+RELEASE = f"vLLM {VLLM_VERSION}"
 
 #: The code this reader follows (``RuntimeView.follows``).
 FOLLOWS = (
-    f"vllm-project/vllm@{COMMIT}: vllm/model_executor/layers/rotary_embedding/__init__.py (get_rope), base.py, "
-    "gemma4_rope.py; dynamic_ntk_scaling_rope.py with max_trained_positions (after PR #41277); "
-    "yarn_scaling_rope.py (extrapolation_factor, attn_factor, apply_yarn_scaling, truncate); "
-    "deepseek_scaling_rope.py@00d678e1; ntk_scaling_rope.py@91b4f8fb; dynamic_ntk_alpha_rope.py@a42938c2; "
-    "linear_scaling_rope.py@9ba5ac51; llama3_rope.py@045d7575; phi3_long_rope_scaled_rope.py@63c2b7ab; "
-    "dual_chunk_rope.py@07b13497; vllm/transformers_utils/config.py (get_config, patch_rope_parameters); "
-    "vllm/config/model.py (_get_and_verify_max_len); transformers_utils/model_arch_config_convertor.py; "
-    "vllm/model_executor/models/{llama,qwen2,qwen3,gemma3,gemma4,llama4,gpt_oss,deepseek_v2}.py"
+    f"vllm {VLLM_VERSION} (wheel on PyPI): vllm/model_executor/layers/rotary_embedding/__init__.py (get_rope), "
+    "base.py, common.py (yarn_get_mscale, yarn_find_correction_range), yarn_scaling_rope.py (attention_factor, "
+    "mscale, mscale_all_dim, beta_fast, beta_slow, truncate), deepseek_scaling_rope.py, dynamic_ntk_scaling_rope.py, "
+    "dynamic_ntk_alpha_rope.py, ntk_scaling_rope.py, linear_scaling_rope.py, llama3_rope.py, "
+    "phi3_long_rope_scaled_rope.py, gemma4_rope.py, dual_chunk_rope.py; vllm/transformers_utils/config.py "
+    "(patch_rope_parameters, patch_legacy_rope_type); vllm/config/model.py (_get_and_verify_max_len); "
+    "vllm/transformers_utils/model_arch_config_convertor.py; vllm/model_executor/model_loader/__init__.py "
+    "(LoadFormats: no gguf); vllm/model_executor/models/{llama,qwen2,qwen3,gemma3,gemma4,llama4,gpt_oss,"
+    "deepseek_v2}.py"
 )
 
 #: Keys of a RoPE dict that are not scaling parameters (read by every type, or by ``get_rope`` itself).
@@ -106,6 +110,18 @@ def inv_freq(dim: int, base: float) -> torch.Tensor:
 def yarn_mscale(scale: float, mscale: float = 1.0) -> float:
     """``yarn_get_mscale``: ``0.1 mscale ln(scale) + 1``, 1 for ``scale <= 1``."""
     return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+def vllm_yarn_attention_factor(
+    factor: float, mscale: float | None, mscale_all_dim: float | None, attention_factor: float | None
+) -> float:
+    """``YaRNScalingRotaryEmbedding.__init__`` (``VLLM_VERSION``): ``attention_factor`` where given, else the ratio
+    ``yarn_mscale(s, mscale) / yarn_mscale(s, mscale_all_dim)`` where both are non-zero, else ``0.1 ln s + 1``."""
+    if attention_factor is not None:
+        return float(attention_factor)
+    if mscale and mscale_all_dim:
+        return yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim)
+    return yarn_mscale(factor)
 
 
 def yarn_inv_freq(
@@ -302,8 +318,8 @@ def _gguf_config(source: Source, runtime: str, notes: list[str], ignored: list[s
             f"GGUF: transformers' GGUF loader (which {runtime} uses to build the config) reads {arch}.rope.freq_base "
             f"and drops {', '.join(scaling)}: the model runs without its RoPE scaling"
         )
-    own = "maybe_patch_hf_config_from_gguf" if runtime == "vLLM" else "hf_transformers/gguf_native.py"
-    notes.append(f"not verified: {runtime}'s own GGUF config patches ({own}, not read)")
+    if runtime != "SGLang":  # SGLang's gguf_native.py builds its own config for muse-glimmer files only
+        notes.append(f"not verified: {runtime}'s own GGUF config patches (not read)")
     return config.to_dict(), config
 
 
@@ -343,11 +359,19 @@ def _patch_rope_parameters(config: Any) -> None:
         if "rope_type" not in d and "type" in d:
             d["rope_type"] = d["type"]
         if "rope_type" not in d:
-            raise _Refused("rope_parameters should have a 'rope_type' key (vLLM's patch_legacy_rope_type)")
+            continue
         if d["rope_type"] == "su":
             d["rope_type"] = "longrope"
         elif d["rope_type"] == "mrope":
+            if "mrope_section" not in d:
+                raise _Refused("patch_legacy_rope_type raises ValueError: rope_type 'mrope' needs 'mrope_section'")
             d["rope_type"] = "default"
+        elif d["rope_type"] == "telechat3-yarn":  # plain YaRN with TeleChat3's 0.07 coefficient precomputed
+            if "factor" not in d:
+                raise _Refused("patch_legacy_rope_type raises KeyError 'factor': rope_type 'telechat3-yarn' lacks it")
+            d["rope_type"] = "yarn"
+            d["attention_factor"] = 0.07 * math.log(d["factor"]) + 1.0
+            d.pop("type", None)
     with _quiet():
         try:
             config.standardize_rope_params()
@@ -387,10 +411,16 @@ class Built:
     notes: list[str]
 
 
-#: The YaRN keyword arguments ``get_rope`` passes on, and the classes' defaults.
+#: SGLang's YaRN keyword arguments and their defaults (``posenc.runtimes.sglang``; vLLM before 0.32 read the same
+#: names, ``attn_factor`` among them).
 YARN_DEFAULTS = {"extrapolation_factor": 1.0, "attn_factor": 1.0, "beta_fast": 32, "beta_slow": 1}
-_VLLM_YARN = {**YARN_DEFAULTS, "apply_yarn_scaling": True, "truncate": True}
-DEEPSEEK_DEFAULTS = {**YARN_DEFAULTS, "mscale": 1.0, "mscale_all_dim": 0.0}
+#: The keyword arguments vLLM's ``get_rope`` passes to ``YaRNScalingRotaryEmbedding`` (``VLLM_VERSION``), with the
+#: class's defaults: transformers' names (``attention_factor``, ``mscale``, ``mscale_all_dim``), not ``attn_factor``,
+#: ``extrapolation_factor`` or ``apply_yarn_scaling``.
+_VLLM_YARN = {"beta_fast": 32, "beta_slow": 1, "mscale": None, "mscale_all_dim": None, "attention_factor": None,
+              "truncate": True}  # fmt: skip
+#: ``DeepseekScalingRotaryEmbedding``'s keyword arguments (``VLLM_VERSION``): no ``attn_factor``, always truncated.
+DEEPSEEK_DEFAULTS = {"beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 0.0}
 
 #: The keys ``get_rope`` reads for each rope type (beyond ``_ROTARY_KEYS``).
 _VLLM_READS = {
@@ -411,11 +441,11 @@ _VLLM_READS = {
     "yarn": {
         "factor",
         "original_max_position_embeddings",
-        "extrapolation_factor",
-        "attn_factor",
         "beta_fast",
         "beta_slow",
-        "apply_yarn_scaling",
+        "mscale",
+        "mscale_all_dim",
+        "attention_factor",
         "truncate",
         "mrope_section",
         "mrope_interleaved",
@@ -423,8 +453,6 @@ _VLLM_READS = {
     "deepseek_yarn": {
         "factor",
         "original_max_position_embeddings",
-        "extrapolation_factor",
-        "attn_factor",
         "beta_fast",
         "beta_slow",
         "mscale",
@@ -432,16 +460,6 @@ _VLLM_READS = {
         "is_deepseek_v4",
     },
     "longrope": {"short_factor", "long_factor", "original_max_position_embeddings", "short_mscale", "long_mscale"},
-    "telechat3-yarn": {
-        "factor",
-        "original_max_position_embeddings",
-        "extrapolation_factor",
-        "attn_factor",
-        "beta_fast",
-        "beta_slow",
-        "mscale",
-        "mscale_all_dim",
-    },
 }
 _VLLM_READS["deepseek_llama_scaling"] = _VLLM_READS["deepseek_yarn"]
 
@@ -591,8 +609,8 @@ def vllm_get_rope(
         orig = _need(rp, "original_max_position_embeddings", rope_type, where)
         kw = {k: rp.get(k, d) for k, d in _VLLM_YARN.items()}
         params.update(factor=f, original_max_position_embeddings=orig, **kw)
-        freqs = yarn_kw_inv_freq(dim, base, f, orig, kw)
-        factor_af = (yarn_mscale(f) if kw["apply_yarn_scaling"] else 1.0) * kw["attn_factor"]
+        freqs = yarn_kw_inv_freq(dim, base, f, orig, {**kw, "extrapolation_factor": 1.0})
+        factor_af = vllm_yarn_attention_factor(f, kw["mscale"], kw["mscale_all_dim"], kw["attention_factor"])
         table = math.ceil(orig * f)
         if "mrope_section" in rp:
             notes.append("not verified: YaRN with M-RoPE (MRotaryEmbedding)")
@@ -601,8 +619,8 @@ def vllm_get_rope(
         orig = _need(rp, "original_max_position_embeddings", rope_type, where)
         kw = {k: rp.get(k, d) for k, d in DEEPSEEK_DEFAULTS.items()}
         params.update(factor=f, original_max_position_embeddings=orig, **kw)
-        freqs = yarn_kw_inv_freq(dim, base, f, orig, kw)
-        factor_af = yarn_mscale(f, kw["mscale"]) / yarn_mscale(f, kw["mscale_all_dim"]) * kw["attn_factor"]
+        freqs = yarn_kw_inv_freq(dim, base, f, orig, {**kw, "extrapolation_factor": 1.0, "truncate": True})
+        factor_af = yarn_mscale(f, float(kw["mscale"])) / yarn_mscale(f, float(kw["mscale_all_dim"]))
         table = math.ceil(orig * f)
         if rp.get("is_deepseek_v4"):
             notes.append("not verified: DeepseekV4ScalingRotaryEmbedding")
@@ -618,20 +636,6 @@ def vllm_get_rope(
         freqs = longrope_inv_freq(dim, base, short)  # the long ones replace them for a max_model_len past orig
         factor_af = params["short_mscale"]
         table = orig  # the short table; the long one (max_position rows) follows it
-    elif rope_type == "telechat3-yarn":
-        f = _need(rp, "factor", rope_type, where)
-        if "original_max_position_embeddings" in rp:
-            orig = rp["original_max_position_embeddings"]
-            f = max_position / orig
-        else:
-            orig = max_position
-        kw = {k: rp.get(k, d) for k, d in YARN_DEFAULTS.items()}
-        params.update(factor=f, original_max_position_embeddings=orig, **kw)
-        freqs = yarn_kw_inv_freq(dim, base, f, orig, kw)
-        factor_af = (1.0 if f <= 1 else 0.07 * math.log(f) + 1.0) * kw["attn_factor"]
-        table = math.ceil(orig * f)
-        if "mscale" in rp or "mscale_all_dim" in rp:
-            notes.append("not verified: what TeleChat3RoPEScaledRotaryEmbedding does with mscale / mscale_all_dim")
     else:  # a type listed in _VLLM_READS without a branch
         raise AssertionError(rope_type)
     params["table_positions"] = table
@@ -810,7 +814,7 @@ def _vllm_layers(parsed: ParsedConfig, gguf: bool) -> tuple[list[Built], list[st
     if family == "deepseek_v2":
         rp = dict(rp or {})
         if rp.get("rope_type", "default") != "default":
-            rp["rope_type"] = "deepseek_yarn" if rp.get("apply_yarn_scaling", True) else "deepseek_llama_scaling"
+            rp["rope_type"] = "deepseek_llama_scaling" if rp.get("attention_factor") == 1.0 else "deepseek_yarn"
         built = vllm_get_rope(text.qk_rope_head_dim, mpe, rp, is_neox_style=False)
         if rp.get("rope_type") == "deepseek_yarn":
             m = yarn_mscale(rp["factor"], float(rp.get("mscale_all_dim", 0) or 0))
@@ -845,6 +849,10 @@ _LENGTH_KEYS = (
 )
 
 
+#: Rope types whose ``factor`` ``_get_and_verify_max_len`` does not apply to the config's length (``VLLM_VERSION``).
+_UNSCALED_CONTEXT = ("su", "longrope", "llama3", "yarn", "deepseek_yarn", "deepseek_llama_scaling")
+
+
 def vllm_max_model_len(parsed: ParsedConfig, folder: Path | None) -> tuple[int, dict[str, Any]]:
     """vLLM's default ``max_model_len`` (``_get_and_verify_max_len`` with no ``--max-model-len``) and how it was
     derived."""
@@ -876,11 +884,10 @@ def vllm_max_model_len(parsed: ParsedConfig, folder: Path | None) -> tuple[int, 
         for d in layered:
             if not isinstance(d, Mapping):
                 continue
-            if d.get("rope_type") not in ("su", "longrope", "llama3"):
+            # YaRN's max_position_embeddings is taken as already scaled (VLLM_VERSION; 41c5903d used
+            # original_max_position_embeddings * factor)
+            if d.get("rope_type") not in _UNSCALED_CONTEXT:
                 scaling = d.get("factor", scaling)
-                if d.get("rope_type") == "yarn":
-                    derived = d["original_max_position_embeddings"]
-                    how["key"] = "original_max_position_embeddings (yarn)"
         scaling = 1.0 if scaling is None else scaling
         how["factor"] = scaling
         derived *= scaling
@@ -893,12 +900,21 @@ def vllm_max_model_len(parsed: ParsedConfig, folder: Path | None) -> tuple[int, 
 # --------------------------------------------------------------------------------------------------------------
 # The reader
 
+#: Why vLLM cannot serve a GGUF file (read in ``vllm/model_executor/model_loader/__init__.py`` of the release).
+GGUF_REFUSED = (
+    f"vLLM {VLLM_VERSION} has no GGUF loader: its load formats (model_loader/__init__.py LoadFormats) and "
+    "quantization methods name no gguf (none in 0.26.0, 0.29.0, 0.31.0, 0.32.0 either); serve the transformers "
+    "folder, or the GGUF with llama.cpp"
+)
+
 
 @register("vllm")
 def read_vllm(source: Source) -> RuntimeView:
     """What vLLM (``FOLLOWS``) runs for ``source``: per layer, the RoPE its model file builds; its default
     ``max_model_len``; the keys it does not read; why it would refuse."""
     follows = f"{FOLLOWS}; config parsed by transformers {transformers_version()} as installed"
+    if source.kind == "gguf":
+        return RuntimeView("vllm", follows, (), None, refused=GGUF_REFUSED, version=RELEASE)
     try:
         parsed = parse_config(source, "vLLM")
         for cfg in {id(parsed.config): parsed.config, id(parsed.text): parsed.text}.values():
@@ -907,8 +923,8 @@ def read_vllm(source: Source) -> RuntimeView:
     except _Refused as err:
         message = str(err)
         if message.startswith("not verified"):
-            return RuntimeView("vllm", follows, (), None, notes=(message,))
-        return RuntimeView("vllm", follows, (), None, refused=message)
+            return RuntimeView("vllm", follows, (), None, notes=(message,), version=RELEASE)
+        return RuntimeView("vllm", follows, (), None, refused=message, version=RELEASE)
     folder = source.path if source.kind == "folder" else None
     context, how = vllm_max_model_len(parsed, folder)
     notes = [*parsed.notes, *notes]
@@ -938,6 +954,7 @@ def read_vllm(source: Source) -> RuntimeView:
         tuple(_dedupe([*parsed.ignored, *ignored])),
         None,
         tuple(_dedupe(notes)),
+        version=RELEASE,
     )
 
 
