@@ -6,7 +6,8 @@
 - ``posenc export``: one patched model written as a transformers folder or a GGUF file, no study
   (``posenc.lab.extend.export``).
 - ``posenc check``: what transformers, vLLM, SGLang and llama.cpp run for a model, against what posenc measured
-  (``posenc.runtimes.check``); exit status 1 unless every runtime runs it the same.
+  (``posenc.runtimes.check``); exit status 1 where a runtime differs or cannot run it (``--strict``: unless every
+  runtime is the same), 0 otherwise.
 - ``posenc bench``: RoPE and bias-attention speed (``posenc.lab.bench``).
 - ``posenc figures``: explanatory pictures of the encodings.
 - ``posenc demo``: what the RoPE scalings compute, checked live on this machine.
@@ -566,7 +567,7 @@ def export(args: argparse.Namespace) -> int:
 def check(args: argparse.Namespace) -> int:
     import json
 
-    from posenc.runtimes.check import all_same, check_runtimes, print_rows
+    from posenc.runtimes.check import check_runtimes, exit_status, print_rows
     from posenc.runtimes.check import check as run_check
 
     rows = run_check(args.path, check_runtimes(args.runtimes), args.length)
@@ -574,7 +575,7 @@ def check(args: argparse.Namespace) -> int:
         print(json.dumps([row.to_dict() for row in rows], indent=2))
     else:
         print_rows(rows, title=f"What each runtime runs for {args.path}, against what posenc measured")
-    return 0 if all_same(rows) else 1
+    return exit_status(rows, strict=args.strict)
 
 
 def _add_check(sub: argparse._SubParsersAction) -> None:
@@ -586,13 +587,18 @@ def _add_check(sub: argparse._SubParsersAction) -> None:
         description="Read a model the way each runtime reads it (config.json, or a GGUF header; no weights) and "
         "compare its RoPE per layer with what posenc measured: the folder's own posenc record where posenc wrote it, "
         "else the config as transformers reads it. One row per runtime: same, differs (with the number and the "
-        "fix), cannot run this, or not verified. Exit status 0 when every runtime named is 'same', 1 otherwise, "
-        "2 for bad input. Seconds.",
+        "fix), cannot run this, or not verified; each row names the runtime release it reads (vLLM 0.33.0, SGLang "
+        "0.5.23, llama.cpp as llama-cpp-python 0.3.36 vendors it, the transformers installed). Exit status: 0 when "
+        "no runtime named 'differs' or 'cannot run this' (rows 'not verified' included; with --strict only when "
+        "every row is 'same'), 1 when one does (or, with --strict, one is 'not verified'), 2 for bad input. "
+        "Seconds.",
     )
     p.add_argument("path", help="a transformers folder, a config.json, a .gguf file, or smollm2")
     p.add_argument("--runtimes", default=",".join(RUNTIMES), help=f"comma-separated, from {','.join(RUNTIMES)}")
     p.add_argument("--length", type=A.positive_int, help="the sequence length you will run (tokens)")
     p.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
+    p.add_argument("--strict", action="store_true",
+                   help="exit 1 unless every runtime named is 'same' ('not verified' fails too)")  # fmt: skip
     p.set_defaults(func=check)
 
 

@@ -361,3 +361,53 @@ def test_save_pretrained_prints_the_check_and_save_gguf_returns_it(tmp_path, cap
     written = H.save_gguf(model, tmp_path / "linear.gguf", source=source)
     assert [r.runtime for r in written["check"]] == list(RUNTIMES)
     assert "posenc check" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# vLLM as released (issue 68): YaRN's attention keys as vLLM 0.33.0 reads them
+
+
+_LLAMA = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 256, "num_attention_heads": 4,
+          "num_key_value_heads": 2, "num_hidden_layers": 2, "intermediate_size": 512, "max_position_embeddings": 4096,
+          "vocab_size": 128}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "keys",
+    [{"attention_factor": 1.0}, {"attention_factor": 0.8}, {"mscale": 1.0, "mscale_all_dim": 1.0},
+     {"mscale": 1.0, "mscale_all_dim": 0.5}, {"attn_factor": 0.9}],  # fmt: skip
+    ids=["attention_factor-1.0", "attention_factor-0.8", "mscale-1-1", "mscale-1-0.5", "attn_factor-0.9"],
+)
+def test_yarn_attention_keys_are_read_by_vllm_as_released(tmp_path, keys):
+    """vLLM 0.33.0 reads YaRN's ``attention_factor``, ``mscale`` and ``mscale_all_dim`` as transformers does and not
+    ``attn_factor`` (41c5903d, which posenc followed before, read only ``attn_factor``: five false "differs")."""
+    from reference import vllm_rope_scaling as ref
+
+    rope = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024, "rope_theta": 500000.0,
+            **keys}  # fmt: skip
+    path = tmp_path / "m"
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps({**_LLAMA, "rope_parameters": rope}))
+    row = _row(check(path, ["vllm"]), "vllm")
+    assert (row.status, row.version) == ("same", "vLLM 0.33.0"), row.verdict
+    layer = read(path, "vllm").layers[0]
+    hf_keys = {k: v for k, v in keys.items() if k != "attn_factor"}
+    want, factor = ref.yarn_release(64, 500000.0, 4.0, 1024, **hf_keys)
+    torch.testing.assert_close(layer.inv_freq, want, rtol=0, atol=float(inv_freq_tolerance(want).max()))
+    assert abs(layer.attention_factor - factor) <= attention_tolerance(factor)
+    assert row.attention_factor_delta is not None and row.attention_factor_delta <= attention_tolerance(factor)
+
+
+def test_a_kept_record_with_attention_factor_added_by_hand_differs_in_vllm(tmp_path):
+    """A posenc YaRN x2 folder whose config was given ``attention_factor`` 0.8 by hand: vLLM 0.33.0 serves 0.8 where
+    posenc measured 0.1 ln 2 + 1 (the reader of 41c5903d read no ``attention_factor``: a false "same")."""
+    def add(config):  # in rope_parameters and the transformers-4 rope_scaling posenc writes beside it
+        for key in ("rope_parameters", "rope_scaling"):
+            if isinstance(config.get(key), dict):
+                config[key]["attention_factor"] = 0.8
+
+    folder = _edit(_saved(tmp_path, "llama", ("yarn", 2.0)), add)
+    row = _row(check(folder, ["vllm"]), "vllm")
+    assert row.status == "differs" and "attention factor 0.8 where posenc measured" in row.verdict, row.verdict
+    measured = 0.1 * math.log(2.0) + 1.0
+    assert row.attention_factor_delta == pytest.approx(abs(0.8 - measured), rel=1e-12)

@@ -1,5 +1,6 @@
-"""``posenc check PATH``: a table (or ``--json``), exit 0 when every runtime named is ``same``, 1 otherwise, 2 for bad
-input with one line on stderr and no traceback."""
+"""``posenc check PATH``: a table (or ``--json``) naming each runtime's release, exit 1 where a runtime ``differs`` or
+``cannot run this`` (``--strict``: also where one is ``not verified``), else 0; 2 for bad input with one line on
+stderr and no traceback."""
 
 from __future__ import annotations
 
@@ -63,8 +64,31 @@ def test_every_runtime_by_default_and_a_missing_reader_is_not_same(folders, caps
     monkeypatch.setattr(R, "_READERS", {k: v for k, v in R._READERS.items() if k == "transformers"})
     code, out, _ = _run(capsys, folders["linear"], "--json")
     rows = json.loads(out)
-    assert code == 1 and [r["runtime"] for r in rows] == ["transformers", "vllm", "sglang", "llamacpp"]
+    assert code == 0 and [r["runtime"] for r in rows] == ["transformers", "vllm", "sglang", "llamacpp"]
     assert [r["status"] for r in rows] == ["same", "not verified", "not verified", "not verified"]
+    code, _, _ = _run(capsys, folders["linear"], "--json", "--strict")
+    assert code == 1
+
+
+def test_the_readmes_yarn_export_exits_0_with_every_release_named(tmp_path, capsys):
+    """The README's own example (a Llama extended by YaRN x2 and written by posenc): every runtime ``same``, exit 0
+    with and without ``--strict`` (SGLang's Llama path read from SGLang 0.5.23's llama.py; before, its row was "not
+    verified" for every Llama config and the export of the README's example exited 1); each row, text and JSON,
+    names the release read."""
+    import posenc.hf as H
+
+    model = tiny_model("llama")
+    H.extend_context(model, "yarn", 2.0)
+    path = H.save_pretrained(model, None, tmp_path / "yarn2", check=False)
+    code, out, _ = _run(capsys, path, "--json")
+    rows = json.loads(out)
+    assert code == 0 and [r["status"] for r in rows] == ["same"] * 4, [r["verdict"] for r in rows]
+    versions = [r["version"] for r in rows]
+    assert versions[1:] == ["vLLM 0.33.0", "SGLang 0.5.23", "llama.cpp 0c1e57098 (llama-cpp-python 0.3.36)"]
+    assert versions[0].startswith("transformers 5.") and versions[0].endswith("(installed)")
+    assert _run(capsys, path, "--strict", "--json")[0] == 0
+    code, out, _ = _run(capsys, path)
+    assert code == 0 and "release read" in out and all(v in out for v in versions)
 
 
 @pytest.mark.parametrize(

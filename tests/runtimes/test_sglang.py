@@ -10,6 +10,7 @@ it: frequencies within a few float64 roundings (``ulps(8, float64)``).
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -141,18 +142,18 @@ def test_frequencies_factor_and_context_match_sglang(tmp_path, case, form):
     assert (layer.rotary_dim, layer.layout) == (HEAD, "half")
     assert view.context == context
     assert layer.length_dependent == (case[0] == "longrope")
-    assert view.follows.startswith("sgl-project/sglang: python/sglang/srt/layers/rotary_embedding/factory.py@108c36c0")
+    assert view.follows.startswith("sglang 0.5.23 (wheel on PyPI)") and view.version == "SGLang 0.5.23"
     assert not any(n.startswith("not verified: SGLang's model file") for n in view.notes)  # qwen3.py was read
 
 
 def test_context_matches_get_context_length(tmp_path):
     """SGLang's context for a YaRN model is max_position_embeddings (transformers 5 puts the original length in every
-    YaRN dict); vLLM's is original_max_position_embeddings * factor."""
+    YaRN dict); so is vLLM 0.33.0's (41c5903d's was original_max_position_embeddings * factor)."""
     rope = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}
     path = folder(tmp_path, legacy(rope, max_position_embeddings=40960))
     sglang, vllm = read(path, "sglang"), read(path, "vllm")
     assert sglang.context == ref.get_context_length({"max_position_embeddings": 40960}, {**rope, "rope_theta": THETA})
-    assert (sglang.context, vllm.context) == (40960, 131072)
+    assert (sglang.context, vllm.context) == (40960, 40960)
     # without the original length, both read the YaRN at max_position_embeddings: flagged
     path = folder(tmp_path, legacy({"rope_type": "yarn", "factor": 4.0}), "no-original")
     view = read(path, "sglang")
@@ -235,13 +236,22 @@ def test_ntk_is_unknown(tmp_path):
     assert view.context == 16384
 
 
-def test_yarn_mscale_read_where_vllm_does_not(tmp_path):
-    """Trap: DeepSeek-style mscale keys on a plain YaRN model: SGLang reads the ratio, vLLM reads neither."""
+def test_yarn_attention_keys_sglang_and_vllm_read_differently(tmp_path):
+    """Trap: SGLang 0.5.23 reads DeepSeek-style mscale keys (the ratio, as vLLM 0.33.0 does) and ``attn_factor`` (which
+    vLLM 0.33.0 no longer reads), but not ``attention_factor`` (which vLLM 0.33.0 does)."""
     rope = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024, "mscale": 1.0,
             "mscale_all_dim": 1.0}  # fmt: skip
     path = folder(tmp_path, legacy(rope))
     assert read(path, "sglang").layers[0].attention_factor == pytest.approx(1.0)
-    assert read(path, "vllm").layers[0].attention_factor == pytest.approx(0.1 * torch.log(torch.tensor(4.0)).item() + 1)
+    assert read(path, "vllm").layers[0].attention_factor == pytest.approx(1.0)
+    plain = 0.1 * math.log(4.0) + 1
+    path = folder(tmp_path, legacy({**rope, "mscale": None, "mscale_all_dim": None, "attn_factor": 0.9}), "attn")
+    assert read(path, "sglang").layers[0].attention_factor == pytest.approx(plain * 0.9)
+    assert read(path, "vllm").layers[0].attention_factor == pytest.approx(plain)
+    path = folder(tmp_path, legacy({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024,
+                                    "attention_factor": 0.8}), "attention")  # fmt: skip
+    assert read(path, "sglang").layers[0].attention_factor == pytest.approx(plain)
+    assert read(path, "vllm").layers[0].attention_factor == pytest.approx(0.8)
 
 
 def test_qwen3_drops_dual_chunk_qwen2_keeps_it(tmp_path):
@@ -261,15 +271,15 @@ def test_qwen3_drops_dual_chunk_qwen2_keeps_it(tmp_path):
 
 
 def test_nested_per_layer_type_dict_breaks_get_rope_config(tmp_path):
-    """Trap: a transformers-5 dict nested by layer type on a model SGLang reads with ``get_rope_config``: it looks
-    for ``rope_parameters["rope_theta"]``, which the nested dict lacks (KeyError at start-up). vLLM's qwen3.py instead
-    puts a default ``rope_theta`` beside the entries and runs plain RoPE at 1e6."""
+    """Trap: a transformers-5 dict nested by layer type on a Qwen3: SGLang 0.5.23's qwen3.py passes the whole dict to
+    ``get_rope``, which finds no rope type in it (ValueError at start-up). vLLM's qwen3.py instead puts a default
+    ``rope_theta`` beside the entries and runs plain RoPE at 1e6."""
     config = {**QWEN3, "layer_types": ["sliding_attention", "full_attention"], "rope_parameters": {
         "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": THETA},
         "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}}  # fmt: skip
     path = folder(tmp_path, config)
     view = read(path, "sglang")
-    assert view.layers == () and "KeyError" in view.refused
+    assert view.layers == () and "Unknown RoPE scaling type" in view.refused
     vllm = read(path, "vllm")
     assert all(layer.method == "default" and layer.params["rope_theta"] == 1e6 for layer in vllm.layers)
 
@@ -317,3 +327,39 @@ def test_gguf_drops_the_rope_scaling_keys(tmp_path):
     assert view.layers[0].method == "default" and view.context == 64
     torch.testing.assert_close(view.layers[0].inv_freq, ref.default(8, 10000.0)[0], **F64)
     assert set(view.ignored) >= {"llama.rope.scaling.type", "llama.rope.scaling.factor"}
+
+
+def test_llama_is_read_from_sglang_0_5_23s_llama_py(tmp_path):
+    """SGLang 0.5.23's ``llama.py`` builds the rotary embedding from ``rope_parameters`` (``rope_theta`` in it, the
+    whole dict as the scaling), ``head_dim``, ``partial_rotary_factor``, ``rope_is_neox_style`` (default GPT-NeoX) and
+    a top-level ``original_max_position_embeddings``, which replaces the dict's: read, so no "not verified" note."""
+    rope = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024}
+    llama = {**QWEN3, "model_type": "llama", "architectures": ["LlamaForCausalLM"], "max_position_embeddings": 4096}
+    view = read(folder(tmp_path, {**llama, "rope_parameters": {**rope, "rope_theta": THETA}}), "sglang")
+    layer = view.layers[0]
+    want, factor = ref.yarn(HEAD, THETA, 4.0, 1024)
+    torch.testing.assert_close(layer.inv_freq, want, **F64)
+    assert layer.attention_factor == pytest.approx(factor, rel=1e-14) and layer.layout == "half"
+    assert not any(n.startswith("not verified") for n in view.notes), view.notes
+    top = {**llama, "rope_parameters": {**rope, "rope_theta": THETA}, "original_max_position_embeddings": 2048}
+    view = read(folder(tmp_path, top, "top"), "sglang")
+    torch.testing.assert_close(view.layers[0].inv_freq, ref.yarn(HEAD, THETA, 4.0, 2048)[0], **F64)
+    assert any("top-level original_max_position_embeddings=2048" in n for n in view.notes)
+
+
+def test_a_llama_gguf_differs_in_layout_on_what_was_read(tmp_path):
+    """SGLang 0.5.23 loads a GGUF's q/k rows unpermuted (``gguf_quant_weights_iterator``) and rotates them GPT-NeoX
+    style (``llama.py``): "differs" on the layout, and the row no longer says that layout was not verified."""
+    import numpy as np
+
+    from hf.tiny_gguf import write_gguf
+    from posenc.runtimes.check import check
+
+    kv = {"llama.context_length": 64, "llama.embedding_length": 32, "llama.block_count": 2,
+          "llama.feed_forward_length": 64, "llama.attention.head_count": 4, "llama.attention.head_count_kv": 2,
+          "llama.rope.freq_base": 10000.0, "llama.attention.layer_norm_rms_epsilon": 1e-5,
+          "llama.rope.dimension_count": 8}  # fmt: skip
+    path = write_gguf(tmp_path / "plain.gguf", "llama", {"token_embd.weight": np.zeros((64, 32), np.float32)}, kv=kv)
+    row = check(path, ["sglang"])[0]
+    assert row.status == "differs" and "layout half where posenc measured interleaved" in row.verdict, row.verdict
+    assert "not verified" not in row.verdict and not any("layout" in n and "not verified" in n for n in row.notes)

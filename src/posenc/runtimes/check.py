@@ -29,7 +29,9 @@ float32 keys: ``4 u max(1, |a|)``.
 A verdict is ``same``, ``differs: ...`` (the number, and the fix: the key to add or the flag to pass),
 ``cannot run this: ...`` (the runtime refuses the model) or ``not verified: ...`` (nothing is guessed: a runtime
 posenc has no reader for, a layer whose frequencies depend on the length and whose reader gives them at one length
-only, a model type outside a reader's tables). Only ``same`` is safe to deploy.
+only, a model type outside a reader's tables). Only ``same`` is shown safe to deploy; ``posenc check`` exits 1 on
+``differs`` and ``cannot run this`` only (``exit_status``; ``--strict``: on ``not verified`` too). Every row names the
+runtime release its reader follows (``Row.version``).
 """
 
 from __future__ import annotations
@@ -601,6 +603,19 @@ def check(
 def all_same(rows: Sequence[Row]) -> bool:
     """Whether every runtime runs what posenc measured."""
     return bool(rows) and all(row.status == "same" for row in rows)
+
+
+#: The statuses that make ``posenc check`` exit 1: a runtime shown to run something else, or not at all.
+FAILING = ("differs", "cannot run this")
+
+
+def exit_status(rows: Sequence[Row], *, strict: bool = False) -> int:
+    """``posenc check``'s exit status: 1 where a row ``differs`` or ``cannot run this`` (``strict``: where a row is
+    anything but ``same``, ``not verified`` included), else 0."""
+    if not rows:
+        return 1
+    failing = [row for row in rows if row.status != "same"] if strict else [r for r in rows if r.status in FAILING]
+    return 1 if failing else 0
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -67,6 +67,9 @@ FOLLOWS = (
     "weight_utils.py (gguf_quant_weights_iterator)"
 )
 
+#: ``DeepseekScalingRotaryEmbedding``'s keyword arguments ``get_rope`` passes on, with its defaults.
+_DEEPSEEK_DEFAULTS = {**_v.YARN_DEFAULTS, "mscale": 1.0, "mscale_all_dim": 0.0}
+
 #: The keys SGLang's ``get_rope`` reads for each rope type.
 _READS = {
     "default": {
@@ -216,7 +219,7 @@ def sglang_get_rope(
             notes.append("not verified: YaRN with M-RoPE (YaRNScalingMRotaryEmbedding)")
     elif rope_type == "deepseek_yarn":
         f, orig = get("factor", 1.0), get("original_max_position_embeddings", max_position)
-        kw = {k: rp.get(k, d) for k, d in _v.DEEPSEEK_DEFAULTS.items()}
+        kw = {k: rp.get(k, d) for k, d in _DEEPSEEK_DEFAULTS.items()}
         params.update(factor=f, original_max_position_embeddings=orig, **kw)
         freqs = _v.yarn_kw_inv_freq(dim, base, f, orig, kw)
         factor_af = _v.yarn_mscale(f, kw["mscale"]) / _v.yarn_mscale(f, kw["mscale_all_dim"]) * kw["attn_factor"]
