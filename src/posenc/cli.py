@@ -567,8 +567,8 @@ def export(args: argparse.Namespace) -> int:
 def check(args: argparse.Namespace) -> int:
     import json
 
-    from posenc.runtimes.check import check_runtimes, exit_status, print_rows
     from posenc.runtimes.check import check as run_check
+    from posenc.runtimes.check import check_runtimes, exit_status, print_rows
 
     rows = run_check(args.path, check_runtimes(args.runtimes), args.length)
     if args.json:

@@ -209,7 +209,8 @@ def yarn_release(
     truncate: bool = True,
 ) -> tuple[torch.Tensor, float]:
     """``YaRNScalingRotaryEmbedding`` of vLLM 0.33.0 (the wheel on PyPI,
-    ``vllm/model_executor/layers/rotary_embedding/yarn_scaling_rope.py``; the same file in 0.31.0 and 0.32.0):
+    ``vllm/model_executor/layers/rotary_embedding/yarn_scaling_rope.py``; the same file in 0.30.0, 0.31.0 and 0.32.0;
+    0.29.0 and 0.26.0 read ``attn_factor``):
     ``get_rope`` passes ``beta_fast``, ``beta_slow``, ``mscale``, ``mscale_all_dim``, ``attention_factor``,
     ``truncate``; ``self.mscale = attention_factor`` if it is not None, ``elif mscale and mscale_all_dim``:
     ``yarn_get_mscale(s, mscale) / yarn_get_mscale(s, mscale_all_dim)``, else ``yarn_get_mscale(s)`` (``common.py``);

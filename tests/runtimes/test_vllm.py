@@ -1,7 +1,8 @@
 """The vLLM reader (issues 48, 68): per rope type and config generation, the reader's frequencies and attention factor
 equal vLLM 0.33.0's classes (the release on PyPI; its wheel's ``vllm/model_executor/layers/rotary_embedding/*.py``)
-written out in float64 (``tests/reference/vllm_rope_scaling.py``, which names the files) on full tensors; the model files' per-layer rules (Gemma 3/4, Llama 4, gpt-oss, DeepSeek, Qwen2 dual chunk); the
-default ``max_model_len``; and the traps the issue lists, each with a fixture the view must flag.
+written out in float64 (``tests/reference/vllm_rope_scaling.py``, which names the files) on full tensors; the model
+files' per-layer rules (Gemma 3/4, Llama 4, gpt-oss, DeepSeek, Qwen2 dual chunk); the default ``max_model_len``;
+and the traps the issue lists, each with a fixture the view must flag.
 
 vLLM is not installed here (its rope modules import its custom-op and platform code, and ``DualChunkRotaryEmbedding``
 builds its tables on CUDA), so the references stand in for it. Both sides compute in float64 from the same formulas in
@@ -436,7 +437,7 @@ def test_yarn_without_original_length_is_flagged(tmp_path):
 
 def test_yarn_mscale_keys_read_as_transformers_reads_them(tmp_path):
     """vLLM 0.33.0's YaRN reads DeepSeek-style ``mscale`` / ``mscale_all_dim`` (the ratio, as posenc and transformers
-    do) and ``attention_factor``; ``attn_factor`` and ``extrapolation_factor``, which vLLM read before 0.31, are
+    do) and ``attention_factor``; ``attn_factor`` and ``extrapolation_factor``, which vLLM read up to 0.29.0, are
     unread."""
     rope = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024, "mscale": 0.707,
             "mscale_all_dim": 0.707, "attn_factor": 0.9, "extrapolation_factor": 0.5}  # fmt: skip
@@ -446,7 +447,7 @@ def test_yarn_mscale_keys_read_as_transformers_reads_them(tmp_path):
     assert _layer(view).attention_factor == pytest.approx(factor, rel=1e-14)
     assert {k.split("]")[0] for k in view.ignored} == {"rope_parameters['attn_factor'",
                                                        "rope_parameters['extrapolation_factor'"}  # fmt: skip
-    hf_keys = {k: v for k, v in rope.items() if k not in ("attn_factor", "extrapolation_factor")}  # posenc refuses those
+    hf_keys = {k: v for k, v in rope.items() if k not in ("attn_factor", "extrapolation_factor")}  # posenc refuses
     _, measured = posenc.rope_frequencies(HEAD, base=THETA, scaling=hf_keys)
     assert measured == pytest.approx(factor)
 

@@ -316,8 +316,9 @@ def _sglang_layers(parsed: _v.ParsedConfig) -> tuple[list[_v.Built], list[str], 
             theta = float(rp.get("rope_theta", 10000))
         top = _v.attr(text, raw, "original_max_position_embeddings")
         if rp is not None and top and rp.get("original_max_position_embeddings") != top:
+            was = rp.get("original_max_position_embeddings")
             notes.append(f"llama.py sets rope_parameters['original_max_position_embeddings'] to the config's top-level "
-                         f"original_max_position_embeddings={top} (was {rp.get('original_max_position_embeddings')})")  # fmt: skip
+                         f"original_max_position_embeddings={top} (was {was})")  # fmt: skip
             rp = {**rp, "original_max_position_embeddings": top}
         partial = _v.attr(text, raw, "partial_rotary_factor", 1) or 1
         neox = bool(_v.attr(text, raw, "rope_is_neox_style", True))

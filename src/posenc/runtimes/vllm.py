@@ -1,15 +1,24 @@
 """What vLLM runs for a model: its RoPE per layer, read the way vLLM reads a transformers folder, a ``config.json``
 or a GGUF file.
 
-Follows ``vllm-project/vllm`` at commit 41c5903d049b80b83a6e570f52f0f55e31316e49 (``FOLLOWS`` names every file):
-the configuration path (``transformers_utils/config.py``: ``get_config``, ``patch_rope_parameters``;
-``config/model.py``: ``_get_and_verify_max_len``; ``transformers_utils/model_arch_config_convertor.py``:
-``derive_max_model_len_and_key``), the model files that build the rotary embedding (``models/llama.py``,
-``qwen2.py``, ``qwen3.py``, ``gemma3.py``, ``gemma4.py``, ``llama4.py``, ``gpt_oss.py``, ``deepseek_v2.py``) and
-``layers/rotary_embedding/__init__.py`` ``get_rope`` with the classes it builds. posenc cannot import vLLM (its
-rope modules import its custom-op and platform machinery, and ``DualChunkRotaryEmbedding`` builds its tables on a
-CUDA device), so this module is written from that code; ``tests/reference/vllm_rope_scaling.py`` holds the formulas
-copied line by line, and the tests hold this reader to them on full tensors.
+Follows the vLLM release on the package index, 0.33.0 (``VLLM_VERSION``; the files of its wheel, ``FOLLOWS`` names
+each): the configuration path (``transformers_utils/config.py``: ``patch_rope_parameters``,
+``patch_legacy_rope_type``; ``config/model.py``: ``_get_and_verify_max_len``;
+``transformers_utils/model_arch_config_convertor.py``: ``derive_max_model_len_and_key``), the model files that build
+the rotary embedding (``models/llama.py``, ``qwen2.py``, ``qwen3.py``, ``gemma3.py``, ``gemma4.py``, ``llama4.py``,
+``gpt_oss.py``, ``deepseek_v2.py``) and ``layers/rotary_embedding/__init__.py`` ``get_rope`` with the classes it
+builds. posenc cannot import vLLM (its rope modules import its custom-op and platform machinery), so this module is
+written from that code; ``tests/reference/vllm_rope_scaling.py`` holds the formulas copied line by line, and the tests
+hold this reader to them on full tensors. (Until issue 68 it followed the commit 41c5903d, whose YaRN read
+``attn_factor``.)
+
+Where the reading changed across releases (read in the wheels of 0.26.0, 0.29.0, 0.30.0, 0.31.0, 0.32.0, 0.33.0):
+from 0.30.0 YaRN reads transformers' ``attention_factor``, ``mscale`` and ``mscale_all_dim`` and no longer
+``attn_factor``, ``extrapolation_factor``, ``apply_yarn_scaling`` (DeepSeek's YaRN no ``attn_factor`` either, and
+``deepseek_v2.py`` picks ``deepseek_llama_scaling`` by ``attention_factor == 1.0``), ``telechat3-yarn`` is rewritten
+to ``yarn`` with ``attention_factor = 0.07 ln s + 1``, and a YaRN model's default ``max_model_len`` is its
+``max_position_embeddings`` (0.29.0: ``original_max_position_embeddings * factor``). No release read has a GGUF
+loader.
 
 What vLLM does, as this module reads it:
 
@@ -20,8 +29,7 @@ What vLLM does, as this module reads it:
   ``original_max_position_embeddings`` with ``max_position_embeddings`` for ``llama3``, ``yarn`` and ``longrope``
   when it is absent. posenc parses the config with the installed transformers the same way (``AutoConfig``'s config
   class, ``from_dict``), so a model-specific config class (Gemma 3's ``rope_local_base_freq``, Llama 4's
-  ``no_rope_layers``) does here what it does in vLLM. vLLM's transformers 4 path (deprecated at this commit) is not
-  modelled.
+  ``no_rope_layers``) does here what it does in vLLM. vLLM's transformers 4 path is not modelled.
 - **Per layer type.** Only the model files that look a layer type up in ``rope_parameters`` use per-layer-type RoPE
   (Gemma 3 and 4 here); the others pass the whole dict to ``get_rope``, which then finds no ``rope_theta`` in a
   dict nested by layer type and falls back to 10000.
@@ -31,26 +39,24 @@ What vLLM does, as this module reads it:
   base times ``alpha ** (d / (d - 2))``; with ``factor``: one static base for ``max_position`` against
   ``max_trained_positions``, which defaults to ``max_position``, i.e. the base unchanged: dynamic NTK is served as
   plain RoPE, and its cos/sin table holds ``max_position_embeddings`` rows while the context allowed is ``factor``
-  times that), ``yarn`` (``extrapolation_factor``, ``attn_factor``, ``beta_fast``, ``beta_slow``,
-  ``apply_yarn_scaling``, ``truncate``; *not* ``attention_factor``, ``mscale``, ``mscale_all_dim``: the factor is
-  ``(0.1 ln s + 1) attn_factor``), ``deepseek_yarn`` (the ``mscale`` / ``mscale_all_dim`` ratio, truncated ramp),
+  times that), ``yarn`` (``beta_fast``, ``beta_slow``, ``truncate``; the factor is ``attention_factor``, else the
+  ``mscale`` / ``mscale_all_dim`` ratio where both are non-zero, else ``0.1 ln s + 1``; ``attn_factor``,
+  ``extrapolation_factor`` and ``apply_yarn_scaling`` unread), ``deepseek_yarn`` (the ``mscale`` /
+  ``mscale_all_dim`` ratio, truncated ramp),
   ``longrope`` (short or long factors chosen once from ``max_model_len``, not per sequence), ``llama3``,
-  ``proportional`` (Gemma 4: frequencies over the head size, zeros past the rotating pairs; ``factor`` unread),
-  ``telechat3-yarn``; anything else raises. A ``dual_chunk_attention_config`` (Qwen2/Qwen3) takes precedence over
-  the rope type: ``DualChunkRotaryEmbedding`` at plain RoPE frequencies, the rope scaling unread.
+  ``proportional`` (Gemma 4: frequencies over the head size, zeros past the rotating pairs; ``factor`` unread);
+  anything else raises (``telechat3-yarn`` is rewritten to ``yarn`` before). A ``dual_chunk_attention_config``
+  (Qwen2/Qwen3) takes precedence over the rope type: ``DualChunkRotaryEmbedding`` at plain RoPE frequencies, the
+  rope scaling unread.
 - **Context.** ``max_model_len`` defaults to the smallest of the config's length keys (and the tokenizer's
-  ``model_max_length``), times ``factor`` for every rope type but ``longrope`` and ``llama3``; for ``yarn`` from
-  ``original_max_position_embeddings``; Gemma 3 unscaled; ``longrope`` defaults to the config's
+  ``model_max_length``), times ``factor`` for every rope type but ``longrope``, ``llama3``, ``yarn``,
+  ``deepseek_yarn`` and ``deepseek_llama_scaling``; Gemma 3 unscaled; ``longrope`` defaults to the config's
   ``original_max_position_embeddings``.
-- **GGUF.** vLLM builds the config from the GGUF header with transformers' GGUF loader
-  (``AutoConfig.from_pretrained(folder, gguf_file=...)``), which reads ``rope.freq_base`` and drops every
-  ``rope.scaling.*`` key except for gpt-oss; Llama GGUF files run with ``is_neox_style=False`` on their permuted
-  rows.
+- **GGUF.** No load format or quantization method of the release reads GGUF: a GGUF file is "cannot run this".
 
-Not verified (said in the notes of the views concerned): ``maybe_patch_hf_config_from_gguf`` (not read); whether
-the V1 engine at this commit serves Dual Chunk Attention's attention (its backend came with the V0 engine, vLLM
-#11844; #20484 reports it broken by #18437); the multimodal, Fourier and XD RoPE variants; model files other than
-those named (read as ``llama.py`` reads its config).
+Not verified (said in the notes of the views concerned): whether the V1 engine serves Dual Chunk Attention's
+attention (its backend came with the V0 engine, vLLM #11844; #20484 reports it broken by #18437); the multimodal,
+Fourier and XD RoPE variants; model files other than those named (read as ``llama.py`` reads its config).
 
 Before vLLM PR #41277 (merged 2026-04-29, the fix of #41236) ``DynamicNTKScalingRotaryEmbedding`` served dynamic NTK
 as static NTK at the constant base ``base * (factor**2 - factor + 1) ** (d / (d - 2))`` over ``factor *
@@ -411,7 +417,7 @@ class Built:
     notes: list[str]
 
 
-#: SGLang's YaRN keyword arguments and their defaults (``posenc.runtimes.sglang``; vLLM before 0.32 read the same
+#: SGLang's YaRN keyword arguments and their defaults (``posenc.runtimes.sglang``; vLLM 0.29.0 and before read the same
 #: names, ``attn_factor`` among them).
 YARN_DEFAULTS = {"extrapolation_factor": 1.0, "attn_factor": 1.0, "beta_fast": 32, "beta_slow": 1}
 #: The keyword arguments vLLM's ``get_rope`` passes to ``YaRNScalingRotaryEmbedding`` (``VLLM_VERSION``), with the
@@ -536,7 +542,7 @@ def vllm_get_rope(
             "max(1, 0.1 ln(S / L) + 1)**2 (posenc's dca_vllm)"
         )
         notes.append(
-            "not verified: whether vLLM's V1 engine at this commit serves DCA's attention (the DualChunkFlashAttention"
+            "not verified: whether vLLM's V1 engine serves DCA's attention (the DualChunkFlashAttention"
             " backend came with the V0 engine, vLLM #11844; #20484 reports DCA broken by #18437); CUDA only"
         )
         layer = LayerRope(inv_freq(dim, base), 1.0, dim, layout, "dual_chunk", params, length_dependent=True)
@@ -612,6 +618,14 @@ def vllm_get_rope(
         freqs = yarn_kw_inv_freq(dim, base, f, orig, {**kw, "extrapolation_factor": 1.0})
         factor_af = vllm_yarn_attention_factor(f, kw["mscale"], kw["mscale_all_dim"], kw["attention_factor"])
         table = math.ceil(orig * f)
+        old = [k for k in ("attn_factor", "extrapolation_factor", "apply_yarn_scaling") if k in rp]
+        new = [k for k in ("attention_factor", "mscale", "mscale_all_dim") if k in rp]
+        if old or new:
+            notes.append(
+                f"YaRN: vLLM >= 0.30.0 reads {', '.join(new) or 'attention_factor, mscale, mscale_all_dim'}"
+                + (f" and not {', '.join(old)}" if old else "")
+                + "; vLLM 0.29.0 and before read attn_factor, extrapolation_factor, apply_yarn_scaling instead"
+            )
         if "mrope_section" in rp:
             notes.append("not verified: YaRN with M-RoPE (MRotaryEmbedding)")
     elif rope_type in ("deepseek_yarn", "deepseek_llama_scaling"):
@@ -620,7 +634,7 @@ def vllm_get_rope(
         kw = {k: rp.get(k, d) for k, d in DEEPSEEK_DEFAULTS.items()}
         params.update(factor=f, original_max_position_embeddings=orig, **kw)
         freqs = yarn_kw_inv_freq(dim, base, f, orig, {**kw, "extrapolation_factor": 1.0, "truncate": True})
-        factor_af = yarn_mscale(f, float(kw["mscale"])) / yarn_mscale(f, float(kw["mscale_all_dim"]))
+        factor_af = yarn_mscale(f, float(kw["mscale"] or 0)) / yarn_mscale(f, float(kw["mscale_all_dim"] or 0))
         table = math.ceil(orig * f)
         if rp.get("is_deepseek_v4"):
             notes.append("not verified: DeepseekV4ScalingRotaryEmbedding")
@@ -903,8 +917,8 @@ def vllm_max_model_len(parsed: ParsedConfig, folder: Path | None) -> tuple[int, 
 #: Why vLLM cannot serve a GGUF file (read in ``vllm/model_executor/model_loader/__init__.py`` of the release).
 GGUF_REFUSED = (
     f"vLLM {VLLM_VERSION} has no GGUF loader: its load formats (model_loader/__init__.py LoadFormats) and "
-    "quantization methods name no gguf (none in 0.26.0, 0.29.0, 0.31.0, 0.32.0 either); serve the transformers "
-    "folder, or the GGUF with llama.cpp"
+    "quantization methods name no gguf (none in 0.26.0, 0.29.0, 0.30.0, 0.31.0, 0.32.0 either); serve the "
+    "transformers folder, or the GGUF with llama.cpp"
 )
 
 
