@@ -20,7 +20,7 @@ Where that length changes what a token computes (``dynamic``/``longrope`` freque
 factor), a KV cache keeps, in every layer past the first, keys and values computed from hidden states of the length
 of the step that wrote them, while the full forward recomputes them at the current one. The cache records the length
 each key was computed at, and the first call at which that moves a cached token's frequencies or factor warns once
-per model (``posenc.hf.CacheStaleWarning``); a one-layer model, or a cache whose tokens were all computed alike,
+per cache (``posenc.hf.CacheStaleWarning``: each ``generate`` that goes stale says so); a one-layer model, or a cache whose tokens were all computed alike,
 equals the full forward and does not warn.
 
 What the patch cannot carry is refused: ``set_attn_implementation(...)`` on the model or on any transformers model
@@ -58,6 +58,7 @@ IMPLEMENTATION = "posenc_remap"
 #: (``remap_attention(span_dtype=...)``: products accumulated in float32, branches merged in float32); a float32 model
 #: in float32.
 HALF_DTYPES = (torch.bfloat16, torch.float16)
+_STALE_WARNED = "_posenc_stale_warned"  # on the cache layer of the first remapped layer: CacheStaleWarning given
 
 #: Architectures whose attention is the plain pattern the patch relies on: ``apply_rotary_pos_emb(q, k, cos, sin)``
 #: from the model's rotary module, then ``ALL_ATTENTION_FUNCTIONS`` with no logit soft-capping and one RoPE for every
@@ -67,8 +68,7 @@ REMAP_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gpt_neox", "
 
 
 class _Remap:
-    """What the attention of a patched model reads (a plain attribute: not a module, not in the state dict), and
-    which warnings it gave (once per model)."""
+    """What the attention of a patched model reads (a plain attribute: not a module, not in the state dict)."""
 
     def __init__(
         self,
@@ -83,7 +83,6 @@ class _Remap:
         self.method, self.encoding, self.original, self.factor = method, encoding, original, factor
         self.options = dict(options or {})
         self.layers = layers  # the attention modules' layer_idx
-        self.warned: set[type[Warning]] = set()
 
     @property
     def depends_on_length(self) -> bool:
@@ -387,19 +386,19 @@ def _lengths_written(
     module: torch.nn.Module, remap: _Remap, layer: Any, lengths: torch.Tensor, cached: int
 ) -> torch.Tensor:
     """The sequence length each key of ``layer`` was computed at, ``(B|1, T)``: the cached keys' as recorded, this
-    call's its own. Warns once per model (``CacheStaleWarning``) at the first call where a cached token was computed
+    call's its own. Warns once per cache (``CacheStaleWarning``) at the first call where a cached token was computed
     at a length that moves its frequencies or logit factor: its hidden states, so every deeper layer's cached keys
     and values, differ from the full forward's (the first layer's, computed from the embeddings, do not)."""
     earlier = cache_positions.cached_lengths(layer, cached, lengths.shape[0], lengths.device)  # (B|1, T - S)
     rows = max(earlier.shape[0], lengths.shape[0])
     if (
-        CacheStaleWarning not in remap.warned
+        not layer.__dict__.get(_STALE_WARNED)
         and module.layer_idx == remap.layers[0]
         and len(remap.layers) > 1
         and cached
         and not remap.same_at(earlier, lengths[:, :cached])
     ):
-        remap.warned.add(CacheStaleWarning)
+        layer.__dict__[_STALE_WARNED] = True  # once per cache: a new one (each generate) warns again
         scaling = remap.encoding.config.scaling
         what = [f"the model's {scaling.rope_type} RoPE frequencies"] if remap.encoding.depends_on_length else []
         what += [f"{remap.method.name}'s logit factor"] if remap.method.depends_on_length else []

@@ -124,10 +124,11 @@ def extend_context(
     no-cache forward. For ``dynamic`` that holds only where the first scaled attention layer is the model's last:
     deeper layers cache keys and values computed from hidden states of earlier lengths, which no cache can
     recompute, so cached decoding follows dynamic scaling with a KV cache as YaRN (section 3.3) describes it and
-    warns once (``posenc.hf.CacheStaleWarning``); ``use_cache=False`` gives the full forward. The same holds under a
+    warns (``posenc.hf.CacheStaleWarning``); ``use_cache=False`` gives the full forward. The same holds under a
     remapping method for ``dynamic`` (and ``longrope`` decoded by hand, without ``generate``'s re-encoding) and for
-    DCA's logit factor: the first cached call at a length that changes a cached token's frequencies or factor warns
-    once, on a model with more than one layer.
+    DCA's logit factor: the first cached call at a length that changes a cached token's frequencies or factor warns,
+    on a model with more than one layer. The warning is once per cache: every ``generate`` (or hand-made cache) that
+    goes stale warns once, whatever ran on the model before (Python's warning filters decide what is shown again).
 
     How far the patched model reaches: a remapping method ``method.reach(original)`` tokens (the ``description``
     says it; DCA, ReRoPE, LM-Infinite and StreamingLLM have no limit), a frequency method the context it extends to
