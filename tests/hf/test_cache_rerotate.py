@@ -348,7 +348,8 @@ def test_every_cache_that_leaves_the_full_forward_warns(monkeypatch, hooked):
     prompt_length, new_tokens = CROSSING
     for seed in (1, 2):
         outs: list = []
-        warned = _stale_warnings(lambda seed=seed: outs.append(_generate(model, _prompt(prompt_length, seed), new_tokens)))
+        prompt = _prompt(prompt_length, seed)
+        warned = _stale_warnings(lambda p=prompt, o=outs: o.append(_generate(model, p, new_tokens)))
         assert warned == 1, f"generate {seed}: {warned} warnings"
         full = _full_forward_steps(model, outs[0].sequences, prompt_length, new_tokens)
         assert max((a.double() - b).abs().max().item() for a, b in zip(outs[0].logits, full, strict=True)) > 10 * ATOL

@@ -157,8 +157,9 @@ def install_rerotation(
 ) -> list[str]:
     """Hook every attention module of a layer type in ``layer_types`` (``{None}``: every layer, one RoPE for all) so
     that its cached keys follow the frequencies ``rotary`` computes for each call; ``notify`` is called once per cache
-    object, the first time keys it holds are re-rotated (a new cache, e.g. each ``generate``, is told again). Earlier hooks must have been removed (``remove_rerotation``). The hooks are plain
-    functions reading the module's ``__dict__``, so ``copy.deepcopy`` of the model gives hooks on the copy's rotary
+    object, the first time keys it holds are re-rotated (a new cache, e.g. each ``generate``, is told again). Earlier
+    hooks must have been removed (``remove_rerotation``). The hooks are plain functions reading the module's
+    ``__dict__``, so ``copy.deepcopy`` of the model gives hooks on the copy's rotary
     module. Returns the names of the modules hooked (empty: none found, nothing installed)."""
     config: Any = model.config  # a transformers PretrainedConfig
     hooked = []

@@ -20,8 +20,8 @@ Where that length changes what a token computes (``dynamic``/``longrope`` freque
 factor), a KV cache keeps, in every layer past the first, keys and values computed from hidden states of the length
 of the step that wrote them, while the full forward recomputes them at the current one. The cache records the length
 each key was computed at, and the first call at which that moves a cached token's frequencies or factor warns once
-per cache (``posenc.hf.CacheStaleWarning``: each ``generate`` that goes stale says so); a one-layer model, or a cache whose tokens were all computed alike,
-equals the full forward and does not warn.
+per cache (``posenc.hf.CacheStaleWarning``: each ``generate`` that goes stale says so); a one-layer model, or a
+cache whose tokens were all computed alike, equals the full forward and does not warn.
 
 What the patch cannot carry is refused: ``set_attn_implementation(...)`` on the model or on any transformers model
 inside it (``model.model``, ``get_decoder()``: they share the config; another attention would run the identity rotary
@@ -198,6 +198,7 @@ def remove_remap(model: torch.nn.Module, attn_implementation: str = "sdpa") -> N
             handle.remove()
         for name in _REFUSALS:
             module.__dict__.pop(name, None)
+        module.__dict__.pop("_posenc_owner", None)  # posenc.hf._serving.mark_owner
     cast(Any, model).set_attn_implementation(attn_implementation)  # a transformers PreTrainedModel
 
 
@@ -207,9 +208,12 @@ def _refuse_switches(model: torch.nn.Module, remap: _Remap) -> None:
     the config, so its ``set_attn_implementation`` would switch every layer too)."""
     from transformers import PreTrainedModel
 
+    from posenc.hf._serving import mark_owner
+
     for module in model.modules():
         if isinstance(module, PreTrainedModel):
             module.__dict__["_posenc_remap"] = remap
+            mark_owner(model, module)
             for name, refusal in _REFUSALS.items():
                 module.__dict__[name] = types.MethodType(refusal, module)  # deepcopy rebinds it to the copy
 
@@ -262,9 +266,9 @@ def _refuse_save(self: torch.nn.Module, *args: Any, **kwargs: Any) -> None:
     fail(
         "model",
         f"{architecture(self)} patched with {remap.method.name}",
-        f"a model whose save reloads as what it runs: model.save_pretrained writes no record of {remap.method.name} "
-        f"(it would reload as the unextended model with max_position_embeddings "
-        f"{cast(Any, self.config).max_position_embeddings}); {instead}",
+        f"a model whose save reloads as what it runs: transformers has no config key for {remap.method.name}, so "
+        f"model.save_pretrained writes a folder it would reload as the unextended model with max_position_embeddings "
+        f"{cast(Any, self.config).max_position_embeddings}; {instead}",
     )
 
 
