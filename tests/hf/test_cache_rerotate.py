@@ -329,6 +329,33 @@ def test_deeper_layers_follow_the_unrotated_key_reference(monkeypatch, prompt_le
     assert max((a - b).abs().max().item() for a, b in zip(out.logits, full, strict=True)) > 10 * ATOL
 
 
+def _stale_warnings(run) -> int:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run()
+    return len([w for w in caught if issubclass(w.category, CacheStaleWarning)])
+
+
+@pytest.mark.parametrize("hooked", [True, False], ids=["rerotated", "former-guard"])
+def test_every_cache_that_leaves_the_full_forward_warns(monkeypatch, hooked):
+    """Issue 68, item 1: the warning belongs to the cache that goes stale, not to the model. A second generate on the
+    same two-layer dynamic model (a new cache, across the original length again) leaves the full forward as the
+    first did, so it warns too, once; a generate that stays within the original length does not. Also where posenc
+    recognises no attention module (the former guard: a new sequence, from position 0, is a new cache)."""
+    if not hooked:
+        monkeypatch.setattr("posenc.hf._cache_rerotate.attention_modules", lambda model: [])
+    model = _model("llama", "dynamic", layers=2)
+    prompt_length, new_tokens = CROSSING
+    for seed in (1, 2):
+        outs: list = []
+        prompt = _prompt(prompt_length, seed)
+        warned = _stale_warnings(lambda p=prompt, o=outs: o.append(_generate(model, p, new_tokens)))
+        assert warned == 1, f"generate {seed}: {warned} warnings"
+        full = _full_forward_steps(model, outs[0].sequences, prompt_length, new_tokens)
+        assert max((a.double() - b).abs().max().item() for a, b in zip(outs[0].logits, full, strict=True)) > 10 * ATOL
+    assert _stale_warnings(lambda: _generate(model, _prompt(ORIGINAL - 10), 6)) == 0
+
+
 @pytest.mark.parametrize("kind", ["llama", "phi3", "gemma2"])
 def test_longrope_generate_reencodes_at_the_switch(kind):
     """Two layers, LongRoPE across its switch: generate drops the cache once and re-encodes the sequence with the

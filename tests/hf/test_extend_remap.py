@@ -204,6 +204,26 @@ def test_cached_decoding_warns_once_where_it_leaves_the_full_forward(scaling, na
     assert warned == [int(i == first) for i in range(len(ends))]
 
 
+@pytest.mark.parametrize(("scaling", "name"), LENGTH_DEPENDENT)
+def test_each_cache_that_leaves_the_full_forward_warns(scaling, name):
+    """Issue 68, item 1: the warning belongs to the cache that goes stale, not to the model. Two layers, the decoding
+    above twice on the same model, each with a new cache: each one warns once, at the call that passes 32 tokens."""
+    from transformers import DynamicCache
+
+    model = _extended(scaling, name, 2)
+    for seed in (5, 6):
+        x = ids(40, seed=seed)
+        cache = DynamicCache(config=model.config)
+        warned = []
+        with torch.no_grad():
+            for lo, hi in zip([0, 28, *range(29, 40)], [28, *range(29, 41)], strict=True):
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always")
+                    model(input_ids=x[:, lo:hi], cache=cache, use_cache=True)
+                warned.append(sum(issubclass(w.category, CacheStaleWarning) for w in caught))
+        assert warned == [int(hi == ORIGINAL + 1) for hi in [28, *range(29, 41)]], f"cache {seed}: {warned}"
+
+
 @pytest.mark.filterwarnings("error::posenc.hf.CacheStaleWarning")
 def test_longrope_under_a_remapping_method_generates_exactly_and_silently():
     """LongRoPE's one switch: generate re-encodes the sequence when it passes the original length (Phi-3's rule, kept
@@ -404,7 +424,7 @@ def test_every_save_path_after_every_method_runs_what_was_measured_or_refuses(na
         with pytest.raises(ValueError, match=rf"(?s){why}.*extend_context\(model, '{name}', {factor_of(name):g}\)"):
             save_pretrained(model, None, tmp_path / "posenc")
         assert not (tmp_path / "posenc").exists()
-    with pytest.raises(ValueError, match="model.save_pretrained writes no record"):
+    with pytest.raises(ValueError, match="transformers has no config key for .*reload as the unextended model"):
         model.save_pretrained(tmp_path / "plain")
     assert not (tmp_path / "plain").exists()
     if kind == "llama":  # GGUF export takes Llama models
@@ -449,7 +469,7 @@ def test_another_attention_implementation_is_refused(name, route, implementation
 
 def test_the_inner_model_refuses_a_save_too(tmp_path):
     model = _patched("llama", "self_extend")
-    with pytest.raises(ValueError, match="model.save_pretrained writes no record"):
+    with pytest.raises(ValueError, match="transformers has no config key for .*reload as the unextended model"):
         model.model.save_pretrained(tmp_path / "inner")
     assert not (tmp_path / "inner").exists()
 

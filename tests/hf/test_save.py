@@ -221,10 +221,13 @@ def test_every_refused_save_names_the_calls_that_rebuild_the_model(case, tmp_pat
         save_pretrained(measured, None, tmp_path / "posenc")
     texts.append(str(refused.value))
     assert not (tmp_path / "posenc").exists()
-    if getattr(measured, "_posenc_remap", None) is not None:
-        with pytest.raises(ValueError) as refused:
-            measured.save_pretrained(tmp_path / "plain")
-        texts.append(str(refused.value))
+    if getattr(measured, "_posenc_remap", None) is not None or kind in ("mpt", "bloom"):
+        inner = measured.transformer if kind in ("mpt", "bloom") else measured.model
+        for save in (measured.save_pretrained, inner.save_pretrained):  # issue 68, item 4: ALiBi's too
+            with pytest.raises(ValueError) as refused:
+                save(tmp_path / "plain")
+            texts.append(str(refused.value))
+        assert not (tmp_path / "plain").exists()
     if kind == "llama":
         source = write_llama(tmp_path / "source.gguf", _loaded("llama"))
         with pytest.raises(ValueError) as refused:
@@ -299,16 +302,26 @@ FREQUENCY = {
 }
 
 
+def _own_save(model, tokenizer, out):
+    """The model's own ``save_pretrained`` (transformers'), its tokenizer beside it."""
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+@pytest.mark.parametrize("save", ["posenc", "own"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("method", list(FREQUENCY))
-def test_a_frequency_folder_loads_back_as_the_measured_model(method, dtype, tmp_path, bpe_tokenizer):
+def test_a_frequency_folder_loads_back_as_the_measured_model(method, dtype, save, tmp_path, bpe_tokenizer):
     """transformers loads a frequency method's folder extended (its config), and posenc.hf.load_causal_lm gives
     the model extend_context made, run-time parts included: RoPE in float32 in a bfloat16 model (transformers
-    rounds its tables to bfloat16: the plain load differs there) and, for dynamic, cached keys re-rotated."""
+    rounds its tables to bfloat16: the plain load differs there) and, for dynamic, cached keys re-rotated. The same
+    from the model's own ``save_pretrained`` (issue 68, item 4): extend_context keeps the record in the config, so
+    every save of the config (``save_pretrained``, ``push_to_hub``, a Trainer checkpoint) writes it."""
     measured = _extended("llama", [(method, 2.0, FREQUENCY[method])], dtype)
     x = _ids()
     expected = logits(measured, x)
-    out = save_pretrained(measured, bpe_tokenizer, tmp_path / method)
+    out = (save_pretrained if save == "posenc" else _own_save)(measured, bpe_tokenizer, tmp_path / method)
     record = json.loads((out / "config.json").read_text())["posenc"]["extensions"]
     assert [(e["method"], e["factor"], e["in_config"]) for e in record] == [(method, 2.0, True)]
     model, _ = load_causal_lm(out, dtype=dtype, attn_implementation="eager")

@@ -16,6 +16,7 @@ BLOOM with its slope function replaced by interpolated slopes, and against the f
 from __future__ import annotations
 
 import functools
+import types
 from typing import Any, cast
 
 import torch
@@ -24,6 +25,7 @@ from posenc._checks import check_positive_int, fail
 from posenc.functional.alibi import alibi_slopes
 from posenc.hf._common import architecture
 from posenc.hf._rope_patch import lengthen
+from posenc.hf._serving import mark_owner, rebuild_advice
 
 # model_type -> (module, block class, the block's keyword argument carrying the bias)
 _BLOCKS = {
@@ -43,6 +45,16 @@ def _scale_bias(module: torch.nn.Module, args: tuple, kwargs: dict, *, key: str,
         )
     kwargs[key] = (bias.float() * scale).to(bias.dtype)  # (B*H, 1|S, T): every head's slope times scale
     return args, kwargs
+
+
+def _refuse_save(self: torch.nn.Module, *args: Any, **kwargs: Any) -> None:
+    """The model's own ``save_pretrained``: refused, as ``posenc.hf.save_pretrained`` refuses it."""
+    fail(
+        "model",
+        f"{architecture(self)} with interpolated ALiBi slopes",
+        "a model whose save reloads as what it runs: transformers has no config key for ALiBi's slope interpolation "
+        f"(a forward hook), so the folder would reload as the unextended model. {rebuild_advice(self)}",
+    )
 
 
 def extend_alibi(
@@ -81,6 +93,12 @@ def extend_alibi(
     handles = [m.register_forward_pre_hook(hook, with_kwargs=True) for _, m in blocks]
     setattr(model, _HOOKS_ATTR, handles)
     setattr(model, _FACTOR_ATTR, total)
+    from transformers import PreTrainedModel
+
+    for module in model.modules():  # the model and the one inside it (model.transformer) share the config
+        if isinstance(module, PreTrainedModel):
+            mark_owner(model, module)
+            module.__dict__["save_pretrained"] = types.MethodType(_refuse_save, module)  # deepcopy rebinds it
     hooked = sum(1 for _, m in blocks if any(h is hook for h in m._forward_pre_hooks.values()))
     if hooked != len(blocks):
         raise RuntimeError(f"posenc.hf.extend_context hooked {hooked} of {len(blocks)} blocks of {architecture(model)}")

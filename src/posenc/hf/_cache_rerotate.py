@@ -68,6 +68,7 @@ Shapes:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import types
 from collections.abc import Callable
 from typing import Any, cast
@@ -82,6 +83,7 @@ _SOURCE = "_posenc_rerotate_source"  # on the attention module: (rotary module, 
 _CALL = "_posenc_rerotate_call"  # on the attention module between its pre- and post-hook: (cache, layer_idx)
 _PENDING = "_posenc_rerotate_pending"  # on the cache: layer_idx -> _Call, from the pre-hook to update
 _WRAPPED = "_posenc_rerotate_update"  # on the cache: its update is wrapped
+_NOTIFIED = "_posenc_rerotate_notified"  # on the cache: notify was called for it (once per cache)
 _WRITTEN = "_posenc_written_keys"  # on a cache layer: _Written (dynamic layers) or _Frequencies (others)
 _SWITCH = "_posenc_reencode_at"  # on the model: LongRoPE's switch length, for generate
 _ATTENTION_PROJECTIONS = ("q_proj", "query_key_value", "qkv_proj")
@@ -95,7 +97,7 @@ class _Call:
     positions: torch.Tensor | None
     inv_freq: torch.Tensor
     scaling: float
-    notify: Callable[[], None] | None = None  # called when cached keys are re-rotated
+    notify: Callable[[], None] | None = None  # called once per cache, when its cached keys are first re-rotated
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,9 +156,10 @@ def install_rerotation(
     notify: Callable[[], None] | None = None,
 ) -> list[str]:
     """Hook every attention module of a layer type in ``layer_types`` (``{None}``: every layer, one RoPE for all) so
-    that its cached keys follow the frequencies ``rotary`` computes for each call; ``notify`` is called whenever
-    cached keys are re-rotated. Earlier hooks must have been removed (``remove_rerotation``). The hooks are plain
-    functions reading the module's ``__dict__``, so ``copy.deepcopy`` of the model gives hooks on the copy's rotary
+    that its cached keys follow the frequencies ``rotary`` computes for each call; ``notify`` is called once per cache
+    object, the first time keys it holds are re-rotated (a new cache, e.g. each ``generate``, is told again). Earlier
+    hooks must have been removed (``remove_rerotation``). The hooks are plain functions reading the module's
+    ``__dict__``, so ``copy.deepcopy`` of the model gives hooks on the copy's rotary
     module. Returns the names of the modules hooked (empty: none found, nothing installed)."""
     config: Any = model.config  # a transformers PretrainedConfig
     hooked = []
@@ -354,7 +357,17 @@ def _update(self, key_states, value_states, layer_idx, *args, **kwargs):  # noqa
     if not _supported(layer):
         layer.__dict__[_WRITTEN] = _Frequencies(call.inv_freq, call.scaling)
         return keys, values
+    if call.notify is not None:
+        call = dataclasses.replace(call, notify=functools.partial(_notify_once, self, call.notify))
     return _rotated(layer, total, call, key_states.shape[-2], keys), values
+
+
+def _notify_once(cache: Any, notify: Callable[[], None]) -> None:
+    """``notify``, the first time for ``cache``: the warning is the cache's (each stale cache is told once), not the
+    model's, so a second ``generate`` that leaves the full forward says so too."""
+    if not cache.__dict__.get(_NOTIFIED):
+        cache.__dict__[_NOTIFIED] = True
+        notify()
 
 
 def _rotated(layer: Any, total: int, call: _Call, s: int, keys: torch.Tensor) -> torch.Tensor:

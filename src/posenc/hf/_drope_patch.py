@@ -176,6 +176,7 @@ def remove_drope(model: torch.nn.Module) -> None:
             del module.__dict__["save_pretrained"]
     kept = [e for e in _record.extensions(model) if e.get("method") != METHOD]
     _record.extensions(model)[:] = kept
+    _record.keep_in_config(model)
 
 
 def _nope_forward(self: torch.nn.Module, x: torch.Tensor, position_ids: torch.Tensor, *args: Any, **kwargs: Any):  # noqa: ANN202
@@ -189,8 +190,8 @@ def _refuse_save(self: torch.nn.Module, *args: Any, **kwargs: Any) -> None:
     fail(
         "model",
         f"{architecture(self)} patched with DroPE",
-        "a model whose save reloads as what it runs: model.save_pretrained writes no record of DroPE and transformers "
-        "has no config key that drops RoPE in every layer of this architecture, so the folder would reload with "
+        "a model whose save reloads as what it runs: transformers has no config key that drops RoPE in every layer "
+        "of this architecture, so the folder model.save_pretrained writes would reload with "
         "RoPE; use posenc.hf.save_pretrained(model, tokenizer, out_dir), which records it for "
         "posenc.hf.load_causal_lm",
     )

@@ -10,6 +10,10 @@ it literally rebuilds the model posenc measured:
   interpolation), with the original length they were applied over made explicit -- the saved config already holds
   the extended ``max_position_embeddings``, from which ``extend_context`` would otherwise derive another one.
 
+``extend_context`` keeps the record in the model's config as well, so a folder written by any save of it (posenc's
+or the model's own ``save_pretrained``) carries it, and ``posenc.hf.load_causal_lm`` rebuilds the measured model from
+either.
+
 The record is a list of JSON-able dicts, one per call (``method``, ``factor``, the arguments given, the original
 length and context it resolved to, and ``in_config``: whether a saved ``config.json`` carries it, as frequency
 methods on a RoPE model do; for those also ``rope_parameters``, exactly the parameters the extended model ran with,
@@ -90,8 +94,23 @@ def saved_extensions(record: Any) -> list[dict[str, Any]]:
 
 
 def add(model: torch.nn.Module, item: dict[str, Any]) -> None:
-    """Append one call's ``entry`` to the model's record."""
+    """Append one call's ``entry`` to the model's record, and keep the record in ``model.config`` (key
+    ``CONFIG_KEY``), so that every save of the config writes it: ``posenc.hf.save_pretrained``, the model's own
+    ``save_pretrained`` and ``push_to_hub``, a Trainer checkpoint."""
     extensions(model).append(item)
+    keep_in_config(model)
+
+
+def keep_in_config(model: torch.nn.Module) -> None:
+    """``model.config``'s ``CONFIG_KEY`` set to the model's record (removed when it runs no extension)."""
+    config = getattr(model, "config", None)
+    if config is None:
+        return
+    record = config_record(model)
+    if record is None:
+        config.__dict__.pop(CONFIG_KEY, None)
+    else:
+        setattr(config, CONFIG_KEY, record)
 
 
 def mark_loaded(model: torch.nn.Module, items: list[dict[str, Any]]) -> None:

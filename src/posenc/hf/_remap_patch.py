@@ -20,8 +20,8 @@ Where that length changes what a token computes (``dynamic``/``longrope`` freque
 factor), a KV cache keeps, in every layer past the first, keys and values computed from hidden states of the length
 of the step that wrote them, while the full forward recomputes them at the current one. The cache records the length
 each key was computed at, and the first call at which that moves a cached token's frequencies or factor warns once
-per model (``posenc.hf.CacheStaleWarning``); a one-layer model, or a cache whose tokens were all computed alike,
-equals the full forward and does not warn.
+per cache (``posenc.hf.CacheStaleWarning``: each ``generate`` that goes stale says so); a one-layer model, or a
+cache whose tokens were all computed alike, equals the full forward and does not warn.
 
 What the patch cannot carry is refused: ``set_attn_implementation(...)`` on the model or on any transformers model
 inside it (``model.model``, ``get_decoder()``: they share the config; another attention would run the identity rotary
@@ -58,6 +58,7 @@ IMPLEMENTATION = "posenc_remap"
 #: (``remap_attention(span_dtype=...)``: products accumulated in float32, branches merged in float32); a float32 model
 #: in float32.
 HALF_DTYPES = (torch.bfloat16, torch.float16)
+_STALE_WARNED = "_posenc_stale_warned"  # on the cache layer of the first remapped layer: CacheStaleWarning given
 
 #: Architectures whose attention is the plain pattern the patch relies on: ``apply_rotary_pos_emb(q, k, cos, sin)``
 #: from the model's rotary module, then ``ALL_ATTENTION_FUNCTIONS`` with no logit soft-capping and one RoPE for every
@@ -67,8 +68,7 @@ REMAP_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gpt_neox", "
 
 
 class _Remap:
-    """What the attention of a patched model reads (a plain attribute: not a module, not in the state dict), and
-    which warnings it gave (once per model)."""
+    """What the attention of a patched model reads (a plain attribute: not a module, not in the state dict)."""
 
     def __init__(
         self,
@@ -83,7 +83,6 @@ class _Remap:
         self.method, self.encoding, self.original, self.factor = method, encoding, original, factor
         self.options = dict(options or {})
         self.layers = layers  # the attention modules' layer_idx
-        self.warned: set[type[Warning]] = set()
 
     @property
     def depends_on_length(self) -> bool:
@@ -199,6 +198,7 @@ def remove_remap(model: torch.nn.Module, attn_implementation: str = "sdpa") -> N
             handle.remove()
         for name in _REFUSALS:
             module.__dict__.pop(name, None)
+        module.__dict__.pop("_posenc_owner", None)  # posenc.hf._serving.mark_owner
     cast(Any, model).set_attn_implementation(attn_implementation)  # a transformers PreTrainedModel
 
 
@@ -208,9 +208,12 @@ def _refuse_switches(model: torch.nn.Module, remap: _Remap) -> None:
     the config, so its ``set_attn_implementation`` would switch every layer too)."""
     from transformers import PreTrainedModel
 
+    from posenc.hf._serving import mark_owner
+
     for module in model.modules():
         if isinstance(module, PreTrainedModel):
             module.__dict__["_posenc_remap"] = remap
+            mark_owner(model, module)
             for name, refusal in _REFUSALS.items():
                 module.__dict__[name] = types.MethodType(refusal, module)  # deepcopy rebinds it to the copy
 
@@ -263,9 +266,9 @@ def _refuse_save(self: torch.nn.Module, *args: Any, **kwargs: Any) -> None:
     fail(
         "model",
         f"{architecture(self)} patched with {remap.method.name}",
-        f"a model whose save reloads as what it runs: model.save_pretrained writes no record of {remap.method.name} "
-        f"(it would reload as the unextended model with max_position_embeddings "
-        f"{cast(Any, self.config).max_position_embeddings}); {instead}",
+        f"a model whose save reloads as what it runs: transformers has no config key for {remap.method.name}, so "
+        f"model.save_pretrained writes a folder it would reload as the unextended model with max_position_embeddings "
+        f"{cast(Any, self.config).max_position_embeddings}; {instead}",
     )
 
 
@@ -387,19 +390,19 @@ def _lengths_written(
     module: torch.nn.Module, remap: _Remap, layer: Any, lengths: torch.Tensor, cached: int
 ) -> torch.Tensor:
     """The sequence length each key of ``layer`` was computed at, ``(B|1, T)``: the cached keys' as recorded, this
-    call's its own. Warns once per model (``CacheStaleWarning``) at the first call where a cached token was computed
+    call's its own. Warns once per cache (``CacheStaleWarning``) at the first call where a cached token was computed
     at a length that moves its frequencies or logit factor: its hidden states, so every deeper layer's cached keys
     and values, differ from the full forward's (the first layer's, computed from the embeddings, do not)."""
     earlier = cache_positions.cached_lengths(layer, cached, lengths.shape[0], lengths.device)  # (B|1, T - S)
     rows = max(earlier.shape[0], lengths.shape[0])
     if (
-        CacheStaleWarning not in remap.warned
+        not layer.__dict__.get(_STALE_WARNED)
         and module.layer_idx == remap.layers[0]
         and len(remap.layers) > 1
         and cached
         and not remap.same_at(earlier, lengths[:, :cached])
     ):
-        remap.warned.add(CacheStaleWarning)
+        layer.__dict__[_STALE_WARNED] = True  # once per cache: a new one (each generate) warns again
         scaling = remap.encoding.config.scaling
         what = [f"the model's {scaling.rope_type} RoPE frequencies"] if remap.encoding.depends_on_length else []
         what += [f"{remap.method.name}'s logit factor"] if remap.method.depends_on_length else []

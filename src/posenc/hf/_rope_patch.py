@@ -365,7 +365,8 @@ class CacheStaleWarning(UserWarning):
     factor (Dual Chunk Attention) depend on the length ran at a length that changes them for tokens its cache holds,
     so it differs from the full forward: the cached keys were rotated to the new frequencies but earlier tokens'
     hidden states keep those of their own step (or, where posenc found no attention module to hook, the cached keys
-    keep their old rotation). Given once per model."""
+    keep their old rotation). Given once per cache: each ``generate`` (or hand-made cache) that goes stale warns
+    once; Python's warning filters decide whether a repeat is shown (default: once per place in a process)."""
 
 
 _GUARD_ATTR = "_posenc_cache_guard"
@@ -396,11 +397,12 @@ def guard_cache(model: torch.nn.Module, modules: list[tuple[str, torch.nn.Module
       frequencies. That makes cached decoding equal the full forward only where no attention layer follows the first
       such layer; otherwise earlier tokens' hidden states (so the later layers' keys and values) keep the frequencies
       of the step that computed them (dynamic scaling with a KV cache as YaRN, Peng et al. 2023, section 3.3,
-      defines it), and the first call that re-rotates warns once (``CacheStaleWarning``).
+      defines it), and the first call that re-rotates a cache's keys warns once for that cache (``CacheStaleWarning``).
     - ``longrope``: ``generate`` drops its cache once when the sequence passes ``original_max_position_embeddings``
       and re-encodes the sequence with the long factors (Phi-3's own rule), so generation equals the full forward.
     - Where no attention module is recognised or the model has several rotary modules: the former guard, which warns
-      once per module when a call continues a cache at a length whose frequencies differ from the previous call's.
+      once per module and sequence (one that starts at position 0) when a call continues a cache at a length whose
+      frequencies differ from the previous call's.
     """
     from posenc.encodings.rotary import RotaryEmbedding
     from posenc.hf._cache_rerotate import (
@@ -423,22 +425,19 @@ def guard_cache(model: torch.nn.Module, modules: list[tuple[str, torch.nn.Module
     kinds = " and ".join(sorted({s.rope_type for s in dependent.values()}))
     notify = None
     if not exact_with_cache(model, set(dependent)):
-        warned: list[bool] = []
 
-        def notify() -> None:
-            if not warned:
-                warned.append(True)
-                message = (
-                    f"posenc.hf.extend_context: this {kinds} model's RoPE frequencies changed since its KV cache was "
-                    "filled. posenc rotated the cached keys to the current frequencies, but the earlier tokens' "
-                    "hidden states, and so every later layer's cached keys and values, keep the frequencies of the "
-                    "step that computed them: cached decoding differs from the full forward at this length (it is "
-                    "dynamic scaling with a KV cache as YaRN, section 3.3, defines it). Run without the cache "
-                    "(use_cache=False) for the full forward"
-                )
-                if "longrope" in kinds:
-                    message += "; generate re-encodes the sequence once at LongRoPE's switch instead"
-                warnings.warn(message + ".", CacheStaleWarning, stacklevel=2)
+        def notify() -> None:  # once per cache (posenc.hf._cache_rerotate)
+            message = (
+                f"posenc.hf.extend_context: this {kinds} model's RoPE frequencies changed since its KV cache was "
+                "filled. posenc rotated the cached keys to the current frequencies, but the earlier tokens' "
+                "hidden states, and so every later layer's cached keys and values, keep the frequencies of the "
+                "step that computed them: cached decoding differs from the full forward at this length (it is "
+                "dynamic scaling with a KV cache as YaRN, section 3.3, defines it). Run without the cache "
+                "(use_cache=False) for the full forward"
+            )
+            if "longrope" in kinds:
+                message += "; generate re-encodes the sequence once at LongRoPE's switch instead"
+            warnings.warn(message + ".", CacheStaleWarning, stacklevel=2)
 
     if len(modules) == 1 and attention_modules(model):
         if install_rerotation(model, modules[0][1], set(dependent), notify=notify):
@@ -462,6 +461,8 @@ def guard_cache(model: torch.nn.Module, modules: list[tuple[str, torch.nn.Module
                 return None  # DroPE: the module returns no rotation, so its frequencies leave the cache alone
             start, length = int(positions.min()), int(positions.max()) + 1
             last, state["length"] = state["length"], length
+            if start == 0:
+                state["warned"] = False  # a new sequence, so a new cache: its own warning
             if start > 0 and last is not None and not state["warned"] and not rope.same_frequencies(last, length):
                 state["warned"] = True
                 warnings.warn(

@@ -6,6 +6,7 @@ runs a remapping method as posenc measures it), ``DCA_SERVED_MODEL_TYPES`` (wher
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import torch
@@ -52,9 +53,22 @@ def remap_save_problem(config: Any, method: Any, encoding: Any = None) -> str | 
     return None
 
 
+_OWNER = "_posenc_owner"  # on a transformers model inside a patched one (model.model): a weakref to the patched one
+
+
+def mark_owner(model: torch.nn.Module, inner: torch.nn.Module) -> None:
+    """Remember, on ``inner`` (a transformers model inside ``model``), the model ``extend_context`` was called on:
+    its record, not the inner one's, says how to rebuild it."""
+    if inner is not model:
+        inner.__dict__[_OWNER] = weakref.ref(model)
+
+
 def rebuild_advice(model: torch.nn.Module) -> str:
     """How to get ``model`` back where no saved file carries its extension: save it as loaded, then make the calls
-    made since it was loaded (all of them: a frequency method before a remapping one too)."""
+    made since it was loaded (all of them: a frequency method before a remapping one too). For a model inside a
+    patched one (``model.model``), the patched one's calls."""
+    owner = model.__dict__.get(_OWNER)
+    model = (owner() if owner is not None else None) or model
     calls = _record.replay(model)
     if not calls:  # everything it runs came with loading it (posenc.hf.load_causal_lm re-applied it)
         return "It runs what loading its folder applied: load that folder with posenc.hf.load_causal_lm again"

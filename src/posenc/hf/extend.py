@@ -108,13 +108,20 @@ def extend_context(
     for (``max_position_embeddings``, or an explicit ``original_max_position_embeddings``). The returned ``rule``
     and ``description`` say which case applied.
 
-    What persists: a RoPE model's scaling is in its config, so ``save_pretrained`` keeps it and a reload rebuilds the
-    same model (the rebuilt ``inv_freq`` is float32 even in a bf16 model, as at load time). A patched bfloat16 or
-    float16 RoPE model also keeps its cos/sin tables and the q/k rotation in float32, cast once after the rotation
-    (``posenc.hf.keep_rope_float32``; transformers casts the tables to the model's dtype). ALiBi's slope
-    interpolation is a forward pre-hook on each block (transformers has no config key for it): it is not saved.
-    Each call is recorded on the model and, by ``posenc.hf.save_pretrained``, in the saved ``config.json`` (key
-    ``"posenc"``), from which ``posenc.hf.load_causal_lm`` re-applies what the config does not carry.
+    What persists: a RoPE model's scaling is in its config, and each call is recorded on the model and in its config
+    (key ``"posenc"``), so every save of the config writes both -- ``posenc.hf.save_pretrained``, the model's own
+    ``save_pretrained`` or ``push_to_hub``, a Trainer checkpoint -- and ``posenc.hf.load_causal_lm`` rebuilds the
+    same model from that folder: the config's frequencies, and from the record what the config does not carry (a
+    remapping method ``posenc.hf.save_pretrained`` could write, the cached-key re-rotation of ``dynamic`` and
+    ``longrope``, RoPE in float32 in a half-precision model). A patched bfloat16 or float16 RoPE model keeps its
+    cos/sin tables and the q/k rotation in float32, cast once after the rotation (``posenc.hf.keep_rope_float32``;
+    transformers casts the tables to the model's dtype). Plain transformers (``from_pretrained``) reads the
+    frequencies alone: in float32 it is the same model for every frequency method but ``dynamic``/``longrope``
+    decoded with a KV cache (its cached keys keep the frequencies they were written with), and in half precision its
+    tables are rounded to the model's dtype. What no config key records is refused by both saves, each naming
+    the calls that rebuild the model: remapping methods (``dca_vllm`` on Qwen2/Qwen3 aside, below), DroPE (the model's
+    own save; ``posenc.hf.save_pretrained`` records it) and ALiBi's slope interpolation (a forward pre-hook on each
+    block).
 
     ``dynamic`` and ``longrope`` change their frequencies with the length, while transformers' KV cache keeps keys
     rotated with the frequencies of the step that wrote them. The patched model hands the attention the cached keys
@@ -124,10 +131,11 @@ def extend_context(
     no-cache forward. For ``dynamic`` that holds only where the first scaled attention layer is the model's last:
     deeper layers cache keys and values computed from hidden states of earlier lengths, which no cache can
     recompute, so cached decoding follows dynamic scaling with a KV cache as YaRN (section 3.3) describes it and
-    warns once (``posenc.hf.CacheStaleWarning``); ``use_cache=False`` gives the full forward. The same holds under a
+    warns (``posenc.hf.CacheStaleWarning``); ``use_cache=False`` gives the full forward. The same holds under a
     remapping method for ``dynamic`` (and ``longrope`` decoded by hand, without ``generate``'s re-encoding) and for
-    DCA's logit factor: the first cached call at a length that changes a cached token's frequencies or factor warns
-    once, on a model with more than one layer.
+    DCA's logit factor: the first cached call at a length that changes a cached token's frequencies or factor warns,
+    on a model with more than one layer. The warning is once per cache: every ``generate`` (or hand-made cache) that
+    goes stale warns once, whatever ran on the model before (Python's warning filters decide what is shown again).
 
     How far the patched model reaches: a remapping method ``method.reach(original)`` tokens (the ``description``
     says it; DCA, ReRoPE, LM-Infinite and StreamingLLM have no limit), a frequency method the context it extends to

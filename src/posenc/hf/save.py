@@ -152,18 +152,20 @@ def save_pretrained(
     remap = remap_config(model)  # refuses a remapping method no config format records, before anything is written
     record = _record.config_record(model)
     clone: Any = _copy_for_saving(model, target)  # a transformers PreTrainedModel
-    if record is None:
-        clone.config.__dict__.pop(_record.CONFIG_KEY, None)  # a reloaded folder's record no longer holds
-    else:
-        setattr(clone.config, _record.CONFIG_KEY, record)
     if getattr(clone, "_posenc_remap", None) is not None:
         from posenc.hf._remap_patch import remove_remap
 
         remove_remap(clone)  # the copy saves as the model it is; the block below is what serving engines run
     from posenc.hf._drope_patch import dropped, remove_drope
 
-    if dropped(clone):
-        remove_drope(clone)  # its own save_pretrained again; the record set above keeps DroPE for load_causal_lm
+    drope = dropped(clone)
+    if drope:
+        remove_drope(clone)  # its own save_pretrained again; the record set below keeps DroPE for load_causal_lm
+    if record is None:
+        clone.config.__dict__.pop(_record.CONFIG_KEY, None)  # a reloaded folder's record no longer holds
+    else:
+        setattr(clone.config, _record.CONFIG_KEY, record)  # the whole record, what was removed above included
+    if drope:
         warnings.warn(
             f"{out}: only posenc.hf.load_causal_lm({str(out)!r}) runs this folder as DroPE (from the 'posenc' record "
             "in its config.json): no config key of transformers, vLLM, SGLang or llama.cpp drops RoPE in every layer "
