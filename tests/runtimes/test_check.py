@@ -361,3 +361,55 @@ def test_save_pretrained_prints_the_check_and_save_gguf_returns_it(tmp_path, cap
     written = H.save_gguf(model, tmp_path / "linear.gguf", source=source)
     assert [r.runtime for r in written["check"]] == list(RUNTIMES)
     assert "posenc check" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# A GGUF whose llama.cpp keys were edited after the export: compared with what posenc measured (its record)
+
+
+def _yarn_gguf(tmp_path: Path, name: str, edit: dict) -> Path:
+    """A Llama GGUF as posenc.hf.save_gguf writes a YaRN x2 model (its llama.cpp keys and its posenc.rope record),
+    with the keys in ``edit`` set afterwards (None: removed)."""
+    import numpy as np
+
+    from hf.tiny import ORIGINAL, tiny_config
+    from hf.tiny_gguf import write_gguf
+    from posenc.hf import gguf_rope
+
+    config = tiny_config("llama", max_position_embeddings=2 * ORIGINAL)
+    config.rope_parameters = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 2.0,
+                              "original_max_position_embeddings": ORIGINAL}  # fmt: skip
+    d = config.hidden_size // config.num_attention_heads
+    kv = {"llama.embedding_length": config.hidden_size, "llama.block_count": 2, "llama.rope.dimension_count": d,
+          "llama.attention.head_count": config.num_attention_heads, gguf_rope.POSENC_KEY: gguf_rope.record(config),
+          **{k: v for k, (v, _) in gguf_rope.to_gguf(config).metadata().items()}}  # fmt: skip
+    for key, value in edit.items():
+        kv.pop(key) if value is None else kv.__setitem__(key, value)
+    weights = {"token_embd.weight": np.ones((64, config.hidden_size), np.float32)}
+    return write_gguf(tmp_path / f"{name}.gguf", "llama", weights, kv=kv)
+
+
+@pytest.mark.parametrize(
+    ("edit", "fix"),
+    [
+        ({}, None),
+        ({"llama.rope.scaling.original_context_length": None},
+         "llama.rope.scaling.original_context_length = 32 (the file: absent)"),
+        ({"llama.rope.scaling.attn_factor": 0.9}, "remove llama.rope.scaling.attn_factor (the file: 0.9)"),
+        ({"llama.rope.scaling.type": "none"}, "llama.rope.scaling.type = 'yarn' (the file: 'none')"),
+        ({"llama.rope.scaling.factor": 4.0}, "llama.rope.scaling.factor = 2 (the file: 4)"),
+    ],
+)  # fmt: skip
+def test_a_gguf_edited_after_the_export_is_compared_with_what_posenc_measured(tmp_path, edit, fix):
+    """llama.cpp runs the edited keys; the reference is the record, so each edit is a difference with its fix."""
+    path = _yarn_gguf(tmp_path, "edited", edit)
+    llamacpp, transformers = check(path, ["llamacpp", "transformers"])
+    assert llamacpp.reference == transformers.reference == "posenc's posenc.rope record in the GGUF (yarn)"
+    if fix is None:
+        assert llamacpp.status == "same", llamacpp.verdict
+        return
+    assert llamacpp.status == "differs", llamacpp.verdict
+    assert "the file's llama.cpp keys were edited after the export" in llamacpp.verdict
+    assert f"Fix: set the file's keys to what posenc measured: {fix}" in llamacpp.verdict
+    # posenc's loader reads the edited keys: its advice restores them first
+    assert f"set the file's llama.cpp keys back to what posenc measured ({fix}) and load it" in transformers.verdict

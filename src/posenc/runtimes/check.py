@@ -80,6 +80,7 @@ class Reference:
     original: int | None = None  # the context the model was trained at, before posenc extended it
     unverified: tuple[str, ...] = ()  # what is not verified about the reference itself (from the reading it is)
     kind: str = "folder"  # the source's kind: "folder", "config" or "gguf"
+    gguf_fixes: tuple[str, ...] = ()  # a GGUF whose llama.cpp keys were edited: the keys that say the record again
 
 
 @dataclasses.dataclass(frozen=True)
@@ -232,7 +233,7 @@ def _record_reference(source: Source, structure: RuntimeView | None) -> Referenc
 def _gguf_reference(source: Source, transformers: RuntimeView) -> Reference:
     """A GGUF file: posenc's own record, or the llama.cpp keys as posenc's loader reads them (Llama), else
     transformers' reading (posenc loads the other architectures with transformers' GGUF loader)."""
-    from posenc.hf import gguf_llama
+    from posenc.hf import gguf_llama, gguf_rope
 
     header = source.gguf
     if not gguf_llama.handles(header):
@@ -242,19 +243,28 @@ def _gguf_reference(source: Source, transformers: RuntimeView) -> Reference:
     meta = header.metadata
     head_dim = int(meta.get("llama.rope.dimension_count") or meta["llama.embedding_length"] //
                    meta["llama.attention.head_count"])  # fmt: skip
+    notes = ["layout relative to the file's weights: llama.cpp's converter permutes q/k rows to neighbouring pairs"]
+    fixes: tuple[str, ...] = ()
+    saved = gguf_rope.recorded(meta)
+    if saved is not None:  # what posenc measured, even where the llama.cpp keys were edited after the export
+        if not exact:
+            fixes = tuple(gguf_rope.key_fixes(meta, gguf_llama.rope_tensors(header), *saved, head_dim=head_dim))
+            notes.append("the file's llama.cpp RoPE keys no longer say what posenc's posenc.rope record says (edited "
+                         "after the export); the record is the reference")  # fmt: skip
+        params, context = saved
     cfg = {"model_type": "llama", "rope_parameters": params, "max_position_embeddings": context,
            "head_dim": head_dim, "num_hidden_layers": int(meta["llama.block_count"])}  # fmt: skip
     layers = tuple(dataclasses.replace(layer, layout="interleaved") for layer in _posenc_layers(cfg, None))
     kind = params.get("rope_type", "default")
-    source_text = ("posenc's posenc.rope record in the GGUF" if exact else
+    source_text = ("posenc's posenc.rope record in the GGUF" if saved is not None else
                    "the GGUF's llama.cpp keys as posenc's loader reads them") + f" ({kind})"  # fmt: skip
-    note = "layout relative to the file's weights: llama.cpp's converter permutes q/k rows to neighbouring pairs"
     return Reference(
         source_text,
         layers,
         None if kind == "dynamic" else context,
-        notes=(note,),
+        notes=tuple(notes),
         original=params.get("original_max_position_embeddings") or context,
+        gguf_fixes=fixes,
     )
 
 
@@ -486,13 +496,19 @@ def compare(view: RuntimeView, ref: Reference, length: int | None = None) -> Row
             if not shadowed:
                 problems.append(f"{view.runtime} computes other frequencies from this config")
         else:
-            keys = [] if gguf else _param_fixes(view, ref, bad)
+            keys = ([f"set the file's keys to what posenc measured: {', '.join(ref.gguf_fixes)}"] if (
+                view.runtime == "llamacpp" and ref.gguf_fixes) else []) if gguf else _param_fixes(view, ref, bad)
+            if gguf and view.runtime == "llamacpp" and ref.gguf_fixes:
+                problems.append("the file's llama.cpp keys were edited after the export: they no longer say what "
+                                "posenc measured (its posenc.rope record)")  # fmt: skip
             if not keys and not gguf:
                 problems.append(f"{view.runtime} reads the same parameters and computes other frequencies from them")
             fixes += keys
         if view.runtime == "transformers" and gguf:
-            fixes.insert(0, f"load it with posenc.hf.load_causal_lm({ref.path!r}) (transformers' GGUF loader drops "
-                         "rope.scaling.*), or run it with llama.cpp")  # fmt: skip
+            edited = ("set the file's llama.cpp keys back to what posenc measured (" + ", ".join(ref.gguf_fixes) +
+                      ") and " if ref.gguf_fixes else "")  # load_causal_lm reads the keys  # fmt: skip
+            fixes.insert(0, f"{edited}load it with posenc.hf.load_causal_lm({ref.path!r}) (transformers' GGUF loader "
+                         "drops rope.scaling.*), or run it with llama.cpp")  # fmt: skip
         elif "rope_parameters" in view.ignored:
             fixes.insert(0, "remove rope_scaling from config.json: transformers 5 reads it instead of rope_parameters")
     if unprobed:
