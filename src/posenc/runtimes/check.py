@@ -43,7 +43,7 @@ from typing import Any
 import torch
 
 from posenc._checks import check_choice, check_positive_int, fail
-from posenc.runtimes import RUNTIMES, LayerRope, RuntimeView, Source, read
+from posenc.runtimes import RUNTIMES, LayerRope, RuntimeView, Source, inputs, read
 
 #: float32 unit roundoff, and the roundings beyond the exponent's in the longest frequency computation (see above).
 U32 = 2.0**-24
@@ -601,12 +601,14 @@ def check(
         One ``Row`` per runtime; ``row.status == "same"`` only where the runtime runs what posenc measured.
 
     Raises:
-        ValueError: naming ``path``, ``runtimes`` or ``length`` for bad input.
+        ValueError: naming ``path``, ``runtimes`` or ``length`` for bad input; naming the file, the key, its value
+            and what is allowed for a config or GGUF key no runtime computes with (``posenc.runtimes.inputs``).
     """
     names = check_runtimes(runtimes)
     if length is not None:
         check_positive_int("length", length)
     source = open_source(path)
+    inputs.check_source(source)
     views = {name: read(source, name) for name in dict.fromkeys(("transformers", *names))}
     ref = reference(source, views["transformers"])
     return [compare(views[name], ref, length) for name in names]
