@@ -413,3 +413,49 @@ def test_a_gguf_edited_after_the_export_is_compared_with_what_posenc_measured(tm
     assert f"Fix: set the file's keys to what posenc measured: {fix}" in llamacpp.verdict
     # posenc's loader reads the edited keys: its advice restores them first
     assert f"set the file's llama.cpp keys back to what posenc measured ({fix}) and load it" in transformers.verdict
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# dual_chunk_attention_config against what posenc measured
+
+
+def test_a_dca_chunk_size_edited_by_hand_is_named_for_the_runtimes_that_read_it(tmp_path):
+    """posenc measured chunk_size 24 (its record); vLLM and SGLang serve the config's 20 once it is edited."""
+    folder = _saved(tmp_path, "qwen2", ("dca_vllm", 2.0))
+    assert json.loads((folder / "config.json").read_text())["dual_chunk_attention_config"]["chunk_size"] == 24
+    assert {_row(check(folder), r).status for r in ("vllm", "sglang")} == {"not verified"}
+    _edit(folder, lambda c: c["dual_chunk_attention_config"].update(chunk_size=20))
+    rows = check(folder)
+    for runtime in ("vllm", "sglang"):
+        row = _row(rows, runtime)
+        assert row.status == "differs", row.verdict
+        assert f"{runtime} runs dual_chunk_attention_config chunk_size=20 where posenc measured 24" in row.verdict
+        assert "Fix: dual_chunk_attention_config['chunk_size'] = 24 (read: 20)" in row.verdict
+
+
+def test_a_dca_config_without_a_record_is_given_a_call_that_runs_what_vllm_serves(tmp_path):
+    """Qwen2.5-1M as shipped: a dual_chunk_attention_config and no posenc record. posenc's loader does not apply it
+    (nothing claims it does); the call the check gives runs posenc's dca_vllm with the sizes vLLM reads."""
+    import re
+
+    from transformers import AutoModelForCausalLM
+
+    import posenc
+    from posenc.hf.load import apply_saved
+    from posenc.remapping import VLLM_MSCALE, DualChunk
+
+    folder = tmp_path / "qwen2-1m"
+    tiny_model("qwen2").save_pretrained(folder)
+    dca = {"chunk_size": 24, "local_size": 4, "original_max_position_embeddings": 32}
+    _edit(folder, lambda c: c.update(dual_chunk_attention_config=dca, max_position_embeddings=64))
+    row = _row(check(folder))
+    assert row.status == "differs" and "which applies it" not in row.verdict, row.verdict
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    assert apply_saved(model) == []  # what load_causal_lm applies to a transformers folder: nothing here
+    assert getattr(model, "_posenc_remap", None) is None
+    call = re.search(r"call (posenc\.hf\.extend_context\(model, 'dca_vllm', [^)]*\))", row.verdict).group(1)
+    eval(call, {"posenc": posenc, "model": model})  # noqa: S307 - the advice, run as a user would paste it
+    served = next(layer.params for layer in read(Source.open(folder), "vllm").layers)
+    assert model._posenc_remap.method == DualChunk(
+        chunk_size=served["chunk_size"], local_window=served["local_size"],
+        original_max_position_embeddings=served["original_max_position_embeddings"], mscale=VLLM_MSCALE)  # fmt: skip

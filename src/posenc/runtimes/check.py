@@ -219,8 +219,8 @@ def _record_reference(source: Source, structure: RuntimeView | None) -> Referenc
     remaps = []
     for entry in _record.not_in_config(entries):
         key = "dual_chunk_attention_config" if entry["method"] == "dca_vllm" else _record.CONFIG_KEY
-        remaps.append({"key": key, "method": _record.label(entry),
-                       "call": _record.call(entry, explicit=True)})  # fmt: skip
+        remaps.append({"key": key, "method": _record.label(entry), "call": _record.call(entry, explicit=True),
+                       "applied_by_loader": True, **_measured_dca(entry)})  # fmt: skip
     last = entries[-1]
     dynamic = last.get("in_config") and last["method"] == "dynamic"
     context = None if dynamic else last.get("max_position_embeddings")
@@ -228,6 +228,40 @@ def _record_reference(source: Source, structure: RuntimeView | None) -> Referenc
     return Reference(f"posenc's record in config.json ({methods})", _posenc_layers(measured, structure), context,
                      tuple(remaps), tuple(notes),
                      original=entries[0].get("original_max_position_embeddings"))  # fmt: skip
+
+
+def _measured_dca(entry: Mapping[str, Any]) -> dict[str, Any]:
+    """``{"expected": dual_chunk_attention_config}`` for a ``dca_vllm`` record: the chunk_size, local_size and
+    original length posenc ran (rebuilt as ``extend_context`` built them); empty for another method or a record that
+    does not rebuild."""
+    from posenc.remapping import remap_method
+
+    if entry.get("method") != "dca_vllm":
+        return {}
+    try:
+        method = remap_method("dca_vllm", original=int(entry["original_max_position_embeddings"]),
+                              target=int(entry["max_position_embeddings"]), **dict(entry.get("options") or {}))
+    except (ValueError, KeyError, TypeError):
+        return {}
+    return {"expected": {"chunk_size": method.chunk_size, "local_size": method.local_window,
+                         "original_max_position_embeddings": method.original_max_position_embeddings}}  # fmt: skip
+
+
+def _dca_call(dca: Mapping[str, Any], context: Any) -> str:
+    """The ``extend_context`` call that runs a ``dual_chunk_attention_config`` as vLLM serves it (posenc's
+    ``dca_vllm`` with its chunk_size, local_size and original length), or why posenc has none."""
+    from posenc.hf._record import number
+    from posenc.remapping import remap_method
+
+    try:
+        chunk, local, original = (int(dca[k]) for k in ("chunk_size", "local_size",
+                                                        "original_max_position_embeddings"))  # fmt: skip
+        target = int(context)
+        remap_method("dca_vllm", original=original, target=target, chunk_size=chunk, local_window=local)
+    except (ValueError, KeyError, TypeError) as err:
+        return f"posenc has no call that runs it ({err})"
+    return (f"posenc.hf.extend_context(model, 'dca_vllm', {number(target / original)}, "
+            f"original_max_position_embeddings={original}, chunk_size={chunk}, local_window={local})")
 
 
 def _gguf_reference(source: Source, transformers: RuntimeView) -> Reference:
@@ -275,8 +309,8 @@ def _runtime_reference(view: RuntimeView, source: str, config: Mapping[str, Any]
     if config is not None and config.get("dual_chunk_attention_config"):
         dca = config["dual_chunk_attention_config"]
         remaps.append({"key": "dual_chunk_attention_config", "method": f"Dual Chunk Attention {dict(dca)}",
-                       "call": "posenc.hf.extend_context(model, 'dca_vllm', ...) over its "
-                       f"original_max_position_embeddings={dca.get('original_max_position_embeddings')}"})  # fmt: skip
+                       "call": _dca_call(dca, _text(config).get("max_position_embeddings")),
+                       "applied_by_loader": False})  # fmt: skip
     dynamic = any(layer.method is not None and "dynamic" in layer.method for layer in view.layers)
     context = original = None
     if config is not None:
@@ -396,6 +430,9 @@ def _ignores(view: RuntimeView, key: str) -> bool:
 def _fix_for_remap(runtime: str, remap: Mapping[str, Any], path: str) -> str:
     from posenc.hf._record import CONFIG_KEY
 
+    if runtime == "transformers" and not remap.get("applied_by_loader", True):  # no posenc record to apply it from
+        return (f"after loading it (posenc.hf.load_causal_lm or from_pretrained: neither applies "
+                f"{remap['key']} without posenc's record) call {remap['call']}, which runs what vLLM serves")  # fmt: skip
     if runtime == "transformers":
         return (f"load it with posenc.hf.load_causal_lm({path!r}), which applies it, or after from_pretrained call "
                 f"{remap['call']}")  # fmt: skip
@@ -522,6 +559,10 @@ def compare(view: RuntimeView, ref: Reference, length: int | None = None) -> Row
             problems.append(f"ignores {remap['key']}: posenc measured {remap['method']}, {view.runtime} runs the model "
                             "without it")  # fmt: skip
             fixes.append(_fix_for_remap(view.runtime, remap, ref.path))
+        elif remap.get("expected"):
+            for key, want, got in _remap_mismatches(view, remap):
+                problems.append(f"{view.runtime} runs {remap['key']} {key}={got!r} where posenc measured {want!r}")
+                fixes.append(f"{remap['key']}[{key!r}] = {want!r} (read: {got!r})")
     extended = ref.original is not None and ref.original != ref.context  # else the model's own context
     reach = "posenc extended the model to" if extended else "the model was trained for"
     if length is not None and ref.context is not None and length > ref.context:
@@ -545,6 +586,15 @@ def compare(view: RuntimeView, ref: Reference, length: int | None = None) -> Row
     if unverified:
         return Row(status="not verified", verdict="not verified: " + "; ".join(unverified), **numbers, **common)
     return Row(status="same", verdict="same", **numbers, **common)
+
+
+def _remap_mismatches(view: RuntimeView, remap: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
+    """``(key, posenc's value, the runtime's)`` where the runtime's dual-chunk layers read other sizes than posenc
+    ran (``remap["expected"]``)."""
+    read = next((layer.params for layer in view.layers if "chunk_size" in layer.params), None)
+    if read is None:
+        return []
+    return [(key, want, read.get(key)) for key, want in remap["expected"].items() if read.get(key) != want]
 
 
 def _at(layer: LayerRope, n: int) -> tuple[torch.Tensor, float] | None:
