@@ -459,3 +459,68 @@ def test_a_dca_config_without_a_record_is_given_a_call_that_runs_what_vllm_serve
     assert model._posenc_remap.method == DualChunk(
         chunk_size=served["chunk_size"], local_window=served["local_size"],
         original_max_position_embeddings=served["original_max_position_embeddings"], mscale=VLLM_MSCALE)  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# llama.cpp's converter under transformers 4 and 5
+
+
+def _yarn_folder(tmp_path: Path, name: str, rope: dict, **top) -> Path:
+    """A Llama YaRN x2 of 8192 tokens (head dim 128, where the correction range moves with the original length):
+    ``rope`` as config.json's rope_scaling, and ``top`` as top-level keys. No weights: check reads none."""
+    config = tiny_model("llama").config.to_dict()
+    config.pop("rope_parameters", None)
+    config.update(architectures=["LlamaForCausalLM"], hidden_size=256, num_attention_heads=2, num_key_value_heads=2,
+                  head_dim=128, max_position_embeddings=16384, rope_theta=10000.0, rope_scaling=rope, **top)
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def test_a_top_level_original_length_depends_on_the_converters_transformers(tmp_path):
+    """convert_hf_to_gguf.py reads AutoConfig.from_pretrained(folder).to_dict(): under transformers 5 (installed
+    here) that dict's rope_parameters already holds original_max_position_embeddings = max_position_embeddings, so
+    the GGUF gets 16384; under transformers 4 the converter takes the top-level 8192, which transformers runs."""
+    from transformers import AutoConfig
+
+    folder = _yarn_folder(tmp_path, "top", {"rope_type": "yarn", "factor": 2.0}, original_max_position_embeddings=8192)
+    hparams = AutoConfig.from_pretrained(folder).to_dict()
+    assert hparams["rope_parameters"]["original_max_position_embeddings"] == 16384
+    assert hparams["original_max_position_embeddings"] == 8192
+    row = _row(check(folder), "llamacpp")
+    assert row.status == "differs", row.verdict
+    assert row.verdict.startswith("differs: depends on llamacpp's environment: convert_hf_to_gguf.py run under "
+                                  "transformers 4")  # fmt: skip
+    assert "writes llama.rope.scaling.original_context_length 8192): same" in row.verdict
+    assert "transformers 5 (its AutoConfig.to_dict(); writes llama.rope.scaling.original_context_length 16384): " \
+           "differs: layers 0, 1: max |Δ inv_freq|" in row.verdict  # fmt: skip
+    assert "write original_max_position_embeddings = 8192 inside config.json's rope_parameters and rope_scaling" \
+           in row.verdict  # fmt: skip
+    # With the key inside the dict both environments write 8192: no dependence.
+    inside = _yarn_folder(tmp_path, "inside", {"rope_type": "yarn", "factor": 2.0,
+                                               "original_max_position_embeddings": 8192},
+                          original_max_position_embeddings=8192)  # fmt: skip
+    assert _row(check(inside), "llamacpp").status == "same"
+
+
+def test_a_save_writes_a_top_level_original_length_inside_both_rope_dicts(tmp_path):
+    """What posenc writes is read alike by the converter under transformers 4 and 5."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    import posenc.hf as H
+    from posenc.hf.save import with_v4_rope_keys
+
+    config = {"rope_parameters": {"rope_type": "yarn", "factor": 2.0, "rope_theta": 1e4},
+              "original_max_position_embeddings": 32, "max_position_embeddings": 64}  # fmt: skip
+    written = with_v4_rope_keys(config)
+    assert written["rope_parameters"]["original_max_position_embeddings"] == 32
+    assert written["rope_scaling"]["original_max_position_embeddings"] == 32
+    source = json.loads((_yarn_folder(tmp_path, "src", {"rope_type": "yarn", "factor": 2.0},
+                                      original_max_position_embeddings=8192) / "config.json").read_text())  # fmt: skip
+    source.update(num_hidden_layers=1, intermediate_size=8, vocab_size=8)
+    folder = H.save_pretrained(LlamaForCausalLM(LlamaConfig.from_dict(source)), None, tmp_path / "saved", check=False)
+    saved = json.loads((folder / "config.json").read_text())
+    assert saved["rope_parameters"]["original_max_position_embeddings"] == 8192
+    assert saved["rope_scaling"]["original_max_position_embeddings"] == 8192
+    assert _row(check(folder), "llamacpp").status == "same"

@@ -442,8 +442,30 @@ def _fix_for_remap(runtime: str, remap: Mapping[str, Any], path: str) -> str:
     return f"serve it with a runtime this table does not show ignoring {remap['key']}"
 
 
+def _compare_variants(view: RuntimeView, ref: Reference, length: int | None) -> Row:
+    """A view whose reading depends on the runtime's environment (``RuntimeView.variants``): ``same`` only where
+    every environment's reading is; else ``differs``, each environment's verdict named, and the fix that makes them
+    agree."""
+    rows = [(view.variants[0].otherwise, compare(dataclasses.replace(view, variants=()), ref, length))]
+    rows += [(v.when, compare(dataclasses.replace(view, layers=v.layers, variants=()), ref, length))
+             for v in view.variants]  # fmt: skip
+    first = rows[0][1]
+    if all(row.verdict == first.verdict for _, row in rows):
+        return first
+    fixes = [v.fix for v in view.variants if v.fix]
+    text = (f"differs: depends on {view.runtime}'s environment: " +
+            "; ".join(f"{when}: {row.verdict}" for when, row in rows) +
+            (". Fix (both then agree): " + "; ".join(fixes) if fixes else ""))  # fmt: skip
+    worst = [row for _, row in rows if row.max_inv_freq_delta is not None]
+    numbers = {name: max((getattr(row, name) for row in worst), default=None)
+               for name in ("max_inv_freq_delta", "max_inv_freq_ratio", "attention_factor_delta")}  # fmt: skip
+    return dataclasses.replace(first, status="differs", verdict=text, **numbers)
+
+
 def compare(view: RuntimeView, ref: Reference, length: int | None = None) -> Row:
     """One runtime's ``Row``: ``view`` (``posenc.runtimes.read``) against what posenc measured (``reference``)."""
+    if view.variants:
+        return _compare_variants(view, ref, length)
     common: dict[str, Any] = dict(
         runtime=view.runtime, reference=ref.source, follows=view.follows, notes=tuple(view.notes),
         context=view.context, layers=len(view.layers), rotary=_rotary_text(view.layers))  # fmt: skip
