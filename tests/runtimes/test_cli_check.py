@@ -107,9 +107,9 @@ def _config(tmp_path, name, change):
 
 def _gguf(tmp_path, name, edit):
     """A tiny Llama GGUF's metadata with ``edit`` applied (None: the key removed)."""
-    from hf.tiny_gguf import llama_kv, write_gguf
-
     import numpy as np
+
+    from hf.tiny_gguf import llama_kv, write_gguf
 
     model = tiny_model("llama")
     kv = llama_kv(model.config)

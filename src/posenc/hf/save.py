@@ -205,10 +205,10 @@ def with_v4_rope_keys(config: dict[str, Any]) -> dict[str, Any]:
     ``rope_parameters`` -- ``rope_theta``, ``rope_scaling`` (None for plain RoPE) and ``partial_rotary_factor`` --
     set to what ``rope_parameters`` says, so a stack pinned to transformers 4 (or a converter reading the old keys)
     runs the same RoPE; transformers 5 reads the pair as one (``posenc.runtimes.transformers``). A top-level
-    ``original_max_position_embeddings`` of a YaRN, LongRoPE or Llama 3 config is written inside both dicts too (where
-    they hold another value or none), so llama.cpp's converter reads it under transformers 4 and 5 alike. Left as it is: a
-    config with per-layer-type ``rope_parameters`` (Gemma 3/4: transformers 4 had other keys for them), or a rope type
-    transformers 4 did not know."""
+    ``original_max_position_embeddings`` of a YaRN, LongRoPE or Llama 3 config is written inside both dicts too
+    (where they hold another value or none), so llama.cpp's converter reads it under transformers 4 and 5 alike.
+    Left as it is: a config with per-layer-type ``rope_parameters`` (Gemma 3/4: transformers 4 had other keys for
+    them), or a rope type transformers 4 did not know."""
     params = config.get("rope_parameters")
     if not isinstance(params, dict) or "rope_type" not in params or params["rope_type"] not in V4_ROPE_TYPES:
         return config

@@ -7,10 +7,18 @@ The reference -- what posenc measured (``reference``):
   ``rope_parameters`` the record holds (older records: from the config's, noted), per layer type; the extensions
   the config does not carry (a remapping method: ``dca_vllm`` as ``dual_chunk_attention_config``) and the context the
   model was extended to come from the record too;
-- a GGUF file posenc wrote: its ``posenc.rope`` record where the llama.cpp keys still say the same
-  (``posenc.hf.gguf_rope.from_gguf``); another Llama GGUF: the llama.cpp keys as posenc's loader reads them;
+- a GGUF file posenc wrote: its ``posenc.rope`` record, also where the llama.cpp keys were edited after the export
+  (each runtime is compared with what was measured; llama.cpp's fix names the keys that say the record again);
+  another Llama GGUF: the llama.cpp keys as posenc's loader reads them;
 - anything else: the config as transformers reads it (``posenc.runtimes.transformers``), with the extension keys it
-  carries for other runtimes (``dual_chunk_attention_config``).
+  carries for other runtimes (``dual_chunk_attention_config``: for transformers, the ``extend_context`` call that
+  runs it as vLLM serves it, since no loader applies it without posenc's record).
+
+A ``dca_vllm`` record is compared with the ``dual_chunk_attention_config`` each runtime that reads it serves
+(``chunk_size``, ``local_size``, the original length). A runtime whose reading depends on its environment
+(``RuntimeView.variants``: llama.cpp's converter under transformers 4 or 5) is ``same`` only where every
+environment's reading is. Keys no runtime computes with (a missing layer count or ``context_length``, a string or
+out-of-range RoPE number, a GGUF key stored with another type) are refused first (``posenc.runtimes.inputs``).
 
 Per runtime and layer, the comparison (``compare``): RoPE or none, rotary dims and layout, ``max |Δ inv_freq|``
 (float64) and the attention factor, at the frequencies for sequences up to the original context and, for
@@ -234,7 +242,7 @@ def _measured_dca(entry: Mapping[str, Any]) -> dict[str, Any]:
     """``{"expected": dual_chunk_attention_config}`` for a ``dca_vllm`` record: the chunk_size, local_size and
     original length posenc ran (rebuilt as ``extend_context`` built them); empty for another method or a record that
     does not rebuild."""
-    from posenc.remapping import remap_method
+    from posenc.remapping import DualChunk, remap_method
 
     if entry.get("method") != "dca_vllm":
         return {}
@@ -243,6 +251,7 @@ def _measured_dca(entry: Mapping[str, Any]) -> dict[str, Any]:
                               target=int(entry["max_position_embeddings"]), **dict(entry.get("options") or {}))
     except (ValueError, KeyError, TypeError):
         return {}
+    assert isinstance(method, DualChunk)  # remap_method's class for dca_vllm
     return {"expected": {"chunk_size": method.chunk_size, "local_size": method.local_window,
                          "original_max_position_embeddings": method.original_max_position_embeddings}}  # fmt: skip
 
@@ -431,8 +440,8 @@ def _fix_for_remap(runtime: str, remap: Mapping[str, Any], path: str) -> str:
     from posenc.hf._record import CONFIG_KEY
 
     if runtime == "transformers" and not remap.get("applied_by_loader", True):  # no posenc record to apply it from
-        return (f"after loading it (posenc.hf.load_causal_lm or from_pretrained: neither applies "
-                f"{remap['key']} without posenc's record) call {remap['call']}, which runs what vLLM serves")  # fmt: skip
+        return (f"after loading it (posenc.hf.load_causal_lm or from_pretrained: neither applies {remap['key']} "
+                f"without posenc's record) call {remap['call']}, which runs what vLLM serves")  # fmt: skip
     if runtime == "transformers":
         return (f"load it with posenc.hf.load_causal_lm({path!r}), which applies it, or after from_pretrained call "
                 f"{remap['call']}")  # fmt: skip
@@ -457,9 +466,12 @@ def _compare_variants(view: RuntimeView, ref: Reference, length: int | None) -> 
             "; ".join(f"{when}: {row.verdict}" for when, row in rows) +
             (". Fix (both then agree): " + "; ".join(fixes) if fixes else ""))  # fmt: skip
     worst = [row for _, row in rows if row.max_inv_freq_delta is not None]
-    numbers = {name: max((getattr(row, name) for row in worst), default=None)
-               for name in ("max_inv_freq_delta", "max_inv_freq_ratio", "attention_factor_delta")}  # fmt: skip
-    return dataclasses.replace(first, status="differs", verdict=text, **numbers)
+    def most(name: str) -> float | None:
+        return max((getattr(row, name) for row in worst), default=None)
+
+    return dataclasses.replace(first, status="differs", verdict=text, max_inv_freq_delta=most("max_inv_freq_delta"),
+                               max_inv_freq_ratio=most("max_inv_freq_ratio"),
+                               attention_factor_delta=most("attention_factor_delta"))  # fmt: skip
 
 
 def compare(view: RuntimeView, ref: Reference, length: int | None = None) -> Row:
