@@ -411,3 +411,163 @@ def test_a_kept_record_with_attention_factor_added_by_hand_differs_in_vllm(tmp_p
     assert row.status == "differs" and "attention factor 0.8 where posenc measured" in row.verdict, row.verdict
     measured = 0.1 * math.log(2.0) + 1.0
     assert row.attention_factor_delta == pytest.approx(abs(0.8 - measured), rel=1e-12)
+# A GGUF whose llama.cpp keys were edited after the export: compared with what posenc measured (its record)
+
+
+def _yarn_gguf(tmp_path: Path, name: str, edit: dict) -> Path:
+    """A Llama GGUF as posenc.hf.save_gguf writes a YaRN x2 model (its llama.cpp keys and its posenc.rope record),
+    with the keys in ``edit`` set afterwards (None: removed)."""
+    import numpy as np
+
+    from hf.tiny import ORIGINAL, tiny_config
+    from hf.tiny_gguf import write_gguf
+    from posenc.hf import gguf_rope
+
+    config = tiny_config("llama", max_position_embeddings=2 * ORIGINAL)
+    config.rope_parameters = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 2.0,
+                              "original_max_position_embeddings": ORIGINAL}  # fmt: skip
+    d = config.hidden_size // config.num_attention_heads
+    kv = {"llama.embedding_length": config.hidden_size, "llama.block_count": 2, "llama.rope.dimension_count": d,
+          "llama.attention.head_count": config.num_attention_heads, gguf_rope.POSENC_KEY: gguf_rope.record(config),
+          **{k: v for k, (v, _) in gguf_rope.to_gguf(config).metadata().items()}}  # fmt: skip
+    for key, value in edit.items():
+        kv.pop(key) if value is None else kv.__setitem__(key, value)
+    weights = {"token_embd.weight": np.ones((64, config.hidden_size), np.float32)}
+    return write_gguf(tmp_path / f"{name}.gguf", "llama", weights, kv=kv)
+
+
+@pytest.mark.parametrize(
+    ("edit", "fix"),
+    [
+        ({}, None),
+        ({"llama.rope.scaling.original_context_length": None},
+         "llama.rope.scaling.original_context_length = 32 (the file: absent)"),
+        ({"llama.rope.scaling.attn_factor": 0.9}, "remove llama.rope.scaling.attn_factor (the file: 0.9)"),
+        ({"llama.rope.scaling.type": "none"}, "llama.rope.scaling.type = 'yarn' (the file: 'none')"),
+        ({"llama.rope.scaling.factor": 4.0}, "llama.rope.scaling.factor = 2 (the file: 4)"),
+    ],
+)  # fmt: skip
+def test_a_gguf_edited_after_the_export_is_compared_with_what_posenc_measured(tmp_path, edit, fix):
+    """llama.cpp runs the edited keys; the reference is the record, so each edit is a difference with its fix."""
+    path = _yarn_gguf(tmp_path, "edited", edit)
+    llamacpp, transformers = check(path, ["llamacpp", "transformers"])
+    assert llamacpp.reference == transformers.reference == "posenc's posenc.rope record in the GGUF (yarn)"
+    if fix is None:
+        assert llamacpp.status == "same", llamacpp.verdict
+        return
+    assert llamacpp.status == "differs", llamacpp.verdict
+    assert "the file's llama.cpp keys were edited after the export" in llamacpp.verdict
+    assert f"Fix: set the file's keys to what posenc measured: {fix}" in llamacpp.verdict
+    # posenc's loader reads the edited keys: its advice restores them first
+    assert f"set the file's llama.cpp keys back to what posenc measured ({fix}) and load it" in transformers.verdict
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# dual_chunk_attention_config against what posenc measured
+
+
+def test_a_dca_chunk_size_edited_by_hand_is_named_for_the_runtimes_that_read_it(tmp_path):
+    """posenc measured chunk_size 24 (its record); vLLM and SGLang serve the config's 20 once it is edited."""
+    folder = _saved(tmp_path, "qwen2", ("dca_vllm", 2.0))
+    assert json.loads((folder / "config.json").read_text())["dual_chunk_attention_config"]["chunk_size"] == 24
+    assert {_row(check(folder), r).status for r in ("vllm", "sglang")} == {"not verified"}
+    _edit(folder, lambda c: c["dual_chunk_attention_config"].update(chunk_size=20))
+    rows = check(folder)
+    for runtime in ("vllm", "sglang"):
+        row = _row(rows, runtime)
+        assert row.status == "differs", row.verdict
+        assert f"{runtime} runs dual_chunk_attention_config chunk_size=20 where posenc measured 24" in row.verdict
+        assert "Fix: dual_chunk_attention_config['chunk_size'] = 24 (read: 20)" in row.verdict
+
+
+def test_a_dca_config_without_a_record_is_given_a_call_that_runs_what_vllm_serves(tmp_path):
+    """Qwen2.5-1M as shipped: a dual_chunk_attention_config and no posenc record. posenc's loader does not apply it
+    (nothing claims it does); the call the check gives runs posenc's dca_vllm with the sizes vLLM reads."""
+    import re
+
+    from transformers import AutoModelForCausalLM
+
+    import posenc
+    from posenc.hf.load import apply_saved
+    from posenc.remapping import VLLM_MSCALE, DualChunk
+
+    folder = tmp_path / "qwen2-1m"
+    tiny_model("qwen2").save_pretrained(folder)
+    dca = {"chunk_size": 24, "local_size": 4, "original_max_position_embeddings": 32}
+    _edit(folder, lambda c: c.update(dual_chunk_attention_config=dca, max_position_embeddings=64))
+    row = _row(check(folder))
+    assert row.status == "differs" and "which applies it" not in row.verdict, row.verdict
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    assert apply_saved(model) == []  # what load_causal_lm applies to a transformers folder: nothing here
+    assert getattr(model, "_posenc_remap", None) is None
+    call = re.search(r"call (posenc\.hf\.extend_context\(model, 'dca_vllm', [^)]*\))", row.verdict).group(1)
+    eval(call, {"posenc": posenc, "model": model})  # noqa: S307 - the advice, run as a user would paste it
+    served = next(layer.params for layer in read(Source.open(folder), "vllm").layers)
+    assert model._posenc_remap.method == DualChunk(
+        chunk_size=served["chunk_size"], local_window=served["local_size"],
+        original_max_position_embeddings=served["original_max_position_embeddings"], mscale=VLLM_MSCALE)  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# llama.cpp's converter under transformers 4 and 5
+
+
+def _yarn_folder(tmp_path: Path, name: str, rope: dict, **top) -> Path:
+    """A Llama YaRN x2 of 8192 tokens (head dim 128, where the correction range moves with the original length):
+    ``rope`` as config.json's rope_scaling, and ``top`` as top-level keys. No weights: check reads none."""
+    config = tiny_model("llama").config.to_dict()
+    config.pop("rope_parameters", None)
+    config.update(architectures=["LlamaForCausalLM"], hidden_size=256, num_attention_heads=2, num_key_value_heads=2,
+                  head_dim=128, max_position_embeddings=16384, rope_theta=10000.0, rope_scaling=rope, **top)
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def test_a_top_level_original_length_depends_on_the_converters_transformers(tmp_path):
+    """convert_hf_to_gguf.py reads AutoConfig.from_pretrained(folder).to_dict(): under transformers 5 (installed
+    here) that dict's rope_parameters already holds original_max_position_embeddings = max_position_embeddings, so
+    the GGUF gets 16384; under transformers 4 the converter takes the top-level 8192, which transformers runs."""
+    from transformers import AutoConfig
+
+    folder = _yarn_folder(tmp_path, "top", {"rope_type": "yarn", "factor": 2.0}, original_max_position_embeddings=8192)
+    hparams = AutoConfig.from_pretrained(folder).to_dict()
+    assert hparams["rope_parameters"]["original_max_position_embeddings"] == 16384
+    assert hparams["original_max_position_embeddings"] == 8192
+    row = _row(check(folder), "llamacpp")
+    assert row.status == "differs", row.verdict
+    assert row.verdict.startswith("differs: depends on llamacpp's environment: convert_hf_to_gguf.py run under "
+                                  "transformers 4")  # fmt: skip
+    assert "writes llama.rope.scaling.original_context_length 8192): same" in row.verdict
+    assert "transformers 5 (its AutoConfig.to_dict(); writes llama.rope.scaling.original_context_length 16384): " \
+           "differs: layers 0, 1: max |Δ inv_freq|" in row.verdict  # fmt: skip
+    assert "write original_max_position_embeddings = 8192 inside config.json's rope_parameters and rope_scaling" \
+           in row.verdict  # fmt: skip
+    # With the key inside the dict both environments write 8192: no dependence.
+    inside = _yarn_folder(tmp_path, "inside", {"rope_type": "yarn", "factor": 2.0,
+                                               "original_max_position_embeddings": 8192},
+                          original_max_position_embeddings=8192)  # fmt: skip
+    assert _row(check(inside), "llamacpp").status == "same"
+
+
+def test_a_save_writes_a_top_level_original_length_inside_both_rope_dicts(tmp_path):
+    """What posenc writes is read alike by the converter under transformers 4 and 5."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    import posenc.hf as H
+    from posenc.hf.save import with_v4_rope_keys
+
+    config = {"rope_parameters": {"rope_type": "yarn", "factor": 2.0, "rope_theta": 1e4},
+              "original_max_position_embeddings": 32, "max_position_embeddings": 64}  # fmt: skip
+    written = with_v4_rope_keys(config)
+    assert written["rope_parameters"]["original_max_position_embeddings"] == 32
+    assert written["rope_scaling"]["original_max_position_embeddings"] == 32
+    source = json.loads((_yarn_folder(tmp_path, "src", {"rope_type": "yarn", "factor": 2.0},
+                                      original_max_position_embeddings=8192) / "config.json").read_text())  # fmt: skip
+    source.update(num_hidden_layers=1, intermediate_size=8, vocab_size=8)
+    folder = H.save_pretrained(LlamaForCausalLM(LlamaConfig.from_dict(source)), None, tmp_path / "saved", check=False)
+    saved = json.loads((folder / "config.json").read_text())
+    assert saved["rope_parameters"]["original_max_position_embeddings"] == 8192
+    assert saved["rope_scaling"]["original_max_position_embeddings"] == 8192
+    assert _row(check(folder), "llamacpp").status == "same"

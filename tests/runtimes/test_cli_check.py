@@ -115,3 +115,81 @@ def test_a_missing_or_unreadable_path_exits_2(tmp_path, capsys):
     (tmp_path / "notes.txt").write_text("hello")
     code, _, err = _run(capsys, tmp_path / "notes.txt")
     assert code == 2 and err.count("\n") == 1
+
+
+def _config(tmp_path, name, change):
+    """A tiny Llama YaRN x2 config.json (no posenc record) changed by ``change``."""
+    config = tiny_model("llama").config.to_dict()
+    config["rope_parameters"] = {"rope_type": "yarn", "factor": 2.0, "rope_theta": 10000.0,
+                                 "original_max_position_embeddings": 32}  # fmt: skip
+    change(config)
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def _gguf(tmp_path, name, edit):
+    """A tiny Llama GGUF's metadata with ``edit`` applied (None: the key removed)."""
+    import numpy as np
+
+    from hf.tiny_gguf import llama_kv, write_gguf
+
+    model = tiny_model("llama")
+    kv = llama_kv(model.config)
+    for key, value in edit.items():
+        kv.pop(key) if value is None else kv.__setitem__(key, value)
+    return write_gguf(tmp_path / f"{name}.gguf", "llama", {"token_embd.weight": np.ones((64, 8), np.float32)}, kv=kv)
+
+
+@pytest.mark.parametrize(
+    ("name", "change", "message"),
+    [
+        ("no-layers", lambda c: c.pop("num_hidden_layers"),
+         r"config.json has no num_hidden_layers \(.*\): expected the number of decoder layers, a positive integer"),
+        ("string-factor", lambda c: c["rope_parameters"].update(factor="abc"),
+         r"rope_parameters\['factor'\]='abc' in .*config.json is invalid: expected a finite number > 0"),
+        ("string-base", lambda c: c["rope_parameters"].update(rope_theta="abc"),
+         r"rope_parameters\['rope_theta'\]='abc' in .*config.json is invalid: expected a finite number > 0"),
+        ("negative-factor", lambda c: c["rope_parameters"].update(factor=-2.0),
+         r"rope_parameters\['factor'\]=-2.0 in .*config.json is invalid: expected a finite number > 0"),
+        ("zero-original", lambda c: c["rope_parameters"].update(original_max_position_embeddings=0),
+         r"rope_parameters\['original_max_position_embeddings'\]=0 in .*config.json is invalid: expected a positive "
+         r"integer"),
+        ("bad-dca", lambda c: c.update(dual_chunk_attention_config={"chunk_size": "48", "local_size": 4}),
+         r"dual_chunk_attention_config\['chunk_size'\]='48' in .*config.json is invalid"),
+    ],
+)  # fmt: skip
+def test_a_bad_config_key_exits_2_naming_file_key_and_value(tmp_path, capsys, name, change, message):
+    from posenc.runtimes.check import check
+
+    folder = _config(tmp_path, name, change)
+    with pytest.raises(ValueError, match=message):
+        check(folder)
+    code, out, err = _run(capsys, folder)
+    assert code == 2 and out == "" and "Traceback" not in err and err.count("\n") == 1, err
+    assert str(folder / "config.json") in err
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        ({"llama.context_length": None}, r"\.gguf has no llama.context_length: expected a positive integer"),
+        ({"llama.block_count": None}, r"\.gguf has no llama.block_count"),
+        ({"llama.rope.freq_base": "10000"}, r"llama.rope.freq_base='10000' in .*\.gguf is invalid: expected a finite "
+                                            r"number > 0, stored as float32 \(the file stores a string"),
+        ({"llama.rope.freq_base": -1.0}, r"llama.rope.freq_base=-1.0 in .*\.gguf is invalid"),
+        ({"llama.rope.scaling.type": "yarn", "llama.rope.scaling.factor": 2.0,
+          "llama.rope.scaling.original_context_length": 0},
+         r"llama.rope.scaling.original_context_length=0 in .*\.gguf is invalid: expected a positive integer"),
+    ],
+)  # fmt: skip
+def test_a_bad_gguf_key_exits_2_naming_file_key_and_value(tmp_path, capsys, edit, message):
+    from posenc.runtimes.check import check
+
+    path = _gguf(tmp_path, "bad", edit)
+    with pytest.raises(ValueError, match=message):
+        check(path)
+    code, out, err = _run(capsys, path)
+    assert code == 2 and out == "" and "Traceback" not in err and err.count("\n") == 1, err
+    assert str(path) in err

@@ -72,6 +72,8 @@ class GGUFHeader:
     tensors: tuple[GGUFTensor, ...] = field(repr=False)
     data_offset: int
     file_size: int
+    #: each metadata key's value type as the file stores it ("float32", "uint32", "string", ...)
+    value_types: dict[str, str] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def architecture(self) -> str:
@@ -194,7 +196,9 @@ def _alignment(metadata: dict[str, Any], kinds: dict[str, int]) -> int:
     return value
 
 
-def _parse(buf: mmap.mmap, file_size: int, arrays: Collection[str]) -> tuple[int, str, dict, list[GGUFTensor], int]:
+def _parse(
+    buf: mmap.mmap, file_size: int, arrays: Collection[str]
+) -> tuple[int, str, dict, dict, list[GGUFTensor], int]:
     if file_size < 8 or buf[:4] != MAGIC:
         raise _Corrupt(f"it does not start with the magic bytes {MAGIC!r} (found {bytes(buf[:4])!r})")
     order, version = _byte_order(buf)
@@ -236,7 +240,7 @@ def _parse(buf: mmap.mmap, file_size: int, arrays: Collection[str]) -> tuple[int
         raise _Corrupt(
             f"its {len(tensors)} tensors end at byte {end} but the file holds {file_size} bytes (truncated download?)"
         )
-    return version, order, metadata, tensors, data_offset
+    return version, order, metadata, kinds, tensors, data_offset
 
 
 def read_gguf_header(path: str | os.PathLike, *, arrays: Collection[str] = ()) -> GGUFHeader:
@@ -260,7 +264,7 @@ def read_gguf_header(path: str | os.PathLike, *, arrays: Collection[str] = ()) -
             if file_size < 8:
                 raise _Corrupt(f"it holds {file_size} bytes, fewer than a GGUF header's first 8")
             with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-                version, order, metadata, tensors, data_offset = _parse(buf, file_size, frozenset(arrays))
+                version, order, metadata, kinds, tensors, data_offset = _parse(buf, file_size, frozenset(arrays))
     except _Corrupt as e:
         fail("path", str(path), f"a complete GGUF file: {e}")
     except OSError as e:
@@ -273,4 +277,5 @@ def read_gguf_header(path: str | os.PathLike, *, arrays: Collection[str] = ()) -
         tensors=tuple(tensors),
         data_offset=data_offset,
         file_size=file_size,
+        value_types={key: _TYPE_NAMES.get(kind, str(kind)) for key, kind in kinds.items()},
     )

@@ -427,17 +427,62 @@ def from_gguf(
     """``(rope_parameters, max_position_embeddings, exact)`` for a file: posenc's own record when the file has one and
     the llama.cpp keys still say the same (``exact`` True), else the translation of the keys (``to_hf``)."""
     rope = read_gguf(meta, tensors, arch=arch, path=path)
-    recorded = meta.get(POSENC_KEY)
-    if isinstance(recorded, str):
-        try:
-            saved = json.loads(recorded)
-            params, context = dict(saved["rope_parameters"]), int(saved["max_position_embeddings"])
-        except (ValueError, KeyError, TypeError):
-            params = None
-        if params is not None and _same_rope(rope, params, context, d=rope.head_dim):
-            return params, context, True
+    saved = recorded(meta)
+    if saved is not None and _same_rope(rope, saved[0], saved[1], d=rope.head_dim):
+        return saved[0], saved[1], True
     params, context = to_hf(rope)
     return params, context, False
+
+
+def recorded(meta: Mapping[str, Any]) -> tuple[dict[str, Any], int] | None:
+    """``(rope_parameters, max_position_embeddings)`` of the file's ``posenc.rope`` record: what posenc measured,
+    whatever the llama.cpp keys say now; None without a readable record."""
+    value = meta.get(POSENC_KEY)
+    if not isinstance(value, str):
+        return None
+    try:
+        saved = json.loads(value)
+        return dict(saved["rope_parameters"]), int(saved["max_position_embeddings"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def key_fixes(meta: Mapping[str, Any], tensors: Mapping[str, Any], params: Mapping[str, Any], context: int, *,
+              head_dim: int, arch: str = "llama") -> list[str]:  # fmt: skip
+    """What to change in a file's llama.cpp RoPE keys and factor tensors so that they say ``params`` and ``context``
+    again (``to_gguf``): ``"llama.rope.scaling.factor = 2 (the file: 4)"``, ``"remove llama.rope.scaling.attn_factor
+    (the file: 0.9)"``; empty where they do, or where ``params`` has no GGUF form."""
+    from transformers import LlamaConfig
+
+    try:
+        want = to_gguf(LlamaConfig(rope_parameters=dict(params), max_position_embeddings=context, head_dim=head_dim,
+                                   hidden_size=head_dim, num_attention_heads=1))  # fmt: skip
+    except (ValueError, KeyError, TypeError):
+        return []
+    keys = {k: v for k, (v, _) in want.metadata(arch).items()}
+
+    def shown(value: Any) -> str:
+        return f"{value:.7g}" if isinstance(value, float) else repr(value)  # a float32 key to its 7 digits
+
+    out = []
+    for key, value in keys.items():
+        if key not in meta:
+            out.append(f"{key} = {shown(value)} (the file: absent)")
+        elif meta[key] != value:
+            out.append(f"{key} = {shown(value)} (the file: {shown(meta[key])})")
+    scaling = [f"{arch}.rope.scaling.{k}" for k in ("type", "factor", "original_context_length", "attn_factor")]
+    for key in (*scaling, f"{arch}.rope.scale_linear"):
+        if key in meta and key not in keys:
+            out.append(f"remove {key} (the file: {shown(meta[key])})")
+    written = want.tensors()
+    for name in ROPE_TENSORS:
+        if name in written and name not in tensors:
+            out.append(f"write the tensor {name} ({len(written[name])} float32 divisors; the file has none)")
+        elif name in tensors and name not in written:
+            out.append(f"remove the tensor {name}")
+        elif name in written and [_f32(x) for x in written[name]] != [_f32(x) for x in tensors[name]]:
+            out.append(f"the tensor {name} holds other divisors than posenc measured")
+    return out
 
 
 def _same_rope(rope: GGUFRope, params: dict[str, Any], context: int, *, d: int) -> bool:

@@ -206,13 +206,21 @@ def with_v4_rope_keys(config: dict[str, Any]) -> dict[str, Any]:
     """``config`` (a ``config.json`` dict transformers 5 wrote) with the keys transformers 4 reads instead of
     ``rope_parameters`` -- ``rope_theta``, ``rope_scaling`` (None for plain RoPE) and ``partial_rotary_factor`` --
     set to what ``rope_parameters`` says, so a stack pinned to transformers 4 (or a converter reading the old keys)
-    runs the same RoPE; transformers 5 reads the pair as one (``posenc.runtimes.transformers``). Left as it is: a
-    config with per-layer-type ``rope_parameters`` (Gemma 3/4: transformers 4 had other keys for them), or a rope type
-    transformers 4 did not know."""
+    runs the same RoPE; transformers 5 reads the pair as one (``posenc.runtimes.transformers``). A top-level
+    ``original_max_position_embeddings`` of a YaRN, LongRoPE or Llama 3 config is written inside both dicts too
+    (where they hold another value or none), so llama.cpp's converter reads it under transformers 4 and 5 alike.
+    Left as it is: a config with per-layer-type ``rope_parameters`` (Gemma 3/4: transformers 4 had other keys for
+    them), or a rope type transformers 4 did not know."""
     params = config.get("rope_parameters")
     if not isinstance(params, dict) or "rope_type" not in params or params["rope_type"] not in V4_ROPE_TYPES:
         return config
     out = dict(config)
+    top = config.get("original_max_position_embeddings")
+    if params["rope_type"] in ("yarn", "longrope", "llama3") and top is not None:
+        # transformers 5 runs the top-level key (Phi-3's rule) but AutoConfig.to_dict(), which llama.cpp's converter
+        # reads, holds max_position_embeddings in the dict where it lacks the key: written inside, both read one value
+        params = {**params, "original_max_position_embeddings": top}
+        out["rope_parameters"] = params
     if params.get("rope_theta") is not None:
         out["rope_theta"] = params["rope_theta"]
     scaling = {k: v for k, v in params.items() if k not in ("rope_theta", "partial_rotary_factor")}

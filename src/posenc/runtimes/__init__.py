@@ -61,6 +61,18 @@ class RuntimeView:
     refused: str | None = None  # why this runtime cannot run the model at all (None: it runs)
     notes: tuple[str, ...] = ()  # anything else a user must know, e.g. "not verified: ..."
     version: str = ""  # the release this reading follows, as ``posenc check`` names it ("vLLM 0.33.0")
+    variants: tuple[Variant, ...] = ()  # what the runtime runs instead where its environment differs
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    """Another reading of one runtime that depends on its environment, e.g. llama.cpp's converter run under
+    transformers 5 rather than 4: ``layers`` then replace the view's, which hold ``otherwise``'s reading."""
+
+    when: str  # the environment of this reading: "convert_hf_to_gguf.py run under transformers 5"
+    otherwise: str  # the environment of the view's own layers
+    layers: tuple[LayerRope, ...]
+    fix: str | None = None  # the config change that makes both readings agree
 
 
 Reader = Callable[["Source"], RuntimeView]

@@ -7,10 +7,18 @@ The reference -- what posenc measured (``reference``):
   ``rope_parameters`` the record holds (older records: from the config's, noted), per layer type; the extensions
   the config does not carry (a remapping method: ``dca_vllm`` as ``dual_chunk_attention_config``) and the context the
   model was extended to come from the record too;
-- a GGUF file posenc wrote: its ``posenc.rope`` record where the llama.cpp keys still say the same
-  (``posenc.hf.gguf_rope.from_gguf``); another Llama GGUF: the llama.cpp keys as posenc's loader reads them;
+- a GGUF file posenc wrote: its ``posenc.rope`` record, also where the llama.cpp keys were edited after the export
+  (each runtime is compared with what was measured; llama.cpp's fix names the keys that say the record again);
+  another Llama GGUF: the llama.cpp keys as posenc's loader reads them;
 - anything else: the config as transformers reads it (``posenc.runtimes.transformers``), with the extension keys it
-  carries for other runtimes (``dual_chunk_attention_config``).
+  carries for other runtimes (``dual_chunk_attention_config``: for transformers, the ``extend_context`` call that
+  runs it as vLLM serves it, since no loader applies it without posenc's record).
+
+A ``dca_vllm`` record is compared with the ``dual_chunk_attention_config`` each runtime that reads it serves
+(``chunk_size``, ``local_size``, the original length). A runtime whose reading depends on its environment
+(``RuntimeView.variants``: llama.cpp's converter under transformers 4 or 5) is ``same`` only where every
+environment's reading is. Keys no runtime computes with (a missing layer count or ``context_length``, a string or
+out-of-range RoPE number, a GGUF key stored with another type) are refused first (``posenc.runtimes.inputs``).
 
 Per runtime and layer, the comparison (``compare``): RoPE or none, rotary dims and layout, ``max |Δ inv_freq|``
 (float64) and the attention factor, at the frequencies for sequences up to the original context and, for
@@ -45,7 +53,7 @@ from typing import Any
 import torch
 
 from posenc._checks import check_choice, check_positive_int, fail
-from posenc.runtimes import RUNTIMES, LayerRope, RuntimeView, Source, read
+from posenc.runtimes import RUNTIMES, LayerRope, RuntimeView, Source, inputs, read
 
 #: float32 unit roundoff, and the roundings beyond the exponent's in the longest frequency computation (see above).
 U32 = 2.0**-24
@@ -82,6 +90,7 @@ class Reference:
     original: int | None = None  # the context the model was trained at, before posenc extended it
     unverified: tuple[str, ...] = ()  # what is not verified about the reference itself (from the reading it is)
     kind: str = "folder"  # the source's kind: "folder", "config" or "gguf"
+    gguf_fixes: tuple[str, ...] = ()  # a GGUF whose llama.cpp keys were edited: the keys that say the record again
 
 
 @dataclasses.dataclass(frozen=True)
@@ -222,8 +231,8 @@ def _record_reference(source: Source, structure: RuntimeView | None) -> Referenc
     remaps = []
     for entry in _record.not_in_config(entries):
         key = "dual_chunk_attention_config" if entry["method"] == "dca_vllm" else _record.CONFIG_KEY
-        remaps.append({"key": key, "method": _record.label(entry),
-                       "call": _record.call(entry, explicit=True)})  # fmt: skip
+        remaps.append({"key": key, "method": _record.label(entry), "call": _record.call(entry, explicit=True),
+                       "applied_by_loader": True, **_measured_dca(entry)})  # fmt: skip
     last = entries[-1]
     dynamic = last.get("in_config") and last["method"] == "dynamic"
     context = None if dynamic else last.get("max_position_embeddings")
@@ -233,10 +242,45 @@ def _record_reference(source: Source, structure: RuntimeView | None) -> Referenc
                      original=entries[0].get("original_max_position_embeddings"))  # fmt: skip
 
 
+def _measured_dca(entry: Mapping[str, Any]) -> dict[str, Any]:
+    """``{"expected": dual_chunk_attention_config}`` for a ``dca_vllm`` record: the chunk_size, local_size and
+    original length posenc ran (rebuilt as ``extend_context`` built them); empty for another method or a record that
+    does not rebuild."""
+    from posenc.remapping import DualChunk, remap_method
+
+    if entry.get("method") != "dca_vllm":
+        return {}
+    try:
+        method = remap_method("dca_vllm", original=int(entry["original_max_position_embeddings"]),
+                              target=int(entry["max_position_embeddings"]), **dict(entry.get("options") or {}))
+    except (ValueError, KeyError, TypeError):
+        return {}
+    assert isinstance(method, DualChunk)  # remap_method's class for dca_vllm
+    return {"expected": {"chunk_size": method.chunk_size, "local_size": method.local_window,
+                         "original_max_position_embeddings": method.original_max_position_embeddings}}  # fmt: skip
+
+
+def _dca_call(dca: Mapping[str, Any], context: Any) -> str:
+    """The ``extend_context`` call that runs a ``dual_chunk_attention_config`` as vLLM serves it (posenc's
+    ``dca_vllm`` with its chunk_size, local_size and original length), or why posenc has none."""
+    from posenc.hf._record import number
+    from posenc.remapping import remap_method
+
+    try:
+        chunk, local, original = (int(dca[k]) for k in ("chunk_size", "local_size",
+                                                        "original_max_position_embeddings"))  # fmt: skip
+        target = int(context)
+        remap_method("dca_vllm", original=original, target=target, chunk_size=chunk, local_window=local)
+    except (ValueError, KeyError, TypeError) as err:
+        return f"posenc has no call that runs it ({err})"
+    return (f"posenc.hf.extend_context(model, 'dca_vllm', {number(target / original)}, "
+            f"original_max_position_embeddings={original}, chunk_size={chunk}, local_window={local})")
+
+
 def _gguf_reference(source: Source, transformers: RuntimeView) -> Reference:
     """A GGUF file: posenc's own record, or the llama.cpp keys as posenc's loader reads them (Llama), else
     transformers' reading (posenc loads the other architectures with transformers' GGUF loader)."""
-    from posenc.hf import gguf_llama
+    from posenc.hf import gguf_llama, gguf_rope
 
     header = source.gguf
     if not gguf_llama.handles(header):
@@ -246,19 +290,28 @@ def _gguf_reference(source: Source, transformers: RuntimeView) -> Reference:
     meta = header.metadata
     head_dim = int(meta.get("llama.rope.dimension_count") or meta["llama.embedding_length"] //
                    meta["llama.attention.head_count"])  # fmt: skip
+    notes = ["layout relative to the file's weights: llama.cpp's converter permutes q/k rows to neighbouring pairs"]
+    fixes: tuple[str, ...] = ()
+    saved = gguf_rope.recorded(meta)
+    if saved is not None:  # what posenc measured, even where the llama.cpp keys were edited after the export
+        if not exact:
+            fixes = tuple(gguf_rope.key_fixes(meta, gguf_llama.rope_tensors(header), *saved, head_dim=head_dim))
+            notes.append("the file's llama.cpp RoPE keys no longer say what posenc's posenc.rope record says (edited "
+                         "after the export); the record is the reference")  # fmt: skip
+        params, context = saved
     cfg = {"model_type": "llama", "rope_parameters": params, "max_position_embeddings": context,
            "head_dim": head_dim, "num_hidden_layers": int(meta["llama.block_count"])}  # fmt: skip
     layers = tuple(dataclasses.replace(layer, layout="interleaved") for layer in _posenc_layers(cfg, None))
     kind = params.get("rope_type", "default")
-    source_text = ("posenc's posenc.rope record in the GGUF" if exact else
+    source_text = ("posenc's posenc.rope record in the GGUF" if saved is not None else
                    "the GGUF's llama.cpp keys as posenc's loader reads them") + f" ({kind})"  # fmt: skip
-    note = "layout relative to the file's weights: llama.cpp's converter permutes q/k rows to neighbouring pairs"
     return Reference(
         source_text,
         layers,
         None if kind == "dynamic" else context,
-        notes=(note,),
+        notes=tuple(notes),
         original=params.get("original_max_position_embeddings") or context,
+        gguf_fixes=fixes,
     )
 
 
@@ -269,8 +322,8 @@ def _runtime_reference(view: RuntimeView, source: str, config: Mapping[str, Any]
     if config is not None and config.get("dual_chunk_attention_config"):
         dca = config["dual_chunk_attention_config"]
         remaps.append({"key": "dual_chunk_attention_config", "method": f"Dual Chunk Attention {dict(dca)}",
-                       "call": "posenc.hf.extend_context(model, 'dca_vllm', ...) over its "
-                       f"original_max_position_embeddings={dca.get('original_max_position_embeddings')}"})  # fmt: skip
+                       "call": _dca_call(dca, _text(config).get("max_position_embeddings")),
+                       "applied_by_loader": False})  # fmt: skip
     dynamic = any(layer.method is not None and "dynamic" in layer.method for layer in view.layers)
     context = original = None
     if config is not None:
@@ -390,6 +443,9 @@ def _ignores(view: RuntimeView, key: str) -> bool:
 def _fix_for_remap(runtime: str, remap: Mapping[str, Any], path: str) -> str:
     from posenc.hf._record import CONFIG_KEY
 
+    if runtime == "transformers" and not remap.get("applied_by_loader", True):  # no posenc record to apply it from
+        return (f"after loading it (posenc.hf.load_causal_lm or from_pretrained: neither applies {remap['key']} "
+                f"without posenc's record) call {remap['call']}, which runs what vLLM serves")  # fmt: skip
     if runtime == "transformers":
         return (f"load it with posenc.hf.load_causal_lm({path!r}), which applies it, or after from_pretrained call "
                 f"{remap['call']}")  # fmt: skip
@@ -399,8 +455,33 @@ def _fix_for_remap(runtime: str, remap: Mapping[str, Any], path: str) -> str:
     return f"serve it with a runtime this table does not show ignoring {remap['key']}"
 
 
+def _compare_variants(view: RuntimeView, ref: Reference, length: int | None) -> Row:
+    """A view whose reading depends on the runtime's environment (``RuntimeView.variants``): ``same`` only where
+    every environment's reading is; else ``differs``, each environment's verdict named, and the fix that makes them
+    agree."""
+    rows = [(view.variants[0].otherwise, compare(dataclasses.replace(view, variants=()), ref, length))]
+    rows += [(v.when, compare(dataclasses.replace(view, layers=v.layers, variants=()), ref, length))
+             for v in view.variants]  # fmt: skip
+    first = rows[0][1]
+    if all(row.verdict == first.verdict for _, row in rows):
+        return first
+    fixes = [v.fix for v in view.variants if v.fix]
+    text = (f"differs: depends on {view.runtime}'s environment: " +
+            "; ".join(f"{when}: {row.verdict}" for when, row in rows) +
+            (". Fix (both then agree): " + "; ".join(fixes) if fixes else ""))  # fmt: skip
+    worst = [row for _, row in rows if row.max_inv_freq_delta is not None]
+    def most(name: str) -> float | None:
+        return max((getattr(row, name) for row in worst), default=None)
+
+    return dataclasses.replace(first, status="differs", verdict=text, max_inv_freq_delta=most("max_inv_freq_delta"),
+                               max_inv_freq_ratio=most("max_inv_freq_ratio"),
+                               attention_factor_delta=most("attention_factor_delta"))  # fmt: skip
+
+
 def compare(view: RuntimeView, ref: Reference, length: int | None = None) -> Row:
     """One runtime's ``Row``: ``view`` (``posenc.runtimes.read``) against what posenc measured (``reference``)."""
+    if view.variants:
+        return _compare_variants(view, ref, length)
     common: dict[str, Any] = dict(
         runtime=view.runtime, reference=ref.source, follows=view.follows, notes=tuple(view.notes), version=view.version,
         context=view.context, layers=len(view.layers), rotary=_rotary_text(view.layers))  # fmt: skip
@@ -490,13 +571,19 @@ def compare(view: RuntimeView, ref: Reference, length: int | None = None) -> Row
             if not shadowed:
                 problems.append(f"{view.runtime} computes other frequencies from this config")
         else:
-            keys = [] if gguf else _param_fixes(view, ref, bad)
+            keys = ([f"set the file's keys to what posenc measured: {', '.join(ref.gguf_fixes)}"] if (
+                view.runtime == "llamacpp" and ref.gguf_fixes) else []) if gguf else _param_fixes(view, ref, bad)
+            if gguf and view.runtime == "llamacpp" and ref.gguf_fixes:
+                problems.append("the file's llama.cpp keys were edited after the export: they no longer say what "
+                                "posenc measured (its posenc.rope record)")  # fmt: skip
             if not keys and not gguf:
                 problems.append(f"{view.runtime} reads the same parameters and computes other frequencies from them")
             fixes += keys
         if view.runtime == "transformers" and gguf:
-            fixes.insert(0, f"load it with posenc.hf.load_causal_lm({ref.path!r}) (transformers' GGUF loader drops "
-                         "rope.scaling.*), or run it with llama.cpp")  # fmt: skip
+            edited = ("set the file's llama.cpp keys back to what posenc measured (" + ", ".join(ref.gguf_fixes) +
+                      ") and " if ref.gguf_fixes else "")  # load_causal_lm reads the keys  # fmt: skip
+            fixes.insert(0, f"{edited}load it with posenc.hf.load_causal_lm({ref.path!r}) (transformers' GGUF loader "
+                         "drops rope.scaling.*), or run it with llama.cpp")  # fmt: skip
         elif "rope_parameters" in view.ignored:
             fixes.insert(0, "remove rope_scaling from config.json: transformers 5 reads it instead of rope_parameters")
     if unprobed:
@@ -510,6 +597,10 @@ def compare(view: RuntimeView, ref: Reference, length: int | None = None) -> Row
             problems.append(f"ignores {remap['key']}: posenc measured {remap['method']}, {view.runtime} runs the model "
                             "without it")  # fmt: skip
             fixes.append(_fix_for_remap(view.runtime, remap, ref.path))
+        elif remap.get("expected"):
+            for key, want, got in _remap_mismatches(view, remap):
+                problems.append(f"{view.runtime} runs {remap['key']} {key}={got!r} where posenc measured {want!r}")
+                fixes.append(f"{remap['key']}[{key!r}] = {want!r} (read: {got!r})")
     extended = ref.original is not None and ref.original != ref.context  # else the model's own context
     reach = "posenc extended the model to" if extended else "the model was trained for"
     if length is not None and ref.context is not None and length > ref.context:
@@ -533,6 +624,15 @@ def compare(view: RuntimeView, ref: Reference, length: int | None = None) -> Row
     if unverified:
         return Row(status="not verified", verdict="not verified: " + "; ".join(unverified), **numbers, **common)
     return Row(status="same", verdict="same", **numbers, **common)
+
+
+def _remap_mismatches(view: RuntimeView, remap: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
+    """``(key, posenc's value, the runtime's)`` where the runtime's dual-chunk layers read other sizes than posenc
+    ran (``remap["expected"]``)."""
+    read = next((layer.params for layer in view.layers if "chunk_size" in layer.params), None)
+    if read is None:
+        return []
+    return [(key, want, read.get(key)) for key, want in remap["expected"].items() if read.get(key) != want]
 
 
 def _at(layer: LayerRope, n: int) -> tuple[torch.Tensor, float] | None:
@@ -589,12 +689,14 @@ def check(
         One ``Row`` per runtime; ``row.status == "same"`` only where the runtime runs what posenc measured.
 
     Raises:
-        ValueError: naming ``path``, ``runtimes`` or ``length`` for bad input.
+        ValueError: naming ``path``, ``runtimes`` or ``length`` for bad input; naming the file, the key, its value
+            and what is allowed for a config or GGUF key no runtime computes with (``posenc.runtimes.inputs``).
     """
     names = check_runtimes(runtimes)
     if length is not None:
         check_positive_int("length", length)
     source = open_source(path)
+    inputs.check_source(source)
     views = {name: read(source, name) for name in dict.fromkeys(("transformers", *names))}
     ref = reference(source, views["transformers"])
     return [compare(views[name], ref, length) for name in names]

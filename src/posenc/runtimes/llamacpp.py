@@ -60,7 +60,7 @@ from typing import Any, cast
 import torch
 
 from posenc.hf import gguf_rope
-from posenc.runtimes import LayerRope, RuntimeView, Source, register
+from posenc.runtimes import LayerRope, RuntimeView, Source, Variant, register
 
 #: The code this reader follows.
 #: How ``posenc check`` names the release this reader follows.
@@ -673,12 +673,63 @@ def _llama3_freqs(params: Mapping[str, Any], hp: Mapping[str, Any]) -> list[floa
     return [_f32(v) for v in out]
 
 
+def _rope_keys(meta: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in meta.items() if ".rope." in k or k.endswith(".context_length")}
+
+
+def _transformers5_variant(config: Mapping[str, Any], meta: Mapping[str, Any] | None,
+                           tensors: Mapping[str, Any] | None, n_ctx: int | None) -> Variant | None:  # fmt: skip
+    """What ``convert_hf_to_gguf.py`` writes when run under transformers 5, where ``load_hparams`` reads
+    ``AutoConfig.from_pretrained(folder).to_dict()``: transformers 5 has filled ``rope_parameters`` in by then (a
+    YaRN / Llama 3 / LongRoPE dict without ``original_max_position_embeddings`` gets ``max_position_embeddings``, not
+    the top-level key the converter otherwise takes). None where it writes the same RoPE keys as under transformers 4
+    (``meta``, ``tensors``: the config as it is; None where the converter stops on it)."""
+    try:
+        from posenc.runtimes.transformers import build_config
+
+        hp5 = build_config(config)[0].to_dict()
+        meta5, tensors5, _, _ = convert(hp5)
+        if meta is not None and _rope_keys(meta5) == _rope_keys(meta) and dict(tensors5) == dict(tensors or {}):
+            return None
+        layers5, _ = _layers(meta5, tensors5, n_ctx=n_ctx, out=_Reading())
+    except (ImportError, ValueError, RuntimeError, _Refused):
+        return None
+    old, new = _rope_keys(meta or {}), _rope_keys(meta5)
+    changed = [k for k in sorted({*old, *new}) if old.get(k) != new.get(k)]
+    shown = ", ".join(f"{k} {new.get(k, 'absent')}" for k in changed) or "other RoPE factor tensors"
+    was = "writes " + ", ".join(f"{k} {old.get(k, 'absent')}" for k in changed) if meta is not None else "it stops"
+    fix = None
+    top = config.get("original_max_position_embeddings")
+    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    if any(k.endswith("original_context_length") for k in changed) and "original_max_position_embeddings" not in rope:
+        value = top if top is not None else "<the pretraining length>"
+        fix = (f"write original_max_position_embeddings = {value} inside config.json's rope_parameters and "
+               "rope_scaling (as every posenc export does): the converter then reads it under transformers 4 and 5")
+    return Variant(
+        when=f"convert_hf_to_gguf.py run under transformers 5 (its AutoConfig.to_dict(); writes {shown})",
+        otherwise=f"convert_hf_to_gguf.py run under transformers 4 (llama.cpp's converter requirements; {was})",
+        layers=_relative_to_folder(config, tuple(layers5)),
+        fix=fix,
+    )
+
+
+def _relative_to_folder(config: Mapping[str, Any], layers: tuple[LayerRope, ...]) -> tuple[LayerRope, ...]:
+    if (config.get("architectures") or [None])[0] not in PERMUTED:
+        return layers
+    return tuple(dataclasses.replace(layer, layout="half") if layer.layout == "interleaved" else layer
+                 for layer in layers)  # fmt: skip
+
+
 def read_config(config: Mapping[str, Any], *, n_ctx: int | None = None) -> RuntimeView:
-    """What llama.cpp runs for a transformers ``config.json`` once converted with ``convert_hf_to_gguf.py``."""
+    """What llama.cpp runs for a transformers ``config.json`` once converted with ``convert_hf_to_gguf.py`` under
+    transformers 4 (the converter's requirements; the dict as ``config.json`` holds it), and in ``variants`` what it
+    runs when converted under transformers 5, where that writes other RoPE keys (``_transformers5_variant``)."""
     try:
         meta, tensors, ignored, notes = convert(config)
     except _ConverterStops as err:
-        return RuntimeView("llamacpp", FOLLOWS, (), None, (), str(err), ())
+        variant = _transformers5_variant(config, None, None, n_ctx)
+        return RuntimeView("llamacpp", FOLLOWS, (), None, (), str(err), (),
+                           variants=(variant,) if variant else ())  # fmt: skip
     except ValueError as err:
         arch = (config.get("architectures") or [None])[0]
         why = str(err) if str(err) != str(arch) else f"posenc models convert_hf_to_gguf.py for {sorted(CONVERTED)} only"
@@ -689,12 +740,13 @@ def read_config(config: Mapping[str, Any], *, n_ctx: int | None = None) -> Runti
     except _Refused as err:
         return RuntimeView("llamacpp", FOLLOWS, (), None, tuple(out.ignored), str(err), tuple(out.notes))
     if (config.get("architectures") or [None])[0] in PERMUTED:
-        layers = tuple(dataclasses.replace(layer, layout="half") if layer.layout == "interleaved" else layer
-                       for layer in layers)  # fmt: skip
+        layers = _relative_to_folder(config, layers)
         out.notes.append("layout relative to the folder's weights: convert_hf_to_gguf.py permutes each head's q/k "
                          "rows (LlamaModel.undo_permute) so that llama.cpp's neighbouring pairs rotate what "
                          "transformers rotates as halves")  # fmt: skip
-    return RuntimeView("llamacpp", FOLLOWS, layers, context, tuple(out.ignored), None, tuple(out.notes))
+    variant = _transformers5_variant(config, meta, tensors, n_ctx)
+    return RuntimeView("llamacpp", FOLLOWS, layers, context, tuple(out.ignored), None, tuple(out.notes),
+                       variants=(variant,) if variant else ())  # fmt: skip
 
 
 def read(source: Source, *, n_ctx: int | None = None) -> RuntimeView:

@@ -39,6 +39,7 @@ attention receives in a forward of the model transformers builds.
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import importlib
 import logging
@@ -156,7 +157,8 @@ def build_config(config: Mapping[str, Any]) -> tuple[Any, list[str]]:
         fail("model_type", model_type, f"a model type transformers {_version()} has a config class for")
     with _transformers_log() as messages:
         try:
-            built = CONFIG_MAPPING[cast(str, model_type)].from_dict(dict(config))
+            # a deep copy: transformers fills rope_parameters in place, which would change the source for later readers
+            built = CONFIG_MAPPING[cast(str, model_type)].from_dict(copy.deepcopy(dict(config)))
         except Exception as err:  # noqa: BLE001 - transformers raises KeyError, ValueError, TypeError ...
             raise RuntimeError(f"{type(err).__name__}: {err}") from err
     return built, messages
