@@ -14,7 +14,7 @@ from posenc.hf import ReachExceededWarning, extend_context
 
 # (frequency method first or None, remapping method or None, reach in tokens)
 REACHES = [
-    (None, "self_extend", 80),  # window 32 // 4 = 8, group ceil((64 - 8) / (32 - 8)) = 3: (32 - 8) * 3 + 8
+    (None, "self_extend", 78),  # window 32 // 4 = 8, group ceil((64 - 8) / (32 - 8)) = 3: 3 * (32 - 8 + 8 // 3)
     (None, "string", 48),  # x1.5: offset 20, local window 4: 32 + 20 - 4
     (None, "leaky_rerope", 64),  # window 4, leak 2.19: 4 + (32 - 1 - 4) * 2.19 + 1 = 64.13
     ("yarn", None, 64),  # the context YaRN x2 extends to
@@ -22,7 +22,7 @@ REACHES = [
     ("ntk", None, 64),
     ("llama3", None, 64),
     ("longrope", None, 64),
-    ("yarn", "self_extend", 160),  # over YaRN's 64: window 16, group ceil((128 - 16) / (64 - 16)) = 3
+    ("yarn", "self_extend", 159),  # over YaRN's 64: window 16, group 3: 3 * (64 - 16 + 5); 160 scores (159, 0) at 64
 ]
 #: Patches with no limit: dynamic NTK rescales with the length; DCA, ReRoPE, LM-Infinite and StreamingLLM score
 #: every pair at a trained distance.

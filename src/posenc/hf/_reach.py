@@ -4,7 +4,7 @@ A context extension is made for a length; past it the model attends over distanc
 in pretraining or through the extension, as an unpatched model past its ``max_position_embeddings``:
 
 - a remapping method reaches ``method.reach(original)`` tokens, the longest sequence whose every (query, key) pair it
-  scores at a distance below the length ``original`` it was derived over (Self-Extend ``(L - W) G + W``, STRING
+  scores at a distance below the length ``original`` it was derived over (Self-Extend ``G (L - W + W // G)``, STRING
   ``L + offset - W``, Leaky ReRoPE); DCA, ReRoPE, LM-Infinite and StreamingLLM have no limit;
 - a frequency method with a target (``linear``, ``ntk``, ``yarn``, ``longrope``, ``llama3``; ``linear`` on p-RoPE)
   reaches the context it extended the model to, the ``max_position_embeddings`` it wrote; ``dynamic`` has no limit
