@@ -418,6 +418,7 @@ def apply_saved(model: torch.nn.Module) -> list[dict[str, Any]]:
 
 def _runtime_parts(model: torch.nn.Module, items: list[dict[str, Any]]) -> None:
     """What ``extend_context`` adds beside the config for a frequency method (``posenc.hf._rope_patch``)."""
+    from posenc.hf._reach import watch_config_reach
     from posenc.hf._rope_patch import guard_cache, rotary_modules
     from posenc.hf.rope_float32 import keep_rope_float32
     from posenc.hf.rotary import rotary_config_from_hf
@@ -425,7 +426,8 @@ def _runtime_parts(model: torch.nn.Module, items: list[dict[str, Any]]) -> None:
     modules = rotary_modules(model)
     if not modules:
         return
-    layer_type = next((e["arguments"].get("layer_type") for e in reversed(items) if e.get("in_config")), None)
+    watch_config_reach(model, modules)  # the reach the record's last frequency call set, as extend_context sets it
+    layer_type = next((e.get("arguments", {}).get("layer_type") for e in reversed(items) if e.get("in_config")), None)
     try:
         setup = rotary_config_from_hf(model.config, layer_type=layer_type)
     except ValueError:
