@@ -17,7 +17,7 @@ import torch
 from hf.tiny import tiny_model
 from posenc.cli import main
 from posenc.hf import extend_context, load_causal_lm, save_pretrained
-from posenc.hf._record_check import ARGUMENTS, _METHODS
+from posenc.hf._record_check import _METHODS, ARGUMENTS
 from posenc.runtimes.check import check
 
 DROP = object()  # the key is removed

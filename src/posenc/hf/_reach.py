@@ -15,12 +15,13 @@ counted over the YaRN model's context). A model with per-layer-type ``rope_param
 reaches the least of its layers' reaches (``frequency_reach``): each layer type carries its own context
 (``layer_contexts``: the extended one for the types a call extended, the model's context as loaded for the others,
 none for ``dynamic``), and a sliding-window layer whose window fits in its type's context has no limit (it never
-sees a longer distance); ``max_position_embeddings`` is set to that reach, never more (a ``dynamic`` layer type keeps
-it as its threshold). A model ``posenc.hf.load_causal_lm`` reloads from a folder ``posenc.hf.save_pretrained`` wrote
-gets the reach its record and config describe (``watch_config_reach``). A forward pre-hook on each rotary module -- which every forward runs once,
-before any layer, with the call's ``position_ids`` -- warns (``ReachExceededWarning``) the first time a sequence is
-longer (largest position + 1) than the reach: a prefill, or the step of ``generate`` that passes it. ALiBi's slope
-interpolation has no hook here (BLOOM records no training length).
+sees a longer distance); ``max_position_embeddings`` is set to that reach, never more (a ``dynamic`` layer type
+keeps it as its threshold). A model ``posenc.hf.load_causal_lm`` reloads from a folder ``posenc.hf.save_pretrained``
+wrote gets the reach its record and config describe (``watch_config_reach``). A forward pre-hook on each rotary
+module -- which every forward runs once, before any layer, with the call's ``position_ids`` -- warns
+(``ReachExceededWarning``) the first time a sequence is longer (largest position + 1) than the reach: a prefill, or
+the step of ``generate`` that passes it. ALiBi's slope interpolation has no hook here (BLOOM records no training
+length).
 """
 
 from __future__ import annotations
@@ -104,7 +105,11 @@ def layer_contexts(model: torch.nn.Module) -> dict[str, float] | None:
     if not types:
         return None
     recorded: Mapping[str, Any] = next(
-        (e["layer_contexts"] for e in reversed(_record.extensions(model)) if isinstance(e.get("layer_contexts"), Mapping)),
+        (
+            e["layer_contexts"]
+            for e in reversed(_record.extensions(model))
+            if isinstance(e.get("layer_contexts"), Mapping)
+        ),
         {},
     )
     out: dict[str, float] = {}
@@ -121,9 +126,10 @@ def layer_contexts(model: torch.nn.Module) -> dict[str, float] | None:
 def type_context(model: torch.nn.Module, layer_type: str | None) -> int:
     """The context ``layer_type``'s RoPE carries (``layer_contexts``); the model's ``max_position_embeddings`` for
     ``None``, a config with one ``rope_parameters``, or a ``dynamic`` type."""
+    config: Any = model.config
     contexts = layer_contexts(model) or {}
     found = contexts.get(layer_type, math.inf) if layer_type is not None else math.inf
-    return int(model.config.max_position_embeddings) if math.isinf(found) else int(found)
+    return int(config.max_position_embeddings) if math.isinf(found) else int(found)
 
 
 def frequency_reach(config: Any, contexts: Mapping[str, float] | None) -> tuple[float, str | None]:

@@ -367,7 +367,12 @@ def load_causal_lm(
         ``"posenc"``), and what the config does not carry itself -- Dual Chunk Attention in vLLM's form, which
         transformers ignores -- is applied again over the original length it was applied over; a frequency
         method (in the config) gets the run-time parts ``extend_context`` adds (cached keys re-rotated for
-        ``dynamic``/``longrope``, RoPE in float32 in a half-precision model).
+        ``dynamic``/``longrope``, RoPE in float32 in a half-precision model, the ``ReachExceededWarning`` past
+        its extended context).
+
+    Raises:
+        ValueError: a bad ``dtype`` or ``device``, or a folder whose ``"posenc"`` record is malformed (naming the key,
+            ``posenc.hf._record_check``); see ``resolve_model`` for the source.
     """
     source = _as_source(source)
     dtype = torch.float32 if dtype is None else as_dtype(dtype)

@@ -4,13 +4,14 @@ arXiv:2401.01325).
 Two branches: neighbours closer than ``window`` keep their positions; farther keys are seen through *grouped*
 positions, the key at ``j // group`` and the query at ``i // group + window - window // group``, so that the grouped
 distance continues where the window ends. Reach: ``group * (L - window + window // group)`` tokens for pretraining
-length ``L``, the longest sequence whose largest grouped distance, ``(S - 1) // group + window - window // group`` at
-the pair (``S - 1``, 0), is below ``L`` (the paper's ``(L - window) * group + window`` is ``window mod group`` more:
-there the last query scores key 0 at distance ``L``). Reference implementation: ``datamllab/LongLM`` (``self_extend_patch/Llama.py``: ``self_extend_forward``,
-``group_size_1`` = ``group``, ``group_size_2`` = ``window``), checked in ``tests/reference/remapping.py``. The
-query shift uses integer division ``window // group`` as the reference's flash-attention and decoding paths do
-(``Llama.py``'s eager path divides exactly, which gives fractional positions when ``group`` does not divide
-``window``); the reference's optional query log-scaling (off by default there) is not applied.
+length ``L``, the longest sequence whose largest grouped distance, ``(S - 1) // group + window - window // group``
+at the pair (``S - 1``, 0), is below ``L`` (the paper's ``(L - window) * group + window`` is ``window mod group``
+more: there the last query scores key 0 at distance ``L``). Reference implementation: ``datamllab/LongLM``
+(``self_extend_patch/Llama.py``: ``self_extend_forward``, ``group_size_1`` = ``group``, ``group_size_2`` =
+``window``), checked in ``tests/reference/remapping.py``. The query shift uses integer division ``window // group``
+as the reference's flash-attention and decoding paths do (``Llama.py``'s eager path divides exactly, which gives
+fractional positions when ``group`` does not divide ``window``); the reference's optional query log-scaling (off by
+default there) is not applied.
 """
 
 from __future__ import annotations
