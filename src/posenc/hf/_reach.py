@@ -4,17 +4,24 @@ A context extension is made for a length; past it the model attends over distanc
 in pretraining or through the extension, as an unpatched model past its ``max_position_embeddings``:
 
 - a remapping method reaches ``method.reach(original)`` tokens, the longest sequence whose every (query, key) pair it
-  scores at a distance below the length ``original`` it was derived over (Self-Extend ``(L - W) G + W``, STRING
+  scores at a distance below the length ``original`` it was derived over (Self-Extend ``G (L - W + W // G)``, STRING
   ``L + offset - W``, Leaky ReRoPE); DCA, ReRoPE, LM-Infinite and StreamingLLM have no limit;
 - a frequency method with a target (``linear``, ``ntk``, ``yarn``, ``longrope``, ``llama3``; ``linear`` on p-RoPE)
   reaches the context it extended the model to, the ``max_position_embeddings`` it wrote; ``dynamic`` has no limit
   (it rescales with the length).
 
 The last ``extend_context`` call sets the model's reach (a remapping method after YaRN: the remapping method's,
-counted over the YaRN model's context). A forward pre-hook on each rotary module -- which every forward runs once,
-before any layer, with the call's ``position_ids`` -- warns (``ReachExceededWarning``) the first time a sequence is
-longer (largest position + 1) than the reach: a prefill, or the step of ``generate`` that passes it. ALiBi's slope
-interpolation has no hook here (BLOOM records no training length).
+counted over the YaRN model's context). A model with per-layer-type ``rope_parameters`` (Gemma 3/4, MiMo-V2-Flash)
+reaches the least of its layers' reaches (``frequency_reach``): each layer type carries its own context
+(``layer_contexts``: the extended one for the types a call extended, the model's context as loaded for the others,
+none for ``dynamic``), and a sliding-window layer whose window fits in its type's context has no limit (it never
+sees a longer distance); ``max_position_embeddings`` is set to that reach, never more (a ``dynamic`` layer type
+keeps it as its threshold). A model ``posenc.hf.load_causal_lm`` reloads from a folder ``posenc.hf.save_pretrained``
+wrote gets the reach its record and config describe (``watch_config_reach``). A forward pre-hook on each rotary
+module -- which every forward runs once, before any layer, with the call's ``position_ids`` -- warns
+(``ReachExceededWarning``) the first time a sequence is longer (largest position + 1) than the reach: a prefill, or
+the step of ``generate`` that passes it. ALiBi's slope interpolation has no hook here (BLOOM records no training
+length).
 """
 
 from __future__ import annotations
@@ -22,9 +29,12 @@ from __future__ import annotations
 import dataclasses
 import math
 import warnings
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, cast
 
 import torch
+
+from posenc.hf import _record
 
 _STATE = "_posenc_reach"  # on each rotary module: the model's _Reach (shared), or None
 _HOOK = "_posenc_reach_hook"  # on each rotary module: the id of its pre-hook
@@ -78,3 +88,107 @@ def _check(module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> None
             stacklevel=2,
         )
     return None
+
+
+def _nested_types(config: Any) -> list[str]:
+    """The per-layer-type keys of ``config.rope_parameters`` (Gemma 3/4, MiMo-V2-Flash); none for one shared entry."""
+    params = getattr(config, "rope_parameters", None)
+    return sorted(k for k, v in params.items() if isinstance(v, Mapping)) if isinstance(params, Mapping) else []
+
+
+def layer_contexts(model: torch.nn.Module) -> dict[str, float] | None:
+    """Per layer type of a per-layer-type config, the context its RoPE carries: ``inf`` for ``dynamic`` (no limit),
+    else the one the model's last recorded ``extend_context`` call left it (``"layer_contexts"`` in the record),
+    else the model's ``max_position_embeddings``. None for a config with one ``rope_parameters``."""
+    config: Any = model.config
+    types = _nested_types(config)
+    if not types:
+        return None
+    recorded: Mapping[str, Any] = next(
+        (
+            e["layer_contexts"]
+            for e in reversed(_record.extensions(model))
+            if isinstance(e.get("layer_contexts"), Mapping)
+        ),
+        {},
+    )
+    out: dict[str, float] = {}
+    for name in types:
+        if config.rope_parameters[name].get("rope_type") == "dynamic":
+            out[name] = math.inf
+        elif isinstance(recorded.get(name), int):
+            out[name] = recorded[name]
+        else:
+            out[name] = int(config.max_position_embeddings)
+    return out
+
+
+def type_context(model: torch.nn.Module, layer_type: str | None) -> int:
+    """The context ``layer_type``'s RoPE carries (``layer_contexts``); the model's ``max_position_embeddings`` for
+    ``None``, a config with one ``rope_parameters``, or a ``dynamic`` type."""
+    config: Any = model.config
+    contexts = layer_contexts(model) or {}
+    found = contexts.get(layer_type, math.inf) if layer_type is not None else math.inf
+    return int(config.max_position_embeddings) if math.isinf(found) else int(found)
+
+
+def frequency_reach(config: Any, contexts: Mapping[str, float] | None) -> tuple[float, str | None]:
+    """How far a frequency-scaled model reaches, and the layer type that limits it (None: one ``rope_parameters``).
+
+    One ``rope_parameters``: its ``max_position_embeddings`` (``dynamic``: ``inf``). Per layer type (``contexts``,
+    from ``layer_contexts``): the least over its RoPE layers of the layer's type context, a sliding-window layer
+    (``layer_types[i] == "sliding_attention"``) unlimited where ``sliding_window`` fits in it (its distances stay
+    below the window); ``inf`` where no layer is limited."""
+    if contexts is None:
+        params = getattr(config, "rope_parameters", None) or {}
+        dynamic = isinstance(params, Mapping) and params.get("rope_type") == "dynamic"
+        return (math.inf if dynamic else float(config.max_position_embeddings)), None
+    from posenc.hf.layers import rope_layers
+
+    window = getattr(config, "sliding_window", None)
+    reach, limiting = math.inf, None
+    for name, rotates in zip(getattr(config, "layer_types", None) or (), rope_layers(config), strict=False):
+        own = contexts.get(name, math.inf) if rotates else math.inf
+        if name == "sliding_attention" and isinstance(window, int) and window <= own:
+            own = math.inf
+        if own < reach:
+            reach, limiting = own, name
+    return reach, limiting
+
+
+def model_context(config: Any, contexts: Mapping[str, float], layer_type: str | None, asked: int, target: int) -> int:
+    """The ``max_position_embeddings`` of a per-layer-type config once ``layer_type`` carries ``contexts[layer_type]``:
+    ``asked`` (the call's own: ``dynamic``'s threshold) for a ``dynamic`` call; the current one where another type
+    runs ``dynamic`` (it reads it as its threshold); else the model's reach (``frequency_reach``), ``target`` where
+    no layer limits it."""
+    if math.isinf(contexts[cast(str, layer_type)]):
+        return asked
+    if any(math.isinf(v) for k, v in contexts.items() if k != layer_type):
+        return int(config.max_position_embeddings)
+    reach, _ = frequency_reach(config, contexts)
+    return target if math.isinf(reach) else int(reach)
+
+
+def limited_by(what: str, layer_type: str | None, limiting: str | None, reach: float) -> str:
+    """``what`` (a call's description) with the layer type it extended and, where another type limits the model's
+    reach, that type and reach."""
+    if layer_type is None:
+        return what
+    what = f"{what} on the {layer_type} layers"
+    if limiting is None or limiting == layer_type or math.isinf(reach):
+        return what
+    return f"{what} (the model reaches as far as its {limiting} layers: {int(reach)} tokens)"
+
+
+def watch_config_reach(model: torch.nn.Module, modules: list[tuple[str, torch.nn.Module]]) -> None:
+    """The reach warning of a model reloaded with frequency methods in its config (``posenc.hf.load_causal_lm`` on a
+    folder ``posenc.hf.save_pretrained`` wrote), as ``extend_context`` set it: ``frequency_reach`` of its config and
+    recorded layer contexts, named after the record's last frequency call."""
+    items = [e for e in _record.extensions(model) if e.get("in_config")]
+    if not items:
+        return
+    last = items[-1]
+    layer_type = last.get("arguments", {}).get("layer_type")
+    reach, limiting = frequency_reach(model.config, layer_contexts(model))
+    what = f"{_record.label(last)} over {last.get('original_max_position_embeddings')} (posenc's record)"
+    watch_reach(modules, reach, limited_by(what, layer_type, limiting, reach))

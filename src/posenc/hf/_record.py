@@ -32,12 +32,13 @@ import torch
 
 from posenc._version import __version__
 from posenc.hf._methods import DROP_METHODS, FREQUENCY_METHODS
+from posenc.hf._record_check import ARGUMENTS, check_record
 
 #: The config.json key holding the record.
 CONFIG_KEY = "posenc"
 _ATTR = "_posenc_extensions"
 #: Keyword arguments of ``extend_context`` recorded when given (``None``/``False`` are its defaults).
-_ARGUMENTS = ("original_max_position_embeddings", "max_position_embeddings", "layer_type", "replace")
+_ARGUMENTS = ARGUMENTS
 
 
 def _jsonable(value: Any) -> Any:
@@ -67,6 +68,8 @@ def entry(
         "max_position_embeddings": context.get("new") if isinstance(context, Mapping) else None,
         "in_config": method in FREQUENCY_METHODS and "slopes" not in description,  # ALiBi: a hook, not a config key
     }
+    if isinstance(description.get("layer_contexts"), Mapping):  # per layer type: the context each one carries
+        out["layer_contexts"] = dict(description["layer_contexts"])
     params = description.get("rope_parameters")
     if isinstance(params, Mapping) and isinstance(params.get("new"), Mapping):  # what posenc measured, exactly
         out["rope_parameters"] = _jsonable(copy.deepcopy(dict(params["new"])))
@@ -86,11 +89,9 @@ def extensions(model: torch.nn.Module) -> list[dict[str, Any]]:
 
 
 def saved_extensions(record: Any) -> list[dict[str, Any]]:
-    """The ``extensions`` list of a config's ``"posenc"`` record (none for anything else)."""
-    if not isinstance(record, Mapping):
-        return []
-    found = record.get("extensions")
-    return [dict(e) for e in found if isinstance(e, Mapping)] if isinstance(found, list) else []
+    """The ``extensions`` list of a config's ``"posenc"`` record (none without one); a malformed record raises a
+    ``ValueError`` naming the key (``posenc.hf._record_check``)."""
+    return [] if record is None else check_record(record)
 
 
 def add(model: torch.nn.Module, item: dict[str, Any]) -> None:

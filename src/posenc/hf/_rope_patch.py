@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 import warnings
 from collections.abc import Mapping
 from typing import Any, cast
@@ -29,7 +30,15 @@ from posenc.encodings.rotary_config import RotaryConfig
 from posenc.encodings.rotary_hf import DEFAULT_PARTIAL_ROTARY
 from posenc.hf._common import architecture, rotary_modules
 from posenc.hf._layer_theta import module_theta, theta_config
-from posenc.hf._reach import rotary_positions, watch_reach
+from posenc.hf._reach import (
+    frequency_reach,
+    layer_contexts,
+    limited_by,
+    model_context,
+    rotary_positions,
+    type_context,
+    watch_reach,
+)
 from posenc.hf.layers import LAYER_THETA_MODEL_TYPES
 from posenc.hf.rope_float32 import keep_rope_float32
 from posenc.hf.rotary import rotary_config_from_hf, rotary_config_to_hf
@@ -76,13 +85,13 @@ def ntk_base(setup: RotaryConfig, scaling: NTKScaling, base: float) -> float:
     return float(exported["rope_parameters"]["rope_theta"])
 
 
-def default_original(config: Any, layer_type: str | None) -> int:
-    """The pretraining length: the scaling's own ``original_max_position_embeddings`` if it has one, else
-    ``max_position_embeddings``."""
+def default_original(config: Any, layer_type: str | None, context: int | None = None) -> int:
+    """The pretraining length: the scaling's own ``original_max_position_embeddings`` if it has one, else the
+    context the layer type carries (``context``; default ``max_position_embeddings``)."""
     params = config.rope_parameters if layer_type is None else config.rope_parameters[layer_type]
     if params.get("rope_type") in _WITH_ORIGINAL and params.get("original_max_position_embeddings"):
         return int(params["original_max_position_embeddings"])
-    return int(config.max_position_embeddings)
+    return int(config.max_position_embeddings) if context is None else context
 
 
 def _layer_params(config: Any, layer_type: str | None, model: torch.nn.Module) -> Mapping[str, Any]:
@@ -147,7 +156,8 @@ def extend_rope(
     old_params = _layer_params(config, layer_type, model)
     old_setup = rotary_config_from_hf(config, layer_type=layer_type)
     old_report = positional_setup(config) if config.model_type in LAYER_THETA_MODEL_TYPES else old_setup
-    current = int(config.max_position_embeddings)
+    contexts = layer_contexts(model)  # per layer type (Gemma 3/4, MiMo): what each type's RoPE carries now
+    current = type_context(model, layer_type)
     plan = plan_extension(
         old_setup.scaling,
         method=method,
@@ -155,7 +165,7 @@ def extend_rope(
         original=original,
         target=target,
         current=current,
-        default_original=default_original(config, layer_type),
+        default_original=default_original(config, layer_type, current),
         rotary_dim=old_setup.rotary_dim,
         options=options,
         replace=replace,
@@ -169,6 +179,10 @@ def extend_rope(
     if config.model_type in DEFAULT_PARTIAL_ROTARY:  # MiMo: its default RoPE and its scalings read other defaults
         new_params.setdefault("partial_rotary_factor", old_setup.partial_rotary_factor)
     new_max = exported.get("max_position_embeddings", plan.target)  # dynamic NTK: its threshold, the original length
+    new_contexts = None
+    if contexts is not None:  # per layer type: the model claims no more than its least-reaching layers carry
+        new_contexts = {**contexts, cast(str, layer_type): math.inf if method == "dynamic" else plan.target}
+        new_max = model_context(config, new_contexts, layer_type, new_max, plan.target)
 
     updates: dict[str, Any] = {"max_position_embeddings": new_max}
     if layer_type is None:
@@ -210,7 +224,9 @@ def extend_rope(
     new_setup = rotary_config_from_hf(config, layer_type=layer_type)
     new_report = positional_setup(config) if config.model_type in LAYER_THETA_MODEL_TYPES else new_setup
     guard_cache(model, modules, new_setup)
-    watch_reach(modules, None if method == "dynamic" else new_max, plan.description)  # dynamic: no fixed reach
+    reach, limiting = frequency_reach(config, new_contexts)  # dynamic: no fixed reach
+    description = limited_by(plan.description, layer_type, limiting, reach)
+    watch_reach(modules, reach, description)
     keep_rope_float32(model)  # a bfloat16/float16 model: tables and rotation in float32, cast once after
     return {
         "architecture": config.model_type,
@@ -224,11 +240,13 @@ def extend_rope(
         "scaling": scaling,
         "previous_scaling": old_setup.scaling,
         "rule": plan.rule,
-        "description": plan.description,
+        "description": description,
         "positional_setup": {"old": old_report, "new": new_report},
         "modules_patched": len(modules),
         "module_names": [name for name, _ in modules],
-    }
+        **({} if new_contexts is None else {"layer_contexts": {k: None if math.isinf(v) else int(v)
+                                                                for k, v in new_contexts.items()}}),
+    }  # fmt: skip
 
 
 #: Methods that compose with themselves by multiplying their factor (over the same original length).

@@ -143,7 +143,12 @@ def extend_context(
     it (YaRN x2 then Self-Extend x2: Self-Extend's, over the YaRN model's context). A sequence longer than that
     (largest position + 1; a prefill, or the step of ``generate`` that passes it) warns once per model
     (``posenc.hf.ReachExceededWarning``): the model then attends over distances it never saw, as an unpatched model
-    past its ``max_position_embeddings``. ALiBi's slope interpolation does not warn.
+    past its ``max_position_embeddings``; ``posenc.hf.load_causal_lm`` gives a folder ``posenc.hf.save_pretrained``
+    wrote the same warning. With ``layer_type`` the model reaches as far as its least-reaching layers: each layer type
+    carries its own context (the one a call extended it to, else the model's as loaded; ``dynamic``: no limit), a
+    sliding-window layer whose window fits in it has no limit, and ``max_position_embeddings`` is set to that reach,
+    never more (Gemma 3 ``linear`` x2 on ``"sliding_attention"`` alone keeps it at the full layers' trained length;
+    a ``dynamic`` layer type keeps it as its threshold). ALiBi's slope interpolation does not warn.
 
     Args:
         model: a transformers model (e.g. ``LlamaForCausalLM``) of a type in ``supported_model_types()``.
@@ -178,10 +183,12 @@ def extend_context(
         max_position_embeddings: the new context length written to the config (MPT: ``max_seq_len``); defaults to
             ``ceil(original * factor)``. ``dynamic`` keeps the original length there, as transformers expects.
         layer_type: for per-layer-type ``rope_parameters`` (Gemma 3, Gemma 4, MiMo-V2-Flash: each type keeps its
-            base and partial rotary), the layer type to extend; the other types are left as they are. Granite-SWA
-            has one ``rope_parameters`` for all its RoPE layers, each at its own base (``layer_rope_theta``; 0: NoPE):
-            the scaling reaches every RoPE layer (static NTK grows every base), its NoPE layers stay without positions,
-            and ``layer_type`` is refused (no transformers config scales one layer type alone there).
+            base and partial rotary), the layer type to extend, from the context it carries (its original length and
+            ``factor`` apply to that type's context, not to the model's); the other types are left as they are.
+            Granite-SWA has one ``rope_parameters`` for all its RoPE layers, each at its own base
+            (``layer_rope_theta``; 0: NoPE): the scaling reaches every RoPE layer (static NTK grows every base), its
+            NoPE layers stay without positions, and ``layer_type`` is refused (no transformers config scales one
+            layer type alone there).
         replace: drop the model's current scaling and apply ``method`` over its original length, instead of the
             rule above (composing the same method, refusing another).
         **options: the method's own keys, ``METHOD_OPTIONS[method]``: YaRN's ``beta_fast``, ``beta_slow``,
@@ -200,7 +207,8 @@ def extend_context(
         ``max_position_embeddings`` ``{"old", "new"}``, ``modules_patched`` (count) and ``module_names``; for RoPE
         also ``layer_type``, ``scaling`` (the posenc ``RopeScaling`` applied), ``previous_scaling`` (None if there was
         none), ``rule`` (``"new"``, ``"composed"`` or ``"replaced"``), ``description``, and ``rope_parameters`` and
-        ``positional_setup`` (``RotaryConfig``, as ``positional_setup`` reads the config) ``{"old", "new"}``; for
+        ``positional_setup`` (``RotaryConfig``, as ``positional_setup`` reads the config) ``{"old", "new"}``, and for
+        per-layer-type RoPE ``layer_contexts`` (each layer type's context after the call, None for no limit); for
         ALiBi ``slopes`` ``{"old", "new"}``.
 
     Raises:

@@ -367,7 +367,12 @@ def load_causal_lm(
         ``"posenc"``), and what the config does not carry itself -- Dual Chunk Attention in vLLM's form, which
         transformers ignores -- is applied again over the original length it was applied over; a frequency
         method (in the config) gets the run-time parts ``extend_context`` adds (cached keys re-rotated for
-        ``dynamic``/``longrope``, RoPE in float32 in a half-precision model).
+        ``dynamic``/``longrope``, RoPE in float32 in a half-precision model, the ``ReachExceededWarning`` past
+        its extended context).
+
+    Raises:
+        ValueError: a bad ``dtype`` or ``device``, or a folder whose ``"posenc"`` record is malformed (naming the key,
+            ``posenc.hf._record_check``); see ``resolve_model`` for the source.
     """
     source = _as_source(source)
     dtype = torch.float32 if dtype is None else as_dtype(dtype)
@@ -418,6 +423,7 @@ def apply_saved(model: torch.nn.Module) -> list[dict[str, Any]]:
 
 def _runtime_parts(model: torch.nn.Module, items: list[dict[str, Any]]) -> None:
     """What ``extend_context`` adds beside the config for a frequency method (``posenc.hf._rope_patch``)."""
+    from posenc.hf._reach import watch_config_reach
     from posenc.hf._rope_patch import guard_cache, rotary_modules
     from posenc.hf.rope_float32 import keep_rope_float32
     from posenc.hf.rotary import rotary_config_from_hf
@@ -425,7 +431,8 @@ def _runtime_parts(model: torch.nn.Module, items: list[dict[str, Any]]) -> None:
     modules = rotary_modules(model)
     if not modules:
         return
-    layer_type = next((e["arguments"].get("layer_type") for e in reversed(items) if e.get("in_config")), None)
+    watch_config_reach(model, modules)  # the reach the record's last frequency call set, as extend_context sets it
+    layer_type = next((e.get("arguments", {}).get("layer_type") for e in reversed(items) if e.get("in_config")), None)
     try:
         setup = rotary_config_from_hf(model.config, layer_type=layer_type)
     except ValueError:

@@ -3,12 +3,15 @@ arXiv:2401.01325).
 
 Two branches: neighbours closer than ``window`` keep their positions; farther keys are seen through *grouped*
 positions, the key at ``j // group`` and the query at ``i // group + window - window // group``, so that the grouped
-distance continues where the window ends. Reach: ``(L - window) * group + window`` tokens for pretraining length
-``L``. Reference implementation: ``datamllab/LongLM`` (``self_extend_patch/Llama.py``: ``self_extend_forward``,
-``group_size_1`` = ``group``, ``group_size_2`` = ``window``), checked in ``tests/reference/remapping.py``. The
-query shift uses integer division ``window // group`` as the reference's flash-attention and decoding paths do
-(``Llama.py``'s eager path divides exactly, which gives fractional positions when ``group`` does not divide
-``window``); the reference's optional query log-scaling (off by default there) is not applied.
+distance continues where the window ends. Reach: ``group * (L - window + window // group)`` tokens for pretraining
+length ``L``, the longest sequence whose largest grouped distance, ``(S - 1) // group + window - window // group``
+at the pair (``S - 1``, 0), is below ``L`` (the paper's ``(L - window) * group + window`` is ``window mod group``
+more: there the last query scores key 0 at distance ``L``). Reference implementation: ``datamllab/LongLM``
+(``self_extend_patch/Llama.py``: ``self_extend_forward``, ``group_size_1`` = ``group``, ``group_size_2`` =
+``window``), checked in ``tests/reference/remapping.py``. The query shift uses integer division ``window // group``
+as the reference's flash-attention and decoding paths do (``Llama.py``'s eager path divides exactly, which gives
+fractional positions when ``group`` does not divide ``window``); the reference's optional query log-scaling (off by
+default there) is not applied.
 """
 
 from __future__ import annotations
@@ -39,12 +42,16 @@ class SelfExtend(RemapMethod):
         cls, original: int, target: int, *, window: int | None = None, group: int | None = None
     ) -> SelfExtend:
         """The paper's rule: a window of ``original // 4`` (the paper's settings keep it well inside the pretraining
-        length), and the smallest group reaching ``target``: ``G = ceil((target - W) / (original - W))``."""
+        length), and the smallest group reaching ``target`` (``reach``): from the paper's
+        ``G = ceil((target - W) / (original - W))`` up, one more where ``W mod G`` leaves it short."""
         window = max(1, original // 4) if window is None else window
         check_positive_int("window", window)
         if window >= original:
             fail("window", window, f"less than the pretraining length {original}")
-        group = max(1, math.ceil((target - window) / (original - window))) if group is None else group
+        if group is None:
+            group = max(1, math.ceil((target - window) / (original - window)))
+            while cls(window=window, group=group).reach(original) < target:
+                group += 1
         method = cls(window=window, group=group)
         if method.group == 1:
             fail("group", group, "at least 2 (group 1 is plain RoPE: Self-Extend would change nothing)")
@@ -52,7 +59,10 @@ class SelfExtend(RemapMethod):
         return method
 
     def reach(self, original: int) -> float:
-        return (original - self.window) * self.group + self.window
+        """``G (L - W + W // G)``: the longest length ``S`` with ``(S - 1) // G + W - W // G < L``; below ``W`` there
+        are no grouped pairs, and neighbours stay below ``W < L``."""
+        w, g = self.window, self.group
+        return float(max(g * (original - w + w // g), min(w, original)))
 
     def limiting_parameter(self) -> tuple[str, object]:
         return "group", self.group

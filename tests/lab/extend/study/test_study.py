@@ -585,7 +585,7 @@ def test_hf_llama_remapping_methods_end_to_end_and_save(corpus, tmp_path):
     settings = json.loads((tmp_path / "out" / "extend.json").read_text())
     assert settings["methods"] == list(methods)
     report = (tmp_path / "out" / "report.md").read_text()
-    assert "self_extend: `SelfExtend(window=16, group=3): reaches 160 tokens from 64`" in report
+    assert "self_extend: `SelfExtend(window=16, group=3): reaches 159 tokens from 64`" in report
     assert "dca: `DualChunk(chunk_size=48, local_window=8, original_max_position_embeddings=64, mscale=0.05)" in report
 
     qwen = _hf_folder(tmp_path / "qwen2", "qwen2")
