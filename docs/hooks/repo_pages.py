@@ -5,7 +5,7 @@ The pages of ``docs/`` link those files as the repository lays them out (``../..
 ``docs/guides/``), so a link works where the Markdown is read (a clone, a forge). On the site they sit at its root
 (``BENCHMARKS/``, ``experiments/...``): ``on_files`` adds every file of ``INCLUDED`` there, and a page listing the
 files of each included folder that has no README.md; ``on_page_markdown`` rewrites a link to one of those files or
-folders to its place in the site. A link to anything else is left as written, so ``mkdocs build --strict`` reports
+folders, and one of theirs to a page of docs/, to its place in the site. A link to anything else is left as written, so ``mkdocs build --strict`` reports
 it where it is broken.
 """
 
@@ -60,7 +60,8 @@ def listing(folder: str) -> str:
 
 def site_link(page: str, target: str) -> str | None:
     """Where a link of ``page`` (its path in the repository: ``docs/...`` or an included file) to ``target``
-    points on the site, relative to the page's place there; None where it names no included file or folder."""
+    points on the site, relative to the page's place there; None where it names no included file or folder and no
+    file of docs/."""
     if "://" in target or target.startswith(("/", "mailto:")):
         return None
     in_repo = posixpath.normpath(posixpath.join(posixpath.dirname(page), target))
@@ -68,6 +69,8 @@ def site_link(page: str, target: str) -> str | None:
         site = in_repo
     elif in_repo in folders():
         site = folders()[in_repo]
+    elif in_repo.startswith("docs/") and (ROOT / in_repo).is_file():
+        site = in_repo.removeprefix("docs/")  # a repository page's link to a page of the site
     else:
         return None
     here = posixpath.dirname(page.removeprefix("docs/")) if page.startswith("docs/") else posixpath.dirname(page)
