@@ -5,8 +5,8 @@ The pages of ``docs/`` link those files as the repository lays them out (``../..
 ``docs/guides/``), so a link works where the Markdown is read (a clone, a forge). On the site they sit at its root
 (``BENCHMARKS/``, ``experiments/...``): ``on_files`` adds every file of ``INCLUDED`` there, and a page listing the
 files of each included folder that has no README.md; ``on_page_markdown`` rewrites a link to one of those files or
-folders, and one of theirs to a page of docs/, to its place in the site. A link to anything else is left as written, so ``mkdocs build --strict`` reports
-it where it is broken.
+folders, and one of theirs to a page of docs/, to its place in the site. A link to anything else is left as written,
+so ``mkdocs build --strict`` reports it where it is broken.
 """
 
 from __future__ import annotations
