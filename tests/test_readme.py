@@ -273,8 +273,9 @@ def _which_method() -> dict[str, tuple[str, Path]]:
     """The answer as the README gives it and as the Picking guide does (up to its earlier, smaller studies), each with
     the folder its links are relative to."""
     guide = _section("Which method? What the studies answer", _page("guides/picking.md"))
-    guide = guide[: guide.index("### The earlier studies")]
-    guide = guide.replace('--8<-- "README.md:ship"', README[README.index("[start:ship]") : README.index("[end:ship]")])
+    guide = guide.split("### The earlier studies")[0]
+    if "[start:ship]" in README:
+        guide = guide.replace('--8<-- "README.md:ship"', README.split("[start:ship]")[1].split("[end:ship]")[0])
     return {"README.md": (_section("A longer context for a pretrained model: which method?"), ROOT),
             "docs/guides/picking.md": (guide, ROOT / "docs" / "guides")}  # fmt: skip
 
