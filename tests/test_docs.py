@@ -80,36 +80,32 @@ def test_the_cli_reference_has_every_command():
     from posenc.cli import build_parser
 
     page = cli_reference.render()
-    for name, sub in build_parser().commands.items():
-        assert f"## `posenc {name}`" in page and sub.format_help().splitlines()[0] in page
+    before = os.environ.get("COLUMNS")
+    with cli_reference._columns(cli_reference.COLUMNS):  # the width the page is rendered at, then restored
+        helps = {name: sub.format_help() for name, sub in build_parser().commands.items()}
+    assert os.environ.get("COLUMNS") == before
+    for name, text in helps.items():
+        assert f"## `posenc {name}`" in page and text.rstrip() in page
     markdown = (DOCS / "reference" / "cli.md").read_text(encoding="utf-8")
     assert cli_reference.MARKER in markdown and cli_reference.MARKER not in cli_reference.on_page_markdown(
         markdown, None, None, None
     )
 
 
-def test_mkdocs_build_strict(tmp_path):
+@pytest.fixture(scope="module")
+def site(tmp_path_factory) -> Path:
+    """The site as ``mkdocs build --strict`` builds it (once for this file's tests), where mkdocs is installed."""
     pytest.importorskip("mkdocs")
     pytest.importorskip("mkdocstrings_handlers.python")
     pytest.importorskip("material")
+    out = tmp_path_factory.mktemp("site") / "site"
     env = {
         **os.environ,
         "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""),
         "NO_MKDOCS_2_WARNING": "1",
     }
     result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "mkdocs",
-            "build",
-            "--strict",
-            "-q",
-            "-f",
-            str(ROOT / "mkdocs.yml"),
-            "-d",
-            str(tmp_path / "site"),
-        ],
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-f", str(ROOT / "mkdocs.yml"), "-d", str(out)],
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -117,4 +113,82 @@ def test_mkdocs_build_strict(tmp_path):
         timeout=600,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert (tmp_path / "site" / "reference" / "cli" / "index.html").is_file()
+    return out
+
+
+def test_mkdocs_build_strict(site):
+    assert (site / "reference" / "cli" / "index.html").is_file()
+
+
+def test_the_build_hooks_stay_out_of_the_site(site):
+    """docs/hooks is the build's code, not a page: nothing of it is published."""
+    hooks = {p.name for p in (DOCS / "hooks").glob("*.py")}
+    assert hooks and not (site / "hooks").exists()
+    assert [p for p in site.rglob("*.py") if p.name in hooks] == []
+
+
+def _prose(text: str) -> str:
+    """A page without its fenced blocks (a layout tree, a command) and without its Markdown links."""
+    text = re.sub(r"^```.*?^```$", "", text, flags=re.M | re.S)
+    return re.sub(r"\[[^\]]*\]\([^)]*\)", "", text)
+
+
+def _repo_links(page: Path) -> list[tuple[str, Path]]:
+    """Each link of a docs page that leaves docs/ for the repository: its target and the file it names there."""
+    text = re.sub(r"^```.*?^```$", "", page.read_text(encoding="utf-8"), flags=re.M | re.S)
+    found = []
+    for target in re.findall(r"\]\(([^)\s#]+)(?:#[^)\s]*)?\)", text):
+        path = (page.parent / target).resolve()
+        if "://" not in target and not path.is_relative_to(DOCS.resolve()):
+            found.append((target, path))
+    return found
+
+
+@pytest.mark.parametrize("page", PAGES, ids=_name)
+def test_experiments_and_benchmarks_are_named_by_links_that_work_in_the_repository(page):
+    """Every mention of BENCHMARKS.md or a study's folder is a link, and each link out of docs/ names a file or folder
+    of the repository (as a clone or a forge shows it; ``site`` checks them on the built site)."""
+    prose = _prose(page.read_text(encoding="utf-8"))
+    assert re.findall(r"BENCHMARKS\.md|experiments/[\w./-]*", prose) == []
+    assert [target for target, path in _repo_links(page) if not path.exists()] == []
+
+
+def test_the_links_to_experiments_and_benchmarks_work_on_the_site(site):
+    """The studies and BENCHMARKS.md are pages of the site, and every link a guide has to them lands on a page or
+    file there."""
+    assert (site / "BENCHMARKS" / "index.html").is_file()
+    studies = sorted(p.parent.name for p in (ROOT / "experiments").glob("*/README.md"))
+    assert studies and all((site / "experiments" / name / "index.html").is_file() for name in studies)
+    linked = 0
+    for page in PAGES:
+        if not _repo_links(page):
+            continue
+        built = site / _name(page).removesuffix(".md").removesuffix("index") / "index.html"
+        html = built.read_text(encoding="utf-8")
+        hrefs = re.findall(r'href="([^"#]*(?:experiments/|BENCHMARKS/)[^"#]*)(?:#[^"]*)?"', html)
+        body = html[html.index("<article") : html.index("</article>")]
+        in_body = re.findall(r'href="([^"#]*(?:experiments/|BENCHMARKS/)[^"#]*)(?:#[^"]*)?"', body)
+        assert in_body, page  # the links were rewritten to the site's places, not dropped
+        for href in hrefs:
+            target = (built.parent / href).resolve()
+            assert (target / "index.html").is_file() or target.is_file(), (page, href)
+        linked += len(in_body)
+    assert linked >= 30
+
+
+def test_code_and_help_blocks_wrap_instead_of_being_cut_off(site):
+    """The stylesheet that wraps code at the page's edge is on every page, and the blocks that must not wrap (drawn
+    tables: box characters) are marked to scroll."""
+    css = (DOCS / "stylesheets" / "extra.css").read_text(encoding="utf-8")
+    css_rules = re.findall(r"([^{}]+)\{([^}]*)\}", re.sub(r"/\*.*?\*/", "", css, flags=re.S))
+    rules = {selector.strip(): body for selector, body in css_rules}
+    assert "white-space: pre-wrap" in rules[".md-typeset pre > code"]
+    assert "white-space: pre" in rules[".md-typeset .no-wrap pre > code"]
+    assert "overflow-x: scroll" in rules[".md-typeset .no-wrap pre > code"]
+    pages = [p for p in site.rglob("index.html")]
+    assert len(pages) > 20 and all("stylesheets/extra.css" in p.read_text(encoding="utf-8") for p in pages)
+    assert (site / "stylesheets" / "extra.css").read_text(encoding="utf-8") == css
+    for page in PAGES:
+        for fence, body in re.findall(r"^(```.*)\n(.*?)^```$", page.read_text(encoding="utf-8"), flags=re.M | re.S):
+            if re.search("[┏┃│┡━┳╇└┘]", body):
+                assert ".no-wrap" in fence, _name(page)

@@ -257,3 +257,159 @@ def test_the_quickstart_runs(capsys):
     assert model.config.max_position_embeddings == 2 * 8192
     assert answer.shape[1] > inputs["input_ids"].shape[1]
     assert capsys.readouterr().out.strip()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# "Which method?": what to ship per runtime, from the committed --pick runs
+
+PICKS = ROOT / "experiments" / "picking-a-method"
+#: How the README and the guide name a method, and how pick.md does.
+PICK_NAMES = {"YaRN+STRING": "yarn+string", "YaRN": "yarn", "dynamic NTK": "dynamic", "Llama 3": "llama3",
+              "leaky ReRoPE": "leaky_rerope"}  # fmt: skip
+RUNTIMES_NAMED = ("transformers", "vLLM", "SGLang", "llama.cpp")
+
+
+def _which_method() -> dict[str, tuple[str, Path]]:
+    """The answer as the README gives it and as the Picking guide does (up to its earlier, smaller studies), each with
+    the folder its links are relative to."""
+    guide = _section("Which method? What the studies answer", _page("guides/picking.md"))
+    guide = guide.split("### The earlier studies")[0]
+    if "[start:ship]" in README:
+        guide = guide.replace('--8<-- "README.md:ship"', README.split("[start:ship]")[1].split("[end:ship]")[0])
+    return {"README.md": (_section("A longer context for a pretrained model: which method?"), ROOT),
+            "docs/guides/picking.md": (guide, ROOT / "docs" / "guides")}  # fmt: skip
+
+
+def _linked_picks(text: str, base: Path) -> list[Path]:
+    return [(base / link).resolve() for link in re.findall(r"\]\(([^)\s]*pick\.md)\)", text)]
+
+
+def _pick_facts(pick: Path) -> tuple[int, dict[str, str], set[str], set[str]]:
+    """A pick.md's target length, its raced models' pooled needle counts (``"yarn x4": "39/40"``), every count it
+    gives (per cell, pooled, screening) and every P(best) (its table's column, its sentences' "with probability")."""
+    text = pick.read_text(encoding="utf-8")
+    target = int(re.search(r"at (\d+) tokens\?", text).group(1))
+    header, rows = markdown_table(text, "|  | model |")
+    at = {name: i for i, name in enumerate(header)}
+    pooled, counts = {}, set(re.findall(r"\b\d+/\d+\b", text))
+    chances = set(re.findall(r"with probability (0\.\d+)", text)) | {row[at["P(best)"]] for row in rows}
+    for row in rows:
+        cells = [re.match(r"(\d+)/(\d+)", row[at[c]]) for c in ("passkey @0.5", "ruler:niah_single_1")]
+        pooled[row[at["model"]]] = f"{sum(int(c[1]) for c in cells)}/{sum(int(c[2]) for c in cells)}"
+    return target, pooled, counts | set(pooled.values()), chances
+
+
+@pytest.mark.parametrize("where", ["README.md", "docs/guides/picking.md"])
+def test_the_which_method_answer_links_every_cpu_pick(where):
+    """Both 16k runs (whose picks differ) and the 32k run are named, by their pick.md."""
+    text, base = _which_method()[where]
+    assert sorted(set(_linked_picks(text, base))) == sorted(p.resolve() for p in PICKS.glob("cpu-*/pick/pick.md"))
+
+
+@pytest.mark.parametrize("where", ["README.md", "docs/guides/picking.md"])
+def test_the_which_method_figures_are_the_picks(where):
+    """Every interval, P(best), cost in rate and needle count the answer gives is one its pick.md files (or the
+    study's README, for the rehearsal and screening) give: nothing made up, nothing mistyped."""
+    text, base = _which_method()[where]
+    picks = sorted(set(_linked_picks(text, base)))
+    assert picks
+    sources = [p.read_text(encoding="utf-8") for p in picks] + [(PICKS / "README.md").read_text(encoding="utf-8")]
+    source = " ".join(" ".join(sources).replace("–", "-").replace("−", "-").split())
+    facts = [_pick_facts(p) for p in picks]
+    counts = set(re.findall(r"\b\d+/\d+\b", source)).union(*(f[2] for f in facts))
+    plain = " ".join(text.replace("–", "-").replace("−", "-").split())
+    intervals = re.findall(r"\d+% \[\d+-\d+\]", plain)
+    chances = re.findall(r"P\(best\) (0\.\d+)", plain)
+    costs = re.findall(r"[+-]\d\.\d\d in rate \[[+-]?\d\.\d\d to [+-]\d\.\d\d\]", plain)
+    assert len(intervals) >= 8 and chances and costs
+    assert [x for x in intervals + costs if x not in source] == []
+    assert sorted(set(chances) - set().union(*(f[3] for f in facts))) == []
+    assert sorted(set(re.findall(r"\b\d+/\d+\b", plain)) - counts) == []
+
+
+def _ship_table() -> tuple[list[str], list[list[str]]]:
+    return markdown_table(_which_method()["README.md"][0], "| runtime |")
+
+
+def test_the_which_method_table_names_every_runtime_at_both_lengths():
+    header, rows = _ship_table()
+    assert [re.search(r"[\d,]+ tokens", h).group(0) for h in header[1:]] == ["16,384 tokens", "32,768 tokens"]
+    named = " ".join(row[0] for row in rows)
+    assert all(runtime in named for runtime in RUNTIMES_NAMED)
+
+
+def _shipped(cell: str) -> str:
+    """The method a cell ships, as pick.md names it (``"yarn x4"``)."""
+    match = re.match(rf"({'|'.join(re.escape(n) for n in PICK_NAMES)}) ×(\d+)", cell)
+    assert match, cell
+    return f"{PICK_NAMES[match.group(1)]} x{match.group(2)}"
+
+
+def test_what_the_table_ships_was_raced_at_its_length_and_its_commands_make_it():
+    """Each cell's method is one every pick at that length raced;
+    each `posenc export` parses with the real CLI as that method and factor; each cell's `extend_context` calls run,
+    in order, on a model with SmolLM2's 8,192-token context and give that method's context."""
+    from hf.tiny import tiny_model
+    from posenc.cli import build_parser
+
+    text, base = _which_method()["README.md"]
+    facts: dict[int, list[dict[str, str]]] = {}
+    for target, pooled, *_ in map(_pick_facts, sorted(set(_linked_picks(text, base)))):
+        facts.setdefault(target, []).append(pooled)
+    header, rows = _ship_table()
+    targets = [int(re.search(r"([\d,]+) tokens", h).group(1).replace(",", "")) for h in header[1:]]
+    for row in rows:
+        shipped_before = None
+        for target, cell in zip(targets, row[1:], strict=True):
+            shipped = shipped_before if cell.startswith("the same") else _shipped(cell)
+            assert all(shipped in pooled for pooled in facts[target]), (row[0], target, shipped)  # every run there
+            if cell.startswith("the same"):
+                continue
+            shipped_before = shipped
+            method, factor = shipped.rsplit(" x", 1)
+            for span in _spans(cell):
+                if span.startswith("posenc export "):
+                    args = build_parser().parse_args(span.split()[1:])
+                    assert (args.method, args.factor) == (method, float(factor)), span
+            calls = [s for s in _spans(cell) if re.match(r"(posenc\.hf\.)?extend_context\(model, ", s)]
+            if row[0].startswith("transformers"):
+                assert calls, cell
+                model = tiny_model("llama", max_position_embeddings=8192)
+                for call in calls:
+                    eval(call, {"posenc": posenc, "extend_context": posenc.hf.extend_context, "model": model})
+                assert model.config.max_position_embeddings == int(factor) * 8192, (cell, target)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# `posenc check`'s table, as the Exporting guide explains it
+
+SUPERSCRIPT = str.maketrans("⁰¹²³⁴⁵⁶⁷⁸⁹⁻", "0123456789-")
+
+
+def _number(mantissa: str, exponent: str) -> float:
+    return float(mantissa) * 10.0 ** int(exponent.translate(SUPERSCRIPT))
+
+
+def test_every_check_column_is_explained_with_the_tolerances_the_code_uses():
+    """Beside the table: a bullet per column, and the tolerances' formulas and values as
+    ``posenc.runtimes.check`` computes them (to the digits written)."""
+    from posenc.runtimes import check
+
+    text = " ".join(_section("Before you deploy: `posenc check`", _page("guides/exporting.md")).split())
+    for header in ("max |Δ inv_freq|", "Δ attention", "rotary", "context"):  # the columns of numbers and readings
+        assert header in check.HEADERS and f"- `{header}`:" in text, header
+    one = re.search(r"That is (\d\.\d)·10([⁻⁰-⁹¹²³]+) at θ = 1 ", text)
+    small = re.search(r"and (\d\.\d)·10([⁻⁰-⁹¹²³]+) \((\d\.\d)·10([⁻⁰-⁹¹²³]+) relative\) at θ = 10⁻⁶", text)
+    factor = re.search(r"(\d\.\d)·10([⁻⁰-⁹¹²³]+) for a factor up to 1", text)
+    roundings = re.search(r"add at most (\d+) roundings of `u`", text)
+    yarn = re.search(r"\((\d\.\d+) at ×2\)", text)
+    assert one and small and factor and roundings and yarn
+    tolerance = check.inv_freq_tolerance(torch.tensor([1.0, 1e-6], dtype=torch.float64)).tolist()
+    written = [_number(*one.groups()), _number(*small.groups()[:2]), _number(*small.groups()[2:]) * 1e-6,
+               _number(*factor.groups())]  # fmt: skip
+    for value, code in zip(written, [*tolerance, tolerance[1], check.attention_tolerance(1.0)], strict=True):
+        assert abs(value - code) <= 0.05 * code, (value, code)  # two digits written
+    assert int(roundings.group(1)) == check.ROUNDINGS
+    rope = posenc.build("rope", head_dim=64, scaling={"rope_type": "yarn", "factor": 2.0,
+                                                      "original_max_position_embeddings": 8192})  # fmt: skip
+    assert abs(float(yarn.group(1)) - rope.attention_factor) <= 5e-5  # four decimals written
