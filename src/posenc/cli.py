@@ -410,7 +410,8 @@ def _add_extend(sub: argparse._SubParsersAction) -> None:
         "1.5x its context; CUDA: factors 2, 4, 8 up to 8x), a lab model the lab's (every method, x2 and x4, 1x-8x). "
         "Before any weight loads, every setting is checked and a plan is printed (the models, lengths and forwards) "
         "with a time estimate from the model's size and this machine's speed; the estimate is refined after "
-        "timed forwards. --plan prints that plan and estimate and stops, writing nothing. To write a patched model "
+        "timed forwards. --plan prints that plan and estimate and stops, writing nothing (with --pick it loads the "
+        "weights to time forwards first; see --plan). To write a patched model "
         "without measuring it: posenc export.",
     )
     p.add_argument(
@@ -565,8 +566,10 @@ def _add_extend(sub: argparse._SubParsersAction) -> None:
         "--plan",
         action="store_true",
         help="print the plan (models, lengths, forwards) and its time estimate, made before any weight is loaded "
-        "(the study refines it after timed forwards), and stop: nothing is written, no weight is read; with "
-        "--pick, the pick's plan",
+        "(the study refines it after timed forwards), and stop, writing nothing; without --pick no weight is read; "
+        "with --pick, the pick's plan: its candidates and what is left out at once, then the weights are loaded (up to "
+        "4 GiB of them; a bigger model keeps the estimate from its size) to time forwards on this machine, a line "
+        "as each ends (minutes on a loaded CPU), then the stages and the estimate from those forwards",
     )
     p.add_argument(
         "--no-baseline",
