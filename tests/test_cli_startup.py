@@ -113,10 +113,13 @@ def test_the_parsing_facts_are_their_sources():
 
 def test_export_lists_only_the_methods_it_accepts(capsys, tmp_path):
     """export's "expected one of [...]" once listed every method of posenc.hf.extend.METHODS, self_extend, string and
-    drope among them, which it then refused; now the list is what it writes, each one refused only for a model or a
-    path, and every other method is refused up front, a known one saying why."""
+    drope among them, which it then refused; now the list is what it writes (each one refused only for a model or a
+    path), a method it never writes is refused up front saying why, and a remapping one passes on to the refusal
+    that names the Python rebuilding the model (tests/lab/extend/test_plan_export.py)."""
     from posenc.hf.extend import METHODS
-    from posenc.lab.extend.export_methods import EXPORT_METHODS, check_export_method
+    from posenc.lab.extend.export_methods import EXPORT_METHODS, KNOWN_METHODS, REFUSED, check_export_method
+
+    assert KNOWN_METHODS == METHODS
 
     code = cli.main(["export", "smollm2", "--method", "yarm", "--factor", "2", "--save", str(tmp_path / "x")])
     err = capsys.readouterr().err
@@ -126,9 +129,11 @@ def test_export_lists_only_the_methods_it_accepts(capsys, tmp_path):
     assert set(EXPORT_METHODS) <= set(METHODS)
     for method in EXPORT_METHODS:
         assert check_export_method(method) == method
-    for method in [*(m for m in METHODS if m not in EXPORT_METHODS), "none", "yarn+string", "yarn,ntk", ""]:
+    for method in [*REFUSED, "yarm", "yarn+strin", "yarn,ntk", ""]:
         with pytest.raises(ValueError, match=r"^method=.* is invalid: expected "):
             check_export_method(method)
+    for method in ("self_extend", "string", "yarn+string", "dca"):  # refused later, for this model, with the Python
+        assert check_export_method(method) == method
     with pytest.raises(ValueError, match="long_factor comes from a search"):
         check_export_method("longrope")
     with pytest.raises(ValueError, match="nothing to export before that fine-tune"):

@@ -80,10 +80,12 @@ def export(
     """
     from posenc.hf.extend import check_factor
     from posenc.lab.extend.study.run import check_save
+    from posenc.lab.extend.targets import composed
     from posenc.lab.extend.targets.load import load_target
 
     start = time.perf_counter()
     check_export_method(method)  # before anything else: a misspelt one is not blamed on --save
+    composed.check(method)
     check_factor(factor, method, as_model=True)
     path = Path(model).expanduser()
     cfg = ExtendConfig(

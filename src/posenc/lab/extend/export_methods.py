@@ -1,5 +1,7 @@
 """The methods ``posenc export`` writes, and why it refuses the others: checked before anything is imported (no torch),
-so a misspelt ``--method`` is refused at once and the list in the message is what export accepts."""
+so a misspelt ``--method`` is refused at once and the list in the message is what export accepts. A remapping or
+composed method (``self_extend``, ``yarn+string``) passes here: ``study.run.check_save`` refuses it once the model is
+read, with the Python that rebuilds the model posenc extend measures."""
 
 from __future__ import annotations
 
@@ -11,7 +13,13 @@ from posenc._fail import fail
 #: (``study.run.check_save``).
 EXPORT_METHODS = ("yarn", "linear", "ntk", "llama3", "dynamic", "dca_vllm")
 
-#: Methods posenc extend measures that export refuses, and why.
+#: ``posenc.hf.extend.METHODS``, mirrored here (no torch; tests/test_cli_startup.py checks it): every method name.
+KNOWN_METHODS = (
+    "linear", "ntk", "dynamic", "yarn", "longrope", "llama3", "self_extend", "dca", "dca_vllm", "rerope",
+    "leaky_rerope", "lm_infinite", "string", "streaming_llm", "drope",
+)  # fmt: skip
+
+#: Methods posenc extend measures that export refuses whatever the model, and why.
 REFUSED = {
     "none": "an extension method: export writes an extended model (the source itself is the unextended one)",
     "drope": "a method export can make from a factor alone: DroPE has no factor, and RoPE-trained weights without "
@@ -26,8 +34,8 @@ REFUSED = {
 
 
 def check_export_method(method: object) -> str:
-    """``method`` if export writes it; else the standard ``ValueError`` naming what it accepts (a method it knows
-    but cannot write: why)."""
+    """``method`` unless export refuses it whatever the model: the standard ``ValueError`` naming what it accepts (a
+    method it knows but never writes: why)."""
     accepted = f"one of {list(EXPORT_METHODS)}"
     if not isinstance(method, str) or not method:
         fail("method", method, accepted)
@@ -36,8 +44,7 @@ def check_export_method(method: object) -> str:
     for part in method.split("+"):
         if part in REFUSED:
             fail("method", part if "+" in method else method, REFUSED[part])
-    if method not in EXPORT_METHODS:
-        fail("method", method, f"{accepted}: what a saved config or GGUF runs as posenc measured it (a remapping or "
-             "composed method other than dca_vllm, e.g. self_extend or yarn+string, is a forward patch no file "
-             "records; posenc extend MODEL --methods M measures it, posenc.hf.extend_context applies it)")  # fmt: skip
+    for part in method.split("+"):
+        if part not in KNOWN_METHODS:
+            fail("method", part, accepted)  # the misspelt part of a composed one ('yarm' of 'yarm+string')
     return method
