@@ -287,7 +287,7 @@ NAME_OPTIONS = [(c, a.option_strings[0]) for c, p in build_parser().commands.ite
 def test_every_name_list_option_uses_the_shared_parser():
     assert set(NAME_OPTIONS) == {("lab", "--encodings"), ("vision", "--encodings"), ("extend", "--methods"),
                                  ("extend", "--ruler-tasks"), ("extend", "--finetune-positions"),
-                                 ("bench", "--dtypes"), ("bench", "--layouts"),
+                                 ("check", "--runtimes"), ("bench", "--dtypes"), ("bench", "--layouts"),
                                  ("bench", "--attention-encodings")}  # fmt: skip
 
 

@@ -5,14 +5,10 @@ from __future__ import annotations
 import math
 import weakref
 from collections.abc import Sequence
-from typing import NoReturn
 
 import torch
 
-
-def fail(name: str, value: object, allowed: str) -> NoReturn:
-    """Raise the project's standard error for a bad argument."""
-    raise ValueError(f"{name}={value!r} is invalid: expected {allowed}")
+from posenc._fail import fail as fail  # the standard error, importable without torch (the command line's checks)
 
 
 def check_positive_int(name: str, value: object) -> int:

@@ -16,7 +16,9 @@ The same rules everywhere: numbers are checked by ``posenc._argtypes`` (0, negat
 a default), ``--device`` by ``posenc.lab.common.devices.resolve_device``, ``--out`` by
 ``posenc.lab.common.runfiles.check_out`` (a new or empty folder, or the command's own run) before anything is written;
 every failure is one line on stderr and exit status 2; an interrupted study prints the command that continues it and
-exits 130.
+exits 130. Parsing imports neither torch nor transformers (``import posenc`` loads the library on first use): each
+command imports what it runs in its own function, after the checks that need no model, so a bad argument is refused
+at once; what parsing needs from modules that import torch is mirrored under "Parsing facts" below.
 """
 
 from __future__ import annotations
@@ -33,10 +35,34 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn, cast
 
-import torch
-
-import posenc
 from posenc import _argtypes as A
+from posenc._fail import fail
+from posenc._version import __version__
+from posenc.lab.extend.export_methods import check_export_method
+from posenc.lab.extend.pick.budget import parse_budget
+from posenc.lab.extend.study.lengths import LENGTH_FORMS, length_form
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Parsing facts: what the parsers need from modules that import torch, here so that parsing imports neither torch
+# nor transformers (tests/test_cli.py checks each against its source).
+
+#: ``posenc.hf.dtypes.DTYPE_CHOICES``
+DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
+#: ``posenc.hf.gguf_write.TENSOR_TYPES``
+TENSOR_TYPES = ("source", "F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1")
+#: ``posenc.runtimes.RUNTIMES``
+RUNTIMES = ("transformers", "vllm", "sglang", "llamacpp")
+#: ``posenc.lab.length.config``: ``DEFAULT_ENCODINGS`` and the ``StudyConfig`` defaults the options show
+LAB_ENCODINGS = ("nope", "sinusoidal", "learned", "rope", "alibi", "t5", "sandwich", "fope")
+LAB_DEFAULTS = {"task": "lm", "dim": 64, "n_layers": 2, "lr": 3e-3, "seed": 0, "eval_tokens": 16384, "device": "cpu"}
+#: ``posenc.lab.vision.config``: ``DEFAULT_ENCODINGS`` and the ``VisionConfig`` defaults the options show
+VISION_ENCODINGS = ("learned", "sinusoidal", "nope", "rope_axial", "rope_mixed", "alibi_2d")
+VISION_DEFAULTS = {
+    "train_res": 16, "patch_size": 4, "steps": 2000, "batch_size": 64, "dim": 64, "n_layers": 4, "n_heads": 4,
+    "lr": 2e-3, "crop_scale": 0.35, "pool": "mean", "seed": 0, "device": "cpu",
+}  # fmt: skip
+#: ``posenc.lab.extend.study.config``: the ``ExtendConfig(model="new", task="passkey")`` defaults the options show
+EXTEND_DEFAULTS = {"train_len": 128, "train_steps": 1000, "device": "auto", "seed": 0}
 
 
 def _demo_scalings(head_dim: int, base: float, trained: int, factor: float) -> dict[str, dict]:
@@ -59,6 +85,10 @@ def _demo_scalings(head_dim: int, base: float, trained: int, factor: float) -> d
 
 
 def demo(args: argparse.Namespace) -> int:
+    import torch
+
+    import posenc
+
     head_dim, base, trained, factor = args.head_dim, args.base, args.trained_length, args.factor
     target = int(trained * factor)
     print(f"posenc {posenc.__version__} on torch {torch.__version__} ({torch.get_num_threads()} threads)\n")
@@ -153,9 +183,7 @@ def lab(args: argparse.Namespace) -> int:
 
 
 def _add_lab(sub: argparse._SubParsersAction) -> None:
-    from posenc.lab.length.config import DEFAULT_ENCODINGS, StudyConfig
-
-    d = StudyConfig()
+    d = argparse.Namespace(**LAB_DEFAULTS)
     p = sub.add_parser("lab", help="which encoding extrapolates? train at length L, evaluate at L..16L")
     p.add_argument(
         "--task",
@@ -166,7 +194,7 @@ def _add_lab(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--encodings",
         type=A.names,
-        default=DEFAULT_ENCODINGS,
+        default=LAB_ENCODINGS,
         help="comma-separated names (posenc.available()); all: every sequence encoding; or BASE/OTHER:N for OTHER "
         "in every N-th layer and BASE in the rest, e.g. rope/nope:4 (NoPE in layers 4, 8, ...; "
         "rope/nope_temperature:4: Llama 4's NoPE layers); a suffix @C makes the non-NoPE layers attend within "
@@ -253,11 +281,9 @@ def vision(args: argparse.Namespace) -> int:
 
 
 def _add_vision(sub: argparse._SubParsersAction) -> None:
-    from posenc.lab.vision.config import DEFAULT_ENCODINGS, VisionConfig
-
-    d = VisionConfig()
+    d = argparse.Namespace(**VISION_DEFAULTS)
     p = sub.add_parser("vision", help="which 2-D encoding extrapolates? train a ViT at one resolution, test at others")
-    p.add_argument("--encodings", type=A.names, default=DEFAULT_ENCODINGS, help="comma-separated 2-D encodings")
+    p.add_argument("--encodings", type=A.names, default=VISION_ENCODINGS, help="comma-separated 2-D encodings")
     p.add_argument("--train-res", type=A.positive_int, default=d.train_res, help="training resolution in pixels")
     p.add_argument("--eval-res", type=A.positive_ints, help="comma-separated pixels; default 0.75x, 1x, 1.5x, 2x")
     p.add_argument("--patch-size", type=A.positive_int, default=d.patch_size, help="patch side in pixels")
@@ -285,13 +311,8 @@ def _add_vision(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=vision)
 
 
-def extend(args: argparse.Namespace) -> int:
-    from posenc._checks import fail
-    from posenc.lab.common.devices import resolve_device
-    from posenc.lab.common.runfiles import check_out
-    from posenc.lab.extend.study.config import ExtendConfig
-    from posenc.lab.extend.study.run import run_extend
-
+def _check_extend(args: argparse.Namespace) -> None:
+    """The settings that need no model, checked before anything is imported: --pick's own, and those it refuses."""
     if not args.pick:
         for flag, value in (("--target", args.target), ("--budget", args.budget)):
             if value is not None:
@@ -304,6 +325,17 @@ def extend(args: argparse.Namespace) -> int:
         for flag, value in (("--finetune-window", args.finetune_window), ("--eval-tokens", args.eval_tokens)):
             if isinstance(value, str):
                 fail(flag, value, "tokens with --pick (a multiple of the context is resolved by a study, not a pick)")
+        length_form("target", args.target)  # its form now; beyond the model's context once its config is read
+        parse_budget(args.budget)
+
+
+def extend(args: argparse.Namespace) -> int:
+    _check_extend(args)
+    from posenc.lab.common.devices import resolve_device
+    from posenc.lab.common.runfiles import check_out
+    from posenc.lab.extend.study.config import ExtendConfig
+    from posenc.lab.extend.study.run import run_extend
+
     path = Path(args.model).expanduser()
     cfg = ExtendConfig(  # a path is stored absolute; names ('smollm2', 'new', 'new:alibi') as given
         model=str(path.resolve()) if path.exists() else args.model,
@@ -355,8 +387,6 @@ def extend(args: argparse.Namespace) -> int:
 
 def _length(text: str) -> int | str:
     """``--eval-tokens 4096`` or ``--eval-tokens 2x``: tokens, or a multiple of the model's original context."""
-    from posenc.lab.extend.study.config import LENGTH_FORMS, length_form
-
     try:
         return length_form("length", text)
     except ValueError:
@@ -370,11 +400,7 @@ _lengths = A.comma_list(_length, "4096,2x")
 
 
 def _add_extend(sub: argparse._SubParsersAction) -> None:
-    from posenc.hf.dtypes import DTYPE_CHOICES
-    from posenc.hf.gguf_write import TENSOR_TYPES
-    from posenc.lab.extend.study.config import ExtendConfig
-
-    d = ExtendConfig(model="new", task="passkey")
+    d = argparse.Namespace(**EXTEND_DEFAULTS)
     p = sub.add_parser(
         "extend",
         help="extend a pretrained or lab model's context (RoPE scalings, ALiBi interpolation): perplexity and "
@@ -385,7 +411,8 @@ def _add_extend(sub: argparse._SubParsersAction) -> None:
         "1.5x its context; CUDA: factors 2, 4, 8 up to 8x), a lab model the lab's (every method, x2 and x4, 1x-8x). "
         "Before any weight loads, every setting is checked and a plan is printed (the models, lengths and forwards) "
         "with a time estimate from the model's size and this machine's speed; the estimate is refined after "
-        "timed forwards. --plan prints that plan and estimate and stops, writing nothing. To write a patched model "
+        "timed forwards. --plan prints that plan and estimate and stops, writing nothing (with --pick it loads the "
+        "weights to time forwards first; see --plan). To write a patched model "
         "without measuring it: posenc export.",
     )
     p.add_argument(
@@ -540,8 +567,10 @@ def _add_extend(sub: argparse._SubParsersAction) -> None:
         "--plan",
         action="store_true",
         help="print the plan (models, lengths, forwards) and its time estimate, made before any weight is loaded "
-        "(the study refines it after timed forwards), and stop: nothing is written, no weight is read; with "
-        "--pick, the pick's plan",
+        "(the study refines it after timed forwards), and stop, writing nothing; without --pick no weight is read; "
+        "with --pick, the pick's plan: its candidates and what is left out at once, then the weights are loaded (up to "
+        "4 GiB of them; a bigger model keeps the estimate from its size) to time forwards on this machine, a line "
+        "as each ends (minutes on a loaded CPU), then the stages and the estimate from those forwards",
     )
     p.add_argument(
         "--no-baseline",
@@ -554,6 +583,7 @@ def _add_extend(sub: argparse._SubParsersAction) -> None:
 
 
 def export(args: argparse.Namespace) -> int:
+    check_export_method(args.method)
     from posenc.lab.extend.export import export as run_export
 
     run_export(
@@ -565,6 +595,9 @@ def export(args: argparse.Namespace) -> int:
 
 
 def check(args: argparse.Namespace) -> int:
+    for name in args.runtimes:  # before the runtimes' readers (and torch) are imported
+        if name not in RUNTIMES or args.runtimes.count(name) > 1:
+            fail("runtimes", ",".join(args.runtimes), f"each of {list(RUNTIMES)} at most once")
     import json
 
     from posenc.runtimes.check import check as run_check
@@ -579,8 +612,6 @@ def check(args: argparse.Namespace) -> int:
 
 
 def _add_check(sub: argparse._SubParsersAction) -> None:
-    from posenc.runtimes import RUNTIMES
-
     p = sub.add_parser(
         "check",
         help="before you deploy: does each runtime (transformers, vLLM, SGLang, llama.cpp) run what posenc measured?",
@@ -594,7 +625,7 @@ def _add_check(sub: argparse._SubParsersAction) -> None:
         "Seconds.",
     )
     p.add_argument("path", help="a transformers folder, a config.json, a .gguf file, or smollm2")
-    p.add_argument("--runtimes", default=",".join(RUNTIMES), help=f"comma-separated, from {','.join(RUNTIMES)}")
+    p.add_argument("--runtimes", type=A.names, default=RUNTIMES, help=f"comma-separated, from {','.join(RUNTIMES)}")
     p.add_argument("--length", type=A.positive_int, help="the sequence length you will run (tokens)")
     p.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
     p.add_argument("--strict", action="store_true",
@@ -603,9 +634,6 @@ def _add_check(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_export(sub: argparse._SubParsersAction) -> None:
-    from posenc.hf.dtypes import DTYPE_CHOICES
-    from posenc.hf.gguf_write import TENSOR_TYPES
-
     p = sub.add_parser(
         "export",
         help="write a pretrained model extended by one method as a transformers folder or a GGUF file (no study)",
@@ -796,6 +824,7 @@ def _one_line(text: object) -> str:
 
 def build_parser() -> _Parser:
     parser = _Parser(prog="posenc", description="Positional encodings for PyTorch transformers.")
+    parser.add_argument("--version", action="version", version=f"posenc {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_lab(sub)
     _add_vision(sub)
@@ -849,10 +878,12 @@ def _interrupt(signum: int, frame: object) -> None:
 def _remove_if_unused(out: Path, command: str) -> None:
     """After a failure: remove ``out`` when this invocation created it and it holds no work, at most the settings
     file (so nothing blocks a rerun with other settings). Rank 0 only under torchrun."""
+    if not out.is_dir():  # a refusal before anything was created imports nothing
+        return
     from posenc.lab.common import dist
     from posenc.lab.common.runfiles import SETTINGS_FILES, holds_only_settings
 
-    if not dist.is_main() or not out.is_dir():
+    if not dist.is_main():
         return
     if holds_only_settings(out, command):
         (out / SETTINGS_FILES[command]).unlink()

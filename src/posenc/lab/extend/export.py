@@ -25,10 +25,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from posenc._checks import check_choice, fail
+from posenc._checks import fail
 from posenc.hf import _record
 from posenc.hf.load import weights_dtype
 from posenc.lab.common.devices import resolve_device
+from posenc.lab.extend.export_methods import check_export_method
 from posenc.lab.extend.study.config import ExtendConfig
 from posenc.lab.extend.study.report import label
 
@@ -79,10 +80,12 @@ def export(
     """
     from posenc.hf.extend import check_factor
     from posenc.lab.extend.study.run import check_save
+    from posenc.lab.extend.targets import composed
     from posenc.lab.extend.targets.load import load_target
 
     start = time.perf_counter()
-    _check_method(method)
+    check_export_method(method)  # before anything else: a misspelt one is not blamed on --save
+    composed.check(method)
     check_factor(factor, method, as_model=True)
     path = Path(model).expanduser()
     cfg = ExtendConfig(
@@ -137,36 +140,6 @@ def export(
 
         print_rows(rows, title=f"Before you deploy: what each runtime runs for {written} (posenc check)")
     return result
-
-
-def _check_method(method: Any) -> None:
-    """The method, before anything else (a misspelt one is not blamed on ``--save``): one extension export can
-    write with no more than a factor."""
-    from posenc.hf.extend import METHODS
-    from posenc.lab.extend.targets import composed
-
-    if not isinstance(method, str) or not method:
-        fail("method", method, f"one of {list(METHODS)}, or FREQUENCY+string (e.g. 'yarn+string')")
-    if "," in method:
-        fail("method", method, "one method: export writes one model (posenc extend measures several)")
-    if method == "none":
-        fail("method", method, "an extension method: export writes an extended model (the source itself is the "
-             "unextended one)")  # fmt: skip
-    for part in composed.parts(method):
-        if part is not None:
-            check_choice("method", part, METHODS)
-    if "drope" in composed.parts(method):
-        fail("method", "drope", "a method export can make from a factor alone: DroPE has no factor, and RoPE-trained "
-             "weights without RoPE are not a DroPE model until recalibrated (its authors fine-tune every parameter at "
-             "the original context), so there is nothing to export before that fine-tune; posenc extend MODEL "
-             "--methods drope --finetune-steps N --save DIR recalibrates it and writes it through "
-             "posenc.hf.save_pretrained (posenc.hf.load_causal_lm loads it back as DroPE; GGUF cannot hold it)",
-             )  # fmt: skip
-    if "longrope" in composed.parts(method):
-        fail("method", "longrope", "a method export can make from a factor alone: LongRoPE's per-frequency "
-             "long_factor comes from a search (no option sets it); in Python, posenc.hf.extend_context(model, "
-             "'longrope', F, long_factor=[...]) then posenc.hf.save_pretrained (or save_gguf) writes it")  # fmt: skip
-    composed.check(method)
 
 
 def _name(dtype: Any) -> str:

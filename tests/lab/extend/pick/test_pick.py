@@ -446,8 +446,8 @@ def test_the_plan_writes_nothing_and_estimates_from_the_models_own_speed(llama, 
     a budget is a deadline, not a price."""
     calibrated = []
     calibrate = HFTarget.calibrate
-    monkeypatch.setattr(HFTarget, "calibrate", lambda self, lengths: calibrated.append(lengths) or calibrate(
-        self, lengths))  # fmt: skip
+    monkeypatch.setattr(HFTarget, "calibrate", lambda self, lengths, report=None: calibrated.append(lengths) or
+                        calibrate(self, lengths, report))  # fmt: skip
     cfg = _cfg(llama, corpus, trials=None)
     result = run_pick(cfg, "2x", tmp_path / "pick", progress=False, plan_only=True, budget="1s")
     assert not (tmp_path / "pick").exists() and calibrated == [[128]]
@@ -460,6 +460,37 @@ def test_the_plan_writes_nothing_and_estimates_from_the_models_own_speed(llama, 
     assert "sampling stops at the deadline, 0:00:01 from the start (--budget)" in text
     assert plan.screen_seconds > 0 and plan.final_seconds > 0 and plan.seconds_per_unit > 0
     assert 0 < plan.race_seconds < plan.final_seconds and plan.about_seconds < plan.most_seconds
+
+
+def test_the_plan_prints_the_candidates_before_the_first_timed_forward_then_a_line_per_forward(
+        llama, corpus, tmp_path, capsys, monkeypatch):  # fmt: skip
+    """--pick --plan loads the model and times its forwards (minutes each on a loaded CPU; a newcomer once waited 8-16
+    minutes on a blank screen): the candidates and the left-out list come first, then a line as each forward ends,
+    then the stages and the estimate."""
+    from posenc.lab.extend.targets import hf as targets_module
+
+    printed = []  # what was on stdout as each timed forward began
+    forward = HFTarget._timed_forward
+
+    def timed(self, n, *, warm_up, model=None):
+        printed.append(capsys.readouterr().out)
+        return forward(self, n, warm_up=warm_up, model=model)
+
+    monkeypatch.setattr(HFTarget, "_timed_forward", timed)
+    monkeypatch.setattr(targets_module.plan, "calibration_lengths", lambda longest: (64, 128))
+    cfg = _cfg(llama, corpus, trials=None, methods=("yarn", "self_extend"))
+    run_pick(cfg, "2x", tmp_path / "pick", progress=False, plan_only=True, save=tmp_path / "saved")
+    rest = capsys.readouterr().out
+    assert len(printed) == 2
+    first = printed[0].splitlines()
+    assert first[0].startswith("Pick for ") and "candidates (yarn x2" in first[0], first
+    assert first[1].startswith("Left out: self_extend: no serving format records self_extend"), first
+    assert re.fullmatch(r"Loading .+ \([\d,]+ MiB of weights\) to time its forwards on this machine for the estimate",
+                        first[2]) and len(first) == 3, first  # fmt: skip
+    assert re.fullmatch(r"  timed forward 1 of 2: 64 tokens in [\d.e+-]+ s\n", printed[1]), printed[1]
+    lines = rest.splitlines()
+    assert re.fullmatch(r"  timed forward 2 of 2: 128 tokens in [\d.e+-]+ s", lines[0]), lines
+    assert lines[1].startswith("1. Screening") and lines[-1].startswith("About "), lines
 
 
 def test_the_plan_expects_the_race_on_a_tie_and_every_model_to_the_cap_without_stopping(llama, corpus):

@@ -27,12 +27,12 @@ The question: *this model was trained for L tokens; which method makes it work a
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from posenc._checks import fail
+from posenc.lab.extend.pick.budget import parse_budget as parse_budget
 from posenc.lab.extend.stats.rates import Rate, model_of, pool, row_rate
 
 FREQUENCY_CANDIDATES = ("linear", "ntk", "dynamic", "yarn", "llama3")
@@ -106,30 +106,6 @@ def parse_target(text: str | int, original: int | None) -> int:
     if original is not None and length <= original:
         fail("target", text, f"a length beyond the original context of {original} tokens")
     return length
-
-
-def parse_budget(text: str | float | None) -> float | None:
-    """``--budget``: seconds (``5400``), or as people write durations: ``90m``, ``1.5h``, ``2h30m``, ``1h30`` (a bare
-    number after hours is minutes, after minutes seconds), ``45s``; None: no budget."""
-    if text is None:
-        return None
-    value = str(text).strip().lower().replace(" ", "")
-    tokens = re.findall(r"([0-9]+(?:\.[0-9]+)?)([hms]?)", value, re.ASCII)
-    spelled = "".join(n + u for n, u in tokens)
-    units = [u for _, u in tokens]
-    order = "hms"
-    if not tokens or spelled != value or "" in units[:-1]:
-        fail("budget", text, "a time: seconds (5400) or 90m, 1.5h, 2h30m, 1h30")
-    if units[-1] == "":  # a bare number: seconds alone, else the unit after the previous one
-        units[-1] = "s" if len(units) == 1 else order[min(2, order.index(units[-2]) + 1)]
-    if any(order.index(a) >= order.index(b) for a, b in zip(units, units[1:], strict=False)):
-        fail("budget", text, "a time with hours, minutes and seconds in that order, each once (2h30m, 1h30)")
-    amount = {u: float(n) for (n, _), u in zip(tokens, units, strict=True)}
-    hours, minutes, seconds = (amount.get(u, 0.0) for u in order)
-    total = 3600 * hours + 60 * minutes + seconds
-    if total <= 0:
-        fail("budget", text, "a time above zero")
-    return total
 
 
 def screen_length(original: int, target: int) -> int:

@@ -30,7 +30,7 @@ import dataclasses
 import shlex
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -165,9 +165,10 @@ def run_pick(
              "bigger --corpus")  # fmt: skip
     for stage in resolved:  # every stage's settings against the model and the machine, before anything is written
         plan.check(stage, model, device=device)
-    if plan_only or progress:
-        decided = _calibrated(decided, model, plan_only)
-        print(plan_text(decided, model, cfg))
+    if plan_only or progress:  # the candidates at once, a line per timed forward, then the stages and the estimate
+        print(candidates_text(decided, model), flush=True)
+        decided = _calibrated(decided, model, plan_only, report=_say)
+        print(stages_text(decided, cfg))
     if plan_only and resume and before:
         print(left_text(out, decided, model))
     if plan_only:
@@ -499,21 +500,30 @@ def _estimate(decided: PickPlan, model: Any, cfg: ExtendConfig) -> PickPlan:
 LOAD_FOR_PLAN_BYTES = 4 * 2**30
 
 
-def _calibrated(decided: PickPlan, model: Any, plan_only: bool) -> PickPlan:
+def _say(text: str) -> None:
+    print(text, flush=True)
+
+
+def _calibrated(decided: PickPlan, model: Any, plan_only: bool, report: Callable[[str], None] | None = None
+                ) -> PickPlan:  # fmt: skip
     """The plan's estimate from the model's own speed: its weights loaded, forwards of up to 1024, 4096 and 8192
     tokens timed (``HFTarget.calibrate``: the linear and quadratic parts of a forward's cost on this machine) and
     one of a remapping candidate at the longest (``HFTarget.remap_cost``), in place of the probe. For SmolLM2 at
     32,768 tokens that is under a minute on a 2-core CPU; a model too big to load quickly keeps the probe's estimate
-    under ``--plan`` (``LOAD_FOR_PLAN_BYTES``)."""
+    under ``--plan`` (``LOAD_FOR_PLAN_BYTES``). ``report`` gets a line before the weights load and one per timed
+    forward (minutes each on a loaded machine)."""
     if plan_only and model.dims.params * model.weight_bytes > LOAD_FOR_PLAN_BYTES:
         return decided
+    if report is not None:
+        report(f"Loading {model.name} ({model.dims.params * model.weight_bytes / 2**20:,.0f} MiB of weights) to time "
+               "its forwards on this machine for the estimate")  # fmt: skip
     model.load()
-    spu = model.calibrate([decided.target])[0]
+    spu = model.calibrate([decided.target], report=report)[0]
     decided = dataclasses.replace(decided, seconds_per_unit=spu, calibrated=True)
     remaps = [c for c in decided.candidates if rules.is_remapping(c.method)]
     if remaps and hasattr(model, "remap_cost"):  # one remapping forward timed against the plain one
         first = next((c for c in remaps if c.method == "self_extend"), remaps[0])
-        measured = model.remap_cost(first.method, first.factor, decided.target)
+        measured = model.remap_cost(first.method, first.factor, decided.target, report=report)
         if measured is not None:
             ratio, how = measured
             decided = dataclasses.replace(decided, remap_cost=ratio, remap_measured=how)
@@ -600,7 +610,11 @@ def _save(cfg: ExtendConfig, out: Path, unit: tuple, save: str | Path, save_type
 
 
 def plan_text(decided: PickPlan, model: Any, cfg: ExtendConfig) -> str:
-    cap = decided.cap
+    return candidates_text(decided, model) + "\n" + stages_text(decided, cfg)
+
+
+def candidates_text(decided: PickPlan, model: Any) -> str:
+    """The plan's first lines, from the config alone: the candidates and what was left out, and why."""
     names = ", ".join(label(c.method, c.factor, 0) for c in decided.candidates)
     lines = [
         f"Pick for {model.name} at {decided.target} tokens (trained for {model.original_len}): "
@@ -608,6 +622,13 @@ def plan_text(decided: PickPlan, model: Any, cfg: ExtendConfig) -> str:
     ]
     if decided.left_out:
         lines.append("Left out: " + "; ".join(f"{m}: {why}" for m, why in decided.left_out.items()))
+    return "\n".join(lines)
+
+
+def stages_text(decided: PickPlan, cfg: ExtendConfig) -> str:
+    """The plan's stages and its time estimate."""
+    cap = decided.cap
+    lines = []
     cells = f"passkey at depth{'s' if len(decided.depths) > 1 else ''} {', '.join(f'{d:g}' for d in decided.depths)}"
     cells += f" and RULER {', '.join(_ruler_tasks(cfg))}" if cfg.task == "ruler" else ""
     lines.append(

@@ -5,7 +5,6 @@ validated on its own; the model-dependent ones are filled in later by ``posenc.l
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -15,6 +14,7 @@ from posenc._checks import check_choice, check_number, check_positive_int, fail
 from posenc._config import DictConfig
 from posenc.hf.dtypes import DTYPE_CHOICES
 from posenc.lab.common.scaling import EXTEND_METHODS
+from posenc.lab.extend.study.lengths import is_count, length_form
 from posenc.lab.extend.targets import composed
 
 TASKS = ("lm", "passkey", "ruler")
@@ -185,8 +185,8 @@ class ExtendConfig(DictConfig):
             object.__setattr__(self, "eval_tokens", length_form("eval_tokens", self.eval_tokens))
         if self.finetune_window is not None:
             object.__setattr__(self, "finetune_window", length_form("finetune_window", self.finetune_window))
-        known = self.original_len if _is_count(self.original_len) else None
-        if known is None and self.is_new and _is_count(self.train_len):
+        known = self.original_len if is_count(self.original_len) else None
+        if known is None and self.is_new and is_count(self.train_len):
             known = self.train_len
         if known is not None and self.has_multiples:  # the original context is a setting: resolved at once
             for name, value in resolved_forms(self, known).items():
@@ -344,38 +344,6 @@ def check_lengths(lengths: Sequence[int], original: int) -> None:
             list(lengths),
             f"lengths with at least one beyond the original context of {original} tokens (none beyond it)",
         )
-
-
-#: What ``lengths``, ``eval_tokens`` and ``finetune_window`` accept: tokens, or a multiple of the original context.
-LENGTH_FORMS = (
-    "a length in tokens (4096, or 16k for 16 x 1024) or a positive multiple of the model's original context (0.5x, 2x)"
-)
-_MULTIPLE = re.compile(r"(\d+(?:\.\d*)?|\.\d+)x", re.ASCII)
-_KILO = re.compile(r"(\d+(?:\.\d*)?|\.\d+)k", re.ASCII)  # 16k = 16 * 1024 tokens, as the field writes lengths
-
-
-def _is_count(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value > 0
-
-
-def length_form(name: str, value: object) -> int | str:
-    """One length as given: a positive integer (``4096``, ``"4096"``), thousands of 1,024 tokens (``"16k"`` = 16384,
-    ``"1.5k"`` = 1536; a whole number of tokens), or a multiple of the original context (``"1.5x"``, ``"2X"``) kept as
-    its canonical text (``"1.5x"``) until the original is known. Refused: anything else (``"x2"``, ``"-1x"``,
-    ``"0x"``, ``"2xx"``, ``"0.1k"``, ``0``, ``True``), naming ``name``."""
-    if _is_count(value):
-        return value
-    if isinstance(value, str):
-        text = value.strip().lower()
-        if re.fullmatch(r"[0-9]+", text) and int(text) > 0:
-            return int(text)
-        kilo = _KILO.fullmatch(text)
-        if kilo and (tokens := float(kilo.group(1)) * 1024) > 0 and tokens == int(tokens):
-            return int(tokens)
-        multiple = _MULTIPLE.fullmatch(text)
-        if multiple and float(multiple.group(1)) > 0:
-            return f"{float(multiple.group(1)):.15g}x"  # 1000001x stays 1000001x (:g would write 1e+06x)
-    fail(name, value, LENGTH_FORMS)
 
 
 def resolve_length(name: str, value: int | str, original: int) -> int:

@@ -170,13 +170,15 @@ class PretrainedTarget(Target, Protocol):
     suite: Any
     remap_notes: dict[str, str]
 
-    def calibrate(self, lengths: Sequence[int]) -> tuple[float, int, float]:
+    def calibrate(self, lengths: Sequence[int], report: Callable[[str], None] | None = None
+                  ) -> tuple[float, int, float]:  # fmt: skip
         """Seconds per ``forward_cost`` unit, tokens of the longest timed forward and its seconds, from timed
-        forwards on this machine (the pick's estimate; ``load`` first)."""
+        forwards on this machine (the pick's estimate; ``load`` first); ``report`` gets a line per timed forward."""
 
-    def remap_cost(self, method: str, factor: float, length: int) -> tuple[float, str] | None:
+    def remap_cost(self, method: str, factor: float, length: int, report: Callable[[str], None] | None = None
+                   ) -> tuple[float, str] | None:  # fmt: skip
         """A remapping method's forward time over the plain one at ``length`` tokens, and how it was measured (the
-        pick's estimate); None before ``calibrate`` timed a long enough forward."""
+        pick's estimate); None before ``calibrate`` timed a long enough forward; ``report`` gets a line for it."""
 
     def passkey(
         self, model: Any, length: int, depth: float, seed: int, tick: Tick | None = None,

@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -360,7 +360,8 @@ class HFTarget:
             if self.progress:
                 print(f"{self.class_name}: its head is not the plain output layer; measuring through full logits")
 
-    def calibrate(self, lengths: Sequence[int]) -> tuple[float, int, float]:
+    def calibrate(self, lengths: Sequence[int], report: Callable[[str], None] | None = None
+                  ) -> tuple[float, int, float]:  # fmt: skip
         """Seconds per ``forward_cost`` unit, and the cost model's crossover length ``l0``, from timed forwards on
         this machine (after a warm-up: the first forward pays kernel set-up and page faults).
 
@@ -369,23 +370,28 @@ class HFTarget:
         ratio of attention to the weights' work (on SmolLM2, 12288 tokens took 5.3x a 4096-token forward on an Intel
         Xeon, 5.9x on an AMD EPYC) where it lies within 2x of the model's own (``plan.fitted_l0``: single timed
         forwards are noisy, and a noisy fit's crossover is far off); the seconds per unit come from the longest
-        timed forward. One forward only (a study up to 2047 tokens): the model's own ``l0``. Returns (seconds per
-        unit, tokens of the longest timed forward, its seconds)."""
+        timed forward. One forward only (a study up to 2047 tokens): the model's own ``l0``. ``report`` gets a line
+        per timed forward as it ends. Returns (seconds per unit, tokens of the longest timed forward, its seconds)."""
         sizes = plan.calibration_lengths(min(max(lengths), self.heldout_tokens - 1))
-        times = [self._timed_forward(n, warm_up=i == 0) for i, n in enumerate(sizes)]
+        times = []
+        for i, n in enumerate(sizes):
+            times.append(self._timed_forward(n, warm_up=i == 0))
+            if report is not None:
+                report(f"  timed forward {i + 1} of {len(sizes)}: {n} tokens in {times[-1]:.3g} s")
         fit = plan.fit_forward_times(list(zip(sizes, times, strict=True)))  # None from one forward
         self.l0 = plan.fitted_l0(fit, self.dims.l0)  # a fit that timing noise put far off: the model's own
         self.timed = (sizes, times)
         return times[-1] / self.forward_cost(sizes[-1]), sizes[-1], times[-1]
 
-    def remap_cost(self, method: str, factor: float, length: int) -> tuple[float, str] | None:
+    def remap_cost(self, method: str, factor: float, length: int, report: Callable[[str], None] | None = None
+                   ) -> tuple[float, str] | None:  # fmt: skip
         """A remapping method's forward time over the plain one, and how it was measured: one forward with
         ``method`` patched at the longest length ``calibrate`` timed (8192 tokens for a target beyond it), against
         the plain one there, not extrapolated to ``length``: the ratio levels off as attention comes to dominate both
         (Self-Extend x4 on SmolLM2, idle 2-core Xeon: 1.51x at 4,096, 1.96x at 8,192, 2.01x measured at 20,480),
         while extrapolating it through fits of single timed forwards gave 2.0x-8.35x for the same 20-32k on
         different calibrations. At least 1. None before ``calibrate`` timed two lengths (a study up to 2047
-        tokens)."""
+        tokens). ``report`` gets a line once the forward is timed."""
         timed = getattr(self, "timed", None)
         if timed is None or len(timed[0]) < 2:
             return None
@@ -395,6 +401,8 @@ class HFTarget:
         seconds = self._timed_forward(n, warm_up=True, model=model)
         del model
         name = labels.label(method, factor, 0)
+        if report is not None:
+            report(f"  timed forward of {name}: {n} tokens in {seconds:.3g} s")
         return max(1.0, seconds / plain[-1]), (
             f"{name}: a {n}-token forward took {seconds:.3g} s against {plain[-1]:.3g} s plain, on this machine"
         )
