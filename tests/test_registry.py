@@ -217,3 +217,20 @@ def test_takes_says_which_keywords_build_reads():
     assert posenc.registry.takes("alibi", "num_heads")
     with pytest.raises(ValueError, match=r"name='no_such'"):
         posenc.registry.takes("no_such", "generator")
+
+
+def test_the_registry_alone_sees_the_librarys_encodings_and_scalings():
+    """``import posenc`` defers the library to first use (the CLI refuses bad input before torch loads): a program
+    that reaches ``posenc.registry`` without a ``posenc.<name>`` first still finds every built-in name."""
+    import subprocess
+    import sys
+
+    code = (
+        "import posenc.registry as r; import sys\n"
+        "assert 'posenc._api' not in sys.modules\n"
+        "print(len(r.available()), len(r.available_scalings()), type(r.build('alibi', num_heads=4)).__name__)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    import posenc
+
+    assert out == [str(len(posenc.available())), str(len(posenc.available_scalings())), "ALiBi"]

@@ -15,6 +15,12 @@ T = TypeVar("T", bound=type)
 _ROPE_SCALINGS: dict[str, type] = {}
 
 
+def _builtins() -> None:
+    """Load the library's own encodings and scalings, which register as their modules load (``posenc._api``, which
+    ``import posenc`` defers to first use): a lookup here then sees them without a ``posenc.<name>`` first."""
+    import posenc._api  # noqa: F401
+
+
 def register_scaling(cls: T) -> T:
     """Class decorator: make a ``RopeScaling`` subclass available under its ``rope_type``."""
     name = cast(Any, cls).rope_type  # a RopeScaling subclass's ClassVar
@@ -26,6 +32,7 @@ def register_scaling(cls: T) -> T:
 
 def scaling_class(rope_type: str) -> type:
     """The scaling config class registered as ``rope_type``."""
+    _builtins()
     if rope_type not in _ROPE_SCALINGS:
         fail("rope_type", rope_type, f"one of {available_scalings()}")
     return _ROPE_SCALINGS[rope_type]
@@ -33,6 +40,7 @@ def scaling_class(rope_type: str) -> type:
 
 def available_scalings() -> list[str]:
     """Registered rope scaling types, ``"default"`` (no scaling) first."""
+    _builtins()
     return ["default", *sorted(_ROPE_SCALINGS)]
 
 
@@ -68,6 +76,7 @@ def register(name: str, factory: Callable[..., Any] | None = None):  # noqa: ANN
 
 def available() -> list[str]:
     """Names ``build`` accepts, sorted."""
+    _builtins()
     return sorted(_ENCODINGS)
 
 
@@ -84,6 +93,7 @@ def _parameters(factory: Callable[..., Any]) -> tuple[set[str], set[str], bool]:
 
 def takes(name: str, key: str) -> bool:
     """Whether ``build(name, ...)`` reads keyword ``key`` (a model key it would drop counts as not read)."""
+    _builtins()
     if name not in _ENCODINGS:
         fail("name", name, f"one of {available()} (or register your own with posenc.register)")
     accepted, _, var_kw = _parameters(_ENCODINGS[name])
@@ -95,6 +105,7 @@ def build(name: str, /, **config: Any):  # noqa: ANN201 - returns an Encoding
 
     Keys in ``MODEL_KEYS`` that the encoding does not use are dropped; any other unknown key is an error.
     """
+    _builtins()
     if name not in _ENCODINGS:
         fail("name", name, f"one of {available()} (or register your own with posenc.register)")
     factory = _ENCODINGS[name]
