@@ -30,7 +30,7 @@ Tolerance for "same" (``inv_freq_tolerance``): both sides compute ``base ** (-2i
 The exponent ``2i/d`` is rounded once (relative error ``u``, ``u = 2**-24``), which moves ``theta = base**-e`` by
 ``|ln theta| u`` relatively; ``pow``, the division and a scaling's blend (YaRN's ramp, Llama 3's smoothing: the
 longest chain) add at most 8 more roundings of ``u`` each. Two such computations differ by at most
-``2 (8 + |ln theta|) u theta`` per frequency: 1.4e-6 relative for theta = 1e-6, where a wrong base, factor,
+``2 (8 + |ln theta|) u theta`` per frequency: 2.6e-6 relative for theta = 1e-6, where a wrong base, factor,
 original length or ramp moves a frequency by 1e-3 or more. Attention factors are float64 on every side but a GGUF's
 float32 keys: ``4 u max(1, |a|)``.
 
