@@ -314,6 +314,8 @@ def test_a_sliding_pattern_array_shorter_than_the_layers_leaves_the_rest_full(tm
     assert [layer.params["sliding"] for layer in view.layers] == [True, True, False, False, False]
     assert view.layers[2].params["freq_base"] == 1e6 and view.layers[2].params["freq_scale"] == 0.125
     assert any("holds 2 values for 5 layers" in n and "layers 2.. as full attention" in n for n in view.notes)
+    # the array itself is read from llama-cpp-python 0.3.36 on (0.3.35's gemma3.cpp read a number only)
+    assert any("0.3.35 (4df29be4f) and earlier ignore an array" in n for n in view.notes), view.notes
 
 
 def test_longrope_picks_its_factors_against_the_original_context_key_itself(tmp_path):
@@ -419,6 +421,27 @@ def test_a_folders_llama3_scaling_becomes_rope_freqs(tmp_path):
     assert view.ignored == () and view.layers[0].params["freq_factors"] == FREQS
     inv_freq, _ = gguf_rope.hf_frequencies(tiny_config("llama", rope_parameters=config["rope_parameters"]))
     torch.testing.assert_close(view.layers[0].inv_freq, torch.from_numpy(inv_freq), **ulps(16))
+
+
+def test_where_the_converter_changed_across_releases_the_row_says_from_which(tmp_path):
+    """convert_hf_to_gguf.py as llama-cpp-python >= 0.3.32 vendors it (llama.cpp b3fed31b9; read in 0.3.36's
+    ``conversion/base.py`` and ``llama.py``, and in 0.3.31's, which lack it) takes a top-level
+    ``original_max_position_embeddings`` into ``rope_parameters`` and builds Llama 3's ``rope_freqs`` from the dict's:
+    the notes say so where the older converter writes something else (or stops)."""
+    outside = _llama_config(rope_type="yarn", factor=4.0)
+    outside["original_max_position_embeddings"] = ORIGINAL
+    view = read(_folder(tmp_path, outside, "outside"), "llamacpp")
+    assert view.refused is None and view.layers[0].params["original_context_length"] == ORIGINAL
+    assert any("0.3.31 (f449e0553) and earlier stops on the YaRN dict" in n for n in view.notes), view.notes
+    inside = read(_folder(tmp_path, _llama_config(rope_type="yarn", factor=4.0,
+                                                  original_max_position_embeddings=ORIGINAL), "inside"), "llamacpp")
+    assert not any("0.3.31" in n for n in inside.notes), inside.notes
+    llama3 = _llama_config(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                           original_max_position_embeddings=ORIGINAL)  # fmt: skip
+    llama3.pop("original_max_position_embeddings", None)
+    view = read(_folder(tmp_path, llama3, "llama3"), "llamacpp")
+    assert any(f"original_max_position_embeddings {ORIGINAL} from rope_parameters" in n and
+               "takes the top-level one, 8192" in n for n in view.notes), view.notes  # fmt: skip
 
 
 @pytest.mark.parametrize(

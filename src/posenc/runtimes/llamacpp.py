@@ -30,10 +30,10 @@ number is not in the sdist). ``RELEASE`` names it, ``FOLLOWS`` lists the files:
   ``get_rope_factors``, compares with the key itself); ``ext_factor`` is 1 for YaRN, else 0 (unless the
   architecture read a ``yarn_ext_factor``); the betas and, without YaRN, ``yarn_attn_factor`` are the model's
   (llama-server passes -1; llama-cpp-python's ``Llama()`` passes 32, 1 and 1, which override a file's: named in
-  ``notes`` where they differ); the ``attn_factor``
-  handed to the kernel (``posenc.hf.gguf_rope.llamacpp_attn_factor``: YaRN's ``1 + 0.1 ln s``, or
-  ``get_mscale(s, mscale) / get_mscale(s, yarn_log_multiplier)``, divided by the ``1 + 0.1 ln s`` the kernel
-  multiplies back, times ``rope.scaling.attn_factor``).
+  ``notes`` where they differ); the ``attn_factor`` handed to the kernel
+  (``posenc.hf.gguf_rope.llamacpp_attn_factor``: YaRN's ``1 + 0.1 ln s``, or ``get_mscale(s, mscale) / get_mscale(s,
+  yarn_log_multiplier)``, divided by the ``1 + 0.1 ln s`` the kernel multiplies back, times
+  ``rope.scaling.attn_factor``).
 - ``ggml/src/ggml-cpu/ops.cpp`` (``rope_yarn``, ``ggml_rope_cache_init``) and ``ggml/src/ggml.c``
   (``ggml_rope_yarn_corr_dims``): the frequencies and cos/sin scale from those arguments
   (``posenc.hf.gguf_rope.ggml_rope_frequencies``; float64 here from the float32 values llama.cpp holds).
@@ -42,6 +42,15 @@ A transformers folder is first converted as ``convert_hf_to_gguf.py`` at the sam
 (``conversion/base.py`` ``TextModel.__init__`` / ``set_gguf_parameters``, ``conversion/llama.py`` (``rope_freqs``
 for Llama 3.1's scaling), ``conversion/gemma.py``) for Llama, Mistral, Qwen2, Qwen3 and Gemma 3; other
 architectures are "not verified".
+
+Across releases (the files above in the sdists of llama-cpp-python 0.3.24, 0.3.35 and 0.3.36; the converter's in 0.3.30
+to 0.3.33): ``rope_yarn`` / ``ggml_rope_yarn_corr_dims``, the context's YaRN ``attn_factor`` and the converter's
+``rope.scaling`` keys are the same in 0.3.24, 0.3.35 and 0.3.36; a per-layer ``attention.sliding_window_pattern`` array
+is read by Gemma 2/3, Cohere 2, OLMo 2, Llama 4, EXAONE 4 and gpt-oss from 0.3.36 on (0.3.35, llama.cpp 4df29be4f, ran
+their default pattern); the converter takes a top-level ``original_max_position_embeddings`` into the RoPE dict, and
+Llama 3's ``rope_freqs`` the dict's, from 0.3.32 (llama.cpp b3fed31b9) on (0.3.31, f449e0553: a YaRN dict without it
+stops the converter, and ``rope_freqs`` use the top-level value, default 8192). The notes say so where a file or config
+meets one of these.
 
 Known traps this reads as llama.cpp does and names in ``notes`` / ``ignored``: YaRN keys dropped by a converter
 (``rope.scaling.type`` yarn without a factor runs plain RoPE, llama.cpp #13322; without
@@ -455,6 +464,10 @@ def _trap_notes(arch, meta, kind, factor, tensors, rules, is_swa, base, base_swa
             )
     pattern_key = f"{arch}.attention.sliding_window_pattern"
     read_pattern = rules.swa is not None and _swa_on(arch, rules, meta, len(is_swa))
+    if read_pattern and rules.swa != "array" and isinstance(meta.get(pattern_key), tuple):
+        out.notes.append(f"{pattern_key} is a per-layer array: read as one from llama-cpp-python 0.3.36 (llama.cpp "
+                         f"0c1e57098) on; 0.3.35 (4df29be4f) and earlier ignore an array here and run {arch}'s "
+                         f"default pattern")  # fmt: skip
     if read_pattern and isinstance(meta.get(pattern_key), tuple) and len(meta[pattern_key]) < len(is_swa):
         out.notes.append(f"{pattern_key} holds {len(meta[pattern_key])} values for {len(is_swa)} layers: llama.cpp "
                          f"runs layers {len(meta[pattern_key])}.. as full attention (load_hparams zero-fills the "
@@ -588,6 +601,8 @@ def convert(config: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, list[f
                              "rope_local_base_freq"))  # fmt: skip
     partial = _find(hp, ("partial_rotary_factor", "rope_pct", "rope_percent"))
     original = _find(hp, ("original_max_position_embeddings",))
+    mirrored = original is not None and not {"full_attention", "sliding_attention",
+                                             "original_max_position_embeddings"} & set(rope)  # from 0.3.32 on
     if "full_attention" not in rope and "sliding_attention" not in rope:
         if local_theta is not None:
             rope["sliding_attention"] = {"rope_theta": local_theta}
@@ -629,6 +644,10 @@ def convert(config: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, list[f
                     "original_max_position_embeddings (KeyError): no GGUF is written"
                 )
             put("rope.scaling.original_context_length", int(params["original_max_position_embeddings"]))
+            if mirrored:
+                notes.append(f"original_max_position_embeddings ({original}) is outside rope_parameters: the "
+                             f"converter of llama-cpp-python >= 0.3.32 (llama.cpp b3fed31b9) writes it; that of "
+                             f"0.3.31 (f449e0553) and earlier stops on the YaRN dict (KeyError)")  # fmt: skip
             for hf_key, name in (("extrapolation_factor", "yarn_ext_factor"), ("beta_fast", "yarn_beta_fast"),
                                  ("beta_slow", "yarn_beta_slow")):  # fmt: skip
                 if params.get(hf_key) is not None:
@@ -646,6 +665,12 @@ def convert(config: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, list[f
                                f"LongRoPE's factors only for Phi-3 and MiniCPM, not {hf_arch})")  # fmt: skip
         elif kind == "llama3" and arch == "llama":
             tensors[gguf_rope.FREQS] = _llama3_freqs(params, hp)
+            older = hp.get("original_max_position_embeddings", 8192)
+            if older != params.get("original_max_position_embeddings", 8192):
+                notes.append(f"Llama 3's rope_freqs use original_max_position_embeddings "
+                             f"{params.get('original_max_position_embeddings', 8192)} from rope_parameters in the "
+                             f"converter of llama-cpp-python >= 0.3.32 (llama.cpp b3fed31b9); that of 0.3.31 "
+                             f"(f449e0553) and earlier takes the top-level one, {older} (default 8192)")  # fmt: skip
         elif kind != "default":
             ignored.append(f"rope_parameters.rope_type={kind!r}" + (f" factor={factor}" if factor else "") +
                            " (the converter writes no scaling for it)")  # fmt: skip
