@@ -601,8 +601,8 @@ def convert(config: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, list[f
                              "rope_local_base_freq"))  # fmt: skip
     partial = _find(hp, ("partial_rotary_factor", "rope_pct", "rope_percent"))
     original = _find(hp, ("original_max_position_embeddings",))
-    mirrored = original is not None and not {"full_attention", "sliding_attention",
-                                             "original_max_position_embeddings"} & set(rope)  # from 0.3.32 on
+    nested = "full_attention" in rope or "sliding_attention" in rope
+    mirrored = original is not None and not nested and "original_max_position_embeddings" not in rope  # 0.3.32 on
     if "full_attention" not in rope and "sliding_attention" not in rope:
         if local_theta is not None:
             rope["sliding_attention"] = {"rope_theta": local_theta}
@@ -667,10 +667,11 @@ def convert(config: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, list[f
             tensors[gguf_rope.FREQS] = _llama3_freqs(params, hp)
             older = hp.get("original_max_position_embeddings", 8192)
             if older != params.get("original_max_position_embeddings", 8192):
+                top = f"{older}" if "original_max_position_embeddings" in hp else "absent here: 8192"
                 notes.append(f"Llama 3's rope_freqs use original_max_position_embeddings "
                              f"{params.get('original_max_position_embeddings', 8192)} from rope_parameters in the "
                              f"converter of llama-cpp-python >= 0.3.32 (llama.cpp b3fed31b9); that of 0.3.31 "
-                             f"(f449e0553) and earlier takes the top-level one, {older} (default 8192)")  # fmt: skip
+                             f"(f449e0553) and earlier takes the top-level one, {top}")  # fmt: skip
         elif kind != "default":
             ignored.append(f"rope_parameters.rope_type={kind!r}" + (f" factor={factor}" if factor else "") +
                            " (the converter writes no scaling for it)")  # fmt: skip
