@@ -1,13 +1,16 @@
 """llama.cpp's RoPE angles and cos/sin scale for a GGUF, written out from its source as loops in float64.
 
-Source: ggml-org/llama.cpp at commit 0c1e57098 (as vendored by llama-cpp-python 0.3.36). ``llamacpp_angles`` is the
+Source: ggml-org/llama.cpp at commit 0c1e57098bba43ac29e6e3b677cdceebdd22334f (2026-10-01), the tree
+llama-cpp-python 0.3.36 vendors (its sdist's ``vendor/llama.cpp``; CHANGELOG: "update llama.cpp to
+ggml-org/llama.cpp@0c1e57098"). ``llamacpp_angles`` is the
 Llama file's computation; ``ggml_rope_angles`` the kernel for any arguments, ``context_attn_factor`` the context's
 ``attn_factor`` and ``llamacpp_layers`` what each layer's graph passes to the kernel, for the architectures the
 tests build files of (each branch below follows ``src/models/<arch>.cpp``).
 
 From the file's metadata (``llama_model::load_hparams``, llama.cpp ``src/llama-model.cpp``):
 
-    n_ctx_orig  = rope.scaling.original_context_length, default context_length
+    n_ctx_orig  = rope.scaling.original_context_length, default context_length (0: context_length in the
+                  context, llama-context.cpp; LongRoPE's long/short choice compares with the key itself)
     base        = rope.freq_base, default 10000
     type        = rope.scaling.type, default "linear"
     freq_scale  = 1 / rope.scaling.factor (factor 0 or absent: 1); type "none": 1      (llama-context.cpp)
@@ -47,7 +50,8 @@ def llamacpp_angles(meta: dict, tensors: dict, positions: list[int], *, n_ctx: i
     """
     n_dims = meta["llama.rope.dimension_count"]
     context = meta["llama.context_length"]
-    n_ctx_orig = meta.get("llama.rope.scaling.original_context_length", context)
+    n_ctx_orig_key = meta.get("llama.rope.scaling.original_context_length", context)
+    n_ctx_orig = n_ctx_orig_key or context
     base = meta.get("llama.rope.freq_base", 10000.0)
     kind = meta.get("llama.rope.scaling.type", "linear")
     factor = meta.get("llama.rope.scaling.factor", 0.0)
@@ -62,7 +66,7 @@ def llamacpp_angles(meta: dict, tensors: dict, positions: list[int], *, n_ctx: i
     attn_factor *= meta.get("llama.rope.scaling.attn_factor", 1.0)
     factors = tensors.get("rope_freqs.weight")
     if factors is None and kind == "longrope":
-        factors = tensors["rope_factors_long.weight" if n_ctx > n_ctx_orig else "rope_factors_short.weight"]
+        factors = tensors["rope_factors_long.weight" if n_ctx > n_ctx_orig_key else "rope_factors_short.weight"]
 
     def corr_dim(rotations: float) -> float:
         return n_dims * math.log(n_ctx_orig / (rotations * 2 * math.pi)) / (2 * math.log(base))
@@ -158,7 +162,8 @@ def llamacpp_layers(meta: dict, tensors: dict, *, n_ctx: int | None = None) -> l
     # llama_model_base::load_hparams
     n_ctx_train = kv("context_length")
     n_layer = kv("block_count")
-    n_ctx_orig_yarn = kv("rope.scaling.original_context_length", n_ctx_train)
+    n_ctx_orig_key = kv("rope.scaling.original_context_length", n_ctx_train)  # hparams.n_ctx_orig_yarn
+    n_ctx_orig_yarn = n_ctx_orig_key or n_ctx_train  # cparams.n_ctx_orig_yarn (llama_context: 0 -> n_ctx_train)
     freq_base_train = kv("rope.freq_base", 10000.0)
     scaling = kv("rope.scaling.type", "linear")
     ropescale = kv("rope.scaling.factor", kv("rope.scale_linear", 0.0))
@@ -174,8 +179,8 @@ def llamacpp_layers(meta: dict, tensors: dict, *, n_ctx: int | None = None) -> l
 
     def pattern(n, dense_first=False):
         value = kv("attention.sliding_window_pattern")
-        if isinstance(value, (tuple, list)):
-            return [bool(v) for v in value]
+        if isinstance(value, (tuple, list)):  # load_hparams zero-fills is_swa_impl first: missing layers are full
+            return [bool(v) for v in value][:n_layer] + [False] * (n_layer - len(value))
         n = n if value is None else value
         if dense_first:
             return [n == 0 or il % n != 0 for il in range(n_layer)]
@@ -225,7 +230,7 @@ def llamacpp_layers(meta: dict, tensors: dict, *, n_ctx: int | None = None) -> l
     if arch in ("llama", "mistral3", "llama4", "phi3"):
         if "rope_freqs.weight" in tensors:
             factors = tensors["rope_freqs.weight"]
-        elif n_ctx_seq > n_ctx_orig_yarn:
+        elif n_ctx_seq > n_ctx_orig_key:  # get_rope_factors: hparams.n_ctx_orig_yarn
             factors = tensors.get("rope_factors_long.weight")
         else:
             factors = tensors.get("rope_factors_short.weight")

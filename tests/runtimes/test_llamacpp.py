@@ -1,7 +1,8 @@
 """``posenc.runtimes.llamacpp``: what llama.cpp runs per layer for a GGUF file (and a transformers folder once
 converted), against llama.cpp's computation written out as loops in float64 (``tests/reference/llamacpp_rope.py``,
-ggml-org/llama.cpp@0c1e57098) on tiny GGUF files holding only the metadata and the RoPE factor tensors; and against
-what posenc measured for every method ``posenc.hf.save_gguf`` writes.
+ggml-org/llama.cpp@0c1e57098, the tree the llama-cpp-python 0.3.36 release vendors, read from its sdist) on tiny GGUF
+files holding only the metadata and the RoPE factor tensors; and against what posenc measured for every method
+``posenc.hf.save_gguf`` writes.
 """
 
 from __future__ import annotations
@@ -97,6 +98,7 @@ def test_each_scaling_runs_llamacpps_computation(tmp_path, head_dim, base, origi
                                      "rope.dimension_count": head_dim, **kv}, tensors, head_dim=head_dim)  # fmt: skip
     view = read(path, "llamacpp")
     assert view.runtime == "llamacpp" and "0c1e57098" in view.follows and view.context == 4 * original
+    assert view.version == llamacpp.RELEASE == "llama.cpp 0c1e57098 (llama-cpp-python 0.3.36)"
     assert all(layer.layout == "interleaved" for layer in view.layers)
     _assert_runs_reference(view, _reference(path))
     if scaling == "longrope":  # the factors follow llama.cpp's context (padded to 256), not the sequence
@@ -290,12 +292,61 @@ def test_a_swa_base_the_graph_does_not_use_is_ignored(tmp_path):
         ("llama", {"rope.dimension_count": 8}, {}, "invalid n_rot"),
         ("notanarch", {}, {}, "knows no architecture 'notanarch'"),
         ("gemma4", {"attention.sliding_window": 512}, {FREQS: _ramp(8, 1.0)}, "sliding_window_pattern"),
+        ("gemma3", {"attention.sliding_window": 512, "attention.sliding_window_pattern": [True] * 513}, {},
+         "at most 512 (LLAMA_MAX_LAYERS)"),  # fmt: skip
     ],
 )
 def test_what_llamacpp_refuses_to_load(tmp_path, arch, kv, tensors, message):
     view = read(_file(tmp_path, arch, kv, tensors), "llamacpp")
     assert view.refused is not None and message in view.refused, view.refused
     assert view.layers == ()
+
+
+def test_a_sliding_pattern_array_shorter_than_the_layers_leaves_the_rest_full(tmp_path):
+    """llama.cpp 0c1e57098 (llama-cpp-python 0.3.36): ``load_hparams`` zero-fills ``is_swa_impl`` before
+    ``load_swa_pattern`` reads the array, so layers past a shorter array run as full attention (base and scale of the
+    full layers); posenc refused such a file before."""
+    kv = {"attention.sliding_window": 512, "attention.sliding_window_pattern": [True, True], "rope.freq_base": 1e6,
+          "rope.freq_base_swa": 1e4, "rope.scaling.type": "linear", "rope.scaling.factor": 8.0}  # fmt: skip
+    path = _file(tmp_path, "gemma3", {"context_length": 32768, **kv}, layers=5)
+    view = read(path, "llamacpp")
+    _assert_runs_reference(view, _reference(path))
+    assert [layer.params["sliding"] for layer in view.layers] == [True, True, False, False, False]
+    assert view.layers[2].params["freq_base"] == 1e6 and view.layers[2].params["freq_scale"] == 0.125
+    assert any("holds 2 values for 5 layers" in n and "layers 2.. as full attention" in n for n in view.notes)
+    # the array itself is read from llama-cpp-python 0.3.36 on (0.3.35's gemma3.cpp read a number only)
+    assert any("0.3.35 (4df29be4f) and earlier ignore an array" in n for n in view.notes), view.notes
+
+
+def test_longrope_picks_its_factors_against_the_original_context_key_itself(tmp_path):
+    """llama.cpp 0c1e57098 (llama-cpp-python 0.3.36): ``rope.scaling.original_context_length`` 0 is ``n_ctx_train``
+    in the context (``llama_context``), but ``get_rope_factors`` compares ``n_ctx_seq`` with the key, 0: the long
+    factors at every context (posenc compared with ``n_ctx_train`` and picked the short ones at the file's context)."""
+    kv = {"context_length": 4096, "rope.dimension_count": 16, "rope.scaling.type": "longrope",
+          "rope.scaling.original_context_length": 0, "rope.scaling.attn_factor": 1.19}  # fmt: skip
+    path = _file(tmp_path, "llama", kv, {LONG: _ramp(8, 6.0), SHORT: _ramp(8, 1.1)})
+    view = read(path, "llamacpp")
+    _assert_runs_reference(view, _reference(path))
+    layer = view.layers[0]
+    assert layer.params["freq_factors"] == LONG and layer.params["original_context_length"] == 4096
+    assert any("picks the long factors" in n and "against the original 0" in n and "n_ctx=512" in n
+               for n in view.notes), view.notes  # fmt: skip
+
+
+def test_llama_cpp_pythons_yarn_defaults_that_override_a_files_keys_are_named(tmp_path):
+    """llama-cpp-python 0.3.36's ``Llama()`` passes ``yarn_beta_fast=32``, ``yarn_beta_slow=1`` and
+    ``yarn_attn_factor=1`` as set, which llama.cpp 0c1e57098's ``llama_context`` takes over the model's: the rows
+    (llama.cpp's own reading, llama-server's) say so where a file's betas or attention factor differ."""
+    yarn = {"rope.scaling.type": "yarn", "rope.scaling.factor": 4.0, "rope.scaling.original_context_length": 1024}
+    mistral = read(_file(tmp_path, "mistral3", {**yarn, "rope.scaling.yarn_beta_fast": 4.0}, name="m.gguf"),
+                   "llamacpp")  # fmt: skip
+    assert any("llama-cpp-python's Llama() overrides YaRN's beta_fast 4 / beta_slow 1" in n for n in mistral.notes)
+    grok = read(_file(tmp_path, "grok", {"rope.scaling.yarn_attn_factor": 0.9}, name="g.gguf"), "llamacpp")
+    assert any("yarn_attn_factor 0.9 (Llama() runs 1)" in n for n in grok.notes), grok.notes
+    assert grok.layers[0].attention_factor == pytest.approx(0.9, rel=1e-6)  # llama.cpp's own: the file's
+    for arch in ("llama", "qwen2", "gemma3"):  # what posenc converts: no key of these is read
+        view = read(_file(tmp_path, arch, yarn, name=f"{arch}.gguf"), "llamacpp")
+        assert not any("llama-cpp-python" in n for n in view.notes), view.notes
 
 
 def test_architectures_without_rope_and_unread_ones(tmp_path):
@@ -370,6 +421,27 @@ def test_a_folders_llama3_scaling_becomes_rope_freqs(tmp_path):
     assert view.ignored == () and view.layers[0].params["freq_factors"] == FREQS
     inv_freq, _ = gguf_rope.hf_frequencies(tiny_config("llama", rope_parameters=config["rope_parameters"]))
     torch.testing.assert_close(view.layers[0].inv_freq, torch.from_numpy(inv_freq), **ulps(16))
+
+
+def test_where_the_converter_changed_across_releases_the_row_says_from_which(tmp_path):
+    """convert_hf_to_gguf.py as llama-cpp-python >= 0.3.32 vendors it (llama.cpp b3fed31b9; read in 0.3.36's
+    ``conversion/base.py`` and ``llama.py``, and in 0.3.31's, which lack it) takes a top-level
+    ``original_max_position_embeddings`` into ``rope_parameters`` and builds Llama 3's ``rope_freqs`` from the dict's:
+    the notes say so where the older converter writes something else (or stops)."""
+    outside = _llama_config(rope_type="yarn", factor=4.0)
+    outside["original_max_position_embeddings"] = ORIGINAL
+    view = read(_folder(tmp_path, outside, "outside"), "llamacpp")
+    assert view.refused is None and view.layers[0].params["original_context_length"] == ORIGINAL
+    assert any("0.3.31 (f449e0553) and earlier stops on the YaRN dict" in n for n in view.notes), view.notes
+    inside = read(_folder(tmp_path, _llama_config(rope_type="yarn", factor=4.0,
+                                                  original_max_position_embeddings=ORIGINAL), "inside"), "llamacpp")
+    assert not any("0.3.31" in n for n in inside.notes), inside.notes
+    llama3 = _llama_config(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                           original_max_position_embeddings=ORIGINAL)  # fmt: skip
+    llama3.pop("original_max_position_embeddings", None)
+    view = read(_folder(tmp_path, llama3, "llama3"), "llamacpp")
+    assert any(f"original_max_position_embeddings {ORIGINAL} from rope_parameters" in n and
+               "takes the top-level one, absent here: 8192" in n for n in view.notes), view.notes  # fmt: skip
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,9 @@
 """What llama.cpp runs for a model: per layer, the RoPE its graph builds from a GGUF file's keys and tensors.
 
-Follows ggml-org/llama.cpp at commit ``0c1e57098`` (the tree llama-cpp-python 0.3.36 vendors; ``FOLLOWS``):
+Follows ggml-org/llama.cpp at commit ``0c1e57098bba43ac29e6e3b677cdceebdd22334f`` (2026-10-01, "webgpu: fix
+SSM_SCAN binding aliasing (#29750)"): the tree llama-cpp-python 0.3.36 vendors, read from that release's sdist (its
+``vendor/llama.cpp`` gitlink; its CHANGELOG: "update llama.cpp to ggml-org/llama.cpp@0c1e57098"; llama.cpp's build
+number is not in the sdist). ``RELEASE`` names it, ``FOLLOWS`` lists the files:
 
 - ``src/llama-model.cpp`` ``load_hparams``: for every architecture ``{arch}.context_length`` (``n_ctx_train``,
   required), ``rope.freq_base`` (default 10000), ``rope.scaling.type`` (default ``"linear"``; a name other than
@@ -14,17 +17,23 @@ Follows ggml-org/llama.cpp at commit ``0c1e57098`` (the tree llama-cpp-python 0.
   whose defaults are 10000 and 1 unless the architecture sets them) and ``get_rope_factors`` (``rope_freqs``, else
   LongRoPE's ``rope_factors_long`` when the per-sequence context ``n_ctx_seq`` exceeds the original context, else
   ``rope_factors_short``); ``load_swa_pattern`` and ``llama_hparams::set_swa_pattern`` (``src/llama-hparams.cpp``:
-  every ``n``-th layer full, the rest sliding; ``attention.sliding_window_pattern`` as a number or a per-layer array).
+  every ``n``-th layer full, the rest sliding; ``attention.sliding_window_pattern`` as a number or a per-layer array,
+  at most 512 values, layers past a shorter array full).
 - ``src/models/<arch>.cpp``: what each architecture reads beyond that (``load_arch_hparams``: its default sliding
   pattern, ``rope.freq_base_swa``, YaRN's ``yarn_beta_fast/slow``, ``yarn_ext_factor``, ``yarn_attn_factor``,
   ``yarn_log_multiplier``) and which base, scale and factor tensor its graph passes to ``ggml_rope_ext`` at each
   layer, and which layers it rotates at all (``_ARCHS``). A tensor the architecture does not create (``rope_freqs``
   in a Qwen2 file) fails the load ("wrong number of tensors").
-- ``src/llama-context.cpp``: ``n_ctx`` defaults to ``n_ctx_train`` and is padded to a multiple of 256;
-  ``ext_factor`` is 1 for YaRN, else 0 (unless the architecture read a ``yarn_ext_factor``); the ``attn_factor``
-  handed to the kernel (``posenc.hf.gguf_rope.llamacpp_attn_factor``: YaRN's ``1 + 0.1 ln s``, or
-  ``get_mscale(s, mscale) / get_mscale(s, yarn_log_multiplier)``, divided by the ``1 + 0.1 ln s`` the kernel
-  multiplies back, times ``rope.scaling.attn_factor``).
+- ``src/llama-context.cpp``: ``n_ctx`` 0 means ``n_ctx_train`` (llama-server's and llama-cli's default; the C API's
+  is 512, llama-cpp-python's ``Llama()`` 512, its server 2048: pass ``n_ctx``) and is padded to a multiple of 256;
+  ``rope.scaling.original_context_length`` 0 means ``n_ctx_train`` there too (but LongRoPE's long/short choice,
+  ``get_rope_factors``, compares with the key itself); ``ext_factor`` is 1 for YaRN, else 0 (unless the
+  architecture read a ``yarn_ext_factor``); the betas and, without YaRN, ``yarn_attn_factor`` are the model's
+  (llama-server passes -1; llama-cpp-python's ``Llama()`` passes 32, 1 and 1, which override a file's: named in
+  ``notes`` where they differ); the ``attn_factor`` handed to the kernel
+  (``posenc.hf.gguf_rope.llamacpp_attn_factor``: YaRN's ``1 + 0.1 ln s``, or ``get_mscale(s, mscale) / get_mscale(s,
+  yarn_log_multiplier)``, divided by the ``1 + 0.1 ln s`` the kernel multiplies back, times
+  ``rope.scaling.attn_factor``).
 - ``ggml/src/ggml-cpu/ops.cpp`` (``rope_yarn``, ``ggml_rope_cache_init``) and ``ggml/src/ggml.c``
   (``ggml_rope_yarn_corr_dims``): the frequencies and cos/sin scale from those arguments
   (``posenc.hf.gguf_rope.ggml_rope_frequencies``; float64 here from the float32 values llama.cpp holds).
@@ -33,6 +42,15 @@ A transformers folder is first converted as ``convert_hf_to_gguf.py`` at the sam
 (``conversion/base.py`` ``TextModel.__init__`` / ``set_gguf_parameters``, ``conversion/llama.py`` (``rope_freqs``
 for Llama 3.1's scaling), ``conversion/gemma.py``) for Llama, Mistral, Qwen2, Qwen3 and Gemma 3; other
 architectures are "not verified".
+
+Across releases (the files above in the sdists of llama-cpp-python 0.3.24, 0.3.35 and 0.3.36; the converter's in 0.3.30
+to 0.3.33): ``rope_yarn`` / ``ggml_rope_yarn_corr_dims``, the context's YaRN ``attn_factor`` and the converter's
+``rope.scaling`` keys are the same in 0.3.24, 0.3.35 and 0.3.36; a per-layer ``attention.sliding_window_pattern`` array
+is read by Gemma 2/3, Cohere 2, OLMo 2, Llama 4, EXAONE 4 and gpt-oss from 0.3.36 on (0.3.35, llama.cpp 4df29be4f, ran
+their default pattern); the converter takes a top-level ``original_max_position_embeddings`` into the RoPE dict, and
+Llama 3's ``rope_freqs`` the dict's, from 0.3.32 (llama.cpp b3fed31b9) on (0.3.31, f449e0553: a YaRN dict without it
+stops the converter, and ``rope_freqs`` use the top-level value, default 8192). The notes say so where a file or config
+meets one of these.
 
 Known traps this reads as llama.cpp does and names in ``notes`` / ``ignored``: YaRN keys dropped by a converter
 (``rope.scaling.type`` yarn without a factor runs plain RoPE, llama.cpp #13322; without
@@ -66,8 +84,9 @@ from posenc.runtimes import LayerRope, RuntimeView, Source, Variant, register
 #: How ``posenc check`` names the release this reader follows.
 RELEASE = "llama.cpp 0c1e57098 (llama-cpp-python 0.3.36)"
 FOLLOWS = (
-    "ggml-org/llama.cpp@0c1e57098 (as vendored by llama-cpp-python 0.3.36): src/llama-model.cpp load_hparams, "
-    "llama_model_rope_type, get_rope_freq_base/scale, get_rope_factors; src/llama-hparams.cpp set_swa_pattern; "
+    "ggml-org/llama.cpp@0c1e57098 (2026-10-01; vendored by llama-cpp-python 0.3.36): src/llama-model.cpp "
+    "load_hparams, llama_model_rope_type, get_rope_freq_base/scale, get_rope_factors; src/llama-hparams.cpp "
+    "set_swa_pattern; "
     "src/models/<arch>.cpp; src/llama-context.cpp (n_ctx, ext_factor, attn_factor); ggml/src/ggml-cpu/ops.cpp "
     "rope_yarn; ggml/src/ggml.c ggml_rope_yarn_corr_dims; conversion/base.py, llama.py, gemma.py"
 )
@@ -75,6 +94,7 @@ FOLLOWS = (
 #: Scaling types ``llama_rope_scaling_type_from_string`` knows.
 SCALING_TYPES = ("none", "linear", "yarn", "longrope")
 _PAD = 256  # llama_context pads n_ctx (and n_ctx_seq) to a multiple of this
+_MAX_LAYERS = 512  # LLAMA_MAX_LAYERS: the longest per-layer array get_arr reads
 
 
 def _names(text: str) -> frozenset[str]:
@@ -237,10 +257,10 @@ def _swa_layers(arch: str, rules: _Arch, meta: Mapping[str, Any], n_layer: int) 
     value = meta.get(key)
     if rules.swa == "array" and not isinstance(value, tuple):
         raise _Refused(f"{key} (a per-layer array) is required for {arch} and missing")
-    if isinstance(value, tuple):
-        if len(value) < n_layer:
-            raise _Refused(f"{key} holds {len(value)} values for {n_layer} layers")
-        return [bool(v) for v in value[:n_layer]]
+    if isinstance(value, tuple):  # get_arr into is_swa_impl, which load_hparams zero-filled: missing layers are full
+        if len(value) > _MAX_LAYERS:
+            raise _Refused(f"{key} holds {len(value)} values; llama.cpp reads at most {_MAX_LAYERS} (LLAMA_MAX_LAYERS)")
+        return [bool(v) for v in value[:n_layer]] + [False] * (n_layer - len(value))
     n, dense_first = cast("tuple[int, bool]", rules.swa)  # "array" returned above
     if value is not None:
         n = int(value)
@@ -297,7 +317,8 @@ def _layers(meta: Mapping[str, Any], tensors: Mapping[str, Any], *, n_ctx: int |
     factor = key("rope.scaling.factor", key("rope.scale_linear", 0.0)) or 0.0
     freq_scale_train = 1.0 if factor == 0.0 else _f32(1.0 / _f32(factor))
     base = float(key("rope.freq_base", 10000.0))
-    n_ctx_orig = int(key("rope.scaling.original_context_length", n_ctx_train) or n_ctx_train)
+    n_ctx_orig_key = int(key("rope.scaling.original_context_length", n_ctx_train))  # hparams.n_ctx_orig_yarn
+    n_ctx_orig = n_ctx_orig_key or int(n_ctx_train)  # cparams.n_ctx_orig_yarn: llama_context takes 0 as n_ctx_train
     rope_attn = float(key("rope.scaling.attn_factor", 1.0))
     n_head = int(_first(key("attention.head_count", 0)) or 0)
     head_k = key("attention.key_length") or (int(key("embedding_length")) // n_head if n_head else 0)
@@ -358,8 +379,8 @@ def _layers(meta: Mapping[str, Any], tensors: Mapping[str, Any], *, n_ctx: int |
             name = gguf_rope.FREQS
         elif gguf_rope.FREQS in tensors:
             name = gguf_rope.FREQS
-        else:
-            name = gguf_rope.LONG if n_ctx_seq > n_ctx_orig else gguf_rope.SHORT
+        else:  # get_rope_factors compares with hparams.n_ctx_orig_yarn: the key itself, 0 included
+            name = gguf_rope.LONG if n_ctx_seq > n_ctx_orig_key else gguf_rope.SHORT
             if name not in tensors:
                 return None, None
         values = tensors[name]
@@ -396,6 +417,7 @@ def _layers(meta: Mapping[str, Any], tensors: Mapping[str, Any], *, n_ctx: int |
                   "n_ctx_seq": n_ctx_seq}  # fmt: skip
         layers.append(LayerRope(torch.from_numpy(theta), mscale, n_rot, layout, kind, params))
     _trap_notes(arch, meta, kind, factor, tensors, rules, is_swa, base, base_swa, n_ctx_seq, n_ctx_orig, out)
+    _python_note(ext, beta_fast, beta_slow, attn_key, out)
     return tuple(layers), int(n_ctx_train)
 
 
@@ -432,11 +454,24 @@ def _trap_notes(arch, meta, kind, factor, tensors, rules, is_swa, base, base_swa
             out.notes.append("rope.scaling.type is longrope but the file has no rope_factors_long/short: llama.cpp "
                              "runs plain frequencies")  # fmt: skip
         else:
-            which = "long" if n_ctx_seq > n_ctx_orig else "short"
+            orig = int(meta.get(f"{arch}.rope.scaling.original_context_length", n_ctx_orig))  # get_rope_factors' own
+            which = "long" if n_ctx_seq > orig else "short"
             out.notes.append(
                 f"LongRoPE: llama.cpp picks the {which} factors for n_ctx_seq={n_ctx_seq} (the context, padded to "
-                f"256, against the original {n_ctx_orig}), once per context, not per sequence length"
+                f"256, against the original {orig}), once per context, not per sequence length; the context is "
+                "llama-server's / llama-cli's default (the file's), while llama-cpp-python's Llama() defaults to "
+                "n_ctx=512 and its server to 2048"
             )
+    pattern_key = f"{arch}.attention.sliding_window_pattern"
+    read_pattern = rules.swa is not None and _swa_on(arch, rules, meta, len(is_swa))
+    if read_pattern and rules.swa != "array" and isinstance(meta.get(pattern_key), tuple):
+        out.notes.append(f"{pattern_key} is a per-layer array: read as one from llama-cpp-python 0.3.36 (llama.cpp "
+                         f"0c1e57098) on; 0.3.35 (4df29be4f) and earlier ignore an array here and run {arch}'s "
+                         f"default pattern")  # fmt: skip
+    if read_pattern and isinstance(meta.get(pattern_key), tuple) and len(meta[pattern_key]) < len(is_swa):
+        out.notes.append(f"{pattern_key} holds {len(meta[pattern_key])} values for {len(is_swa)} layers: llama.cpp "
+                         f"runs layers {len(meta[pattern_key])}.. as full attention (load_hparams zero-fills the "
+                         "rest)")  # fmt: skip
     if any(is_swa) and rules.base_swa in ("key", "key_10000"):
         swa_key = f"{arch}.rope.freq_base_swa"
         full = [il for il, s in enumerate(is_swa) if not s]
@@ -450,6 +485,22 @@ def _trap_notes(arch, meta, kind, factor, tensors, rules, is_swa, base, base_swa
                 f"sliding layers rotate with the full layers' base {base:g} ({swa_key} equals rope.freq_base); Gemma "
                 "3/4 train them with their own (local) base"
             )
+
+
+def _python_note(ext: float, beta_fast: float, beta_slow: float, yarn_attn: float, out: _Reading) -> None:
+    """llama-cpp-python 0.3.36's ``Llama()`` passes ``yarn_beta_fast=32``, ``yarn_beta_slow=1`` and
+    ``yarn_attn_factor=1`` to llama.cpp as set (``llama_cpp/llama.py``; llama-server and the C API pass -1, "from the
+    model"), and ``llama_context`` takes a value >= 0 over the model's: where the file's differ, say so."""
+    overridden = []
+    if ext != 0.0 and (beta_fast, beta_slow) != (32.0, 1.0):
+        overridden.append(f"YaRN's beta_fast {beta_fast:g} / beta_slow {beta_slow:g} (Llama() runs 32 / 1)")
+    if ext == 0.0 and yarn_attn != 1.0:
+        overridden.append(f"yarn_attn_factor {yarn_attn:g} (Llama() runs 1)")
+    if overridden:
+        out.notes.append(
+            f"this is llama.cpp's reading (llama-server, llama-cli); llama-cpp-python's Llama() overrides "
+            f"{' and '.join(overridden)} unless given yarn_beta_fast=-1, yarn_beta_slow=-1, yarn_attn_factor=-1"
+        )
 
 
 def _record_note(meta: Mapping[str, Any], layers: tuple[LayerRope, ...], n_ctx_seq: int) -> str | None:
@@ -550,6 +601,8 @@ def convert(config: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, list[f
                              "rope_local_base_freq"))  # fmt: skip
     partial = _find(hp, ("partial_rotary_factor", "rope_pct", "rope_percent"))
     original = _find(hp, ("original_max_position_embeddings",))
+    nested = "full_attention" in rope or "sliding_attention" in rope
+    mirrored = original is not None and not nested and "original_max_position_embeddings" not in rope  # 0.3.32 on
     if "full_attention" not in rope and "sliding_attention" not in rope:
         if local_theta is not None:
             rope["sliding_attention"] = {"rope_theta": local_theta}
@@ -591,6 +644,10 @@ def convert(config: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, list[f
                     "original_max_position_embeddings (KeyError): no GGUF is written"
                 )
             put("rope.scaling.original_context_length", int(params["original_max_position_embeddings"]))
+            if mirrored:
+                notes.append(f"original_max_position_embeddings ({original}) is outside rope_parameters: the "
+                             f"converter of llama-cpp-python >= 0.3.32 (llama.cpp b3fed31b9) writes it; that of "
+                             f"0.3.31 (f449e0553) and earlier stops on the YaRN dict (KeyError)")  # fmt: skip
             for hf_key, name in (("extrapolation_factor", "yarn_ext_factor"), ("beta_fast", "yarn_beta_fast"),
                                  ("beta_slow", "yarn_beta_slow")):  # fmt: skip
                 if params.get(hf_key) is not None:
@@ -608,6 +665,13 @@ def convert(config: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, list[f
                                f"LongRoPE's factors only for Phi-3 and MiniCPM, not {hf_arch})")  # fmt: skip
         elif kind == "llama3" and arch == "llama":
             tensors[gguf_rope.FREQS] = _llama3_freqs(params, hp)
+            older = hp.get("original_max_position_embeddings", 8192)
+            if older != params.get("original_max_position_embeddings", 8192):
+                top = f"{older}" if "original_max_position_embeddings" in hp else "absent here: 8192"
+                notes.append(f"Llama 3's rope_freqs use original_max_position_embeddings "
+                             f"{params.get('original_max_position_embeddings', 8192)} from rope_parameters in the "
+                             f"converter of llama-cpp-python >= 0.3.32 (llama.cpp b3fed31b9); that of 0.3.31 "
+                             f"(f449e0553) and earlier takes the top-level one, {top}")  # fmt: skip
         elif kind != "default":
             ignored.append(f"rope_parameters.rope_type={kind!r}" + (f" factor={factor}" if factor else "") +
                            " (the converter writes no scaling for it)")  # fmt: skip
