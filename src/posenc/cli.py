@@ -596,7 +596,9 @@ def export(args: argparse.Namespace) -> int:
 
 def check(args: argparse.Namespace) -> int:
     for name in args.runtimes:  # before the runtimes' readers (and torch) are imported
-        if name not in RUNTIMES or args.runtimes.count(name) > 1:
+        if name not in RUNTIMES:
+            fail("runtimes", name, f"one of {list(RUNTIMES)}")
+        if args.runtimes.count(name) > 1:
             fail("runtimes", ",".join(args.runtimes), f"each of {list(RUNTIMES)} at most once")
     import json
 
