@@ -209,6 +209,18 @@ def test_meta_build():
     assert all(p.is_meta for p in enc.parameters())
 
 
+def test_meta_build_then_loaded_keeps_its_constants():
+    """Built on meta, moved with to_empty and loaded (as Hugging Face loads): the score_mod's eps and init_L (float32
+    buffers, not saved) are rebuilt from the config, so its scores are the original's bias."""
+    want = _fire(eps=1e-3)  # eps large enough to move the bias
+    with torch.device("meta"):
+        enc = FIRE(H, mlp_width=6, init_L=16.0, eps=1e-3)
+    enc.to_empty(device="cpu").load_state_dict(want.state_dict())
+    q_pos, k_pos = _positions("batched")
+    with torch.no_grad():
+        assert_close(score_mod_grid(enc, q_pos, k_pos), want.bias(q_pos, k_pos).expand(B, -1, -1, -1), **EXACT)
+
+
 def test_bad_input():
     enc = FIRE(H)
     pos = torch.arange(6)

@@ -35,7 +35,10 @@ class Encoding(nn.Module):
     """A positional encoding: every hook defaults to "no positional information" (NoPE).
 
     Subclasses override the hooks they need. ``bias`` and ``score_mod`` must describe the same bias: attention's
-    ``eager``/``sdpa`` backends use ``bias``, ``flex`` uses ``score_mod``, and the tests check they agree.
+    ``eager``/``sdpa`` backends use ``bias``, ``flex`` uses ``score_mod``, and the tests check they agree. A
+    ``score_mod`` captures tensors, ints, bools and strings only, never a Python float: torch traces a captured float
+    as a ``SymFloat`` once its value changes between compilations, which compiled FlexAttention refuses (torch 2.15)
+    or fails to lower (torch 2.13); keep such a constant as a float32 0-d buffer (``FIRE``'s ``eps``).
 
     Class attributes read by ``posenc.attention``:
         has_bias: the encoding adds to the scores (``bias``/``score_mod`` return non-None).

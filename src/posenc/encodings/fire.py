@@ -18,7 +18,7 @@ Shapes:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -91,6 +91,24 @@ class FIRE(ConfiguredModule):
         self.mlp = nn.Sequential(nn.Linear(1, mlp_width), nn.ReLU(), nn.Linear(mlp_width, num_heads))
         self.c = nn.Parameter(torch.full((), float(init_c)))
         self.L_multiplier = nn.Parameter(torch.ones(()))
+        self._init_constants(self.c.device)
+
+    _eps: torch.Tensor
+    _init_L: torch.Tensor
+
+    def _init_constants(self, device: torch.device) -> None:
+        """``eps`` and ``init_L`` as float32 0-d buffers (not saved) for the score_mod to capture: never a Python
+        float there (torch 2.15's compiled FlexAttention traces a captured float as a SymFloat, which it refuses
+        among a score_mod's captured values), and never a tensor made in the caller's graph (CPU inductor cannot
+        lower those)."""
+        f32: dict[str, Any] = {"dtype": torch.float32, "device": device}
+        self.register_buffer("_eps", torch.tensor(self.config.eps, **f32), persistent=False)
+        self.register_buffer("_init_L", torch.tensor(self.config.init_L, **f32), persistent=False)
+
+    def _apply(self, fn, recurse=True):  # noqa: ANN001 - nn.Module's hook for .to/.cuda/.half/to_empty
+        super()._apply(fn, recurse)
+        self._init_constants(self._eps.device)  # float32 whatever the module's dtype; rebuilt after to_empty
+        return self
 
     def threshold(self) -> torch.Tensor:
         """The threshold ``L = |L_multiplier * init_L|`` in use, a float32 scalar (differentiable)."""
@@ -123,7 +141,7 @@ class FIRE(ConfiguredModule):
         captures the MLP's weights (``O(H W)``) and the positions, evaluating the MLP per score."""
         self.check_heads(q)
         check_alibi_positions(q_pos, k_pos)
-        eps, init_l = self.config.eps, self.config.init_L
+        eps, init_l = self._eps.to(q_pos.device), self._init_L.to(q_pos.device)  # tensors: see _init_constants
         # The parameters themselves, cast and combined per score inside the closure: under torch.compile a
         # score_mod that captures a tensor computed in the same graph fails to lower on CPU (torch 2.13), one that
         # captures a parameter works.

@@ -117,19 +117,21 @@ class T5Bias(ConfiguredModule):
         scale: float | None = None,
     ) -> ScoreMod:
         """FlexAttention ``score_mod`` adding ``bias(q_pos, k_pos)[b, h, q_idx, kv_idx]``; captures only the
-        ``(H, num_buckets)`` table and the positions."""
+        ``(H, num_buckets)`` table, the positions and the config's ints and bool."""
         self.check_heads(q)
         check_position_pair(q_pos, k_pos)  # validates dtypes, ranks and batch sizes without an S x T tensor
+        # Tensors, ints and bools only, never the config object (tests/test_attention_flex_captures.py)
         c = self.config
+        bidirectional, num_buckets, max_distance = c.bidirectional, c.num_buckets, c.max_distance
         per_head = self.relative_attention_bias.weight.t()  # (H, num_buckets)
         q_at, k_at = position_reader(q_pos.long()), position_reader(k_pos.long())
 
         def t5_score_mod(score, b, h, q_idx, kv_idx):  # noqa: ANN001, ANN202 - FlexAttention's signature
             bucket = t5_relative_position_bucket(
                 k_at(b, kv_idx) - q_at(b, q_idx),
-                bidirectional=c.bidirectional,
-                num_buckets=c.num_buckets,
-                max_distance=c.max_distance,
+                bidirectional=bidirectional,
+                num_buckets=num_buckets,
+                max_distance=max_distance,
             )
             return score + per_head[h, bucket].to(score.dtype)
 

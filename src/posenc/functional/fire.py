@@ -47,16 +47,23 @@ def fire_threshold(multiplier: torch.Tensor, *, init_L: float) -> torch.Tensor:
     return threshold_of(multiplier, init_L)
 
 
-def threshold_of(multiplier: torch.Tensor, init_L: float) -> torch.Tensor:
-    """``fire_threshold`` without the check, for inside a ``score_mod`` (traced: no Python-side validation)."""
+def threshold_of(multiplier: torch.Tensor, init_L: float | torch.Tensor) -> torch.Tensor:
+    """``fire_threshold`` without the check, for inside a ``score_mod`` (traced: no Python-side validation;
+    ``init_L`` a float32 0-d tensor there)."""
     return (multiplier.float() * init_L).abs()
 
 
 def fire_normalized_distance(
-    q_pos: torch.Tensor, k_pos: torch.Tensor, c: torch.Tensor, threshold: torch.Tensor, *, eps: float = 1e-6
+    q_pos: torch.Tensor,
+    k_pos: torch.Tensor,
+    c: torch.Tensor,
+    threshold: torch.Tensor,
+    *,
+    eps: float | torch.Tensor = 1e-6,
 ) -> torch.Tensor:
     """Elementwise ``log(|c (i - j)| + 1) / (log(|c max(i, L)| + 1) + eps)`` in float32, for broadcastable
-    query positions ``i``, key positions ``j``, and 0-d ``c``, ``L`` (float32)."""
+    query positions ``i``, key positions ``j``, and 0-d ``c``, ``L`` (float32); ``eps`` a float or (in a
+    ``score_mod``) a float32 0-d tensor."""
     d = alibi_distance(q_pos, k_pos, symmetric=True)  # |i - j|, exact then rounded once to float32
     normaliser = torch.maximum(q_pos.to(torch.float32), threshold)
     return torch.log1p((c * d).abs()) / (torch.log1p((c * normaliser).abs()) + eps)
