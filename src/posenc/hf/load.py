@@ -364,16 +364,16 @@ def load_causal_lm(
         attn_implementation: transformers' attention (``"sdpa"``, its default; ``"eager"``; ...).
 
     Returns:
-        ``(model, tokenizer)``; the tokenizer is None for a folder with none of ``TOKENIZER_FILES`` (one saved
-        with ``posenc.hf.save_pretrained(model, None, ...)``). A Llama GGUF with a byte-level BPE vocabulary comes
-        back as a plain ``LlamaForCausalLM`` (no ``quantization_config``) equal to transformers' own GGUF load; other GGUF files as
-        transformers loads them (``posenc.hf.save_pretrained`` saves either). A folder ``posenc.hf.save_pretrained``
+        ``(model, tokenizer)``; the tokenizer is None for a folder with none of ``TOKENIZER_FILES`` (one saved with
+        ``posenc.hf.save_pretrained(model, None, ...)``). A Llama GGUF with a byte-level BPE vocabulary comes back as a
+        plain ``LlamaForCausalLM`` (no ``quantization_config``) equal to transformers' own GGUF load; other GGUF files
+        as transformers loads them (``posenc.hf.save_pretrained`` saves either). A folder ``posenc.hf.save_pretrained``
         wrote comes back as the model it saved: its ``config.json`` records every ``extend_context`` call (key
         ``"posenc"``), and what the config does not carry itself -- Dual Chunk Attention in vLLM's form, which
-        transformers ignores -- is applied again over the original length it was applied over; a frequency
-        method (in the config) gets the run-time parts ``extend_context`` adds (cached keys re-rotated for
-        ``dynamic``/``longrope``, RoPE in float32 in a half-precision model, the ``ReachExceededWarning`` past
-        its extended context).
+        transformers ignores -- is applied again over the original length it was applied over; a frequency method (in
+        the config) gets the run-time parts ``extend_context`` adds (cached keys re-rotated for
+        ``dynamic``/``longrope``, RoPE in float32 in a half-precision model, the ``ReachExceededWarning`` past its
+        extended context).
 
     Raises:
         ValueError: a bad ``dtype`` or ``device``, or a folder whose ``"posenc"`` record is malformed (naming the key,
