@@ -9,6 +9,7 @@ library as an eager import would, and the command line (``posenc.cli``) refuses 
 
 from typing import TYPE_CHECKING
 
+from posenc import registry as _registry
 from posenc._version import __version__ as __version__
 
 if TYPE_CHECKING:
@@ -101,12 +102,26 @@ __all__ = [
 ]
 
 
+def _load() -> None:
+    """Bind the whole API at once, as an eager import binds it."""
+    from posenc import _api
+
+    globals().update({n: getattr(_api, n) for n in __all__})
+
+
+def _register_builtins() -> None:
+    """Import the API's modules (they register the built-in encodings and scalings) without binding its names: safe
+    while ``posenc._api`` is still being imported."""
+    import posenc._api  # noqa: F401
+
+
+_registry.load_builtins = _register_builtins  # a lookup in posenc.registry sees the built-in names
+
+
 def __getattr__(name: str) -> object:
     if name not in __all__:
         raise AttributeError(f"module 'posenc' has no attribute {name!r}")
-    from posenc import _api
-
-    globals().update({n: getattr(_api, n) for n in __all__})  # the whole API at once, as an eager import binds it
+    _load()
     return globals()[name]
 
 

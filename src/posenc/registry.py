@@ -6,19 +6,23 @@ import inspect
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
-import torch
-
-from posenc._checks import fail
+from posenc._fail import fail
 
 T = TypeVar("T", bound=type)
 
 _ROPE_SCALINGS: dict[str, type] = {}
 
 
+#: Loads the library's own encodings and scalings, which register as their modules load: set by the package root
+#: (``posenc.__init__``), which defers them to first use so that the command line parses before torch is imported.
+load_builtins: Callable[[], object] | None = None
+
+
 def _builtins() -> None:
-    """Load the library's own encodings and scalings, which register as their modules load (``posenc._api``, which
-    ``import posenc`` defers to first use): a lookup here then sees them without a ``posenc.<name>`` first."""
-    import posenc._api  # noqa: F401
+    """Load the built-in encodings and scalings before a lookup, so that a program reaching ``posenc.registry``
+    without a ``posenc.<name>`` first still sees them."""
+    if load_builtins is not None:
+        load_builtins()
 
 
 def register_scaling(cls: T) -> T:
@@ -82,6 +86,8 @@ def available() -> list[str]:
 
 def _parameters(factory: Callable[..., Any]) -> tuple[set[str], set[str], bool]:
     """(accepted keywords, required keywords, takes **kwargs) of ``factory``'s signature."""
+    import torch
+
     # the class's own constructor, not a bound instance's (mypy: misc, unsound on instances only)
     if isinstance(factory, type) and factory.__init__ is torch.nn.Module.__init__:  # type: ignore[misc]
         return set(), set(), False  # a module without its own constructor takes no configuration
