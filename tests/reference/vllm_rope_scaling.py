@@ -84,6 +84,19 @@ def _linear_ramp_mask(low: float, high: float, dim: int) -> torch.Tensor:
     return torch.clamp((torch.arange(dim, dtype=torch.float64) - low) / (high - low), 0, 1)
 
 
+def _yarn_inv_freq(
+    dim: int, base: float, factor: float, original: int, beta_fast: float, beta_slow: float, truncate: bool
+) -> torch.Tensor:
+    """``YaRNScalingRotaryEmbedding._compute_inv_freq``: the blend of interpolated and extrapolated frequencies over
+    the correction range (shared by YaRN, TeleChat3's YaRN and the release's YaRN)."""
+    pos_freqs = base ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+    inv_freq_extrapolation = 1.0 / pos_freqs
+    inv_freq_interpolation = 1.0 / (factor * pos_freqs)
+    low, high = _correction_range(beta_fast, beta_slow, dim, base, original, truncate)
+    inv_freq_mask = 1 - _linear_ramp_mask(low, high, dim // 2)
+    return inv_freq_interpolation * (1 - inv_freq_mask) + inv_freq_extrapolation * inv_freq_mask
+
+
 def telechat3_yarn(
     dim: int,
     base: float,
@@ -98,12 +111,7 @@ def telechat3_yarn(
     """``TeleChat3RoPEScaledRotaryEmbedding``: YaRN's ``_compute_inv_freq``; mscale ``0.07 ln(s) + 1`` (1 for
     ``s <= 1``) times ``attn_factor``. ``max_position_embeddings`` of the class is ``get_rope``'s
     ``original_max_position``."""
-    pos_freqs = base ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
-    inv_freq_extrapolation = 1.0 / pos_freqs
-    inv_freq_interpolation = 1.0 / (factor * pos_freqs)
-    low, high = _correction_range(beta_fast, beta_slow, dim, base, original_max_position_embeddings, truncate)
-    inv_freq_mask = 1 - _linear_ramp_mask(low, high, dim // 2)
-    inv_freq = inv_freq_interpolation * (1 - inv_freq_mask) + inv_freq_extrapolation * inv_freq_mask
+    inv_freq = _yarn_inv_freq(dim, base, factor, original_max_position_embeddings, beta_fast, beta_slow, truncate)
     mscale = 1.0 if factor <= 1 else 0.07 * math.log(factor) + 1.0
     return inv_freq, mscale * attn_factor
 
@@ -215,12 +223,7 @@ def yarn_release(
     ``truncate``; ``self.mscale = attention_factor`` if it is not None, ``elif mscale and mscale_all_dim``:
     ``yarn_get_mscale(s, mscale) / yarn_get_mscale(s, mscale_all_dim)``, else ``yarn_get_mscale(s)`` (``common.py``);
     no ``extrapolation_factor``, ``attn_factor`` or ``apply_yarn_scaling``."""
-    pos_freqs = base ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
-    inv_freq_extrapolation = 1.0 / pos_freqs
-    inv_freq_interpolation = 1.0 / (factor * pos_freqs)
-    low, high = _correction_range(beta_fast, beta_slow, dim, base, original_max_position_embeddings, truncate)
-    inv_freq_mask = 1 - _linear_ramp_mask(low, high, dim // 2)
-    inv_freq = inv_freq_interpolation * (1 - inv_freq_mask) + inv_freq_extrapolation * inv_freq_mask
+    inv_freq = _yarn_inv_freq(dim, base, factor, original_max_position_embeddings, beta_fast, beta_slow, truncate)
     if attention_factor is not None:
         return inv_freq, float(attention_factor)
     if mscale and mscale_all_dim:
