@@ -192,13 +192,13 @@ def test_dependencies_run_one_way(graph):
 
 
 def test_the_core_never_imports_the_interop_package(graph):
-    """``posenc.hf`` (transformers, GGUF) and ``posenc.runtimes`` (the runtime readers, on top of it) build on the core,
-    never the reverse, lazily either: the core's own Hugging Face config translation (``RotaryEmbedding.from_hf``)
-    lives in ``posenc.encodings.rotary_hf``. The package root
+    """``posenc.hf`` (transformers, GGUF), ``posenc.runtimes`` (the runtime readers, on top of it) and ``posenc.deploy``
+    (the product path, on both) build on the core, never the reverse, lazily either: the core's own Hugging Face
+    config translation (``RotaryEmbedding.from_hf``) lives in ``posenc.encodings.rotary_hf``. The package root
     is the public facade (``posenc.hf`` is one of its names; ``posenc._api`` imports them for it on first use), not a
     module the core's code imports."""
-    def is_interop(m: str) -> bool:  # transformers/GGUF interop, and the runtime readers built on it
-        return any(m == p or m.startswith(p + ".") for p in ("posenc.hf", "posenc.runtimes"))
+    def is_interop(m: str) -> bool:  # transformers/GGUF interop, the runtime readers and the product path on them
+        return any(m == p or m.startswith(p + ".") for p in ("posenc.hf", "posenc.runtimes", "posenc.deploy"))
 
     interop = {m for m in graph if is_interop(m)}
     core = {m for m in graph if lab_part(m) == "core"} - interop - {"posenc", "posenc._api"}
@@ -267,3 +267,13 @@ def test_every_forbidden_direction_is_reported():
         "posenc.lab.length.study -> posenc.lab.vision.vit (lazy): a study imports only common and itself, "
         "not study:vision",
     ]
+
+
+def test_deploy_never_imports_the_lab(graph):
+    """``posenc.deploy`` (``posenc export``, the product path the lab's --save writes through) imports torch, the core,
+    ``posenc.hf`` and ``posenc.runtimes``, never ``posenc.lab`` or the command line, lazily either (issue 69)."""
+    deploy = {m for m in graph if m == "posenc.deploy" or m.startswith("posenc.deploy.")}
+    assert {"posenc.deploy", "posenc.deploy.methods", "posenc.deploy.exporting"} <= deploy
+    wrong = [f"{m} -> {t}" + (" (lazy)" if lazy else "") for m in sorted(deploy) for t, lazy in graph[m]
+             if lab_part(t) != "core"]
+    assert not wrong, "\n".join(wrong)

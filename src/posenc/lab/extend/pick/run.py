@@ -585,7 +585,7 @@ def _ruler_tasks(cfg: ExtendConfig) -> tuple[str, ...]:
 def _save(cfg: ExtendConfig, out: Path, unit: tuple, save: str | Path, save_type: str, device: str,
           progress: bool) -> Path:  # fmt: skip
     """Write the pick: the race's model reloaded and patched again (a fine-tuned one from its finished run)."""
-    from posenc.lab.extend.study.run import _model_for, check_save
+    from posenc.lab.extend.study.run import _model_for, _write, check_save
 
     method, factor, steps, positions = unit
     one = dataclasses.replace(cfg, methods=(method,), factors=(factor,), finetune_steps=steps,
@@ -599,7 +599,7 @@ def _save(cfg: ExtendConfig, out: Path, unit: tuple, save: str | Path, save_type
     path = check_save(save, resolved, model_target, out, save_type)
     model_target.load()
     patched, _, _ = _model_for(model_target, unit)
-    model_target.save(patched, path, tensor_type=save_type, check=progress)
+    _write(model_target, patched, path, save_type, progress)  # posenc.deploy's write path, as --save's
     if progress:
         print(f"Saved the pick, {label(*unit)}, to {path}")
     return path

@@ -12,6 +12,7 @@ import torch
 
 from posenc._checks import check_choice, check_number, check_positive_int, fail
 from posenc._config import DictConfig
+from posenc.deploy.methods import drops
 from posenc.hf.dtypes import DTYPE_CHOICES
 from posenc.lab.common.scaling import EXTEND_METHODS
 from posenc.lab.extend.study.lengths import is_count, length_form
@@ -24,14 +25,6 @@ FINETUNE_POSITIONS = ("plain", "pose", "random")
 NEW = "new"
 #: ``stop_width``'s default: a rate is clear once its 95% interval is at most this wide (``lab.extend.sampling``).
 STOP_WIDTH = 0.3
-
-
-def drops(method: str) -> bool:
-    """Whether ``method`` drops RoPE instead of scaling it (``drope``, ``posenc.hf._drope_patch``): no factor, one
-    model per study (``unit_factors``), recalibrated at the original context when fine-tuned."""
-    from posenc.hf._methods import DROP_METHODS
-
-    return method in DROP_METHODS
 
 
 def unit_factors(cfg: ExtendConfig, method: str) -> tuple[float, ...]:

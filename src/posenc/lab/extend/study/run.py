@@ -49,7 +49,8 @@ from typing import Any
 
 import torch
 
-from posenc._checks import check_choice, fail
+from posenc._checks import fail
+from posenc.deploy.formats import GGUF_METHODS as GGUF_METHODS  # --save FILE.gguf's methods, for the pick
 from posenc.lab.common.devices import resolve_device
 from posenc.lab.common.progress import skipped
 from posenc.lab.common.runfiles import KeyedCSV, check_out, check_resumable, check_settings, write_marker
@@ -198,101 +199,30 @@ def _cost(target: Any, cfg: ExtendConfig, metric: str, length: int, measured: in
     return n * target.forward_cost(length), n
 
 
-def _check_save_gguf(save: str | Path, cfg: ExtendConfig, target: Any) -> Path:
-    """``--save FILE.gguf``: a Llama GGUF source, a method llama.cpp runs, a new file."""
-    from posenc.hf import gguf_write
-
-    method = cfg.methods[0]
-    if method not in GGUF_METHODS:
-        grouped = "--grp-attn-n G --grp-attn-w W"
-        if method == "self_extend" and target.original_len:
-            from posenc.remapping import remap_method
-
-            original = target.original_len
-            rule = remap_method(method, original=original, target=round(original * cfg.factors[0]))
-            grouped = f"--grp-attn-n {rule.group} --grp-attn-w {rule.window}"
-        instead = {
-            "dynamic": "dynamic NTK changes its frequencies with the sequence length, which no GGUF key records "
-            "(write ntk or yarn instead)",
-            "self_extend": f"llama.cpp runs its own Self-Extend from the unpatched file: llama-cli {grouped}",
-            "drope": "no GGUF key turns RoPE off in every layer; save a transformers folder (--save DIR), which "
-            "posenc.hf.load_causal_lm reloads as DroPE",
-        }.get(method, f"llama.cpp has no {method}; save a transformers folder (--save DIR) instead")
-        fail("save", str(save), f"a method llama.cpp runs from a GGUF ({', '.join(GGUF_METHODS)}): {instead}")
-    if target.source.kind != "gguf":
-        fail("save", str(save), "a GGUF model to start from (a transformers folder: --save DIR writes a folder that "
-             "llama.cpp's convert_hf_to_gguf.py converts with its RoPE scaling)")  # fmt: skip
-    gguf_write.check_source(target.source.path)
-    return gguf_write.check_out(save, name="save")
-
-
-#: Methods ``--save FILE.gguf`` writes (``posenc.hf.gguf_rope``: what llama.cpp runs from GGUF metadata).
-GGUF_METHODS = ("none", "linear", "ntk", "yarn", "llama3", "longrope")
-
-
 def check_save(
     save: str | Path | None, cfg: ExtendConfig, target: Any, out: Path, save_type: str = "source"
 ) -> Path | None:
-    """``--save DIR`` or ``--save FILE.gguf``: one patched pretrained RoPE model (exactly one method and one factor;
-    ``drope`` takes no factor and is saved recalibrated only, through ``posenc.hf.save_pretrained`` with its record),
-    into a new or empty folder that is not the study's own, or a new GGUF file llama.cpp runs."""
-    from posenc.hf.gguf_write import TENSOR_TYPES
+    """``--save DIR`` or ``--save FILE.gguf`` checked by ``posenc.deploy.formats.check_save`` with the study's
+    values: one patched pretrained RoPE model (exactly one method and one factor; ``drope`` takes no factor and is
+    saved recalibrated only), into a new or empty folder that is not the study's own, or a new GGUF file llama.cpp
+    runs (``GGUF_METHODS``)."""
+    from posenc.deploy.formats import check_save as check
 
-    check_choice("save_type", save_type, TENSOR_TYPES)
-    if save_type != "source" and (save is None or Path(save).suffix.lower() != ".gguf"):
-        fail("save_type", save_type, "'source' unless --save names a .gguf file (the tensor type of a GGUF)")
-    if save is None:
-        return None
-    folder = Path(save).expanduser()
-    if target.kind == "lab":
-        fail("save", str(save), "a pretrained model to save (it writes a transformers folder; a lab model has none)")
-    from posenc.hf import ALIBI_MODEL_TYPES
+    pretrained = target.kind != "lab"
+    return check(
+        save, methods=cfg.methods, factors=cfg.factors, pretrained=pretrained,
+        model_type=target.model_type if pretrained else None, source=target.source if pretrained else None,
+        original_len=target.original_len, rebuild=lambda: target.calls(cfg.methods[0], cfg.factors[0]),
+        finetune_steps=cfg.finetune_steps, finetune_positions=cfg.finetune_positions, out=out, save_type=save_type,
+    )
 
-    if target.model_type in ALIBI_MODEL_TYPES:
-        fail("save", str(save), "a RoPE model: ALiBi's slope interpolation is a forward hook no config.json records")
-    dropping = drops(cfg.methods[0]) and len(cfg.methods) == 1
-    if dropping and not cfg.finetune_steps:
-        fail("save", str(save), "--finetune-steps N with --methods drope: RoPE dropped without recalibration is not "
-             "a DroPE model (its authors recalibrate every parameter at the original context before using it), so "
-             "there is nothing to save; --finetune-steps N recalibrates it here, then --save writes that model",
-             )  # fmt: skip
-    if len(cfg.methods) != 1 or (len(cfg.factors) != 1 and not dropping):
-        fail(
-            "save",
-            str(save),
-            f"exactly one method and one factor, the model to write (the study has methods {list(cfg.methods)} and "
-            f"factors {list(cfg.factors)}): e.g. --methods {cfg.methods[0]} --factors {cfg.factors[0]:g}",
-        )
-    if cfg.finetune_steps and len(cfg.finetune_positions) != 1:
-        fail(
-            "save",
-            str(save),
-            f"one fine-tuned model to write: exactly one of --finetune-positions (the study has "
-            f"{list(cfg.finetune_positions)})",
-        )
-    if folder.suffix.lower() == ".gguf":
-        return _check_save_gguf(save, cfg, target)
-    from posenc.hf.save import remap_save_problem
-    from posenc.lab.extend.targets import composed
 
-    method = cfg.methods[0]
-    remap = composed.remapping(method)
-    problem = remap_save_problem(target.model_type, remap) if remap is not None else None
-    if problem is not None:
-        fail(
-            "save",
-            str(save),
-            f"a method a saved config runs as posenc measures it (frequency methods; dca_vllm on Qwen2/Qwen3): "
-            f"{problem}. No folder is needed to run it in Python: {target.calls(method, cfg.factors[0])}",
-        )
-    if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
-        fail("save", str(save), "a new or empty folder (posenc never overwrites files)")
-    from posenc.hf.save import check_new_path
+def _write(target: Any, model: Any, path: Path, save_type: str, check: bool) -> Path:
+    """The one patched model written where ``check_save`` said (``posenc.deploy.formats.save``)."""
+    from posenc.deploy.formats import save as write
 
-    check_new_path("save", folder)  # a file above it: refused now, not after the weights load
-    if folder.resolve() == out.resolve():
-        fail("save", str(save), "a folder other than --out (the study's results go there)")
-    return folder
+    return write(model, path, source=target.source, tokenizer=target.tokenizer, config=target.config,
+                 tensor_type=save_type, check=check)
 
 
 def saved_unit(cfg: ExtendConfig) -> Unit:
@@ -302,7 +232,9 @@ def saved_unit(cfg: ExtendConfig) -> Unit:
 
 
 def _saved_as(path: Path) -> str:
-    return "a GGUF file llama.cpp runs" if path.suffix.lower() == ".gguf" else "a transformers folder"
+    from posenc.deploy.formats import saved_as
+
+    return saved_as(path)
 
 
 def run_extend(
@@ -418,7 +350,7 @@ def run_extend(
         else:
             factor = unit_factors(cfg, cfg.methods[0])[0]
             model, _ = target.patched(cfg.methods[0], factor)
-            target.save(model, save_to, tensor_type=save_type, check=progress)
+            _write(target, model, save_to, save_type, progress)
             del model
             if progress:
                 print(f"Saved {label(cfg.methods[0], factor, 0)} to {save_to} ({_saved_as(save_to)})")
@@ -455,7 +387,7 @@ def run_extend(
         if tuned_dir is not None:
             tuned[name] = tuned_dir
         if unit == save_unit:
-            target.save(model, save_to, tensor_type=save_type, check=progress)
+            _write(target, model, save_to, save_type, progress)
             if progress:
                 print(f"Saved {name} to {save_to} ({_saved_as(save_to)})")
         with study.bar(name) as tick, _said_in_report(target):

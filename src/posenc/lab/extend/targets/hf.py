@@ -16,10 +16,9 @@ SmolLM2), checked against the model's own logits on real text when loaded.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,13 +26,16 @@ import torch
 import torch.nn.functional as F
 
 from posenc._checks import fail
+from posenc.deploy.formats import save
+from posenc.deploy.methods import parse, rebuild
+from posenc.deploy.patch import apply
+from posenc.deploy.source import load_tokenizer, meta_model, no_transformers_bars, patch_layer_types
 from posenc.lab.common import evaluate as ev
 from posenc.lab.common.corpus import load_corpus
 from posenc.lab.common.train import TrainConfig, train
 from posenc.lab.extend.needles import passkey as pk
 from posenc.lab.extend.study import labels, plan
 from posenc.lab.extend.study.config import ExtendConfig
-from posenc.lab.extend.targets import composed
 from posenc.lab.extend.targets.base import Tick, _model_error, _window_batches, finetune_text, window_scores
 
 #: Every method a transformers RoPE model takes without extra options (LongRoPE needs searched factors).
@@ -58,18 +60,6 @@ def _is_alibi(model_type: str) -> bool:
     from posenc.hf import ALIBI_MODEL_TYPES
 
     return model_type in ALIBI_MODEL_TYPES
-
-
-def _patched_count(description: Mapping[str, Any]) -> int:
-    """How many modules ``extend_context`` says it patched (keys like ``modules_patched``), 0 if it does not say."""
-    total = 0
-    for key, value in description.items():
-        if "patched" in str(key).lower():
-            if isinstance(value, int) and not isinstance(value, bool):
-                total += value
-            elif isinstance(value, (list, tuple, set)):
-                total += len(value)
-    return total
 
 
 def token_losses(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -99,62 +89,6 @@ def logits_losses(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> t
     return F.cross_entropy(logits.flatten(0, 1).float(), y.flatten(), reduction="none").view(y.shape)
 
 
-def _patch_layer_types(layer_type: str | None, config: Any, label: str) -> tuple[str | None, ...]:
-    """The layer types ``extend_context`` is called for: ``(None,)`` for one RoPE (or ALiBi) for all layers; for
-    per-layer-type RoPE (Gemma 3) ``full_attention`` by default (as Gemma 3's own long-context configs scale only
-    those: the sliding layers see at most a window), the one named, or every type for ``all``."""
-    params = getattr(config, "rope_parameters", None)
-    nested = sorted(k for k, v in params.items() if isinstance(v, Mapping)) if isinstance(params, Mapping) else []
-    if not nested:
-        if layer_type is not None:
-            fail(
-                "layer_type",
-                layer_type,
-                f"no --layer-type: {label} has one positional encoding for all its layers (no per-layer-type RoPE)",
-            )
-        return (None,)
-    if layer_type is None:
-        if "full_attention" in nested:
-            return ("full_attention",)
-        fail("layer_type", None, f"one of {nested} or 'all' (the layer types of {label}; none is 'full_attention')")
-    if layer_type == "all":
-        return tuple(nested)
-    if layer_type not in nested:
-        fail("layer_type", layer_type, f"one of {nested} or 'all', the layer types of {label}")
-    return (layer_type,)
-
-
-def _load_tokenizer(source: Any) -> Any:
-    """The model's tokenizer alone, offline, as ``posenc.hf.load_causal_lm`` builds it (no weight read)."""
-    from transformers import AutoTokenizer
-
-    if source.kind == "transformers":
-        return AutoTokenizer.from_pretrained(source.folder, local_files_only=True)
-    from posenc.hf import gguf_llama
-    from posenc.hf.gguf_header import read_gguf_header
-
-    if gguf_llama.handles(read_gguf_header(source.path)):
-        from transformers import TokenizersBackend
-
-        return TokenizersBackend.from_pretrained(str(source.folder), gguf_file=source.gguf_file, local_files_only=True)
-    return AutoTokenizer.from_pretrained(source.folder, gguf_file=source.gguf_file, local_files_only=True)
-
-
-def _meta_model(config: Any) -> torch.nn.Module:
-    """The model on the meta device (no memory, no weights), its rotary modules real so that ``extend_context`` can
-    patch and verify them: the same patch as on the loaded model, before the load."""
-    from transformers import AutoModelForCausalLM
-
-    from posenc.hf._rope_patch import rotary_modules
-
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(copy.deepcopy(config))
-    for name, module in rotary_modules(model):
-        parent, _, child = name.rpartition(".")
-        setattr(model.get_submodule(parent) if parent else model, child, type(module)(model.config))
-    return model
-
-
 class HFTarget:
     """A pretrained causal LM: checked from its config, tokenizer and a meta-device copy, then loaded (``load``),
     patched by ``posenc.hf.extend_context`` on a copy, and measured on tokenized text."""
@@ -176,12 +110,12 @@ class HFTarget:
         self.config = load_config(self.source)
         self.model_type = self.config.model_type
         label = self.source.label
-        self.patch_types = _patch_layer_types(cfg.layer_type, self.config, label)
+        self.patch_types = patch_layer_types(cfg.layer_type, self.config, label)
         try:
-            self.tokenizer = _load_tokenizer(self.source)
+            self.tokenizer = load_tokenizer(self.source)
         except (OSError, ValueError) as err:
             _model_error(cfg.model, f"its tokenizer could not be loaded: {err}")
-        meta = _meta_model(self.config)
+        meta = meta_model(self.config)
         self.class_name = type(meta).__name__
         self.dims = plan.ModelDims.of(self.config, sum(p.numel() for p in meta.parameters()))
         self.l0 = self.dims.l0  # the cost model's crossover length; calibrate() fits this machine's
@@ -252,100 +186,38 @@ class HFTarget:
         return plan.windows(self.heldout_tokens, length, self.cfg.eval_tokens)
 
     def _extend(self, model: torch.nn.Module, method: str, factor: float) -> dict:
-        from posenc.hf import extend_context
-        from posenc.lab.extend.study.config import drops
-
-        if drops(method):  # RoPE dropped from every layer, whatever the layer type: no factor, no original length
-            description = dict(extend_context(model, method))
-            description["layer_types"] = None
-            description["layers_changed"] = list(description["layers"])
-            self.layers_note = (
-                self.layers_note or f"all {self.dims.layers} layers (DroPE: RoPE dropped, cos = 1, sin = 0)"
-            )
-            return description
-        first, remap = composed.parts(method)
-        described = []
-        for layer_type in self.patch_types:
-            described.append(
-                extend_context(
-                    model, first, factor, original_max_position_embeddings=self.original_len, layer_type=layer_type
-                )
-            )
-        stretched = dict(described[-1])
-        if remap is not None:  # then within the stretched context (its original length: the model's current one)
-            described = [extend_context(model, remap, 1.0, layer_type=t) for t in self.patch_types]
-        description = dict(described[-1])
-        if not isinstance(description, Mapping) or _patched_count(description) < 1:
-            fail(
-                "method",
-                method,
-                f"a patch that changes {self.encoding}'s positions; extend_context reported {description!r}, so the "
-                "model would be measured unpatched",
-            )
-        layers = self._changed_layers()
-        description["layer_types"] = list(self.patch_types) if self.patch_types != (None,) else None
-        description["layers_changed"] = layers
-        if len(described) > 1:
-            description["rope_parameters"] = {
-                d["layer_type"]: d["rope_parameters"] for d in described if "rope_parameters" in d
-            }
-        if "parameters" in description:  # a remapping method: what the paper's rule set its parameters to
-            note = description["description"]
-            if remap is not None:
-                note = f"{stretched.get('description', first)}, then {note}"
-                description["frequency"] = stretched
-            self.remap_notes[method] = note
-            self.layers_note = self.layers_note or self._layers_text(description, layers)
-        else:
-            self.layers_note = self._layers_text(description, layers)
-        return description
-
-    def _changed_layers(self) -> list[int]:
-        if self.patch_types == (None,):
-            return list(range(self.dims.layers))
-        types = list(getattr(self.config, "layer_types", None) or ())
-        return [i for i, t in enumerate(types) if t in self.patch_types]
-
-    def _layers_text(self, description: Mapping[str, Any], layers: list[int]) -> str:
-        names = ", ".join(description.get("module_names", ())[:3])
-        n = self.dims.layers
-        if "parameters" in description:
-            return f"all {n} layers (remapping: the rotary module returns the identity, each attention remaps)"
-        if self.patch_types == (None,):
-            how = "a hook on each block" if _is_alibi(self.model_type) else f"rotary embedding {names}"
-            return f"all {n} layers ({how})"
-        kept = sorted({t for t in (getattr(self.config, "layer_types", None) or ()) if t not in self.patch_types})
-        if not kept:
-            return f"all {n} layers, of every type: {', '.join(self.patch_types)} (rotary embedding {names})"
-        shown = ", ".join(map(str, layers[:12])) + (", ..." if len(layers) > 12 else "")
-        return (
-            f"the {', '.join(self.patch_types)} layers only: {len(layers)} of {n} (layers {shown}; rotary embedding "
-            f"{names}); {', '.join(kept)} layers unchanged"
-        )
+        """Patch ``model`` itself (``posenc.deploy.patch.apply``, every layer type the study patches); the report's
+        notes kept (a remapping method's or DroPE's layers note does not replace one already shown)."""
+        applied = apply(model, parse(method), factor, original=self.original_len, layer_types=self.patch_types,
+                        config=self.config, layers=self.dims.layers)
+        if applied.remap_note is not None:
+            self.remap_notes[method] = applied.remap_note
+        self.layers_note = (self.layers_note or applied.layers_note) if applied.keeps_note else applied.layers_note
+        return applied.description
 
     def calls(self, method: str, factor: float) -> str:
         """The Python that rebuilds the model ``patched(method, factor)`` measures, from the model as given: loaded
         as ``load`` loads it, then patched by the calls ``_extend`` makes."""
-        dtype = "" if self.dtype == torch.float32 else f", dtype={str(self.dtype).removeprefix('torch.')!r}"
-        calls = composed.calls(method, factor, original=self.original_len, layer_types=self.patch_types)
-        return f"model, tokenizer = posenc.hf.load_causal_lm({self.cfg.model!r}{dtype}); {calls}"
+        dtype = str(self.dtype).removeprefix("torch.")
+        return rebuild(self.cfg.model, method, factor, dtype=dtype, original=self.original_len,
+                       layer_types=self.patch_types)
 
     def check_patch(self, method: str, factor: float) -> dict:
         """The patch applied to a weight-free (meta) copy of the model: a method the model cannot take is refused
         before any weight is read. Returns what changed (``extend_context``'s description)."""
-        if "longrope" in composed.parts(method):
+        if "longrope" in parse(method).parts:
             fail("methods", "longrope", "methods whose parameters follow from the factor: LongRoPE's per-frequency "
                  "long_factor comes from a search (no option of posenc extend sets it); in Python, "
                  "posenc.hf.extend_context(model, 'longrope', F, long_factor=[...]) applies a searched one",
                  )  # fmt: skip
-        return self._extend(_meta_model(self.config), method, factor)
+        return self._extend(meta_model(self.config), method, factor)
 
     def load(self) -> None:
         """Read the weights (a GGUF dequantized in memory), and check the fast loss path against the model's logits
         on the first held-out tokens (else measure through the full logits)."""
         from posenc.hf import keep_rope_float32, load_causal_lm
 
-        with _no_transformers_bars():
+        with no_transformers_bars():
             self.model, _ = load_causal_lm(
                 self.source, device=self.device, dtype=self.dtype, attn_implementation=self.attn
             )
@@ -438,17 +310,8 @@ class HFTarget:
         """The patched model as a transformers folder (weights in ``dtype``; default the checkpoint's dtype, a
         GGUF's: the loaded one), or as a GGUF file when ``folder`` ends in ``.gguf`` (``posenc.hf.save_gguf`` from
         the source file). ``check``: print ``posenc check``'s table of what was written."""
-        from posenc.hf import save_gguf, save_pretrained
-
-        if folder.suffix.lower() == ".gguf":
-            return save_gguf(model, folder, source=self.source.path, tensor_type=tensor_type, check=check)["path"]
-
-        if dtype is None:
-            own = getattr(self.config, "dtype", None) if self.source.kind == "transformers" else None
-            own = getattr(torch, own, None) if isinstance(own, str) else own
-            dtype = own if own in (torch.float16, torch.bfloat16, torch.float32) else None
-        with _no_transformers_bars():
-            return save_pretrained(model, self.tokenizer, folder, dtype=dtype, check=check)
+        return save(model, folder, source=self.source, tokenizer=self.tokenizer, config=self.config,
+                    tensor_type=tensor_type, dtype=dtype, check=check)
 
     def perplexity(self, model, length: int, tick: Tick | None = None) -> tuple[ev.Score, ev.Score | None]:  # noqa: ANN001
         cost = self.forward_cost(length)
@@ -510,20 +373,6 @@ class HFTarget:
             train(trainer, batches, tcfg, run_dir, progress=self.progress, description=f"fine-tune {label} {where}")
         model.eval()
         return run_dir
-
-
-@contextlib.contextmanager
-def _no_transformers_bars() -> Iterator[None]:
-    """transformers' own tqdm bars (loading weights, writing shards) off: the study prints its own progress."""
-    from transformers.utils import logging as hf_logging
-
-    was = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if was:
-            hf_logging.enable_progress_bar()
 
 
 def _sync(device: str) -> None:
