@@ -117,8 +117,8 @@ def test_export_lists_only_the_methods_it_accepts(capsys, tmp_path):
     drope among them, which it then refused; now the list is what it writes (each one refused only for a model or a
     path), a method it never writes is refused up front saying why, and a remapping one passes on to the refusal
     that names the Python rebuilding the model (tests/lab/extend/test_plan_export.py)."""
+    from posenc.deploy.methods import EXPORT_METHODS, KNOWN_METHODS, REFUSED, check_export_method
     from posenc.hf.extend import METHODS
-    from posenc.lab.extend.export_methods import EXPORT_METHODS, KNOWN_METHODS, REFUSED, check_export_method
 
     assert KNOWN_METHODS == METHODS
 

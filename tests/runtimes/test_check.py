@@ -101,7 +101,7 @@ def folders(tmp_path_factory) -> dict[str, Path]:
 
 @pytest.mark.parametrize("method", ["linear", "ntk", "dynamic", "yarn", "llama3"])
 def test_every_frequency_method_export_writes_is_same_for_transformers(folders, tmp_path, method):
-    from posenc.lab.extend.export import export
+    from posenc.deploy import export
 
     written = export(str(folders["llama"]), method, 2.0, tmp_path / method, progress=False)
     row = _row(written.check)
@@ -117,7 +117,7 @@ def test_export_offers_only_the_runtimes_the_check_shows_same(folders, tmp_path,
     """What export prints as the ways to run the model: a runtime is offered (its command) only where the check says
     ``same``, and named with its verdict otherwise -- dynamic NTK is not offered to vLLM
     (it serves it at one base)."""
-    from posenc.lab.extend.export import export
+    from posenc.deploy import export
 
     kind = "qwen2" if method == "dca_vllm" else "llama"
     with warnings.catch_warnings():
@@ -165,7 +165,7 @@ def test_a_dca_folder_is_flagged_where_a_runtime_drops_the_key(tmp_path, kind):
 
 
 def test_a_dca_folder_is_run_unextended_by_transformers(folders, tmp_path):
-    from posenc.lab.extend.export import export
+    from posenc.deploy import export
 
     written = export(str(folders["qwen2"]), "dca_vllm", 2.0, tmp_path / "dca", progress=False)
     row = _row(written.check)

@@ -36,6 +36,8 @@ from posenc.remapping import METHODS as REMAPPING
 REMAP_METHODS = tuple(REMAPPING)
 #: DroPE: no RoPE at all, in every layer; it has no factor.
 METHODS = (*FREQUENCY_METHODS, *REMAP_METHODS, *DROP_METHODS)
+#: Joins a composed method, ``FREQUENCY+REMAP`` (``"yarn+string"``; ``posenc.deploy.methods``).
+COMPOSE = "+"
 #: The keyword options each method accepts (frequency methods: names and defaults as in Hugging Face
 #: ``rope_parameters``; remapping methods: the parameters ``posenc.remapping.remap_method`` derives, to override).
 METHOD_OPTIONS: dict[str, tuple[str, ...]] = {
@@ -152,7 +154,9 @@ def extend_context(
 
     Args:
         model: a transformers model (e.g. ``LlamaForCausalLM``) of a type in ``supported_model_types()``.
-        method: one of ``METHODS``; ALiBi models take ``"linear"`` only (slope interpolation). A remapping method
+        method: one of ``METHODS``, or ``FREQUENCY+REMAP`` (``"yarn+string"``: the frequency method at ``factor``,
+            then the remapping method within the stretched context at 1, as two calls would; no options or
+            ``layer_type``); ALiBi models take ``"linear"`` only (slope interpolation). A remapping method
             (``REMAP_METHODS``) patches the rotary modules to the identity and the attention to
             ``posenc.remapping.remap_attention`` with the model's own RoPE (scaling included), for the
             architectures in ``posenc.hf._remap_patch.REMAP_MODEL_TYPES``; ``factor`` gives the target length
@@ -220,10 +224,13 @@ def extend_context(
             a positive number, an ALiBi model; any method on a model DroPE patched, DroPE on a remapped one. The
             model is left unchanged.
     """
+    if isinstance(method, str) and COMPOSE in method:
+        return _compose(model, method, factor, original_max_position_embeddings, max_position_embeddings, layer_type,
+                        replace, options)
     description = _extend(
         model, method, factor, original=original_max_position_embeddings, target=max_position_embeddings,
         layer_type=layer_type, replace=replace, options=options,
-    )  # fmt: skip
+    )
     arguments = {
         "original_max_position_embeddings": original_max_position_embeddings,
         "max_position_embeddings": max_position_embeddings,
@@ -232,6 +239,38 @@ def extend_context(
     }
     recorded = 1.0 if factor is None else factor  # DroPE: no factor, recorded as the 1 that changes nothing
     _record.add(model, _record.entry(method, recorded, arguments, options, description))
+    return description
+
+
+def _compose(
+    model: torch.nn.Module, method: str, factor: float | None, original: int | None, target: int | None,
+    layer_type: str | None, replace: bool, options: dict[str, Any],
+) -> dict[str, Any]:
+    """``FREQUENCY+REMAP`` (``"yarn+string"``): the frequency method at ``factor`` (with the lengths and
+    ``replace``), then the remapping method at 1 within the stretched context -- two ``extend_context`` calls, each
+    recorded. Checked before either runs, so a refused name leaves the model unchanged. Returns the remapping
+    call's description with the frequency call's as ``frequency``."""
+    from posenc.hf._remap_patch import REMAP_MODEL_TYPES
+    from posenc.remapping import WITHIN_TRAINING
+
+    first, _, second = method.partition(COMPOSE)
+    allowed = f"one of {list(METHODS)}, or FREQUENCY+REMAP: one of {list(FREQUENCY_METHODS)}, then one of " \
+              f"{list(WITHIN_TRAINING)} (a remapping method that runs within the stretched context)"
+    if first not in FREQUENCY_METHODS or second not in WITHIN_TRAINING:
+        fail("method", method, allowed)
+    for name, value in options.items():
+        fail(name, value, f"no option with the composed {method!r} (call extend_context once per part to pass one)")
+    if layer_type is not None:
+        fail("layer_type", layer_type, f"None for {method!r} (its remapping method applies to every layer)")
+    if not isinstance(model, torch.nn.Module) or getattr(model, "config", None) is None:
+        fail("model", type(model).__name__, "a transformers model (a torch.nn.Module with a .config)")
+    if model_type(model.config) not in REMAP_MODEL_TYPES:
+        fail("method", method, f"a method of {architecture(model)}: {second} remaps the attention of "
+             f"{list(REMAP_MODEL_TYPES)} only")
+    frequency = extend_context(model, first, factor, original_max_position_embeddings=original,
+                               max_position_embeddings=target, replace=replace)
+    description = dict(extend_context(model, second, 1.0))
+    description["frequency"] = frequency
     return description
 
 

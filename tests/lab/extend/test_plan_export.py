@@ -358,7 +358,7 @@ def test_a_refused_export_names_the_python_that_rebuilds_the_model(llama, tmp_pa
     running it literally gives that model's logits. It used to say "save the model unpatched and re-apply it after
     loading with extend_context(model, 'self_extend', 2)", which missed --original-len and the dtype."""
     import posenc.hf
-    from posenc.lab.extend.export import _load
+    from posenc.deploy.source import load_weights
     from posenc.lab.extend.targets.load import load_target
 
     if "bfloat16" in extra:  # a CPU with bfloat16 units, where --dtype bfloat16 is allowed
@@ -383,7 +383,7 @@ def test_a_refused_export_names_the_python_that_rebuilds_the_model(llama, tmp_pa
     cfg = ExtendConfig(model=str(llama), methods=(method,), factors=(2.0,), device="cpu",
                        dtype=options.get("--dtype", "float32"), original_len=original)  # fmt: skip
     target = load_target(cfg, tmp_path / "out", device="cpu", progress=False)
-    measured = _load(target)  # what posenc extend loads and patches
+    measured = load_weights(target.source, device=target.device, dtype=target.dtype, attn=target.attn)
     target._extend(measured, method, 2.0)
     ids = torch.randint(0, 300, (1, 120), generator=torch.Generator().manual_seed(0))
     with torch.inference_mode():

@@ -597,12 +597,12 @@ def test_smollm2_finds_lm_evals_ruler_needle_in_context():
     """Real weights through lm-eval's RULER at a short length: the unpatched model retrieves the needle in its own
     context, so the documents, the prompt (whole) and the scoring reach the model as lm-eval means them."""
     pytest.importorskip("lm_eval", reason="needs lm-evaluation-harness")
+    from posenc.deploy.source import load_tokenizer
     from posenc.hf import load_causal_lm, resolve_model
     from posenc.lab.extend.needles import ruler
-    from posenc.lab.extend.targets.hf import _load_tokenizer
 
     source = resolve_model("smollm2")
-    tokenizer = _load_tokenizer(source)
+    tokenizer = load_tokenizer(source)
     suite = ruler.build(["niah_single_1"], tokenizer, [1024], 2)
     model, _ = load_causal_lm(source, device="cpu", dtype=torch.float32, attn_implementation="sdpa")
     score = ruler.evaluate(suite, model, tokenizer, "niah_single_1", 1024, device="cpu")
