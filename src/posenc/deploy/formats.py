@@ -117,7 +117,7 @@ def _check_gguf(save: str | Path, method: str, factors: Sequence[float], source:
         if method == "self_extend" and original_len:
             from posenc.remapping import remap_method
 
-            rule = remap_method(method, original=original_len, target=round(original_len * factors[0]))
+            rule: Any = remap_method(method, original=original_len, target=round(original_len * factors[0]))
             grouped = f"--grp-attn-n {rule.group} --grp-attn-w {rule.window}"
         instead = {
             "dynamic": "dynamic NTK changes its frequencies with the sequence length, which no GGUF key records "

@@ -196,9 +196,10 @@ def open_pretrained(model: str, *, layer_type: str | None = None, original_len: 
     return Pretrained(source, config, tokenizer, patch_types, original_len, attn, name)
 
 
-def load_weights(source: Any, *, device: str, dtype: torch.dtype, attn: str | None) -> torch.nn.Module:
-    """The weights, as ``posenc.hf.load_causal_lm`` reads them (transformers' bars off), RoPE tables kept in float32;
-    no forward runs on them here, so its note on the dtype's speed is not shown."""
+def load_weights(source: Any, *, device: str, dtype: torch.dtype, attn: str | None) -> Any:
+    """The weights (a transformers ``PreTrainedModel``), as ``posenc.hf.load_causal_lm`` reads them (transformers'
+    bars off), RoPE tables kept in float32; no forward runs on them here, so its note on the dtype's speed is not
+    shown."""
     from posenc.hf import keep_rope_float32, load_causal_lm
 
     with no_transformers_bars(), warnings.catch_warnings():
