@@ -20,8 +20,9 @@ import pytest
 import torch
 
 from posenc import _argtypes as A
-from posenc import cli
-from posenc.cli import build_parser, main, resume_command
+from posenc.cli import build_parser, main
+from posenc.cli.runs import resume_command
+from posenc.lab.extend.study.options import parse_length, parse_lengths
 
 #: A lab run of a second or two: one encoding, one layer, few steps and tokens.
 TINY_LAB = ["lab", "--encodings", "nope", "--train-len", "16", "--eval-lens", "16", "--steps", "3",
@@ -221,8 +222,8 @@ BAD_VALUES = {
     A.positive_ints: ["0", "16,-2", "16,", ",", "16,,32", "16,nan"],
     A.factors: ["2,0.5", "2,0", "0.99", "inf", ""],
     A.unit_intervals: ["0.5,2", "nan"],
-    cli._length: ["0", "-3", "2.5", "0x", "x2", "2xx", "-1x", "nan", "0.1k", "16kx"],  # tokens, 16k or a multiple (2x)
-    cli._lengths: ["0", "16,-2", "16,", ",", "16,,32", "16,nan", "2x,0x", "2xx"],
+    parse_length: ["0", "-3", "2.5", "0x", "x2", "2xx", "-1x", "nan", "0.1k", "16kx"],  # tokens, 16k or a multiple (2x)
+    parse_lengths: ["0", "16,-2", "16,", ",", "16,,32", "16,nan", "2x,0x", "2xx"],
 }
 
 
@@ -253,7 +254,7 @@ def test_every_subcommand_has_its_numbers_checked():
 @pytest.fixture
 def no_work(monkeypatch):
     """A value wrongly accepted fails at once instead of running a default-sized study."""
-    import posenc.cli
+    from posenc.cli import demo
     from posenc.lab import bench
     from posenc.lab.extend.study import run as extend
     from posenc.lab.length import study
@@ -263,7 +264,7 @@ def no_work(monkeypatch):
         raise AssertionError("a bad value was accepted")
 
     for module, name in [(study, "run_study"), (vision, "run_vision"), (extend, "run_extend"),
-                         (bench, "settle_allocator"), (posenc.cli, "demo")]:  # fmt: skip
+                         (bench, "settle_allocator"), (demo, "run")]:  # fmt: skip
         monkeypatch.setattr(module, name, work)
 
 

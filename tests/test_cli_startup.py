@@ -1,6 +1,6 @@
 """``posenc``'s start: a bad argument to any subcommand is refused before torch or transformers is imported (seconds
 on a loaded machine, so a typo used to wait 12-36 s for its one line), ``posenc --version``, and the parsing facts
-``posenc.cli`` mirrors from modules that import torch, checked against their sources.
+the command line mirrors from modules that import torch, checked against their sources.
 
 The refusals run ``python -X importtime -m posenc ...`` in a fresh process: its stderr holds one ``import time:`` line
 per module imported, then the command's own line.
@@ -96,19 +96,29 @@ def test_the_api_module_binds_exactly_the_public_names():
 
 
 def test_the_parsing_facts_are_their_sources():
+    from posenc import _dtypes
+    from posenc.cli import check, lab, parsing, vision
     from posenc.hf.dtypes import DTYPE_CHOICES
     from posenc.hf.gguf_write import TENSOR_TYPES
     from posenc.lab.extend.study.config import ExtendConfig
+    from posenc.lab.extend.study.options import OPTIONS, config_settings
     from posenc.lab.length.config import DEFAULT_ENCODINGS as LAB
     from posenc.lab.length.config import StudyConfig
     from posenc.lab.vision.config import DEFAULT_ENCODINGS as VISION
     from posenc.lab.vision.config import VisionConfig
     from posenc.runtimes import RUNTIMES
 
-    assert (cli.DTYPE_CHOICES, cli.TENSOR_TYPES, cli.RUNTIMES) == (DTYPE_CHOICES, TENSOR_TYPES, RUNTIMES)
-    assert (cli.LAB_ENCODINGS, cli.VISION_ENCODINGS) == (LAB, VISION)
-    for mirror, config in [(cli.LAB_DEFAULTS, StudyConfig()), (cli.VISION_DEFAULTS, VisionConfig()),
-                           (cli.EXTEND_DEFAULTS, ExtendConfig(model="new", task="passkey"))]:  # fmt: skip
+    assert (_dtypes.DTYPE_CHOICES, parsing.TENSOR_TYPES, check.RUNTIMES) == (DTYPE_CHOICES, TENSOR_TYPES, RUNTIMES)
+    assert (lab.LAB_ENCODINGS, vision.VISION_ENCODINGS) == (LAB, VISION)
+    # posenc extend's defaults are ExtendConfig's own (posenc.lab.extend.study.options: one list, no mirror)
+    extend_defaults = {o.field: o.to_config(o.default) for o in OPTIONS if o.default is not None}
+    assert extend_defaults == {"finetune_steps": 0, "finetune_positions": ("plain",), "task": "lm", "train_len": 128,
+                               "train_steps": 1000, "device": "auto", "dtype": None, "seed": 0, "baseline": True}
+    new = ExtendConfig(model="new", task="passkey")
+    parsed = cli.build_parser().parse_args(["extend", "new", "--task", "passkey"])
+    assert ExtendConfig(**config_settings(parsed)) == new
+    for mirror, config in [(lab.LAB_DEFAULTS, StudyConfig()), (vision.VISION_DEFAULTS, VisionConfig()),
+                           (extend_defaults, ExtendConfig(model="smollm2"))]:
         assert mirror == {name: getattr(config, name) for name in mirror}
 
 

@@ -17,9 +17,8 @@ from __future__ import annotations
 import torch
 
 from posenc._checks import fail
+from posenc._dtypes import DTYPE_CHOICES as DTYPE_CHOICES  # the command line's, defined without torch
 
-#: ``dtype`` choices of ``posenc extend`` for a pretrained model.
-DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
 _UNITS = {torch.bfloat16: ("avx512_bf16", "amx_bf16"), torch.float16: ("avx512_fp16", "amx_fp16")}
 
 

@@ -16,6 +16,7 @@ from posenc.deploy.methods import drops
 from posenc.hf.dtypes import DTYPE_CHOICES
 from posenc.lab.common.scaling import EXTEND_METHODS
 from posenc.lab.extend.study.lengths import is_count, length_form
+from posenc.lab.extend.study.options import config_field
 from posenc.lab.extend.targets import composed
 
 TASKS = ("lm", "passkey", "ruler")
@@ -113,32 +114,33 @@ class ExtendConfig(DictConfig):
         out: default output folder (``run_extend``'s ``out`` argument wins); not compared on resume.
     """
 
-    model: str
-    methods: tuple[str, ...] | None = None
-    factors: tuple[float, ...] | None = None
-    lengths: tuple[int | str, ...] | None = None
-    depths: tuple[float, ...] | None = None
-    trials: int | None = None
-    finetune_steps: int = 0
-    finetune_lr: float | None = None
-    finetune_window: int | str | None = None
-    finetune_positions: tuple[str, ...] = ("plain",)
-    finetune_corpus: str | None = None
-    corpus: str | None = None
+    # each field's default, and the option of `posenc extend` that sets it: posenc.lab.extend.study.options
+    model: str = config_field("model")
+    methods: tuple[str, ...] | None = config_field("methods")
+    factors: tuple[float, ...] | None = config_field("factors")
+    lengths: tuple[int | str, ...] | None = config_field("lengths")
+    depths: tuple[float, ...] | None = config_field("depths")
+    trials: int | None = config_field("trials")
+    finetune_steps: int = config_field("finetune_steps")
+    finetune_lr: float | None = config_field("finetune_lr")
+    finetune_window: int | str | None = config_field("finetune_window")
+    finetune_positions: tuple[str, ...] = config_field("finetune_positions")
+    finetune_corpus: str | None = config_field("finetune_corpus")
+    corpus: str | None = config_field("corpus")
     corpus_bytes: int = 4_000_000
-    eval_tokens: int | str | None = None
-    task: str = "lm"
-    ruler_tasks: tuple[str, ...] | None = None
-    ruler_samples: int | None = None
-    stop_width: float | None = STOP_WIDTH
-    original_len: int | None = None
-    layer_type: str | None = None
-    train_len: int = 128
-    train_steps: int = 1000
-    device: str = "auto"
-    dtype: str | None = None
-    seed: int = 0
-    baseline: bool = True
+    eval_tokens: int | str | None = config_field("eval_tokens")
+    task: str = config_field("task")
+    ruler_tasks: tuple[str, ...] | None = config_field("ruler_tasks")
+    ruler_samples: int | None = config_field("ruler_samples")
+    stop_width: float | None = config_field("stop_width", default=STOP_WIDTH)
+    original_len: int | None = config_field("original_len")
+    layer_type: str | None = config_field("layer_type")
+    train_len: int = config_field("train_len")
+    train_steps: int = config_field("train_steps")
+    device: str = config_field("device")
+    dtype: str | None = config_field("dtype")
+    seed: int = config_field("seed")
+    baseline: bool = config_field("baseline")
     out: str | None = None
 
     def __post_init__(self) -> None:
