@@ -5,7 +5,7 @@ work in ``run``), the shared parsing in ``posenc.cli.parsing``.
 - ``posenc vision``: the resolution study (``posenc.lab.vision``): a ViT per 2-D encoding, tested at other sizes.
 - ``posenc extend``: context extension of a trained model (``posenc.lab.extend``): perplexity and passkey.
 - ``posenc export``: one patched model written as a transformers folder or a GGUF file, no study
-  (``posenc.lab.extend.export``).
+  (``posenc.deploy``).
 - ``posenc check``: what transformers, vLLM, SGLang and llama.cpp run for a model, against what posenc measured
   (``posenc.runtimes.check``); exit status 1 where a runtime differs or cannot run it (``--strict``: unless every
   runtime is the same), 0 otherwise.

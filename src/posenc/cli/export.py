@@ -1,5 +1,5 @@
 """``posenc export``: one patched model written as a transformers folder or a GGUF file, no study
-(``posenc.lab.extend.export``, imported in ``run`` only: the one line to change when it moves)."""
+(``posenc.deploy.export``, imported in ``run`` only)."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ import argparse
 from posenc import _argtypes as A
 from posenc._dtypes import DTYPE_CHOICES
 from posenc.cli.parsing import TENSOR_TYPES, Subparsers
-from posenc.lab.extend.export_methods import check_export_method
+from posenc.deploy.methods import check_export_method
 
 
 def run(args: argparse.Namespace) -> int:
     check_export_method(args.method)
-    from posenc.lab.extend.export import export as run_export
+    from posenc.deploy import export as run_export
 
     run_export(
         args.model, args.method, args.factor, args.save, save_type=args.save_type, original_len=args.original_len,

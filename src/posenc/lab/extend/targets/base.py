@@ -1,7 +1,7 @@
 """The interface every ``posenc extend`` target has, and what the two targets share.
 
 A *target* is one model behind the few members the study (``study.run``), its plan and report (``study.plan``,
-``study.report``), the pick (``pick.run``) and ``posenc export`` (``extend.export``) use: it loads its model, knows
+``study.report``) and the pick (``pick.run``) use: it loads its model, knows
 its original context, patches a fresh copy for a method and factor (and checks the patch took: a model is never
 measured unpatched as if patched), and measures perplexity, passkey accuracy and fine-tunes at a target length.
 Those members are written down here, checked by mypy against both targets (``load``):
