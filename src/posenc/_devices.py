@@ -2,7 +2,7 @@
 
 ``torch.device`` accepts names this machine cannot run (``cuda`` without CUDA, ``cuda:3`` on a one-GPU machine,
 ``meta``); the failure then comes deep inside the first ``.to(device)``, after files were written. ``resolve_device``
-refuses those up front with the devices this machine has (``posenc.deploy`` and the lab, ``posenc.lab.common.devices``).
+refuses those up front with the devices this machine has (``posenc.deploy`` and the lab).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ work in ``run``), the shared parsing in ``posenc.cli.parsing``.
 - ``posenc demo``: what the RoPE scalings compute, checked live on this machine.
 
 The same rules everywhere: numbers are checked by ``posenc._argtypes`` (0, negatives and NaN refused, never replaced by
-a default), ``--device`` by ``posenc.lab.common.devices.resolve_device``, ``--out`` by
+a default), ``--device`` by ``posenc._devices.resolve_device``, ``--out`` by
 ``posenc.lab.common.runfiles.check_out`` (a new or empty folder, or the command's own run) before anything is written;
 every failure is one line on stderr and exit status 2; an interrupted study prints the command that continues it and
 exits 130. Parsing imports neither torch nor transformers (``import posenc`` loads the library on first use): each

@@ -37,7 +37,7 @@ def _check(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     _check(args)
-    from posenc.lab.common.devices import resolve_device
+    from posenc._devices import resolve_device
     from posenc.lab.common.runfiles import check_out
     from posenc.lab.extend.study.config import ExtendConfig
     from posenc.lab.extend.study.run import run_extend

@@ -15,7 +15,7 @@ LAB_DEFAULTS = {"task": "lm", "dim": 64, "n_layers": 2, "lr": 3e-3, "seed": 0, "
 
 
 def run(args: argparse.Namespace) -> int:
-    from posenc.lab.common.devices import resolve_device
+    from posenc._devices import resolve_device
     from posenc.lab.common.runfiles import check_out
     from posenc.lab.length.config import TASK_DEFAULTS, StudyConfig
     from posenc.lab.length.study import default_jobs, run_study

@@ -18,7 +18,7 @@ VISION_DEFAULTS = {
 
 
 def run(args: argparse.Namespace) -> int:
-    from posenc.lab.common.devices import resolve_device
+    from posenc._devices import resolve_device
     from posenc.lab.common.runfiles import check_out
     from posenc.lab.vision.config import VisionConfig
     from posenc.lab.vision.study import run_vision

@@ -37,7 +37,7 @@ from typing import Any
 import torch
 
 from posenc._checks import fail
-from posenc.lab.common.devices import resolve_device
+from posenc._devices import resolve_device
 from posenc.lab.common.files import write_text_atomic
 from posenc.lab.common.runfiles import check_out, check_settings
 from posenc.lab.extend.needles.shared_prefix import LENGTH_DEPENDENT_REMAP

@@ -6,7 +6,7 @@ CUDA and MPS availability are patched, so every branch runs on any machine.
 import pytest
 import torch
 
-from posenc.lab.common.devices import available_devices, resolve_device
+from posenc._devices import available_devices, resolve_device
 
 
 @pytest.fixture
