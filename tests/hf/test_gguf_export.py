@@ -1,4 +1,4 @@
-"""``posenc.hf.save_gguf`` and ``posenc.hf.gguf_rope``: an extended Llama written as a GGUF that llama.cpp runs as
+"""``posenc.hf.save_gguf`` and ``posenc.gguf.rope``: an extended Llama written as a GGUF that llama.cpp runs as
 measured, and read back whole by posenc's loader.
 
 References: llama.cpp's RoPE from a file's keys, written out from its source (``tests/reference/llamacpp_rope.py``),
@@ -23,8 +23,11 @@ import transformers  # noqa: E402 - after the skips
 
 from hf.tiny import ORIGINAL, logits, tiny_model  # noqa: E402
 from hf.tiny_gguf import write_llama  # noqa: E402
-from posenc.hf import extend_context, gguf_llama, gguf_rope, gguf_write, load_causal_lm, save_gguf  # noqa: E402
-from posenc.hf.gguf_header import read_gguf_header  # noqa: E402
+from posenc.gguf import llama as gguf_llama  # noqa: E402
+from posenc.gguf import rope as gguf_rope  # noqa: E402
+from posenc.gguf import write as gguf_write  # noqa: E402
+from posenc.gguf.header import read_gguf_header  # noqa: E402
+from posenc.hf import extend_context, load_causal_lm, save_gguf  # noqa: E402
 from reference.llamacpp_rope import llamacpp_angles  # noqa: E402
 from tolerances import ulps  # noqa: E402
 
@@ -238,7 +241,7 @@ def test_fine_tuned_weights_are_written_from_the_model(sources, tmp_path, tensor
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, model.config.num_hidden_layers)
     source_types = {t.name: t.ggml_type for t in read_gguf_header(sources["quantized"]).tensors}
     for key, w in model.state_dict().items():
-        name = gguf_write._tensor_name(key, names)
+        name = gguf_write.tensor_name(key, names)
         if name == "output.weight" and name not in types:
             continue  # tied
         qtype = types[name]

@@ -200,7 +200,7 @@ def _cost(target: Any, cfg: ExtendConfig, metric: str, length: int, measured: in
 
 def _check_save_gguf(save: str | Path, cfg: ExtendConfig, target: Any) -> Path:
     """``--save FILE.gguf``: a Llama GGUF source, a method llama.cpp runs, a new file."""
-    from posenc.hf import gguf_write
+    from posenc.hf import gguf_export as gguf_write
 
     method = cfg.methods[0]
     if method not in GGUF_METHODS:
@@ -236,7 +236,7 @@ def check_save(
     """``--save DIR`` or ``--save FILE.gguf``: one patched pretrained RoPE model (exactly one method and one factor;
     ``drope`` takes no factor and is saved recalibrated only, through ``posenc.hf.save_pretrained`` with its record),
     into a new or empty folder that is not the study's own, or a new GGUF file llama.cpp runs."""
-    from posenc.hf.gguf_write import TENSOR_TYPES
+    from posenc.gguf.write import TENSOR_TYPES
 
     check_choice("save_type", save_type, TENSOR_TYPES)
     if save_type != "source" and (save is None or Path(save).suffix.lower() != ".gguf"):
