@@ -22,8 +22,8 @@
 Only torch is imported here; transformers is imported lazily, when a model is patched.
 """
 
+from posenc.hf._cache_guard import CacheStaleWarning
 from posenc.hf._reach import ReachExceededWarning
-from posenc.hf._rope_patch import CacheStaleWarning
 from posenc.hf.alibi import ALIBI_MODEL_TYPES, alibi_config_from_hf, alibi_config_to_hf
 from posenc.hf.extend import METHOD_OPTIONS, METHODS, REMAP_METHODS, extend_context
 from posenc.hf.gguf_export import save_gguf

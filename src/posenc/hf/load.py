@@ -431,8 +431,9 @@ def apply_saved(model: torch.nn.Module) -> list[dict[str, Any]]:
 
 def _runtime_parts(model: torch.nn.Module, items: list[dict[str, Any]]) -> None:
     """What ``extend_context`` adds beside the config for a frequency method (``posenc.hf._rope_patch``)."""
+    from posenc.hf._cache_guard import guard_cache
+    from posenc.hf._common import rotary_modules
     from posenc.hf._reach import watch_config_reach
-    from posenc.hf._rope_patch import guard_cache, rotary_modules
     from posenc.hf.rope_float32 import keep_rope_float32
     from posenc.hf.rotary import rotary_config_from_hf
 
