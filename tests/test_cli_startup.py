@@ -98,8 +98,8 @@ def test_the_api_module_binds_exactly_the_public_names():
 def test_the_parsing_facts_are_their_sources():
     from posenc import _dtypes
     from posenc.cli import check, lab, parsing, vision
+    from posenc.gguf.write import TENSOR_TYPES
     from posenc.hf.dtypes import DTYPE_CHOICES
-    from posenc.hf.gguf_write import TENSOR_TYPES
     from posenc.lab.extend.study.config import ExtendConfig
     from posenc.lab.extend.study.options import OPTIONS, config_settings
     from posenc.lab.length.config import DEFAULT_ENCODINGS as LAB

@@ -277,3 +277,28 @@ def test_deploy_never_imports_the_lab(graph):
     wrong = [f"{m} -> {t}" + (" (lazy)" if lazy else "") for m in sorted(deploy) for t, lazy in graph[m]
              if lab_part(t) != "core"]
     assert not wrong, "\n".join(wrong)
+
+
+def test_the_gguf_format_and_the_interop_package_import_nothing_above_them(graph):
+    """``posenc.gguf`` (the file format) sits below ``posenc.hf`` and ``posenc.runtimes``, and ``posenc.hf`` below
+    the runtime readers, the product path and the lab, lazy imports included: a save prints the runtime check through
+    a hook the package root sets (``posenc._save_check``), not an import."""
+
+    def under(m: str, *packages: str) -> bool:
+        return any(m == p or m.startswith(p + ".") for p in packages)
+
+    above = {
+        "posenc.gguf": ("posenc.hf", "posenc.runtimes", "posenc.deploy", "posenc.lab"),
+        "posenc.hf": ("posenc.runtimes", "posenc.deploy", "posenc.lab"),
+    }
+    wrong = [
+        f"{m} -> {t}{' (lazy)' if lazy else ''}"
+        for package, forbidden in above.items()
+        for m in sorted(graph)
+        if under(m, package)
+        for t, lazy in graph[m]
+        if under(t, *forbidden)
+    ]
+    assert not wrong, "\n".join(wrong)
+    edges = {(m, t) for m, imports in graph.items() for t, _ in imports}
+    assert {("posenc.hf.gguf_export", "posenc.gguf.write"), ("posenc.gguf.write", "posenc.gguf.rope")} <= edges

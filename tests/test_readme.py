@@ -209,7 +209,7 @@ def test_a_yarn_x2_gguf_has_no_attn_factor_key():
     is."""
     pytest.importorskip("gguf")
     from hf.tiny import tiny_model
-    from posenc.hf import gguf_rope
+    from posenc.gguf import rope as gguf_rope
 
     assert "YaRN ×2 file has no such" in " ".join(_page("guides/exporting.md").split())
 

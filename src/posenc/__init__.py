@@ -9,10 +9,13 @@ library as an eager import would, and the command line (``posenc.cli``) refuses 
 
 from typing import TYPE_CHECKING
 
+from posenc import _save_check
 from posenc import registry as _registry
 from posenc._version import __version__ as __version__
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from posenc._api import *  # noqa: F403
 
 __all__ = [
@@ -116,6 +119,23 @@ def _register_builtins() -> None:
 
 
 _registry.load_builtins = _register_builtins  # a lookup in posenc.registry sees the built-in names
+
+
+def _print_check(path: "Path") -> "list | None":
+    """``posenc check``'s table for what a save wrote, printed; the rows (None where nothing could be compared: the
+    save stands, the one line printed says why)."""
+    from posenc.runtimes.check import check, print_rows
+
+    try:
+        rows = check(path)
+    except ValueError as err:  # e.g. an ALiBi model: no runtime reader reads RoPE there
+        print(f"posenc check {path}: not compared ({err})")
+        return None
+    print_rows(rows, title=f"What each runtime runs for {path} (posenc check)")
+    return rows
+
+
+_save_check.PRINT_CHECK = _print_check  # posenc.hf's writers print it without importing posenc.runtimes
 
 
 def __getattr__(name: str) -> object:

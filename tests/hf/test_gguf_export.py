@@ -1,5 +1,5 @@
-"""``posenc.hf.save_gguf`` and ``posenc.hf.gguf_rope``: an extended Llama written as a GGUF that llama.cpp runs as
-measured, and read back whole by posenc's loader.
+"""``posenc.hf.save_gguf``: an extended Llama written as a GGUF that llama.cpp runs as measured, and read back whole
+by posenc's loader (the RoPE keys alone: ``tests/gguf/test_rope.py``).
 
 References: llama.cpp's RoPE from a file's keys, written out from its source (``tests/reference/llamacpp_rope.py``),
 against transformers' own rotary module of the extended model; posenc's loader and transformers' GGUF loader on the
@@ -8,11 +8,9 @@ written files. (llama.cpp itself, when installed: ``test_gguf_llamacpp.py``.)
 
 from __future__ import annotations
 
-import math
 import os
 import re
 
-import numpy as np
 import pytest
 import torch
 
@@ -21,106 +19,14 @@ pytest.importorskip("accelerate")  # transformers' GGUF loader needs it
 
 import transformers  # noqa: E402 - after the skips
 
+from hf.llamacpp_keys import assert_llamacpp_runs  # noqa: E402
 from hf.tiny import ORIGINAL, logits, tiny_model  # noqa: E402
 from hf.tiny_gguf import write_llama  # noqa: E402
-from posenc.hf import extend_context, gguf_llama, gguf_rope, gguf_write, load_causal_lm, save_gguf  # noqa: E402
-from posenc.hf.gguf_header import read_gguf_header  # noqa: E402
-from reference.llamacpp_rope import llamacpp_angles  # noqa: E402
-from tolerances import ulps  # noqa: E402
-
-# (head_dim, base, original context)
-SHAPES = [(8, 10000.0, 32), (64, 100000.0, 8192), (64, 500000.0, 4096)]
-METHODS = [
-    ("none", {}),
-    ("linear", {}),
-    ("ntk", {}),
-    ("yarn", {}),
-    ("yarn", {"attention_factor": 1.25}),
-    ("yarn", {"mscale": 0.707, "mscale_all_dim": 1.0}),
-    ("llama3", {}),
-    ("llama3", {"low_freq_factor": 2.0, "high_freq_factor": 8.0}),
-    ("longrope", {"long_factor": "ramp", "short_factor": "near_one"}),
-]
-
-
-def _model(head_dim: int, base: float, original: int, method: str, factor: float, options: dict):
-    model = tiny_model(
-        "llama", hidden_size=head_dim, num_attention_heads=1, num_key_value_heads=1, head_dim=head_dim,
-        num_hidden_layers=1, max_position_embeddings=original, rope_parameters={"rope_type": "default",
-        "rope_theta": base},
-    )  # fmt: skip
-    half = head_dim // 2
-    options = dict(options)
-    if options.get("long_factor") == "ramp":  # LongRoPE-like: 1 for the fast pairs rising to ~factor
-        options["long_factor"] = [1.0 + (factor - 1.0) * i / (half - 1) for i in range(half)]
-        options["short_factor"] = [1.0 + 0.01 * i for i in range(half)]
-    if method != "none":
-        extend_context(model, method, factor, **options)
-    return model
-
-
-def _hf_frequencies(model, n: int) -> tuple[np.ndarray, float]:
-    """The extended model's own rotary module after a forward over ``n`` positions (LongRoPE picks its factors by
-    the sequence length there): its inverse frequencies and cos/sin scale."""
-    rotary = model.model.rotary_emb
-    x = torch.zeros(1, n, 1)
-    rotary(x, torch.arange(n)[None])
-    return rotary.inv_freq.double().numpy(), float(rotary.attention_scaling)
-
-
-def _keys(rope: gguf_rope.GGUFRope) -> tuple[dict, dict]:
-    meta = {k: v for k, (v, _) in rope.metadata().items()}
-    meta["llama.rope.dimension_count"] = rope.head_dim
-    return meta, {k: v.tolist() for k, v in rope.tensors().items()}
-
-
-def _assert_llamacpp_runs(model, meta: dict, tensors: dict) -> None:
-    """llama.cpp's frequencies and scale from these keys (the reference) equal the model's rotary module's, at its
-    full context and, for LongRoPE, within the original one (where both switch to the short factors)."""
-    context = meta["llama.context_length"]
-    params = model.config.rope_parameters
-    contexts = [context]
-    if params.get("rope_type") == "longrope":
-        contexts.append(params["original_max_position_embeddings"])
-    for n in contexts:
-        angles, mscale = llamacpp_angles(meta, tensors, [1], n_ctx=n)
-        inv_freq, scale = _hf_frequencies(model, n)
-        # float32 on both sides: transformers' float32 inv_freq (a pow and a few ops), the float32 keys and divisors
-        torch.testing.assert_close(torch.tensor(angles[0], dtype=torch.float64), torch.from_numpy(inv_freq), **ulps(16))
-        assert math.isclose(mscale, scale, rel_tol=4 * torch.finfo(torch.float32).eps), (n, mscale, scale)
-
-
-@pytest.mark.parametrize(("head_dim", "base", "original"), SHAPES)
-@pytest.mark.parametrize(("method", "options"), METHODS)
-@pytest.mark.parametrize("factor", [2.0, 3.5])
-def test_llamacpp_runs_what_transformers_runs(head_dim, base, original, method, options, factor):
-    model = _model(head_dim, base, original, method, factor, options)
-    rope = gguf_rope.to_gguf(model.config)
-    assert rope.context_length == model.config.max_position_embeddings
-    _assert_llamacpp_runs(model, *_keys(rope))
-
-
-@pytest.mark.parametrize(("head_dim", "base", "original"), SHAPES)
-@pytest.mark.parametrize(("method", "options"), METHODS)
-def test_the_keys_read_back_as_a_config_that_runs_the_same(head_dim, base, original, method, options):
-    """A file without posenc's record (converted or edited elsewhere): the config read from llama.cpp's keys alone
-    computes llama.cpp's frequencies; with the record, the config comes back exactly."""
-    model = _model(head_dim, base, original, method, 2.0, options)
-    rope = gguf_rope.to_gguf(model.config)
-    meta, tensors = _keys(rope)
-    params, context, exact = gguf_rope.from_gguf(meta, tensors, arch="llama", path="f.gguf")
-    assert not exact and context == rope.context_length
-    config = transformers.LlamaConfig(**{**model.config.to_dict(), "rope_parameters": params,
-                                         "max_position_embeddings": context})  # fmt: skip
-    _assert_llamacpp_runs(transformers.LlamaForCausalLM(config).eval(), meta, tensors)
-    meta[gguf_rope.POSENC_KEY] = gguf_rope.record(model.config)
-    assert gguf_rope.from_gguf(meta, tensors, arch="llama", path="f.gguf") == (
-        model.config.rope_parameters, model.config.max_position_embeddings, True)  # fmt: skip
-    meta["llama.context_length"] += 1  # the keys edited after the export: the record no longer describes them
-    assert gguf_rope.from_gguf(meta, tensors, arch="llama", path="f.gguf")[2] is False
-
-
-# -- writing files ----------------------------------------------------------------------------------------------------
+from posenc.gguf import llama as gguf_llama  # noqa: E402
+from posenc.gguf import rope as gguf_rope  # noqa: E402
+from posenc.gguf import write as gguf_write  # noqa: E402
+from posenc.gguf.header import read_gguf_header  # noqa: E402
+from posenc.hf import extend_context, load_causal_lm, save_gguf  # noqa: E402
 
 EXPRESSIBLE = [("none", {}), ("linear", {}), ("ntk", {}), ("yarn", {}), ("yarn", {"attention_factor": 1.3}),
                ("llama3", {}), ("longrope", {"long_factor": [1.0, 1.5, 2.0, 4.0]})]  # fmt: skip
@@ -164,7 +70,7 @@ def test_an_extended_model_round_trips_bit_equal(sources, tmp_path, method, opti
     # llama.cpp's view of the written file: the model's frequencies
     meta, tensors = _file_keys(out)
     assert meta["llama.context_length"] == model.config.max_position_embeddings
-    _assert_llamacpp_runs(model, meta, tensors)
+    assert_llamacpp_runs(model, meta, tensors)
 
     # the weights are the source's, byte for byte; only RoPE tensors are added
     src, dst = read_gguf_header(sources[weights]), read_gguf_header(out)
@@ -238,7 +144,7 @@ def test_fine_tuned_weights_are_written_from_the_model(sources, tmp_path, tensor
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, model.config.num_hidden_layers)
     source_types = {t.name: t.ggml_type for t in read_gguf_header(sources["quantized"]).tensors}
     for key, w in model.state_dict().items():
-        name = gguf_write._tensor_name(key, names)
+        name = gguf_write.tensor_name(key, names)
         if name == "output.weight" and name not in types:
             continue  # tied
         qtype = types[name]

@@ -23,9 +23,10 @@ import transformers  # noqa: E402 - after the skips
 
 from hf.tiny import ORIGINAL, logits, tiny_model  # noqa: E402
 from hf.tiny_gguf import broken_copy, llama_kv, llama_tensors, write_gguf, write_llama, write_other  # noqa: E402
+from posenc.gguf import llama as gguf_llama  # noqa: E402
+from posenc.gguf.header import read_gguf_header  # noqa: E402
 from posenc.hf import (  # noqa: E402
     ModelSource,
-    gguf_llama,
     inspect_gguf,
     load_causal_lm,
     load_config,
@@ -34,7 +35,6 @@ from posenc.hf import (  # noqa: E402
     resolve_model,
     supported_model_types,
 )
-from posenc.hf.gguf_header import read_gguf_header  # noqa: E402
 from posenc.hf.load import GGUF_ARCHITECTURES, SMOLLM2_INSTALL  # noqa: E402
 
 TEXT = "ab a! Cab, a-b? Ab."

@@ -421,7 +421,7 @@ def _yarn_gguf(tmp_path: Path, name: str, edit: dict) -> Path:
 
     from hf.tiny import ORIGINAL, tiny_config
     from hf.tiny_gguf import write_gguf
-    from posenc.hf import gguf_rope
+    from posenc.gguf import rope as gguf_rope
 
     config = tiny_config("llama", max_position_embeddings=2 * ORIGINAL)
     config.rope_parameters = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 2.0,

@@ -20,7 +20,8 @@ gguf = pytest.importorskip("gguf")
 
 from hf.tiny import ORIGINAL, tiny_config, tiny_model  # noqa: E402 - after the skip
 from hf.tiny_gguf import write_gguf, write_llama  # noqa: E402
-from posenc.hf import extend_context, gguf_rope, load_causal_lm, save_gguf  # noqa: E402
+from posenc.gguf import rope as gguf_rope  # noqa: E402
+from posenc.hf import extend_context, load_causal_lm, save_gguf  # noqa: E402
 from posenc.runtimes import Source, llamacpp, read  # noqa: E402
 from reference.llamacpp_rope import llamacpp_layers  # noqa: E402
 from tolerances import ulps  # noqa: E402
@@ -46,7 +47,7 @@ def _file(tmp_path, arch: str, kv: dict, tensors: dict | None = None, *, name: s
 
 def _reference(path, n_ctx=None):
     header = Source.open(path).gguf
-    from posenc.hf.gguf_llama import rope_tensors
+    from posenc.gguf.llama import rope_tensors
 
     return llamacpp_layers(dict(header.metadata), {k: list(v) for k, v in rope_tensors(header).items()}, n_ctx=n_ctx)
 

@@ -251,7 +251,7 @@ def test_gguf_config_is_what_transformers_gguf_loader_builds(scaled, tmp_path):
     """posenc's header walk gives the config load_gguf_checkpoint builds (its GGUFReader pass), key for key."""
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
-    from posenc.hf.gguf_header import read_gguf_header
+    from posenc.gguf.header import read_gguf_header
 
     kv = {"llama.rope.scaling.type": "linear", "llama.rope.scaling.factor": 2.0} if scaled else None
     path = write_llama(tmp_path / "tiny.gguf", tiny_model("llama"), **(kv or {}))
@@ -267,7 +267,7 @@ def test_gguf_config_is_what_transformers_gguf_loader_builds(scaled, tmp_path):
 def test_smollm2_gguf_as_transformers_reads_it():
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
-    from posenc.hf.gguf_header import read_gguf_header
+    from posenc.gguf.header import read_gguf_header
     from posenc.hf.load import resolve_model
 
     path = resolve_model("smollm2").path

@@ -10,8 +10,8 @@ from posenc.cli.parsing import Subparsers, given
 
 
 def run(args: argparse.Namespace) -> int:
-    from posenc.lab import bench as b
     from posenc._devices import resolve_device
+    from posenc.lab import bench as b
     from posenc.lab.common.runfiles import check_out, write_marker
 
     device = resolve_device(args.device, allow_auto=True)

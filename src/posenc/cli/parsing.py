@@ -15,7 +15,7 @@ from typing import NoReturn
 # nor transformers (tests/test_cli_startup.py checks each against its source; the lab's and vision's are in
 # posenc.cli.lab and posenc.cli.vision, the runtimes in posenc.cli.check).
 
-#: ``posenc.hf.gguf_write.TENSOR_TYPES``
+#: ``posenc.gguf.write.TENSOR_TYPES``
 TENSOR_TYPES = ("source", "F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1")
 
 #: What argparse's ``add_subparsers()`` returns: subcommand modules add their parser to it.

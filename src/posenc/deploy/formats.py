@@ -14,7 +14,7 @@ import torch
 from posenc._checks import check_choice, fail
 from posenc.deploy.methods import drops, parse
 
-#: Methods a ``.gguf`` output carries (``posenc.hf.gguf_rope``: what llama.cpp runs from GGUF metadata).
+#: Methods a ``.gguf`` output carries (``posenc.gguf.rope``: what llama.cpp runs from GGUF metadata).
 GGUF_METHODS = ("none", "linear", "ntk", "yarn", "llama3", "longrope")
 
 
@@ -51,7 +51,7 @@ def check_save(
     Raises:
         ValueError: naming ``save`` (or ``save_type``) and what it must be.
     """
-    from posenc.hf.gguf_write import TENSOR_TYPES
+    from posenc.gguf.write import TENSOR_TYPES
 
     check_choice("save_type", save_type, TENSOR_TYPES)
     if save_type != "source" and (save is None or Path(save).suffix.lower() != ".gguf"):
@@ -110,7 +110,7 @@ def check_save(
 
 def _check_gguf(save: str | Path, method: str, factors: Sequence[float], source: Any, original_len: int | None) -> Path:
     """``save`` ending in ``.gguf``: a Llama GGUF source, a method llama.cpp runs, a new file."""
-    from posenc.hf import gguf_write
+    from posenc.hf import gguf_export
 
     if method not in GGUF_METHODS:
         grouped = "--grp-attn-n G --grp-attn-w W"
@@ -130,8 +130,8 @@ def _check_gguf(save: str | Path, method: str, factors: Sequence[float], source:
     if source.kind != "gguf":
         fail("save", str(save), "a GGUF model to start from (a transformers folder: --save DIR writes a folder that "
              "llama.cpp's convert_hf_to_gguf.py converts with its RoPE scaling)")
-    gguf_write.check_source(source.path)
-    return gguf_write.check_out(save, name="save")
+    gguf_export.check_source(source.path)
+    return gguf_export.check_out(save, name="save")
 
 
 def save(

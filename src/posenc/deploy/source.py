@@ -90,8 +90,8 @@ def load_tokenizer(source: Any) -> Any:
 
     if source.kind == "transformers":
         return AutoTokenizer.from_pretrained(source.folder, local_files_only=True)
-    from posenc.hf import gguf_llama
-    from posenc.hf.gguf_header import read_gguf_header
+    from posenc.gguf import llama as gguf_llama
+    from posenc.gguf.header import read_gguf_header
 
     if gguf_llama.handles(read_gguf_header(source.path)):
         from transformers import TokenizersBackend

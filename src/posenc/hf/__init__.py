@@ -17,16 +17,16 @@
   models from GGUF files, transformers folders or ``"smollm2"``, offline; ``save_pretrained`` writes one back as a
   transformers folder (its ``config.json`` records the ``extend_context`` calls, and ``load_causal_lm`` of that
   folder re-applies what the config does not carry), ``save_gguf`` as a GGUF file llama.cpp runs with its RoPE
-  scaling (``posenc.hf.gguf_rope``).
+  scaling (``posenc.gguf.rope``).
 
 Only torch is imported here; transformers is imported lazily, when a model is patched.
 """
 
+from posenc.hf._cache_guard import CacheStaleWarning
 from posenc.hf._reach import ReachExceededWarning
-from posenc.hf._rope_patch import CacheStaleWarning
 from posenc.hf.alibi import ALIBI_MODEL_TYPES, alibi_config_from_hf, alibi_config_to_hf
 from posenc.hf.extend import METHOD_OPTIONS, METHODS, REMAP_METHODS, extend_context
-from posenc.hf.gguf_write import save_gguf
+from posenc.hf.gguf_export import save_gguf
 from posenc.hf.load import ModelSource, inspect_gguf, load_causal_lm, load_config, original_context, resolve_model
 from posenc.hf.rope_float32 import keep_rope_float32
 from posenc.hf.rotary import (

@@ -19,7 +19,7 @@ frequencies of L, while the cache holds keys and values computed from hidden sta
 decoding equals the full forward where the first length-dependent attention layer is the last attention layer (its
 keys and values come from hidden states that do not depend on the length); elsewhere it is dynamic scaling with a KV
 cache as YaRN (Peng et al. 2023, section 3.3) defines it -- keys cached before RoPE and rotated with the current
-scale -- which ``posenc.hf._rope_patch.guard_cache`` warns about (``CacheStaleWarning``) and, for LongRoPE's one
+scale -- which ``posenc.hf._cache_guard.guard_cache`` warns about (``CacheStaleWarning``) and, for LongRoPE's one
 switch, avoids in ``generate`` by re-encoding the sequence once (``reencode_at_switch``, Phi-3's rule).
 
 Why the tables and not the angle difference (``RotaryEmbedding.rerotate``, ``R(p (θ_n - θ_w))``): transformers

@@ -47,9 +47,9 @@ from posenc._checks import fail
 from posenc.documents import document_lengths
 from posenc.encodings.rotary import RotaryEmbedding
 from posenc.hf import _cache_positions as cache_positions
-from posenc.hf._common import architecture, model_type
+from posenc.hf._cache_guard import CacheStaleWarning
+from posenc.hf._common import architecture, model_type, rotary_modules
 from posenc.hf._reach import watch_reach
-from posenc.hf._rope_patch import CacheStaleWarning, rotary_modules
 from posenc.remapping import WITHIN_TRAINING, RemapMethod, remap_attention, remap_method
 
 IMPLEMENTATION = "posenc_remap"

@@ -19,7 +19,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
-import warnings
 from collections.abc import Mapping
 from typing import Any, cast
 
@@ -28,6 +27,8 @@ import torch
 from posenc._checks import fail
 from posenc.encodings.rotary_config import RotaryConfig
 from posenc.encodings.rotary_hf import DEFAULT_PARTIAL_ROTARY
+from posenc.extension_methods import rope_scaling_config
+from posenc.hf._cache_guard import guard_cache
 from posenc.hf._common import architecture, rotary_modules
 from posenc.hf._layer_theta import module_theta, theta_config
 from posenc.hf._reach import (
@@ -35,7 +36,6 @@ from posenc.hf._reach import (
     layer_contexts,
     limited_by,
     model_context,
-    rotary_positions,
     type_context,
     watch_reach,
 )
@@ -57,26 +57,22 @@ from posenc.scalings import (
 # rope types whose HF parameters carry original_max_position_embeddings.
 _WITH_ORIGINAL = ("llama3", "yarn", "longrope")
 _MODULE_STATE = frozenset(vars(torch.nn.Module()))
+#: posenc's config class of each frequency method's ``rope_type``.
+_SCALINGS: dict[str, type[RopeScaling]] = {
+    cls.rope_type: cls
+    for cls in (LinearScaling, NTKScaling, DynamicNTKScaling, YaRNScaling, Llama3Scaling, LongRoPEScaling)
+}
 
 
 def _scaling(method: str, factor: float, original: int, rotary_dim: int, options: dict[str, Any]) -> RopeScaling:
-    """posenc's scaling config for ``method`` (validated by its dataclass)."""
-    if method == "linear":
-        return LinearScaling(factor=factor)
-    if method == "ntk":
-        return NTKScaling(factor=factor)
-    if method == "dynamic":
-        return DynamicNTKScaling(factor=factor, max_position_embeddings=original)
-    if method == "yarn":
-        return YaRNScaling(factor=factor, original_max_position_embeddings=original, **options)
-    if method == "llama3":
-        options = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, **options}  # Llama 3.1's values
-        return Llama3Scaling(factor=factor, original_max_position_embeddings=original, **options)
-    options = dict(options)
-    if options.get("long_factor") is None:
-        fail("long_factor", None, f"a list of rotary_dim // 2 = {rotary_dim // 2} positive numbers for 'longrope'")
-    options.setdefault("short_factor", [1.0] * (rotary_dim // 2))  # unchanged frequencies up to the original
-    return LongRoPEScaling(factor=factor, original_max_position_embeddings=original, **options)
+    """posenc's scaling config for ``method`` (``posenc.extension_methods``; validated by its dataclass)."""
+    if method == "longrope":
+        options = dict(options)
+        if options.get("long_factor") is None:
+            fail("long_factor", None, f"a list of rotary_dim // 2 = {rotary_dim // 2} positive numbers for 'longrope'")
+        options.setdefault("short_factor", [1.0] * (rotary_dim // 2))  # unchanged frequencies up to the original
+    config = rope_scaling_config(method, factor=factor, original=original, **options)
+    return _SCALINGS[config.pop("rope_type")](**config)
 
 
 def ntk_base(setup: RotaryConfig, scaling: NTKScaling, base: float) -> float:
@@ -376,124 +372,6 @@ def _describe(scaling: RopeScaling) -> str:
     factor, original = _factor_of(scaling), _original_of(scaling)
     text = scaling.rope_type + ("" if factor is None else f" x{factor:g}")
     return text + ("" if original is None else f" over {original}")
-
-
-class CacheStaleWarning(UserWarning):
-    """A cached forward of a model whose RoPE frequencies (``dynamic``, ``longrope``) or remapping method's logit
-    factor (Dual Chunk Attention) depend on the length ran at a length that changes them for tokens its cache holds,
-    so it differs from the full forward: the cached keys were rotated to the new frequencies but earlier tokens'
-    hidden states keep those of their own step (or, where posenc found no attention module to hook, the cached keys
-    keep their old rotation). Given once per cache: each ``generate`` (or hand-made cache) that goes stale warns
-    once; Python's warning filters decide whether a repeat is shown (default: once per place in a process)."""
-
-
-_GUARD_ATTR = "_posenc_cache_guard"
-
-
-def length_dependent_layer_types(config: Any, setup: Any) -> dict[str | None, RopeScaling]:
-    """The layer types whose frequencies change with the length (``dynamic``, ``longrope``) and their scaling:
-    key ``None`` for a config with one ``rope_parameters`` for every layer, else the per-layer-type keys (Gemma 3/4)."""
-    params = config.rope_parameters
-    nested = sorted(k for k, v in params.items() if isinstance(v, Mapping))
-    if not nested:
-        scaling = setup.scaling
-        return {None: scaling} if scaling is not None and scaling.depends_on_length else {}
-    found: dict[str | None, RopeScaling] = {}
-    for layer_type in nested:
-        scaling = rotary_config_from_hf(config, layer_type=layer_type).scaling
-        if scaling is not None and scaling.depends_on_length:
-            found[layer_type] = scaling
-    return found
-
-
-def guard_cache(model: torch.nn.Module, modules: list[tuple[str, torch.nn.Module]], setup: Any) -> None:
-    """Keep cached decoding of a ``dynamic``/``longrope`` model as close to the full forward as a cache allows
-    (``posenc.hf._cache_rerotate``); earlier hooks, wrappers and guards are removed first, so a second
-    ``extend_context`` replaces them.
-
-    - Hooks on the attention modules of the layers whose frequencies change re-rotate the cached keys to each call's
-      frequencies. That makes cached decoding equal the full forward only where no attention layer follows the first
-      such layer; otherwise earlier tokens' hidden states (so the later layers' keys and values) keep the frequencies
-      of the step that computed them (dynamic scaling with a KV cache as YaRN, Peng et al. 2023, section 3.3,
-      defines it), and the first call that re-rotates a cache's keys warns once for that cache (``CacheStaleWarning``).
-    - ``longrope``: ``generate`` drops its cache once when the sequence passes ``original_max_position_embeddings``
-      and re-encodes the sequence with the long factors (Phi-3's own rule), so generation equals the full forward.
-    - Where no attention module is recognised or the model has several rotary modules: the former guard, which warns
-      once per module and sequence (one that starts at position 0) when a call continues a cache at a length whose
-      frequencies differ from the previous call's.
-    """
-    from posenc.encodings.rotary import RotaryEmbedding
-    from posenc.hf._cache_rerotate import (
-        attention_modules,
-        exact_with_cache,
-        install_rerotation,
-        reencode_at_switch,
-        remove_rerotation,
-    )
-
-    for _, m in modules:
-        handle = getattr(m, _GUARD_ATTR, None)
-        if handle is not None:
-            handle.remove()
-            delattr(m, _GUARD_ATTR)
-    remove_rerotation(model)
-    dependent = length_dependent_layer_types(model.config, setup)
-    if not dependent:
-        return
-    kinds = " and ".join(sorted({s.rope_type for s in dependent.values()}))
-    notify = None
-    if not exact_with_cache(model, set(dependent)):
-
-        def notify() -> None:  # once per cache (posenc.hf._cache_rerotate)
-            message = (
-                f"posenc.hf.extend_context: this {kinds} model's RoPE frequencies changed since its KV cache was "
-                "filled. posenc rotated the cached keys to the current frequencies, but the earlier tokens' "
-                "hidden states, and so every later layer's cached keys and values, keep the frequencies of the "
-                "step that computed them: cached decoding differs from the full forward at this length (it is "
-                "dynamic scaling with a KV cache as YaRN, section 3.3, defines it). Run without the cache "
-                "(use_cache=False) for the full forward"
-            )
-            if "longrope" in kinds:
-                message += "; generate re-encodes the sequence once at LongRoPE's switch instead"
-            warnings.warn(message + ".", CacheStaleWarning, stacklevel=2)
-
-    if len(modules) == 1 and attention_modules(model):
-        if install_rerotation(model, modules[0][1], set(dependent), notify=notify):
-            longropes = [cast(LongRoPEScaling, s) for s in dependent.values() if s.rope_type == "longrope"]
-            switches = {s.original_max_position_embeddings for s in longropes}
-            if switches and hasattr(type(model), "prepare_inputs_for_generation"):
-                reencode_at_switch(model, min(switches))
-        return  # else no layer of the extended type: nothing goes stale
-    scaling = setup.scaling
-    if scaling is None or not scaling.depends_on_length:
-        return
-    rope = RotaryEmbedding.from_config(setup)
-    for _, m in modules:
-        state: dict[str, Any] = {"length": None, "warned": False}
-
-        def check(module, args, kwargs, state=state):  # noqa: ANN001, ANN202 - forward pre-hook
-            positions = rotary_positions(args, kwargs)
-            if positions is None or torch.compiler.is_compiling() or positions.numel() == 0:
-                return None
-            if module.__dict__.get("_posenc_drope") is not None:
-                return None  # DroPE: the module returns no rotation, so its frequencies leave the cache alone
-            start, length = int(positions.min()), int(positions.max()) + 1
-            last, state["length"] = state["length"], length
-            if start == 0:
-                state["warned"] = False  # a new sequence, so a new cache: its own warning
-            if start > 0 and last is not None and not state["warned"] and not rope.same_frequencies(last, length):
-                state["warned"] = True
-                warnings.warn(
-                    f"posenc.hf.extend_context: this {scaling.rope_type} model changes its RoPE frequencies between "
-                    f"length {last} and {length}, but the KV cache holds keys rotated with the old ones and posenc "
-                    "found no attention module to re-rotate them in, so cached generation now differs from the full "
-                    "forward. Run without the cache (use_cache=False).",
-                    CacheStaleWarning,
-                    stacklevel=2,
-                )
-            return None
-
-        setattr(m, _GUARD_ATTR, m.register_forward_pre_hook(check, with_kwargs=True))
 
 
 def _check_patched(model: torch.nn.Module, modules: list, fresh: list) -> None:

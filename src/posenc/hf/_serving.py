@@ -1,7 +1,7 @@
 """What a saved file can carry of an extension, and the advice when it cannot: ``remap_save_problem`` (why no config
 runs a remapping method as posenc measures it), ``DCA_SERVED_MODEL_TYPES`` (where a serving engine reads
 ``dual_chunk_attention_config``) and ``rebuild_advice`` (the calls that rebuild a model no file records). Used by
-``posenc.hf.save``, ``posenc.hf.gguf_write`` and the remapping patch's refusals.
+``posenc.hf.save``, ``posenc.hf.gguf_export`` and the remapping patch's refusals.
 """
 
 from __future__ import annotations

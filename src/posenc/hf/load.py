@@ -11,7 +11,7 @@ A length study must refuse a bad model before spending minutes on it, so everyth
 header (``inspect_gguf``: architecture, trained context, RoPE base, heads, layers; a cut or corrupt file) or from
 ``config.json`` (``load_config``, ``original_context``), with no weight read. ``load_causal_lm`` then dequantizes a
 GGUF in memory (nothing is converted on disk): Llama-architecture files through posenc's one-pass loader
-(``posenc.hf.gguf_llama``, ~5x faster than transformers' and equal to it weight for weight), the others through
+(``posenc.gguf.llama``, ~5x faster than transformers' and equal to it weight for weight), the others through
 ``from_pretrained(..., gguf_file=...)``. ``posenc lab`` run folders are the lab's business, not claimed here.
 """
 
@@ -30,10 +30,10 @@ from typing import Any, cast
 import torch
 
 from posenc._checks import check_choice, fail
+from posenc.gguf.header import GGUFHeader, read_gguf_header
 from posenc.hf import _record
 from posenc.hf.alibi import ALIBI_MODEL_TYPES
 from posenc.hf.dtypes import slow_reason
-from posenc.hf.gguf_header import GGUFHeader, read_gguf_header
 from posenc.hf.setup import check_model_type
 
 SMOLLM2 = "smollm2"
@@ -181,10 +181,10 @@ def _check_gguf(header: GGUFHeader) -> None:
     context = header.arch_value("context_length")
     if isinstance(context, bool) or not isinstance(context, int) or context <= 0:
         fail(f"{arch}.context_length", context, f"a positive integer in the header of {path}")
-    from posenc.hf import gguf_llama
+    from posenc.gguf import llama as gguf_llama
 
-    if gguf_llama.handles(header):  # posenc's own loader reads the scaling llama.cpp runs (posenc.hf.gguf_rope)
-        from posenc.hf import gguf_rope
+    if gguf_llama.handles(header):  # posenc's own loader reads the scaling llama.cpp runs (posenc.gguf.rope)
+        from posenc.gguf import rope as gguf_rope
 
         rope = gguf_rope.read_gguf(header.metadata, gguf_llama.rope_tensors(header), arch=arch, path=str(path))
         gguf_rope.to_hf(rope)  # a scaling type or factor tensor llama.cpp would not read is refused here
@@ -257,7 +257,7 @@ def load_config(source: ModelSource | str | os.PathLike) -> Any:
     source = _as_source(source)
     if source.kind == "transformers":
         return AutoConfig.from_pretrained(source.folder, local_files_only=True)
-    from posenc.hf import gguf_llama
+    from posenc.gguf import llama as gguf_llama
 
     header = _gguf_header(source)
     if gguf_llama.handles(header):
@@ -389,7 +389,7 @@ def load_causal_lm(
         warnings.warn(f"load_causal_lm(dtype={dtype}): {reason}; float32 is faster here", stacklevel=2)
     kwargs: dict[str, Any] = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
     if source.kind == "gguf":
-        from posenc.hf import gguf_llama
+        from posenc.gguf import llama as gguf_llama
 
         header = _gguf_header(source)
         if gguf_llama.handles(header):
@@ -431,8 +431,9 @@ def apply_saved(model: torch.nn.Module) -> list[dict[str, Any]]:
 
 def _runtime_parts(model: torch.nn.Module, items: list[dict[str, Any]]) -> None:
     """What ``extend_context`` adds beside the config for a frequency method (``posenc.hf._rope_patch``)."""
+    from posenc.hf._cache_guard import guard_cache
+    from posenc.hf._common import rotary_modules
     from posenc.hf._reach import watch_config_reach
-    from posenc.hf._rope_patch import guard_cache, rotary_modules
     from posenc.hf.rope_float32 import keep_rope_float32
     from posenc.hf.rotary import rotary_config_from_hf
 

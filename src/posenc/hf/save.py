@@ -26,20 +26,18 @@ The caller's model is never changed: the copy shares its parameters (same dtype)
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import json
 import os
-import shutil
-import tempfile
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
 
 import torch
 
 from posenc._checks import fail
+from posenc._files import check_new_path, writing_folder
+from posenc._save_check import print_check
 from posenc.hf import _record
 from posenc.hf._serving import DCA_SERVED_MODEL_TYPES, rebuild_advice, remap_save_problem
 
@@ -228,74 +226,3 @@ def with_v4_rope_keys(config: dict[str, Any]) -> dict[str, Any]:
     if params.get("partial_rotary_factor") is not None:
         out["partial_rotary_factor"] = params["partial_rotary_factor"]
     return out
-
-
-def print_check(path: Path) -> list | None:
-    """``posenc check``'s table for what a save wrote, printed; the rows (None where nothing could be compared: the
-    save stands, the one line printed says why)."""
-    from posenc.runtimes.check import check, print_rows
-
-    try:
-        rows = check(path)
-    except ValueError as err:  # e.g. an ALiBi model: no runtime reader reads RoPE there
-        print(f"posenc check {path}: not compared ({err})")
-        return None
-    print_rows(rows, title=f"What each runtime runs for {path} (posenc check)")
-    return rows
-
-
-def check_new_path(name: str, path: str | os.PathLike) -> None:
-    """Refuse, before anything is read or written, a path that cannot be created: one with a file where a folder
-    above it should be, or whose nearest existing folder this user cannot write in. Refusals name ``name``."""
-    path = Path(path).expanduser()
-    for parent in path.absolute().parents:
-        if parent.exists():
-            if not parent.is_dir():
-                fail(name, str(path), f"a path under folders ({parent} is a file)")
-            if not os.access(parent, os.W_OK | os.X_OK):
-                fail(name, str(path), f"a path in a folder this user can write in ({parent} is not writable)")
-            return
-
-
-@contextlib.contextmanager
-def removing_created_folders(path: Path) -> Iterator[None]:
-    """Around writing ``path``: on any failure (Ctrl-C included), remove the folders above it that did not exist
-    before, deepest first, where they are (still) empty."""
-    created = [p for p in path.absolute().parents if not p.exists()]  # deepest first
-    try:
-        yield
-    except BaseException:
-        for folder in created:
-            with contextlib.suppress(OSError):
-                folder.rmdir()
-        raise
-
-
-@contextlib.contextmanager
-def writing_folder(out: Path) -> Iterator[Path]:
-    """A hidden folder beside ``out`` to write into, renamed to ``out`` once the block finishes: ``out`` appears
-    whole or not at all. On a failure the partial folder and every folder created above ``out`` are removed. The
-    files get the modes a plain ``open`` gives (transformers writes ``model.safetensors`` as 0600), the folder
-    ``0777`` less the umask (not ``mkdtemp``'s 0700)."""
-    out = out.absolute()
-    with removing_created_folders(out):
-        out.parent.mkdir(parents=True, exist_ok=True)
-        partial = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
-        try:
-            yield partial
-            mask = _umask()
-            for path in partial.rglob("*"):
-                os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~mask)
-            os.chmod(partial, 0o777 & ~mask)
-            if out.is_dir():
-                out.rmdir()  # empty (checked first): nothing of the user's is lost
-            os.rename(partial, out)
-        except BaseException:
-            shutil.rmtree(partial, ignore_errors=True)
-            raise
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask

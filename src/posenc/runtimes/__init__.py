@@ -86,7 +86,7 @@ class Source:
     path: Path
     kind: str  # "folder", "config" or "gguf"
     config: Mapping[str, Any] | None  # the config.json dict (folder, config)
-    gguf: Any = None  # the GGUF header (posenc.hf.gguf_header.GGUFHeader) for kind "gguf"
+    gguf: Any = None  # the GGUF header (posenc.gguf.header.GGUFHeader) for kind "gguf"
 
     @classmethod
     def open(cls, path: str | os.PathLike) -> Source:
@@ -101,7 +101,7 @@ class Source:
                 fail("path", str(path), "a transformers folder with a config.json, a config.json, or a .gguf file")
             return cls(p, "folder", _read_json(p / "config.json"))
         if p.is_file() and p.suffix.lower() == ".gguf":
-            from posenc.hf.gguf_header import read_gguf_header
+            from posenc.gguf.header import read_gguf_header
 
             return cls(p, "gguf", None, read_gguf_header(p))
         if p.is_file() and p.suffix.lower() == ".json":

@@ -280,7 +280,8 @@ def _dca_call(dca: Mapping[str, Any], context: Any) -> str:
 def _gguf_reference(source: Source, transformers: RuntimeView) -> Reference:
     """A GGUF file: posenc's own record, or the llama.cpp keys as posenc's loader reads them (Llama), else
     transformers' reading (posenc loads the other architectures with transformers' GGUF loader)."""
-    from posenc.hf import gguf_llama, gguf_rope
+    from posenc.gguf import llama as gguf_llama
+    from posenc.gguf import rope as gguf_rope
 
     header = source.gguf
     if not gguf_llama.handles(header):

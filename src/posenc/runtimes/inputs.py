@@ -137,7 +137,7 @@ def _check_rope(path: Any, params: Mapping[str, Any], where: str) -> None:
 
 def check_gguf(header: Any) -> None:
     """Refuse a GGUF header without the keys llama.cpp requires, or with a RoPE key of a type or value llama.cpp
-    does not load (``posenc.hf.gguf_header.GGUFHeader``).
+    does not load (``posenc.gguf.header.GGUFHeader``).
 
     Raises:
         ValueError: naming the file, the key, its value (and stored type) and what is allowed.

@@ -31,12 +31,12 @@ number is not in the sdist). ``RELEASE`` names it, ``FOLLOWS`` lists the files:
   architecture read a ``yarn_ext_factor``); the betas and, without YaRN, ``yarn_attn_factor`` are the model's
   (llama-server passes -1; llama-cpp-python's ``Llama()`` passes 32, 1 and 1, which override a file's: named in
   ``notes`` where they differ); the ``attn_factor`` handed to the kernel
-  (``posenc.hf.gguf_rope.llamacpp_attn_factor``: YaRN's ``1 + 0.1 ln s``, or ``get_mscale(s, mscale) / get_mscale(s,
+  (``posenc.gguf.rope.llamacpp_attn_factor``: YaRN's ``1 + 0.1 ln s``, or ``get_mscale(s, mscale) / get_mscale(s,
   yarn_log_multiplier)``, divided by the ``1 + 0.1 ln s`` the kernel multiplies back, times
   ``rope.scaling.attn_factor``).
 - ``ggml/src/ggml-cpu/ops.cpp`` (``rope_yarn``, ``ggml_rope_cache_init``) and ``ggml/src/ggml.c``
   (``ggml_rope_yarn_corr_dims``): the frequencies and cos/sin scale from those arguments
-  (``posenc.hf.gguf_rope.ggml_rope_frequencies``; float64 here from the float32 values llama.cpp holds).
+  (``posenc.gguf.rope.ggml_rope_frequencies``; float64 here from the float32 values llama.cpp holds).
 
 A transformers folder is first converted as ``convert_hf_to_gguf.py`` at the same commit would convert it
 (``conversion/base.py`` ``TextModel.__init__`` / ``set_gguf_parameters``, ``conversion/llama.py`` (``rope_freqs``
@@ -77,7 +77,7 @@ from typing import Any, cast
 
 import torch
 
-from posenc.hf import gguf_rope
+from posenc.gguf import rope as gguf_rope
 from posenc.runtimes import LayerRope, RuntimeView, Source, Variant, register
 
 #: The code this reader follows.
@@ -542,9 +542,9 @@ def _record_note(meta: Mapping[str, Any], layers: tuple[LayerRope, ...], n_ctx_s
 
 
 def read_gguf(header: Any, *, n_ctx: int | None = None) -> RuntimeView:
-    """What llama.cpp runs for a GGUF file's header (``posenc.hf.gguf_header.read_gguf_header``), with a context of
+    """What llama.cpp runs for a GGUF file's header (``posenc.gguf.header.read_gguf_header``), with a context of
     ``n_ctx`` tokens (default: the file's ``context_length``, llama.cpp's default)."""
-    from posenc.hf import gguf_llama
+    from posenc.gguf import llama as gguf_llama
 
     meta = header.metadata
     out = _Reading()

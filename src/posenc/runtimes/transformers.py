@@ -311,7 +311,7 @@ def _gguf_config(header: Any) -> tuple[dict[str, Any] | None, tuple[str, ...], s
     ``GGUFReader`` pass over the vocabulary)."""
     from transformers.integrations.ggml import GGUF_CONFIG_DEFAULTS_MAPPING, GGUF_CONFIG_MAPPING
 
-    from posenc.hf.gguf_header import GGUFArray
+    from posenc.gguf.header import GGUFArray
 
     meta = header.metadata
     arch = meta.get("general.architecture")
@@ -368,7 +368,7 @@ def _gguf_config(header: Any) -> tuple[dict[str, Any] | None, tuple[str, ...], s
         dropped = ()
     if "vocab_size" not in config and isinstance(meta.get("tokenizer.ggml.tokens"), GGUFArray):
         config["vocab_size"] = meta["tokenizer.ggml.tokens"].count
-    from posenc.hf.gguf_rope import POSENC_KEY, ROPE_TENSORS
+    from posenc.gguf.rope import POSENC_KEY, ROPE_TENSORS
 
     tensors = tuple(t.name for t in header.tensors if t.name in ROPE_TENSORS)
     record = (POSENC_KEY,) if POSENC_KEY in meta else ()

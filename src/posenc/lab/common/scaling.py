@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import posenc
 from posenc._checks import check_choice, check_number, check_positive_int, fail
+from posenc.extension_methods import rope_scaling_config
 
 #: RoPE context-extension methods applied zero-shot at an evaluation length ``L'`` past the training length ``L``,
 #: with factor ``L' / L`` (Chen et al. 2023 PI; bloc97 NTK-aware; emozilla dynamic NTK; Peng et al. 2023 YaRN).
 ROPE_SCALINGS = ("linear", "ntk", "dynamic", "yarn")
 
 #: ``posenc extend``'s methods for a lab model, by its encoding: the RoPE scalings (plus Llama 3.1's, whose defaults
-#: ``low_freq_factor=1, high_freq_factor=4`` need nothing searched; LongRoPE's per-frequency factors do, so it is not
+#: ``posenc.extension_methods.LLAMA3_DEFAULTS`` need nothing searched; LongRoPE's per-frequency factors do, so it is not
 #: offered here), and for ALiBi ``linear``: slope interpolation (Al-Khateeb et al. 2023), which is Position
 #: Interpolation for ALiBi (positions divided by the factor = slopes divided by it); ``posenc.hf.extend_context``
 #: uses the same name.
@@ -52,20 +53,9 @@ def scaled_encoding(model, method: str, *, factor: float, original_len: int) -> 
 
 
 def rope_scaling(method: str, *, factor: float, original_len: int) -> dict:
-    """The Hugging Face ``rope_scaling`` dict of ``method`` at ``factor`` for a model trained at ``original_len``."""
-    return {
-        "linear": {"rope_type": "linear", "factor": factor},
-        "ntk": {"rope_type": "ntk", "factor": factor},
-        "dynamic": {"rope_type": "dynamic", "factor": factor, "max_position_embeddings": original_len},
-        "yarn": {"rope_type": "yarn", "factor": factor, "original_max_position_embeddings": original_len},
-        "llama3": {
-            "rope_type": "llama3",
-            "factor": factor,
-            "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0,
-            "original_max_position_embeddings": original_len,
-        },
-    }[method]
+    """The Hugging Face ``rope_scaling`` dict of ``method`` at ``factor`` for a model trained at ``original_len``
+    (``posenc.extension_methods``)."""
+    return rope_scaling_config(method, factor=factor, original=original_len)
 
 
 def rope_like(model, scaling: dict) -> posenc.RotaryEmbedding:  # noqa: ANN001

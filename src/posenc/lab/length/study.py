@@ -20,10 +20,10 @@ from pathlib import Path
 import torch
 
 from posenc._checks import fail
+from posenc._devices import resolve_device
 from posenc.lab.common import dist
 from posenc.lab.common import evaluate as ev
 from posenc.lab.common.corpus import load_corpus, train_batch
-from posenc._devices import resolve_device
 from posenc.lab.common.files import read_json
 from posenc.lab.common.gpt import GPT, KEY_COUNT_KEY, ModelConfig, check_key_count_record, split_encoding, split_local
 from posenc.lab.common.progress import progress_bar, skipped

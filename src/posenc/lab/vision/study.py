@@ -20,8 +20,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from posenc.lab.common import dist
 from posenc._devices import resolve_device
+from posenc.lab.common import dist
 from posenc.lab.common.progress import progress_bar, skipped
 from posenc.lab.common.runfiles import KeyedCSV, check_settings
 from posenc.lab.common.train import DONE_FILE, TrainConfig, rank_rows, step_generator, train

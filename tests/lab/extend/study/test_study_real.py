@@ -23,8 +23,8 @@ from hf.tiny_gguf import broken_copy, write_llama, write_other  # noqa: E402
 from lab.extend.code_corpus import write_code_corpus  # noqa: E402
 from lab.extend.needles.test_passkey import byte_bpe_tokenizer  # noqa: E402
 from posenc.cli import main  # noqa: E402
+from posenc.gguf.header import read_gguf_header  # noqa: E402
 from posenc.hf import inspect_gguf  # noqa: E402
-from posenc.hf.gguf_header import read_gguf_header  # noqa: E402
 from posenc.hf.load import SMOLLM2_INSTALL  # noqa: E402
 from posenc.lab.common.corpus import load_corpus  # noqa: E402
 from posenc.lab.extend.study import plan  # noqa: E402

@@ -50,8 +50,8 @@ from typing import Any
 import torch
 
 from posenc._checks import fail
-from posenc.deploy.formats import GGUF_METHODS as GGUF_METHODS  # --save FILE.gguf's methods, for the pick
 from posenc._devices import resolve_device
+from posenc.deploy.formats import GGUF_METHODS as GGUF_METHODS  # --save FILE.gguf's methods, for the pick
 from posenc.lab.common.progress import skipped
 from posenc.lab.common.runfiles import KeyedCSV, check_out, check_resumable, check_settings, write_marker
 from posenc.lab.extend.stats import sampling

@@ -3,7 +3,7 @@
 Why not ``AutoModelForCausalLM.from_pretrained(folder, gguf_file=...)``: transformers 5's loader parses the file up
 to three times with ``gguf.GGUFReader`` (config, weights, tokenizer) and rebuilds its tensor-name map once per
 submodule: 13.5 s and 1.24 GiB peak RSS for SmolLM2-135M on 2 cores, against 2.5 s and 1.05 GiB here. This module
-reads the header once (``posenc.hf.gguf_header``), builds the config with the keys transformers' GGUF loader uses
+reads the header once (``posenc.gguf.header``), builds the config with the keys transformers' GGUF loader uses
 for ``llama`` (``GGUF_CONFIG_MAPPING["llama"]``), dequantizes each tensor with the ``gguf`` package, undoes
 llama.cpp's query/key row permutation, and hands the state dict to ``from_pretrained(None, config=...,
 state_dict=...)``. The result is a plain float model (no ``quantization_config``); ``tests/hf/test_load.py`` checks
@@ -22,8 +22,8 @@ from typing import Any, cast
 import torch
 
 from posenc._checks import fail
-from posenc.hf import gguf_rope
-from posenc.hf.gguf_header import GGUFHeader
+from posenc.gguf import rope
+from posenc.gguf.header import GGUFHeader
 
 #: (GGUF key under the architecture, config key) as in transformers' GGUF_CONFIG_MAPPING["llama"].
 _CONFIG_KEYS = (
@@ -68,7 +68,7 @@ def rope_tensors(header: GGUFHeader) -> dict[str, tuple[float, ...]]:
     out = {}
     with header.path.open("rb") as f:
         for t in header.tensors:
-            if t.name in gguf_rope.ROPE_TENSORS:
+            if t.name in rope.ROPE_TENSORS:
                 if t.ggml_type != 0 or len(t.shape) != 1:
                     fail(t.name, f"type {t.ggml_type}, shape {t.shape}", f"an F32 vector in {header.path}")
                 f.seek(t.offset)
@@ -77,13 +77,13 @@ def rope_tensors(header: GGUFHeader) -> dict[str, tuple[float, ...]]:
 
 
 def rope_config(header: GGUFHeader) -> tuple[dict[str, Any], int, bool]:
-    """``(rope_parameters, max_position_embeddings, exact)`` of the file (``posenc.hf.gguf_rope.from_gguf``)."""
-    return gguf_rope.from_gguf(header.metadata, rope_tensors(header), arch="llama", path=str(header.path))
+    """``(rope_parameters, max_position_embeddings, exact)`` of the file (``posenc.gguf.rope.from_gguf``)."""
+    return rope.from_gguf(header.metadata, rope_tensors(header), arch="llama", path=str(header.path))
 
 
 def llama_config(header: GGUFHeader) -> Any:
     """The ``LlamaConfig`` for this file (no weights read): what transformers builds, plus the RoPE scaling the file
-    carries for llama.cpp (``posenc.hf.gguf_rope.from_gguf``), which transformers' GGUF loader drops."""
+    carries for llama.cpp (``posenc.gguf.rope.from_gguf``), which transformers' GGUF loader drops."""
     from transformers import LlamaConfig
 
     meta = header.metadata
@@ -159,7 +159,7 @@ def state_dict(header: GGUFHeader, config: Any) -> dict[str, torch.Tensor]:
         gguf_name = names.get_name(base)
         if gguf_name is not None:
             to_hf[f"{gguf_name}.{suffix}"] = hf_name
-    weights = [t for t in header.tensors if t.name not in gguf_rope.ROPE_TENSORS]  # RoPE factors: in the config
+    weights = [t for t in header.tensors if t.name not in rope.ROPE_TENSORS]  # RoPE factors: in the config
     unknown = [t.name for t in weights if t.name not in to_hf]
     if unknown:
         fail("path", str(header.path), f"a Llama GGUF whose tensors all map to LlamaForCausalLM (not {unknown[:5]})")

@@ -1,4 +1,4 @@
-"""``posenc.hf.gguf_header``: the header of tiny GGUF files, checked against the ``gguf`` package's own
+"""``posenc.gguf.header``: the header of tiny GGUF files, checked against the ``gguf`` package's own
 ``GGUFReader``, and cut or corrupt copies refused with the file named, before any tensor data is read."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ gguf = pytest.importorskip("gguf")
 
 from hf.tiny import tiny_model  # noqa: E402 - after the skip
 from hf.tiny_gguf import TOKENS, broken_copy, write_llama  # noqa: E402
-from posenc.hf.gguf_header import GGUFArray, read_gguf_header  # noqa: E402
+from posenc.gguf.header import GGUFArray, read_gguf_header  # noqa: E402
 
 
 @pytest.fixture(scope="module")
