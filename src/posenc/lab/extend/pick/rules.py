@@ -192,6 +192,11 @@ def _ppl_past(rows: Sequence[Mapping[str, Any]], unit: tuple, length: int) -> fl
     return None
 
 
+def ppl_measured(rows: Sequence[Mapping[str, Any]], target: int) -> set[tuple]:
+    """The models the perplexity screen has measured at ``target``."""
+    return {model_of(r) for r in rows if r["metric"] == "ppl" and r["length"] == target}
+
+
 def broken(rows: Sequence[Mapping[str, Any]], units: Sequence[tuple], *, target: int) -> dict[tuple, str]:
     """The candidates whose perplexity past the original context at ``target`` is more than ``PPL_BREAK`` times the
     best candidate's (or not finite): unit -> why. They get no passkeys."""
