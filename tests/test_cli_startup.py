@@ -98,7 +98,7 @@ def test_the_api_module_binds_exactly_the_public_names():
 def test_the_parsing_facts_are_their_sources():
     from posenc.hf.dtypes import DTYPE_CHOICES
     from posenc.hf.gguf_write import TENSOR_TYPES
-    from posenc.lab.extend.study.config import ExtendConfig
+    from posenc.lab.extend.settings.config import ExtendConfig
     from posenc.lab.length.config import DEFAULT_ENCODINGS as LAB
     from posenc.lab.length.config import StudyConfig
     from posenc.lab.vision.config import DEFAULT_ENCODINGS as VISION

@@ -30,7 +30,7 @@ from posenc.hf import _record
 from posenc.hf.load import weights_dtype
 from posenc.lab.common.devices import resolve_device
 from posenc.lab.extend.export_methods import check_export_method
-from posenc.lab.extend.study.config import ExtendConfig
+from posenc.lab.extend.settings.config import ExtendConfig
 from posenc.lab.extend.study.report import label
 
 
@@ -79,8 +79,8 @@ def export(
             path that exists (a non-empty folder, any file): all before any weight is read.
     """
     from posenc.hf.extend import check_factor
+    from posenc.lab.extend.settings import composed
     from posenc.lab.extend.study.run import check_save
-    from posenc.lab.extend.targets import composed
     from posenc.lab.extend.targets.load import load_target
 
     start = time.perf_counter()

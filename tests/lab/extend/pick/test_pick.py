@@ -15,8 +15,8 @@ from lab.extend.study.test_study import TINY, _cli, _hf_folder
 from markdown_table import markdown_table
 from posenc.lab.extend.pick import rules
 from posenc.lab.extend.pick.run import run_pick
+from posenc.lab.extend.settings.config import ExtendConfig
 from posenc.lab.extend.stats.rates import Rate
-from posenc.lab.extend.study.config import ExtendConfig
 from posenc.lab.extend.targets.hf import HFTarget
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -18,7 +18,7 @@ from posenc.lab.common.corpus import load_corpus
 from posenc.lab.common.gpt import GPT, ModelConfig
 from posenc.lab.common.scaling import EXTEND_METHODS
 from posenc.lab.common.train import TrainConfig, load_model, step_generator, train
-from posenc.lab.extend.study.config import ExtendConfig
+from posenc.lab.extend.settings.config import ExtendConfig
 from posenc.lab.extend.study.run import run_extend
 from posenc.lab.extend.targets.lab import LabTarget
 

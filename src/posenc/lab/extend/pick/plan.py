@@ -12,10 +12,10 @@ import torch
 
 from posenc._checks import fail
 from posenc.lab.extend.pick import racing, rules
+from posenc.lab.extend.settings import composed
+from posenc.lab.extend.settings.config import STOP_WIDTH, ExtendConfig
 from posenc.lab.extend.stats.rates import RULER_PREFIX
 from posenc.lab.extend.study import plan
-from posenc.lab.extend.study.config import STOP_WIDTH, ExtendConfig
-from posenc.lab.extend.targets import composed
 from posenc.lab.extend.targets.base import PretrainedTarget
 
 #: Where a fine-tuned candidate comes from: PoSE's paper fine-tunes a YaRN (or PI) model; here YaRN at T.

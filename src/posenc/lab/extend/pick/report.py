@@ -12,12 +12,12 @@ from posenc.lab.common.files import write_text_atomic
 from posenc.lab.extend.needles.shared_prefix import LENGTH_DEPENDENT_REMAP
 from posenc.lab.extend.pick import racing, rules
 from posenc.lab.extend.pick.plan import PickPlan, final_measurements, ruler_tasks
+from posenc.lab.extend.settings import composed
+from posenc.lab.extend.settings.config import ExtendConfig
 from posenc.lab.extend.stats import race, sampling
 from posenc.lab.extend.stats.rates import UNPATCHED, model_of
 from posenc.lab.extend.study import plan
-from posenc.lab.extend.study.config import ExtendConfig
 from posenc.lab.extend.study.report import LENGTH_DEPENDENT, label
-from posenc.lab.extend.targets import composed
 from posenc.lab.extend.targets.base import PretrainedTarget
 
 

@@ -97,7 +97,7 @@ def cost_factor(method: str, remap_cost: float = REMAP_COST) -> float:
 def parse_target(text: str | int, original: int | None) -> int:
     """``--target``: tokens (``32768``) or a multiple of the original context (``4x``, ``1.5x``; rounded as
     ``--lengths`` multiples are, ``config.resolve_length``), beyond the original context."""
-    from posenc.lab.extend.study.config import length_form, resolve_length
+    from posenc.lab.extend.settings.config import length_form, resolve_length
 
     form = length_form("target", text)
     if isinstance(form, str) and original is None:

@@ -50,11 +50,11 @@ from posenc.lab.extend.pick.plan import (
     screening_cells,
     stage_configs,
 )
+from posenc.lab.extend.settings.config import ExtendConfig, drops
 from posenc.lab.extend.stats import confidence, race
 from posenc.lab.extend.stats import rates as rates_mod
 from posenc.lab.extend.stats.rates import UNPATCHED, model_of
 from posenc.lab.extend.study import plan
-from posenc.lab.extend.study.config import ExtendConfig, drops
 from posenc.lab.extend.study.report import label
 from posenc.lab.extend.targets.base import PretrainedTarget
 from posenc.lab.extend.targets.load import load_target

@@ -11,9 +11,9 @@ from typing import Any
 
 import torch
 
+from posenc.lab.extend.settings.config import drops
+from posenc.lab.extend.settings.labels import label, length_axis
 from posenc.lab.extend.stats.rates import model_of, plot_rates, row_rate, unit_order
-from posenc.lab.extend.study.config import drops
-from posenc.lab.extend.study.labels import label, length_axis
 
 
 def curves(rows: Sequence[Mapping[str, Any]], metric: str) -> dict[tuple, dict[int, list[float]]]:

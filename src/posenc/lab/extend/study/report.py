@@ -12,6 +12,9 @@ from typing import TYPE_CHECKING, Any
 from posenc.lab.common.files import write_text_atomic
 from posenc.lab.common.report import config_and_environment, duration, environment, wide_console
 from posenc.lab.extend.needles.shared_prefix import LENGTH_DEPENDENT_REMAP
+from posenc.lab.extend.settings import composed
+from posenc.lab.extend.settings.config import DROPE_ZERO_SHOT, ExtendConfig, drops, unit_factors
+from posenc.lab.extend.settings.labels import label
 from posenc.lab.extend.stats.rates import (
     RULER_PREFIX,
     UNPATCHED,
@@ -24,10 +27,7 @@ from posenc.lab.extend.stats.rates import (
     unit_order,
 )
 from posenc.lab.extend.stats.sampling import rule_text
-from posenc.lab.extend.study.config import DROPE_ZERO_SHOT, ExtendConfig, drops, unit_factors
-from posenc.lab.extend.study.labels import label
 from posenc.lab.extend.study.plot import curves, draw, mean
-from posenc.lab.extend.targets import composed
 
 #: Patches whose attention depends on the sequence's length: cached generation is not the full forward there.
 LENGTH_DEPENDENT = {"dynamic", *LENGTH_DEPENDENT_REMAP}

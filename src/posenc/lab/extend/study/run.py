@@ -53,10 +53,7 @@ from posenc._checks import check_choice, fail
 from posenc.lab.common.devices import resolve_device
 from posenc.lab.common.progress import skipped
 from posenc.lab.common.runfiles import KeyedCSV, check_out, check_resumable, check_settings, write_marker
-from posenc.lab.extend.stats import sampling
-from posenc.lab.extend.stats.rates import RULER_PREFIX, Rate, model_of
-from posenc.lab.extend.study import plan
-from posenc.lab.extend.study.config import (
+from posenc.lab.extend.settings.config import (
     DROPE_ZERO_SHOT,
     STOP_WIDTH,
     ExtendConfig,
@@ -65,8 +62,11 @@ from posenc.lab.extend.study.config import (
     resolve_lengths,
     unit_factors,
 )
-from posenc.lab.extend.study.finetune import plot_losses, run_folder
+from posenc.lab.extend.stats import sampling
+from posenc.lab.extend.stats.rates import RULER_PREFIX, Rate, model_of
+from posenc.lab.extend.study import plan
 from posenc.lab.extend.study.report import finish, label, precision_text
+from posenc.lab.extend.targets.finetune import plot_losses, run_folder
 from posenc.lab.extend.targets.load import load_target, original_len_of
 
 #: ``metric`` values: perplexity over whole windows, over the targets at positions >= the original context (the query
@@ -273,7 +273,7 @@ def check_save(
     if folder.suffix.lower() == ".gguf":
         return _check_save_gguf(save, cfg, target)
     from posenc.hf.save import remap_save_problem
-    from posenc.lab.extend.targets import composed
+    from posenc.lab.extend.settings import composed
 
     method = cfg.methods[0]
     remap = composed.remapping(method)
@@ -355,7 +355,7 @@ def run_extend(
     """
     start = time.perf_counter()
     if not isinstance(cfg, ExtendConfig):
-        fail("cfg", type(cfg).__name__, "a posenc.lab.extend.study.config.ExtendConfig")
+        fail("cfg", type(cfg).__name__, "a posenc.lab.extend.settings.config.ExtendConfig")
     if out is None and cfg.out is None:
         fail("out", None, "an output folder (the out argument or ExtendConfig.out)")
     out = Path(out if out is not None else cfg.out)

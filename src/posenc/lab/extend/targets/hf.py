@@ -31,9 +31,9 @@ from posenc.lab.common import evaluate as ev
 from posenc.lab.common.corpus import load_corpus
 from posenc.lab.common.train import TrainConfig, train
 from posenc.lab.extend.needles import passkey as pk
-from posenc.lab.extend.study import labels, plan
-from posenc.lab.extend.study.config import ExtendConfig
-from posenc.lab.extend.targets import composed
+from posenc.lab.extend.settings import composed, labels
+from posenc.lab.extend.settings.config import ExtendConfig
+from posenc.lab.extend.targets import cost as plan  # the cost model (it was study.plan's)
 from posenc.lab.extend.targets.base import Tick, _model_error, _window_batches, finetune_text, window_scores
 
 #: Every method a transformers RoPE model takes without extra options (LongRoPE needs searched factors).
@@ -253,7 +253,7 @@ class HFTarget:
 
     def _extend(self, model: torch.nn.Module, method: str, factor: float) -> dict:
         from posenc.hf import extend_context
-        from posenc.lab.extend.study.config import drops
+        from posenc.lab.extend.settings.config import drops
 
         if drops(method):  # RoPE dropped from every layer, whatever the layer type: no factor, no original length
             description = dict(extend_context(model, method))
@@ -490,7 +490,7 @@ class HFTarget:
         lab's resumable loop: checkpoints in ``OUT/runs/finetune-<label>`` at Ctrl-C / SIGTERM and every 5 minutes, the
         loss in its ``metrics.jsonl``. Returns that folder. ``pose`` and ``random`` positions are refused for an ALiBi
         model (BLOOM, MPT: no position ids; ``finetune.check_positions_reach``)."""
-        from posenc.lab.extend.study.finetune import CausalLMTrainer, check_positions_reach, run_folder, warmup_steps
+        from posenc.lab.extend.targets.finetune import CausalLMTrainer, check_positions_reach, run_folder, warmup_steps
 
         check_positions_reach((positions,), self.model_type)  # BLOOM and MPT drop position ids
         window = self.cfg.finetune_window_for(target)
