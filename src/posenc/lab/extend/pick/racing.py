@@ -187,8 +187,8 @@ def policy(replay: Callable[[Field, torch.Tensor, torch.Tensor], Replay], cap: i
     the replay is done or the deadline passes."""
     from posenc.lab.extend.study.report import label
     from posenc.lab.extend.study.run import (
-        _model_for,
         _more,
+        model_for,
         read_results,
         read_samples,
         result_key,
@@ -212,7 +212,7 @@ def policy(replay: Callable[[Field, torch.Tensor, torch.Tensor], Replay], cap: i
                     return
                 unit = field.units[i]
                 name = label(*unit)
-                model, described[name], _ = _model_for(target, unit)
+                model, described[name], _ = model_for(target, unit)
                 with study.bar(f"{name}: a round") as tick:
                     for row in [r for r in rows.values() if model_of(r) == unit and is_rate_metric(r["metric"])]:
                         if row["n"] >= int(counts[i]) + race.ROUND or row["n"] >= cap:

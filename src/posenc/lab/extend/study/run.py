@@ -451,7 +451,7 @@ def run_extend(
             tuned[name] = run_dir
         if not todo and unit != save_unit:
             continue
-        model, described[name], tuned_dir = _model_for(target, unit)
+        model, described[name], tuned_dir = model_for(target, unit)
         if tuned_dir is not None:
             tuned[name] = tuned_dir
         if unit == save_unit:
@@ -565,7 +565,7 @@ def _print_plan(cfg: ExtendConfig, target: Any, out: Path, grid: list[tuple], le
     return rows
 
 
-def _model_for(target: Any, unit: Unit) -> tuple[Any, dict, Path | None]:
+def model_for(target: Any, unit: Unit) -> tuple[Any, dict, Path | None]:
     """One measured model: (model, its patch's description, its fine-tuning run folder or None). A fine-tune that
     finished before is reloaded, not rerun."""
     method, factor, steps, positions = unit
@@ -577,6 +577,10 @@ def _model_for(target: Any, unit: Unit) -> tuple[Any, dict, Path | None]:
     if steps:
         tuned = target.finetune(model, _slug(label(*unit)), round(target.original_len * factor), positions)
     return model, description, tuned
+
+
+#: The old name, still imported by ``pick.run._save`` (rewritten elsewhere for issue 69; dropped after the merge).
+_model_for = model_for
 
 
 def _more_rounds(target: Any, cfg: ExtendConfig, units: Sequence[Unit], grid: Sequence[tuple], results: Path,
@@ -600,7 +604,7 @@ def _more_rounds(target: Any, cfg: ExtendConfig, units: Sequence[Unit], grid: Se
     while cell is not None:
         unit = model_of(cell)
         name = label(*unit)
-        model, described[name], _ = _model_for(target, unit)
+        model, described[name], _ = model_for(target, unit)
         with study.bar(f"{name}: more samples") as tick:
             while cell is not None and model_of(cell) == unit:
                 count = min(sampling.round_size(cfg, cell["metric"]), sampling.cap(cfg, cell["metric"]) - cell["n"])
