@@ -22,7 +22,7 @@ import torch
 from posenc import _argtypes as A
 from posenc.cli import build_parser, main
 from posenc.cli.runs import resume_command
-from posenc.lab.extend.study.options import parse_length, parse_lengths
+from posenc.lab.extend.settings.options import parse_length, parse_lengths
 
 #: A lab run of a second or two: one encoding, one layer, few steps and tokens.
 TINY_LAB = ["lab", "--encodings", "nope", "--train-len", "16", "--eval-lens", "16", "--steps", "3",

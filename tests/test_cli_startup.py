@@ -100,8 +100,8 @@ def test_the_parsing_facts_are_their_sources():
     from posenc.cli import check, lab, parsing, vision
     from posenc.gguf.write import TENSOR_TYPES
     from posenc.hf.dtypes import DTYPE_CHOICES
-    from posenc.lab.extend.study.config import ExtendConfig
-    from posenc.lab.extend.study.options import OPTIONS, config_settings
+    from posenc.lab.extend.settings.config import ExtendConfig
+    from posenc.lab.extend.settings.options import OPTIONS, config_settings
     from posenc.lab.length.config import DEFAULT_ENCODINGS as LAB
     from posenc.lab.length.config import StudyConfig
     from posenc.lab.vision.config import DEFAULT_ENCODINGS as VISION
@@ -110,7 +110,7 @@ def test_the_parsing_facts_are_their_sources():
 
     assert (_dtypes.DTYPE_CHOICES, parsing.TENSOR_TYPES, check.RUNTIMES) == (DTYPE_CHOICES, TENSOR_TYPES, RUNTIMES)
     assert (lab.LAB_ENCODINGS, vision.VISION_ENCODINGS) == (LAB, VISION)
-    # posenc extend's defaults are ExtendConfig's own (posenc.lab.extend.study.options: one list, no mirror)
+    # posenc extend's defaults are ExtendConfig's own (posenc.lab.extend.settings.options: one list, no mirror)
     extend_defaults = {o.field: o.to_config(o.default) for o in OPTIONS if o.default is not None}
     assert extend_defaults == {"finetune_steps": 0, "finetune_positions": ("plain",), "task": "lm", "train_len": 128,
                                "train_steps": 1000, "device": "auto", "dtype": None, "seed": 0, "baseline": True}

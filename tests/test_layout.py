@@ -158,8 +158,8 @@ def test_the_graph_sees_the_imports_it_must(graph):
                                             "study:extend", "tool:bench", "tool:figures"}  # fmt: skip
     edges = {(m, t) for m, imports in graph.items() for t, lazy in imports if not lazy}
     assert ("posenc.lab.length.study", "posenc.lab.common.train") in edges
-    # `from posenc.lab.extend.study import plan`: a submodule imported from its package
-    assert ("posenc.lab.extend.targets.lab", "posenc.lab.extend.study.plan") in edges
+    # `from posenc.lab.extend.targets import cost`: a submodule imported from its package
+    assert ("posenc.lab.extend.targets.lab", "posenc.lab.extend.targets.cost") in edges
     assert ("posenc.lab.common.train", "posenc.lab.common.gpt") in edges
     lazy = {(m, t) for m, imports in graph.items() for t, lazy in imports if lazy}
     assert ("posenc.cli.lab", "posenc.lab.length.study") in lazy
@@ -302,3 +302,24 @@ def test_the_gguf_format_and_the_interop_package_import_nothing_above_them(graph
     assert not wrong, "\n".join(wrong)
     edges = {(m, t) for m, imports in graph.items() for t, _ in imports}
     assert {("posenc.hf.gguf_export", "posenc.gguf.write"), ("posenc.gguf.write", "posenc.gguf.rope")} <= edges
+
+
+def test_no_two_folders_of_extend_import_each_other(graph):
+    """Inside ``posenc.lab.extend`` dependencies run one way between its folders (``study``, ``targets``, ``stats``,
+    ...; a module directly in the package counts as a folder of its own), lazy imports included: issue 69 found
+    ``study`` <-> ``targets`` (the settings, the cost model, fine-tuning and labels both needed) and ``stats`` <->
+    ``study``."""
+    package = "posenc.lab.extend."
+
+    def folder(module: str) -> str | None:
+        return module[len(package) :].split(".")[0] if module.startswith(package) else None
+
+    edges: dict[tuple[str, str], list[str]] = {}
+    for module, imports in graph.items():
+        for target, lazy in imports:
+            a, b = folder(module), folder(target)
+            if a is not None and b is not None and a != b:
+                edges.setdefault((a, b), []).append(f"{module} -> {target}{' (lazy)' if lazy else ''}")
+    assert {("study", "targets"), ("pick", "study")} <= set(edges)  # the check sees the folders' imports
+    both = [f"{a} <-> {b}: {edges[a, b][0]}; {edges[b, a][0]}" for a, b in sorted(edges) if a < b and (b, a) in edges]
+    assert not both, "\n".join(both)

@@ -202,7 +202,7 @@ def test_one_pose_finetune_step_on_the_real_weights_lowers_the_loss_on_its_batch
     """The fine-tuning path of ``posenc extend --finetune-steps`` on real weights: yarn x2, a PoSE batch whose
     positions reach past the original context, one AdamW step through ``posenc.lab.common.train.train``'s model
     form (``CausalLMTrainer``); the same batch's loss is lower after it."""
-    from posenc.lab.extend.study.finetune import CausalLMTrainer, finetune_batch
+    from posenc.lab.extend.targets.finetune import CausalLMTrainer, finetune_batch
 
     model, tokenizer = smollm2
     tuned = copy.deepcopy(model)

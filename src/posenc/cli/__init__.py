@@ -20,7 +20,7 @@ every failure is one line on stderr and exit status 2; an interrupted study prin
 exits 130. Parsing imports neither torch nor transformers (``import posenc`` loads the library on first use): each
 command imports what it runs in its own function, after the checks that need no model, so a bad argument is refused
 at once; what parsing needs from modules that import torch is mirrored as "Parsing facts" in the subcommand modules
-and ``posenc.cli.parsing`` (``posenc extend``'s options come from ``posenc.lab.extend.study.options``, torch-free).
+and ``posenc.cli.parsing`` (``posenc extend``'s options come from ``posenc.lab.extend.settings.options``, torch-free).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """``posenc extend``: context extension of a trained model (``posenc.lab.extend``): perplexity and passkey.
 
-The options that set ``ExtendConfig`` fields come from ``posenc.lab.extend.study.options.OPTIONS`` (one list: the
+The options that set ``ExtendConfig`` fields come from ``posenc.lab.extend.settings.options.OPTIONS`` (one list: the
 parser is built from it and the config back from the parsed arguments); the run's own (--save, --pick, --plan, ...)
 are added here, where ``--help`` has always listed them.
 """
@@ -13,8 +13,8 @@ from pathlib import Path
 from posenc._fail import fail
 from posenc.cli.parsing import TENSOR_TYPES, Subparsers, add_run_options, wrote
 from posenc.lab.extend.pick.budget import parse_budget
-from posenc.lab.extend.study.lengths import length_form
-from posenc.lab.extend.study.options import OPTIONS, config_settings
+from posenc.lab.extend.settings.lengths import length_form
+from posenc.lab.extend.settings.options import OPTIONS, config_settings
 
 
 def _check(args: argparse.Namespace) -> None:
@@ -39,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
     _check(args)
     from posenc._devices import resolve_device
     from posenc.lab.common.runfiles import check_out
-    from posenc.lab.extend.study.config import ExtendConfig
+    from posenc.lab.extend.settings.config import ExtendConfig
     from posenc.lab.extend.study.run import run_extend
 
     cfg = ExtendConfig(**config_settings(args))

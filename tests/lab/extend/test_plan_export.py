@@ -18,7 +18,7 @@ from lab.extend.needles.test_passkey import byte_bpe_tokenizer  # noqa: E402
 from lab.extend.study.test_study import TINY, _hf_folder, _lab_run  # noqa: E402
 from lab.extend.study.test_study import _cli as _cli_of_strings  # noqa: E402
 from posenc.gguf.header import read_gguf_header  # noqa: E402
-from posenc.lab.extend.study.config import ExtendConfig, resolve_lengths  # noqa: E402
+from posenc.lab.extend.settings.config import ExtendConfig, resolve_lengths  # noqa: E402
 from posenc.lab.extend.study.run import read_results, run_extend  # noqa: E402
 from posenc.lab.extend.targets.hf import HFTarget  # noqa: E402
 

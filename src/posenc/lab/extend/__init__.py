@@ -22,20 +22,25 @@ Files in ``OUT``:
     report.md           tables, figures, findings, configuration and environment
     runs/               training and fine-tuning runs of lab models
 
-Where to change what:
+Where to change what (folders import one way: ``settings`` below all, ``needles`` and ``stats`` below ``targets``,
+``targets`` below ``study``, ``study`` below ``pick`` and ``export``):
+    ``settings/``   what a study is told
+        ``config``      the settings (``ExtendConfig``) and their checks that need no model
+        ``lengths``     the lengths ``--lengths``, ``--target`` and the like take
+        ``composed``    composed methods, ``FREQUENCY+REMAP`` (``yarn+string``)
+        ``labels``      a model's name in tables, plots and files; the length axis
     ``study/``      the study itself
         ``run``         the command: load, plan, patch, measure, write (``run_extend``)
-        ``config``      the settings (``ExtendConfig``) and their checks that need no model
         ``plan``        the defaults by model kind and device, and every check against the model and the machine
-        ``finetune``    fine-tuning in a short window (plain, PoSE, random positions) and its training loop
-        ``report``      the tables, the findings, ``extend.png``, ``passkey.png`` and ``report.md``
-        ``labels``      a model's name in tables, plots and files; the length axis
+        ``report``      the tables, the findings and ``report.md``
+        ``plot``        ``extend.png`` and ``passkey.png``
     ``targets/``    the models, behind one interface: load, patch, perplexity, passkey, fine-tune
         ``base``        the interface (``Target``, ``PretrainedTarget``: typing Protocols) and what both targets share
         ``lab``         ``LabTarget``: a lab GPT
         ``hf``          ``HFTarget``: a transformers model (transformers folder, GGUF, ``smollm2``)
         ``load``        ``load_target``: which target a model is
-        ``composed``    composed methods, ``FREQUENCY+REMAP`` (``yarn+string``)
+        ``cost``        a forward's cost (``ModelDims``, ``forward_cost``) and its calibration from timed forwards
+        ``finetune``    fine-tuning in a short window (plain, PoSE, random positions) and its training loop
     ``needles/``    the retrieval tasks
         ``passkey``     the passkey prompt, for byte-level and tokenized models
         ``ruler``       RULER through lm-evaluation-harness: task checks, documents per length, the truncation guard
@@ -47,7 +52,9 @@ Where to change what:
         ``race``        the race at the target: paired elimination, the verdict, the pick and how sure
     ``pick/``       ``--pick``
         ``rules``       ``--pick``'s rules: candidates, screening, the budget's cap, the pick (pure functions of rows)
-        ``run``         ``--pick``'s run: the plan, three studies in one folder, ``pick.md``, the save
+        ``plan``        ``--pick``'s plan (``PickPlan``): candidates, the stages' settings, the cap, the estimate
+        ``run``         ``--pick``'s run: three studies in one folder, the decision, the save
+        ``report``      ``--pick``'s text: the plan as printed, the summary, ``pick.md``
         ``racing``      ``--pick``'s rounds: screening and the race as ``run_extend`` round policies
     ``export``      ``posenc export``: one extended model written, nothing measured
     a lab model's GPT, corpus, scoring and RoPE patches are ``posenc.lab.common`` (``gpt``, ``corpus``,

@@ -19,8 +19,8 @@ import torch
 
 from posenc.cli import main
 from posenc.lab.extend.needles import ruler
+from posenc.lab.extend.settings.config import ExtendConfig
 from posenc.lab.extend.stats.rates import Rate, rates
-from posenc.lab.extend.study.config import ExtendConfig
 from posenc.lab.extend.study.run import read_results, run_extend
 
 LENGTHS = (512, 1024)

@@ -15,8 +15,8 @@ from lab.extend.study.test_study import TINY, _cli, _hf_folder
 from markdown_table import markdown_table
 from posenc.lab.extend.pick import rules
 from posenc.lab.extend.pick.run import run_pick
+from posenc.lab.extend.settings.config import ExtendConfig
 from posenc.lab.extend.stats.rates import Rate
-from posenc.lab.extend.study.config import ExtendConfig
 from posenc.lab.extend.targets.hf import HFTarget
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -477,7 +477,7 @@ def test_the_plan_prints_the_candidates_before_the_first_timed_forward_then_a_li
         return forward(self, n, warm_up=warm_up, model=model)
 
     monkeypatch.setattr(HFTarget, "_timed_forward", timed)
-    monkeypatch.setattr(targets_module.plan, "calibration_lengths", lambda longest: (64, 128))
+    monkeypatch.setattr(targets_module.cost, "calibration_lengths", lambda longest: (64, 128))
     cfg = _cfg(llama, corpus, trials=None, methods=("yarn", "self_extend"))
     run_pick(cfg, "2x", tmp_path / "pick", progress=False, plan_only=True, save=tmp_path / "saved")
     rest = capsys.readouterr().out
@@ -501,7 +501,7 @@ def test_the_plan_expects_the_race_on_a_tie_and_every_model_to_the_cap_without_s
     are known."""
     import types
 
-    from posenc.lab.extend.pick import run as picking
+    from posenc.lab.extend.pick import plan as picking
 
     cfg = _cfg(llama, corpus, trials=20, task="ruler")
     costs = types.SimpleNamespace(forward_cost=lambda length: float(length))
@@ -510,13 +510,13 @@ def test_the_plan_expects_the_race_on_a_tie_and_every_model_to_the_cap_without_s
         left_out={}, depths=(0.5,), tuned=[], cap=20, seconds_per_unit=0.01, screen_seconds=0.0, final_seconds=0.0,
         finetune_seconds=0.0, budget=None, remap_cost=3.0,
     )  # fmt: skip
-    got = picking._estimate(decided, costs, cfg)
+    got = picking.estimate(decided, costs, cfg)
     cells, mean = 2, (1.0 + 3.0) / 2  # passkey and RULER; the candidates' mean weight
     race_forwards = (1 + cells * 12) + mean * (1 + cells * 20) * 2
     assert got.race_seconds == pytest.approx(race_forwards * 100 * 0.01, rel=1e-12)
     most = (1 + 3.0 + 1.0) * (1 + cells * 20) * 100 * 0.01  # the two candidates' weights; KEEP is 4
     assert got.final_seconds == pytest.approx(most, rel=1e-12)
-    fixed = picking._estimate(decided, costs, dataclasses.replace(cfg, stop_width=0.0))
+    fixed = picking.estimate(decided, costs, dataclasses.replace(cfg, stop_width=0.0))
     assert not dataclasses.replace(cfg, stop_width=0.0).adaptive and fixed.race_seconds == fixed.final_seconds
 
 
@@ -528,7 +528,7 @@ def test_the_plan_measures_a_remapping_forward_against_the_plain_one(llama, corp
     so the ratio is known: no timing is asserted."""
     import types
 
-    from posenc.lab.extend.pick import run as picking
+    from posenc.lab.extend.pick import plan as picking
     from posenc.lab.extend.targets import hf as targets_module
 
     timed = []
@@ -538,7 +538,7 @@ def test_the_plan_measures_a_remapping_forward_against_the_plain_one(llama, corp
         return (0.05 + 1e-3 * n + 1e-8 * n * n) * (1.0 if model is None else 2.5)
 
     monkeypatch.setattr(HFTarget, "_timed_forward", forward)
-    monkeypatch.setattr(targets_module.plan, "calibration_lengths", lambda longest: (1024, 4096, 8192))
+    monkeypatch.setattr(targets_module.cost, "calibration_lengths", lambda longest: (1024, 4096, 8192))
     cfg = _cfg(llama, corpus, trials=None, methods=("yarn", "self_extend"))
     plan = run_pick(cfg, "2x", tmp_path / "pick", progress=False, plan_only=True)["plan"]
     # the plain forwards, then one remapped forward (with its warm-up) at the longest length
@@ -551,10 +551,10 @@ def test_the_plan_measures_a_remapping_forward_against_the_plain_one(llama, corp
     assert f"a remapping candidate at 2.5x a frequency one per forward (self_extend x2: {took})" in text
     # the estimate weighs each remapping candidate by it: more than the constant 1.5 gives, on the same cost model
     costs = types.SimpleNamespace(forward_cost=lambda length: float(length), cfg=cfg)
-    measured = picking._estimate(plan, costs, cfg)
-    constant = picking._estimate(dataclasses.replace(plan, remap_cost=rules.REMAP_COST), costs, cfg)
+    measured = picking.estimate(plan, costs, cfg)
+    constant = picking.estimate(dataclasses.replace(plan, remap_cost=rules.REMAP_COST), costs, cfg)
     assert measured.screen_seconds > constant.screen_seconds and measured.final_seconds > constant.final_seconds
-    monkeypatch.setattr(targets_module.plan, "calibration_lengths", lambda longest: (128,))  # one length: unmeasured
+    monkeypatch.setattr(targets_module.cost, "calibration_lengths", lambda longest: (128,))  # one length: unmeasured
     assert run_pick(cfg, "2x", tmp_path / "pick", progress=False, plan_only=True)["plan"].remap_measured == ""
 
 
@@ -563,14 +563,14 @@ def test_the_plan_of_a_model_too_big_to_load_quickly_keeps_the_probes_estimate(l
     """--plan loads a model to time it only up to LOAD_FOR_PLAN_BYTES of weights (parameters x bytes per element);
     above, nothing is loaded and the plan says the probe's estimate. (The guard once read an attribute no target has,
     so it never fired.)"""
-    from posenc.lab.extend.pick import run as pick_run
+    from posenc.lab.extend.pick import plan as pick_plan
 
     def refuse(self):
         raise AssertionError("--plan loaded the weights of a model above the limit")
 
     cfg = _cfg(llama, corpus, trials=None)
     monkeypatch.setattr(HFTarget, "load", refuse)
-    monkeypatch.setattr(pick_run, "LOAD_FOR_PLAN_BYTES", 0)
+    monkeypatch.setattr(pick_plan, "LOAD_FOR_PLAN_BYTES", 0)
     plan = run_pick(cfg, "2x", tmp_path / "pick", progress=False, plan_only=True)["plan"]
     assert not plan.calibrated and not (tmp_path / "pick").exists()
     monkeypatch.undo()
@@ -709,7 +709,7 @@ def test_cli_pick_runs_into_a_pick_folder_and_prints_the_pick(llama, corpus, tmp
 
 def test_pick_md_says_once_that_length_dependent_answers_come_from_cached_generation():
     """Dynamic NTK and DCA (its logit factor) both follow the length, so both are named; other methods are not."""
-    from posenc.lab.extend.pick.run import stale_cache_note
+    from posenc.lab.extend.pick.report import stale_cache_note
 
     names = ("none x1", "yarn x2", "self_extend x4", "dynamic x2", "dynamic+string x2", "dynamic x4", "dca x4")
     unit = {name: (name.split()[0], float(name.split("x")[-1]), 0, "plain") for name in names}

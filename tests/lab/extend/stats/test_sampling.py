@@ -14,9 +14,9 @@ import torch
 from lab.extend.study.test_study import ORIGINAL, TINY, _cli, _lab_run
 from posenc.lab.common.train import load_model
 from posenc.lab.extend.needles import passkey as pk
+from posenc.lab.extend.settings.config import ExtendConfig
 from posenc.lab.extend.stats import sampling
 from posenc.lab.extend.stats.rates import Rate
-from posenc.lab.extend.study.config import ExtendConfig
 from posenc.lab.extend.study.run import _passkey_seed, read_results, run_extend
 from posenc.lab.extend.targets.lab import LabTarget
 

@@ -1,4 +1,4 @@
-"""The cost model's fit to timed forwards (``plan.calibration_lengths``, ``fit_forward_times``, ``fitted_l0``): what
+"""The cost model's fit to timed forwards (``cost.calibration_lengths``, ``fit_forward_times``, ``fitted_l0``): what
 the study's ETA and the pick's plan extrapolate to long targets."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from posenc.lab.extend.study import plan
+from posenc.lab.extend.targets import cost
 
 
 @pytest.mark.parametrize(
@@ -16,32 +16,32 @@ from posenc.lab.extend.study import plan
      (8192, (1024, 4096)), (8193, (1024, 4096, 8192)), (32768, (1024, 4096, 8192))],
 )  # fmt: skip
 def test_calibration_times_each_length_at_least_twice_the_last_and_8192_only_beyond_it(longest, sizes):
-    assert plan.calibration_lengths(longest) == sizes
+    assert cost.calibration_lengths(longest) == sizes
 
 
 @pytest.mark.parametrize("sizes", [(1024, 4096, 8192), (1024, 2048, 4096, 8192)])
 def test_the_fit_recovers_linear_and_quadratic_parts_apart_from_a_fixed_cost(sizes):
     c, a, b = 0.05, 8e-4, 3.2e-8
-    fit = plan.fit_forward_times([(n, c + a * n + b * n * n) for n in sizes])
+    fit = cost.fit_forward_times([(n, c + a * n + b * n * n) for n in sizes])
     assert fit == pytest.approx((a, b), rel=1e-9)
 
 
 def test_a_fit_with_no_positive_part_falls_back_to_the_two_longest_points_then_to_none():
     # timing noise made c negative: the two longest points, without c
     points = [(1024, 0.5), (4096, 3.0 + 4096**2 * 1e-8), (8192, 6.0 + 8192**2 * 1e-8)]
-    a, b = plan.fit_forward_times(points)
+    a, b = cost.fit_forward_times(points)
     assert (a, b) == pytest.approx((3.0 / 4096, 1e-8), rel=1e-9)
-    assert plan.fit_forward_times([(1024, 1.0), (4096, 3.0)]) is None  # b < 0
-    assert plan.fit_forward_times([(1024, 1.0), (4096, 4.0), (8192, 8.0)]) is None  # b = 0: linear
-    assert plan.fit_forward_times([(1024, 1.0)]) is None
+    assert cost.fit_forward_times([(1024, 1.0), (4096, 3.0)]) is None  # b < 0
+    assert cost.fit_forward_times([(1024, 1.0), (4096, 4.0), (8192, 8.0)]) is None  # b = 0: linear
+    assert cost.fit_forward_times([(1024, 1.0)]) is None
 
 
 def test_a_fitted_crossover_is_kept_within_2x_of_the_models_own():
-    assert plan.fitted_l0((1e-3, 1e-3 / 15000), 7784) == pytest.approx(15000, rel=1e-12)
-    assert plan.fitted_l0((1e-3, 1e-3 / 4000), 7784) == pytest.approx(4000, rel=1e-12)
-    assert plan.fitted_l0((1e-3, 1e-3 / 18284), 7784) == 7784  # the Xeon's noisy fits (6,899, 18,284, ~132k)
-    assert plan.fitted_l0((1e-3, 1e-3 / 132_000), 7784) == 7784
-    assert plan.fitted_l0(None, 7784) == 7784
+    assert cost.fitted_l0((1e-3, 1e-3 / 15000), 7784) == pytest.approx(15000, rel=1e-12)
+    assert cost.fitted_l0((1e-3, 1e-3 / 4000), 7784) == pytest.approx(4000, rel=1e-12)
+    assert cost.fitted_l0((1e-3, 1e-3 / 18284), 7784) == 7784  # the Xeon's noisy fits (6,899, 18,284, ~132k)
+    assert cost.fitted_l0((1e-3, 1e-3 / 132_000), 7784) == 7784
+    assert cost.fitted_l0(None, 7784) == 7784
 
 
 def test_with_timing_noise_the_estimate_at_4x_the_longest_forward_is_within_1_5x():
@@ -55,9 +55,9 @@ def test_with_timing_noise_the_estimate_at_4x_the_longest_forward_is_within_1_5x
 
     def within(guarded, rng):
         points = [(n, (c + a * n + b * n * n) * (1 + rng.gauss(0, 0.10))) for n in (1024, 4096, 8192)]
-        fit = plan.fit_forward_times(points)
-        l0 = plan.fitted_l0(fit, model_l0) if guarded else (fit[0] / fit[1] if fit else model_l0)
-        estimate = points[-1][1] * plan.forward_cost(length, l0) / plan.forward_cost(8192, l0)
+        fit = cost.fit_forward_times(points)
+        l0 = cost.fitted_l0(fit, model_l0) if guarded else (fit[0] / fit[1] if fit else model_l0)
+        estimate = points[-1][1] * cost.forward_cost(length, l0) / cost.forward_cost(8192, l0)
         return 1 / 1.5 <= estimate / (c + a * length + b * length**2) <= 1.5
 
     rng = random.Random(0)

@@ -16,8 +16,8 @@ import torch
 import posenc
 from lab.extend.study.test_study import ORIGINAL, TINY, _cli, _hf_folder, _lab_run, _needs_extend_context
 from posenc.lab.common.checkpoint import read_checkpoint
-from posenc.lab.extend.study.config import ExtendConfig, unit_factors
-from posenc.lab.extend.study.labels import label
+from posenc.lab.extend.settings.config import ExtendConfig, unit_factors
+from posenc.lab.extend.settings.labels import label
 from posenc.lab.extend.study.run import _units, run_extend
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -1,4 +1,4 @@
-"""Fine-tuning in a short window with plain, PoSE or random positions (``posenc.lab.extend.study.finetune``): the
+"""Fine-tuning in a short window with plain, PoSE or random positions (``posenc.lab.extend.targets.finetune``): the
 batches, a lab model and a tiny transformers Llama end to end, resume after an interruption, and bad input."""
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from lab.extend.study.test_study import ORIGINAL, TINY, _hf_folder, _lab_run, _n
 from posenc.lab.common import train as train_module
 from posenc.lab.common.checkpoint import read_checkpoint
 from posenc.lab.common.gpt import GPT
-from posenc.lab.extend.study.config import ExtendConfig
-from posenc.lab.extend.study.finetune import POSE_SPAN, finetune_batch, read_losses
+from posenc.lab.extend.settings.config import ExtendConfig
 from posenc.lab.extend.study.run import run_extend
+from posenc.lab.extend.targets.finetune import POSE_SPAN, finetune_batch, read_losses
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -260,7 +260,7 @@ def test_a_finetune_that_does_not_fit_in_memory_is_refused_before_loading(corpus
 def _dims(folder: Path) -> tuple:
     import transformers
 
-    from posenc.lab.extend.study.plan import ModelDims
+    from posenc.lab.extend.targets.cost import ModelDims
 
     config = transformers.AutoConfig.from_pretrained(folder)
     with torch.device("meta"):

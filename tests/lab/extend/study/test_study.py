@@ -18,7 +18,7 @@ from posenc.lab.common.corpus import load_corpus
 from posenc.lab.common.gpt import GPT, ModelConfig
 from posenc.lab.common.scaling import EXTEND_METHODS
 from posenc.lab.common.train import TrainConfig, load_model, step_generator, train
-from posenc.lab.extend.study.config import ExtendConfig
+from posenc.lab.extend.settings.config import ExtendConfig
 from posenc.lab.extend.study.run import run_extend
 from posenc.lab.extend.targets.lab import LabTarget
 
@@ -506,7 +506,7 @@ def _drawn(monkeypatch):
 
 
 def test_extend_figure_lines_are_distinct_and_its_log_axis_is_labelled(tmp_path, monkeypatch):
-    from posenc.lab.extend.study.report import plot_extend
+    from posenc.lab.extend.study.plot import plot_extend
 
     saved = _drawn(monkeypatch)
     rows = _ppl_rows({
@@ -532,7 +532,7 @@ def test_extend_figure_lines_are_distinct_and_its_log_axis_is_labelled(tmp_path,
 
 
 def test_no_extend_figure_without_perplexity(tmp_path):
-    from posenc.lab.extend.study.report import plot_extend
+    from posenc.lab.extend.study.plot import plot_extend
 
     assert plot_extend(_rows(1.0, 0.0), tmp_path / "extend.png", original=128, title="t") is None
     assert not (tmp_path / "extend.png").exists()
@@ -542,7 +542,7 @@ def test_passkey_heatmap_is_sequential_and_numbers_contrast(tmp_path, monkeypatc
     from matplotlib import colormaps
 
     from posenc.lab.common.plots import HEATMAP, text_colour_on
-    from posenc.lab.extend.study.report import plot_passkey
+    from posenc.lab.extend.study.plot import plot_passkey
 
     saved = _drawn(monkeypatch)
     rows = _rows(1.0, 0.0)

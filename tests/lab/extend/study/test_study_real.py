@@ -27,9 +27,10 @@ from posenc.gguf.header import read_gguf_header  # noqa: E402
 from posenc.hf import inspect_gguf  # noqa: E402
 from posenc.hf.load import SMOLLM2_INSTALL  # noqa: E402
 from posenc.lab.common.corpus import load_corpus  # noqa: E402
+from posenc.lab.extend.settings.config import ExtendConfig  # noqa: E402
 from posenc.lab.extend.study import plan  # noqa: E402
-from posenc.lab.extend.study.config import ExtendConfig  # noqa: E402
 from posenc.lab.extend.study.run import read_results, run_extend  # noqa: E402
+from posenc.lab.extend.targets import cost  # noqa: E402
 from posenc.lab.extend.targets.hf import HFTarget, logits_losses, token_losses  # noqa: E402
 from posenc.lab.extend.targets.load import load_target  # noqa: E402
 from tolerances import like_reference_atol  # noqa: E402
@@ -197,15 +198,15 @@ def test_the_default_plans():
 def test_forward_cost_and_memory_estimate_match_the_measured_smollm2():
     """SmolLM2-135M's sizes: 12288 tokens cost 5.3x 4096 (measured 5.0-5.3), and the memory estimate covers the
     measured 1.48 GiB peak of one model at 12288 tokens in float32 (plus the patched copy)."""
-    dims = plan.ModelDims(params=134_515_008, layers=30, hidden=576, intermediate=1536, heads=9, kv_heads=3,
+    dims = cost.ModelDims(params=134_515_008, layers=30, hidden=576, intermediate=1536, heads=9, kv_heads=3,
                           head_dim=64, vocab=49152)  # fmt: skip
-    ratio = plan.forward_cost(12288, dims.l0) / plan.forward_cost(4096, dims.l0)
+    ratio = cost.forward_cost(12288, dims.l0) / cost.forward_cost(4096, dims.l0)
     assert 5.0 < ratio < 5.6
     need = plan.memory_needed(dims, 12288, weight_bytes=4, act_bytes=4)
     assert need["total"] == sum(v for k, v in need.items() if k != "total")
     assert 1.48 * 2**30 + 0.5 * 2**30 < need["total"] < 4 * 2**30
-    assert plan.windows(109_870, 4096, 12288) == 3 and plan.windows(109_870, 12288, 12288) == 1
-    assert plan.windows(5000, 4096, 12288) == 2  # the text runs out first: 4999 targets
+    assert cost.windows(109_870, 4096, 12288) == 3 and cost.windows(109_870, 12288, 12288) == 1
+    assert cost.windows(5000, 4096, 12288) == 2  # the text runs out first: 4999 targets
 
 
 def test_study_progress_counts_work_and_its_eta_uses_the_calibration_first():
@@ -576,7 +577,7 @@ def test_calibration_fits_this_machines_linear_and_quadratic_costs(off, kept, lo
     assert target.l0 == pytest.approx(l0, rel=1e-9)
     for length in (4096, 12288, 65536):  # the estimate at any length: the longest timed forward, scaled
         assert rate * target.forward_cost(length) == pytest.approx(
-            t(n) * plan.forward_cost(length, l0) / plan.forward_cost(n, l0), rel=1e-9
+            t(n) * cost.forward_cost(length, l0) / cost.forward_cost(n, l0), rel=1e-9
         )
 
 

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from posenc.lab.extend.pick import rules
 from posenc.lab.extend.stats import race
 from posenc.lab.extend.stats.rates import is_rate_metric, model_of
 
@@ -141,6 +142,33 @@ def replay_screen(field: Field, scores: torch.Tensor, counts: torch.Tensor, keep
         n = more
 
 
+def tiers(units: Sequence[tuple], model_type: str | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The race's serving tier of each model (cheaper first; the unpatched model last) and which is the reference."""
+    tier = torch.tensor([rules.SERVING[rules.serving(u[0], model_type)][0] if u[0] != "none" else 9 for u in units])
+    return tier, torch.tensor([u[0] == "none" for u in units])
+
+
+def race_replay(
+    units: Sequence[tuple], model_type: str | None, *, fixed: bool
+) -> Callable[[Field, torch.Tensor, torch.Tensor], Replay]:
+    """The race's replay over ``units`` (the unpatched model first): paired elimination and LUCB rounds, or with
+    ``fixed`` every model to the cap (``--stop-width 0``)."""
+    tier, reference = tiers(units, model_type)
+
+    def replay(field: Field, scores: torch.Tensor, counts: torch.Tensor) -> Replay:
+        if not fixed:
+            return replay_race(field, scores, counts, tier, reference)
+        n = counts.clamp(max=field.cap)
+        wanted = [i for i in range(len(field.units)) if counts[i] < field.cap]
+        if bool((n == 0).any()):  # a model not measured yet (a deadline in the first pass): no look, as replay_race
+            return Replay(n, wanted, None)
+        full = torch.full((1, len(field.units)), field.cap, dtype=torch.long)
+        v = race.verdict(scores, torch.minimum(full, n[None]), torch.ones_like(full, dtype=torch.bool), tier, reference)
+        return Replay(n, wanted, dataclasses.replace(v, stop=torch.tensor([not wanted]) & v.shown))
+
+    return replay
+
+
 def tied_race(candidates: int, cells: int, cap: int) -> torch.Tensor:
     """Each model's needles per cell when the race runs on a tie -- every candidate finds every needle, the unpatched
     reference (first) none --, the usual case among the methods screening sends on and the plan's expectation of the
@@ -159,8 +187,8 @@ def policy(replay: Callable[[Field, torch.Tensor, torch.Tensor], Replay], cap: i
     the replay is done or the deadline passes."""
     from posenc.lab.extend.study.report import label
     from posenc.lab.extend.study.run import (
-        _model_for,
         _more,
+        model_for,
         read_results,
         read_samples,
         result_key,
@@ -184,7 +212,7 @@ def policy(replay: Callable[[Field, torch.Tensor, torch.Tensor], Replay], cap: i
                     return
                 unit = field.units[i]
                 name = label(*unit)
-                model, described[name], _ = _model_for(target, unit)
+                model, described[name], _ = model_for(target, unit)
                 with study.bar(f"{name}: a round") as tick:
                     for row in [r for r in rows.values() if model_of(r) == unit and is_rate_metric(r["metric"])]:
                         if row["n"] >= int(counts[i]) + race.ROUND or row["n"] >= cap:

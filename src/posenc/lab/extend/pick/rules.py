@@ -97,7 +97,7 @@ def cost_factor(method: str, remap_cost: float = REMAP_COST) -> float:
 def parse_target(text: str | int, original: int | None) -> int:
     """``--target``: tokens (``32768``) or a multiple of the original context (``4x``, ``1.5x``; rounded as
     ``--lengths`` multiples are, ``config.resolve_length``), beyond the original context."""
-    from posenc.lab.extend.study.config import length_form, resolve_length
+    from posenc.lab.extend.settings.config import length_form, resolve_length
 
     form = length_form("target", text)
     if isinstance(form, str) and original is None:
@@ -190,6 +190,11 @@ def _ppl_past(rows: Sequence[Mapping[str, Any]], unit: tuple, length: int) -> fl
         if r["metric"] == "ppl_past" and r["length"] == length and model_of(r) == unit and r["status"] == "ok":
             return float(r["ppl"])
     return None
+
+
+def ppl_measured(rows: Sequence[Mapping[str, Any]], target: int) -> set[tuple]:
+    """The models the perplexity screen has measured at ``target``."""
+    return {model_of(r) for r in rows if r["metric"] == "ppl" and r["length"] == target}
 
 
 def broken(rows: Sequence[Mapping[str, Any]], units: Sequence[tuple], *, target: int) -> dict[tuple, str]:

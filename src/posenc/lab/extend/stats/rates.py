@@ -128,7 +128,7 @@ def plot_rates(
     method and factor, 95% intervals as error bars (Wilson's; anytime-valid for cells sampled in rounds), lines nudged
     apart so bars do not hide each other; returns ``out_png``, or None and writes nothing without any rate measured."""
     from posenc.lab.common.plots import MARKERS, PALETTE, new_figure, save_png
-    from posenc.lab.extend.study.labels import label, length_axis
+    from posenc.lab.extend.settings.labels import label, length_axis
 
     metrics = [m for m in dict.fromkeys(r["metric"] for r in rows) if is_rate_metric(m)]
     panels = [(m, rates(rows, m)) for m in metrics]

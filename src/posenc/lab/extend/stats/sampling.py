@@ -25,8 +25,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from posenc._checks import fail
+from posenc.lab.extend.settings.config import ExtendConfig
 from posenc.lab.extend.stats.rates import RULER_PREFIX, Rate, model_of, row_rate, unit_order
-from posenc.lab.extend.study.config import ExtendConfig
 
 #: Samples per round (a cell's first round is ``min(ROUND, cap)``).
 ROUND = 4

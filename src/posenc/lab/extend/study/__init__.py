@@ -1,2 +1,2 @@
-"""The ``posenc extend`` study: the command (``run.run_extend``), its settings (``config``), its plan and checks
-(``plan``), the fine-tunes it adds (``finetune``) and what it writes from ``results.csv`` (``report``, ``labels``)."""
+"""The ``posenc extend`` study: the command (``run.run_extend``), its plan and checks (``plan``) and what it writes
+from ``results.csv`` (``report``, ``plot``); its settings are ``settings.config``."""

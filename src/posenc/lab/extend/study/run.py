@@ -51,13 +51,9 @@ import torch
 
 from posenc._checks import fail
 from posenc._devices import resolve_device
-from posenc.deploy.formats import GGUF_METHODS as GGUF_METHODS  # --save FILE.gguf's methods, for the pick
 from posenc.lab.common.progress import skipped
 from posenc.lab.common.runfiles import KeyedCSV, check_out, check_resumable, check_settings, write_marker
-from posenc.lab.extend.stats import sampling
-from posenc.lab.extend.stats.rates import RULER_PREFIX, Rate, model_of
-from posenc.lab.extend.study import plan
-from posenc.lab.extend.study.config import (
+from posenc.lab.extend.settings.config import (
     DROPE_ZERO_SHOT,
     STOP_WIDTH,
     ExtendConfig,
@@ -66,8 +62,11 @@ from posenc.lab.extend.study.config import (
     resolve_lengths,
     unit_factors,
 )
-from posenc.lab.extend.study.finetune import plot_losses, run_folder
+from posenc.lab.extend.stats import sampling
+from posenc.lab.extend.stats.rates import RULER_PREFIX, Rate, model_of
+from posenc.lab.extend.study import plan
 from posenc.lab.extend.study.report import finish, label, precision_text
+from posenc.lab.extend.targets.finetune import plot_losses, run_folder
 from posenc.lab.extend.targets.load import load_target, original_len_of
 
 #: ``metric`` values: perplexity over whole windows, over the targets at positions >= the original context (the query
@@ -205,7 +204,7 @@ def check_save(
     """``--save DIR`` or ``--save FILE.gguf`` checked by ``posenc.deploy.formats.check_save`` with the study's
     values: one patched pretrained RoPE model (exactly one method and one factor; ``drope`` takes no factor and is
     saved recalibrated only), into a new or empty folder that is not the study's own, or a new GGUF file llama.cpp
-    runs (``GGUF_METHODS``)."""
+    runs (``posenc.deploy.formats.GGUF_METHODS``)."""
     from posenc.deploy.formats import check_save as check
 
     pretrained = target.kind != "lab"
@@ -217,7 +216,7 @@ def check_save(
     )
 
 
-def _write(target: Any, model: Any, path: Path, save_type: str, check: bool) -> Path:
+def write_saved(target: Any, model: Any, path: Path, save_type: str, check: bool) -> Path:
     """The one patched model written where ``check_save`` said (``posenc.deploy.formats.save``)."""
     from posenc.deploy.formats import save as write
 
@@ -287,7 +286,7 @@ def run_extend(
     """
     start = time.perf_counter()
     if not isinstance(cfg, ExtendConfig):
-        fail("cfg", type(cfg).__name__, "a posenc.lab.extend.study.config.ExtendConfig")
+        fail("cfg", type(cfg).__name__, "a posenc.lab.extend.settings.config.ExtendConfig")
     if out is None and cfg.out is None:
         fail("out", None, "an output folder (the out argument or ExtendConfig.out)")
     out = Path(out if out is not None else cfg.out)
@@ -350,7 +349,7 @@ def run_extend(
         else:
             factor = unit_factors(cfg, cfg.methods[0])[0]
             model, _ = target.patched(cfg.methods[0], factor)
-            _write(target, model, save_to, save_type, progress)
+            write_saved(target, model, save_to, save_type, progress)
             del model
             if progress:
                 print(f"Saved {label(cfg.methods[0], factor, 0)} to {save_to} ({_saved_as(save_to)})")
@@ -383,11 +382,11 @@ def run_extend(
             tuned[name] = run_dir
         if not todo and unit != save_unit:
             continue
-        model, described[name], tuned_dir = _model_for(target, unit)
+        model, described[name], tuned_dir = model_for(target, unit)
         if tuned_dir is not None:
             tuned[name] = tuned_dir
         if unit == save_unit:
-            _write(target, model, save_to, save_type, progress)
+            write_saved(target, model, save_to, save_type, progress)
             if progress:
                 print(f"Saved {name} to {save_to} ({_saved_as(save_to)})")
         with study.bar(name) as tick, _said_in_report(target):
@@ -497,7 +496,7 @@ def _print_plan(cfg: ExtendConfig, target: Any, out: Path, grid: list[tuple], le
     return rows
 
 
-def _model_for(target: Any, unit: Unit) -> tuple[Any, dict, Path | None]:
+def model_for(target: Any, unit: Unit) -> tuple[Any, dict, Path | None]:
     """One measured model: (model, its patch's description, its fine-tuning run folder or None). A fine-tune that
     finished before is reloaded, not rerun."""
     method, factor, steps, positions = unit
@@ -510,6 +509,8 @@ def _model_for(target: Any, unit: Unit) -> tuple[Any, dict, Path | None]:
         tuned = target.finetune(model, _slug(label(*unit)), round(target.original_len * factor), positions)
     return model, description, tuned
 
+
+#: The old name, still imported by ``pick.run._save`` (rewritten elsewhere for issue 69; dropped after the merge).
 
 def _more_rounds(target: Any, cfg: ExtendConfig, units: Sequence[Unit], grid: Sequence[tuple], results: Path,
                  study: Any, described: dict, samples: Path | None = None) -> None:  # fmt: skip
@@ -532,7 +533,7 @@ def _more_rounds(target: Any, cfg: ExtendConfig, units: Sequence[Unit], grid: Se
     while cell is not None:
         unit = model_of(cell)
         name = label(*unit)
-        model, described[name], _ = _model_for(target, unit)
+        model, described[name], _ = model_for(target, unit)
         with study.bar(f"{name}: more samples") as tick:
             while cell is not None and model_of(cell) == unit:
                 count = min(sampling.round_size(cfg, cell["metric"]), sampling.cap(cfg, cell["metric"]) - cell["n"])

@@ -28,13 +28,13 @@ from posenc._checks import fail
 from posenc.lab.common import evaluate as ev
 from posenc.lab.common.corpus import eval_windows, load_corpus
 from posenc.lab.common.train import step_generator
-from posenc.lab.extend.study.config import ExtendConfig
+from posenc.lab.extend.settings.config import ExtendConfig
 
 if TYPE_CHECKING:
     from posenc.hf.load import ModelSource
     from posenc.lab.extend.needles.ruler import Score as RulerScore
     from posenc.lab.extend.needles.ruler import Suite
-    from posenc.lab.extend.study.plan import ModelDims
+    from posenc.lab.extend.targets.cost import ModelDims
 
 Tick = Callable[..., None]  # tick(cost, forwards=1): one measured forward, for the study's progress
 
@@ -106,10 +106,10 @@ class Target(Protocol):
         longest timed forward, its seconds); None where no forward is timed (a lab model)."""
 
     def forward_cost(self, length: int) -> float:
-        """One forward of ``length`` tokens in the cost model's units (``study.plan.forward_cost``)."""
+        """One forward of ``length`` tokens in the cost model's units (``cost.forward_cost``)."""
 
     def windows(self, length: int) -> int:
-        """The forwards perplexity at ``length`` makes over the held-out text (``study.plan.windows``)."""
+        """The forwards perplexity at ``length`` makes over the held-out text (``cost.windows``)."""
 
     def prepare(self) -> None:
         """What the task needs before any method is measured (a lab model on ``--task passkey``: train it)."""
@@ -148,7 +148,7 @@ class PretrainedTarget(Target, Protocol):
             ``.gguf`` needs a GGUF source; export reads the weights' dtype from it.
         model_type: the config's ``model_type`` (``llama``, ``qwen2``, ``bloom``): what ALiBi, the remapping patches
             and the formats that save them support.
-        dims: the sizes the memory and time estimates use (``study.plan.ModelDims``).
+        dims: the sizes the memory and time estimates use (``cost.ModelDims``).
         weight_bytes: bytes per weight in ``dtype`` (the plan's memory check).
         act_bytes: bytes per activation in ``dtype`` (the plan's memory check).
         heldout_tokens: tokens of held-out text ``use`` tokenized: the longest length is at most this minus one.
@@ -276,7 +276,7 @@ def finetune_text(cfg: ExtendConfig, train_split: torch.Tensor) -> torch.Tensor:
 
 
 def _window_batches(tokens: torch.Tensor, window: int, target: int, positions: str, batch: int, seed: int):  # noqa: ANN202
-    from posenc.lab.extend.study.finetune import finetune_batch
+    from posenc.lab.extend.targets.finetune import finetune_batch
 
     def batch_fn(step: int, rank: int, world: int):  # noqa: ANN202
         generator = step_generator(seed, step)

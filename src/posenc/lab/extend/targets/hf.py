@@ -34,8 +34,9 @@ from posenc.lab.common import evaluate as ev
 from posenc.lab.common.corpus import load_corpus
 from posenc.lab.common.train import TrainConfig, train
 from posenc.lab.extend.needles import passkey as pk
-from posenc.lab.extend.study import labels, plan
-from posenc.lab.extend.study.config import ExtendConfig
+from posenc.lab.extend.settings import labels
+from posenc.lab.extend.settings.config import ExtendConfig
+from posenc.lab.extend.targets import cost
 from posenc.lab.extend.targets.base import Tick, _model_error, _window_batches, finetune_text, window_scores
 
 #: Every method a transformers RoPE model takes without extra options (LongRoPE needs searched factors).
@@ -64,7 +65,7 @@ def _is_alibi(model_type: str) -> bool:
 
 def token_losses(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """Next-token losses of a transformers causal LM without its full logits: the decoder's last hidden states
-    through the output head ``plan.HEAD_CHUNK`` rows at a time (with Gemma's final logit soft-capping).
+    through the output head ``cost.HEAD_CHUNK`` rows at a time (with Gemma's final logit soft-capping).
 
     Shapes:
         x, y (B, S) int64 -> (B, S) float32.
@@ -74,11 +75,11 @@ def token_losses(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> to
     cap = getattr(model.config.get_text_config(), "final_logit_softcapping", None)
     targets = y.flatten()  # (B*S,)
     out = torch.empty(targets.shape, dtype=torch.float32, device=x.device)
-    for i in range(0, hidden.shape[0], plan.HEAD_CHUNK):
-        logits = head(hidden[i : i + plan.HEAD_CHUNK])  # (chunk, V)
+    for i in range(0, hidden.shape[0], cost.HEAD_CHUNK):
+        logits = head(hidden[i : i + cost.HEAD_CHUNK])  # (chunk, V)
         if cap:  # as the model's own forward: in its dtype, before the loss's float32
             logits = torch.tanh(logits / cap) * cap
-        rows = slice(i, i + plan.HEAD_CHUNK)
+        rows = slice(i, i + cost.HEAD_CHUNK)
         out[rows] = F.cross_entropy(logits.float(), targets[rows], reduction="none")
     return out.view(y.shape)
 
@@ -117,7 +118,7 @@ class HFTarget:
             _model_error(cfg.model, f"its tokenizer could not be loaded: {err}")
         meta = meta_model(self.config)
         self.class_name = type(meta).__name__
-        self.dims = plan.ModelDims.of(self.config, sum(p.numel() for p in meta.parameters()))
+        self.dims = cost.ModelDims.of(self.config, sum(p.numel() for p in meta.parameters()))
         self.l0 = self.dims.l0  # the cost model's crossover length; calibrate() fits this machine's
         self.attn = "sdpa" if getattr(type(meta), "_supports_sdpa", False) else None
         self.name = f"{self.class_name} ({self.model_type}) from {label}"
@@ -180,10 +181,10 @@ class HFTarget:
         return torch.tensor(self.tokenizer(text, verbose=False)["input_ids"], dtype=torch.long)  # (N,)
 
     def forward_cost(self, length: int) -> float:
-        return plan.forward_cost(length, self.l0)
+        return cost.forward_cost(length, self.l0)
 
     def windows(self, length: int) -> int:
-        return plan.windows(self.heldout_tokens, length, self.cfg.eval_tokens)
+        return cost.windows(self.heldout_tokens, length, self.cfg.eval_tokens)
 
     def _extend(self, model: torch.nn.Module, method: str, factor: float) -> dict:
         """Patch ``model`` itself (``posenc.deploy.patch.apply``, every layer type the study patches); the report's
@@ -237,21 +238,21 @@ class HFTarget:
         """Seconds per ``forward_cost`` unit, and the cost model's crossover length ``l0``, from timed forwards on
         this machine (after a warm-up: the first forward pays kernel set-up and page faults).
 
-        Forwards of up to 1024, 4096 and 8192 tokens (``plan.calibration_lengths``: as far as the study goes) fit
-        ``t(n) = c + a*n + b*n**2`` (``plan.fit_forward_times``), whose crossover length ``a / b`` is this machine's
+        Forwards of up to 1024, 4096 and 8192 tokens (``cost.calibration_lengths``: as far as the study goes) fit
+        ``t(n) = c + a*n + b*n**2`` (``cost.fit_forward_times``), whose crossover length ``a / b`` is this machine's
         ratio of attention to the weights' work (on SmolLM2, 12288 tokens took 5.3x a 4096-token forward on an Intel
-        Xeon, 5.9x on an AMD EPYC) where it lies within 2x of the model's own (``plan.fitted_l0``: single timed
+        Xeon, 5.9x on an AMD EPYC) where it lies within 2x of the model's own (``cost.fitted_l0``: single timed
         forwards are noisy, and a noisy fit's crossover is far off); the seconds per unit come from the longest
         timed forward. One forward only (a study up to 2047 tokens): the model's own ``l0``. ``report`` gets a line
         per timed forward as it ends. Returns (seconds per unit, tokens of the longest timed forward, its seconds)."""
-        sizes = plan.calibration_lengths(min(max(lengths), self.heldout_tokens - 1))
+        sizes = cost.calibration_lengths(min(max(lengths), self.heldout_tokens - 1))
         times = []
         for i, n in enumerate(sizes):
             times.append(self._timed_forward(n, warm_up=i == 0))
             if report is not None:
                 report(f"  timed forward {i + 1} of {len(sizes)}: {n} tokens in {times[-1]:.3g} s")
-        fit = plan.fit_forward_times(list(zip(sizes, times, strict=True)))  # None from one forward
-        self.l0 = plan.fitted_l0(fit, self.dims.l0)  # a fit that timing noise put far off: the model's own
+        fit = cost.fit_forward_times(list(zip(sizes, times, strict=True)))  # None from one forward
+        self.l0 = cost.fitted_l0(fit, self.dims.l0)  # a fit that timing noise put far off: the model's own
         self.timed = (sizes, times)
         return times[-1] / self.forward_cost(sizes[-1]), sizes[-1], times[-1]
 
@@ -353,7 +354,7 @@ class HFTarget:
         lab's resumable loop: checkpoints in ``OUT/runs/finetune-<label>`` at Ctrl-C / SIGTERM and every 5 minutes, the
         loss in its ``metrics.jsonl``. Returns that folder. ``pose`` and ``random`` positions are refused for an ALiBi
         model (BLOOM, MPT: no position ids; ``finetune.check_positions_reach``)."""
-        from posenc.lab.extend.study.finetune import CausalLMTrainer, check_positions_reach, run_folder, warmup_steps
+        from posenc.lab.extend.targets.finetune import CausalLMTrainer, check_positions_reach, run_folder, warmup_steps
 
         check_positions_reach((positions,), self.model_type)  # BLOOM and MPT drop position ids
         window = self.cfg.finetune_window_for(target)

@@ -23,8 +23,8 @@ from posenc.lab.common.gpt import GPT, ModelConfig
 from posenc.lab.common.scaling import EXTEND_METHODS, scaled_encoding
 from posenc.lab.common.train import TrainConfig, load_model, step_generator, train
 from posenc.lab.extend.needles import passkey as pk
-from posenc.lab.extend.study import plan
-from posenc.lab.extend.study.config import ExtendConfig, drops
+from posenc.lab.extend.settings.config import ExtendConfig, drops
+from posenc.lab.extend.targets import cost
 from posenc.lab.extend.targets.base import Tick, _window_batches, finetune_text, window_scores
 
 
@@ -72,7 +72,7 @@ class LabTarget:
         self.corpus = None
         config = self.model.config
         params = sum(p.numel() for p in self.model.parameters())
-        self.l0 = plan.ModelDims(
+        self.l0 = cost.ModelDims(
             params=params, layers=config.n_layers, hidden=config.dim, intermediate=4 * config.dim,
             heads=config.n_heads, kv_heads=config.n_heads, head_dim=config.dim // config.n_heads, vocab=256,
         ).l0  # fmt: skip
@@ -104,10 +104,10 @@ class LabTarget:
         return None  # tiny models: no time estimate worth a forward
 
     def forward_cost(self, length: int) -> float:
-        return plan.forward_cost(length, self.l0)
+        return cost.forward_cost(length, self.l0)
 
     def windows(self, length: int) -> int:
-        return plan.windows(self.corpus.val.numel(), length, self.cfg.eval_tokens)
+        return cost.windows(self.corpus.val.numel(), length, self.cfg.eval_tokens)
 
     def prepare(self) -> None:
         """Task passkey: train the retrieval task at the original length first (resumable, skipped once done)."""
@@ -192,7 +192,7 @@ class LabTarget:
     def finetune(self, model, label: str, target: int, positions: str = "plain") -> Path:  # noqa: ANN001
         """Fine-tune ``model`` for a ``target`` context in windows of ``cfg.finetune_window`` (default the target)
         read at ``positions``; returns its run folder (resumable, ``OUT/runs/finetune-<label>``)."""
-        from posenc.lab.extend.study.finetune import run_folder
+        from posenc.lab.extend.targets.finetune import run_folder
 
         window = self.cfg.finetune_window_for(target)
         batch = max(1, 32 * self.original_len // window)  # the tokens per step of pre-training

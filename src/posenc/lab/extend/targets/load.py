@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from posenc.lab.extend.study.config import ExtendConfig
+from posenc.lab.extend.settings.config import ExtendConfig
 from posenc.lab.extend.targets.base import _model_error
 from posenc.lab.extend.targets.hf import HFTarget
 from posenc.lab.extend.targets.lab import LabTarget

@@ -1,4 +1,4 @@
-"""``posenc extend``'s options and ``ExtendConfig``'s fields are one list (``posenc.lab.extend.study.options``)."""
+"""``posenc extend``'s options and ``ExtendConfig``'s fields are one list (``posenc.lab.extend.settings.options``)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import dataclasses
 from pathlib import Path
 
 from posenc.cli import build_parser
-from posenc.lab.extend.study.config import STOP_WIDTH, ExtendConfig
-from posenc.lab.extend.study.options import BY_FIELD, OPTIONS, config_settings
+from posenc.lab.extend.settings.config import STOP_WIDTH, ExtendConfig
+from posenc.lab.extend.settings.options import BY_FIELD, OPTIONS, config_settings
 
 
 def test_each_option_is_the_metadata_of_its_field():

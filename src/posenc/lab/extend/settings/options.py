@@ -16,7 +16,7 @@ from typing import Any
 
 from posenc import _argtypes as A
 from posenc._dtypes import DTYPE_CHOICES
-from posenc.lab.extend.study.lengths import LENGTH_FORMS, length_form
+from posenc.lab.extend.settings.lengths import LENGTH_FORMS, length_form
 
 
 def parse_length(text: str) -> int | str:

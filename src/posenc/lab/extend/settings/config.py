@@ -15,12 +15,12 @@ from posenc._config import DictConfig
 from posenc.deploy.methods import drops
 from posenc.hf.dtypes import DTYPE_CHOICES
 from posenc.lab.common.scaling import EXTEND_METHODS
-from posenc.lab.extend.study.lengths import is_count, length_form
-from posenc.lab.extend.study.options import config_field
-from posenc.lab.extend.targets import composed
+from posenc.lab.extend.settings import composed
+from posenc.lab.extend.settings.lengths import is_count, length_form
+from posenc.lab.extend.settings.options import config_field
 
 TASKS = ("lm", "passkey", "ruler")
-#: ``finetune_positions`` kinds (``posenc.lab.extend.study.finetune``).
+#: ``finetune_positions`` kinds (``posenc.lab.extend.targets.finetune``).
 FINETUNE_POSITIONS = ("plain", "pose", "random")
 #: ``model`` keyword for a fresh lab model (``new`` is RoPE; ``new:alibi`` picks the encoding).
 NEW = "new"
@@ -55,7 +55,7 @@ class ExtendConfig(DictConfig):
         methods: extension methods; None: every method for a lab model's encoding, ``yarn`` and ``dynamic`` for a
             pretrained RoPE model (``linear`` for ALiBi and p-RoPE ones). ``FREQUENCY+REMAP`` (``yarn+string``)
             composes a frequency method at the factor with STRING within the stretched context
-            (``posenc.lab.extend.targets.composed``; pretrained RoPE models). ``drope`` (DroPE, transformers or lab RoPE
+            (``settings.composed``; pretrained RoPE models). ``drope`` (DroPE, transformers or lab RoPE
             models) takes no factor: measured once at factor 1 (``unit_factors``, label ``drope``) beside the
             others' factors; zero-shot it is RoPE dropped without recalibration (an ablation), fine-tuned it is
             recalibrated at the original context (``finetune_window`` at most that, ``plain`` positions only).
@@ -114,7 +114,7 @@ class ExtendConfig(DictConfig):
         out: default output folder (``run_extend``'s ``out`` argument wins); not compared on resume.
     """
 
-    # each field's default, and the option of `posenc extend` that sets it: posenc.lab.extend.study.options
+    # each field's default, and the option of `posenc extend` that sets it: posenc.lab.extend.settings.options
     model: str = config_field("model")
     methods: tuple[str, ...] | None = config_field("methods")
     factors: tuple[float, ...] | None = config_field("factors")

@@ -38,7 +38,7 @@ from torch import nn
 
 from posenc._checks import check_choice, check_positive_int, fail
 from posenc.functional.position_sampling import pose_sample, randomized_positions
-from posenc.lab.extend.study.config import FINETUNE_POSITIONS
+from posenc.lab.extend.settings.config import FINETUNE_POSITIONS
 
 #: PoSE's text span per sample, in windows (the reference tokenizes each document up to 5 training windows).
 POSE_SPAN = 5
