@@ -19,26 +19,16 @@
   folder re-applies what the config does not carry), ``save_gguf`` as a GGUF file llama.cpp runs with its RoPE
   scaling (``posenc.gguf.rope``).
 
-Only torch is imported here; transformers is imported lazily, when a model is patched.
+``import posenc.hf`` (or a submodule such as ``posenc.hf.layers``) loads nothing more: the names below are imported
+on first use, all at once, from ``posenc.hf._api`` (PEP 562), so ``posenc check``'s readers import only the modules
+they read; transformers is imported when a model is loaded or patched.
 """
 
-from posenc.hf._cache_guard import CacheStaleWarning
-from posenc.hf._reach import ReachExceededWarning
-from posenc.hf.alibi import ALIBI_MODEL_TYPES, alibi_config_from_hf, alibi_config_to_hf
-from posenc.hf.extend import METHOD_OPTIONS, METHODS, REMAP_METHODS, extend_context
-from posenc.hf.gguf_export import save_gguf
-from posenc.hf.load import ModelSource, inspect_gguf, load_causal_lm, load_config, original_context, resolve_model
-from posenc.hf.rope_float32 import keep_rope_float32
-from posenc.hf.rotary import (
-    rope_3d_config_from_hf,
-    rope_3d_config_to_hf,
-    rotary_config_from_hf,
-    rotary_config_to_hf,
-    xdrope_config_from_hf,
-    xdrope_config_to_hf,
-)
-from posenc.hf.save import PosencOnlyWarning, ServedOnlyWarning, save_pretrained
-from posenc.hf.setup import ROPE_MODEL_TYPES, positional_setup, supported_model_types
+# ruff: noqa: F405  (the names of __all__ come from posenc.hf._api, star-imported for type checkers only)
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from posenc.hf._api import *  # noqa: F403
 
 __all__ = [
     "ALIBI_MODEL_TYPES",
@@ -71,3 +61,16 @@ __all__ = [
     "xdrope_config_from_hf",
     "xdrope_config_to_hf",
 ]
+
+
+def __getattr__(name: str) -> object:
+    if name not in __all__:
+        raise AttributeError(f"module 'posenc.hf' has no attribute {name!r}")
+    from posenc.hf import _api
+
+    globals().update({n: getattr(_api, n) for n in __all__})
+    return globals()[name]
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
