@@ -14,6 +14,8 @@ stopped; and the race spends fewer needles than a fixed design reaching the same
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
@@ -40,6 +42,13 @@ def _needles(rates, reps, cap, *, coupled, seed, cells=2):
 
 
 def _race(rates, tiers, *, coupled, reps=1000, cap=CAP, seed=0):
+    """The needles, verdict and counts of ``reps`` seeded races; each run once per process (its tensors are only
+    read): a mix's pick test and interval test, and the patch-vs-config test, share their races."""
+    return _raced(tuple(rates), tuple(tiers), coupled, reps, cap, seed)
+
+
+@functools.cache
+def _raced(rates, tiers, coupled, reps, cap, seed):  # noqa: ANN001, ANN202
     x = _needles(rates, reps, cap, coupled=coupled, seed=seed)
     reference = torch.tensor([True] + [False] * (len(rates) - 1))
     v, n = race.race(x, torch.tensor(tiers), reference, cap)

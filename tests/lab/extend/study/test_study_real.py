@@ -81,7 +81,10 @@ def _stdlib_tokens(tokenizer) -> torch.Tensor:
 
 
 @needs_smollm2
-def test_smollm2_end_to_end_with_save(tmp_path):
+def test_smollm2_end_to_end_with_save_then_as_gguf(tmp_path):
+    """``--save DIR``: a transformers folder that reproduces what the study measured; then the same study resumed
+    with ``--save FILE.gguf`` (nothing left to measure: the weights load, the file is written, the report rewritten),
+    one study for both saves (the real model's study is the cost here)."""
     from posenc.hf import load_causal_lm, resolve_model
 
     gguf_folder = resolve_model("smollm2").folder
@@ -124,17 +127,20 @@ def test_smollm2_end_to_end_with_save(tmp_path):
     with torch.inference_mode():
         ppl = math.exp(logits_losses(reloaded, x, y)[0].double().mean())
     assert _by(rows, "ppl", "yarn", 256)["ppl"] == pytest.approx(ppl, rel=1e-5)
+    del reloaded
+    _saved_as_gguf_runs_what_was_measured(out, tmp_path)
 
 
-@needs_smollm2
-def test_smollm2_saved_as_gguf_runs_what_was_measured(tmp_path):
-    """``--save FILE.gguf``: the source's tensors copied, YaRN in llama.cpp's keys, and posenc's loader gives back
-    the model the study measured (its perplexity, recomputed)."""
+def _saved_as_gguf_runs_what_was_measured(out: Path, tmp_path: Path) -> None:
+    """``--save FILE.gguf`` (``out``'s study resumed): the source's tensors copied, YaRN in llama.cpp's keys, and
+    posenc's loader gives back the model the study measured (its perplexity, recomputed)."""
     from posenc.hf import load_causal_lm
 
-    out, saved = tmp_path / "out", tmp_path / "gguf" / "smollm2-yarn.gguf"
-    code, text = _cli("extend", "smollm2", *TINY_REAL, "--out", out, "--save", saved)
+    rows = read_results(out / "results.csv")
+    saved = tmp_path / "gguf" / "smollm2-yarn.gguf"
+    code, text = _cli("extend", "smollm2", *TINY_REAL, "--out", out, "--resume", "--save", saved)
     assert code == 0, text
+    assert read_results(out / "results.csv") == rows  # nothing measured again
     assert f"Saved yarn x2 to {saved} (a GGUF file llama.cpp runs)" in text
     meta = inspect_gguf(saved)
     assert (meta["context_length"], meta["tensor_types"]) == (256, {"Q8_0": 1, "F32": 61, "Q4_1": 210})
