@@ -1,84 +1,18 @@
-"""One attention for every encoding: ``eager`` (the reference), ``sdpa`` and ``flex`` backends.
+"""One attention for every encoding: ``eager`` (the reference), ``sdpa`` and ``flex`` backends (``BACKENDS``).
 
 ``attention(q, k, v, encoding=...)`` applies the encoding's hooks in one place -- ``rotate`` before the scores,
 ``bias``/``score_mod`` on the scores, ``value_term`` on the output -- so a model is written once for every
-encoding. Masks are built from indices, never from positions: queries are the *last* ``S`` of the ``T`` keys
-(bottom-right alignment, as in KV-cache decoding and chunked prefill), so positions are free to be anything an
-encoding accepts (per-document resets, a shard's offsets, 2-D grid coordinates, M-RoPE streams).
+encoding. Masks come from indices, never positions: queries are the *last* ``S`` of the ``T`` keys (bottom-right
+alignment, as in KV-cache decoding), so positions can be anything an encoding accepts. An encoding that reads the
+keys (``needs_keys``: CoPE) runs on eager and sdpa only; one that reads how many keys a query sees
+(``reads_key_count``) gets the count from the mask (``_Mask.key_counts``). docs/guides/attention.md has the rest.
 
-Backends:
-    eager: explicit ``softmax(q k^T * scale + bias + mask) v`` in float32 (float64 for float64 inputs); runs every
-        encoding, including Shaw et al.'s value term. The reference the other backends are tested against.
-    sdpa: ``torch.nn.functional.scaled_dot_product_attention``. The fused causal kernels when there is no bias;
-        otherwise the bias is materialised ``(B|1, H, S, T)`` and rounded to the input dtype (as Hugging Face's
-        ALiBi models do).
-    flex: FlexAttention (Dong et al. 2024, "Flex Attention: A Programming Model for Generating Optimized Attention
-        Kernels", arXiv:2412.05496) with the encoding's ``score_mod`` and a block-sparse mask, compiled: memory
-        linear in length, the bias kept in float32. One kernel per shape, at most ``FLEX_KERNELS_KEPT`` kept (then
-        dropped and compiled anew, never run uncompiled). No backward on CPU in current PyTorch; no float64 on CPU. On
-        CPU, q and k with head dims below ``CPU_FLEX_MIN_HEAD_DIM`` are zero-padded to it (scores unchanged): the
-        compiled CPU kernel of torch 2.13 returns wrong rows or NaN for head dims of 16 and below on AVX2-only
-        processors (seen on an AMD EPYC without AVX-512). On CUDA, q, k and v below ``CUDA_FLEX_MIN_HEAD_DIM`` (16)
-        are zero-padded to it and the output sliced back: Inductor's kernels refuse narrower heads.
-    auto: ``eager`` for value terms; ``sdpa`` without a bias; with a bias, ``flex`` where it can run (CUDA, or CPU
-        without gradients) once the materialised bias would exceed ``FLEX_MIN_BIAS_BYTES``, and at any size inside
-        ``torch.compile`` (a compiled model keeps its FlexAttention kernel); ``sdpa`` otherwise. ``sinks``,
-        ``chunk_size`` and ``window`` count as a bias here (sdpa materialises a mask for them).
-
-Three options for the softmax and the mask that released models use (issue 40):
-    sinks: learned per-head attention sinks (GPT-OSS, OpenAI 2025, "gpt-oss-120b & gpt-oss-20b Model Card",
-        arXiv:2508.10925; after Xiao et al. 2024's attention sinks, arXiv:2309.17453): a logit per head added to
-        each softmax's denominator, a key that takes probability mass and gives no value,
-        ``softmax([q k^T * scale + bias, sink])[..., :T] v``. Exact on every backend: eager appends the sink column
-        to the float32 scores; sdpa appends a zero key and value whose float mask column holds the sink (its logit
-        is ``q . 0 * scale + sink = sink`` exactly; the mask is then ``(B|1, H, S, T + 1)`` in q's dtype, so the
-        sink is rounded to it); flex appends the same zero key and value, and its ``score_mod`` sets that key's score
-        to the sink in float32 (memory stays linear: K and V are copied with one more row). Rescaling the output by
-        ``sigmoid(lse - sink)`` from FlexAttention's log-sum-exp would be exact too, but compiled CPU FlexAttention
-        has no ``return_lse`` in torch 2.13. Checked against transformers' GPT-OSS ``eager_attention_forward`` and
-        ``GptOssAttention``, and against a float64 write-up of vLLM's Triton unified attention with sinks (paged
-        cache, chunked prefill, split decode, GPT-OSS's 128-token window as ``window=128``:
-        ``tests/reference/vllm_sinks.py``). vLLM and eager/flex keep float32 sinks in float32 with bfloat16 or
-        float16 inputs; sdpa rounds them to the input dtype (above): use eager or flex where that matters.
-    chunk_size: chunked local attention (Llama 4's iRoPE: its RoPE layers attend within chunks of
-        ``attention_chunk_size`` tokens, its NoPE layers globally; Meta 2025, "The Llama 4 herd"): query ``i`` sees
-        key ``j`` only when ``floor(pos_i / C) == floor(pos_j / C)``, on top of the causal and document masks.
-        From *positions*, not indices, so chunks restart with per-document positions of a packed row (as
-        transformers' chunked mask does for packed position_ids) and follow explicit positions of a KV cache;
-        it needs sequence positions ``(S,)``/``(B, S)``. Dense boolean on eager/sdpa; on flex a ``mask_mod`` and a
-        block mask from each 128-token tile's chunk range (no ``S x T`` tensor). Checked against transformers'
-        ``create_chunked_causal_mask`` and Llama 4's ``eager_attention_forward``.
-    window: sliding-window attention (Mistral 7B, Jiang et al. 2023, arXiv:2310.06825, ``sliding_window``; the local
-        layers of Gemma 2 and Gemma 3, which alternate with global ones; GPT-OSS's even layers, ``sliding_window=128``
-        with sinks): a causal query at position ``p`` sees keys at positions ``k`` with ``p - W < k <= p``, the ``W``
-        most recent keys counting its own, on top of the causal and document masks. From *positions*, like
-        ``chunk_size``, so windows follow per-document positions of a packed row and explicit positions of a KV
-        cache (a cache may also hold only the last ``W - 1`` keys plus the new ones: the result is the same); it
-        needs sequence positions ``(S,)``/``(B, S)`` and ``causal=True`` (transformers' bidirectional windows
-        disagree by a key: ``|p - k| <= W`` in ``sliding_window_bidirectional_overlay``, ``< W`` in Gemma 3's).
-        Combines with ``chunk_size`` and ``sinks``. Dense boolean on eager/sdpa; on flex a ``mask_mod`` and a block
-        mask from each 128-token tile's position range (no ``S x T`` tensor). Checked against transformers'
-        ``sliding_window_causal_mask_function`` / ``create_sliding_window_causal_mask`` (``kv_idx > q_idx -
-        sliding_window``), Mistral's attention through its sliding-window cache, and the float64 vLLM reference with
-        sinks.
-
-Encodings whose bias reads every key (``needs_keys``: CoPE) get the keys and the dense mask in ``bias(..., k=,
-mask=)`` and run on ``eager`` and ``sdpa`` only; ``causal_only`` encodings refuse ``causal=False``.
-
-Encodings whose factor depends on how many keys a query sees (``reads_key_count``: SSMax's ``s log n``, Llama 4's
-temperature) get that number from the mask itself, ``rotate(..., key_count=)``: per query, the keys it is allowed --
-causal, ``document_ids``, ``chunk_size`` and ``window`` together -- so the factor follows what is masked, on every
-backend and in a KV-cache decode alike (a cache holding every key and one holding the last ``window - 1`` plus the
-new ones count the same). A call given only some of a query's keys counts those. Sinks are not counted: a sink is a
-logit added to the softmax's denominator, not a key whose score the factor scales (GPT-OSS's and vLLM's
-``sliding_window`` counts only tokens too), and ``sinks -> -inf`` then gives the layer without sinks exactly.
-``encoding.check_mask`` refuses a mask an encoding contradicts (an ``SSMax(window=8)`` with another window).
-
-Shapes:
-    q (B, H, S, D), k (B, Hkv, T, D), v (B, Hkv, T, Dv) with Hkv dividing H (grouped-query attention: query head
-    h reads key head h // (H / Hkv)); positions as the encoding takes them (``(S,)``/``(B, S)`` for sequences);
-    document_ids (T,) or (B, T); sinks (H,); chunk_size and window ints -> output (B, H, S, Dv) in q's dtype; an
-    encoding's ``key_count=`` (S,) or (B, S) int64.
+References: FlexAttention (Dong et al. 2024, arXiv:2412.05496); attention sinks of GPT-OSS (OpenAI 2025,
+"gpt-oss-120b & gpt-oss-20b Model Card", arXiv:2508.10925; after Xiao et al. 2024, arXiv:2309.17453), checked
+against transformers' GPT-OSS ``eager_attention_forward`` / ``GptOssAttention`` and a float64 write-up of vLLM's
+Triton unified attention with sinks (``tests/reference/vllm_sinks.py``); chunked local attention of Llama 4's iRoPE
+(Meta 2025, "The Llama 4 herd"); sliding windows of Mistral 7B (Jiang et al. 2023, arXiv:2310.06825), Gemma 2/3's
+local layers and GPT-OSS's even layers. The masks' checks are listed on ``_Mask``.
 """
 
 from __future__ import annotations
@@ -107,6 +41,19 @@ if TYPE_CHECKING:
 
     from posenc.encodings.rotary import RotaryEmbedding
 
+#: The backends, chosen by ``attention(backend=...)``:
+#:
+#: - ``eager``: explicit ``softmax(q k^T * scale + bias + mask) v`` in float32 (float64 for float64 inputs); runs
+#:   every encoding, Shaw et al.'s value term included. The reference the other backends are tested against.
+#: - ``sdpa``: ``torch.nn.functional.scaled_dot_product_attention``; the fused causal kernels without a bias, else the
+#:   bias materialised ``(B|1, H, S, T)`` and rounded to the input dtype (as Hugging Face's ALiBi models do).
+#: - ``flex``: compiled FlexAttention with the encoding's ``score_mod`` and a block-sparse mask: memory linear in
+#:   length, the bias in float32. No backward and no float64 on CPU; narrow heads zero-padded
+#:   (``CPU_FLEX_MIN_HEAD_DIM``, ``CUDA_FLEX_MIN_HEAD_DIM``); at most ``FLEX_KERNELS_KEPT`` kernels kept.
+#: - ``auto``: ``eager`` for value terms; ``sdpa`` without a bias; with a bias, ``flex`` where it can run (CUDA, or
+#:   CPU without gradients) once the materialised bias would exceed ``FLEX_MIN_BIAS_BYTES``, and at any size inside
+#:   ``torch.compile``; ``sdpa`` otherwise. ``sinks``, ``chunk_size`` and ``window`` count as a bias here (sdpa
+#:   materialises a mask for them).
 BACKENDS = ("auto", "eager", "sdpa", "flex")
 
 #: ``auto`` moves a bias encoding to ``flex`` once the materialised bias ``B*H*S*T*4`` bytes would exceed this:
@@ -116,7 +63,9 @@ FLEX_MIN_BIAS_BYTES = 32 * 2**20
 #: FlexAttention's block size: the block mask has one entry per 128 x 128 tile.
 FLEX_BLOCK = 128
 
-#: On CPU, q and k narrower than this are zero-padded to it before FlexAttention (see ``_flex``).
+#: On CPU, q and k narrower than this are zero-padded to it before FlexAttention (scores unchanged): the compiled CPU
+#: kernel of torch 2.13 returns wrong rows or NaN for head dims of 16 and below on AVX2-only processors (seen on an
+#: AMD EPYC without AVX-512).
 CPU_FLEX_MIN_HEAD_DIM = 32
 #: On CUDA, q, k and v narrower than this are zero-padded to it before FlexAttention: Inductor's kernels refuse
 #: head dims below 16 ("NYI: embedding dimension of the query, key, and value must be at least 16", torch 2.11 on an
@@ -165,7 +114,8 @@ def attention(
         q, k, v: queries, keys, values; see Shapes. Same dtype and device.
         encoding: any ``posenc.Encoding`` (``posenc.build(name, ...)``); None is NoPE. Its ``embed`` hook is not
             applied here: absolute encodings act on the token embeddings before the projections. One that reads the
-            number of keys a query sees (SSMax, ``nope_temperature``) gets it counted from this call's mask.
+            number of keys a query sees (SSMax, ``nope_temperature``) gets it counted from this call's mask;
+            one defined over the causal past only (``causal_only``) refuses ``causal=False``.
         q_positions, k_positions: the tokens' positions, on q's device: integers, or finite float32/float64
             (float16/bfloat16 cannot hold positions past 2048/256 and are refused). Defaults: keys ``arange(T)``,
             queries the last ``S`` of them; one given and ``S == T`` -> the other is the same.
@@ -178,14 +128,15 @@ def attention(
             taking the last ``S``. Default: each document's own length with ``document_ids``
             (``document_lengths``), else ``max(q_positions, k_positions) + 1``.
         scale: score scale, a positive finite number; default ``1 / sqrt(D)``.
-        backend: one of ``BACKENDS``; see the module docstring.
+        backend: one of ``BACKENDS`` (see there).
         remap: a remapping method (``posenc.remapping``: Self-Extend, Dual Chunk Attention, ReRoPE, LM-Infinite)
             with a ``RotaryEmbedding`` encoding: each (query, key) pair is rotated at the positions of the method's
             branch for it (``posenc.remapping.remap_attention``, causal only; backends ``auto``, ``eager``,
             ``sdpa``).
         sinks: learned attention sinks (GPT-OSS), one logit per query head, float: each softmax's denominator gets
             ``exp(sinks[h])`` and the output nothing for it, ``softmax([scores, sink])[..., :T] v``. Trainable
-            (gradients reach it on every backend that has a backward). Every backend; see the module docstring.
+            (gradients reach it on every backend that has a backward). Exact on every backend; sdpa rounds them to
+            q's dtype (eager and flex keep float32 sinks in float32, as vLLM does): use those where that matters.
         chunk_size: chunked local attention (Llama 4's RoPE layers, ``attention_chunk_size``): a query sees only keys
             in its own chunk of positions, ``q_pos // chunk_size == k_pos // chunk_size`` (floored), on top of
             ``causal`` and ``document_ids``. A positive integer; needs sequence positions ``(S,)``/``(B, S)``. Every
@@ -197,8 +148,9 @@ def attention(
             ``chunk_size`` and ``sinks``. Every backend; flex builds no ``S x T`` tensor.
 
     Shapes:
-        q (B, H, S, D), k (B, Hkv, T, D), v (B, Hkv, T, Dv), sinks (H,) -> (B, H, S, Dv); q_positions (S,) or
-        (B, S) and k_positions (T,) or (B, T) with ``chunk_size`` or ``window``.
+        q (B, H, S, D), k (B, Hkv, T, D), v (B, Hkv, T, Dv), sinks (H,) -> (B, H, S, Dv), in q's dtype. Hkv divides
+        H (grouped-query attention: query head h reads key head h // (H / Hkv)). Positions as the encoding takes
+        them; (S,) or (B, S) and (T,) or (B, T) with ``chunk_size`` or ``window``. document_ids (T,) or (B, T).
     """
     _check_qkv(q, k, v)
     check_choice("backend", backend, BACKENDS)
@@ -450,6 +402,16 @@ class _Mask:
     """Which keys each query sees: ``j <= i + offset`` when causal, equal document ids, equal chunk ids, and key
     positions within the window, ``q_pos - k_pos < W``.
 
+    Chunks and windows read *positions*, not indices, so they restart with per-document positions of a packed row
+    and follow explicit positions of a KV cache (a cache holding only the last ``W - 1`` keys plus the new ones gives
+    the same result). Dense boolean for eager/sdpa; for flex a ``mask_mod`` and a block mask from each 128-token
+    tile's range (no ``S x T`` tensor). Checked against: chunks, transformers' ``create_chunked_causal_mask`` and
+    Llama 4's ``eager_attention_forward``; windows, transformers' ``sliding_window_causal_mask_function`` /
+    ``create_sliding_window_causal_mask`` (``kv_idx > q_idx - sliding_window``), Mistral's attention through its
+    sliding-window cache, and the float64 vLLM reference with sinks. Windows are causal only: transformers'
+    bidirectional ones disagree by a key (``|p - k| <= W`` in ``sliding_window_bidirectional_overlay``, ``< W`` in
+    Gemma 3's).
+
     ``chunks``: ``(B|1, S)`` query and ``(B|1, T)`` key chunk ids (``floor(position / chunk_size)``) or None.
     ``window``: ``(B|1, S)`` query positions, ``(B|1, T)`` key positions and ``W``, or None.
     """
@@ -506,6 +468,12 @@ class _Mask:
 
         Without documents, chunks or a window, ``T`` or (causal) ``i + offset + 1``; otherwise summed over the mask
         built ``KEY_COUNT_TILE`` pairs at a time, so memory stays linear in length (as FlexAttention's does).
+
+        This is the ``key_count=`` that ``reads_key_count`` encodings (SSMax's ``s log n``, Llama 4's temperature)
+        get: causal, documents, chunks and window together, so the factor follows what is masked, on every backend
+        and in a KV-cache decode alike. A call given only some of a query's keys counts those. Sinks are not
+        counted (a logit in the softmax's denominator, not a key; GPT-OSS's and vLLM's ``sliding_window`` counts
+        only tokens too), so ``sinks -> -inf`` gives the layer without sinks exactly.
         """
         if self.docs is None and not self.local:
             if not self.causal:

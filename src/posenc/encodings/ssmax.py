@@ -3,39 +3,14 @@ over NoPE or RoPE.
 
 Paper: Nakanishi 2025, "Scalable-Softmax Is Superior for Attention" (arXiv:2501.19399): ``softmax((s log n) z)``
 over the ``n`` keys a query sees, ``s`` a learnable scalar per layer and head; and its variant with a bias,
-``softmax((s log n + b) z)``, ``b`` learnable per layer and head too (``bias=True``, or ``posenc.build("ssmax_bias")``
-/ ``"rope_ssmax_bias"``; ``b`` starts at 0 here, axolotl's default, so training starts from plain SSMax). One module
-per attention layer gives the paper's per-layer-and-head parameters; a model that shares one encoding module across
-its layers should build an SSMax per layer instead (``per_layer = True`` says so; the lab's ``GPT`` does). ``s``
-starts at 0.43 (``S_INIT``: the value of the paper's Figure 1 and axolotl's default ``scaling_softmax_factor``).
-
-Llama 4's temperature tuning (``posenc.build("nope_temperature")``) cites SSMax but is a different thing: a fixed,
-unlearned factor ``log(1 + floor((p + 1) / floor_scale)) * attn_scale + 1`` on the queries of NoPE layers only, equal
-to 1 for the first ``floor_scale - 1`` positions. SSMax scales every query by a learned ``s log(p + 1)``, from the
-first position, and composes with RoPE: ``rope=`` (or ``posenc.build("rope_ssmax")``) rotates queries and keys by
-RoPE, then scales the queries. Without ``rope=`` it is NoPE + SSMax.
-
-``n`` is the number of keys the query sees, as the paper defines it (the size of the softmax's input):
-``posenc.attention`` counts it from its own mask -- causal, ``document_ids``, ``chunk_size`` and ``window`` -- and
-passes it to ``rotate`` (``key_count=``), so a windowed or chunked layer gets ``min(p + 1, W)`` or ``(p mod C) + 1``
-without being told, on every backend and in a KV-cache decode alike. GPT-OSS's learned sinks (``sinks=``) are not
-counted: a sink adds a logit to the denominator, not a key whose score SSMax scales, and as ``sinks -> -inf`` the
-layer becomes SSMax without sinks exactly (vLLM's and GPT-OSS's ``sliding_window`` likewise counts only tokens).
-Counted from the mask, ``n`` is the keys the softmax really spreads over: with position-skipping fine-tuning (PoSE,
-randomized positions) or a cache that dropped keys, that is the tokens present, not the simulated ``p + 1`` that
-axolotl's ``position_ids + 1`` gives (the two agree for rows of positions from 0, axolotl's packed training rows).
-Called directly (``rotate``/``forward`` without ``key_count``), ``n`` is read from the query's position, ``p + 1``
-capped at ``window``: the keys of a causal query over positions from 0. ``causal_only``: a bidirectional query is not
-what the paper scales.
-
-``window=`` (optional) declares the sliding window the layer attends over: ``posenc.attention`` refuses any other
-``window`` with it (``check_mask``), rather than silently computing an ``n`` other than the keys seen, and it caps
-``n`` when ``rotate`` is called without a count. Leave it out to take whatever window attention masks.
+``softmax((s log n + b) z)`` (``bias=True``, or ``posenc.build("ssmax_bias")`` / ``"rope_ssmax_bias"``). How ``n`` is
+counted, ``window=``, and how it differs from Llama 4's temperature: ``SSMax``. Formula and numerics:
+``posenc.functional.ssmax``.
 
 Reference implementation checked against: axolotl ``src/axolotl/monkeypatch/scaled_softmax_attn.py`` (commit
 258ce8d4fa04c27ab49e169ba7751d8f4f1a423e: ``score * (s * log(n) + b)``), written out in float64 in
 ``tests/reference/ssmax.py``; compared on full attention outputs and gradients (in ``s`` and ``b``) in
-``tests/encodings/test_ssmax.py``. Formula and numerics: ``posenc.functional.ssmax``.
+``tests/encodings/test_ssmax.py``.
 
 Shapes:
     q (B, H, S, D), k (B, Hkv, T, D); positions (S,) or (B, S), integer or float; key_count (S,) or (B, S) integer
@@ -105,6 +80,32 @@ class SSMax(RotaryModule):
     """Scalable-Softmax: queries multiplied by ``s[h] * log(n)`` (``+ b[h]`` with ``bias=True``), ``n`` the keys
     each query sees (``posenc.attention`` counts them from its mask; ``min(p + 1, window)`` when called alone); NoPE
     or RoPE under it.
+
+    ``b`` starts at 0 (axolotl's default, so training starts from plain SSMax) and ``s`` at 0.43 (``S_INIT``: the
+    value of the paper's Figure 1 and axolotl's default ``scaling_softmax_factor``). One module per attention layer
+    gives the paper's per-layer-and-head parameters; a model that shares one encoding module across its layers
+    should build an SSMax per layer instead (``per_layer = True`` says so; the lab's ``GPT`` does).
+
+    ``n`` is the number of keys the query sees, as the paper defines it (the size of the softmax's input):
+    ``posenc.attention`` counts it from its own mask -- causal, ``document_ids``, ``chunk_size`` and ``window`` -- and
+    passes it to ``rotate`` (``key_count=``), so a windowed or chunked layer gets ``min(p + 1, W)`` or ``(p mod C) +
+    1`` without being told, on every backend and in a KV-cache decode alike. GPT-OSS's learned sinks are not counted
+    (a sink adds a logit to the denominator, not a key whose score SSMax scales; as ``sinks -> -inf`` the layer
+    becomes SSMax without sinks exactly). Counted from the mask, ``n`` is the keys the softmax really spreads over:
+    with position-skipping fine-tuning (PoSE, randomized positions) or a cache that dropped keys, that is the tokens
+    present, not the simulated ``p + 1`` that axolotl's ``position_ids + 1`` gives (the two agree for rows of
+    positions from 0, axolotl's packed training rows). Called directly (``rotate``/``forward`` without
+    ``key_count``), ``n`` is read from the query's position, ``p + 1`` capped at ``window``: the keys of a causal
+    query over positions from 0. ``causal_only``: a bidirectional query is not what the paper scales. ``window=``
+    (optional) declares the sliding window the layer attends over: ``posenc.attention`` refuses any other ``window``
+    with it (``check_mask``), rather than silently computing another ``n``; leave it out to take whatever window
+    attention masks.
+
+    Llama 4's temperature tuning (``posenc.build("nope_temperature")``) cites SSMax but is a different thing: a
+    fixed, unlearned factor ``log(1 + floor((p + 1) / floor_scale)) * attn_scale + 1`` on the queries of NoPE layers
+    only, equal to 1 for the first ``floor_scale - 1`` positions. SSMax scales every query by a learned ``s log(n)``,
+    from the first position, and composes with RoPE: ``rope=`` (or ``posenc.build("rope_ssmax")``) rotates queries
+    and keys by RoPE, then scales the queries.
 
     Args:
         num_heads: query heads ``H``; ``s`` (and ``b``) has one entry per head.

@@ -1,37 +1,19 @@
 """DeepSeek-V4's RoPE on a shared key/value head: trailing channels rotated, the output rotated back.
 
 DeepSeek-V4 (DeepSeek-AI 2026, transformers ``deepseek_v4``) attends with one KV head that is both the keys and the
-values (shared-KV multi-query attention), each head laid out ``[nope | rope]``: RoPE, GPT-J style (interleaved pairs),
-rotates the *last* ``2F`` channels of the queries and of that key/value head. The values therefore carry their
-keys' rotation, ``v_j -> R(p_j) v_j`` on the rope channels; the attention output is rotated back by its query's
-position, ``o_i -> R(-p_i) o_i``, so each value enters the output rotated by the relative position,
-``R(p_j - p_i) v_j``, and the output depends on positions only through their differences (like the scores).
-
-The compressed KV entries of its compressed layers (CSA: every ``m = 4`` tokens, HCA: every ``m' = 128``) are rotated
-like keys, at the position of their window's first token: entry ``w`` at ``start + w * rate``
-(``compressed_positions``); a query at position ``p`` sees the entries whose window is complete,
-``start + (w + 1) * rate <= p + 1`` (``compressed_visible``; CSA's indexer then keeps its top-k of those). The
-sliding layers use RoPE at base ``rope_theta`` (10^4, ``rope_parameters["main"]``), the compressed layers and their
-compressors YaRN at ``compress_rope_theta`` (1.6 * 10^5, ``rope_parameters["compress"]``) with the attention factor
-forced to 1; ``posenc.hf.rotary_config_from_hf(config, layer_type="main" | "compress")`` reads both.
-
-Functions: ``apply_rotary_tail`` (the rotation and, ``inverse=True``, its inverse, vLLM's
-``DeepseekV4ScalingRotaryEmbedding(..., inverse=)``), ``compressed_positions``, ``compressed_visible``, and
-``shared_kv_rope_attention``, the composition: rotate q and the shared kv, attend (additive sinks as in GPT-OSS), rotate
-the output back.
+values, each head laid out ``[nope | rope]``: RoPE, GPT-J style (interleaved pairs), rotates the *last* ``2F``
+channels of the queries and of that head (``apply_rotary_tail``). The values carry their keys' rotation; the output
+is rotated back by its query's position, so each value enters it rotated by the relative position,
+``R(p_j - p_i) v_j`` (``shared_kv_rope_attention``). Compressed KV entries are rotated at their window's first
+token (``compressed_positions``, ``compressed_visible``). The sliding layers use RoPE at ``rope_theta``
+(``rope_parameters["main"]``), the compressed layers YaRN at ``compress_rope_theta`` (``rope_parameters["compress"]``)
+with the attention factor forced to 1; ``posenc.hf.rotary_config_from_hf(config, layer_type=...)`` reads both.
 
 Reference implementations checked against: transformers 5.24 ``models/deepseek_v4/modeling_deepseek_v4.py``
 (``apply_rotary_pos_emb``, ``DeepseekV4RotaryEmbedding``, the ``DeepseekV4HCACompressor`` positions and block mask,
 ``DeepseekV4Attention.forward`` and its ``apply_rotary_pos_emb(attn_output, cos, -sin)``), in
-``tests/functional/test_rope_shared_kv.py`` and through the float64 reference ``tests/reference/deepseek_v4_rope.py``.
-vLLM (``vllm-project/vllm``) does the same: ``DeepseekV4ScalingRotaryEmbedding.forward_native(..., inverse=)``
-negates ``sin`` and rotates from ``rope_dim_offset = head_size - rotary_dim`` on, GPT-J style
-(``vllm/ir/ops/rotary_embedding.py`` @ 0c1d2cc94016883a88656a016db32872aad27adf, ``cos_sin_format="deepseek"``), built
-by ``vllm/models/deepseek_v4/common/rope.py`` @ 06d0369d75e060e83dffac3e0190ceff8fc37e12 (``is_neox_style=False``,
-``mscale`` off) and applied to the attention output before the grouped output projection; the class itself is read
-from ``vllm/model_executor/layers/rotary_embedding/deepseek_scaling_rope.py`` in the vLLM fork ``Whamp/vllm`` @
-96e9b37479db8ff9bee719172a12164aaa88fb6e (a float32 cos/sin cache, the rotation in float32 cast back to the input's
-dtype).
+``tests/functional/test_rope_shared_kv.py`` and through the float64 reference ``tests/reference/deepseek_v4_rope.py``;
+and vLLM's ``DeepseekV4ScalingRotaryEmbedding`` (the commits: ``apply_rotary_tail``).
 
 Shapes:
     B batch, H query heads, Hkv kv heads (1 in DeepSeek-V4), S queries, T keys, D head dim, F = rotary dims / 2.
@@ -59,6 +41,15 @@ def apply_rotary_tail(
     positions. ``layout`` is ``"interleaved"`` (pairs ``(2i, 2i + 1)`` of the rope channels, DeepSeek-V4) or
     ``"half"``.
 
+    vLLM does the same: ``DeepseekV4ScalingRotaryEmbedding.forward_native(..., inverse=)`` negates ``sin`` and
+    rotates from ``rope_dim_offset = head_size - rotary_dim`` on, GPT-J style (``vllm/ir/ops/rotary_embedding.py`` @
+    0c1d2cc94016883a88656a016db32872aad27adf, ``cos_sin_format="deepseek"``), built by
+    ``vllm/models/deepseek_v4/common/rope.py`` @ 06d0369d75e060e83dffac3e0190ceff8fc37e12 (``is_neox_style=False``,
+    ``mscale`` off) and applied to the attention output before the grouped output projection; the class itself is
+    read from ``vllm/model_executor/layers/rotary_embedding/deepseek_scaling_rope.py`` in the vLLM fork
+    ``Whamp/vllm`` @ 96e9b37479db8ff9bee719172a12164aaa88fb6e (a float32 cos/sin cache, the rotation in float32 cast
+    back to the input's dtype).
+
     Shapes:
         x (..., S, D); cos, sin broadcastable to (..., S, F) with 2F <= D -> (..., S, D), dtype of x
     """
@@ -82,7 +73,9 @@ def compressed_positions(
     count: int, *, rate: int, start: int = 0, device: torch.device | str | None = None
 ) -> torch.Tensor:
     """The positions DeepSeek-V4 rotates its compressed KV entries at: entry ``w`` stands for the ``rate`` tokens
-    from ``start + w * rate`` on and is rotated at that first position.
+    from ``start + w * rate`` on and is rotated at that first position (CSA compresses every ``m = 4`` tokens, HCA
+    every ``m' = 128``; sliding layers at base ``rope_theta`` 10^4, compressed ones and their compressors YaRN at
+    ``compress_rope_theta`` 1.6 * 10^5).
 
     Args:
         count: entries (complete windows), >= 0.
@@ -102,7 +95,8 @@ def compressed_positions(
 
 def compressed_visible(q_positions: torch.Tensor, count: int, *, rate: int, start: int = 0) -> torch.Tensor:
     """Which compressed entries each query may attend to: those whose window is complete at the query,
-    ``start + (w + 1) * rate <= p + 1`` (transformers' ``w < (p + 1) // rate`` for ``start = 0``).
+    ``start + (w + 1) * rate <= p + 1`` (transformers' ``w < (p + 1) // rate`` for ``start = 0``); CSA's indexer
+    then keeps its top-k of those.
 
     Shapes:
         q_positions (S,) or (B, S) integer -> (S, count) or (B, S, count) bool

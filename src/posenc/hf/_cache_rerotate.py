@@ -9,57 +9,10 @@ rotated to the call's frequencies instead:
     k_now = T_now T_w^-1 k_cached        (per rotating pair; T = [[c, -s], [s, c]], c = a cos(p θ), s = a sin(p θ))
 
 with ``T_w`` the model's own cos/sin tables (attention factor ``a`` included) of the call that wrote the key and
-``T_now`` those of the current call, both at the key's position ``p``. ``T_now T_w^-1`` is a rotation by
-``C = (c_n c_w + s_n s_w) / (c_w² + s_w²)``, ``S = (s_n c_w - c_n s_w) / (c_w² + s_w²)``, applied like transformers'
-``apply_rotary_pos_emb`` to the rotating channels (the first ``2F``: GPT-NeoX and Phi-3 rotate a part of the head).
-
-What that buys, and what no KV cache can: the keys the attention reads are those a full forward computes from the
-same hidden states. A full forward at length L also recomputes every earlier token's hidden states with the
-frequencies of L, while the cache holds keys and values computed from hidden states of earlier steps. So cached
-decoding equals the full forward where the first length-dependent attention layer is the last attention layer (its
-keys and values come from hidden states that do not depend on the length); elsewhere it is dynamic scaling with a KV
-cache as YaRN (Peng et al. 2023, section 3.3) defines it -- keys cached before RoPE and rotated with the current
-scale -- which ``posenc.hf._cache_guard.guard_cache`` warns about (``CacheStaleWarning``) and, for LongRoPE's one
-switch, avoids in ``generate`` by re-encoding the sequence once (``reencode_at_switch``, Phi-3's rule).
-
-Why the tables and not the angle difference (``RotaryEmbedding.rerotate``, ``R(p (θ_n - θ_w))``): transformers
-computes its tables from ``p * θ`` rounded in float32, which no rotation by the exact angle difference reproduces
-(an error up to about ``p θ 2^-24`` rad), and posenc's dynamic-NTK frequencies differ from transformers' by up to a
-float32 ulp at some lengths. Undoing the written tables exactly gives the key the full forward computes, to the
-rounding of the cache's dtype (float64 caches: ~1e-16; tested per architecture in ``tests/hf/test_cache_rerotate.py``).
-
-Why a rotated copy and not the cache rotated in place: dynamic NTK changes the frequencies at every step, so an
-in-place re-rotation rounds a bfloat16 key once per step, and a step whose rotation is below half an ulp leaves the
-key unchanged, losing that rotation for good. Simulated for a head_dim 64 key cache (base 1e4, original 2048,
-factor 2, 2000 prompt keys, 1000 steps): in-place bfloat16 keys ended 44% (mean relative error; 93% max) from the
-full forward's, against 0.16% for the full forward's own bfloat16 rounding and 113% without any re-rotation. The cache
-therefore keeps every key as transformers wrote it, and what ``Cache.update`` returns to the attention (the keys of
-the call) carries the cached ones rotated to the current frequencies: each key is rounded at most twice (when written,
-when re-rotated), whatever the number of steps.
-
-Mechanism: a forward pre-hook on each attention module whose layer's frequencies depend on the length (after
-``watch_cache``'s, which finds the call's cache) reads the call's frequencies from the model's rotary module (which
-ran earlier in the same forward: transformers' ``dynamic_rope_update`` has set them, for dynamic NTK from
-``max(position_ids) + 1`` over the batch or the larger length it saw since it last ran below the original one) and
-its ``position_ids``, and leaves them for the cache's ``update``, which the hook wraps (a bound method on the cache
-object, so ``copy.deepcopy`` of a prompt cache keeps it). Each cache layer records, per key it holds, its position
-and the frequencies and attention factor it was rotated with (``_Written``: an attribute of the layer object, so it
-follows ``crop`` and dies with the cache). A forward of a model patched with a remapping method (``_posenc_remap``
-on the attention module, checked at call time) caches un-rotated keys: the hooks do nothing there.
-
-Refused (``ValueError``), rather than decoded wrongly: a cache holding keys this patched model did not write (a
-prompt processed before ``extend_context``: their frequencies and positions are unknown); a cache layer recorded for
-another batch size; and a cache whose layers are not ``DynamicLayer`` / ``DynamicSlidingWindowLayer`` (static,
-quantized, offloaded-static caches: their key index is not the write order, or their stored keys are not what the
-attention reads) once a call's frequencies differ from those its keys were written with -- until then they run as
-before.
-
-Cost: past the switch a re-rotation per layer per step over the keys written with other frequencies (dynamic NTK:
-all of them, each step; LongRoPE: the keys written before the switch), one more key-sized tensor per layer while its
-attention runs, one host sync per layer per step (which keys are stale), and a record of ``F + 1`` float32 and one
-int64 position per cached key and layer (about ``1 / Hkv`` of a bfloat16 key cache's size at ``B = 1``). Measured on
-CPU (4 layers, Hkv 8, head 64, 1,000 cached keys, one thread): a decode step took 37% longer for dynamic NTK (all
-keys re-rotated) and 22% longer for LongRoPE (200 keys from before the switch) than with the stale cache.
+``T_now`` those of the current call, both at the key's position ``p`` (``rerotate_keys``: why the tables and not the
+angle difference). Where that equals the full forward, and where it is dynamic scaling with a KV cache as YaRN (Peng
+et al. 2023, section 3.3) defines it: ``exact_with_cache``. How the hooks work, what they refuse and cost:
+``install_rerotation``; why a rotated copy and not the cache rotated in place: ``_update``.
 
 Shapes:
     keys (B, Hkv, T, D); positions (B|1, T) int64; inv_freq per key (T, F) float32; attention factor (T,) float32.
@@ -160,7 +113,27 @@ def install_rerotation(
     object, the first time keys it holds are re-rotated (a new cache, e.g. each ``generate``, is told again). Earlier
     hooks must have been removed (``remove_rerotation``). The hooks are plain functions reading the module's
     ``__dict__``, so ``copy.deepcopy`` of the model gives hooks on the copy's rotary
-    module. Returns the names of the modules hooked (empty: none found, nothing installed)."""
+    module. Returns the names of the modules hooked (empty: none found, nothing installed).
+
+    Mechanism: a forward pre-hook on each attention module whose layer's frequencies depend on the length (after
+    ``watch_cache``'s, which finds the call's cache) reads the call's frequencies from the model's rotary module
+    (which ran earlier in the same forward: transformers' ``dynamic_rope_update`` has set them, for dynamic NTK from
+    ``max(position_ids) + 1`` over the batch or the larger length it saw since it last ran below the original one)
+    and its ``position_ids``, and leaves them for the cache's ``update``, which the hook wraps (a bound method on the
+    cache object, so ``copy.deepcopy`` of a prompt cache keeps it). Each cache layer records, per key it holds, its
+    position and the frequencies and attention factor it was rotated with (``_Written``: an attribute of the layer
+    object, so it follows ``crop`` and dies with the cache). A forward of a model patched with a remapping method
+    (``_posenc_remap`` on the attention module, checked at call time) caches un-rotated keys: the hooks do nothing
+    there. What cannot be re-rotated is refused (``_check_layer``).
+
+    Cost: past the switch a re-rotation per layer per step over the keys written with other frequencies (dynamic
+    NTK: all of them, each step; LongRoPE: the keys written before the switch), one more key-sized tensor per layer
+    while its attention runs, one host sync per layer per step (which keys are stale), and a record of ``F + 1``
+    float32 and one int64 position per cached key and layer (about ``1 / Hkv`` of a bfloat16 key cache's size at
+    ``B = 1``). Measured on CPU (4 layers, Hkv 8, head 64, 1,000 cached keys, one thread): a decode step took 37%
+    longer for dynamic NTK (all keys re-rotated) and 22% longer for LongRoPE (200 keys from before the switch) than
+    with the stale cache.
+    """
     config: Any = model.config  # a transformers PretrainedConfig
     hooked = []
     for name, m in attention_modules(model):
@@ -180,7 +153,16 @@ def install_rerotation(
 def exact_with_cache(model: torch.nn.Module, layer_types: set[str | None]) -> bool:
     """Whether re-rotating the cached keys makes cached decoding equal the full forward: only when no attention
     layer comes after the first whose frequencies change (that layer's keys and values are computed from hidden
-    states that do not depend on the length; every later layer's, from hidden states computed at an earlier one)."""
+    states that do not depend on the length; every later layer's, from hidden states computed at an earlier one).
+
+    Re-rotation gives the attention the keys a full forward computes from the same hidden states, which no KV cache
+    can do more of: a full forward at length L also recomputes every earlier token's hidden states with the
+    frequencies of L, while the cache holds keys and values computed from hidden states of earlier steps. Elsewhere
+    it is dynamic scaling with a KV cache as YaRN (Peng et al. 2023, section 3.3) defines it -- keys cached before
+    RoPE and rotated with the current scale -- which ``posenc.hf._cache_guard.guard_cache`` warns about
+    (``CacheStaleWarning``) and, for LongRoPE's one switch, avoids in ``generate`` by re-encoding the sequence once
+    (``reencode_at_switch``, Phi-3's rule).
+    """
     config: Any = model.config  # a transformers PretrainedConfig
     indices = [cast(int, m.layer_idx) for _, m in attention_modules(model)]
     dependent = [
@@ -300,7 +282,15 @@ def _foreign(cache: Any, idx: int, count: int) -> None:
 
 
 def _check_layer(cache: Any, layer: Any, idx: int, positions, inv_freq, scaling) -> None:  # noqa: ANN001
-    """Refuse what cannot be brought to this call's frequencies, before anything is written."""
+    """Refuse what cannot be brought to this call's frequencies, before anything is written.
+
+    Refused (``ValueError``), rather than decoded wrongly: a cache holding keys this patched model did not write (a
+    prompt processed before ``extend_context``: their frequencies and positions are unknown); a cache layer recorded
+    for another batch size; and a cache whose layers are not ``DynamicLayer`` / ``DynamicSlidingWindowLayer``
+    (static, quantized, offloaded-static caches: their key index is not the write order, or their stored keys are
+    not what the attention reads) once a call's frequencies differ from those its keys were written with -- until
+    then they run as before.
+    """
     written = layer.__dict__.get(_WRITTEN)
     if not _supported(layer):
         count = _total(layer)
@@ -345,7 +335,17 @@ def _wrap(cache: Any) -> None:
 
 
 def _update(self, key_states, value_states, layer_idx, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
-    """``Cache.update``, returning the cached keys rotated to the current call's frequencies."""
+    """``Cache.update``, returning the cached keys rotated to the current call's frequencies.
+
+    A rotated copy, not the cache rotated in place: dynamic NTK changes the frequencies at every step, so an in-place
+    re-rotation rounds a bfloat16 key once per step, and a step whose rotation is below half an ulp leaves the key
+    unchanged, losing that rotation for good. Simulated for a head_dim 64 key cache (base 1e4, original 2048, factor
+    2, 2000 prompt keys, 1000 steps): in-place bfloat16 keys ended 44% (mean relative error; 93% max) from the full
+    forward's, against 0.16% for the full forward's own bfloat16 rounding and 113% without any re-rotation. The
+    cache therefore keeps every key as transformers wrote it, and what ``update`` returns to the attention carries
+    the cached ones rotated to the current frequencies: each key is rounded at most twice (when written, when
+    re-rotated), whatever the number of steps.
+    """
     call = self.__dict__.get(_PENDING, {}).pop(layer_idx, None)
     layer = self.layers[layer_idx] if layer_idx < len(self.layers) else None
     total = 0 if layer is None or not _supported(layer) else _total(layer)
@@ -434,6 +434,15 @@ def rerotate_keys(
     """Keys rotated by transformers' tables for (``inv_freq``, ``scaling``), one set per key, as the tables for
     (``inv_freq_now``, ``scaling_now``) would have rotated them: ``T_now T_w^-1`` per rotating pair, computed in
     float64 for float64 keys and float32 otherwise, cast back to the keys' dtype once.
+
+    ``T_now T_w^-1`` is a rotation by ``C = (c_n c_w + s_n s_w) / (c_w² + s_w²)``, ``S = (s_n c_w - c_n s_w) / (c_w² +
+    s_w²)``, applied like transformers' ``apply_rotary_pos_emb`` to the rotating channels (the first ``2F``: GPT-NeoX
+    and Phi-3 rotate a part of the head). The tables and not the angle difference (``RotaryEmbedding.rerotate``,
+    ``R(p (θ_n - θ_w))``): transformers computes its tables from ``p * θ`` rounded in float32, which no rotation by
+    the exact angle difference reproduces (an error up to about ``p θ 2^-24`` rad), and posenc's dynamic-NTK
+    frequencies differ from transformers' by up to a float32 ulp at some lengths. Undoing the written tables exactly
+    gives the key the full forward computes, to the rounding of the cache's dtype (float64 caches: ~1e-16; tested per
+    architecture in ``tests/hf/test_cache_rerotate.py``).
 
     Shapes:
         keys (B, Hkv, T, D); positions (B|1, T); inv_freq (T, F); scaling (T,); inv_freq_now (F,) -> (B, Hkv, T, D).

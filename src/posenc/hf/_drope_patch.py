@@ -2,36 +2,16 @@
 
 Gelberg, Eguchi, Akiba, Cetin 2025, "Extending the Context of Pretrained LLMs by Dropping Their Positional
 Embeddings" (arXiv:2512.12167): after pretraining with RoPE, remove it and recalibrate briefly at the original
-context; the NoPE model then runs zero-shot past that context.
+context; the NoPE model then runs zero-shot past that context. Reference implementation: ``github.com/SakanaAI/DroPE``
+at commit ``260a8bb9f4fda0673266ddfee7668915aade8b33`` (``custom_models/attention.py`` ``nope(...)``,
+``custom_models/drope.py`` ``_patch_attention_layers``; what is followed, and the authors' recalibration recipe:
+``apply_drope``).
 
-Reference implementation: ``github.com/SakanaAI/DroPE`` at commit ``260a8bb9f4fda0673266ddfee7668915aade8b33``:
-
-- What is dropped (``custom_models/attention.py``, ``nope(...)``): the attention's ``position_embeddings``
-  ``(cos, sin)`` are replaced by ``(ones_like(cos), zeros_like(sin))``, so ``apply_rotary_pos_emb`` leaves both q
-  and k un-rotated (and the KV cache holds un-rotated keys); a factor the rotary module multiplies into cos/sin
-  (``attention_scaling``: YaRN's mscale, LongRoPE's) goes with it. ``custom_models/drope.py``
-  (``_patch_attention_layers``) does this in every layer (``LlamaAttention`` / ``Qwen2Attention``): no layer keeps
-  RoPE and no option chooses layers, so there is no ``layers=`` here.
-- Nothing else changes by default: ``from_source`` replaces the softmax scale 1/sqrt(head_dim) by
-  ``config.softmax_scale`` when the config has that field (a constant, not length-dependent), but no run config in
-  ``cfgs/`` sets it; here it is the ``softmax_scale`` option. There is no length-dependent temperature at
-  inference. The QK-norm variants (``attention_type="qk_norm_nope"`` etc.: new RMSNorm weights over q_proj/k_proj
-  outputs) add parameters and are not implemented.
-- Recalibration (``cfgs/run_cfg/*_drope.yaml``, ``hydra_utils.load_model``, ``custom_data/pretraining_data.py``):
-  plain causal-LM loss (``transformers.Trainer``, ``labels = input_ids``, EOS-separated documents packed into
-  blocks) on fineweb-edu, every parameter trained (nothing frozen, no PEFT), at the pretraining context length
-  (SmolLM 2048, Llama-2-7B 4096, SmolLM2 8192). Llama-2-7B: 5,000 steps x 512 x 4096 tokens (10.5B), lr 1e-4,
-  cosine, 100 warmup steps; SmolLM-360M / 1.7B: 120,000 steps x 512 x 2048 (126B), lr 3e-4; SmolLM2-1.7B: 120,000
-  steps x 512 x 8192, lr 3e-4. AdamW (0.9, 0.999), no weight decay, gradients clipped at 1.
-
-Here the rotary modules return ``cos = 1``, ``sin = 0`` (their shapes and dtype as before): every attention layer
-receives what the authors' ``NoPEAttention`` passes, whatever the attention implementation (eager, sdpa, flash).
-It is exact: ``q * 1 + rotate_half(q) * 0 == q`` in every dtype, so the patched model equals the same weights run
-with no rotation (``tests/hf/test_extend_drope.py``: a float64 model written out, transformers' SmolLM3 with
-``no_rope_layers`` all 0, and each architecture with ``apply_rotary_pos_emb`` the identity). ``remove_drope``
-undoes it. A saved folder records it (``posenc.hf._record``; ``posenc.hf.load_causal_lm`` re-applies it), since no
-config key of transformers, vLLM or llama.cpp turns RoPE off in every layer of these architectures; the model's own
-``save_pretrained`` is refused, as it would reload with RoPE.
+Here the rotary modules return ``cos = 1``, ``sin = 0`` (their shapes and dtype as before), so every attention layer
+receives what the authors' ``NoPEAttention`` passes, whatever the attention implementation, and q and k reach it
+un-rotated. ``remove_drope`` undoes it. A saved folder records it (``posenc.hf._record``; ``posenc.hf.load_causal_lm``
+re-applies it), since no config key of transformers, vLLM or llama.cpp turns RoPE off in every layer of these
+architectures; the model's own ``save_pretrained`` is refused, as it would reload with RoPE.
 
 Shapes:
     The rotary module's ``(cos, sin)``: ``(B, S, rotary_dim)`` each, as transformers builds them, filled with 1
@@ -103,7 +83,31 @@ def check_droppable(model: torch.nn.Module) -> None:
 
 
 def apply_drope(model: torch.nn.Module, *, softmax_scale: float | None = None) -> dict[str, Any]:
-    """Drop RoPE from every layer of ``model`` in place (see the module docstring); return what changed.
+    """Drop RoPE from every layer of ``model`` in place; return what changed.
+
+    As the reference implementation (SakanaAI/DroPE at 260a8bb9) drops it: ``custom_models/attention.py``
+    ``nope(...)`` replaces the attention's ``position_embeddings`` ``(cos, sin)`` by ``(ones_like(cos),
+    zeros_like(sin))``, so ``apply_rotary_pos_emb`` leaves both q and k un-rotated (and the KV cache holds un-rotated
+    keys); a factor the rotary module multiplies into cos/sin (``attention_scaling``: YaRN's mscale, LongRoPE's) goes
+    with it. ``custom_models/drope.py`` (``_patch_attention_layers``) does this in every layer (``LlamaAttention`` /
+    ``Qwen2Attention``): no layer keeps RoPE and no option chooses layers, so there is no ``layers=`` here. Nothing
+    else changes by default: ``from_source`` replaces the softmax scale 1/sqrt(head_dim) by ``config.softmax_scale``
+    when the config has that field (a constant, not length-dependent), but no run config in ``cfgs/`` sets it; here
+    it is ``softmax_scale``. There is no length-dependent temperature at inference. The QK-norm variants
+    (``attention_type="qk_norm_nope"`` etc.: new RMSNorm weights over q_proj/k_proj outputs) add parameters and are
+    not implemented.
+
+    It is exact: ``q * 1 + rotate_half(q) * 0 == q`` in every dtype, so the patched model equals the same weights run
+    with no rotation (``tests/hf/test_extend_drope.py``: a float64 model written out, transformers' SmolLM3 with
+    ``no_rope_layers`` all 0, and each architecture with ``apply_rotary_pos_emb`` the identity).
+
+    The authors' recalibration, which is the caller's to run (``cfgs/run_cfg/*_drope.yaml``,
+    ``hydra_utils.load_model``, ``custom_data/pretraining_data.py``): plain causal-LM loss (``transformers.Trainer``,
+    ``labels = input_ids``, EOS-separated documents packed into blocks) on fineweb-edu, every parameter trained
+    (nothing frozen, no PEFT), at the pretraining context length (SmolLM 2048, Llama-2-7B 4096, SmolLM2 8192).
+    Llama-2-7B: 5,000 steps x 512 x 4096 tokens (10.5B), lr 1e-4, cosine, 100 warmup steps; SmolLM-360M / 1.7B:
+    120,000 steps x 512 x 2048 (126B), lr 3e-4; SmolLM2-1.7B: 120,000 steps x 512 x 8192, lr 3e-4. AdamW (0.9,
+    0.999), no weight decay, gradients clipped at 1.
 
     Args:
         model: a transformers model of a type in ``DROPE_MODEL_TYPES``.

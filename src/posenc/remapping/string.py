@@ -1,42 +1,17 @@
 """STRING (An et al. 2025, "Why Does the Effective Context Length of LLMs Fall Short?", ICLR 2025,
 arXiv:2410.18745).
 
-Large relative distances are rarely trained (their frequency in pretraining falls off towards the training length
-``L``), so STRING replaces them with well-trained ones, *inside* the training length: pairs closer than the
-``shifted_offset`` ``S`` (the diagonal band) keep their positions; a farther pair's distance ``d = i - j >= S`` is
-shifted down to ``d - S + W`` (the query rotated at ``i - S + W``, the key at ``j``), so the far pairs reuse the
-distances ``W, W + 1, ...`` and the nearest ``W`` (the ``local_window``) stay with the diagonal band alone. Both
-branches' queries and keys are multiplied by ``mscale = 0.1 ln 2 + 1`` (logits times ``mscale**2``), as the
-reference's cos/sin tables are ("STRING will make the attention map smooth, we use the attention_factor to recover
-it, similar with Yarn"); ``mscale=1`` leaves it out.
-
-How it differs: Self-Extend and ReRoPE keep the neighbours and *compress* (group, clamp or slow down) the far
-distances so that a sequence longer than ``L`` fits; STRING *shifts* them by a constant, keeping every far distance
-distinct and in order (a needle's tokens keep consecutive positions), and is meant to run at (and within) the
-training length, where nothing needs compressing: it overwrites the least-trained last ``S - W`` distances. Past
-``L`` it reaches ``L + S - W`` tokens (every distance below ``L``), at most ``2L - W`` (``S <= L``).
+Large relative distances are rarely trained, so STRING replaces them with well-trained ones, *inside* the training
+length ``L``: pairs closer than the ``shifted_offset`` ``S`` keep their positions; a farther pair's distance
+``d = i - j >= S`` is shifted down to ``d - S + W`` (the query rotated at ``i - S + W``, the key at ``j``), ``W`` the
+``local_window``. Both branches' queries and keys are multiplied by ``mscale = 0.1 ln 2 + 1``. Unlike Self-Extend
+and ReRoPE, which *compress* the far distances, STRING *shifts* them by a constant (every far distance distinct and
+in order); past ``L`` it reaches ``L + S - W`` tokens, at most ``2L - W``. Details, where posenc differs from the
+reference, and why it is not saved: ``String``.
 
 Reference implementation: ``HKUNLP/STRING`` (read in its copy ``justHungryMan/STRING`` at commit ``9594e5b``):
-``string_for_llama.py`` (``replace_with_string(max_test_length, shifted_offset, small_local_value=128)``: the
-diagonal ``flash_attn_func(..., window_size=[diag_size, 0])`` with queries at their positions, the shifted
-triangle ``q[-(T - S):]`` against ``k[:T - S]`` with queries at ``position_ids - diag_size + local_window``, merged
-by their log-sum-exps; the flash-decoding path splits the cache into its last ``S`` keys and the rest;
-``attention_factor = 0.1 * log(2) + 1`` on the cos/sin tables), ``string_for_qwen2.py`` (the same attention, with
-Qwen2's YaRN), and the vLLM fork ``vllm_string`` (``ShiftedRotaryEmbedding``: ``query_shifted`` at
-``positions - shifted_offset + local_value``, ``mscale = 0.1 * log(2) + 1`` on q and k). Checked in
-``tests/reference/remapping.py`` (``string``) against the decoding path, pair by pair.
-
-Where posenc differs from the reference: its prefill flash call's window ``[diag_size, 0]`` includes the key at
-distance exactly ``S`` (flash-attention windows are inclusive) and the shifted call scores that key too, so in a
-prefill that one key per query is counted twice (once at distance ``S``, once at ``W``); its decoding path, the
-paper's definition (``i - j >= S`` shifted) and posenc count it once, shifted, so decoding equals the full forward.
-The vLLM fork's paged decoding rounds the shifted part down to a multiple of the block size (the diagonal then holds
-up to ``block_size - 1`` more keys); posenc does not.
-
-Saving: no serving format records STRING. The ``string_config`` block (``shifted_offset``, ``local_value``) the
-authors document is read only by their vLLM fork (``vllm_string``, vLLM 0.5.0); vLLM's own ``LlamaAttention``
-passes no such key to its rotary embedding or attention, so ``posenc.hf.save_pretrained`` refuses STRING rather
-than write a key that serving engines ignore.
+``string_for_llama.py``, ``string_for_qwen2.py`` and the vLLM fork ``vllm_string`` (``ShiftedRotaryEmbedding``).
+Checked in ``tests/reference/remapping.py`` (``string``) against the decoding path, pair by pair.
 
 Shapes:
     position maps (..., N) -> (..., N) integer; regions i (..., S, 1), j (..., 1, T) -> bool (..., S, T);
@@ -63,7 +38,35 @@ SHIFTED_RATIO = 0.33
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class String(RemapMethod):
-    """STRING with ``shifted_offset`` (``S``), ``local_window`` (``W < S``) and ``mscale`` on queries and keys."""
+    """STRING with ``shifted_offset`` (``S``), ``local_window`` (``W < S``) and ``mscale`` on queries and keys.
+
+    Pretraining trains a distance less often the closer it is to the training length ``L``, so STRING overwrites the
+    least-trained last ``S - W`` distances: the far pairs reuse the distances ``W, W + 1, ...``, and the nearest
+    ``W`` stay with the diagonal band alone. It is meant to run at (and within) the training length, where nothing
+    needs compressing; a needle's tokens keep consecutive positions. ``mscale`` scales the logits by ``mscale**2``,
+    as the reference's cos/sin tables do ("STRING will make the attention map smooth, we use the attention_factor
+    to recover it, similar with Yarn"); ``mscale=1`` leaves it out.
+
+    The reference, ``string_for_llama.py`` (``replace_with_string(max_test_length, shifted_offset,
+    small_local_value=128)``): the diagonal ``flash_attn_func(..., window_size=[diag_size, 0])`` with queries at
+    their positions, the shifted triangle ``q[-(T - S):]`` against ``k[:T - S]`` with queries at ``position_ids -
+    diag_size + local_window``, merged by their log-sum-exps; the flash-decoding path splits the cache into its last
+    ``S`` keys and the rest; ``attention_factor = 0.1 * log(2) + 1`` on the cos/sin tables. ``string_for_qwen2.py``:
+    the same attention, with Qwen2's YaRN. The vLLM fork ``vllm_string``: ``query_shifted`` at ``positions -
+    shifted_offset + local_value``, ``mscale = 0.1 * log(2) + 1`` on q and k.
+
+    Where posenc differs from the reference: its prefill flash call's window ``[diag_size, 0]`` includes the key at
+    distance exactly ``S`` (flash-attention windows are inclusive) and the shifted call scores that key too, so in a
+    prefill that one key per query is counted twice (once at distance ``S``, once at ``W``); its decoding path, the
+    paper's definition (``i - j >= S`` shifted) and posenc count it once, shifted, so decoding equals the full
+    forward. The vLLM fork's paged decoding rounds the shifted part down to a multiple of the block size (the
+    diagonal then holds up to ``block_size - 1`` more keys); posenc does not.
+
+    Saving: no serving format records STRING. The ``string_config`` block (``shifted_offset``, ``local_value``) the
+    authors document is read only by their vLLM fork (``vllm_string``, vLLM 0.5.0); vLLM's own ``LlamaAttention``
+    passes no such key to its rotary embedding or attention, so ``posenc.hf.save_pretrained`` refuses STRING rather
+    than write a key that serving engines ignore.
+    """
 
     shifted_offset: int
     local_window: int = LOCAL_WINDOW

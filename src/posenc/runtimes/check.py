@@ -1,45 +1,10 @@
 """``check``: does each runtime run what posenc measured? One ``Row`` per runtime, from config.json or a GGUF header.
 
-The reference -- what posenc measured (``reference``):
-
-- a folder posenc wrote (``posenc.hf.save_pretrained``, ``posenc export``): its own record, ``config.json["posenc"]``.
-  The RoPE is rebuilt with posenc's own scalings (``posenc.scalings``, ``rotary_config_from_hf``) from the
-  ``rope_parameters`` the record holds (older records: from the config's, noted), per layer type; the extensions
-  the config does not carry (a remapping method: ``dca_vllm`` as ``dual_chunk_attention_config``) and the context the
-  model was extended to come from the record too;
-- a GGUF file posenc wrote: its ``posenc.rope`` record, also where the llama.cpp keys were edited after the export
-  (each runtime is compared with what was measured; llama.cpp's fix names the keys that say the record again);
-  another Llama GGUF: the llama.cpp keys as posenc's loader reads them;
-- anything else: the config as transformers reads it (``posenc.runtimes.transformers``), with the extension keys it
-  carries for other runtimes (``dual_chunk_attention_config``: for transformers, the ``extend_context`` call that
-  runs it as vLLM serves it, since no loader applies it without posenc's record).
-
-A ``dca_vllm`` record is compared with the ``dual_chunk_attention_config`` each runtime that reads it serves
-(``chunk_size``, ``local_size``, the original length). A runtime whose reading depends on its environment
-(``RuntimeView.variants``: llama.cpp's converter under transformers 4 or 5) is ``same`` only where every
-environment's reading is. Keys no runtime computes with (a missing layer count or ``context_length``, a string or
-out-of-range RoPE number, a GGUF key stored with another type) are refused first (``posenc.runtimes.inputs``).
-
-Per runtime and layer, the comparison (``compare``): RoPE or none, rotary dims and layout, ``max |Δ inv_freq|``
-(float64) and the attention factor, at the frequencies for sequences up to the original context and, for
-length-dependent layers (dynamic, LongRoPE), at ``length`` (default: the context posenc extended to) where the
-reader gives ``LayerRope.at_length``; the extension keys the runtime ignores; and the context: the reference's and
-the runtime's limit against ``length``.
-
-Tolerance for "same" (``inv_freq_tolerance``): both sides compute ``base ** (-2i/d)`` and a few scalings in float32.
-The exponent ``2i/d`` is rounded once (relative error ``u``, ``u = 2**-24``), which moves ``theta = base**-e`` by
-``|ln theta| u`` relatively; ``pow``, the division and a scaling's blend (YaRN's ramp, Llama 3's smoothing: the
-longest chain) add at most 8 more roundings of ``u`` each. Two such computations differ by at most
-``2 (8 + |ln theta|) u theta`` per frequency: 2.6e-6 relative for theta = 1e-6, where a wrong base, factor,
-original length or ramp moves a frequency by 1e-3 or more. Attention factors are float64 on every side but a GGUF's
-float32 keys: ``4 u max(1, |a|)``.
-
-A verdict is ``same``, ``differs: ...`` (the number, and the fix: the key to add or the flag to pass),
-``cannot run this: ...`` (the runtime refuses the model) or ``not verified: ...`` (nothing is guessed: a runtime
-posenc has no reader for, a layer whose frequencies depend on the length and whose reader gives them at one length
-only, a model type outside a reader's tables). Only ``same`` is shown safe to deploy; ``posenc check`` exits 1 on
-``differs`` and ``cannot run this`` only (``exit_status``; ``--strict``: on ``not verified`` too). Every row names the
-runtime release its reader follows (``Row.version``).
+What posenc measured (``reference``: its own record in a folder or GGUF it wrote, else the config as transformers
+reads it) is compared with what each runtime's reader says it runs (``compare``: per layer, RoPE or none, rotary
+dims and layout, ``max |Δ inv_freq|`` within ``inv_freq_tolerance``, the attention factor, the context). A verdict
+is one of ``STATUSES``; ``posenc check`` exits 1 on ``FAILING`` ones (``exit_status``). Every row names the runtime
+release its reader follows (``Row.version``).
 """
 
 from __future__ import annotations
@@ -55,23 +20,37 @@ import torch
 from posenc._checks import check_choice, check_positive_int, fail
 from posenc.runtimes import RUNTIMES, LayerRope, RuntimeView, Source, inputs, read
 
-#: float32 unit roundoff, and the roundings beyond the exponent's in the longest frequency computation (see above).
+#: float32 unit roundoff, and the roundings beyond the exponent's in the longest frequency computation
+#: (``inv_freq_tolerance``).
 U32 = 2.0**-24
 ROUNDINGS = 8
-#: The status that starts every verdict.
+#: The status that starts every verdict: ``same``, ``differs: ...`` (the number, and the fix: the key to add or the
+#: flag to pass), ``cannot run this: ...`` (the runtime refuses the model) or ``not verified: ...`` (nothing is
+#: guessed: a runtime posenc has no reader for, a layer whose frequencies depend on the length and whose reader gives
+#: them at one length only, a model type outside a reader's tables). Only ``same`` is shown safe to deploy;
+#: ``posenc check`` exits 1 on ``differs`` and ``cannot run this`` only (``--strict``: on ``not verified`` too).
 STATUSES = ("same", "differs", "cannot run this", "not verified")
 
 
 def inv_freq_tolerance(inv_freq: torch.Tensor) -> torch.Tensor:
     """Per frequency, how far two float32 computations of it may differ: ``2 (ROUNDINGS + |ln theta|) u theta``
-    (zero for a pair that does not rotate, frequency 0)."""
+    (zero for a pair that does not rotate, frequency 0).
+
+    Both sides compute ``base ** (-2i/d)`` and a few scalings in float32. The exponent ``2i/d`` is rounded once
+    (relative error ``u``, ``u = 2**-24``), which moves ``theta = base**-e`` by ``|ln theta| u`` relatively; ``pow``,
+    the division and a scaling's blend (YaRN's ramp, Llama 3's smoothing: the longest chain) add at most 8 more
+    roundings of ``u`` each. Two such computations differ by at most ``2 (8 + |ln theta|) u theta`` per frequency:
+    2.6e-6 relative for theta = 1e-6, where a wrong base, factor, original length or ramp moves a frequency by 1e-3
+    or more.
+    """
     theta = inv_freq.abs().double()
     logs = torch.where(theta > 0, theta.clamp_min(1e-300).log().abs(), torch.zeros_like(theta))
     return 2 * (ROUNDINGS + logs) * U32 * theta
 
 
 def attention_tolerance(value: float) -> float:
-    """How far two readings of one attention factor may differ: float32 keys (GGUF), ``4 u max(1, |a|)``."""
+    """How far two readings of one attention factor may differ: ``4 u max(1, |a|)`` (float64 on every side but a
+    GGUF's float32 keys)."""
     return 4 * U32 * max(1.0, abs(value))
 
 
@@ -338,8 +317,22 @@ def _runtime_reference(view: RuntimeView, source: str, config: Mapping[str, Any]
 
 
 def reference(source: Source, transformers: RuntimeView | None = None) -> Reference:
-    """What posenc measured for ``source`` (see the module docstring); ``transformers``: its transformers view, read
-    when not given.
+    """What posenc measured for ``source``; ``transformers``: its transformers view, read when not given.
+
+    - A folder posenc wrote (``posenc.hf.save_pretrained``, ``posenc export``): its own record,
+      ``config.json["posenc"]``. The RoPE is rebuilt with posenc's own scalings (``posenc.scalings``,
+      ``rotary_config_from_hf``) from the ``rope_parameters`` the record holds (older records: from the config's,
+      noted), per layer type; the extensions the config does not carry (a remapping method: ``dca_vllm`` as
+      ``dual_chunk_attention_config``) and the context the model was extended to come from the record too.
+    - A GGUF file posenc wrote: its ``posenc.rope`` record, also where the llama.cpp keys were edited after the
+      export (each runtime is compared with what was measured; llama.cpp's fix names the keys that say the record
+      again); another Llama GGUF: the llama.cpp keys as posenc's loader reads them.
+    - Anything else: the config as transformers reads it (``posenc.runtimes.transformers``), with the extension keys
+      it carries for other runtimes (``dual_chunk_attention_config``: for transformers, the ``extend_context`` call
+      that runs it as vLLM serves it, since no loader applies it without posenc's record).
+
+    Keys no runtime computes with (a missing layer count or ``context_length``, a string or out-of-range RoPE number,
+    a GGUF key stored with another type) are refused first (``posenc.runtimes.inputs``).
 
     Raises:
         ValueError: naming the path, where nothing can serve as the reference (transformers cannot read the model and
@@ -480,7 +473,17 @@ def _compare_variants(view: RuntimeView, ref: Reference, length: int | None) -> 
 
 
 def compare(view: RuntimeView, ref: Reference, length: int | None = None) -> Row:
-    """One runtime's ``Row``: ``view`` (``posenc.runtimes.read``) against what posenc measured (``reference``)."""
+    """One runtime's ``Row``: ``view`` (``posenc.runtimes.read``) against what posenc measured (``reference``).
+
+    Per layer: RoPE or none, rotary dims and layout, ``max |Δ inv_freq|`` (float64) and the attention factor, at the
+    frequencies for sequences up to the original context and, for length-dependent layers (dynamic, LongRoPE), at
+    ``length`` (default: the context posenc extended to) where the reader gives ``LayerRope.at_length``; the
+    extension keys the runtime ignores; and the context: the reference's and the runtime's limit against ``length``.
+    A ``dca_vllm`` record is compared with the ``dual_chunk_attention_config`` each runtime that reads it serves
+    (``chunk_size``, ``local_size``, the original length). A runtime whose reading depends on its environment
+    (``RuntimeView.variants``: llama.cpp's converter under transformers 4 or 5) is ``same`` only where every
+    environment's reading is.
+    """
     if view.variants:
         return _compare_variants(view, ref, length)
     common: dict[str, Any] = dict(

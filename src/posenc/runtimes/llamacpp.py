@@ -3,65 +3,12 @@
 Follows ggml-org/llama.cpp at commit ``0c1e57098bba43ac29e6e3b677cdceebdd22334f`` (2026-10-01, "webgpu: fix
 SSM_SCAN binding aliasing (#29750)"): the tree llama-cpp-python 0.3.36 vendors, read from that release's sdist (its
 ``vendor/llama.cpp`` gitlink; its CHANGELOG: "update llama.cpp to ggml-org/llama.cpp@0c1e57098"; llama.cpp's build
-number is not in the sdist). ``RELEASE`` names it, ``FOLLOWS`` lists the files:
-
-- ``src/llama-model.cpp`` ``load_hparams``: for every architecture ``{arch}.context_length`` (``n_ctx_train``,
-  required), ``rope.freq_base`` (default 10000), ``rope.scaling.type`` (default ``"linear"``; a name other than
-  ``none``, ``linear``, ``yarn``, ``longrope`` stops the load with an assertion), ``rope.scaling.factor`` (else the
-  old ``rope.scale_linear``; ``freq_scale = 1 / factor`` in float32, 1 when absent or 0),
-  ``rope.scaling.attn_factor`` (default 1), ``rope.scaling.original_context_length`` (default ``n_ctx_train``),
-  ``rope.dimension_count`` (default the key length, ``attention.key_length`` or ``embedding_length / head_count``;
-  ``llama`` refuses any other value) and ``rope.dimension_count_swa``; ``llama_model_rope_type``: the channel
-  layout per architecture (NORM: consecutive pairs, ``"interleaved"``; NEOX: halves, ``"half"``; none);
-  ``get_rope_freq_base/scale`` (sliding layers: ``rope_freq_base_train_swa`` and ``rope_freq_scale_train_swa``,
-  whose defaults are 10000 and 1 unless the architecture sets them) and ``get_rope_factors`` (``rope_freqs``, else
-  LongRoPE's ``rope_factors_long`` when the per-sequence context ``n_ctx_seq`` exceeds the original context, else
-  ``rope_factors_short``); ``load_swa_pattern`` and ``llama_hparams::set_swa_pattern`` (``src/llama-hparams.cpp``:
-  every ``n``-th layer full, the rest sliding; ``attention.sliding_window_pattern`` as a number or a per-layer array,
-  at most 512 values, layers past a shorter array full).
-- ``src/models/<arch>.cpp``: what each architecture reads beyond that (``load_arch_hparams``: its default sliding
-  pattern, ``rope.freq_base_swa``, YaRN's ``yarn_beta_fast/slow``, ``yarn_ext_factor``, ``yarn_attn_factor``,
-  ``yarn_log_multiplier``) and which base, scale and factor tensor its graph passes to ``ggml_rope_ext`` at each
-  layer, and which layers it rotates at all (``_ARCHS``). A tensor the architecture does not create (``rope_freqs``
-  in a Qwen2 file) fails the load ("wrong number of tensors").
-- ``src/llama-context.cpp``: ``n_ctx`` 0 means ``n_ctx_train`` (llama-server's and llama-cli's default; the C API's
-  is 512, llama-cpp-python's ``Llama()`` 512, its server 2048: pass ``n_ctx``) and is padded to a multiple of 256;
-  ``rope.scaling.original_context_length`` 0 means ``n_ctx_train`` there too (but LongRoPE's long/short choice,
-  ``get_rope_factors``, compares with the key itself); ``ext_factor`` is 1 for YaRN, else 0 (unless the
-  architecture read a ``yarn_ext_factor``); the betas and, without YaRN, ``yarn_attn_factor`` are the model's
-  (llama-server passes -1; llama-cpp-python's ``Llama()`` passes 32, 1 and 1, which override a file's: named in
-  ``notes`` where they differ); the ``attn_factor`` handed to the kernel
-  (``posenc.gguf.rope.llamacpp_attn_factor``: YaRN's ``1 + 0.1 ln s``, or ``get_mscale(s, mscale) / get_mscale(s,
-  yarn_log_multiplier)``, divided by the ``1 + 0.1 ln s`` the kernel multiplies back, times
-  ``rope.scaling.attn_factor``).
-- ``ggml/src/ggml-cpu/ops.cpp`` (``rope_yarn``, ``ggml_rope_cache_init``) and ``ggml/src/ggml.c``
-  (``ggml_rope_yarn_corr_dims``): the frequencies and cos/sin scale from those arguments
-  (``posenc.gguf.rope.ggml_rope_frequencies``; float64 here from the float32 values llama.cpp holds).
-
-A transformers folder is first converted as ``convert_hf_to_gguf.py`` at the same commit would convert it
-(``conversion/base.py`` ``TextModel.__init__`` / ``set_gguf_parameters``, ``conversion/llama.py`` (``rope_freqs``
-for Llama 3.1's scaling), ``conversion/gemma.py``) for Llama, Mistral, Qwen2, Qwen3 and Gemma 3; other
-architectures are "not verified".
-
-Across releases (the files above in the sdists of llama-cpp-python 0.3.24, 0.3.35 and 0.3.36; the converter's in 0.3.30
-to 0.3.33): ``rope_yarn`` / ``ggml_rope_yarn_corr_dims``, the context's YaRN ``attn_factor`` and the converter's
-``rope.scaling`` keys are the same in 0.3.24, 0.3.35 and 0.3.36; a per-layer ``attention.sliding_window_pattern`` array
-is read by Gemma 2/3, Cohere 2, OLMo 2, Llama 4, EXAONE 4 and gpt-oss from 0.3.36 on (0.3.35, llama.cpp 4df29be4f, ran
-their default pattern); the converter takes a top-level ``original_max_position_embeddings`` into the RoPE dict, and
-Llama 3's ``rope_freqs`` the dict's, from 0.3.32 (llama.cpp b3fed31b9) on (0.3.31, f449e0553: a YaRN dict without it
-stops the converter, and ``rope_freqs`` use the top-level value, default 8192). The notes say so where a file or config
-meets one of these.
-
-Known traps this reads as llama.cpp does and names in ``notes`` / ``ignored``: YaRN keys dropped by a converter
-(``rope.scaling.type`` yarn without a factor runs plain RoPE, llama.cpp #13322; without
-``original_context_length`` the correction range is computed from ``context_length``; a YaRN model converted with
-no ``rope.scaling`` keys at all runs plain RoPE at its base, which the file's ``posenc.rope`` record, when present,
-shows); YaRN's ``attention_factor`` and betas, which the converter writes as ``yarn_attn_factor`` /
-``yarn_beta_*`` and most architectures never read; Gemma's sliding layers (their base is ``rope.freq_base_swa``,
-10000 when absent, unscaled; a file whose ``freq_base_swa`` equals the full layers' base rotates them with the
-full-layer theta; llama.cpp #14367 reported Gemma 3's linear factor applied to its sliding layers too: at the followed
-commit ``gemma3.cpp`` leaves their scale at 1, as transformers does) and the layer pattern (every 6th layer full for
-Gemma 3 unless the file says otherwise); ``yarn_log_multiplier``, read by a few architectures only.
+number is not in the sdist). ``RELEASE`` names it (and what changed across releases), ``FOLLOWS`` lists the files:
+``src/llama-model.cpp`` and ``src/llama-hparams.cpp`` (the keys, read by ``_layers``), ``src/models/<arch>.cpp``
+(``_ARCHS``), ``src/llama-context.cpp`` (the context and YaRN arguments), ``ggml/src/ggml-cpu/ops.cpp`` and
+``ggml/src/ggml.c`` (the frequencies, ``posenc.gguf.rope``). A transformers folder is first converted as
+``convert_hf_to_gguf.py`` at the same commit would (``convert``) for Llama, Mistral, Qwen2, Qwen3 and Gemma 3; other
+architectures are "not verified". The traps a file can fall into are named in ``notes`` (``_trap_notes``).
 
 Shapes:
     ``LayerRope.inv_freq`` (F,) float64, F = rotary dims / 2 (``n_rot`` of the layer / 2).
@@ -80,9 +27,18 @@ import torch
 from posenc.gguf import rope as gguf_rope
 from posenc.runtimes import LayerRope, RuntimeView, Source, Variant, register
 
-#: The code this reader follows.
 #: How ``posenc check`` names the release this reader follows.
+#:
+#: Across releases (the files of ``FOLLOWS`` in the sdists of llama-cpp-python 0.3.24, 0.3.35 and 0.3.36; the
+#: converter's in 0.3.30 to 0.3.33): ``rope_yarn`` / ``ggml_rope_yarn_corr_dims``, the context's YaRN
+#: ``attn_factor`` and the converter's ``rope.scaling`` keys are the same in 0.3.24, 0.3.35 and 0.3.36; a per-layer
+#: ``attention.sliding_window_pattern`` array is read by Gemma 2/3, Cohere 2, OLMo 2, Llama 4, EXAONE 4 and gpt-oss
+#: from 0.3.36 on (0.3.35, llama.cpp 4df29be4f, ran their default pattern); the converter takes a top-level
+#: ``original_max_position_embeddings`` into the RoPE dict, and Llama 3's ``rope_freqs`` the dict's, from 0.3.32
+#: (llama.cpp b3fed31b9) on (0.3.31, f449e0553: a YaRN dict without it stops the converter, and ``rope_freqs`` use
+#: the top-level value, default 8192). The notes say so where a file or config meets one of these.
 RELEASE = "llama.cpp 0c1e57098 (llama-cpp-python 0.3.36)"
+#: The code this reader follows.
 FOLLOWS = (
     "ggml-org/llama.cpp@0c1e57098 (2026-10-01; vendored by llama-cpp-python 0.3.36): src/llama-model.cpp "
     "load_hparams, llama_model_rope_type, get_rope_freq_base/scale, get_rope_factors; src/llama-hparams.cpp "
@@ -281,7 +237,44 @@ class _Reading:
 
 
 def _layers(meta: Mapping[str, Any], tensors: Mapping[str, Any], *, n_ctx: int | None, out: _Reading) -> tuple:
-    """``(layers, n_ctx_train)`` llama.cpp runs for the file's metadata and RoPE factor tensors."""
+    """``(layers, n_ctx_train)`` llama.cpp runs for the file's metadata and RoPE factor tensors.
+
+    As ``src/llama-model.cpp`` ``load_hparams`` reads them, for every architecture: ``{arch}.context_length``
+    (``n_ctx_train``, required), ``rope.freq_base`` (default 10000), ``rope.scaling.type`` (default ``"linear"``; a
+    name other than ``none``, ``linear``, ``yarn``, ``longrope`` stops the load with an assertion),
+    ``rope.scaling.factor`` (else the old ``rope.scale_linear``; ``freq_scale = 1 / factor`` in float32, 1 when
+    absent or 0), ``rope.scaling.attn_factor`` (default 1), ``rope.scaling.original_context_length`` (default
+    ``n_ctx_train``), ``rope.dimension_count`` (default the key length, ``attention.key_length`` or
+    ``embedding_length / head_count``; ``llama`` refuses any other value) and ``rope.dimension_count_swa``.
+    ``llama_model_rope_type`` gives the channel layout per architecture (NORM: consecutive pairs, ``"interleaved"``;
+    NEOX: halves, ``"half"``; none); ``get_rope_freq_base/scale`` the sliding layers' ``rope_freq_base_train_swa``
+    and ``rope_freq_scale_train_swa`` (defaults 10000 and 1 unless the architecture sets them); ``get_rope_factors``
+    the factor tensor (``rope_freqs``, else LongRoPE's ``rope_factors_long`` when the per-sequence context
+    ``n_ctx_seq`` exceeds the original context, else ``rope_factors_short``); ``load_swa_pattern`` and
+    ``llama_hparams::set_swa_pattern`` (``src/llama-hparams.cpp``) the sliding layers: every ``n``-th layer full, the
+    rest sliding; ``attention.sliding_window_pattern`` as a number or a per-layer array, at most 512 values, layers
+    past a shorter array full.
+
+    Then ``src/models/<arch>.cpp`` (``_ARCHS``): what each architecture reads beyond that (``load_arch_hparams``: its
+    default sliding pattern, ``rope.freq_base_swa``, YaRN's ``yarn_beta_fast/slow``, ``yarn_ext_factor``,
+    ``yarn_attn_factor``, ``yarn_log_multiplier``), which base, scale and factor tensor its graph passes to
+    ``ggml_rope_ext`` at each layer, and which layers it rotates at all. A tensor the architecture does not create
+    (``rope_freqs`` in a Qwen2 file) fails the load ("wrong number of tensors").
+
+    And ``src/llama-context.cpp``: ``n_ctx`` 0 means ``n_ctx_train`` (llama-server's and llama-cli's default; the C
+    API's is 512, llama-cpp-python's ``Llama()`` 512, its server 2048: pass ``n_ctx``) and is padded to a multiple
+    of 256; ``rope.scaling.original_context_length`` 0 means ``n_ctx_train`` there too (but LongRoPE's long/short
+    choice, ``get_rope_factors``, compares with the key itself); ``ext_factor`` is 1 for YaRN, else 0 (unless the
+    architecture read a ``yarn_ext_factor``); the betas and, without YaRN, ``yarn_attn_factor`` are the model's
+    (llama-server passes -1; llama-cpp-python's ``Llama()`` passes 32, 1 and 1, which override a file's: named in
+    ``notes`` where they differ); the ``attn_factor`` handed to the kernel is
+    ``posenc.gguf.rope.llamacpp_attn_factor`` (YaRN's ``1 + 0.1 ln s``, or ``get_mscale(s, mscale) / get_mscale(s,
+    yarn_log_multiplier)``, divided by the ``1 + 0.1 ln s`` the kernel multiplies back, times
+    ``rope.scaling.attn_factor``). The frequencies and cos/sin scale follow from those arguments as in
+    ``ggml/src/ggml-cpu/ops.cpp`` (``rope_yarn``, ``ggml_rope_cache_init``) and ``ggml/src/ggml.c``
+    (``ggml_rope_yarn_corr_dims``): ``posenc.gguf.rope.ggml_rope_frequencies``, in float64 from the float32 values
+    llama.cpp holds.
+    """
     arch = meta.get("general.architecture")
     if not isinstance(arch, str):
         raise _Refused("the file has no general.architecture")
@@ -435,7 +428,19 @@ def _created_tensors(rules: _Arch, kind: str) -> set[str]:
 
 
 def _trap_notes(arch, meta, kind, factor, tensors, rules, is_swa, base, base_swa, n_ctx_seq, n_ctx_orig, out) -> None:
-    """What a user must know about how llama.cpp reads these keys."""
+    """What a user must know about how llama.cpp reads these keys: the known traps, read as llama.cpp does.
+
+    YaRN keys dropped by a converter (``rope.scaling.type`` yarn without a factor runs plain RoPE, llama.cpp #13322;
+    without ``original_context_length`` the correction range is computed from ``context_length``; a YaRN model
+    converted with no ``rope.scaling`` keys at all runs plain RoPE at its base, which the file's ``posenc.rope``
+    record, when present, shows: ``_record_note``); YaRN's ``attention_factor`` and betas, which the converter writes
+    as ``yarn_attn_factor`` / ``yarn_beta_*`` and most architectures never read; Gemma's sliding layers (their base
+    is ``rope.freq_base_swa``, 10000 when absent, unscaled; a file whose ``freq_base_swa`` equals the full layers'
+    base rotates them with the full-layer theta; llama.cpp #14367 reported Gemma 3's linear factor applied to its
+    sliding layers too: at the followed commit ``gemma3.cpp`` leaves their scale at 1, as transformers does) and the
+    layer pattern (every 6th layer full for Gemma 3 unless the file says otherwise); ``yarn_log_multiplier``, read
+    by a few architectures only.
+    """
     has = f"{arch}.rope.scaling.type" in meta
     if kind == "yarn" and factor in (0.0, 1.0):
         out.notes.append(
@@ -583,6 +588,9 @@ def _find(hp: Mapping[str, Any], keys: tuple[str, ...]) -> Any:
 def convert(config: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, list[float]], list[str], list[str]]:
     """``(metadata, rope tensors, ignored, notes)``: the RoPE keys and tensors ``convert_hf_to_gguf.py`` writes for
     ``config`` (a ``config.json`` dict of an architecture in ``CONVERTED``), and the config keys it does not carry.
+
+    As at the followed commit: ``conversion/base.py`` ``TextModel.__init__`` / ``set_gguf_parameters``,
+    ``conversion/llama.py`` (``rope_freqs`` for Llama 3.1's scaling), ``conversion/gemma.py``.
 
     Raises:
         ValueError: for an architecture posenc does not model (the caller reports it as not verified).

@@ -10,38 +10,9 @@ d7287464193f2efe5b2e72385f883534e2ba04f5 (``get_rope_config``, ``get_context_len
 ``gguf_file``), and ``python/sglang/srt/models/qwen3.py`` at 01b5f572b7b678e2fa5a727881f1ff3ab4dd3c6d. SGLang >=
 0.5.10 runs with transformers 5 (pinned 5.8.1 since sglang #25451); posenc parses the config with the installed
 transformers. SGLang's rotary modules import its kernels and platform code, so this module is written from that code;
-``tests/reference/sglang_rope.py`` holds the formulas copied from it and the tests hold this reader to them.
-
-How SGLang differs from vLLM (``posenc.runtimes.vllm``), as this module reads it:
-
-- **Config.** ``get_rope_config(config)``: with transformers 5 the whole ``rope_parameters`` dict is the
-  ``rope_scaling`` passed to ``get_rope`` and ``rope_parameters["rope_theta"]`` the base (a dict nested by layer
-  type has no ``rope_theta``: ``KeyError``); with a v4-style config, ``config.rope_theta`` and
-  ``config.rope_scaling``. SGLang has no ``patch_rope_parameters``: ``rotary_emb_base`` and ``rotary_pct`` are
-  not renamed.
-- **Missing keys default** (``_get_rope_param``, with a warning) instead of raising: ``factor`` 1,
-  ``original_max_position_embeddings`` ``max_position``, llama3's ``low_freq_factor`` 1 and ``high_freq_factor`` 4.
-- **``dynamic``** with ``factor`` is static NTK at the constant base ``base * (factor**2 - factor + 1) ** (d / (d -
-  2))`` (the formula vLLM fixed in PR #41277), over ``factor * max_position_embeddings`` positions.
-- **``yarn``** reads ``mscale`` and ``mscale_all_dim`` (the DeepSeek ratio when both are given, else ``0.1 ln s +
-  1``), times ``attn_factor``; ``truncate``; not ``attention_factor``.
-- **``longrope``** switches a whole batch to the long factors once any position exceeds
-  ``original_max_position_embeddings`` (length dependent, like transformers, but on position > L, not length > L).
-- **``ntk``**, ``telechat3-yarn`` and other types vLLM knows are unknown here: ``ValueError``.
-- **Context.** ``get_context_length``: the first of ``max_sequence_length``, ``seq_length``, ``max_seq_len``,
-  ``model_max_length``, ``max_position_embeddings``, times ``factor`` unless the RoPE dict has
-  ``original_max_position_embeddings`` (which transformers 5 adds to every YaRN dict) or is ``llama3``: a YaRN model
-  gets ``max_position_embeddings``, not vLLM's ``original_max_position_embeddings * factor``. Cos/sin tables grow on
-  demand (``_ensure_cos_sin_cache_length``).
-- **Dual Chunk Attention.** ``qwen3.py`` (01b5f572) passes no ``dual_chunk_attention_config`` to ``get_rope``: a
-  Qwen3 model runs plain RoPE. Qwen2 / Qwen2-MoE pass it (seen in an unpinned excerpt of ``qwen2_moe.py``: not
-  verified at a commit).
-
-Not verified (said in the views' notes): SGLang's model files other than ``qwen3.py`` at a transformers-5 version (the
-stored ``llama.py``, ``qwen2.py`` and ``gemma3_causal.py`` predate it: ``llama.py`` reads ``config.rope_theta``, which a
-transformers-5 ``LlamaConfig`` no longer has, the default-θ fallback of sglang #14745); generic models are read with
-``get_rope_config`` as ``qwen3.py`` does; Gemma 3 / Gemma 4 / Llama 4 / gpt-oss layers are not read (no view
-layers); ``hf_transformers/gguf_native.py`` (not read).
+``tests/reference/sglang_rope.py`` holds the formulas copied from it and the tests hold this reader to them. How it
+differs from vLLM (``posenc.runtimes.vllm``) is said where it is read: ``get_rope_config``, ``sglang_get_rope``,
+``sglang_context_length``, ``_sglang_layers`` (Dual Chunk Attention, and what is not verified).
 """
 
 from __future__ import annotations
@@ -129,6 +100,16 @@ def sglang_get_rope(
 ) -> _v.Built:
     """What SGLang's ``get_rope(head_size, rotary_dim, max_position, base, is_neox_style, rope_scaling, dtype,
     partial_rotary_factor, dual_chunk_attention_config)`` builds, in float64.
+
+    Where it differs from vLLM's (``posenc.runtimes.vllm.vllm_get_rope``): missing keys default
+    (``_get_rope_param``, with a warning) instead of raising: ``factor`` 1, ``original_max_position_embeddings``
+    ``max_position``, llama3's ``low_freq_factor`` 1 and ``high_freq_factor`` 4. ``dynamic`` with ``factor`` is
+    static NTK at the constant base ``base * (factor**2 - factor + 1) ** (d / (d - 2))`` (the formula vLLM fixed in
+    PR #41277), over ``factor * max_position_embeddings`` positions. ``yarn`` reads ``mscale`` and
+    ``mscale_all_dim`` (the DeepSeek ratio when both are given, else ``0.1 ln s + 1``), times ``attn_factor``;
+    ``truncate``; not ``attention_factor``. ``longrope`` switches a whole batch to the long factors once any
+    position exceeds ``original_max_position_embeddings`` (length dependent, like transformers, but on position > L,
+    not length > L). ``ntk``, ``telechat3-yarn`` and other types vLLM knows are unknown here: ``ValueError``.
 
     Raises:
         _Refused: where ``get_rope`` raises (no rope type, unknown rope type, missing factor lists).
@@ -253,7 +234,12 @@ def sglang_get_rope(
 
 def get_rope_config(config: Any, raw: Mapping[str, Any]) -> tuple[float, dict | None]:
     """SGLang's ``get_rope_config``: ``(rope_parameters.get("rope_theta", config.rope_theta or 10000),
-    rope_parameters)`` with transformers 5, else ``(config.rope_theta or 10000, config.rope_scaling)``."""
+    rope_parameters)`` with transformers 5, else ``(config.rope_theta or 10000, config.rope_scaling)``.
+
+    With transformers 5 the whole ``rope_parameters`` dict is the ``rope_scaling`` passed to ``get_rope`` (a dict
+    nested by layer type has no ``rope_theta``: ``KeyError`` in SGLang). SGLang has no ``patch_rope_parameters``:
+    ``rotary_emb_base`` and ``rotary_pct`` are not renamed.
+    """
     rp = _v.rope_parameters(config)
     if rp is not None:
         return float(rp.get("rope_theta", _v.attr(config, raw, "rope_theta") or 10000)), rp
@@ -276,6 +262,16 @@ _DEEPSEEK = ("deepseek_v2", "deepseek_v3", "kimi_k2")
 
 
 def _sglang_layers(parsed: _v.ParsedConfig) -> tuple[list[_v.Built], list[str], list[str]]:
+    """Per layer, what SGLang's model file builds; plus notes and ignored config keys.
+
+    Dual Chunk Attention: ``qwen3.py`` (01b5f572) passes no ``dual_chunk_attention_config`` to ``get_rope``, so a
+    Qwen3 model runs plain RoPE; Qwen2 / Qwen2-MoE pass it (seen in an unpinned excerpt of ``qwen2_moe.py``: not
+    verified at a commit). Not verified (said in the views' notes): SGLang's model files other than ``qwen3.py`` at a
+    transformers-5 version (the stored ``llama.py``, ``qwen2.py`` and ``gemma3_causal.py`` predate it: ``llama.py``
+    reads ``config.rope_theta``, which a transformers-5 ``LlamaConfig`` no longer has, the default-θ fallback of
+    sglang #14745); generic models are read with ``get_rope_config`` as ``qwen3.py`` does; Gemma 3 / Gemma 4 / Llama
+    4 / gpt-oss layers are not read (no view layers); ``hf_transformers/gguf_native.py`` (not read).
+    """
     text = parsed.text
     raw = dict(parsed.raw.get("text_config") or parsed.raw)
     model_type = text.model_type
@@ -363,7 +359,14 @@ _CONTEXT_KEYS = ("max_sequence_length", "seq_length", "max_seq_len", "model_max_
 
 
 def sglang_context_length(parsed: _v.ParsedConfig) -> tuple[int, dict[str, Any]]:
-    """SGLang's ``get_context_length(hf_text_config)`` (no ``--context-length``)."""
+    """SGLang's ``get_context_length(hf_text_config)`` (no ``--context-length``).
+
+    The first of ``max_sequence_length``, ``seq_length``, ``max_seq_len``, ``model_max_length``,
+    ``max_position_embeddings``, times ``factor`` unless the RoPE dict has ``original_max_position_embeddings``
+    (which transformers 5 adds to every YaRN dict) or is ``llama3``: a YaRN model gets ``max_position_embeddings``,
+    not ``original_max_position_embeddings * factor``. Cos/sin tables grow on demand
+    (``_ensure_cos_sin_cache_length``).
+    """
     text = parsed.text
     raw = dict(parsed.raw.get("text_config") or parsed.raw)
     try:

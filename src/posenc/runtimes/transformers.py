@@ -1,34 +1,10 @@
 """What transformers (5.x, the installed version) runs for a model: its RoPE per layer, computed by transformers itself.
 
-The reading *is* transformers' computation, not a re-implementation of it:
-
-- the config: ``CONFIG_MAPPING[model_type].from_dict(config.json)``, as ``AutoConfig.from_pretrained`` builds it
-  (both config generations: ``rope_scaling``/``rope_theta`` and ``rope_parameters``, flat or per layer type;
-  Gemma 3's ``rope_local_base_freq``; Phi-3's top-level ``original_max_position_embeddings``; the multimodal wrappers'
-  ``text_config``); for a GGUF file, the config transformers' GGUF loader builds from the header
-  (``modeling_gguf_pytorch_utils.load_gguf_checkpoint``'s mapping, ``integrations.ggml.GGUF_CONFIG_MAPPING``), which
-  drops ``rope.scaling.*`` for every architecture but gpt-oss;
-- the frequencies: the model file's own ``*RotaryEmbedding`` module built from that config (``ROPE_INIT_FUNCTIONS``
-  or its own ``compute_default_rope_parameters``; HunYuan's ``alpha``, gpt-oss's ``truncate``, DeepSeek's
-  ``mscale``/``mscale_all_dim`` ratio, Gemma 4's per-layer-type head dims all come from there), and for the
-  length-dependent types (``dynamic``, ``longrope``) ``dynamic_rope_update``'s rule at a given length;
-- the layers: the rules of the model files, one per layer: per-layer-type tables where the rotary module keeps one
-  per type (Gemma 3/4: ``config.layer_types[i]``), no RoPE where the attention reads ``config.no_rope_layers[i] == 0``
-  (Llama 4, SmolLM3), Llama 4's chunked attention on its RoPE layers (``attention_chunk_size``, in ``params``),
-  Granite-SWA's rotary module per base (``config.layer_rope_theta[i]``, built as its model builds it; 0: no RoPE).
-
-The channel layout is not in any config: ``LAYOUTS`` says, per model type, what its attention does (read from its
-model file). A model type outside ``LAYOUTS`` is still read with its rotary module, noted ``not verified``.
-
-``ignored``: keys of the model that change what posenc measured but that transformers does not read --
-``dual_chunk_attention_config`` (no transformers model reads it; vLLM's Qwen2/Qwen3 and SGLang's Qwen2 read it),
-posenc's own record where it holds an extension the config does not carry (``posenc.hf.load_causal_lm`` applies it,
-transformers does not), ``rope_parameters`` beside a ``rope_scaling`` (transformers 5 takes ``rope_scaling``), keys
-transformers' validation calls unrecognized, and a GGUF's ``rope.scaling.*`` keys and RoPE factor tensors.
-
-``context`` is None: transformers does not limit the sequence length (``max_position_embeddings`` is not enforced;
-the view's notes give it). ``read_transformers4`` models how transformers < 5 (``rope_theta`` and ``rope_scaling``
-only) reads the same folder, for the trap of a v5-only config served by a stack pinned to transformers 4.
+The reading *is* transformers' computation, not a re-implementation of it (``read_config`` says how): the config
+class, the model file's own ``*RotaryEmbedding`` module, and the model files' per-layer rules. The channel layout is
+in no config: ``LAYOUTS`` says it per model type. ``context`` is None: transformers does not limit the sequence length
+(``max_position_embeddings`` is not enforced; the view's notes give it). ``read_transformers4`` models how
+transformers < 5 reads the same folder, for the trap of a v5-only config served by a stack pinned to transformers 4.
 
 Reference: transformers 5.24 ``modeling_rope_utils.py`` (``ROPE_INIT_FUNCTIONS``, ``dynamic_rope_update``,
 ``RotaryEmbeddingConfigMixin``), ``configuration_utils.py``, ``modeling_gguf_pytorch_utils.py``, and the model files
@@ -289,7 +265,12 @@ def _layers(text: Any, rotaries: list[Any], layout: str) -> tuple[list[LayerRope
 
 
 def _ignored_in_config(config: Mapping[str, Any], messages: list[str]) -> tuple[str, ...]:
-    """Keys of a ``config.json`` that change what posenc measured but that transformers does not read."""
+    """Keys of a ``config.json`` that change what posenc measured but that transformers does not read (the view's
+    ``ignored``): ``dual_chunk_attention_config`` (no transformers model reads it; vLLM's Qwen2/Qwen3 and SGLang's
+    Qwen2 read it), posenc's own record where it holds an extension the config does not carry
+    (``posenc.hf.load_causal_lm`` applies it, transformers does not), ``rope_parameters`` beside a ``rope_scaling``
+    (transformers 5 takes ``rope_scaling``), and keys transformers' validation calls unrecognized. For a GGUF file,
+    its ``rope.scaling.*`` keys and RoPE factor tensors are ignored too (``_gguf_config``)."""
     from posenc.hf import _record
 
     ignored = [key for key in UNREAD_KEYS if config.get(key)]
@@ -391,7 +372,26 @@ def _relative_to_file(view: RuntimeView, arch: str) -> RuntimeView:
 
 
 def read_config(config: Mapping[str, Any], follows_source: str, ignored: tuple[str, ...] = ()) -> RuntimeView:
-    """The view of a ``config.json`` dict (or the dict transformers' GGUF loader builds)."""
+    """The view of a ``config.json`` dict (or the dict transformers' GGUF loader builds).
+
+    - The config: ``CONFIG_MAPPING[model_type].from_dict(config.json)``, as ``AutoConfig.from_pretrained`` builds it
+      (both config generations: ``rope_scaling``/``rope_theta`` and ``rope_parameters``, flat or per layer type;
+      Gemma 3's ``rope_local_base_freq``; Phi-3's top-level ``original_max_position_embeddings``; the multimodal
+      wrappers' ``text_config``); for a GGUF file, the config transformers' GGUF loader builds from the header
+      (``modeling_gguf_pytorch_utils.load_gguf_checkpoint``'s mapping, ``integrations.ggml.GGUF_CONFIG_MAPPING``),
+      which drops ``rope.scaling.*`` for every architecture but gpt-oss.
+    - The frequencies: the model file's own ``*RotaryEmbedding`` module built from that config
+      (``ROPE_INIT_FUNCTIONS`` or its own ``compute_default_rope_parameters``; HunYuan's ``alpha``, gpt-oss's
+      ``truncate``, DeepSeek's ``mscale``/``mscale_all_dim`` ratio, Gemma 4's per-layer-type head dims all come from
+      there), and for the length-dependent types (``dynamic``, ``longrope``) ``dynamic_rope_update``'s rule at a
+      given length.
+    - The layers: the rules of the model files, one per layer: per-layer-type tables where the rotary module keeps
+      one per type (Gemma 3/4: ``config.layer_types[i]``), no RoPE where the attention reads
+      ``config.no_rope_layers[i] == 0`` (Llama 4, SmolLM3), Llama 4's chunked attention on its RoPE layers
+      (``attention_chunk_size``, in ``params``), Granite-SWA's rotary module per base (``config.layer_rope_theta[i]``,
+      built as its model builds it; 0: no RoPE). A model type outside ``LAYOUTS`` is still read with its rotary
+      module, noted ``not verified``.
+    """
     follows = f"transformers {_version()}: {follows_source}"
     if config.get("auto_map") and config.get("model_type") not in _config_mapping():
         return _refused(follows, "the model ships its own code (auto_map) and its model_type is not in transformers: "

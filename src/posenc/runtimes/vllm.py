@@ -1,66 +1,18 @@
 """What vLLM runs for a model: its RoPE per layer, read the way vLLM reads a transformers folder, a ``config.json``
 or a GGUF file.
 
-Follows the vLLM release on the package index, 0.33.0 (``VLLM_VERSION``; the files of its wheel, ``FOLLOWS`` names
-each): the configuration path (``transformers_utils/config.py``: ``patch_rope_parameters``,
-``patch_legacy_rope_type``; ``config/model.py``: ``_get_and_verify_max_len``;
+Follows the vLLM release on the package index, 0.33.0 (``VLLM_VERSION``, with what changed across releases; the
+files of its wheel, ``FOLLOWS`` names each): the configuration path (``transformers_utils/config.py``:
+``patch_rope_parameters``, ``patch_legacy_rope_type``; ``config/model.py``: ``_get_and_verify_max_len``;
 ``transformers_utils/model_arch_config_convertor.py``: ``derive_max_model_len_and_key``), the model files that build
 the rotary embedding (``models/llama.py``, ``qwen2.py``, ``qwen3.py``, ``gemma3.py``, ``gemma4.py``, ``llama4.py``,
 ``gpt_oss.py``, ``deepseek_v2.py``) and ``layers/rotary_embedding/__init__.py`` ``get_rope`` with the classes it
 builds. posenc cannot import vLLM (its rope modules import its custom-op and platform machinery), so this module is
 written from that code; ``tests/reference/vllm_rope_scaling.py`` holds the formulas copied line by line, and the tests
 hold this reader to them on full tensors. (Until issue 68 it followed the commit 41c5903d, whose YaRN read
-``attn_factor``.)
-
-Where the reading changed across releases (read in the wheels of 0.26.0, 0.29.0, 0.30.0, 0.31.0, 0.32.0, 0.33.0):
-from 0.30.0 YaRN reads transformers' ``attention_factor``, ``mscale`` and ``mscale_all_dim`` and no longer
-``attn_factor``, ``extrapolation_factor``, ``apply_yarn_scaling`` (DeepSeek's YaRN no ``attn_factor`` either, and
-``deepseek_v2.py`` picks ``deepseek_llama_scaling`` by ``attention_factor == 1.0``), ``telechat3-yarn`` is rewritten
-to ``yarn`` with ``attention_factor = 0.07 ln s + 1``, and a YaRN model's default ``max_model_len`` is its
-``max_position_embeddings`` (0.29.0: ``original_max_position_embeddings * factor``). No release read has a GGUF
-loader.
-
-What vLLM does, as this module reads it:
-
-- **Config generation.** vLLM parses ``config.json`` with transformers' ``AutoConfig`` and then standardizes the
-  RoPE keys (``patch_rope_parameters``): with transformers 5 everything ends up in ``rope_parameters`` (a v4
-  ``rope_scaling`` and a top-level ``rope_theta`` are moved in; ``rotary_emb_base`` and ``rotary_pct`` /
-  ``rotary_emb_fraction`` are read as ``rope_theta`` and ``partial_rotary_factor``), and transformers fills
-  ``original_max_position_embeddings`` with ``max_position_embeddings`` for ``llama3``, ``yarn`` and ``longrope``
-  when it is absent. posenc parses the config with the installed transformers the same way (``AutoConfig``'s config
-  class, ``from_dict``), so a model-specific config class (Gemma 3's ``rope_local_base_freq``, Llama 4's
-  ``no_rope_layers``) does here what it does in vLLM. vLLM's transformers 4 path is not modelled.
-- **Per layer type.** Only the model files that look a layer type up in ``rope_parameters`` use per-layer-type RoPE
-  (Gemma 3 and 4 here); the others pass the whole dict to ``get_rope``, which then finds no ``rope_theta`` in a
-  dict nested by layer type and falls back to 10000.
-- **``get_rope``.** ``rope_theta`` (10000 when absent), ``partial_rotary_factor`` or ``rope_dim``, then the
-  ``rope_type``: ``default``, ``linear`` (positions over ``factor``), ``ntk`` (vLLM's *fixed* NTK: base times
-  ``factor``, every frequency over ``factor ** (2 / d)``; with ``mixed_b`` mixed NTK), ``dynamic`` (with ``alpha``:
-  base times ``alpha ** (d / (d - 2))``; with ``factor``: one static base for ``max_position`` against
-  ``max_trained_positions``, which defaults to ``max_position``, i.e. the base unchanged: dynamic NTK is served as
-  plain RoPE, and its cos/sin table holds ``max_position_embeddings`` rows while the context allowed is ``factor``
-  times that), ``yarn`` (``beta_fast``, ``beta_slow``, ``truncate``; the factor is ``attention_factor``, else the
-  ``mscale`` / ``mscale_all_dim`` ratio where both are non-zero, else ``0.1 ln s + 1``; ``attn_factor``,
-  ``extrapolation_factor`` and ``apply_yarn_scaling`` unread), ``deepseek_yarn`` (the ``mscale`` /
-  ``mscale_all_dim`` ratio, truncated ramp),
-  ``longrope`` (short or long factors chosen once from ``max_model_len``, not per sequence), ``llama3``,
-  ``proportional`` (Gemma 4: frequencies over the head size, zeros past the rotating pairs; ``factor`` unread);
-  anything else raises (``telechat3-yarn`` is rewritten to ``yarn`` before). A ``dual_chunk_attention_config``
-  (Qwen2/Qwen3) takes precedence over the rope type: ``DualChunkRotaryEmbedding`` at plain RoPE frequencies, the
-  rope scaling unread.
-- **Context.** ``max_model_len`` defaults to the smallest of the config's length keys (and the tokenizer's
-  ``model_max_length``), times ``factor`` for every rope type but ``longrope``, ``llama3``, ``yarn``,
-  ``deepseek_yarn`` and ``deepseek_llama_scaling``; Gemma 3 unscaled; ``longrope`` defaults to the config's
-  ``original_max_position_embeddings``.
-- **GGUF.** No load format or quantization method of the release reads GGUF: a GGUF file is "cannot run this".
-
-Not verified (said in the notes of the views concerned): whether the V1 engine serves Dual Chunk Attention's
-attention (its backend came with the V0 engine, vLLM #11844; #20484 reports it broken by #18437); the multimodal,
-Fourier and XD RoPE variants; model files other than those named (read as ``llama.py`` reads its config).
-
-Before vLLM PR #41277 (merged 2026-04-29, the fix of #41236) ``DynamicNTKScalingRotaryEmbedding`` served dynamic NTK
-as static NTK at the constant base ``base * (factor**2 - factor + 1) ** (d / (d - 2))`` over ``factor *
-max_position_embeddings`` positions; SGLang still does (``posenc.runtimes.sglang``).
+``attn_factor``.) Each step is described where it is read: ``parse_config`` and ``_patch_rope_parameters`` (config),
+``_vllm_layers`` (per layer type), ``vllm_get_rope``, ``vllm_max_model_len`` (context), ``read_vllm`` (GGUF, and what
+is not verified).
 """
 
 from __future__ import annotations
@@ -79,6 +31,14 @@ import torch
 from posenc.runtimes import LayerRope, RuntimeView, Source, register
 
 #: The vLLM release this reader follows: the files of its wheel on the package index (``FOLLOWS``).
+#:
+#: Where the reading changed across releases (read in the wheels of 0.26.0, 0.29.0, 0.30.0, 0.31.0, 0.32.0, 0.33.0):
+#: from 0.30.0 YaRN reads transformers' ``attention_factor``, ``mscale`` and ``mscale_all_dim`` and no longer
+#: ``attn_factor``, ``extrapolation_factor``, ``apply_yarn_scaling`` (DeepSeek's YaRN no ``attn_factor`` either, and
+#: ``deepseek_v2.py`` picks ``deepseek_llama_scaling`` by ``attention_factor == 1.0``), ``telechat3-yarn`` is
+#: rewritten to ``yarn`` with ``attention_factor = 0.07 ln s + 1``, and a YaRN model's default ``max_model_len`` is
+#: its ``max_position_embeddings`` (0.29.0: ``original_max_position_embeddings * factor``). No release read has a
+#: GGUF loader.
 VLLM_VERSION = "0.33.0"
 #: How ``posenc check`` names it in every row.
 RELEASE = f"vLLM {VLLM_VERSION}"
@@ -256,6 +216,15 @@ def transformers_version() -> str | None:
 def parse_config(source: Source, runtime: str) -> ParsedConfig:
     """``source`` parsed as ``runtime`` parses it: transformers' config class for the model type (what
     ``AutoConfig.from_pretrained`` builds), from config.json or from a GGUF header through transformers' GGUF loader.
+
+    vLLM parses ``config.json`` with transformers' ``AutoConfig`` and then standardizes the RoPE keys
+    (``patch_rope_parameters``, here ``_patch_rope_parameters``): with transformers 5 everything ends up in
+    ``rope_parameters`` (a v4 ``rope_scaling`` and a top-level ``rope_theta`` are moved in; ``rotary_emb_base`` and
+    ``rotary_pct`` / ``rotary_emb_fraction`` are read as ``rope_theta`` and ``partial_rotary_factor``), and
+    transformers fills ``original_max_position_embeddings`` with ``max_position_embeddings`` for ``llama3``, ``yarn``
+    and ``longrope`` when it is absent. Parsing with the installed transformers the same way (``AutoConfig``'s
+    config class, ``from_dict``) makes a model-specific config class (Gemma 3's ``rope_local_base_freq``, Llama 4's
+    ``no_rope_layers``) do here what it does in vLLM. vLLM's transformers 4 path is not modelled.
 
     Raises:
         _Refused: transformers is not installed, the model type is unknown to it, or its config class refuses the
@@ -502,6 +471,25 @@ def vllm_get_rope(
     """What vLLM's ``get_rope(head_size, max_position, is_neox_style, rope_parameters, dual_chunk_attention_config)``
     builds, in float64.
 
+    ``rope_theta`` (10000 when absent), ``partial_rotary_factor`` or ``rope_dim``, then the ``rope_type``:
+    ``default``, ``linear`` (positions over ``factor``), ``ntk`` (vLLM's *fixed* NTK: base times ``factor``, every
+    frequency over ``factor ** (2 / d)``; with ``mixed_b`` mixed NTK), ``dynamic`` (with ``alpha``: base times
+    ``alpha ** (d / (d - 2))``; with ``factor``: one static base for ``max_position`` against
+    ``max_trained_positions``, which defaults to ``max_position``, i.e. the base unchanged: dynamic NTK is served as
+    plain RoPE, and its cos/sin table holds ``max_position_embeddings`` rows while the context allowed is ``factor``
+    times that), ``yarn`` (``beta_fast``, ``beta_slow``, ``truncate``; the factor is ``attention_factor``, else the
+    ``mscale`` / ``mscale_all_dim`` ratio where both are non-zero, else ``0.1 ln s + 1``; ``attn_factor``,
+    ``extrapolation_factor`` and ``apply_yarn_scaling`` unread), ``deepseek_yarn`` (the ``mscale`` /
+    ``mscale_all_dim`` ratio, truncated ramp), ``longrope`` (short or long factors chosen once from
+    ``max_model_len``, not per sequence), ``llama3``, ``proportional`` (Gemma 4: frequencies over the head size,
+    zeros past the rotating pairs; ``factor`` unread); anything else raises (``telechat3-yarn`` is rewritten to
+    ``yarn`` before). A ``dual_chunk_attention_config`` (Qwen2/Qwen3) takes precedence over the rope type:
+    ``DualChunkRotaryEmbedding`` at plain RoPE frequencies, the rope scaling unread.
+
+    Before vLLM PR #41277 (merged 2026-04-29, the fix of #41236) ``DynamicNTKScalingRotaryEmbedding`` served dynamic
+    NTK as static NTK at the constant base ``base * (factor**2 - factor + 1) ** (d / (d - 2))`` over ``factor *
+    max_position_embeddings`` positions; SGLang still does (``posenc.runtimes.sglang``).
+
     Raises:
         _Refused: where ``get_rope`` raises (unknown rope type, missing key, bad partial rotary factor).
     """
@@ -701,7 +689,13 @@ def _head_dim(text: Any) -> int:
 
 
 def _vllm_layers(parsed: ParsedConfig, gguf: bool) -> tuple[list[Built], list[str], list[str]]:
-    """Per layer, what vLLM's model file builds; plus notes and ignored config keys."""
+    """Per layer, what vLLM's model file builds; plus notes and ignored config keys.
+
+    Only the model files that look a layer type up in ``rope_parameters`` use per-layer-type RoPE (Gemma 3 and 4
+    here); the others pass the whole dict to ``get_rope``, which then finds no ``rope_theta`` in a dict nested by
+    layer type and falls back to 10000. Model files other than those of ``FOLLOWS`` are read as ``llama.py`` reads
+    its config (not verified).
+    """
     text, config = parsed.text, parsed.config
     arch = (getattr(config, "architectures", None) or ["?"])[0]
     family = _FAMILIES.get(arch)
@@ -869,7 +863,12 @@ _UNSCALED_CONTEXT = ("su", "longrope", "llama3", "yarn", "deepseek_yarn", "deeps
 
 def vllm_max_model_len(parsed: ParsedConfig, folder: Path | None) -> tuple[int, dict[str, Any]]:
     """vLLM's default ``max_model_len`` (``_get_and_verify_max_len`` with no ``--max-model-len``) and how it was
-    derived."""
+    derived.
+
+    The smallest of the config's length keys (and the tokenizer's ``model_max_length``), times ``factor`` for every
+    rope type but ``longrope``, ``llama3``, ``yarn``, ``deepseek_yarn`` and ``deepseek_llama_scaling``; Gemma 3
+    unscaled; ``longrope`` defaults to the config's ``original_max_position_embeddings``.
+    """
     text, config = parsed.text, parsed.config
     derived, key = math.inf, None
     for k in _LENGTH_KEYS:
@@ -925,7 +924,13 @@ GGUF_REFUSED = (
 @register("vllm")
 def read_vllm(source: Source) -> RuntimeView:
     """What vLLM (``FOLLOWS``) runs for ``source``: per layer, the RoPE its model file builds; its default
-    ``max_model_len``; the keys it does not read; why it would refuse."""
+    ``max_model_len``; the keys it does not read; why it would refuse.
+
+    No load format or quantization method of the release reads GGUF: a GGUF file is "cannot run this". Not verified
+    (said in the notes of the views concerned): whether the V1 engine serves Dual Chunk Attention's attention (its
+    backend came with the V0 engine, vLLM #11844; #20484 reports it broken by #18437); the multimodal, Fourier and XD
+    RoPE variants; model files other than those named.
+    """
     follows = f"{FOLLOWS}; config parsed by transformers {transformers_version()} as installed"
     if source.kind == "gguf":
         return RuntimeView("vllm", follows, (), None, refused=GGUF_REFUSED, version=RELEASE)
