@@ -55,7 +55,7 @@ def in_process(path: Path, runtimes: str, repeats: int) -> tuple[float, float]:
 def _export(tmp: Path) -> tuple[Path, Path]:
     for save in (tmp / "smollm2-yarn2", tmp / "smollm2-yarn2.gguf"):
         cmd = [sys.executable, "-m", "posenc", "export", "smollm2", "--method", "yarn", "--factor", "2",
-               "--save", str(save), "--quiet"]  # fmt: skip
+               "--save", str(save), "--quiet"]
         subprocess.run(cmd, check=True)
     return tmp / "smollm2-yarn2", tmp / "smollm2-yarn2.gguf"
 
@@ -75,7 +75,7 @@ def main() -> None:
         import torch
 
         print(f"{_cpu_name()}, {os.cpu_count()} cores, torch {torch.__version__}, Python {platform.python_version()}, "
-              f"{time.strftime('%Y-%m-%d')}, load average {os.getloadavg()[0]:.1f} at the start")  # fmt: skip
+              f"{time.strftime('%Y-%m-%d')}, load average {os.getloadavg()[0]:.1f} at the start")
         print(f"posenc check --runtimes {args.runtimes}, {args.repeats} runs each\n")
         print("| what | fresh process, best (s) | median (s) | in-process, first call (s) | later calls, best (ms) |")
         print("|---|---:|---:|---:|---:|")
@@ -83,7 +83,7 @@ def main() -> None:
             times = [fresh(path, args.runtimes) for _ in range(args.repeats)]
             first, later = in_process(path, args.runtimes, args.repeats)
             print(f"| {name}: {path.name} | {min(times):.2f} | {statistics.median(times):.2f} | {first:.2f} | "
-                  f"{1e3 * later:.1f} |")  # fmt: skip
+                  f"{1e3 * later:.1f} |")
         floors = {"python -c 'import torch'": "import torch",
                   "... and transformers' LlamaConfig": "import torch; from transformers import LlamaConfig"}
         for name, code in floors.items():  # what any check in a fresh process pays before reading anything

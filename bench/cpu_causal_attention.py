@@ -61,7 +61,7 @@ def main() -> None:
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     print(f"{platform.processor() or platform.machine()}, torch {torch.__version__}, {torch.get_num_threads()} threads,"
-          f" 1 x {args.heads} heads x {args.length} x {args.dim}")  # fmt: skip
+          f" 1 x {args.heads} heads x {args.length} x {args.dim}")
     mask = create_block_mask(lambda b, h, qi, ki: qi >= ki, None, None, args.length, args.length, device="cpu")
     print("| dtype | method | seconds | / sdpa | max abs diff vs float64 |")
     print("|---|---|---:|---:|---:|")

@@ -72,7 +72,7 @@ def llamacpp_scores(
 
     kv = {"type_k": 0, "type_v": 0} if f32_cache else {}  # GGML_TYPE_F32; llama.cpp's default is F16
     llm = llama_cpp.Llama(str(path), n_ctx=len(ids) - 1, n_batch=512, n_ubatch=512, logits_all=True, n_threads=threads,
-                          n_threads_batch=threads, flash_attn=flash, verbose=False, **kv)  # fmt: skip
+                          n_threads_batch=threads, flash_attn=flash, verbose=False, **kv)
     try:
         start = time.perf_counter()
         llm.eval(ids[:-1])
@@ -108,17 +108,17 @@ def main() -> None:
     extended = copy.deepcopy(model)
     extend_context(extended, args.method, args.factor)
     print(f"# {datetime.date.today()} {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
-          f"{args.threads} threads, torch {torch.__version__}, llama-cpp-python {llama_cpp.__version__}")  # fmt: skip
+          f"{args.threads} threads, torch {torch.__version__}, llama-cpp-python {llama_cpp.__version__}")
     print(f"# SmolLM2-135M {args.method} x{args.factor:g}: {args.length} tokens, original context {original}; "
-          f"scores past position {original} ({args.length - original} tokens)")  # fmt: skip
+          f"scores past position {original} ({args.length - original} tokens)")
     ours, our_top, our_seconds = posenc_scores(extended, ids)
     del extended, model
     past = slice(original, None)
     ppl = lambda lp: float(np.exp(-lp[past].mean()))  # noqa: E731
     print(f"# posenc forward: {our_seconds:.1f} s ({args.length / our_seconds:.0f} tokens/s), ppl past {ppl(ours):.3f}"
-          f"; load {os.getloadavg()[0]:.2f}")  # fmt: skip
+          f"; load {os.getloadavg()[0]:.2f}")
     print("| llama.cpp file | KV cache | flash attention | mean abs Δ log p | max abs Δ log p | ppl llama.cpp "
-          "| ppl posenc | top-1 agree | llama.cpp eval s | tokens/s | posenc s / llama.cpp s |")  # fmt: skip
+          "| ppl posenc | top-1 agree | llama.cpp eval s | tokens/s | posenc s / llama.cpp s |")
     print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     with tempfile.TemporaryDirectory() as tmp:
         files = []
@@ -129,7 +129,7 @@ def main() -> None:
             info = save_gguf(model, path, source=source, tensor_type=tensor_type)
             del model
             files.append((f"{args.method} x{args.factor:g}, {info['weights']} ({'/'.join(info['tensor_types'])})",
-                          path, tensor_type == "F32", False))  # fmt: skip
+                          path, tensor_type == "F32", False))
         files.insert(1, (files[0][0], files[0][1], False, True))  # the copied file again, with flash attention
         files.append(("original (no extension)", source, False, False))
         for label, path, f32, flash in files:
@@ -138,7 +138,7 @@ def main() -> None:
             agree = float((top == our_top)[past].mean())
             cells = [label, "F32" if f32 else "F16", "on" if flash else "off", f"{delta.mean():.4f}",
                      f"{delta.max():.4f}", f"{ppl(theirs):.3f}", f"{ppl(ours):.3f}", f"{agree:.1%}", f"{seconds:.1f}",
-                     f"{args.length / seconds:.0f}", f"{our_seconds / seconds:.2f}"]  # fmt: skip
+                     f"{args.length / seconds:.0f}", f"{our_seconds / seconds:.2f}"]
             print("| " + " | ".join(cells) + " |")
     print(f"# load after: {os.getloadavg()[0]:.2f}")
 

@@ -54,7 +54,7 @@ def main() -> None:
         splitting = split_cached_attention() if split else contextlib.nullcontext()
         with torch.inference_mode(), pk.past_max_length_allowed(), splitting:
             out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, do_sample=False,
-                                 pad_token_id=pad, **extra)  # fmt: skip
+                                 pad_token_id=pad, **extra)
         return out[0, ids.shape[1] :].tolist()
 
     with torch.inference_mode():
@@ -87,7 +87,7 @@ def main() -> None:
         per = (copies[how] + sum(seconds[how])) / n
         after = sum(seconds[how]) / n
         print(f"CPU-s per answered needle: unshared {base:.1f}, shared prefix + {how} suffix {per:.1f} (prefix "
-              f"amortized over {n}), {base / per:.2f}x; per key after the prefix {after:.1f}")  # fmt: skip
+              f"amortized over {n}), {base / per:.2f}x; per key after the prefix {after:.1f}")
 
 
 if __name__ == "__main__":

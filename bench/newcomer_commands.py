@@ -71,7 +71,7 @@ def main() -> None:
             ("posenc export {m} --method yarn --factor 2 --save TMP/f", lambda i: [*export, str(work / f"f{i}")]),
             ("posenc export {m} --method yarn --factor 2 --save TMP/f.gguf",
              lambda i: [*export, str(work / f"f{i}.gguf")]),
-        ]  # fmt: skip
+        ]
         for shown, argv in commands:
             times = [run(argv(i), work) for i in range(args.repeats)]
             rows.append((shown.format(m=args.model), min(times), times))
@@ -81,7 +81,7 @@ def main() -> None:
     load_after = os.getloadavg()[0]
     print(f"Machine: {_cpu_name()}, {os.cpu_count()} CPUs; torch {torch.__version__}; Python "
           f"{platform.python_version()}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; load average "
-          f"{load_before:.2f} before, {load_after:.2f} after")  # fmt: skip
+          f"{load_before:.2f} before, {load_after:.2f} after")
     plan_wrote = "runs" in left  # --plan's default --out, runs/extend-<time>, would be under the work folder
     print(f"Written in the work folder: {', '.join(left)}; by --plan: {'runs/ (a bug)' if plan_wrote else 'nothing'}")
     print()

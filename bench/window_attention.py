@@ -108,7 +108,7 @@ def main() -> None:
     machine = torch.cuda.get_device_name() if args.device == "cuda" else platform.processor() or platform.machine()
     print(f"# {machine}, torch {torch.__version__}, {torch.get_num_threads()} threads")
     print("| dtype | L | W | kept / causal | full causal s | flex s (compile s) | flex / full | flex err | sdpa s |"
-          " sdpa / full | sdpa err |")  # fmt: skip
+          " sdpa / full | sdpa err |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for dtype_name in args.dtypes:
         for length in args.lengths:
@@ -117,7 +117,7 @@ def main() -> None:
             q, k, v = (torch.randn(shape, generator=gen).to(args.device, getattr(torch, dtype_name)) for _ in range(3))
             with torch.no_grad():
                 _, full = timed(lambda q=q, k=k, v=v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
-                                args.repeat)  # fmt: skip
+                                args.repeat)
                 for window in args.windows:
                     print(row(q, k, v, window, full, args), flush=True)
 

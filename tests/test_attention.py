@@ -182,7 +182,7 @@ def test_flex_pads_narrow_values_and_slices_the_output_back(monkeypatch):
     compiled = attention_module._compiled_flex
     monkeypatch.setattr(attention_module, "_flex_min_head_dims", lambda device_type: (32, 16))
     monkeypatch.setattr(attention_module, "_compiled_flex",
-                        lambda fn, q, k, v, **kw: seen.append(v.shape[-1]) or compiled(fn, q, k, v, **kw))  # fmt: skip
+                        lambda fn, q, k, v, **kw: seen.append(v.shape[-1]) or compiled(fn, q, k, v, **kw))
     enc, (q, k, v), pos = _inputs("alibi")
     assert v.shape[-1] < 16
     with torch.no_grad():

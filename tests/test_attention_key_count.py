@@ -121,7 +121,7 @@ def test_flex_equals_reference_counting_n_from_the_mask(name, mask):
         got = posenc.attention(q, k, v, encoding=enc, backend="flex", **kw)
         eager = posenc.attention(q, k, v, encoding=enc, backend="eager", **kw)
     tol = attention_tol(q, k, v, encoding=enc, q_positions=kw["q_positions"], k_positions=kw["k_positions"],
-                        sinks=kw.get("sinks"))  # fmt: skip
+                        sinks=kw.get("sinks"))
     assert_close(got, eager, **tol)
     assert_close(got.double(), _reference(enc, q, k, v, kw), **tol)
 
@@ -167,7 +167,7 @@ def test_decode_equals_the_full_forward(name, window, chunk, ring, with_sinks, b
         for i in range(t):
             lo = max(0, i - window + 1) if ring and window is not None else 0
             step = posenc.attention(q[:, :, i : i + 1], k[:, :, lo : i + 1], v[:, :, lo : i + 1],
-                                    q_positions=pos[i : i + 1], k_positions=pos[lo : i + 1], **kw)  # fmt: skip
+                                    q_positions=pos[i : i + 1], k_positions=pos[lo : i + 1], **kw)
             assert_close(step, full[:, :, i : i + 1], rtol=0, atol=1e-12)
 
 
@@ -178,7 +178,7 @@ def test_sinks_are_not_keys(name):
     (q, k, v), kw = _case("window+documents+sinks")
     with torch.no_grad():
         gone = posenc.attention(q, k, v, encoding=enc, backend="eager", **{**kw, "sinks": torch.full((H,), -math.inf,
-                                dtype=torch.float64)})  # fmt: skip
+                                dtype=torch.float64)})
         plain = posenc.attention(q, k, v, encoding=enc, backend="eager", **{**kw, "sinks": None})
     assert_close(gone, plain, rtol=0, atol=1e-15)
 
@@ -194,7 +194,7 @@ def test_the_count_is_the_masks_in_slices(monkeypatch):
     mask = _Mask(causal=True, offset=0, docs=docs[None], s=s, t=t, chunks=(pos // 6, pos // 6), window=(pos, pos, 5))
     want = torch.tensor([[len(visible_keys(i, b=b, s=s, t=t, q_positions=pos, k_positions=pos,
                                            document_ids=docs, chunk_size=6, window=5)) for i in range(s)]
-                         for b in range(B)])  # fmt: skip
+                         for b in range(B)])
     assert B * s * t <= KEY_COUNT_TILE  # one slice
     assert torch.equal(mask.key_counts(torch.device("cpu")), want)
     monkeypatch.setattr(importlib.import_module("posenc.attention"), "KEY_COUNT_TILE", 7)  # a slice per query row
@@ -215,12 +215,12 @@ def test_ssmax_built_with_a_window_takes_only_that_window(name):
         assert_close(got, posenc.attention(q, k, v, encoding=free, backend="eager", **kw), rtol=0, atol=0)
         for other in (None, 4, 6):
             with pytest.raises(ValueError, match=rf"^window={other} is invalid: expected 5, the window this SSMax "
-                                                 r"was built with \(SSMax\(window=5\)\)"):  # fmt: skip
+                                                 r"was built with \(SSMax\(window=5\)\)"):
                 posenc.attention(q, k, v, encoding=enc, backend="eager", **{**kw, "window": other})
     q1 = q[:, :, :1]
     assert torch.equal(enc.rotate(q1, k, torch.tensor([9]), kw["k_positions"][0])[0],
                        free.rotate(q1, k, torch.tensor([9]), kw["k_positions"][0],
-                                   key_count=torch.tensor([5]))[0])  # fmt: skip  # alone: n = min(p + 1, W)
+                                   key_count=torch.tensor([5]))[0])  # alone: n = min(p + 1, W)
 
 
 def test_called_alone_n_is_read_from_the_position():

@@ -56,5 +56,5 @@ def test_forward_and_backward_match_eager(device, backend, case):
         assert_close(got, want, rtol=0, atol=tol, msg=lambda m, name=name: f"d/d{name}: {m}")
     # the options matter: without the window the output moves
     plain = posenc.attention(q, k, v, q_positions=positions, sinks=sinks, backend="eager",
-                             **{k_: v_ for k_, v_ in options.items() if k_ != "window"})  # fmt: skip
+                             **{k_: v_ for k_, v_ in options.items() if k_ != "window"})
     assert (plain - results["eager"][0]).abs().max() > 100 * atol

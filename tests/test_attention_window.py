@@ -193,7 +193,7 @@ def _check_steps(layer, q, k, v, pos, refs, backend, *, window, sinks=None, soft
     with torch.no_grad():
         for (a, b), ref in zip(STEPS, refs, strict=True):
             o = posenc.attention(q32[:, :, a:b], k32[:, :, :b], v32[:, :, :b], q_positions=pos[a:b],
-                                 k_positions=pos[:b], window=window, sinks=sinks, backend=backend)  # fmt: skip
+                                 k_positions=pos[:b], window=window, sinks=sinks, backend=backend)
             got = layer.o_proj(o.double().transpose(1, 2).reshape(B, b - a, -1))
             qa, kb, vb = q[:, :, a:b], k[:, :, :b], v[:, :, :b]
             bound = _atol_vs_float64(qa, kb, vb, sinks=sinks, softmax_float32=softmax_float32)
@@ -397,5 +397,5 @@ def test_windows_and_chunks_past_int64_are_refused():
     for name in ("window", "chunk_size"):
         for bad in (2**63, 10**20):
             with pytest.raises(ValueError, match=rf"^{name}={bad} is invalid: expected a positive integer up to "
-                                                 r"2\*\*63 - 1 \(positions are compared as int64\)$"):  # fmt: skip
+                                                 r"2\*\*63 - 1 \(positions are compared as int64\)$"):
                 posenc.attention(q, k, v, **{name: bad})

@@ -26,7 +26,7 @@ from posenc.lab.extend.settings.options import parse_length, parse_lengths
 
 #: A lab run of a second or two: one encoding, one layer, few steps and tokens.
 TINY_LAB = ["lab", "--encodings", "nope", "--train-len", "16", "--eval-lens", "16", "--steps", "3",
-            "--batch-size", "4", "--dim", "32", "--layers", "1", "--heads", "2", "--eval-tokens", "256"]  # fmt: skip
+            "--batch-size", "4", "--dim", "32", "--layers", "1", "--heads", "2", "--eval-tokens", "256"]
 
 
 @pytest.fixture(scope="module")
@@ -91,9 +91,9 @@ def _user_folder(tmp_path: Path) -> Path:
 
 
 TINY_VISION = ["vision", "--train-res", "8", "--eval-res", "8", "--steps", "2", "--batch-size", "4", "--dim", "16",
-               "--layers", "1", "--heads", "2"]  # fmt: skip
+               "--layers", "1", "--heads", "2"]
 TINY_EXTEND = ["extend", "new", "--task", "passkey", "--train-len", "16", "--train-steps", "2", "--lengths", "16,32",
-               "--trials", "1", "--depths", "0.5", "--device", "cpu"]  # fmt: skip
+               "--trials", "1", "--depths", "0.5", "--device", "cpu"]
 
 
 def _commands(corpus: Path, pictures: Path) -> dict[str, list[str]]:
@@ -113,7 +113,7 @@ def test_a_user_folder_is_refused_and_left_byte_identical(command, corpus, pictu
     for resume in ([], ["--resume"]) if command in ("lab", "vision", "extend") else ([],):
         _refused(capsys, [*_commands(corpus, pictures)[command], "--out", user, *resume], command,
                  f"--out='{user}' is invalid: expected a new or empty folder, or a `posenc {command}` output folder",
-                 "other files: notes.txt, report.md, results.csv")  # fmt: skip
+                 "other files: notes.txt, report.md, results.csv")
     assert _snapshot(user) == before
 
 
@@ -126,7 +126,7 @@ def test_a_lab_folder_is_not_a_vision_folder(corpus, pictures, tmp_path, capsys)
     assert _run(capsys, *TINY_LAB, "--corpus", corpus, "--out", out, "--quiet")[0] == 0
     before = _snapshot(out)
     _refused(capsys, [*_commands(corpus, pictures)["vision"], "--out", out, "--resume"], "vision",
-             "it holds a `posenc lab` (study.json) run")  # fmt: skip
+             "it holds a `posenc lab` (study.json) run")
     assert _snapshot(out) == before
 
 
@@ -139,7 +139,7 @@ def test_empty_folder_accepted_own_run_needs_resume(corpus, tmp_path, capsys):
     _refused(capsys, [*TINY_LAB, "--corpus", corpus, "--out", out], "lab", "--resume to continue the study")
     assert _run(capsys, *TINY_LAB, "--corpus", corpus, "--out", out, "--resume", "--quiet")[0] == 0
     _refused(capsys, [*TINY_LAB, "--corpus", corpus, "--seed", "1", "--out", out, "--resume"], "lab",
-             "these differ: ['seed']")  # fmt: skip
+             "these differ: ['seed']")
 
 
 def test_figures_and_bench_rerun_into_their_own_folder(tmp_path, capsys, monkeypatch):
@@ -164,7 +164,7 @@ def test_failed_vision_data_then_a_rerun_works(pictures, tmp_path, capsys):
     empty, out = tmp_path / "nothing", tmp_path / "v1"
     empty.mkdir()
     _refused(capsys, [*_commands(tmp_path, pictures)["vision"][:1], "--data", empty, "--out", out, "--quiet"],
-             "vision", "--data=")  # fmt: skip
+             "vision", "--data=")
     assert not out.exists()
     code, said, err = _run(capsys, *_commands(tmp_path, pictures)["vision"], "--out", out, "--quiet")
     assert code == 0, err
@@ -247,7 +247,7 @@ def test_every_subcommand_has_its_numbers_checked():
     assert {c for c, _ in options} == {"lab", "vision", "extend", "export", "check", "bench", "demo"}
     assert len(options) == 13 + 12 + 14 + 2 + 1 + 4 + 4  # lab, vision, extend, export, check, bench, demo
     for command, option in [("lab", "--steps"), ("lab", "--lr"), ("vision", "--crop-scale"), ("extend", "--depths"),
-                            ("bench", "--min-run-time"), ("demo", "--head-dim"), ("demo", "--base")]:  # fmt: skip
+                            ("bench", "--min-run-time"), ("demo", "--head-dim"), ("demo", "--base")]:
         assert (command, option) in options
 
 
@@ -264,7 +264,7 @@ def no_work(monkeypatch):
         raise AssertionError("a bad value was accepted")
 
     for module, name in [(study, "run_study"), (vision, "run_vision"), (extend, "run_extend"),
-                         (bench, "settle_allocator"), (demo, "run")]:  # fmt: skip
+                         (bench, "settle_allocator"), (demo, "run")]:
         monkeypatch.setattr(module, name, work)
 
 
@@ -282,14 +282,14 @@ def test_a_bad_number_is_refused_before_anything_is_written(command, option, val
 # Name lists (--encodings, --methods, --dtypes, ...): one shared parser; an empty list or item refused like a number's
 
 NAME_OPTIONS = [(c, a.option_strings[0]) for c, p in build_parser().commands.items() for a in p._actions
-                if a.type is A.names]  # fmt: skip
+                if a.type is A.names]
 
 
 def test_every_name_list_option_uses_the_shared_parser():
     assert set(NAME_OPTIONS) == {("lab", "--encodings"), ("vision", "--encodings"), ("extend", "--methods"),
                                  ("extend", "--ruler-tasks"), ("extend", "--finetune-positions"),
                                  ("check", "--runtimes"), ("bench", "--dtypes"), ("bench", "--layouts"),
-                                 ("bench", "--attention-encodings")}  # fmt: skip
+                                 ("bench", "--attention-encodings")}
 
 
 @pytest.mark.parametrize("value", [",", " , ", "", "  ", "x,,y", "x,"])
@@ -319,7 +319,7 @@ def test_zero_is_never_replaced_by_a_default(corpus, tmp_path, capsys):
     for option in ("--steps", "--train-len", "--batch-size", "--heads"):
         _refused(capsys, [*TINY_LAB, option, "0", "--out", tmp_path / "o"], "lab", f"argument {option}: '0'")
     code, _, _ = _run(capsys, *TINY_LAB, "--corpus", corpus, "--finetune-steps", "0", "--seed", "0", "--out",
-                      tmp_path / "zero", "--quiet")  # fmt: skip
+                      tmp_path / "zero", "--quiet")
     settings = json.loads((tmp_path / "zero" / "study.json").read_text())
     assert code == 0 and (settings["finetune_steps"], settings["seed"]) == (0, 0)
 
@@ -377,7 +377,7 @@ def test_help_shows_a_text_and_the_default_of_every_option(capsys):
     helps = {c: p.format_help() for c, p in build_parser().commands.items()}
     wanted = [("lab", "peak AdamW learning rate (default: 0.003)"), ("lab", "(default: cpu)"),
               ("lab", "seed of the weights and batches (default: 0)"), ("figures", "(default: figures)"),
-              ("bench", "(default: 1024,2048,4096,8192,16384)"), ("lab", "layers (default: 2)")]  # fmt: skip
+              ("bench", "(default: 1024,2048,4096,8192,16384)"), ("lab", "layers (default: 2)")]
     for command, text in wanted:
         assert text in " ".join(helps[command].split()), (command, text)
 
@@ -435,7 +435,7 @@ def test_an_interruption_names_the_folder_and_the_command_that_continues(tmp_pat
     [folder] = Path("runs").iterdir()
     assert folder.name.startswith("lab-")
     assert err == (f"posenc lab: interrupted; finished work is kept in {folder}. Continue with:\n"
-                   f"  posenc lab --steps 7 --out {folder} --resume\n")  # fmt: skip
+                   f"  posenc lab --steps 7 --out {folder} --resume\n")
     assert signal.getsignal(signal.SIGTERM) is handler  # restored
 
     monkeypatch.setattr(study, "run_study", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
@@ -447,10 +447,10 @@ def test_sigterm_exits_130_and_the_printed_command_finishes_the_study(corpus, tm
     out = tmp_path / "run"
     argv = ["lab", "--encodings", "rope", "--train-len", "16", "--eval-lens", "16", "--steps", "1000",
             "--batch-size", "4", "--dim", "32", "--layers", "1", "--heads", "2", "--eval-tokens", "256",
-            "--corpus", str(corpus), "--quiet"]  # fmt: skip
+            "--corpus", str(corpus), "--quiet"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "posenc", *argv, "--out", str(out)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while not (out / "runs" / "rope" / "checkpoint.safetensors").exists():
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
@@ -465,7 +465,7 @@ def test_sigterm_exits_130_and_the_printed_command_finishes_the_study(corpus, tm
     ]
     assert not (out / "results.csv").exists()
     again = subprocess.run([sys.executable, "-m", "posenc", *shlex.split(command)[1:]], env=env,
-                           capture_output=True, text=True, timeout=300)  # fmt: skip
+                           capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr
     assert json.loads((out / "runs" / "rope" / "done.json").read_text())["steps"] == 1000
     assert again.stdout.startswith(f"results in {out}: ")
@@ -484,7 +484,7 @@ def test_quiet_says_where_the_results_are_and_files_get_the_umask_mode(corpus, t
     assert (code, err) == (0, "")
     assert said == f"results in {tmp_path / 'q'}: extrapolation.png, report.md, results.csv, runs, study.json\n"
     modes = {str(p.relative_to(tmp_path)): oct(p.stat().st_mode & 0o777) for p in (tmp_path / "q").rglob("*")
-             if p.is_file()}  # fmt: skip
+             if p.is_file()}
     assert "q/runs/nope/checkpoint.safetensors" in modes and "q/study.json" in modes
     assert set(modes.values()) == {"0o644"}, modes
 

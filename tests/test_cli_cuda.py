@@ -44,7 +44,7 @@ def test_lab_on_cuda_trains_every_kind_of_encoding(corpus, tmp_path, capsys):  #
     extended = tmp_path / "extend"
     run = next(p for p in (out / "runs").iterdir() if "rope" in p.name)
     _run(capsys, "extend", run, "--methods", "linear,yarn,dynamic", "--factors", "2", "--lengths", "16,32",
-         "--trials", "1", "--depths", "0.5", "--device", "cuda", "--out", extended, "--quiet")  # fmt: skip
+         "--trials", "1", "--depths", "0.5", "--device", "cuda", "--out", extended, "--quiet")
     assert (extended / "results.csv").exists()
     _device_recorded(extended)
 
@@ -60,6 +60,6 @@ def test_extend_new_passkey_model_on_cuda(tmp_path, capsys):
     out = tmp_path / "new"
     _run(capsys, "extend", "new", "--task", "passkey", "--train-len", "128", "--train-steps", "2",
          "--lengths", "128,256", "--trials", "1", "--depths", "0.5", "--device", "cuda", "--out", out,
-         "--quiet")  # fmt: skip
+         "--quiet")
     assert json.loads(next(out.glob("*.json")).read_text())
     _device_recorded(out)

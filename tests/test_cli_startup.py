@@ -47,7 +47,7 @@ def _posenc(*argv: str, cwd: Path) -> tuple[int, list[str], list[str]]:
     """``python -X importtime -m posenc *argv``: (exit status, modules imported, the other stderr lines)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run([sys.executable, "-X", "importtime", "-m", "posenc", *argv], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+                          capture_output=True, text=True, timeout=120)
     lines = done.stderr.splitlines()
     imported = [line.split("|")[-1].strip() for line in lines if line.startswith("import time:")]
     return done.returncode, imported[1:], [line for line in lines if not line.startswith("import time:")]

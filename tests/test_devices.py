@@ -30,7 +30,7 @@ def test_cpu_only_machine(no_gpu):
     assert resolve_device("auto", allow_auto=True) == "cpu"
     for name in ("cuda", "cuda:0"):
         with pytest.raises(ValueError, match=rf"^--device='{name}' is invalid: expected one of \['cpu'\]: this "
-                                             r"machine has no CUDA device"):  # fmt: skip
+                                             r"machine has no CUDA device"):
             resolve_device(name, allow_auto=False)
     with pytest.raises(ValueError, match=r"--device='mps' is invalid: .*MPS is not available here"):
         resolve_device("mps", allow_auto=True)

@@ -155,7 +155,7 @@ def test_the_graph_sees_the_imports_it_must(graph):
     """Guards the checks below against passing on an empty or mis-resolved graph."""
     assert {"posenc.lab.common", "posenc.lab.length", "posenc.lab.vision", "posenc.lab.extend"} <= set(graph)
     assert {lab_part(m) for m in graph} >= {"core", "cli", "lab", "common", "study:length", "study:vision",
-                                            "study:extend", "tool:bench", "tool:figures"}  # fmt: skip
+                                            "study:extend", "tool:bench", "tool:figures"}
     edges = {(m, t) for m, imports in graph.items() for t, lazy in imports if not lazy}
     assert ("posenc.lab.length.study", "posenc.lab.common.train") in edges
     # `from posenc.lab.extend.targets import cost`: a submodule imported from its package
@@ -212,7 +212,7 @@ def test_the_core_never_imports_the_interop_package(graph):
 
 
 MODULES = {"posenc", "posenc.a", "posenc.lab", "posenc.lab.common", "posenc.lab.common.x", "posenc.lab.length",
-           "posenc.lab.length.study", "posenc.lab.vision", "posenc.lab.vision.vit"}  # fmt: skip
+           "posenc.lab.length.study", "posenc.lab.vision", "posenc.lab.vision.vit"}
 
 
 def test_imports_are_resolved_to_modules():

@@ -265,7 +265,7 @@ def test_the_quickstart_runs(capsys):
 PICKS = ROOT / "experiments" / "picking-a-method"
 #: How the README and the guide name a method, and how pick.md does.
 PICK_NAMES = {"YaRN+STRING": "yarn+string", "YaRN": "yarn", "dynamic NTK": "dynamic", "Llama 3": "llama3",
-              "leaky ReRoPE": "leaky_rerope"}  # fmt: skip
+              "leaky ReRoPE": "leaky_rerope"}
 RUNTIMES_NAMED = ("transformers", "vLLM", "SGLang", "llama.cpp")
 
 
@@ -277,7 +277,7 @@ def _which_method() -> dict[str, tuple[str, Path]]:
     if "[start:ship]" in README:
         guide = guide.replace('--8<-- "README.md:ship"', README.split("[start:ship]")[1].split("[end:ship]")[0])
     return {"README.md": (_section("A longer context for a pretrained model: which method?"), ROOT),
-            "docs/guides/picking.md": (guide, ROOT / "docs" / "guides")}  # fmt: skip
+            "docs/guides/picking.md": (guide, ROOT / "docs" / "guides")}
 
 
 def _linked_picks(text: str, base: Path) -> list[Path]:
@@ -406,10 +406,10 @@ def test_every_check_column_is_explained_with_the_tolerances_the_code_uses():
     assert one and small and factor and roundings and yarn
     tolerance = check.inv_freq_tolerance(torch.tensor([1.0, 1e-6], dtype=torch.float64)).tolist()
     written = [_number(*one.groups()), _number(*small.groups()[:2]), _number(*small.groups()[2:]) * 1e-6,
-               _number(*factor.groups())]  # fmt: skip
+               _number(*factor.groups())]
     for value, code in zip(written, [*tolerance, tolerance[1], check.attention_tolerance(1.0)], strict=True):
         assert abs(value - code) <= 0.05 * code, (value, code)  # two digits written
     assert int(roundings.group(1)) == check.ROUNDINGS
     rope = posenc.build("rope", head_dim=64, scaling={"rope_type": "yarn", "factor": 2.0,
-                                                      "original_max_position_embeddings": 8192})  # fmt: skip
+                                                      "original_max_position_embeddings": 8192})
     assert abs(float(yarn.group(1)) - rope.attention_factor) <= 5e-5  # four decimals written

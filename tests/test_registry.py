@@ -31,7 +31,7 @@ def test_available_lists_every_family():
         ["alibi", "alibi_2d", "cope", "fire", "fope", "kerple", "learned", "learned_2d", "mrope", "nope",
          "nope_temperature", "p_rope", "rope", "rope_3d", "rope_axial", "rope_mixed", "rope_ssmax", "rope_ssmax_bias",
          "sandwich", "shaw", "sinusoidal", "sinusoidal_2d", "ssmax", "ssmax_bias", "t5", "xdrope", "xpos"]
-    )  # fmt: skip
+    )
 
 
 @pytest.mark.parametrize("name", posenc.available())

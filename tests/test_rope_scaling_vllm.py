@@ -226,7 +226,7 @@ def test_mixed_ntk_is_not_written_for_transformers():
     config = posenc.RotaryConfig(head_dim=8, base=10000.0, scaling=posenc.MixedNTKScaling(factor=4.0, mixed_b=0.625))
     vllm_form = rotary_config_to_hf(config, runtime="vllm")
     hf = transformers.LlamaConfig(hidden_size=32, num_attention_heads=4, num_hidden_layers=1, vocab_size=16,
-                                  intermediate_size=16, **vllm_form)  # fmt: skip
+                                  intermediate_size=16, **vllm_form)
     with pytest.raises(KeyError, match="ntk"):
         transformers.LlamaForCausalLM(hf)
     for write in (lambda: rotary_config_to_hf(config), lambda: posenc.RotaryEmbedding.from_config(config).to_hf()):
@@ -287,7 +287,7 @@ def test_ntk_alpha_equals_transformers_hunyuan_rotary():
     config = transformers.HunYuanDenseV1Config(
         vocab_size=32, hidden_size=256, num_attention_heads=2, num_key_value_heads=1, head_dim=head_dim,
         num_hidden_layers=1, intermediate_size=64, rope_parameters={**HUNYUAN, "rope_theta": theta},
-    )  # fmt: skip
+    )
     rotary = transformers.models.hunyuan_v1_dense.modeling_hunyuan_v1_dense.HunYuanDenseV1RotaryEmbedding(config)
     assert rotary.rope_type == "ntk_alpha" and rotary.attention_scaling == 1.0
     ours, ours_factor = posenc.parse_scaling(HUNYUAN).frequencies(head_dim, base=theta)
@@ -305,7 +305,7 @@ def test_grok_top_level_keys_read_as_vllms_grok_model_reads_them():
     a config object alike; a plain config is None; another method, a missing number, and an attn_factor that acts in
     neither are refused or warned about."""
     config = {"rope_type": "yarn_log", "scaling_factor": 16.0, "original_max_position_embeddings": 8192,
-              "rope_theta": 208533496, "max_position_embeddings": 131072}  # fmt: skip
+              "rope_theta": 208533496, "max_position_embeddings": 131072}
     scaling = posenc.grok_rope_scaling(config)
     assert scaling == posenc.YaRNLogScaling(factor=16.0, original_max_position_embeddings=8192)
     assert posenc.grok_rope_scaling(type("Config", (), config)()) == scaling

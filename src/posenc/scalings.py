@@ -612,7 +612,7 @@ def grok_rope_scaling(config: Mapping[str, Any] | Any) -> YaRNLogScaling | None:
         return None
     if method != "yarn_log":
         fail("rope_type", method, "'yarn_log', the Grok scaling posenc computes (Grok1ScalingRotaryEmbedding's "
-             "extra_method)")  # fmt: skip
+             "extra_method)")
     for key in ("scaling_factor", "original_max_position_embeddings"):
         if get(key) is None:
             fail(key, None, "a value: Grok configs with rope_type 'yarn_log' carry it at the top level")

@@ -69,7 +69,7 @@ def test_initial_values_and_names_follow_the_listing():
     assert_close(enc.threshold(), torch.tensor(512.0), **EXACT)
     shapes = {k: tuple(v.shape) for k, v in enc.state_dict().items()}
     assert shapes == {"c": (), "L_multiplier": (), "mlp.0.weight": (32, 1), "mlp.0.bias": (32,),
-                      "mlp.2.weight": (8, 32), "mlp.2.bias": (8,)}  # fmt: skip
+                      "mlp.2.weight": (8, 32), "mlp.2.bias": (8,)}
 
 
 @pytest.mark.parametrize(

@@ -24,7 +24,7 @@ def _llama4_nope_attention(dtype=torch.float32, **overrides):
         hidden_size=H * D, num_attention_heads=H, num_key_value_heads=HKV, head_dim=D, num_hidden_layers=4,
         intermediate_size=64, intermediate_size_mlp=64, vocab_size=100, floor_scale=FLOOR, attn_scale=STRENGTH,
         **overrides,
-    )  # fmt: skip
+    )
     config._attn_implementation = "eager"
     torch.manual_seed(1)
     layer = modeling_llama4.Llama4TextAttention(config, layer_idx=3).to(dtype).eval()
@@ -141,7 +141,7 @@ def test_decode_and_chunks_equal_the_full_forward(backend):
             backend=backend,
         )
         for a, b in [(0, 9), (9, 10), (10, 16), (16, 20)]
-    ]  # fmt: skip
+    ]
     assert_close(torch.cat(steps, dim=2), full, **attention_tol(q, k, v, encoding=encoding, k_positions=pos))
     nope = posenc.attention(q, k, v, encoding=posenc.NoPE(), q_positions=pos, k_positions=pos, backend=backend)
     assert not torch.allclose(nope, full, atol=1e-3)

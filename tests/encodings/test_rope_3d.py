@@ -76,7 +76,7 @@ def _hf_module(enc: RoPE3D):
     text = configuration.Ernie4_5_VLMoeTextConfig(
         hidden_size=64, num_attention_heads=2, num_key_value_heads=1, num_hidden_layers=1,
         **enc.to_hf(convention="ernie"),
-    )  # fmt: skip
+    )
     return modeling, modeling.Ernie4_5_VLMoeTextRotaryEmbedding(text)
 
 

@@ -97,9 +97,9 @@ def test_functional_bias_is_s_log_n_plus_b():
     per_head_b = ssmax_scale(pos, 0.43, b=B_VALUES)
     assert per_head_b.shape == (2, H, 5)
     assert_close(per_head_b, torch.tensor(0.43) * (pos.double() + 1).log().float()[:, None, :] + B_VALUES[:, None],
-                 rtol=0, atol=0)  # fmt: skip
+                 rtol=0, atol=0)
     assert_close(ssmax_scale(pos[0], torch.tensor(0.43), b=torch.tensor(-0.5)),
-                 torch.tensor(0.43) * (pos[0].double() + 1).log().float() - 0.5, rtol=0, atol=0)  # fmt: skip
+                 torch.tensor(0.43) * (pos[0].double() + 1).log().float() - 0.5, rtol=0, atol=0)
     q = torch.randn(B, H, 5, D, dtype=torch.bfloat16)
     got = apply_ssmax(q, pos, S_VALUES, b=B_VALUES, window=64)
     assert got.dtype == torch.bfloat16
@@ -175,7 +175,7 @@ def test_packed_documents_equal_reference_float64(rope, bias):
     with torch.no_grad():
         got = posenc.attention(q, k, v, encoding=enc, q_positions=pos, document_ids=docs, backend="sdpa")
     want = ssmax_attention(q, k, v, S_VALUES, b=_b(enc), q_positions=pos, document_ids=docs,
-                           rope=_rope_reference(enc))  # fmt: skip
+                           rope=_rope_reference(enc))
     assert_close(got, want, rtol=0, atol=1e-12)
 
 
@@ -241,7 +241,7 @@ def test_explicit_positions_equal_implied_and_decode_equals_full(rope, bias, len
         step = posenc.attention(
             q[:, :, i : i + 1], k[:, :, : i + 1], v[:, :, : i + 1], encoding=enc,
             q_positions=torch.tensor([i]), k_positions=torch.arange(i + 1), backend="eager",
-        )  # fmt: skip
+        )
         assert_close(step, implied[:, :, i : i + 1], rtol=0, atol=1e-12)
 
 
@@ -309,7 +309,7 @@ def test_rope_ssmax_is_rope_then_ssmax():
 
 def test_dynamic_rope_under_ssmax_takes_seq_len():
     enc = posenc.build("rope_ssmax", num_heads=H, head_dim=D, scaling={"rope_type": "dynamic", "factor": 2.0,
-                                                                       "max_position_embeddings": 4})  # fmt: skip
+                                                                       "max_position_embeddings": 4})
     assert enc.depends_on_length and not posenc.build("ssmax", num_heads=H).depends_on_length
     q, k, v = _qkv(3, 10, dtype=torch.float32)
     with torch.no_grad():

@@ -43,7 +43,7 @@ def _config() -> DeepseekV4Config:
         index_n_heads=2, index_head_dim=8, index_topk=4, n_routed_experts=4, num_experts_per_tok=2,
         moe_intermediate_size=16, vocab_size=64, max_position_embeddings=64,
         rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16},
-    )  # fmt: skip
+    )
     config._attn_implementation = "eager"
     return config
 
@@ -52,7 +52,7 @@ def _frequencies(config, rope: str) -> tuple[torch.Tensor, float]:
     """posenc's reading of the config's ``rope_parameters[rope]`` ("main" or "compress")."""
     setup = rotary_config_from_hf(config, layer_type=rope)
     return rope_frequencies(setup.head_dim, base=setup.base, scaling=setup.scaling,
-                            partial_rotary_factor=setup.partial_rotary_factor)  # fmt: skip
+                            partial_rotary_factor=setup.partial_rotary_factor)
 
 
 @pytest.mark.parametrize("rope", ["main", "compress"])
@@ -120,7 +120,7 @@ def test_compressed_entries_are_rotated_at_their_windows_first_position():
     assert compressed_positions(2, rate=4, start=12).tolist() == [12, 16]
     assert compressed_visible(torch.tensor([14, 15, 19]), 2, rate=4, start=12).tolist() == [
         [False, False], [True, False], [True, True]
-    ]  # fmt: skip
+    ]
 
 
 def _window_mask(length: int) -> torch.Tensor:
@@ -164,7 +164,7 @@ def test_a_transformers_attention_layer_is_its_projections_around_posenc(layer):
             kv_positions = torch.cat((kv_positions, compressed_positions(3, rate=RATE)))
             mask = torch.cat((mask, compressed_visible(torch.arange(S), 3, rate=RATE)), dim=-1)
         out = shared_kv_rope_attention(q, kv, torch.arange(S), kv_positions, inv_freq, attention_factor=factor,
-                                       mask=mask, sinks=attention.sinks, scale=attention.scaling)  # fmt: skip
+                                       mask=mask, sinks=attention.sinks, scale=attention.scaling)
         grouped = out.transpose(1, 2).reshape(2, S, config.o_groups, -1)
         got = attention.o_b_proj(attention.o_a_proj(grouped).flatten(2))
     assert not torch.allclose(embeddings["main"][0], embeddings["compress"][0])  # the two ropes differ here
@@ -190,7 +190,7 @@ def test_the_composition_is_the_float64_reference():
     assert_close(got, want, rtol=0, atol=1e-12)
     # float32 inputs: the same within float32 rounding; batch positions (B, S) broadcast per row
     got32 = shared_kv_rope_attention(q.float(), kv.float(), q_pos.expand(2, 6), kv_pos.expand(2, 9), inv_freq.float(),
-                                     mask=mask, sinks=sinks.float(), scale=0.3)  # fmt: skip
+                                     mask=mask, sinks=sinks.float(), scale=0.3)
     assert got32.dtype == torch.float32
     assert_close(got32.double(), want, rtol=0, atol=1e-5)
 

@@ -36,7 +36,7 @@ def _model(head_dim: int, base: float, original: int, method: str, factor: float
         "llama", hidden_size=head_dim, num_attention_heads=1, num_key_value_heads=1, head_dim=head_dim,
         num_hidden_layers=1, max_position_embeddings=original, rope_parameters={"rope_type": "default",
         "rope_theta": base},
-    )  # fmt: skip
+    )
     half = head_dim // 2
     options = dict(options)
     if options.get("long_factor") == "ramp":  # LongRoPE-like: 1 for the fast pairs rising to ~factor
@@ -74,10 +74,10 @@ def test_the_keys_read_back_as_a_config_that_runs_the_same(head_dim, base, origi
     params, context, exact = gguf_rope.from_gguf(meta, tensors, arch="llama", path="f.gguf")
     assert not exact and context == rope.context_length
     config = transformers.LlamaConfig(**{**model.config.to_dict(), "rope_parameters": params,
-                                         "max_position_embeddings": context})  # fmt: skip
+                                         "max_position_embeddings": context})
     assert_llamacpp_runs(transformers.LlamaForCausalLM(config).eval(), meta, tensors)
     meta[gguf_rope.POSENC_KEY] = gguf_rope.record(model.config)
     assert gguf_rope.from_gguf(meta, tensors, arch="llama", path="f.gguf") == (
-        model.config.rope_parameters, model.config.max_position_embeddings, True)  # fmt: skip
+        model.config.rope_parameters, model.config.max_position_embeddings, True)
     meta["llama.context_length"] += 1  # the keys edited after the export: the record no longer describes them
     assert gguf_rope.from_gguf(meta, tensors, arch="llama", path="f.gguf")[2] is False

@@ -12,7 +12,7 @@ from posenc.hf.dtypes import auto_dtype, check_runs_fast, cpu_units, slow_reason
 def caps(monkeypatch):
     def set_units(**units):
         base = {**torch.cpu.get_capabilities(), "avx512_bf16": False, "amx_bf16": False, "amx_fp16": False,
-                "avx512_fp16": False, "cpu_name": "Test CPU", **units}  # fmt: skip
+                "avx512_fp16": False, "cpu_name": "Test CPU", **units}
         monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: base)
 
     return set_units
@@ -20,7 +20,7 @@ def caps(monkeypatch):
 
 @pytest.mark.parametrize(("units", "want"), [({}, torch.float32), ({"amx_bf16": True}, torch.bfloat16),
                                              ({"avx512_bf16": True}, torch.bfloat16),
-                                             ({"amx_fp16": True}, torch.float32)])  # fmt: skip
+                                             ({"amx_fp16": True}, torch.float32)])
 def test_auto_on_cpu(caps, units, want):
     caps(**units)
     assert auto_dtype("cpu") == want
@@ -40,7 +40,7 @@ def test_slow_dtypes_are_refused_naming_the_setting_and_the_reason(caps):
     for dtype, units in ((torch.bfloat16, "AVX512-BF16 or AMX-BF16"), (torch.float16, "AVX512-FP16 or AMX-FP16")):
         assert cpu_units(dtype) == []
         with pytest.raises(ValueError, match=rf"dtype='{str(dtype)[6:]}' is invalid: expected float32 or auto on "
-                                             rf"this machine \(Test CPU has no .* units \({units}\)"):  # fmt: skip
+                                             rf"this machine \(Test CPU has no .* units \({units}\)"):
             check_runs_fast("dtype", dtype, "cpu")
     check_runs_fast("dtype", torch.float32, "cpu")
     check_runs_fast("dtype", torch.bfloat16, "cuda")  # not a CPU: not this module's call

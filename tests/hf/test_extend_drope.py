@@ -120,7 +120,7 @@ def _smollm3(llama, no_rope_layers):
         num_key_value_heads=c.num_key_value_heads, max_position_embeddings=c.max_position_embeddings,
         rms_norm_eps=c.rms_norm_eps, rope_parameters=dict(c.rope_parameters), tie_word_embeddings=False,
         no_rope_layers=no_rope_layers, use_sliding_window=False, pad_token_id=c.pad_token_id,
-    )  # fmt: skip
+    )
     config._attn_implementation = llama.config._attn_implementation
     model = transformers.SmolLM3ForCausalLM(config).eval().to(llama.dtype)
     model.load_state_dict(llama.state_dict())

@@ -29,7 +29,7 @@ from posenc.gguf.header import read_gguf_header  # noqa: E402
 from posenc.hf import extend_context, load_causal_lm, save_gguf  # noqa: E402
 
 EXPRESSIBLE = [("none", {}), ("linear", {}), ("ntk", {}), ("yarn", {}), ("yarn", {"attention_factor": 1.3}),
-               ("llama3", {}), ("longrope", {"long_factor": [1.0, 1.5, 2.0, 4.0]})]  # fmt: skip
+               ("llama3", {}), ("longrope", {"long_factor": [1.0, 1.5, 2.0, 4.0]})]
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +108,7 @@ def test_transformers_gguf_loader_drops_the_scaling(sources, tmp_path):
     for key, value in model.state_dict().items():
         torch.testing.assert_close(theirs.state_dict()[key], value, rtol=0, atol=0, msg=key)
     extend_context(theirs, "yarn", 4.0, original_max_position_embeddings=ORIGINAL,
-                   max_position_embeddings=model.config.max_position_embeddings)  # fmt: skip
+                   max_position_embeddings=model.config.max_position_embeddings)
     theirs.config._attn_implementation = model.config._attn_implementation
     ids = _ids()
     torch.testing.assert_close(logits(theirs, ids), logits(model, ids), rtol=0, atol=0)
@@ -209,9 +209,9 @@ def test_bad_paths_sources_and_types(sources, tmp_path):
     folder_like = f"{tmp_path / 'x' / 'sub.gguf'}/"  # Path() would drop the slash and write the file x/sub.gguf
     _refused(tmp_path, lambda: save_gguf(model, folder_like, source=sources["f32"]),
              rf"^path='{re.escape(folder_like)}' is invalid: expected a file path \(it ends with '/', which names a "
-             r"folder\)$")  # fmt: skip
+             r"folder\)$")
     _refused(tmp_path, lambda: save_gguf(model, tmp_path / "x.gguf", source=sources["f32"], tensor_type="Q4_K"),
-             "tensor_type='Q4_K' is invalid")  # fmt: skip
+             "tensor_type='Q4_K' is invalid")
     folder = tmp_path / "hf"
     tiny_model("llama").save_pretrained(folder)
     _refused(tmp_path, lambda: save_gguf(model, tmp_path / "x.gguf", source=folder), "convert_hf_to_gguf.py")
@@ -219,7 +219,7 @@ def test_bad_paths_sources_and_types(sources, tmp_path):
     _refused(tmp_path, lambda: save_gguf(model, tmp_path / "x.gguf", source=qwen), "this one is 'qwen2'")
     other = write_llama(tmp_path / "o" / "other.gguf", tiny_model("llama", intermediate_size=96), weights="f32")
     _refused(tmp_path, lambda: save_gguf(model, tmp_path / "x.gguf", source=other),
-             "intermediate_size: model 64, file 96")  # fmt: skip
+             "intermediate_size: model 64, file 96")
 
 
 def test_a_type_gguf_cannot_write_is_refused(sources, tmp_path, monkeypatch):
@@ -231,7 +231,7 @@ def test_a_type_gguf_cannot_write_is_refused(sources, tmp_path, monkeypatch):
     model = _fine_tuned(sources["quantized"])
     monkeypatch.setattr(gguf.quants, "quantize", quantize)
     _refused(tmp_path, lambda: save_gguf(model, tmp_path / "x.gguf", source=sources["quantized"]),
-             "a type the gguf package writes")  # fmt: skip
+             "a type the gguf package writes")
 
 
 @pytest.mark.parametrize("stop", [KeyboardInterrupt, OSError])

@@ -58,7 +58,7 @@ def _llamacpp_logprobs(path, ids: list[int]) -> np.ndarray:
     llm = llama_cpp.Llama(
         str(path), n_ctx=N, n_batch=N, n_ubatch=N, logits_all=True, n_threads=torch.get_num_threads(),
         type_k=0, type_v=0, verbose=False,
-    )  # fmt: skip
+    )
     try:
         llm.eval(ids[:N])
         logits = torch.from_numpy(np.array(llm.scores[:N], dtype=np.float64))  # (N, vocab)

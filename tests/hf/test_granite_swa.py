@@ -44,7 +44,7 @@ def expected_overrides(kind: str, method: str, factor: float = FACTOR) -> dict:
     if method == "ntk":
         grow = factor ** (ROTARY_DIM / (ROTARY_DIM - 2))
         return {"rope_parameters": {**params, "rope_theta": params["rope_theta"] * grow},
-                "layer_rope_theta": [t * grow for t in THETAS]}  # fmt: skip
+                "layer_rope_theta": [t * grow for t in THETAS]}
     if method == "dynamic":  # transformers reads max_position_embeddings as the length where scaling starts
         return {"rope_parameters": {**params, "rope_type": "dynamic", "factor": factor}}
     scaled = {
@@ -54,7 +54,7 @@ def expected_overrides(kind: str, method: str, factor: float = FACTOR) -> dict:
                    **original},
         "longrope": {"rope_type": "longrope", "factor": factor, "short_factor": [1.0] * 4, "long_factor": LONG,
                      **original},
-    }[method]  # fmt: skip
+    }[method]
     return {"rope_parameters": {**params, **scaled}, **length}
 
 
@@ -177,7 +177,7 @@ def test_layer_type_is_refused_and_the_model_unchanged():
     model = tiny_model("granite_swa")
     before = _snapshot(model)
     with pytest.raises(ValueError, match=r"layer_type='full_attention' is invalid: expected None: granite_swa .*"
-                                         r"layer_rope_theta gives each layer only its base"):  # fmt: skip
+                                         r"layer_rope_theta gives each layer only its base"):
         extend_context(model, "yarn", 2.0, layer_type="full_attention")
     _assert_unchanged(model, before)
 

@@ -84,7 +84,7 @@ def test_layer_rotary_configs_follow_the_layers_rules():
     """Each layer's ``RotaryConfig``: None where a hybrid has NoPE, the per-layer-type entry where rope_parameters are
     nested (Gemma 3); Granite-SWA's bases are in tests/hf/test_granite_swa.py, MiMo's types in test_mimo_v2_flash.py."""
     smollm3 = SmolLM3Config(**SMALL, num_hidden_layers=4, rope_parameters={"rope_type": "linear", "factor": 2.0,
-                                                                           "rope_theta": 1e5})  # fmt: skip
+                                                                           "rope_theta": 1e5})
     rope = rotary_config_from_hf(smollm3)
     assert layer_rotary_configs(smollm3) == (rope, rope, rope, None) and rope.scaling is not None
     types = ["sliding_attention", "full_attention", "sliding_attention"]

@@ -57,7 +57,7 @@ def expected_overrides(method: str, layer_type: str = "full_attention", factor: 
                    **original},
         "longrope": {"rope_type": "longrope", "factor": factor, "short_factor": [1.0] * 4, "long_factor": LONG,
                      **original},
-    }[method])  # fmt: skip
+    }[method])
     return {"rope_parameters": params, **length}
 
 
@@ -83,7 +83,7 @@ def test_the_reading_is_what_each_layer_receives(ids):
         # buffer: no model to compare)
         ({"full_attention": YARN, "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}, 0.5, (0.5, 0.5)),
     ],
-)  # fmt: skip
+)
 def test_what_mimos_config_fills_in_is_read_as_transformers_runs_it(rope_parameters, top, partials, ids):
     extra = {} if top is None else {"partial_rotary_factor": top}
     raw = {**tiny_config("mimo_v2_flash").to_dict(), "rope_parameters": copy.deepcopy(rope_parameters), **extra}

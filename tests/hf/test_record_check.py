@@ -108,7 +108,7 @@ def test_the_records_save_pretrained_writes_pass(folders, name):
 
 
 @pytest.mark.parametrize(("name", "path", "value", "key"), CASES, ids=[f"{c[0]}-{'.'.join(map(str, c[1]))}-"
-                         f"{'drop' if c[2] is DROP else repr(c[2])}" for c in CASES])  # fmt: skip
+                         f"{'drop' if c[2] is DROP else repr(c[2])}" for c in CASES])
 def test_a_malformed_record_is_refused_naming_the_key(folders, tmp_path, capsys, name, path, value, key):
     folder = _edited(folders[name], path, value, tmp_path)
     with warnings.catch_warnings():

@@ -334,9 +334,9 @@ def test_a_frequency_folder_loads_back_as_the_measured_model(method, dtype, save
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", CacheStaleWarning)
             ours = measured.generate(prompt, max_new_tokens=8, do_sample=False, output_logits=True,
-                                     return_dict_in_generate=True, pad_token_id=0)  # fmt: skip
+                                     return_dict_in_generate=True, pad_token_id=0)
             theirs = model.generate(prompt, max_new_tokens=8, do_sample=False, output_logits=True,
-                                    return_dict_in_generate=True, pad_token_id=0)  # fmt: skip
+                                    return_dict_in_generate=True, pad_token_id=0)
         torch.testing.assert_close(torch.stack(theirs.logits), torch.stack(ours.logits), rtol=0, atol=0)
 
 

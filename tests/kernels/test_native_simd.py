@@ -109,7 +109,7 @@ def test_every_level_asked_for_is_capped_by_the_cpu(dtype):
     transposed=st.booleans(),
 )
 def test_any_block_of_positions_gives_the_unblocked_bits(b, h, s, f, block, layout, dtype, threads, per_token,
-                                                         transposed):  # fmt: skip
+                                                         transposed):
     """Rows visited block by block (every head of positions [0, block), then the next block), split into chunks
     across threads, give exactly the plain row order's result: each row depends on its own inputs only."""
     x = (torch.randn(b, s, h, 2 * f + 2).transpose(1, 2) if transposed else torch.randn(b, h, s, 2 * f + 2)).to(dtype)

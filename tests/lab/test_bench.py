@@ -23,7 +23,7 @@ def test_cases_cover_llama_geometry_and_other_head_dims():
     [({"lengths": (0,)}, "lengths"), ({"head_dims": (7,)}, "head_dims"), ({"dtypes": ("int8",)}, "dtypes"),
      ({"layouts": ("spiral",)}, "layouts"), ({"lengths": ()}, "lengths"), ({"head_dims": ()}, "head_dims"),
      ({"dtypes": ()}, "dtypes"), ({"layouts": []}, "layouts")],
-)  # fmt: skip
+)
 def test_bad_cases(kwargs, name):
     with pytest.raises(ValueError, match=name):
         b.rotary_cases(**kwargs)
@@ -65,7 +65,7 @@ def test_paired_ms_times_alternately_and_takes_the_median_ratio(monkeypatch):
 def test_cli_writes_tables(tmp_path, capsys):
     argv = ["bench", "--lengths", "32", "--head-dims", "16", "--dtypes", "float32", "--attention-lengths", "64",
             "--attention-encodings", "alibi",
-            "--min-run-time", "0.01", "--out", str(tmp_path)]  # fmt: skip
+            "--min-run-time", "0.01", "--out", str(tmp_path)]
     assert main(argv) == 0
     with open(tmp_path / "rotary.csv", newline="") as f:
         rows = list(csv.DictReader(f))
@@ -113,7 +113,7 @@ def test_cpu_peak_memory_is_what_torch_allocated():
 
 def test_unmeasured_memory_prints_na_not_zero(monkeypatch):
     rows = [{"encoding": "alibi", "seq": 512, "flex_ms": 1.5, "flex_mib": None, "sdpa_no_bias_ms": 1.0,
-             "sdpa_no_bias_mib": 0.004, "sdpa_bias_ms": 2.0, "sdpa_bias_mib": 17.41}]  # fmt: skip
+             "sdpa_no_bias_mib": 0.004, "sdpa_bias_ms": 2.0, "sdpa_bias_mib": 17.41}]
     table = b.markdown(rows, b.ATTENTION_COLUMNS)
     header, _, line = table.splitlines()
     cells = dict(zip(header.strip("| ").split(" | "), line.strip("| ").split(" | "), strict=True))

@@ -22,7 +22,7 @@ from reference.rope_float64 import rotate_float64
 
 
 def visible_keys(i, *, b, s, t, causal=True, q_positions, k_positions, document_ids=None, chunk_size=None,
-                 window=None):  # fmt: skip
+                 window=None):
     """The indices of the keys query ``i`` (of ``s``) of batch row ``b`` sees among ``t`` keys."""
     qp = float(_row(q_positions, b, i))
     keys = []
@@ -41,7 +41,7 @@ def visible_keys(i, *, b, s, t, causal=True, q_positions, k_positions, document_
 
 
 def key_count_attention(q, k, v, factor, *, q_positions, k_positions=None, causal=True, document_ids=None,
-                        chunk_size=None, window=None, sinks=None, scale=None, rope=None):  # fmt: skip
+                        chunk_size=None, window=None, sinks=None, scale=None, rope=None):
     """q (B, H, S, D), k (B, Hkv, T, D), v (B, Hkv, T, Dv); ``factor(n, h)`` -> the query factor of head h for n
     keys (a float, or a 0-d float64 tensor to differentiate); positions (S,)/(B, S) and (T,)/(B, T); sinks (H,) or
     None; ``rope``: ``{"inv_freq": (F,), "layout": ..., "attention_factor": ...}`` or None
@@ -60,7 +60,7 @@ def key_count_attention(q, k, v, factor, *, q_positions, k_positions=None, causa
     for bi in range(b_):
         for i in range(s_):
             keys = visible_keys(i, b=bi, s=s_, t=t_, causal=causal, q_positions=q_positions, k_positions=k_positions,
-                                document_ids=document_ids, chunk_size=chunk_size, window=window)  # fmt: skip
+                                document_ids=document_ids, chunk_size=chunk_size, window=window)
             idx = torch.tensor(keys)
             for h in range(h_):
                 g = h // group

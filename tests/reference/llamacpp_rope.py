@@ -96,7 +96,7 @@ def ggml_rope_angles(
     positions: list[int], *, n_dims: int, freq_base: float, freq_scale: float, n_ctx_orig: int,
     freq_factors: list[float] | None = None, ext_factor: float = 0.0, attn_factor: float = 1.0,
     beta_fast: float = 32.0, beta_slow: float = 1.0,
-) -> tuple[list[list[float]], float]:  # fmt: skip
+) -> tuple[list[list[float]], float]:
     """``ggml_rope_ext`` for one call (``ggml_rope_cache_init`` / ``rope_yarn``, ``ops.cpp``; the correction dims of
     ``ggml_rope_yarn_corr_dims``, ``ggml.c``): ``(angles[p][i], mscale)``."""
 
@@ -127,7 +127,7 @@ def ggml_rope_angles(
 def context_attn_factor(
     freq_scale: float, ext_factor: float, *, rope_attn_factor: float = 1.0, yarn_attn_factor: float = 1.0,
     yarn_log_mul: float = 0.0,
-) -> float:  # fmt: skip
+) -> float:
     """``llama_context``'s ``cparams.yarn_attn_factor`` (``src/llama-context.cpp``; ``mscale`` taken as 1, as there
     for every architecture but DeepSeek-V2)."""
 
@@ -223,7 +223,7 @@ def llamacpp_layers(meta: dict, tensors: dict, *, n_ctx: int | None = None) -> l
     freq_scale = 1.0 if scaling == "none" else freq_scale_train
     ext_factor = yarn_ext if yarn_ext >= 0 else (1.0 if scaling == "yarn" else 0.0)
     attn_factor = context_attn_factor(freq_scale, ext_factor, rope_attn_factor=rope_attn_factor,
-                                      yarn_attn_factor=yarn_attn, yarn_log_mul=log_mul)  # fmt: skip
+                                      yarn_attn_factor=yarn_attn, yarn_log_mul=log_mul)
 
     # get_rope_factors, for the architectures whose graph passes it (and creates the tensors)
     factors = None
@@ -257,6 +257,6 @@ def llamacpp_layers(meta: dict, tensors: dict, *, n_ctx: int | None = None) -> l
         angles, mscale = ggml_rope_angles(
             [1], n_dims=n_rot, freq_base=base, freq_scale=scale, n_ctx_orig=n_ctx_orig_yarn, freq_factors=factors,
             ext_factor=ext, attn_factor=attn, beta_fast=beta_fast, beta_slow=beta_slow,
-        )  # fmt: skip
+        )
         layers.append((angles[0], mscale, n_rot))
     return layers

@@ -21,10 +21,10 @@ from reference.key_count import key_count_attention, ssmax_factor
 
 
 def ssmax_attention(q, k, v, s, *, q_positions, k_positions=None, document_ids=None, scale=None, b=0.0, rope=None,
-                    chunk_size=None, window=None, sinks=None):  # fmt: skip
+                    chunk_size=None, window=None, sinks=None):
     """q (B, H, S, D), k (B, Hkv, T, D), v (B, Hkv, T, Dv); s and b each (H,) or a number; positions (S,)/(B, S)
     and (T,)/(B, T); sinks (H,) or None; ``rope``: ``{"inv_freq": (F,), "layout": ..., "attention_factor": ...}`` or
     None -> (B, H, S, Dv) float64, differentiable in q, k, v and tensors ``s``, ``b``."""
     return key_count_attention(q, k, v, ssmax_factor(s, b), q_positions=q_positions, k_positions=k_positions,
                                document_ids=document_ids, chunk_size=chunk_size, window=window, sinks=sinks,
-                               scale=scale, rope=rope)  # fmt: skip
+                               scale=scale, rope=rope)

@@ -246,7 +246,7 @@ def deepseek_yarn_release(
     blend with the truncated range, ``mscale = yarn_get_mscale(s, mscale) / yarn_get_mscale(s, mscale_all_dim)``;
     ``get_rope`` passes ``beta_fast``, ``beta_slow``, ``mscale``, ``mscale_all_dim`` only."""
     inv_freq, _ = yarn_release(dim, base, factor, original_max_position_embeddings, beta_fast=beta_fast,
-                               beta_slow=beta_slow)  # fmt: skip
+                               beta_slow=beta_slow)
     return inv_freq, yarn_get_mscale(factor, float(mscale)) / yarn_get_mscale(factor, float(mscale_all_dim))
 
 

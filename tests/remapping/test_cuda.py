@@ -69,5 +69,5 @@ def test_a_patched_model_on_cuda_equals_the_cpu(name):
         tol = 8 * plain_gap + 512 * torch.finfo(torch.float64).eps * float(expected.abs().max())
         assert_close(got, expected, atol=tol, rtol=0)
         steps = [m.generate(x[:, :40].to(dev), max_new_tokens=8, do_sample=False, pad_token_id=0)
-                 for m, dev in ((cpu, "cpu"), (gpu, "cuda"))]  # fmt: skip
+                 for m, dev in ((cpu, "cpu"), (gpu, "cuda"))]
     assert torch.equal(steps[0], steps[1].cpu())

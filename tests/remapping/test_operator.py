@@ -86,7 +86,7 @@ def test_half_spans_within_their_bound_of_the_float64_reference(dtype, backend):
     assert out.dtype == torch.float32
     expected = ref.self_extend(q, k, v, enc.inv_freq, window=6, group=4)
     bound = half_span_atol(q, k, ref.self_extend(q, k, v.abs(), enc.inv_freq, window=6, group=4), dtype,
-                           max_position=60)  # fmt: skip
+                           max_position=60)
     assert bool(((out.double() - expected).abs() <= bound).all())
     off_by_one = ref.self_extend(q, k, v, enc.inv_freq, window=7, group=4)
     assert bool(((off_by_one - expected).abs() > bound).any())  # the bound can tell a wrong region

@@ -171,7 +171,7 @@ def test_a_dca_folder_is_run_unextended_by_transformers(folders, tmp_path):
     row = _row(written.check)
     assert row.status == "differs"
     assert "ignores dual_chunk_attention_config: posenc measured dca_vllm x2, transformers runs the model without " \
-           "it" in row.verdict  # fmt: skip
+           "it" in row.verdict
     assert f"posenc.hf.load_causal_lm({str(tmp_path / 'dca')!r})" in row.verdict
     assert "posenc.hf.extend_context(model, 'dca_vllm', 2, original_max_position_embeddings=64)" in row.verdict
     assert row.max_inv_freq_delta == 0  # the frequencies are the model's own: DCA is what it drops
@@ -215,11 +215,11 @@ def test_a_save_writes_the_transformers_4_keys_beside_rope_parameters(tmp_path):
     from posenc.hf.save import with_v4_rope_keys
 
     per_type = {"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1e6},
-                                    "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}}  # fmt: skip
+                                    "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}}
     assert with_v4_rope_keys(per_type) == per_type
     partial = {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}}
     assert with_v4_rope_keys(partial) == {**partial, "rope_theta": 1e4, "rope_scaling": None,
-                                          "partial_rotary_factor": 0.5}  # fmt: skip
+                                          "partial_rotary_factor": 0.5}
 
 
 def test_a_rope_scaling_beside_rope_parameters_shadows_it_in_transformers_5(tmp_path):
@@ -246,7 +246,7 @@ def test_gemma_sliding_layers_at_the_full_layers_base_are_flagged_by_layer(tmp_p
     sliding = {"rope_type": "default", "rope_theta": full.params["rope_theta"], "layer_type": "sliding_attention"}
     one_base = dataclasses.replace(view, layers=tuple(
         dataclasses.replace(layer, inv_freq=full.inv_freq * 2, params=sliding)  # x2: without linear's factor
-        if layer.params.get("layer_type") == "sliding_attention" else layer for layer in view.layers))  # fmt: skip
+        if layer.params.get("layer_type") == "sliding_attention" else layer for layer in view.layers))
     row = compare(one_base, ref)
     assert row.status == "differs"
     assert "layers 0, 2 (sliding_attention): max |Δ inv_freq|" in row.verdict
@@ -298,7 +298,7 @@ def test_a_length_past_the_extension_or_a_reader_that_gives_one_length(tmp_path)
     assert row.status == "not verified" and "gives them at one length only" in row.verdict
     # A runtime that runs dynamic NTK as a static table (its frequencies at the original length, at every length).
     static = dataclasses.replace(view, layers=tuple(dataclasses.replace(x, length_dependent=False, at_length=None)
-                                                    for x in view.layers))  # fmt: skip
+                                                    for x in view.layers))
     assert compare(static, ref, length=32).status == "same"  # within the original context nothing changes
     row = compare(static, ref, length=4096)
     assert row.status == "differs" and "layers 0, 1: max |Δ inv_freq|" in row.verdict
@@ -369,13 +369,13 @@ def test_save_pretrained_prints_the_check_and_save_gguf_returns_it(tmp_path, cap
 
 _LLAMA = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 256, "num_attention_heads": 4,
           "num_key_value_heads": 2, "num_hidden_layers": 2, "intermediate_size": 512, "max_position_embeddings": 4096,
-          "vocab_size": 128}  # fmt: skip
+          "vocab_size": 128}
 
 
 @pytest.mark.parametrize(
     "keys",
     [{"attention_factor": 1.0}, {"attention_factor": 0.8}, {"mscale": 1.0, "mscale_all_dim": 1.0},
-     {"mscale": 1.0, "mscale_all_dim": 0.5}, {"attn_factor": 0.9}],  # fmt: skip
+     {"mscale": 1.0, "mscale_all_dim": 0.5}, {"attn_factor": 0.9}],
     ids=["attention_factor-1.0", "attention_factor-0.8", "mscale-1-1", "mscale-1-0.5", "attn_factor-0.9"],
 )
 def test_yarn_attention_keys_are_read_by_vllm_as_released(tmp_path, keys):
@@ -384,7 +384,7 @@ def test_yarn_attention_keys_are_read_by_vllm_as_released(tmp_path, keys):
     from reference import vllm_rope_scaling as ref
 
     rope = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024, "rope_theta": 500000.0,
-            **keys}  # fmt: skip
+            **keys}
     path = tmp_path / "m"
     path.mkdir()
     (path / "config.json").write_text(json.dumps({**_LLAMA, "rope_parameters": rope}))
@@ -425,11 +425,11 @@ def _yarn_gguf(tmp_path: Path, name: str, edit: dict) -> Path:
 
     config = tiny_config("llama", max_position_embeddings=2 * ORIGINAL)
     config.rope_parameters = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 2.0,
-                              "original_max_position_embeddings": ORIGINAL}  # fmt: skip
+                              "original_max_position_embeddings": ORIGINAL}
     d = config.hidden_size // config.num_attention_heads
     kv = {"llama.embedding_length": config.hidden_size, "llama.block_count": 2, "llama.rope.dimension_count": d,
           "llama.attention.head_count": config.num_attention_heads, gguf_rope.POSENC_KEY: gguf_rope.record(config),
-          **{k: v for k, (v, _) in gguf_rope.to_gguf(config).metadata().items()}}  # fmt: skip
+          **{k: v for k, (v, _) in gguf_rope.to_gguf(config).metadata().items()}}
     for key, value in edit.items():
         kv.pop(key) if value is None else kv.__setitem__(key, value)
     weights = {"token_embd.weight": np.ones((64, config.hidden_size), np.float32)}
@@ -446,7 +446,7 @@ def _yarn_gguf(tmp_path: Path, name: str, edit: dict) -> Path:
         ({"llama.rope.scaling.type": "none"}, "llama.rope.scaling.type = 'yarn' (the file: 'none')"),
         ({"llama.rope.scaling.factor": 4.0}, "llama.rope.scaling.factor = 2 (the file: 4)"),
     ],
-)  # fmt: skip
+)
 def test_a_gguf_edited_after_the_export_is_compared_with_what_posenc_measured(tmp_path, edit, fix):
     """llama.cpp runs the edited keys; the reference is the record, so each edit is a difference with its fix."""
     path = _yarn_gguf(tmp_path, "edited", edit)
@@ -505,7 +505,7 @@ def test_a_dca_config_without_a_record_is_given_a_call_that_runs_what_vllm_serve
     served = next(layer.params for layer in read(Source.open(folder), "vllm").layers)
     assert model._posenc_remap.method == DualChunk(
         chunk_size=served["chunk_size"], local_window=served["local_size"],
-        original_max_position_embeddings=served["original_max_position_embeddings"], mscale=VLLM_MSCALE)  # fmt: skip
+        original_max_position_embeddings=served["original_max_position_embeddings"], mscale=VLLM_MSCALE)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -538,16 +538,16 @@ def test_a_top_level_original_length_depends_on_the_converters_transformers(tmp_
     row = _row(check(folder), "llamacpp")
     assert row.status == "differs", row.verdict
     assert row.verdict.startswith("differs: depends on llamacpp's environment: convert_hf_to_gguf.py run under "
-                                  "transformers 4")  # fmt: skip
+                                  "transformers 4")
     assert "writes llama.rope.scaling.original_context_length 8192): same" in row.verdict
     assert "transformers 5 (its AutoConfig.to_dict(); writes llama.rope.scaling.original_context_length 16384): " \
-           "differs: layers 0, 1: max |Δ inv_freq|" in row.verdict  # fmt: skip
+           "differs: layers 0, 1: max |Δ inv_freq|" in row.verdict
     assert "write original_max_position_embeddings = 8192 inside config.json's rope_parameters and rope_scaling" \
-           in row.verdict  # fmt: skip
+           in row.verdict
     # With the key inside the dict both environments write 8192: no dependence.
     inside = _yarn_folder(tmp_path, "inside", {"rope_type": "yarn", "factor": 2.0,
                                                "original_max_position_embeddings": 8192},
-                          original_max_position_embeddings=8192)  # fmt: skip
+                          original_max_position_embeddings=8192)
     assert _row(check(inside), "llamacpp").status == "same"
 
 
@@ -559,12 +559,12 @@ def test_a_save_writes_a_top_level_original_length_inside_both_rope_dicts(tmp_pa
     from posenc.hf.save import with_v4_rope_keys
 
     config = {"rope_parameters": {"rope_type": "yarn", "factor": 2.0, "rope_theta": 1e4},
-              "original_max_position_embeddings": 32, "max_position_embeddings": 64}  # fmt: skip
+              "original_max_position_embeddings": 32, "max_position_embeddings": 64}
     written = with_v4_rope_keys(config)
     assert written["rope_parameters"]["original_max_position_embeddings"] == 32
     assert written["rope_scaling"]["original_max_position_embeddings"] == 32
     source = json.loads((_yarn_folder(tmp_path, "src", {"rope_type": "yarn", "factor": 2.0},
-                                      original_max_position_embeddings=8192) / "config.json").read_text())  # fmt: skip
+                                      original_max_position_embeddings=8192) / "config.json").read_text())
     source.update(num_hidden_layers=1, intermediate_size=8, vocab_size=8)
     folder = H.save_pretrained(LlamaForCausalLM(LlamaConfig.from_dict(source)), None, tmp_path / "saved", check=False)
     saved = json.loads((folder / "config.json").read_text())

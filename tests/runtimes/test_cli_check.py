@@ -121,7 +121,7 @@ def _config(tmp_path, name, change):
     """A tiny Llama YaRN x2 config.json (no posenc record) changed by ``change``."""
     config = tiny_model("llama").config.to_dict()
     config["rope_parameters"] = {"rope_type": "yarn", "factor": 2.0, "rope_theta": 10000.0,
-                                 "original_max_position_embeddings": 32}  # fmt: skip
+                                 "original_max_position_embeddings": 32}
     change(config)
     folder = tmp_path / name
     folder.mkdir()
@@ -159,7 +159,7 @@ def _gguf(tmp_path, name, edit):
         ("bad-dca", lambda c: c.update(dual_chunk_attention_config={"chunk_size": "48", "local_size": 4}),
          r"dual_chunk_attention_config\['chunk_size'\]='48' in .*config.json is invalid"),
     ],
-)  # fmt: skip
+)
 def test_a_bad_config_key_exits_2_naming_file_key_and_value(tmp_path, capsys, name, change, message):
     from posenc.runtimes.check import check
 
@@ -183,7 +183,7 @@ def test_a_bad_config_key_exits_2_naming_file_key_and_value(tmp_path, capsys, na
           "llama.rope.scaling.original_context_length": 0},
          r"llama.rope.scaling.original_context_length=0 in .*\.gguf is invalid: expected a positive integer"),
     ],
-)  # fmt: skip
+)
 def test_a_bad_gguf_key_exits_2_naming_file_key_and_value(tmp_path, capsys, edit, message):
     from posenc.runtimes.check import check
 

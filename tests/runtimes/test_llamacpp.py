@@ -33,11 +33,11 @@ FREQS, LONG, SHORT = gguf_rope.FREQS, gguf_rope.LONG, gguf_rope.SHORT
 
 
 def _file(tmp_path, arch: str, kv: dict, tensors: dict | None = None, *, name: str = "m.gguf", layers: int = 3,
-          head_dim: int = 16, heads: int = 2):  # fmt: skip
+          head_dim: int = 16, heads: int = 2):
     """A GGUF of ``arch`` with the RoPE keys ``kv`` (under the architecture, unless dotted elsewhere) and the RoPE
     factor ``tensors`` (float32 vectors); the weights are one small embedding (the reader reads no weights)."""
     meta = {f"{arch}.context_length": 4 * 1024, f"{arch}.embedding_length": head_dim * heads,
-            f"{arch}.block_count": layers, f"{arch}.attention.head_count": heads}  # fmt: skip
+            f"{arch}.block_count": layers, f"{arch}.attention.head_count": heads}
     for key, value in kv.items():
         meta[key if key.startswith(("general.", "posenc.")) else f"{arch}.{key}"] = value
     data = {"token_embd.weight": np.ones((64, 8), np.float32)}
@@ -78,16 +78,16 @@ SCALINGS = {
     "linear": lambda d, o: ({"rope.scaling.type": "linear", "rope.scaling.factor": 4.0}, {}),
     "linear_old_key": lambda d, o: ({"rope.scale_linear": 2.5}, {}),
     "yarn": lambda d, o: ({"rope.scaling.type": "yarn", "rope.scaling.factor": 4.0,
-                           "rope.scaling.original_context_length": o}, {}),  # fmt: skip
+                           "rope.scaling.original_context_length": o}, {}),
     "yarn_attn_factor": lambda d, o: ({"rope.scaling.type": "yarn", "rope.scaling.factor": 8.0,
                                        "rope.scaling.original_context_length": o,
-                                       "rope.scaling.attn_factor": 0.8}, {}),  # fmt: skip
+                                       "rope.scaling.attn_factor": 0.8}, {}),
     "yarn_below_one": lambda d, o: ({"rope.scaling.type": "yarn", "rope.scaling.factor": 0.5,
-                                     "rope.scaling.original_context_length": o}, {}),  # fmt: skip
+                                     "rope.scaling.original_context_length": o}, {}),
     "llama3_rope_freqs": lambda d, o: ({}, {FREQS: _ramp(d // 2, 8.0)}),
     "longrope": lambda d, o: ({"rope.scaling.type": "longrope", "rope.scaling.original_context_length": o,
                                "rope.scaling.attn_factor": 1.19},
-                              {LONG: _ramp(d // 2, 6.0), SHORT: _ramp(d // 2, 1.1)}),  # fmt: skip
+                              {LONG: _ramp(d // 2, 6.0), SHORT: _ramp(d // 2, 1.1)}),
 }
 
 
@@ -96,7 +96,7 @@ SCALINGS = {
 def test_each_scaling_runs_llamacpps_computation(tmp_path, head_dim, base, original, scaling):
     kv, tensors = SCALINGS[scaling](head_dim, original)
     path = _file(tmp_path, "llama", {"context_length": 4 * original, "rope.freq_base": base,
-                                     "rope.dimension_count": head_dim, **kv}, tensors, head_dim=head_dim)  # fmt: skip
+                                     "rope.dimension_count": head_dim, **kv}, tensors, head_dim=head_dim)
     view = read(path, "llamacpp")
     assert view.runtime == "llamacpp" and "0c1e57098" in view.follows and view.context == 4 * original
     assert view.version == llamacpp.RELEASE == "llama.cpp 0c1e57098 (llama-cpp-python 0.3.36)"
@@ -113,7 +113,7 @@ def test_the_yarn_attention_factor_rule(tmp_path):
     """YaRN's cos/sin scale is ``1 + 0.1 ln(factor)`` times ``rope.scaling.attn_factor``: llama.cpp's context divides
     its ``get_mscale`` by the ``1 + 0.1 ln s`` the kernel multiplies back; a factor below 1 scales nothing."""
     for factor, attn, expected in [(4.0, None, 1 + 0.1 * math.log(4.0)), (16.0, 0.5, 0.5 * (1 + 0.1 * math.log(16.0))),
-                                   (0.5, None, 1.0)]:  # fmt: skip
+                                   (0.5, None, 1.0)]:
         kv = {"rope.scaling.type": "yarn", "rope.scaling.factor": factor, "rope.scaling.original_context_length": 1024}
         if attn is not None:
             kv["rope.scaling.attn_factor"] = attn
@@ -124,38 +124,38 @@ def test_the_yarn_attention_factor_rule(tmp_path):
 # architecture -> (keys, tensors, layers): files whose per-layer RoPE each graph builds differently
 ARCHS = {
     "gemma3": ({"attention.sliding_window": 512, "rope.freq_base": 1e6, "rope.freq_base_swa": 1e4,
-                "rope.scaling.type": "linear", "rope.scaling.factor": 8.0}, {}, 12),  # fmt: skip
+                "rope.scaling.type": "linear", "rope.scaling.factor": 8.0}, {}, 12),
     "gemma3_default_swa_base": ({"attention.sliding_window": 512, "rope.freq_base": 1e6}, {}, 12),
     "gemma3_pattern_key": ({"attention.sliding_window": 512, "attention.sliding_window_pattern": 3,
-                            "rope.freq_base": 1e6, "rope.freq_base_swa": 1e4}, {}, 7),  # fmt: skip
+                            "rope.freq_base": 1e6, "rope.freq_base_swa": 1e4}, {}, 7),
     "gemma3_pattern_array": ({"attention.sliding_window": 512, "rope.freq_base": 1e6, "rope.freq_base_swa": 1e4,
                               "attention.sliding_window_pattern": [True, False, False, True, True]},
-                             {}, 5),  # fmt: skip
+                             {}, 5),
     "gemma3_no_window": ({"rope.freq_base": 1e6, "rope.freq_base_swa": 1e4}, {}, 6),
     "gemma2": ({"rope.scaling.type": "yarn", "rope.scaling.factor": 4.0, "rope.scaling.original_context_length": 1024,
-                "rope.freq_base_swa": 5000.0}, {}, 4),  # fmt: skip
+                "rope.freq_base_swa": 5000.0}, {}, 4),
     "gemma2_one_base": ({"rope.scaling.type": "linear", "rope.scaling.factor": 2.0}, {}, 4),
     "gpt-oss": ({"attention.sliding_window": 128, "rope.freq_base": 150000.0, "rope.scaling.type": "yarn",
                  "rope.scaling.factor": 32.0, "rope.scaling.original_context_length": 4096,
-                 "rope.freq_base_swa": 10000.0}, {}, 4),  # fmt: skip
+                 "rope.freq_base_swa": 10000.0}, {}, 4),
     "cohere2": ({"attention.sliding_window": 4096, "rope.freq_base": 50000.0, "rope.freq_base_swa": 1e4}, {}, 8),
     "cohere2_all_dense": ({"attention.sliding_window": 4096, "attention.sliding_window_pattern": 1}, {}, 3),
     "olmo2": ({"attention.sliding_window": 4096, "rope.scaling.type": "yarn", "rope.scaling.factor": 8.0,
-               "rope.scaling.original_context_length": 8192, "rope.freq_base_swa": 1e4}, {}, 8),  # fmt: skip
+               "rope.scaling.original_context_length": 8192, "rope.freq_base_swa": 1e4}, {}, 8),
     "smollm3": ({"rope.freq_base": 5e6}, {}, 8),
     "llama4": ({"rope.freq_base": 5e5}, {FREQS: _ramp(8, 8.0)}, 8),
     "llama4_no_window": ({"attention.sliding_window": 0}, {FREQS: _ramp(8, 8.0)}, 4),
     "mistral3": ({"rope.scaling.type": "yarn", "rope.scaling.factor": 16.0,
                   "rope.scaling.original_context_length": 16384, "rope.scaling.yarn_beta_fast": 4.0,
                   "rope.scaling.yarn_beta_slow": 2.0,
-                  "rope.scaling.yarn_log_multiplier": 1.0}, {}, 2),  # fmt: skip
+                  "rope.scaling.yarn_log_multiplier": 1.0}, {}, 2),
     "grok": ({"rope.scaling.type": "yarn", "rope.scaling.factor": 4.0, "rope.scaling.original_context_length": 8192,
-              "rope.scaling.yarn_ext_factor": 0.5, "rope.scaling.yarn_attn_factor": 0.9}, {}, 2),  # fmt: skip
+              "rope.scaling.yarn_ext_factor": 0.5, "rope.scaling.yarn_attn_factor": 0.9}, {}, 2),
     "phi3": ({"rope.scaling.type": "longrope", "rope.scaling.original_context_length": 1024,
               "rope.scaling.attn_factor": 1.19, "attention.sliding_window": 2047},
-             {LONG: _ramp(8, 5.0), SHORT: _ramp(8, 1.2)}, 2),  # fmt: skip
+             {LONG: _ramp(8, 5.0), SHORT: _ramp(8, 1.2)}, 2),
     "qwen2": ({"rope.scaling.type": "yarn", "rope.scaling.factor": 4.0,
-               "rope.scaling.original_context_length": 32768}, {}, 2),  # fmt: skip
+               "rope.scaling.original_context_length": 32768}, {}, 2),
 }
 
 
@@ -181,7 +181,7 @@ def test_gemma3_sliding_layers(tmp_path):
     plain = 10000.0 ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
     torch.testing.assert_close(view.layers[0].inv_freq, plain, **EXACT)
     torch.testing.assert_close(view.layers[5].inv_freq, 1e6 ** (-torch.arange(0, d, 2, dtype=torch.float64) / d) / 8,
-                               **EXACT)  # fmt: skip
+                               **EXACT)
     assert any("full-attention layers [5, 11]" in n for n in view.notes)
 
 
@@ -191,7 +191,7 @@ def test_gemma3_sliding_layers_with_the_full_layers_base_are_flagged(tmp_path):
     assert full.layers[0].params["freq_base"] == 1e6
     assert any("full layers' base 1e+06" in n for n in full.notes), full.notes
     absent = read(_file(tmp_path, "gemma3", {"attention.sliding_window": 512, "rope.freq_base": 1e6},
-                        name="absent.gguf", layers=6), "llamacpp")  # fmt: skip
+                        name="absent.gguf", layers=6), "llamacpp")
     assert absent.layers[0].params["freq_base"] == 10000.0
     assert any("default base 10000" in n for n in absent.notes), absent.notes
 
@@ -202,11 +202,11 @@ def test_gemma4_full_layers_take_rope_freqs_and_their_own_rotary_dims(tmp_path):
     ff = [1.0] * 4 + [2.0**60] * 4  # proportional RoPE: the last pairs hardly rotate (float32-exact divisors)
     kv = {"attention.sliding_window": 512, "attention.sliding_window_pattern": [True, True, False],
           "rope.freq_base": 1e6, "rope.freq_base_swa": 1e4, "rope.dimension_count": 16,
-          "rope.dimension_count_swa": 8}  # fmt: skip
+          "rope.dimension_count_swa": 8}
     view = read(_file(tmp_path, "gemma4", kv, {FREQS: ff}), "llamacpp")
     assert view.refused is None and [layer.rotary_dim for layer in view.layers] == [8, 8, 16]
     torch.testing.assert_close(view.layers[0].inv_freq, 1e4 ** (-torch.arange(0, 8, 2, dtype=torch.float64) / 8),
-                               **EXACT)  # fmt: skip
+                               **EXACT)
     full = 1e6 ** (-torch.arange(0, 16, 2, dtype=torch.float64) / 16) / torch.tensor(ff, dtype=torch.float64)
     torch.testing.assert_close(view.layers[2].inv_freq, full, **EXACT)
     assert view.layers[2].params["freq_factors"] == FREQS and view.layers[0].params["freq_factors"] is None
@@ -231,7 +231,7 @@ def test_yarn_without_its_original_context_uses_the_context_length(tmp_path):
     assert view.layers[0].params["original_context_length"] == 131072
     assert any("original_context_length is absent" in n for n in view.notes), view.notes
     with_it = read(_file(tmp_path, "qwen2", {**kv, "rope.scaling.original_context_length": 32768}, name="o.gguf"),
-                   "llamacpp")  # fmt: skip
+                   "llamacpp")
     assert not torch.allclose(with_it.layers[0].inv_freq, view.layers[0].inv_freq)
 
 
@@ -240,15 +240,15 @@ def test_a_yarn_model_exported_without_its_scaling_keys_is_flagged(tmp_path):
     what was measured."""
     config = tiny_config("llama", max_position_embeddings=4 * ORIGINAL)
     config.rope_parameters = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
-                              "original_max_position_embeddings": ORIGINAL}  # fmt: skip
+                              "original_max_position_embeddings": ORIGINAL}
     record = gguf_rope.record(config)
     kept = read(_file(tmp_path, "llama", {"context_length": 4 * ORIGINAL, "rope.dimension_count": 16, "posenc.rope":
                                           record, "rope.scaling.type": "yarn", "rope.scaling.factor": 4.0,
                                           "rope.scaling.original_context_length": ORIGINAL}, name="kept.gguf"),
-                "llamacpp")  # fmt: skip
+                "llamacpp")
     assert not any("posenc measured" in n for n in kept.notes), kept.notes
     dropped = read(_file(tmp_path, "llama", {"context_length": 4 * ORIGINAL, "rope.dimension_count": 16,
-                                             "posenc.rope": record}, name="dropped.gguf"), "llamacpp")  # fmt: skip
+                                             "posenc.rope": record}, name="dropped.gguf"), "llamacpp")
     assert dropped.layers[0].params["freq_scale"] == 1.0 and dropped.layers[0].attention_factor == 1.0
     assert any("posenc measured this model with rope_type 'yarn'" in n for n in dropped.notes), dropped.notes
 
@@ -259,7 +259,7 @@ def test_keys_an_architecture_does_not_read_are_ignored(tmp_path):
     multiplier."""
     yarn = {"rope.scaling.type": "yarn", "rope.scaling.factor": 4.0, "rope.scaling.original_context_length": 1024}
     extra = {"rope.scaling.yarn_attn_factor": 0.7, "rope.scaling.yarn_beta_fast": 8.0,
-             "rope.scaling.yarn_log_multiplier": 0.1, "rope.freq_base_swa": 5000.0}  # fmt: skip
+             "rope.scaling.yarn_log_multiplier": 0.1, "rope.freq_base_swa": 5000.0}
     plain = read(_file(tmp_path, "llama", yarn, name="plain.gguf"), "llamacpp")
     ignored = read(_file(tmp_path, "llama", {**yarn, **extra}, name="ignored.gguf"), "llamacpp")
     assert sorted(ignored.ignored) == sorted(f"llama.{k}" for k in extra)
@@ -271,7 +271,7 @@ def test_keys_an_architecture_does_not_read_are_ignored(tmp_path):
     assert not torch.allclose(mistral.layers[0].inv_freq, plain.layers[0].inv_freq)  # beta_fast 8, not 32
     s = 4.0  # get_mscale(s, 1) / get_mscale(s, 0.1): the log multiplier replaces 1 + 0.1 ln s
     assert math.isclose(mistral.layers[0].attention_factor, (1 + 0.1 * math.log(s)) / (1 + 0.01 * math.log(s)),
-                        rel_tol=1e-6)  # fmt: skip
+                        rel_tol=1e-6)
 
 
 def test_a_swa_base_the_graph_does_not_use_is_ignored(tmp_path):
@@ -294,7 +294,7 @@ def test_a_swa_base_the_graph_does_not_use_is_ignored(tmp_path):
         ("notanarch", {}, {}, "knows no architecture 'notanarch'"),
         ("gemma4", {"attention.sliding_window": 512}, {FREQS: _ramp(8, 1.0)}, "sliding_window_pattern"),
         ("gemma3", {"attention.sliding_window": 512, "attention.sliding_window_pattern": [True] * 513}, {},
-         "at most 512 (LLAMA_MAX_LAYERS)"),  # fmt: skip
+         "at most 512 (LLAMA_MAX_LAYERS)"),
     ],
 )
 def test_what_llamacpp_refuses_to_load(tmp_path, arch, kv, tensors, message):
@@ -308,7 +308,7 @@ def test_a_sliding_pattern_array_shorter_than_the_layers_leaves_the_rest_full(tm
     ``load_swa_pattern`` reads the array, so layers past a shorter array run as full attention (base and scale of the
     full layers); posenc refused such a file before."""
     kv = {"attention.sliding_window": 512, "attention.sliding_window_pattern": [True, True], "rope.freq_base": 1e6,
-          "rope.freq_base_swa": 1e4, "rope.scaling.type": "linear", "rope.scaling.factor": 8.0}  # fmt: skip
+          "rope.freq_base_swa": 1e4, "rope.scaling.type": "linear", "rope.scaling.factor": 8.0}
     path = _file(tmp_path, "gemma3", {"context_length": 32768, **kv}, layers=5)
     view = read(path, "llamacpp")
     _assert_runs_reference(view, _reference(path))
@@ -324,14 +324,14 @@ def test_longrope_picks_its_factors_against_the_original_context_key_itself(tmp_
     in the context (``llama_context``), but ``get_rope_factors`` compares ``n_ctx_seq`` with the key, 0: the long
     factors at every context (posenc compared with ``n_ctx_train`` and picked the short ones at the file's context)."""
     kv = {"context_length": 4096, "rope.dimension_count": 16, "rope.scaling.type": "longrope",
-          "rope.scaling.original_context_length": 0, "rope.scaling.attn_factor": 1.19}  # fmt: skip
+          "rope.scaling.original_context_length": 0, "rope.scaling.attn_factor": 1.19}
     path = _file(tmp_path, "llama", kv, {LONG: _ramp(8, 6.0), SHORT: _ramp(8, 1.1)})
     view = read(path, "llamacpp")
     _assert_runs_reference(view, _reference(path))
     layer = view.layers[0]
     assert layer.params["freq_factors"] == LONG and layer.params["original_context_length"] == 4096
     assert any("picks the long factors" in n and "against the original 0" in n and "n_ctx=512" in n
-               for n in view.notes), view.notes  # fmt: skip
+               for n in view.notes), view.notes
 
 
 def test_llama_cpp_pythons_yarn_defaults_that_override_a_files_keys_are_named(tmp_path):
@@ -340,7 +340,7 @@ def test_llama_cpp_pythons_yarn_defaults_that_override_a_files_keys_are_named(tm
     (llama.cpp's own reading, llama-server's) say so where a file's betas or attention factor differ."""
     yarn = {"rope.scaling.type": "yarn", "rope.scaling.factor": 4.0, "rope.scaling.original_context_length": 1024}
     mistral = read(_file(tmp_path, "mistral3", {**yarn, "rope.scaling.yarn_beta_fast": 4.0}, name="m.gguf"),
-                   "llamacpp")  # fmt: skip
+                   "llamacpp")
     assert any("llama-cpp-python's Llama() overrides YaRN's beta_fast 4 / beta_slow 1" in n for n in mistral.notes)
     grok = read(_file(tmp_path, "grok", {"rope.scaling.yarn_attn_factor": 0.9}, name="g.gguf"), "llamacpp")
     assert any("yarn_attn_factor 0.9 (Llama() runs 1)" in n for n in grok.notes), grok.notes
@@ -361,7 +361,7 @@ def test_architectures_without_rope_and_unread_ones(tmp_path):
 # --- every method posenc writes reads back as what posenc measured ---------------------------------------------------
 
 SAVED = [("linear", {}), ("ntk", {}), ("yarn", {}), ("yarn", {"attention_factor": 1.3}), ("llama3", {}),
-         ("longrope", {"long_factor": [1.0, 1.5, 2.0, 4.0]})]  # fmt: skip
+         ("longrope", {"long_factor": [1.0, 1.5, 2.0, 4.0]})]
 
 
 @pytest.fixture(scope="module")
@@ -404,7 +404,7 @@ def _llama_config(**rope) -> dict:
 
 def test_a_folders_yarn_attention_factor_and_betas_are_ignored(tmp_path):
     config = _llama_config(rope_type="yarn", factor=4.0, original_max_position_embeddings=ORIGINAL,
-                           attention_factor=1.3, beta_fast=16.0, mscale=0.7)  # fmt: skip
+                           attention_factor=1.3, beta_fast=16.0, mscale=0.7)
     view = read(_folder(tmp_path, config), "llamacpp")
     assert view.refused is None and view.context == 4 * ORIGINAL
     assert "llama.rope.scaling.yarn_attn_factor" in view.ignored and "llama.rope.scaling.yarn_beta_fast" in view.ignored
@@ -417,7 +417,7 @@ def test_a_folders_yarn_attention_factor_and_betas_are_ignored(tmp_path):
 
 def test_a_folders_llama3_scaling_becomes_rope_freqs(tmp_path):
     config = _llama_config(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
-                           original_max_position_embeddings=ORIGINAL)  # fmt: skip
+                           original_max_position_embeddings=ORIGINAL)
     view = read(_folder(tmp_path, config), "llamacpp")
     assert view.ignored == () and view.layers[0].params["freq_factors"] == FREQS
     inv_freq, _ = gguf_rope.hf_frequencies(tiny_config("llama", rope_parameters=config["rope_parameters"]))
@@ -438,11 +438,11 @@ def test_where_the_converter_changed_across_releases_the_row_says_from_which(tmp
                                                   original_max_position_embeddings=ORIGINAL), "inside"), "llamacpp")
     assert not any("0.3.31" in n for n in inside.notes), inside.notes
     llama3 = _llama_config(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
-                           original_max_position_embeddings=ORIGINAL)  # fmt: skip
+                           original_max_position_embeddings=ORIGINAL)
     llama3.pop("original_max_position_embeddings", None)
     view = read(_folder(tmp_path, llama3, "llama3"), "llamacpp")
     assert any(f"original_max_position_embeddings {ORIGINAL} from rope_parameters" in n and
-               "takes the top-level one, absent here: 8192" in n for n in view.notes), view.notes  # fmt: skip
+               "takes the top-level one, absent here: 8192" in n for n in view.notes), view.notes
 
 
 @pytest.mark.parametrize(
@@ -451,7 +451,7 @@ def test_where_the_converter_changed_across_releases_the_row_says_from_which(tmp
         ({"rope_type": "dynamic", "factor": 4.0}, "rope_type='dynamic'"),
         ({"rope_type": "linear"}, "without a factor"),
         ({"rope_type": "longrope", "long_factor": [2.0] * 4, "short_factor": [1.0] * 4,
-          "original_max_position_embeddings": ORIGINAL}, "long_factor/short_factor"),  # fmt: skip
+          "original_max_position_embeddings": ORIGINAL}, "long_factor/short_factor"),
         ({"rope_type": "default", "partial_rotary_factor": 0.5}, "partial_rotary_factor"),
     ],
 )
@@ -460,7 +460,7 @@ def test_what_the_converter_drops_is_ignored_and_runs_plain(tmp_path, rope, igno
     assert any(ignored in k for k in view.ignored), view.ignored
     d = 8
     torch.testing.assert_close(view.layers[0].inv_freq, 1e4 ** (-torch.arange(0, d, 2, dtype=torch.float64) / d),
-                               **EXACT)  # fmt: skip
+                               **EXACT)
 
 
 def test_a_folder_the_converter_stops_on_or_does_not_model(tmp_path):
@@ -496,4 +496,4 @@ def test_smollm2_reads_in_well_under_a_second():
     assert view.refused is None and view.context == 8192 and len(view.layers) == 30
     d = 64
     torch.testing.assert_close(view.layers[0].inv_freq, 1e5 ** (-torch.arange(0, d, 2, dtype=torch.float64) / d),
-                               **EXACT)  # fmt: skip
+                               **EXACT)

@@ -181,7 +181,7 @@ def test_longrope_switch_is_per_batch():
     assert not ref.longrope_uses_long(torch.arange(1025), 1024)
     assert ref.longrope_uses_long(torch.arange(1026), 1024)
     built = sglang_get_rope(HEAD, HEAD, 4096, THETA, {"rope_type": "longrope", "short_factor": SHORT,
-                            "long_factor": LONG, "original_max_position_embeddings": 1024})  # fmt: skip
+                            "long_factor": LONG, "original_max_position_embeddings": 1024})
     _, long, _, long_mscale = ref.longrope(HEAD, THETA, SHORT, LONG, 4096, 1024)
     assert built.layer.params["long_factor"] == LONG
     assert built.layer.params["long_mscale"] == pytest.approx(long_mscale)
@@ -190,7 +190,7 @@ def test_longrope_switch_is_per_batch():
 
 def test_deepseek_yarn(tmp_path):
     rope = {"type": "yarn", "factor": 40.0, "mscale": 0.707, "mscale_all_dim": 1.0, "beta_fast": 32,
-            "beta_slow": 1, "original_max_position_embeddings": 4096}  # fmt: skip
+            "beta_slow": 1, "original_max_position_embeddings": 4096}
     config = {
         "model_type": "deepseek_v3",
         "architectures": ["DeepseekV3ForCausalLM"],
@@ -224,7 +224,7 @@ def test_dynamic_is_static_ntk(tmp_path):
     assert not sglang.length_dependent
     assert sglang.params["base_used"] == pytest.approx(THETA * 13.0 ** (HEAD / (HEAD - 2)))
     short, _ = posenc.rope_frequencies(HEAD, base=THETA, scaling={"rope_type": "dynamic", "factor": 4.0,
-                                       "max_position_embeddings": 4096}, seq_len=100)  # fmt: skip
+                                       "max_position_embeddings": 4096}, seq_len=100)
     assert not torch.allclose(sglang.inv_freq, short.double(), rtol=1e-3)
     assert not torch.allclose(sglang.inv_freq, vllm.inv_freq, rtol=1e-3)
 
@@ -240,7 +240,7 @@ def test_yarn_attention_keys_sglang_and_vllm_read_differently(tmp_path):
     """Trap: SGLang 0.5.23 reads DeepSeek-style mscale keys (the ratio, as vLLM 0.33.0 does) and ``attn_factor`` (which
     vLLM 0.33.0 no longer reads), but not ``attention_factor`` (which vLLM 0.33.0 does)."""
     rope = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024, "mscale": 1.0,
-            "mscale_all_dim": 1.0}  # fmt: skip
+            "mscale_all_dim": 1.0}
     path = folder(tmp_path, legacy(rope))
     assert read(path, "sglang").layers[0].attention_factor == pytest.approx(1.0)
     assert read(path, "vllm").layers[0].attention_factor == pytest.approx(1.0)
@@ -249,7 +249,7 @@ def test_yarn_attention_keys_sglang_and_vllm_read_differently(tmp_path):
     assert read(path, "sglang").layers[0].attention_factor == pytest.approx(plain * 0.9)
     assert read(path, "vllm").layers[0].attention_factor == pytest.approx(plain)
     path = folder(tmp_path, legacy({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024,
-                                    "attention_factor": 0.8}), "attention")  # fmt: skip
+                                    "attention_factor": 0.8}), "attention")
     assert read(path, "sglang").layers[0].attention_factor == pytest.approx(plain)
     assert read(path, "vllm").layers[0].attention_factor == pytest.approx(0.8)
 
@@ -276,7 +276,7 @@ def test_nested_per_layer_type_dict_breaks_get_rope_config(tmp_path):
     ``rope_theta`` beside the entries and runs plain RoPE at 1e6."""
     config = {**QWEN3, "layer_types": ["sliding_attention", "full_attention"], "rope_parameters": {
         "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": THETA},
-        "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}}  # fmt: skip
+        "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}}
     path = folder(tmp_path, config)
     view = read(path, "sglang")
     assert view.layers == () and "Unknown RoPE scaling type" in view.refused
@@ -358,7 +358,7 @@ def test_a_llama_gguf_differs_in_layout_on_what_was_read(tmp_path):
     kv = {"llama.context_length": 64, "llama.embedding_length": 32, "llama.block_count": 2,
           "llama.feed_forward_length": 64, "llama.attention.head_count": 4, "llama.attention.head_count_kv": 2,
           "llama.rope.freq_base": 10000.0, "llama.attention.layer_norm_rms_epsilon": 1e-5,
-          "llama.rope.dimension_count": 8}  # fmt: skip
+          "llama.rope.dimension_count": 8}
     path = write_gguf(tmp_path / "plain.gguf", "llama", {"token_embd.weight": np.zeros((64, 32), np.float32)}, kv=kv)
     row = check(path, ["sglang"])[0]
     assert row.status == "differs" and "layout half where posenc measured interleaved" in row.verdict, row.verdict

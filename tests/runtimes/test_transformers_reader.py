@@ -25,7 +25,7 @@ from posenc.runtimes.transformers import _gguf_config, read_transformers4
 logging.getLogger("transformers").setLevel(logging.ERROR)
 
 SMALL = dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_hidden_layers=4,
-             vocab_size=64, intermediate_size=64, max_position_embeddings=32)  # fmt: skip
+             vocab_size=64, intermediate_size=64, max_position_embeddings=32)
 YARN = {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 32, "rope_theta": 10000.0}
 LONG = [1.0, 1.5, 2.0, 3.0]  # LongRoPE factors for F = 4 pairs
 CASES = {
@@ -92,7 +92,7 @@ CASES = {
                  rope_parameters={"full_attention": {**YARN, "rope_theta": 5e6, "partial_rotary_factor": 0.334},
                                   "sliding_attention": {"rope_type": "default", "rope_theta": 1e4,
                                                         "partial_rotary_factor": 0.334}}),
-}  # fmt: skip
+}
 LAYOUT = {"yarn-deepseek": "interleaved", "llama4": "interleaved"}  # every other case: half
 LENGTHS = (24, 48)  # within the original context (32), and past it (dynamic and LongRoPE switch)
 
@@ -117,7 +117,7 @@ def _seen_by_layers(model: torch.nn.Module, length: int) -> list:
     whether it applies it (Llama 4 / SmolLM3: ``use_rope``; Granite-SWA's NoPE layers receive None)."""
     seen: dict[int, object] = {}
     decoder = next(m for m in (getattr(model, "model", None), getattr(model, model.base_model_prefix, None))
-                   if m is not None and hasattr(m, "layers"))  # fmt: skip
+                   if m is not None and hasattr(m, "layers"))
     attentions = [getattr(layer, "self_attn", None) or layer.attention for layer in decoder.layers]
     handles = [
         attention.register_forward_pre_hook(
@@ -129,7 +129,7 @@ def _seen_by_layers(model: torch.nn.Module, length: int) -> list:
     for h in handles:
         h.remove()
     return [(seen[i], bool(getattr(attention, "use_rope", True)) and seen[i] is not None)
-            for i, attention in enumerate(attentions)]  # fmt: skip
+            for i, attention in enumerate(attentions)]
 
 
 def _expected(inv_freq: torch.Tensor, factor: float, like, length: int):
@@ -166,7 +166,7 @@ def test_the_reading_is_what_each_layer_of_the_transformers_model_receives(case,
 def test_the_readings_are_the_scalings_they_claim(tmp_path):
     """The cases above exercise what they are named for (a reader that read default RoPE everywhere fails here)."""
     views = {case: read(_folder(tmp_path / case, CASES[case]), "transformers") for case in CASES if
-             not (tmp_path / case).mkdir()}  # fmt: skip
+             not (tmp_path / case).mkdir()}
     methods = {case: [layer.method for layer in view.layers] for case, view in views.items()}
     assert methods["hunyuan-alpha"] == ["ntk_alpha"] * 4  # not "dynamic": the model file's own rule
     assert methods["longrope"][0] == "longrope" and views["longrope"].layers[0].length_dependent
@@ -187,7 +187,7 @@ def test_the_readings_are_the_scalings_they_claim(tmp_path):
     assert float(gemma3[1].inv_freq[1]) == pytest.approx(1e6**-0.25 / 4, rel=1e-6)
     deepseek = views["yarn-deepseek"].layers[0].attention_factor
     assert deepseek == pytest.approx((0.1 * 1.0 * torch.log(torch.tensor(2.0)).item() + 1)
-                                     / (0.1 * 0.707 * torch.log(torch.tensor(2.0)).item() + 1))  # fmt: skip
+                                     / (0.1 * 0.707 * torch.log(torch.tensor(2.0)).item() + 1))
     truncated = dict(CASES["yarn-truncate"], rope_scaling={**CASES["yarn-truncate"]["rope_scaling"], "truncate": True})
     (tmp_path / "t").mkdir()
     rounded = read(_folder(tmp_path / "t", truncated), "transformers").layers[0].inv_freq

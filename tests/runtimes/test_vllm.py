@@ -114,7 +114,7 @@ CASES = [
     (
         "yarn-mscale",
         {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 1024, "mscale": 1.0,
-         "mscale_all_dim": 0.5},  # fmt: skip
+         "mscale_all_dim": 0.5},
         lambda d, b: ref.yarn_release(d, b, 8.0, 1024, mscale=1.0, mscale_all_dim=0.5),
         4096,
         8192,
@@ -225,7 +225,7 @@ def test_gemma3_per_layer_type(tmp_path):
     """Gemma 3's v4 config (``rope_scaling`` + ``rope_local_base_freq``): sliding layers at the local base unscaled,
     the full layer scaled; the context is not multiplied (vLLM skips Gemma 3)."""
     config = {**GEMMA3, "rope_theta": 1e6, "rope_local_base_freq": 1e4, "rope_scaling": {"rope_type": "linear",
-              "factor": 8.0}}  # fmt: skip
+              "factor": 8.0}}
     view = read(folder(tmp_path, config), "vllm")
     assert [layer.method for layer in view.layers] == ["default"] * 5 + ["linear"]
     torch.testing.assert_close(view.layers[0].inv_freq, ref.default(HEAD, 1e4)[0], **F64)
@@ -264,7 +264,7 @@ def test_gemma4_proportional_full_layers(tmp_path):
     torch.testing.assert_close(view.layers[0].inv_freq, ref.default(32, 1e4)[0], **F64)
     # posenc's p-RoPE for the same layer
     measured, _ = posenc.rope_frequencies(128, base=1e6, scaling={"rope_type": "proportional",
-                                                                   "partial_rotary_factor": 0.25})  # fmt: skip
+                                                                   "partial_rotary_factor": 0.25})
     torch.testing.assert_close(measured.double(), full.inv_freq, rtol=1e-6, atol=0)
 
 
@@ -286,7 +286,7 @@ def test_llama4_nope_layers_and_chunks(tmp_path):
             "low_freq_factor": 1.0,
             "high_freq_factor": 1.0,
             "original_max_position_embeddings": 8192,
-        },  # fmt: skip
+        },
     }
     view = read(folder(tmp_path, config), "vllm")
     assert [layer.inv_freq is None for layer in view.layers] == [False, False, False, True] * 2
@@ -317,7 +317,7 @@ def test_gpt_oss_reads_truncate(tmp_path):
             "beta_slow": 1.0,
             "truncate": False,
             "original_max_position_embeddings": 4096,
-        },  # fmt: skip
+        },
     }
     view = read(folder(tmp_path, config), "vllm")
     want, factor = ref.yarn(HEAD, 150000.0, 32.0, 4096, truncate=False)
@@ -332,7 +332,7 @@ def test_deepseek_mscale_ratio(tmp_path):
     """DeepSeek V3: ``yarn`` runs as ``deepseek_yarn``: the mscale / mscale_all_dim ratio, the rope head only,
     GPT-J layout; the softmax scale times ``yarn_get_mscale(s, mscale_all_dim)**2``."""
     rope = {"type": "yarn", "factor": 40.0, "mscale": 0.707, "mscale_all_dim": 1.0, "beta_fast": 32,
-            "beta_slow": 1, "original_max_position_embeddings": 4096}  # fmt: skip
+            "beta_slow": 1, "original_max_position_embeddings": 4096}
     config = {
         "model_type": "deepseek_v3",
         "architectures": ["DeepseekV3ForCausalLM"],
@@ -378,7 +378,7 @@ def test_qwen2_dual_chunk_is_posenc_dca_vllm(tmp_path):
     from posenc.remapping.dual_chunk import VLLM_MSCALE, DualChunk
 
     config = {**QWEN2, "dual_chunk_attention_config": DCA, "rope_scaling": {"rope_type": "yarn", "factor": 4.0,
-              "original_max_position_embeddings": 262144}}  # fmt: skip
+              "original_max_position_embeddings": 262144}}
     view = read(folder(tmp_path, config), "vllm")
     layer = view.layers[0]
     assert layer.method == "dual_chunk" and layer.length_dependent
@@ -388,7 +388,7 @@ def test_qwen2_dual_chunk_is_posenc_dca_vllm(tmp_path):
     p = layer.params
     method = DualChunk(chunk_size=p["chunk_size"], local_window=p["local_size"],
                        original_max_position_embeddings=p["original_max_position_embeddings"],
-                       mscale=p["logit_mscale"])  # fmt: skip
+                       mscale=p["logit_mscale"])
     assert method.name == p["posenc_method"] == "dca_vllm" and method.mscale == VLLM_MSCALE
     positions = torch.cat((torch.arange(0, 600000, 997), torch.tensor([253951, 253952, 507903, 507904])))
     tables = ref.dual_chunk_positions(positions, p["chunk_size"], p["local_size"])
@@ -417,7 +417,7 @@ def test_nested_per_layer_type_dict_on_a_llama_reads_default_theta(tmp_path):
     whole (llama.py): the layer-type entries are never read; RoPE at transformers' default θ on every layer."""
     config = {**LLAMA, "layer_types": ["sliding_attention", "full_attention"], "rope_parameters": {
         "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": THETA},
-        "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}}  # fmt: skip
+        "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}}
     view = read(folder(tmp_path, config), "vllm")
     assert all(layer.method == "default" for layer in view.layers)
     torch.testing.assert_close(view.layers[1].inv_freq, ref.default(HEAD, 1e4)[0], **F64)
@@ -440,13 +440,13 @@ def test_yarn_mscale_keys_read_as_transformers_reads_them(tmp_path):
     do) and ``attention_factor``; ``attn_factor`` and ``extrapolation_factor``, which vLLM read up to 0.29.0, are
     unread."""
     rope = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024, "mscale": 0.707,
-            "mscale_all_dim": 0.707, "attn_factor": 0.9, "extrapolation_factor": 0.5}  # fmt: skip
+            "mscale_all_dim": 0.707, "attn_factor": 0.9, "extrapolation_factor": 0.5}
     view = read(folder(tmp_path, legacy(rope)), "vllm")
     want, factor = ref.yarn_release(HEAD, THETA, 4.0, 1024, mscale=0.707, mscale_all_dim=0.707)
     torch.testing.assert_close(_layer(view).inv_freq, want, **F64)
     assert _layer(view).attention_factor == pytest.approx(factor, rel=1e-14)
     assert {k.split("]")[0] for k in view.ignored} == {"rope_parameters['attn_factor'",
-                                                       "rope_parameters['extrapolation_factor'"}  # fmt: skip
+                                                       "rope_parameters['extrapolation_factor'"}
     hf_keys = {k: v for k, v in rope.items() if k not in ("attn_factor", "extrapolation_factor")}  # posenc refuses
     _, measured = posenc.rope_frequencies(HEAD, base=THETA, scaling=hf_keys)
     assert measured == pytest.approx(factor)
@@ -468,7 +468,7 @@ def test_dynamic_served_static(tmp_path):
     layer = _layer(view)
     assert not layer.length_dependent
     long, _ = posenc.rope_frequencies(HEAD, base=THETA, scaling={"rope_type": "dynamic", "factor": 4.0,
-                                      "max_position_embeddings": 4096}, seq_len=16384)  # fmt: skip
+                                      "max_position_embeddings": 4096}, seq_len=16384)
     assert not torch.allclose(layer.inv_freq, long.double(), rtol=1e-3)
     notes = " ".join(view.notes)
     assert "dynamic NTK served static" in notes and "table holds 4096 positions" in notes
@@ -481,7 +481,7 @@ def test_longrope_chosen_once(tmp_path):
     """LongRoPE in vLLM: the short factors at the default max_model_len, the long ones for every position once
     --max-model-len passes the original length (transformers switches per sequence)."""
     rope = {"rope_type": "longrope", "short_factor": PHI_SHORT, "long_factor": PHI_LONG,
-            "original_max_position_embeddings": 1024}  # fmt: skip
+            "original_max_position_embeddings": 1024}
     view = read(folder(tmp_path, {**legacy(rope), "original_max_position_embeddings": 1024}), "vllm")
     layer = _layer(view)
     assert not layer.length_dependent and layer.params["long_factor"] == PHI_LONG

@@ -140,7 +140,7 @@ class CoPE(ConfiguredModule):
         for name, x in (("q", q), ("k", k)):
             if not isinstance(x, torch.Tensor):
                 fail(name, type(x).__name__, f"the {'queries' if name == 'q' else 'keys'} (B, heads, length, "
-                     f"{self.config.head_dim}): CoPE's positions count gates sigmoid(q . k)")  # fmt: skip
+                     f"{self.config.head_dim}): CoPE's positions count gates sigmoid(q . k)")
         check_cope_inputs(q, k)
         q = cast(torch.Tensor, q)  # checked by the loop
         self.check_heads(q)

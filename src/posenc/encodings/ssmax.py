@@ -266,7 +266,7 @@ def rope_ssmax_bias(
     """RoPE + SSMax with a learned bias, by name: ``posenc.build("rope_ssmax_bias")``, the lab's ``rope_ssmax_bias``.
     :func:`rope_ssmax` with ``bias=True``."""
     return rope_ssmax(num_heads=num_heads, head_dim=head_dim, s_init=s_init, bias=True, window=window, base=base,
-                      scaling=scaling, layout=layout, partial_rotary_factor=partial_rotary_factor)  # fmt: skip
+                      scaling=scaling, layout=layout, partial_rotary_factor=partial_rotary_factor)
 
 
 register("rope_ssmax", rope_ssmax)

@@ -44,7 +44,7 @@ def check_cope_inputs(q: object, k: object, mask: object = None) -> None:
         if not isinstance(x, torch.Tensor) or x.dim() != 4 or not x.is_floating_point():
             shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
             fail(f"{name}.shape", shape, "a floating-point tensor (B, heads, length, head_dim): CoPE's gates are "
-                 "sigmoid(q . k)")  # fmt: skip
+                 "sigmoid(q . k)")
     q, k = cast(torch.Tensor, q), cast(torch.Tensor, k)  # both checked by the loop
     b, h, s, d = q.shape
     if k.shape[0] != b or k.shape[-1] != d:
@@ -168,7 +168,7 @@ def check_cope_table(embeddings: object, q: torch.Tensor) -> int:
     if not ok or table.shape[-2] < 2:
         shape = tuple(embeddings.shape) if isinstance(embeddings, torch.Tensor) else type(embeddings).__name__
         fail("embeddings.shape", shape, f"(p_max + 1, {d}) shared by the heads or ({h}, p_max + 1, {d}) per head, "
-             "with p_max >= 1, a floating-point table")  # fmt: skip
+             "with p_max >= 1, a floating-point table")
     if table.device != q.device:
         fail("embeddings.device", table.device, f"q's device, {q.device}")
     return table.shape[-2] - 1

@@ -143,7 +143,7 @@ def _yarn_ramp(dim: int, base: float, original: int, beta_fast: float, beta_slow
     low, high = yarn_correction_range(
         dim, base=base, original_max_position_embeddings=original, beta_fast=beta_fast, beta_slow=beta_slow,
         truncate=truncate,
-    )  # fmt: skip
+    )
     if low == high:
         high += 0.001  # a zero-width ramp would divide by zero
     return ((torch.arange(dim // 2, dtype=torch.float64, device=device) - low) / (high - low)).clamp(0, 1)

@@ -61,7 +61,7 @@ def check_record(record: Any) -> list[dict[str, Any]]:
         allowed = (True, False) if frequency and "rope_parameters" not in item else (frequency,)
         if not isinstance(in_config, bool) or in_config not in allowed:
             fail(f"{name}.in_config", in_config, f"{' or '.join(str(a).lower() for a in allowed)} for {method!r} "
-                 f"(whether config.json carries it; loading applies the others again) {_WHERE}")  # fmt: skip
+                 f"(whether config.json carries it; loading applies the others again) {_WHERE}")
         arguments = item.get("arguments", {})
         if not isinstance(arguments, Mapping):
             fail(f"{name}.arguments", arguments, f"a mapping of extend_context's keyword arguments {_WHERE}")
@@ -88,6 +88,6 @@ def check_record(record: Any) -> list[dict[str, Any]]:
             not isinstance(contexts, Mapping) or not all(v is None or _positive_int(v) for v in contexts.values())
         ):
             fail(f"{name}.layer_contexts", contexts, "a mapping of layer type to a positive integer, or null for "
-                 f"no limit {_WHERE}")  # fmt: skip
+                 f"no limit {_WHERE}")
         out.append(dict(item))
     return out

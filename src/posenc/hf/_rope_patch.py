@@ -103,7 +103,7 @@ def _layer_params(config: Any, layer_type: str | None, model: torch.nn.Module) -
         if config.model_type in LAYER_THETA_MODEL_TYPES:
             fail("layer_type", layer_type, f"None: {architecture(model)} has one rope_parameters for every RoPE "
                  "layer (layer_rope_theta gives each layer only its base, 0 for NoPE), so transformers has no config "
-                 "that scales one layer type alone; the scaling reaches every RoPE layer at its own base")  # fmt: skip
+                 "that scales one layer type alone; the scaling reaches every RoPE layer at its own base")
         fail("layer_type", layer_type, "None: this config has one rope_parameters for every layer")
     return params
 
@@ -242,7 +242,7 @@ def extend_rope(
         "module_names": [name for name, _ in modules],
         **({} if new_contexts is None else {"layer_contexts": {k: None if math.isinf(v) else int(v)
                                                                 for k, v in new_contexts.items()}}),
-    }  # fmt: skip
+    }
 
 
 #: Methods that compose with themselves by multiplying their factor (over the same original length).

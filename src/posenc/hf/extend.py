@@ -79,7 +79,7 @@ def check_factor(factor: object, method: str | None = None, *, name: str = "fact
         which = f"for {method}: at 1 it is" if method else "(at 1 every method but STRING is"
         fail(name, factor, f"a factor > 1 {which} the unpatched model, measured or written under a method's name"
              f"{'' if method else ')'}; only {', '.join(WITHIN_TRAINING)} changes the model at 1 (it remaps "
-             "within the original context)")  # fmt: skip
+             "within the original context)")
     return value
 
 

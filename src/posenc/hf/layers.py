@@ -37,7 +37,7 @@ HYBRID_DEFAULTS: dict[str, dict[str, Any]] = {
     "llama4_text": {"no_rope_layer_interval": 4, "attn_temperature_tuning": True, "floor_scale": 8192,
                     "attn_scale": 0.1},
     "smollm3": {"no_rope_layer_interval": 4, "attn_temperature_tuning": False},
-}  # fmt: skip
+}
 #: Model types whose config gives each layer its own RoPE base, ``layer_rope_theta`` (0: NoPE).
 LAYER_THETA_MODEL_TYPES = ("granite_swa", "granitemoe_swa")
 
@@ -141,7 +141,7 @@ def layer_rotary_configs(config: Any) -> tuple[RotaryConfig | None, ...]:
     types = d.get("layer_types")
     if nested and (not isinstance(types, list) or len(types) != len(uses_rope) or not set(types) <= set(nested)):
         fail("layer_types", types, f"{len(uses_rope)} layer types (num_hidden_layers), each one of {nested} "
-             "(the per-layer-type rope_parameters)")  # fmt: skip
+             "(the per-layer-type rope_parameters)")
     shared = None if nested else rotary_config_from_hf(d)
     out: list[RotaryConfig | None] = []
     for i, rotates in enumerate(uses_rope):

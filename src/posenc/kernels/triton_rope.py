@@ -42,7 +42,7 @@ def _rope_tile(
     sx_b, sx_h, sx_s, sx_d, so_b, so_h, so_s, so_d, st_b, st_s, st_f,
     F: tl.constexpr, D: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_F: tl.constexpr, BLOCK_P: tl.constexpr,
     INTERLEAVED: tl.constexpr, VARLEN: tl.constexpr, SEARCH_STEPS: tl.constexpr, COPY_TAIL: tl.constexpr,
-):  # fmt: skip
+):
     s = s_block * BLOCK_S + tl.arange(0, BLOCK_S)  # (BLOCK_S,) token index
     f = tl.arange(0, BLOCK_F)  # (BLOCK_F,) pair index
     ms = s < S
@@ -100,7 +100,7 @@ def _rope_qk_kernel(
     sqt_b, sqt_s, sqt_f, skt_b, skt_s, skt_f,
     F: tl.constexpr, D: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_F: tl.constexpr, BLOCK_P: tl.constexpr,
     INTERLEAVED: tl.constexpr, VARLEN: tl.constexpr, SEARCH_STEPS: tl.constexpr, COPY_TAIL: tl.constexpr,
-):  # fmt: skip
+):
     s_block = tl.program_id(0)
     head = tl.program_id(1)
     b = tl.program_id(2).to(tl.int64)
@@ -109,13 +109,13 @@ def _rope_qk_kernel(
             q_ptr, qo_ptr, qc_ptr, qs_ptr, cu_ptr, b, head.to(tl.int64), s_block, S_q, n_seq, sign,
             sq_b, sq_h, sq_s, sq_d, sqo_b, sqo_h, sqo_s, sqo_d, sqt_b, sqt_s, sqt_f,
             F, D, BLOCK_S, BLOCK_F, BLOCK_P, INTERLEAVED, VARLEN, SEARCH_STEPS, COPY_TAIL,
-        )  # fmt: skip
+        )
     else:
         _rope_tile(
             k_ptr, ko_ptr, kc_ptr, ks_ptr, cu_ptr, b, (head - H).to(tl.int64), s_block, S_k, n_seq, sign,
             sk_b, sk_h, sk_s, sk_d, sko_b, sko_h, sko_s, sko_d, skt_b, skt_s, skt_f,
             F, D, BLOCK_S, BLOCK_F, BLOCK_P, INTERLEAVED, VARLEN, SEARCH_STEPS, COPY_TAIL,
-        )  # fmt: skip
+        )
 
 
 def _table_strides(t: torch.Tensor) -> tuple[int, int, int]:
@@ -140,7 +140,7 @@ def _launch(q, k, q_out, k_out, q_cos, q_sin, k_cos, k_sin, cu_seqlens, layout, 
         BLOCK_P=triton.next_power_of_2(max(1, d - 2 * f)), INTERLEAVED=layout == "interleaved",
         VARLEN=cu_seqlens is not None, SEARCH_STEPS=max(1, math.ceil(math.log2(n_seq + 1))),
         COPY_TAIL=copy_tail and 2 * f < d,
-    )  # fmt: skip
+    )
 
 
 @torch.library.custom_op("posenc::rotary_qk", mutates_args=())

@@ -157,7 +157,7 @@ def _hf_eager(case: RotaryCase, q: torch.Tensor, k: torch.Tensor, positions: tor
         return None
     if case.layout == "half":
         config = LlamaConfig(hidden_size=case.head_dim * case.q_heads, num_attention_heads=case.q_heads,
-                             num_key_value_heads=case.kv_heads, head_dim=case.head_dim)  # fmt: skip
+                             num_key_value_heads=case.kv_heads, head_dim=case.head_dim)
         rotary = LlamaRotaryEmbedding(config).to(q.device)
         position_ids = positions[None]
 
@@ -349,13 +349,13 @@ def run_attention_case(
     def call(backend: str, encoding: Any) -> Callable[[], Any]:
         positions = pos if encoding is not None else None
         return lambda: posenc.attention(q, k, v, encoding=encoding, q_positions=positions, causal=causal,
-                                        backend=backend)  # fmt: skip
+                                        backend=backend)
 
     row: dict[str, Any] = {"encoding": name, "seq": length, "heads": heads, "head_dim": head_dim,
-                           "dtype": str(kind).removeprefix("torch."), "device": device}  # fmt: skip
+                           "dtype": str(kind).removeprefix("torch."), "device": device}
     with torch.no_grad():
         for label, fn in (("flex", call("flex", enc)), ("sdpa_no_bias", call("sdpa", None)),
-                          ("sdpa_bias", call("sdpa", enc))):  # fmt: skip
+                          ("sdpa_bias", call("sdpa", enc))):
             try:
                 row[f"{label}_ms"] = time_ms(fn, min_run_time)
                 row[f"{label}_mib"] = peak_mib(fn, device)
@@ -400,12 +400,12 @@ def _kept(rows: Sequence[dict], columns: Sequence[tuple[str, str]]) -> list[tupl
 ROTARY_COLUMNS = [("seq", "S"), ("head_dim", "D"), ("dtype", "dtype"), ("layout", "layout"), ("ms", "ms"),
                   ("gb_s", "GB/s"), ("x_copy", "x copy"), ("vs_hf_eager", "vs HF eager"),
                   ("vs_hf_compiled", "vs HF compiled"), ("vs_rotary_embedding_torch", "vs rotary-embedding-torch"),
-                  ("vs_liger", "vs Liger"), ("vs_flash_attn", "vs flash-attn")]  # fmt: skip
+                  ("vs_liger", "vs Liger"), ("vs_flash_attn", "vs flash-attn")]
 ATTENTION_COLUMNS = [("encoding", "encoding"), ("seq", "S"), ("dtype", "dtype"), ("flex_ms", "flex ms"),
                      ("flex_mib", "flex MiB"), ("sdpa_no_bias_ms", "SDPA no bias ms"),
                      ("sdpa_no_bias_mib", "SDPA no bias MiB"), ("sdpa_bias_ms", "SDPA+bias ms"),
                      ("sdpa_bias_mib", "SDPA+bias MiB"), ("flex_vs_ceiling", "flex speed / no-bias speed"),
-                     ("flex_vs_sdpa_bias", "flex vs SDPA+bias")]  # fmt: skip
+                     ("flex_vs_sdpa_bias", "flex vs SDPA+bias")]
 MEMORY_KEYS = frozenset({"flex_mib", "sdpa_no_bias_mib", "sdpa_bias_mib"})
 
 

@@ -45,13 +45,13 @@ def sinusoidal_figure(positions: int = 128, dim: int = 64) -> Any:
     left.set_ylabel("position p")
     left.set_title(f"Sinusoidal encoding, {positions} positions x {dim} channels\n"
                    r"$PE[p, 2i] = \sin(p\,/\,10000^{2i/d})$,  $PE[p, 2i+1] = \cos(p\,/\,10000^{2i/d})$",
-                   fontsize=10)  # fmt: skip
+                   fontsize=10)
     fig.colorbar(image, ax=left, shrink=0.85, label="value")
     image = right.imshow(gram.numpy(), cmap="viridis", interpolation="nearest")
     right.set_xlabel("position q")
     right.set_ylabel("position p")
     right.set_title("Dot products $PE[p] \\cdot PE[q]\\,/\\,(d/2)$: a function of $p - q$ only\n"
-                    "(constant along diagonals, highest at p = q)", fontsize=10)  # fmt: skip
+                    "(constant along diagonals, highest at p = q)", fontsize=10)
     fig.colorbar(image, ax=right, shrink=0.85, label="normalised dot product")
     return fig
 
@@ -89,7 +89,7 @@ def alibi_figure(num_heads: int = 8, positions: int = 32) -> Any:
     fig.colorbar(image, ax=axes, shrink=0.8, label="bias added to the score, $-m\\,(q - k)$")
     fig.suptitle(f"ALiBi: a linear distance penalty with one slope per head ({num_heads} heads, {positions} positions;"
                  " grey: masked future keys)\nSteep heads attend locally, shallow heads far back; nothing is learned, "
-                 "so it runs at any length", fontsize=11)  # fmt: skip
+                 "so it runs at any length", fontsize=11)
     return fig
 
 
@@ -120,7 +120,7 @@ def rope_decay_figure(head_dim: int = ROPE_HEAD_DIM, max_distance: int = 1024) -
         left.plot(distances.numpy(), bound.numpy(), linewidth=1.2, **kw)
         right.plot(distances.numpy(), ones.numpy(), linewidth=1.0, **kw)
     left.set_title(r"RoFormer's relative upper bound $\frac{1}{d/2}\sum_i |S_i|$, "
-                   r"$S_i = \sum_{j<i} e^{\,\mathrm{i}(m-n)\theta_j}$", fontsize=10)  # fmt: skip
+                   r"$S_i = \sum_{j<i} e^{\,\mathrm{i}(m-n)\theta_j}$", fontsize=10)
     left.set_ylabel("relative upper bound")
     right.set_title(r"score $q \cdot R(m - n)\, k\; /\; |q|^2$ for $q = k = (1, \dots, 1)$", fontsize=10)
     right.set_ylabel("normalised score")
@@ -132,7 +132,7 @@ def rope_decay_figure(head_dim: int = ROPE_HEAD_DIM, max_distance: int = 1024) -
         ax.legend(frameon=False)
     fig.suptitle(f"RoPE's long-term decay (head dim {head_dim}): scores between similar vectors shrink, with "
                  "oscillations, as tokens get further apart;\na larger base decays more slowly",
-                 fontsize=11)  # fmt: skip
+                 fontsize=11)
     return fig
 
 
@@ -147,7 +147,7 @@ def scaling_configs(factor: float = FACTOR, original: int = ORIGINAL_CONTEXT) ->
         f"Llama 3.1 (factor {factor:g}, low 1, high 4)": {"rope_type": "llama3", "factor": factor,
                                                           "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                                                           "original_max_position_embeddings": original},
-    }  # fmt: skip
+    }
 
 
 def rope_scalings_figure(head_dim: int = ROPE_HEAD_DIM, base: float = ROPE_BASE) -> Any:
@@ -162,7 +162,7 @@ def rope_scalings_figure(head_dim: int = ROPE_HEAD_DIM, base: float = ROPE_BASE)
         if attention_factor != 1.0:
             label += f", attention x{attention_factor:.3f}"
         kw = {"color": PALETTE[i], "linestyle": styles[i], "marker": MARKERS[i], "markevery": (i, 6), "markersize": 5,
-              "linewidth": 2.2 if i == 0 else 1.7, "label": label}  # fmt: skip
+              "linewidth": 2.2 if i == 0 else 1.7, "label": label}
         left.plot(index, inv_freq.numpy(), **kw)
         right.plot(index, (inv_freq / default).numpy(), **kw)
     for ax in (left, right):
@@ -177,16 +177,16 @@ def rope_scalings_figure(head_dim: int = ROPE_HEAD_DIM, base: float = ROPE_BASE)
     wavelength = left.secondary_yaxis("right", functions=(_turn, _turn))
     wavelength.set_ylabel("wavelength $2\\pi / \\theta_i$ (tokens)")
     left.set_title(f"RoPE frequencies, head dim {head_dim}, base {base:g}, original context {ORIGINAL_CONTEXT}",
-                   fontsize=10)  # fmt: skip
+                   fontsize=10)
     left.legend(fontsize=8.5, frameon=False, loc="lower left")
     right.set_ylabel(r"$\theta_i$ scaled / $\theta_i$ default")
     right.set_ylim(1 / FACTOR / 1.4, 1.4)
     right.set_yticks([1 / FACTOR, 1 / 4, 1 / 2, 1], [f"1/{FACTOR:g}", "1/4", "1/2", "1"])
     right.minorticks_off()
     right.set_title("What each scaling does: high frequencies (left) kept or not,\n"
-                    f"low frequencies (right) slowed by the factor {FACTOR:g}", fontsize=10)  # fmt: skip
+                    f"low frequencies (right) slowed by the factor {FACTOR:g}", fontsize=10)
     fig.suptitle(f"Context extension by {FACTOR:g}x: each scaling as a transform of the inverse frequencies",
-                 fontsize=11)  # fmt: skip
+                 fontsize=11)
     return fig
 
 

@@ -138,11 +138,11 @@ class DualChunk(RemapMethod):
                 query=lambda i: torch.clamp(torch.remainder(i, c) + c, max=size),
                 key=key,
                 region=lambda i, j: chunk(j) == chunk(i) - 1,
-            ),  # fmt: skip
+            ),
             Branch(
                 name="inter",
                 query=lambda i: torch.full_like(i, min(2 * c - 1, size)),
                 key=key,
                 region=lambda i, j: chunk(j) <= chunk(i) - 2,
-            ),  # fmt: skip
+            ),
         )

@@ -60,5 +60,5 @@ class LMInfinite(RemapMethod):
                 query=lambda i: torch.full_like(i, w),
                 key=torch.zeros_like,
                 region=lambda i, j: (j <= i - w) & (j < n),
-            ),  # fmt: skip
+            ),
         )

@@ -87,12 +87,12 @@ class ReRoPE(RemapMethod):
             far = Branch(
                 name="clamped", query=lambda i: torch.full_like(i, w), key=torch.zeros_like,
                 region=lambda i, j: j <= i - w, query_scale=scale,
-            )  # fmt: skip
+            )
         else:
             far = Branch(
                 name="leaky", query=lambda i: w + (i.double() - w) / leak, key=lambda j: j.double() / leak,
                 region=lambda i, j: j <= i - w, query_scale=scale,
-            )  # fmt: skip
+            )
         near = Branch(name="window", query=identity, key=identity, region=lambda i, j: j > i - w, query_scale=scale)
         return near, far
 

@@ -140,7 +140,7 @@ def read(path: str | os.PathLike | Source, runtime: str) -> RuntimeView:
     _load_readers()
     if runtime not in _READERS:
         return RuntimeView(runtime, "not implemented", (), None, refused=None,
-                           notes=(f"not verified: posenc has no {runtime} reader yet",))  # fmt: skip
+                           notes=(f"not verified: posenc has no {runtime} reader yet",))
     view = _READERS[runtime](source)
     return view if view.version else dataclasses.replace(view, version=release(runtime))
 

@@ -131,7 +131,7 @@ def _posenc_layer(
 
     def at(n: int | None) -> tuple[torch.Tensor, float]:
         inv_freq, factor = rope_frequencies(setup.head_dim, base=setup.base, scaling=setup.scaling,
-                                            partial_rotary_factor=setup.partial_rotary_factor, seq_len=n)  # fmt: skip
+                                            partial_rotary_factor=setup.partial_rotary_factor, seq_len=n)
         return inv_freq.double(), float(factor)
 
     params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
@@ -141,7 +141,7 @@ def _posenc_layer(
     return LayerRope(inv_freq, factor, 2 * inv_freq.numel(), setup.layout,
                      setup.scaling.rope_type if setup.scaling is not None else "default",
                      {**dict(own or {}), **dict(extra)}, length_dependent=dependent,
-                     at_length=at if dependent else None)  # fmt: skip
+                     at_length=at if dependent else None)
 
 
 def _text(cfg: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -205,20 +205,20 @@ def _record_reference(source: Source, structure: RuntimeView | None) -> Referenc
             measured["original_max_position_embeddings"] = recorded["original_max_position_embeddings"]
     elif frequency:
         notes.append("posenc's record predates its rope_parameters field: the config's RoPE is taken as posenc "
-                     "wrote it")  # fmt: skip
+                     "wrote it")
         measured["rope_parameters"] = config.get("rope_parameters") or config.get("rope_scaling")
     remaps = []
     for entry in _record.not_in_config(entries):
         key = "dual_chunk_attention_config" if entry["method"] == "dca_vllm" else _record.CONFIG_KEY
         remaps.append({"key": key, "method": _record.label(entry), "call": _record.call(entry, explicit=True),
-                       "applied_by_loader": True, **_measured_dca(entry)})  # fmt: skip
+                       "applied_by_loader": True, **_measured_dca(entry)})
     last = entries[-1]
     dynamic = last.get("in_config") and last["method"] == "dynamic"
     context = None if dynamic else last.get("max_position_embeddings")
     methods = " then ".join(_record.label(e) for e in entries)
     return Reference(f"posenc's record in config.json ({methods})", _posenc_layers(measured, structure), context,
                      tuple(remaps), tuple(notes),
-                     original=entries[0].get("original_max_position_embeddings"))  # fmt: skip
+                     original=entries[0].get("original_max_position_embeddings"))
 
 
 def _measured_dca(entry: Mapping[str, Any]) -> dict[str, Any]:
@@ -236,7 +236,7 @@ def _measured_dca(entry: Mapping[str, Any]) -> dict[str, Any]:
         return {}
     assert isinstance(method, DualChunk)  # remap_method's class for dca_vllm
     return {"expected": {"chunk_size": method.chunk_size, "local_size": method.local_window,
-                         "original_max_position_embeddings": method.original_max_position_embeddings}}  # fmt: skip
+                         "original_max_position_embeddings": method.original_max_position_embeddings}}
 
 
 def _dca_call(dca: Mapping[str, Any], context: Any) -> str:
@@ -247,7 +247,7 @@ def _dca_call(dca: Mapping[str, Any], context: Any) -> str:
 
     try:
         chunk, local, original = (int(dca[k]) for k in ("chunk_size", "local_size",
-                                                        "original_max_position_embeddings"))  # fmt: skip
+                                                        "original_max_position_embeddings"))
         target = int(context)
         remap_method("dca_vllm", original=original, target=target, chunk_size=chunk, local_window=local)
     except (ValueError, KeyError, TypeError) as err:
@@ -265,11 +265,11 @@ def _gguf_reference(source: Source, transformers: RuntimeView) -> Reference:
     header = source.gguf
     if not gguf_llama.handles(header):
         return _runtime_reference(transformers, "the GGUF as transformers' loader reads it (posenc loads this "
-                                  "architecture with it)", None)  # fmt: skip
+                                  "architecture with it)", None)
     params, context, exact = gguf_llama.rope_config(header)
     meta = header.metadata
     head_dim = int(meta.get("llama.rope.dimension_count") or meta["llama.embedding_length"] //
-                   meta["llama.attention.head_count"])  # fmt: skip
+                   meta["llama.attention.head_count"])
     notes = ["layout relative to the file's weights: llama.cpp's converter permutes q/k rows to neighbouring pairs"]
     fixes: tuple[str, ...] = ()
     saved = gguf_rope.recorded(meta)
@@ -277,14 +277,14 @@ def _gguf_reference(source: Source, transformers: RuntimeView) -> Reference:
         if not exact:
             fixes = tuple(gguf_rope.key_fixes(meta, gguf_llama.rope_tensors(header), *saved, head_dim=head_dim))
             notes.append("the file's llama.cpp RoPE keys no longer say what posenc's posenc.rope record says (edited "
-                         "after the export); the record is the reference")  # fmt: skip
+                         "after the export); the record is the reference")
         params, context = saved
     cfg = {"model_type": "llama", "rope_parameters": params, "max_position_embeddings": context,
-           "head_dim": head_dim, "num_hidden_layers": int(meta["llama.block_count"])}  # fmt: skip
+           "head_dim": head_dim, "num_hidden_layers": int(meta["llama.block_count"])}
     layers = tuple(dataclasses.replace(layer, layout="interleaved") for layer in _posenc_layers(cfg, None))
     kind = params.get("rope_type", "default")
     source_text = ("posenc's posenc.rope record in the GGUF" if saved is not None else
-                   "the GGUF's llama.cpp keys as posenc's loader reads them") + f" ({kind})"  # fmt: skip
+                   "the GGUF's llama.cpp keys as posenc's loader reads them") + f" ({kind})"
     return Reference(
         source_text,
         layers,
@@ -303,7 +303,7 @@ def _runtime_reference(view: RuntimeView, source: str, config: Mapping[str, Any]
         dca = config["dual_chunk_attention_config"]
         remaps.append({"key": "dual_chunk_attention_config", "method": f"Dual Chunk Attention {dict(dca)}",
                        "call": _dca_call(dca, _text(config).get("max_position_embeddings")),
-                       "applied_by_loader": False})  # fmt: skip
+                       "applied_by_loader": False})
     dynamic = any(layer.method is not None and "dynamic" in layer.method for layer in view.layers)
     context = original = None
     if config is not None:
@@ -312,7 +312,7 @@ def _runtime_reference(view: RuntimeView, source: str, config: Mapping[str, Any]
         own = [layer.params.get("original_max_position_embeddings") for layer in view.layers if layer.params]
         original = next((int(x) for x in own if x), None) or text.get("max_position_embeddings")
     unverified = tuple(f"the reference ({view.runtime}'s reading): {n.removeprefix('not verified: ')}"
-                       for n in view.notes if n.startswith("not verified"))  # fmt: skip
+                       for n in view.notes if n.startswith("not verified"))
     return Reference(source, view.layers, context, tuple(remaps), original=original, unverified=unverified)
 
 
@@ -395,7 +395,7 @@ def _param_fixes(view: RuntimeView, ref: Reference, bad: Sequence[int]) -> list[
 
 
 def _compare_tables(a: LayerRope, b: LayerRope, inv_a: torch.Tensor, inv_b: torch.Tensor, fa: float, fb: float
-                    ) -> tuple[float, float, float]:  # fmt: skip
+                    ) -> tuple[float, float, float]:
     """``(max |Δ inv_freq|, its ratio to the tolerance, |Δ attention factor|)``."""
     delta = (inv_a.double() - inv_b.double()).abs()
     ratio = delta / inv_freq_tolerance(inv_b).clamp_min(torch.finfo(torch.float64).tiny)
@@ -412,7 +412,7 @@ def _probe_lengths(ref: Reference, length: int | None) -> list[int]:
     if ref.context is not None:
         return [int(ref.context)]
     read = [layer.params.get("max_position_embeddings") or layer.params.get("original_max_position_embeddings")
-            for layer in ref.layers if layer.length_dependent]  # fmt: skip
+            for layer in ref.layers if layer.length_dependent]
     originals = [int(x) for x in read if x] or ([int(ref.original)] if ref.original else [])
     if not originals:
         return []
@@ -439,13 +439,13 @@ def _fix_for_remap(runtime: str, remap: Mapping[str, Any], path: str) -> str:
 
     if runtime == "transformers" and not remap.get("applied_by_loader", True):  # no posenc record to apply it from
         return (f"after loading it (posenc.hf.load_causal_lm or from_pretrained: neither applies {remap['key']} "
-                f"without posenc's record) call {remap['call']}, which runs what vLLM serves")  # fmt: skip
+                f"without posenc's record) call {remap['call']}, which runs what vLLM serves")
     if runtime == "transformers":
         return (f"load it with posenc.hf.load_causal_lm({path!r}), which applies it, or after from_pretrained call "
-                f"{remap['call']}")  # fmt: skip
+                f"{remap['call']}")
     if remap["key"] == CONFIG_KEY:  # DroPE: no runtime has a key for it
         return (f"none in {runtime}: no key of it runs {remap['method']}; run the folder in transformers with "
-                f"posenc.hf.load_causal_lm({path!r})")  # fmt: skip
+                f"posenc.hf.load_causal_lm({path!r})")
     return f"serve it with a runtime this table does not show ignoring {remap['key']}"
 
 
@@ -455,21 +455,21 @@ def _compare_variants(view: RuntimeView, ref: Reference, length: int | None) -> 
     agree."""
     rows = [(view.variants[0].otherwise, compare(dataclasses.replace(view, variants=()), ref, length))]
     rows += [(v.when, compare(dataclasses.replace(view, layers=v.layers, variants=()), ref, length))
-             for v in view.variants]  # fmt: skip
+             for v in view.variants]
     first = rows[0][1]
     if all(row.verdict == first.verdict for _, row in rows):
         return first
     fixes = [v.fix for v in view.variants if v.fix]
     text = (f"differs: depends on {view.runtime}'s environment: " +
             "; ".join(f"{when}: {row.verdict}" for when, row in rows) +
-            (". Fix (both then agree): " + "; ".join(fixes) if fixes else ""))  # fmt: skip
+            (". Fix (both then agree): " + "; ".join(fixes) if fixes else ""))
     worst = [row for _, row in rows if row.max_inv_freq_delta is not None]
     def most(name: str) -> float | None:
         return max((getattr(row, name) for row in worst), default=None)
 
     return dataclasses.replace(first, status="differs", verdict=text, max_inv_freq_delta=most("max_inv_freq_delta"),
                                max_inv_freq_ratio=most("max_inv_freq_ratio"),
-                               attention_factor_delta=most("attention_factor_delta"))  # fmt: skip
+                               attention_factor_delta=most("attention_factor_delta"))
 
 
 def compare(view: RuntimeView, ref: Reference, length: int | None = None) -> Row:
@@ -488,16 +488,16 @@ def compare(view: RuntimeView, ref: Reference, length: int | None = None) -> Row
         return _compare_variants(view, ref, length)
     common: dict[str, Any] = dict(
         runtime=view.runtime, reference=ref.source, follows=view.follows, notes=tuple(view.notes), version=view.version,
-        context=view.context, layers=len(view.layers), rotary=_rotary_text(view.layers))  # fmt: skip
+        context=view.context, layers=len(view.layers), rotary=_rotary_text(view.layers))
     unverified = [n.removeprefix("not verified: ") for n in view.notes if n.startswith("not verified")]
     unverified += [n for n in ref.unverified if n.split(": ", 1)[-1] not in unverified]
     if view.refused is not None:
         return Row(status="cannot run this", verdict=f"cannot run this: {view.refused}", max_inv_freq_delta=None,
-                   max_inv_freq_ratio=None, attention_factor_delta=None, **common)  # fmt: skip
+                   max_inv_freq_ratio=None, attention_factor_delta=None, **common)
     if not view.layers:
         why = "; ".join(unverified) or f"posenc's {view.runtime} reader read no layers"
         return Row(status="not verified", verdict=f"not verified: {why}", max_inv_freq_delta=None,
-                   max_inv_freq_ratio=None, attention_factor_delta=None, **common)  # fmt: skip
+                   max_inv_freq_ratio=None, attention_factor_delta=None, **common)
     problems: list[str] = []
     fixes: list[str] = []
     max_delta = max_ratio = max_factor = 0.0
@@ -539,17 +539,17 @@ def compare(view: RuntimeView, ref: Reference, length: int | None = None) -> Row
     if dims:
         i = dims[0]
         problems.append(f"{_layer_list(dims, layers)}: {view.layers[i].rotary_dim} rotary dims where posenc measured "
-                        f"{layers[i].rotary_dim}")  # fmt: skip
+                        f"{layers[i].rotary_dim}")
     if layouts:
         i = layouts[0]
         problems.append(f"{_layer_list(layouts, layers)}: layout {view.layers[i].layout} where posenc measured "
-                        f"{layers[i].layout}")  # fmt: skip
+                        f"{layers[i].layout}")
     frequencies = f"max |Δ inv_freq| {_number(max_delta)} ({max_ratio:.3g}x the float32 tolerance)"
     factors = ""
     if bad_factor:
         i = bad_factor[0]
         factors = (f"attention factor {view.layers[i].attention_factor:.6g} where posenc measured "
-                   f"{layers[i].attention_factor:.6g}")  # fmt: skip
+                   f"{layers[i].attention_factor:.6g}")
         if bad_freq == bad_factor:
             frequencies, factors = f"{frequencies}, {factors}", ""
     if bad_freq:
@@ -558,7 +558,7 @@ def compare(view: RuntimeView, ref: Reference, length: int | None = None) -> Row
         problems.append(f"{_layer_list(bad_factor, layers)}: {factors}")
     if bad_freq or bad_factor:
         shadowed = [k for k in view.ignored if not any(k == r["key"] or k.startswith(r["key"] + " ")
-                                                        for r in ref.remaps)]  # fmt: skip
+                                                        for r in ref.remaps)]
         if shadowed:
             problems.append(f"{view.runtime} ignores {', '.join(shadowed)}")
         gguf = ref.kind == "gguf"  # a GGUF has no rope_parameters to edit
@@ -568,9 +568,9 @@ def compare(view: RuntimeView, ref: Reference, length: int | None = None) -> Row
         if static:
             kind = ref.layers[static[0]].method
             problems.append(f"{view.runtime} runs one set of frequencies at every length where posenc's {kind} "
-                            "changes them with the length")  # fmt: skip
+                            "changes them with the length")
             fixes.append(f"no config key makes {view.runtime} run {kind}: extend with a method whose frequencies "
-                         "are fixed (yarn, ntk, linear, llama3) to serve it there")  # fmt: skip
+                         "are fixed (yarn, ntk, linear, llama3) to serve it there")
         elif dropped or (view.runtime == "llamacpp" and not gguf):
             if not shadowed:
                 problems.append(f"{view.runtime} computes other frequencies from this config")
@@ -579,27 +579,27 @@ def compare(view: RuntimeView, ref: Reference, length: int | None = None) -> Row
                 view.runtime == "llamacpp" and ref.gguf_fixes) else []) if gguf else _param_fixes(view, ref, bad)
             if gguf and view.runtime == "llamacpp" and ref.gguf_fixes:
                 problems.append("the file's llama.cpp keys were edited after the export: they no longer say what "
-                                "posenc measured (its posenc.rope record)")  # fmt: skip
+                                "posenc measured (its posenc.rope record)")
             if not keys and not gguf:
                 problems.append(f"{view.runtime} reads the same parameters and computes other frequencies from them")
             fixes += keys
         if view.runtime == "transformers" and gguf:
             edited = ("set the file's llama.cpp keys back to what posenc measured (" + ", ".join(ref.gguf_fixes) +
-                      ") and " if ref.gguf_fixes else "")  # load_causal_lm reads the keys  # fmt: skip
+                      ") and " if ref.gguf_fixes else "")  # load_causal_lm reads the keys
             fixes.insert(0, f"{edited}load it with posenc.hf.load_causal_lm({ref.path!r}) (transformers' GGUF loader "
-                         "drops rope.scaling.*), or run it with llama.cpp")  # fmt: skip
+                         "drops rope.scaling.*), or run it with llama.cpp")
         elif "rope_parameters" in view.ignored:
             fixes.insert(0, "remove rope_scaling from config.json: transformers 5 reads it instead of rope_parameters")
     if unprobed:
         unverified.append(f"{_layer_list(sorted(set(unprobed)), layers)}: the frequencies change with the length and "
                           f"{view.runtime}'s reader gives them at one length only (compared up to the original "
-                          "context)")  # fmt: skip
+                          "context)")
     from posenc.hf._record import CONFIG_KEY
 
     for remap in ref.remaps:
         if remap["key"] == CONFIG_KEY or _ignores(view, remap["key"]):  # no runtime reads posenc's own record
             problems.append(f"ignores {remap['key']}: posenc measured {remap['method']}, {view.runtime} runs the model "
-                            "without it")  # fmt: skip
+                            "without it")
             fixes.append(_fix_for_remap(view.runtime, remap, ref.path))
         elif remap.get("expected"):
             for key, want, got in _remap_mismatches(view, remap):
@@ -610,7 +610,7 @@ def compare(view: RuntimeView, ref: Reference, length: int | None = None) -> Row
     if length is not None and ref.context is not None and length > ref.context:
         problems.append(f"length {length} is past the {ref.context} tokens {reach}")
         least = f"a factor of at least {length / ref.original:.4g} over its original {ref.original} tokens" if (
-            ref.original) else "a larger factor"  # fmt: skip
+            ref.original) else "a larger factor"
         fixes.append(f"extend it with {least} and measure it there")
     if view.context is not None and length is not None and length > view.context:
         problems.append(f"{view.runtime} allows at most {view.context} tokens, not length {length}")
@@ -746,7 +746,7 @@ def _footer(rows: Sequence[Row]) -> list[tuple[str, str]]:
     lines = [(f"reference: {rows[0].reference}", "")] if rows else []
     lines += [(f"{row.runtime}: {row.verdict}", _STYLES[row.status]) for row in rows if row.status != "same"]
     lines += [(f"{row.runtime}: {note}", "dim") for row in rows for note in row.notes
-              if not note.startswith("not verified")]  # fmt: skip  # those are in the verdict
+              if not note.startswith("not verified")]  # those are in the verdict
     return lines
 
 

@@ -97,7 +97,7 @@ def check_config(config: Mapping[str, Any], path: Any) -> None:
     counts = [(prefix + k, part[k]) for prefix, part in parts for k in LAYER_KEYS if part.get(k) is not None]
     if not counts:
         raise ValueError(f"{path} has no num_hidden_layers (nor {', '.join(LAYER_KEYS[1:])}, at the top or in "
-                         "text_config): expected the number of decoder layers, a positive integer")  # fmt: skip
+                         "text_config): expected the number of decoder layers, a positive integer")
     for key, value in counts:
         if not _fits(value, "length"):
             _bad(path, key, value, "the number of decoder layers, a positive integer")
@@ -147,7 +147,7 @@ def check_gguf(header: Any) -> None:
     for name in ("context_length", "block_count"):
         if f"{arch}.{name}" not in meta:
             raise ValueError(f"{header.path} has no {arch}.{name}: expected a positive integer (llama.cpp requires "
-                             "it to load the file)")  # fmt: skip
+                             "it to load the file)")
     for name, (kind, rule) in _GGUF_KEYS.items():
         key = f"{arch}.{name}"
         if key not in meta:
@@ -162,7 +162,7 @@ def check_gguf(header: Any) -> None:
         allowed = f"{_ALLOWED.get(rule, 'a finite number >= 0')}, stored as {'an integer' if kind == 'int' else kind}"
         if not typed:
             _bad(header.path, key, value, f"{allowed} (the file stores a {stored or type(value).__name__}; "
-                 "llama.cpp refuses a key of another type)")  # fmt: skip
+                 "llama.cpp refuses a key of another type)")
         if not _fits(value, rule):
             _bad(header.path, key, value, allowed)
 

@@ -80,7 +80,7 @@ _NO_ROPE = _names(
 #: ``rope.dimension_sections`` (else the layout named).
 _MROPE = {"qwen2vl": None, "paddleocr": None, "dflash": None, "qwen3vl": None, "qwen3vlmoe": None, "qwen35": None,
           "qwen35moe": None, "qwen4exp": None, "qwen3tts": None, "bailingmoe3": "interleaved", "glm4": "interleaved",
-          "glm4moe": "half", "hunyuan_vl": "half"}  # fmt: skip
+          "glm4moe": "half", "hunyuan_vl": "half"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,7 +140,7 @@ _ARCHS: dict[str, _Arch] = {
     "smollm3": _Arch(rope_on="nope_step", nope_step=4),
     "llama4": _Arch(
         swa=(4, False), swa_when="llama4", base_swa="key", rope_on="nope_step", nope_step=4, factors="freqs"
-    ),  # fmt: skip
+    ),
     "phi3": _Arch(factors="longrope"),  # its SWA is switched off at load (set_swa_pattern(1))
     "gpt-oss": _Arch(swa=(2, False), base_swa="key"),
     "grok": _Arch(keys=("yarn_ext_attn", "yarn_beta"), beta_fast=8.0),
@@ -306,7 +306,7 @@ def _layers(meta: Mapping[str, Any], tensors: Mapping[str, Any], *, n_ctx: int |
     kind = key("rope.scaling.type", "linear")
     if kind not in SCALING_TYPES:
         raise _Refused(f"{arch}.rope.scaling.type is {kind!r}; llama.cpp knows {list(SCALING_TYPES)} (its load "
-                       "stops on an assertion)")  # fmt: skip
+                       "stops on an assertion)")
     factor = key("rope.scaling.factor", key("rope.scale_linear", 0.0)) or 0.0
     freq_scale_train = 1.0 if factor == 0.0 else _f32(1.0 / _f32(factor))
     base = float(key("rope.freq_base", 10000.0))
@@ -319,7 +319,7 @@ def _layers(meta: Mapping[str, Any], tensors: Mapping[str, Any], *, n_ctx: int |
     n_rot_swa = int(key("rope.dimension_count_swa", n_rot_full))
     if rules.rot_is_head and n_rot_full != head_k:
         raise _Refused(f"invalid n_rot: {arch}.rope.dimension_count is {n_rot_full}, llama.cpp requires the head "
-                       f"dim {head_k} for {arch}")  # fmt: skip
+                       f"dim {head_k} for {arch}")
 
     # load_arch_hparams: keys some architectures read
     ext_key, attn_key = -1.0, 1.0
@@ -341,7 +341,7 @@ def _layers(meta: Mapping[str, Any], tensors: Mapping[str, Any], *, n_ctx: int |
     freq_scale = 1.0 if kind == "none" else freq_scale_train
     ext = ext_key if ext_key >= 0.0 else (1.0 if kind == "yarn" else 0.0)
     attn = gguf_rope.llamacpp_attn_factor(freq_scale, ext_factor=ext, rope_attn_factor=rope_attn,
-                                          yarn_attn_factor=attn_key, yarn_log_mul=log_mul)  # fmt: skip
+                                          yarn_attn_factor=attn_key, yarn_log_mul=log_mul)
     n_ctx_seq = _pad(int(n_ctx or n_ctx_train))
 
     # sliding layers
@@ -387,12 +387,12 @@ def _layers(meta: Mapping[str, Any], tensors: Mapping[str, Any], *, n_ctx: int |
     layers = []
     for il in range(n_layer):
         rotates = {"all": True, "swa": is_swa[il], "swa_or_dense_model": is_swa[il] or not swa_model,
-                   "nope_step": nope > 0 and (il + 1) % nope != 0}[rules.rope_on]  # fmt: skip
+                   "nope_step": nope > 0 and (il + 1) % nope != 0}[rules.rope_on]
         if not rotates:
             layers.append(LayerRope(None, 1.0, 0, layout, kind, {"sliding": is_swa[il]}))
             continue
         n_rot = (n_rot_swa if is_swa[il] else n_rot_full) if rules.per_layer_rot else (
-            n_rot_swa if is_swa[0] else n_rot_full)  # fmt: skip
+            n_rot_swa if is_swa[0] else n_rot_full)
         sliding = is_swa[il]
         layer_base, layer_scale, layer_ext, layer_attn = base, freq_scale, ext, attn
         if sliding and rules.base_swa in ("key", "key_10000"):
@@ -403,11 +403,11 @@ def _layers(meta: Mapping[str, Any], tensors: Mapping[str, Any], *, n_ctx: int |
         theta, mscale = gguf_rope.ggml_rope_frequencies(
             n_rot, layer_base, layer_scale, n_ctx_orig=n_ctx_orig, freq_factors=ff, ext_factor=layer_ext,
             attn_factor=layer_attn, beta_fast=beta_fast, beta_slow=beta_slow,
-        )  # fmt: skip
+        )
         params = {"freq_base": layer_base, "freq_scale": layer_scale, "factor": 1.0 / layer_scale,
                   "original_context_length": n_ctx_orig, "ext_factor": layer_ext, "attn_factor": layer_attn,
                   "beta_fast": beta_fast, "beta_slow": beta_slow, "freq_factors": tensor, "sliding": sliding,
-                  "n_ctx_seq": n_ctx_seq}  # fmt: skip
+                  "n_ctx_seq": n_ctx_seq}
         layers.append(LayerRope(torch.from_numpy(theta), mscale, n_rot, layout, kind, params))
     _trap_notes(arch, meta, kind, factor, tensors, rules, is_swa, base, base_swa, n_ctx_seq, n_ctx_orig, out)
     _python_note(ext, beta_fast, beta_slow, attn_key, out)
@@ -457,7 +457,7 @@ def _trap_notes(arch, meta, kind, factor, tensors, rules, is_swa, base, base_swa
     if kind == "longrope" and rules.factors in ("freqs_or_longrope", "longrope", "any"):
         if gguf_rope.LONG not in tensors and gguf_rope.SHORT not in tensors:
             out.notes.append("rope.scaling.type is longrope but the file has no rope_factors_long/short: llama.cpp "
-                             "runs plain frequencies")  # fmt: skip
+                             "runs plain frequencies")
         else:
             orig = int(meta.get(f"{arch}.rope.scaling.original_context_length", n_ctx_orig))  # get_rope_factors' own
             which = "long" if n_ctx_seq > orig else "short"
@@ -472,11 +472,11 @@ def _trap_notes(arch, meta, kind, factor, tensors, rules, is_swa, base, base_swa
     if read_pattern and rules.swa != "array" and isinstance(meta.get(pattern_key), tuple):
         out.notes.append(f"{pattern_key} is a per-layer array: read as one from llama-cpp-python 0.3.36 (llama.cpp "
                          f"0c1e57098) on; 0.3.35 (4df29be4f) and earlier ignore an array here and run {arch}'s "
-                         f"default pattern")  # fmt: skip
+                         f"default pattern")
     if read_pattern and isinstance(meta.get(pattern_key), tuple) and len(meta[pattern_key]) < len(is_swa):
         out.notes.append(f"{pattern_key} holds {len(meta[pattern_key])} values for {len(is_swa)} layers: llama.cpp "
                          f"runs layers {len(meta[pattern_key])}.. as full attention (load_hparams zero-fills the "
-                         "rest)")  # fmt: skip
+                         "rest)")
     if any(is_swa) and rules.base_swa in ("key", "key_10000"):
         swa_key = f"{arch}.rope.freq_base_swa"
         full = [il for il, s in enumerate(is_swa) if not s]
@@ -529,7 +529,7 @@ def _record_note(meta: Mapping[str, Any], layers: tuple[LayerRope, ...], n_ctx_s
             num_attention_heads=1,
             max_position_embeddings=int(saved["max_position_embeddings"]),
         )
-        theirs, scale = gguf_rope.hf_frequencies(config, seq_len=n_ctx_seq)  # fmt: skip
+        theirs, scale = gguf_rope.hf_frequencies(config, seq_len=n_ctx_seq)
     except (ImportError, ValueError, KeyError, TypeError):
         return None
     for layer in rotating:
@@ -561,7 +561,7 @@ def read_gguf(header: Any, *, n_ctx: int | None = None) -> RuntimeView:
         layers, context = _layers(meta, tensors, n_ctx=n_ctx, out=out)
     except _Refused as err:
         return RuntimeView("llamacpp", FOLLOWS, (), meta.get(f"{meta.get('general.architecture')}.context_length"),
-                           tuple(out.ignored), str(err), tuple(out.notes))  # fmt: skip
+                           tuple(out.ignored), str(err), tuple(out.notes))
     note = _record_note(meta, layers, _pad(int(n_ctx or context)))
     if note:
         out.notes.append(note)
@@ -574,7 +574,7 @@ def read_gguf(header: Any, *, n_ctx: int | None = None) -> RuntimeView:
 #: models.
 CONVERTED = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2",
              "Qwen3ForCausalLM": "qwen3", "Gemma3ForCausalLM": "gemma3",
-             "Gemma3ForConditionalGeneration": "gemma3"}  # fmt: skip
+             "Gemma3ForConditionalGeneration": "gemma3"}
 #: The architectures whose q/k rows the converter permutes (``conversion/llama.py``: ``LlamaModel.undo_permute``):
 #: llama.cpp's interleaved rotation of the file is transformers' half rotation of the folder.
 PERMUTED = {"LlamaForCausalLM", "MistralForCausalLM"}
@@ -604,9 +604,9 @@ def convert(config: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, list[f
         hp = {**hp, **hp["text_config"]}
     rope = dict(hp.get("rope_parameters", hp.get("rope_scaling")) or {})
     rope_theta = _find(hp, ("global_rope_theta", "rope_global_theta", "rope_theta_global", "rope_theta",
-                            "rotary_emb_base"))  # fmt: skip
+                            "rotary_emb_base"))
     local_theta = _find(hp, ("local_rope_theta", "rope_local_theta", "rope_theta_local", "swa_rope_theta",
-                             "rope_local_base_freq"))  # fmt: skip
+                             "rope_local_base_freq"))
     partial = _find(hp, ("partial_rotary_factor", "rope_pct", "rope_percent"))
     original = _find(hp, ("original_max_position_embeddings",))
     nested = "full_attention" in rope or "sliding_attention" in rope
@@ -631,7 +631,7 @@ def convert(config: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, list[f
         meta[f"{arch}.{name}"] = _f32(value) if f32 else value
 
     n_ctx = _find(hp, ("max_position_embeddings", "n_ctx", "n_positions", "max_length", "max_sequence_length",
-                       "model_max_length"))  # fmt: skip
+                       "model_max_length"))
     if n_ctx is not None:
         put("context_length", int(n_ctx))
     put("embedding_length", int(_find(hp, ("hidden_size", "n_embd", "dim"))))
@@ -655,9 +655,9 @@ def convert(config: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, list[f
             if mirrored:
                 notes.append(f"original_max_position_embeddings ({original}) is outside rope_parameters: the "
                              f"converter of llama-cpp-python >= 0.3.32 (llama.cpp b3fed31b9) writes it; that of "
-                             f"0.3.31 (f449e0553) and earlier stops on the YaRN dict (KeyError)")  # fmt: skip
+                             f"0.3.31 (f449e0553) and earlier stops on the YaRN dict (KeyError)")
             for hf_key, name in (("extrapolation_factor", "yarn_ext_factor"), ("beta_fast", "yarn_beta_fast"),
-                                 ("beta_slow", "yarn_beta_slow")):  # fmt: skip
+                                 ("beta_slow", "yarn_beta_slow")):
                 if params.get(hf_key) is not None:
                     put(f"rope.scaling.{name}", params[hf_key], True)
             attn = params.get("attention_factor", params.get("attn_factor"))
@@ -670,7 +670,7 @@ def convert(config: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, list[f
             put("rope.scaling.type", "longrope")
             if arch != "phi3":
                 ignored.append("rope_parameters.long_factor/short_factor/attention_factor (the converter writes "
-                               f"LongRoPE's factors only for Phi-3 and MiniCPM, not {hf_arch})")  # fmt: skip
+                               f"LongRoPE's factors only for Phi-3 and MiniCPM, not {hf_arch})")
         elif kind == "llama3" and arch == "llama":
             tensors[gguf_rope.FREQS] = _llama3_freqs(params, hp)
             older = hp.get("original_max_position_embeddings", 8192)
@@ -679,10 +679,10 @@ def convert(config: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, list[f
                 notes.append(f"Llama 3's rope_freqs use original_max_position_embeddings "
                              f"{params.get('original_max_position_embeddings', 8192)} from rope_parameters in the "
                              f"converter of llama-cpp-python >= 0.3.32 (llama.cpp b3fed31b9); that of 0.3.31 "
-                             f"(f449e0553) and earlier takes the top-level one, {top}")  # fmt: skip
+                             f"(f449e0553) and earlier takes the top-level one, {top}")
         elif kind != "default":
             ignored.append(f"rope_parameters.rope_type={kind!r}" + (f" factor={factor}" if factor else "") +
-                           " (the converter writes no scaling for it)")  # fmt: skip
+                           " (the converter writes no scaling for it)")
         if kind in ("linear", "yarn") and factor is None:
             ignored.append(f"rope_parameters.rope_type={kind!r} without a factor (the converter writes nothing)")
     sliding = rope["sliding_attention"] if isinstance(rope.get("sliding_attention"), Mapping) else {}
@@ -692,15 +692,15 @@ def convert(config: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, list[f
         put("rope.freq_base_swa", sliding["rope_theta"], True)
     if sliding.get("rope_type", "default") != "default":
         ignored.append(f"rope_parameters.sliding_attention.rope_type={sliding['rope_type']!r} (the converter writes "
-                       "the full-attention layers' scaling only)")  # fmt: skip
+                       "the full-attention layers' scaling only)")
     if hp.get("dual_chunk_attention_config"):
         ignored.append("dual_chunk_attention_config (the converter writes no key for it and llama.cpp has no dual "
-                       "chunk attention: it runs the model's plain RoPE over the whole context)")  # fmt: skip
+                       "chunk attention: it runs the model's plain RoPE over the whole context)")
     if hp.get("head_dim") is not None:
         put("attention.key_length", int(hp["head_dim"]))
     if params.get("partial_rotary_factor", 1.0) not in (None, 1.0):
         ignored.append(f"partial_rotary_factor={params['partial_rotary_factor']} (the converter writes no rotary "
-                       f"dims for {hf_arch}: llama.cpp rotates the whole head)")  # fmt: skip
+                       f"dims for {hf_arch}: llama.cpp rotates the whole head)")
     if arch == "llama":
         head = hp.get("head_dim") or int(hp["hidden_size"]) // int(hp["num_attention_heads"])
         put("rope.dimension_count", int(head))
@@ -714,10 +714,10 @@ def convert(config: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, list[f
         if isinstance(types, list):
             is_swa = _swa_layers(arch, _ARCHS[arch], meta, len(types))
             differ = [il for il, (t, s) in enumerate(zip(types, is_swa, strict=True))
-                      if (t == "sliding_attention") != s]  # fmt: skip
+                      if (t == "sliding_attention") != s]
             if differ:
                 notes.append(f"config.json's layer_types differ from llama.cpp's default Gemma 3 pattern (every 6th "
-                             f"layer full; the converter writes no pattern) at layers {differ}")  # fmt: skip
+                             f"layer full; the converter writes no pattern) at layers {differ}")
     return meta, tensors, ignored, notes
 
 
@@ -750,7 +750,7 @@ def _rope_keys(meta: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _transformers5_variant(config: Mapping[str, Any], meta: Mapping[str, Any] | None,
-                           tensors: Mapping[str, Any] | None, n_ctx: int | None) -> Variant | None:  # fmt: skip
+                           tensors: Mapping[str, Any] | None, n_ctx: int | None) -> Variant | None:
     """What ``convert_hf_to_gguf.py`` writes when run under transformers 5, where ``load_hparams`` reads
     ``AutoConfig.from_pretrained(folder).to_dict()``: transformers 5 has filled ``rope_parameters`` in by then (a
     YaRN / Llama 3 / LongRoPE dict without ``original_max_position_embeddings`` gets ``max_position_embeddings``, not
@@ -789,7 +789,7 @@ def _relative_to_folder(config: Mapping[str, Any], layers: tuple[LayerRope, ...]
     if (config.get("architectures") or [None])[0] not in PERMUTED:
         return layers
     return tuple(dataclasses.replace(layer, layout="half") if layer.layout == "interleaved" else layer
-                 for layer in layers)  # fmt: skip
+                 for layer in layers)
 
 
 def read_config(config: Mapping[str, Any], *, n_ctx: int | None = None) -> RuntimeView:
@@ -801,7 +801,7 @@ def read_config(config: Mapping[str, Any], *, n_ctx: int | None = None) -> Runti
     except _ConverterStops as err:
         variant = _transformers5_variant(config, None, None, n_ctx)
         return RuntimeView("llamacpp", FOLLOWS, (), None, (), str(err), (),
-                           variants=(variant,) if variant else ())  # fmt: skip
+                           variants=(variant,) if variant else ())
     except ValueError as err:
         arch = (config.get("architectures") or [None])[0]
         why = str(err) if str(err) != str(arch) else f"posenc models convert_hf_to_gguf.py for {sorted(CONVERTED)} only"
@@ -815,10 +815,10 @@ def read_config(config: Mapping[str, Any], *, n_ctx: int | None = None) -> Runti
         layers = _relative_to_folder(config, layers)
         out.notes.append("layout relative to the folder's weights: convert_hf_to_gguf.py permutes each head's q/k "
                          "rows (LlamaModel.undo_permute) so that llama.cpp's neighbouring pairs rotate what "
-                         "transformers rotates as halves")  # fmt: skip
+                         "transformers rotates as halves")
     variant = _transformers5_variant(config, meta, tensors, n_ctx)
     return RuntimeView("llamacpp", FOLLOWS, layers, context, tuple(out.ignored), None, tuple(out.notes),
-                       variants=(variant,) if variant else ())  # fmt: skip
+                       variants=(variant,) if variant else ())
 
 
 def read(source: Source, *, n_ctx: int | None = None) -> RuntimeView:

@@ -314,7 +314,7 @@ def _sglang_layers(parsed: _v.ParsedConfig) -> tuple[list[_v.Built], list[str], 
         if rp is not None and top and rp.get("original_max_position_embeddings") != top:
             was = rp.get("original_max_position_embeddings")
             notes.append(f"llama.py sets rope_parameters['original_max_position_embeddings'] to the config's top-level "
-                         f"original_max_position_embeddings={top} (was {was})")  # fmt: skip
+                         f"original_max_position_embeddings={top} (was {was})")
             rp = {**rp, "original_max_position_embeddings": top}
         partial = _v.attr(text, raw, "partial_rotary_factor", 1) or 1
         neox = bool(_v.attr(text, raw, "rope_is_neox_style", True))
@@ -351,7 +351,7 @@ def _sglang_layers(parsed: _v.ParsedConfig) -> tuple[list[_v.Built], list[str], 
             + (" (dual_chunk_attention_config passed as qwen2_moe.py passes it)" if dual is not None else "")
         )
     built = sglang_get_rope(head, head, mpe, theta, rp, is_neox_style=neox, partial_rotary_factor=partial,
-                            dual_chunk=dual)  # fmt: skip
+                            dual_chunk=dual)
     return [built] * n, notes, ignored
 
 

@@ -56,7 +56,7 @@ LAYOUTS: dict[str, str] = {
             "mimo_v2_flash",
         ),
         "half",
-    ),  # fmt: skip
+    ),
     "llama4_text": "interleaved",
     "deepseek_v3": "rope_interleave",
 }
@@ -299,7 +299,7 @@ def _gguf_config(header: Any) -> tuple[dict[str, Any] | None, tuple[str, ...], s
     name = meta.get("general.name")
     updated = "mistral" if "llama" in str(arch) and name == "mistral" else arch  # `"mistral" in [name]`
     for old, new in (("qwen2moe", "qwen2_moe"), ("gpt_oss", "gpt_oss"), ("gpt-oss", "gpt_oss"),
-                     ("qwen3moe", "qwen3_moe"), ("minimax-m2", "minimax_m2")):  # fmt: skip
+                     ("qwen3moe", "qwen3_moe"), ("minimax-m2", "minimax_m2")):
         if old in str(arch):
             updated = new
             break
@@ -367,7 +367,7 @@ def _relative_to_file(view: RuntimeView, arch: str) -> RuntimeView:
     flip = {"half": "interleaved", "interleaved": "half"}
     layers = tuple(dataclasses.replace(layer, layout=flip[layer.layout]) for layer in view.layers)
     note = ("layout relative to the file's weights: transformers' GGUF loader un-permutes the q/k rows llama.cpp's "
-            "converter interleaved, then rotates halves")  # fmt: skip
+            "converter interleaved, then rotates halves")
     return dataclasses.replace(view, layers=layers, notes=(*view.notes, note))
 
 
@@ -395,7 +395,7 @@ def read_config(config: Mapping[str, Any], follows_source: str, ignored: tuple[s
     follows = f"transformers {_version()}: {follows_source}"
     if config.get("auto_map") and config.get("model_type") not in _config_mapping():
         return _refused(follows, "the model ships its own code (auto_map) and its model_type is not in transformers: "
-                        "only trust_remote_code=True runs it, with code posenc does not read")  # fmt: skip
+                        "only trust_remote_code=True runs it, with code posenc does not read")
     try:
         built, messages = build_config(config)
     except ValueError as err:
@@ -412,7 +412,7 @@ def read_config(config: Mapping[str, Any], follows_source: str, ignored: tuple[s
     ignored = tuple(dict.fromkeys((*ignored, *_ignored_in_config(config, messages))))
     if cls is None:
         return RuntimeView("transformers", follows, (), None, ignored=ignored,
-                           notes=(f"not verified: {why}",))  # fmt: skip
+                           notes=(f"not verified: {why}",))
     try:
         with _transformers_log(), torch.device("cpu"):
             rotary = cls(config=text)
@@ -423,7 +423,7 @@ def read_config(config: Mapping[str, Any], follows_source: str, ignored: tuple[s
     if layout is None:
         notes.append(f"not verified: model_type {text.model_type!r} is outside posenc's table of transformers' "
                      "layouts and per-layer rules (posenc.runtimes.transformers.LAYOUTS); read with its rotary "
-                     "module as 'half', one table for every layer")  # fmt: skip
+                     "module as 'half', one table for every layer")
         layout = "half"
     try:
         rotaries = _per_layer_rotary(text, cls, rotary)
@@ -444,7 +444,7 @@ def read_config(config: Mapping[str, Any], follows_source: str, ignored: tuple[s
             )
     context = getattr(text, "max_position_embeddings", None)
     notes.append(f"transformers does not limit the sequence length: max_position_embeddings ({context}) is "
-                 "not enforced")  # fmt: skip
+                 "not enforced")
     old = _transformers4_note(config)
     if old:
         notes.append(old)
@@ -503,7 +503,7 @@ def _transformers4_note(config: Mapping[str, Any]) -> str | None:
         return None
     return (f"transformers < 5 reads only rope_theta and rope_scaling, which say {v4_type} RoPE with base {theta:g} "
             f"(this config's rope_parameters: {v5_type}, base {v5_theta}): a stack pinned to transformers 4 runs "
-            "another RoPE; add rope_scaling (and rope_theta) beside rope_parameters for it")  # fmt: skip
+            "another RoPE; add rope_scaling (and rope_theta) beside rope_parameters for it")
 
 
 def read_transformers4(source: Source) -> RuntimeView:
@@ -523,7 +523,7 @@ def read_transformers4(source: Source) -> RuntimeView:
     kind = params.get("rope_type", params.get("type", "default"))
     if kind in ("yarn", "longrope", "llama3"):
         params.setdefault("original_max_position_embeddings", config.get("original_max_position_embeddings")
-                          or config.get("max_position_embeddings"))  # fmt: skip
+                          or config.get("max_position_embeddings"))
     if kind in ("dynamic", "yarn", "longrope"):
         params.setdefault("max_position_embeddings", config.get("max_position_embeddings"))
     inv_freq, factor = rope_frequencies(head_dim, base=theta, scaling=params or None, partial_rotary_factor=partial)

@@ -393,7 +393,7 @@ YARN_DEFAULTS = {"extrapolation_factor": 1.0, "attn_factor": 1.0, "beta_fast": 3
 #: class's defaults: transformers' names (``attention_factor``, ``mscale``, ``mscale_all_dim``), not ``attn_factor``,
 #: ``extrapolation_factor`` or ``apply_yarn_scaling``.
 _VLLM_YARN = {"beta_fast": 32, "beta_slow": 1, "mscale": None, "mscale_all_dim": None, "attention_factor": None,
-              "truncate": True}  # fmt: skip
+              "truncate": True}
 #: ``DeepseekScalingRotaryEmbedding``'s keyword arguments (``VLLM_VERSION``): no ``attn_factor``, always truncated.
 DEEPSEEK_DEFAULTS = {"beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 0.0}
 

@@ -67,7 +67,7 @@ def test_folder_split_by_file_in_relative_path_order_skipping_binaries(tmp_path)
         ".hidden/h.txt": b"hidden",
         "__pycache__/i.txt": b"cache",
         "z.txt": b"zed",
-    })  # fmt: skip
+    })
     corpus = load_corpus(tmp_path, val_fraction=0.5)
     # text files in order: a.txt(0) b.md(1) d(2) sub/c.py(3) z.txt(4); even indices -> validation
     assert bytes(corpus.val.tolist()) == b"ay\0dee\0zed"
@@ -211,7 +211,7 @@ def test_eval_windows_exact_plan_on_small_examples():
 
 @pytest.mark.parametrize("n", [9, 10, 17, 50, 101])
 @pytest.mark.parametrize(("length", "stride"), [(1, None), (1, 1), (4, None), (4, 1), (4, 3), (4, 4), (8, None),
-                                                (8, 1), (8, 3), (8, 8)])  # fmt: skip
+                                                (8, 1), (8, 3), (8, 8)])
 @pytest.mark.parametrize("max_tokens", [None, 8, 23])
 def test_eval_windows_score_every_target_once(n, length, stride, max_tokens):
     targets = n - 1 if max_tokens is None else min(n - 1, max_tokens)

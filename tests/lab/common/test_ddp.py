@@ -108,7 +108,7 @@ def test_two_processes_match_one(tmp_path):
 def launch(script, run_dir, *args):
     """Both ranks of ``script run_dir *args``; returns ``[(returncode, output)]`` per rank."""
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": "2",
-           "OMP_NUM_THREADS": "1"}  # fmt: skip
+           "OMP_NUM_THREADS": "1"}
     procs = [
         subprocess.Popen(
             [sys.executable, str(script), str(run_dir), *args],

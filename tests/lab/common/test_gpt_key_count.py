@@ -57,10 +57,10 @@ def test_each_ssmax_layer_counts_the_keys_its_mask_leaves(encoding, local, monke
         rope = None
         if enc.rope is not None:
             rope = {"inv_freq": enc.rope.inv_freq, "layout": enc.rope.config.layout,
-                    "attention_factor": enc.rope.attention_factor}  # fmt: skip
+                    "attention_factor": enc.rope.attention_factor}
         factor = ssmax_factor(enc.s.detach(), 0.0 if enc.b is None else enc.b.detach())
         want = key_count_attention(q, k, v, factor, q_positions=kw["q_positions"], window=kw["window"],
-                                   chunk_size=kw["chunk_size"], rope=rope)  # fmt: skip
+                                   chunk_size=kw["chunk_size"], rope=rope)
         assert (kw["window"], kw["chunk_size"]) == (local.get("sliding_window"), local.get("attention_chunk_size"))
         assert_close(out, want, rtol=0, atol=1e-12)
 
@@ -74,7 +74,7 @@ def test_saved_configs_record_where_n_is_counted_and_old_ones_are_refused():
     old = {k: v for k, v in saved.items() if k != KEY_COUNT_KEY}
     want = (r"^run/config.json\['key_count'\]=None is invalid: expected 'mask': this model \(encoding='ssmax', "
             r"sliding_window=8\) was saved by a posenc that gave the SSMax of layers \[0, 1\] an n read from the "
-            r"query's position \(p \+ 1\)")  # fmt: skip
+            r"query's position \(p \+ 1\)")
     with pytest.raises(ValueError, match=want):
         ModelConfig.from_dict(old, where="run/config.json")
     chunked = ModelConfig(encoding="rope/ssmax:2", attention_chunk_size=4, **TINY)  # only layer 2 is SSMax
@@ -114,7 +114,7 @@ def test_a_saved_run_of_the_old_n_is_refused_by_load_model(tmp_path):
     config = ModelConfig(encoding="ssmax", sliding_window=4, **{**TINY, "n_layers": 1})
     x = torch.randint(0, 256, (2, 16))
     train(GPT(config), lambda step, rank, world: (x, x, None), TrainConfig(steps=1, batch_size=2, length=16),
-          tmp_path / "run", progress=False)  # fmt: skip
+          tmp_path / "run", progress=False)
     assert load_model(tmp_path / "run").config == config
     path = tmp_path / "run" / "config.json"
     saved = json.loads(path.read_text())

@@ -31,7 +31,7 @@ def test_config_round_trips_and_old_configs_load(field):
 
 
 @pytest.mark.parametrize(("field", "encoding"), [("attention_chunk_size", "rope/nope_temperature:2"),
-                                                 ("sliding_window", "rope/nope:2")])  # fmt: skip
+                                                 ("sliding_window", "rope/nope:2")])
 def test_a_local_hybrid_trains(field, encoding):
     torch.manual_seed(0)
     model = GPT(ModelConfig(encoding=encoding, **{field: 4}, **TINY))
@@ -67,5 +67,5 @@ def test_local_sizes_fit_int64():
     ModelConfig(encoding="rope", sliding_window=2**63 - 1, attention_chunk_size=2**63 - 1, **TINY)
     for field in ("sliding_window", "attention_chunk_size"):
         with pytest.raises(ValueError, match=rf"^{field}=9223372036854775808 is invalid: expected a positive integer "
-                                             r"up to 2\*\*63 - 1"):  # fmt: skip
+                                             r"up to 2\*\*63 - 1"):
             ModelConfig(encoding="rope", **{field: 2**63}, **TINY)

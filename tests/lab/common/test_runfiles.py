@@ -15,7 +15,7 @@ from posenc.lab.common.runfiles import (
 )
 
 TABLE = KeyedCSV(columns=("name", "size", "score", "note"), key=("name", "size"), ints=frozenset({"size"}),
-                 floats=frozenset({"score"}), defaults={"note": "-"}, command="posenc test")  # fmt: skip
+                 floats=frozenset({"score"}), defaults={"note": "-"}, command="posenc test")
 
 
 def test_round_trip_is_typed_and_exact(tmp_path):
@@ -24,7 +24,7 @@ def test_round_trip_is_typed_and_exact(tmp_path):
         path, [{"name": "a", "size": 2, "score": 0.1 + 0.2}, {"name": "b", "size": 3, "score": math.nan}]
     )
     assert rows == [{"name": "a", "size": 2, "score": 0.1 + 0.2, "note": "-"}, {"name": "b", "size": 3, "score": None,
-                                                                                "note": "-"}]  # fmt: skip
+                                                                                "note": "-"}]
     rows = TABLE.upsert(path, [{"name": "a", "size": 2, "score": 1.0, "note": "again"}])  # same key: replaced in place
     assert [(r["name"], r["score"], r["note"]) for r in rows] == [("a", 1.0, "again"), ("b", None, "-")]
     assert TABLE.key_of({"name": "a", "size": 2, "score": 5.0}) == ("a", 2)  # the key columns only
@@ -94,7 +94,7 @@ def test_a_user_folder_is_never_written_into(tmp_path, command):
     ("command", "other", "file"),
     [("lab", "vision", "vision.json"), ("vision", "lab", "study.json"), ("extend", "lab", "study.json"),
      ("figures", "bench", "bench.json")],
-)  # fmt: skip
+)
 def test_another_commands_folder_is_refused_by_name(tmp_path, command, other, file):
     check_settings(tmp_path, {"steps": 3}, False, command=other, what="run")
     with pytest.raises(ValueError, match=rf"it holds a `posenc {other}` \({file}\) run"):

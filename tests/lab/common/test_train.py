@@ -400,7 +400,7 @@ def test_a_crash_after_a_timed_checkpoint_resumes_bit_exact(tmp_path, monkeypatc
     clock = FakeClock(monkeypatch)
     with pytest.raises(RuntimeError, match="simulated crash"):
         train(GPT(MODEL, seed=1), clock.batches(crashing(pattern_batches(), at=5)), tcfg, tmp_path / "run",
-              progress=False)  # fmt: skip
+              progress=False)
     assert saved_step(tmp_path / "run") == 3
     monkeypatch.undo()
     resumed = GPT(MODEL, seed=1)
@@ -428,7 +428,7 @@ def test_checkpoint_seconds_is_bookkeeping_and_checked(tmp_path):
     train(GPT(MODEL), pattern_batches(), cfg(steps=4, checkpoint_every=2), tmp_path, progress=False)
     (tmp_path / DONE_FILE).unlink()
     out = train(GPT(MODEL), pattern_batches(), cfg(steps=4, checkpoint_every=2, checkpoint_seconds=0), tmp_path,
-                progress=False)  # fmt: skip
+                progress=False)
     assert out["resumed_from"] == 4  # another value continues the same run
     assert TrainConfig.from_dict(cfg(checkpoint_seconds=0).to_dict()).checkpoint_seconds == 0
     for bad in (-1.0, float("nan"), True, "30"):

@@ -26,7 +26,7 @@ def _auto_means_float32(monkeypatch):
     recomputations, and on a CPU with AVX512-BF16 or AMX auto would pick bfloat16. Tests of that choice name the
     units they pretend to have (``_cpu_caps`` in ``test_study_real.py``), which replaces this."""
     caps = {**torch.cpu.get_capabilities(), "avx512_bf16": False, "amx_bf16": False, "amx_fp16": False,
-            "avx512_fp16": False}  # fmt: skip
+            "avx512_fp16": False}
     monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: caps)
 
 

@@ -69,7 +69,7 @@ def test_plan_prints_the_plan_and_an_estimate_and_writes_nothing(llama, corpus, 
     code, text = _cli("extend", llama, "--corpus", corpus, "--lengths", "32,128", *STUDY, "--out", out, "--plan")
     assert code == 0, text
     assert "Plan: 2 models (none, yarn x2) x perplexity and passkey (1 depth x 1 key) at lengths 32, 128 (original " \
-           "64): " in text  # fmt: skip
+           "64): " in text
     assert "Time: about 0:00:" in text and "before any weight is loaded" in text
     assert "refines it after timed forwards" in text
     assert "Nothing written (--plan)" in text
@@ -100,12 +100,12 @@ def test_plan_of_a_lab_model_says_it_has_no_estimate(corpus, tmp_path):
     before = _tree(tmp_path)
     code, text = _cli("extend", run, "--corpus", corpus, "--methods", "yarn", "--factors", "2", "--lengths", "1x,2x",
                       "--depths", "0.5", "--trials", "1", "--eval-tokens", "256", "--out", tmp_path / "o",
-                      "--plan")  # fmt: skip
+                      "--plan")
     assert code == 0, text
     assert "Plan: 2 models (none, yarn x2)" in text and "at lengths 32, 64 (original 32)" in text
     assert "no estimate before the run for a lab model" in text and _tree(tmp_path) == before
     code, text = _cli("extend", "new", "--task", "passkey", "--train-len", "104", "--train-steps", "7", "--lengths",
-                      "1x,2x", "--methods", "yarn", "--out", tmp_path / "o", "--plan")  # fmt: skip
+                      "1x,2x", "--methods", "yarn", "--out", tmp_path / "o", "--plan")
     assert code == 0 and "at lengths 104, 208 (original 104)" in text, text
     assert f"First: the passkey task trained for 7 steps at 104 bytes ({tmp_path / 'o' / 'runs' / 'passkey'}" in text
     assert _tree(tmp_path) == before
@@ -193,19 +193,19 @@ def test_lengths_in_thousands_of_1024_tokens():
 def test_cli_multiples_are_stored_as_tokens_and_resume_compares_tokens(llama, corpus, tmp_path):
     out = tmp_path / "out"
     code, text = _cli("extend", llama, "--corpus", corpus, "--lengths", "0.5x,2x", "--eval-tokens", "2x", *STUDY,
-                      "--out", out)  # fmt: skip
+                      "--out", out)
     assert code == 0, text
     settings = json.loads((out / "extend.json").read_text())
     assert (settings["lengths"], settings["eval_tokens"]) == ([32, 128], 128)
     assert {r["length"] for r in read_results(out / "results.csv")} == {32, 128}
     code, text = _cli("extend", llama, "--corpus", corpus, "--lengths", "32,128", "--eval-tokens", "128", *STUDY,
-                      "--out", out, "--resume")  # the same study in tokens  # fmt: skip
+                      "--out", out, "--resume")  # the same study in tokens
     assert code == 0 and "none: 4 of 4 measurements done, skipped" in text
 
 
 def test_cli_multiples_of_a_gguf_context_read_from_its_header(llama_gguf, corpus, tmp_path, no_weights):
     code, text = _cli("extend", llama_gguf, "--corpus", corpus, "--lengths", "1x,1024,3x", *STUDY, "--out",
-                      tmp_path / "out", "--plan")  # fmt: skip
+                      tmp_path / "out", "--plan")
     assert code == 0, text
     assert "at lengths 32, 96, 1024 (original 32)" in text
 
@@ -214,7 +214,7 @@ def test_cli_multiples_of_a_gguf_context_read_from_its_header(llama_gguf, corpus
     ("option", "value"),
     [("--lengths", "x2"), ("--lengths", "0x"), ("--lengths", "2xx"), ("--lengths", "4096,2xx"), ("--lengths", "-1x"),
      ("--finetune-window", "x2"), ("--eval-tokens", "0x")],
-)  # fmt: skip
+)
 def test_cli_bad_multiples_fail_in_one_line(llama, tmp_path, option, value):
     out = tmp_path / "out"
     code, text = _cli("extend", llama, f"{option}={value}", "--out", out)
@@ -226,7 +226,7 @@ def test_cli_bad_multiples_fail_in_one_line(llama, tmp_path, option, value):
 
 def test_pick_refuses_what_only_a_study_resolves(llama, corpus, tmp_path):
     for args, match in ((["--finetune-steps", "1", "--finetune-window", "1x"], "--finetune-window='1x' is invalid"),
-                        (["--no-baseline"], "--no-baseline=True is invalid")):  # fmt: skip
+                        (["--no-baseline"], "--no-baseline=True is invalid")):
         code, text = _cli("extend", llama, "--pick", "--target", "2x", *args, "--out", tmp_path / "p")
         assert code == 2 and text.count("\n") == 1 and match in text and not (tmp_path / "p").exists()
 
@@ -242,10 +242,10 @@ def test_export_writes_only_the_folder_and_it_reloads_extended(llama, tmp_path):
     work.mkdir()
     saved = work / "f"
     code, text = _cli("export", llama, "--method", "yarn", "--factor", "2", "--save", saved, "--device", "cpu",
-                      "--dtype", "float32")  # fmt: skip
+                      "--dtype", "float32")
     assert code == 0, text
     assert f"Wrote yarn x2 of LlamaForCausalLM (llama) from {llama.name} to {saved} (a transformers folder, float32 " \
-           "weights, as the source holds them; context 64 -> 128 tokens)" in text  # fmt: skip
+           "weights, as the source holds them; context 64 -> 128 tokens)" in text
     assert "AutoModelForCausalLM.from_pretrained(" in text
     assert _tree(work) == ["f", *sorted(f"f/{p.name}" for p in saved.iterdir())]  # no run folder, nothing partial
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in saved.iterdir()}
@@ -330,7 +330,7 @@ def test_export_writes_the_source_weights_unchanged(source, request, tmp_path, b
     extended, _ = load_causal_lm(path)
     extend_context(extended, "yarn", 2.0)
     loads = [transformers.AutoModelForCausalLM.from_pretrained(saved, dtype=torch.float32, local_files_only=True),
-             load_causal_lm(saved)[0]]  # fmt: skip
+             load_causal_lm(saved)[0]]
     ids = torch.randint(0, extended.config.vocab_size, (1, 100), generator=torch.Generator().manual_seed(0))
     with torch.inference_mode():
         for reloaded in loads:
@@ -369,7 +369,7 @@ def test_a_refused_export_names_the_python_that_rebuilds_the_model(llama, tmp_pa
         guard.setattr(HFTarget, "load", lambda self: pytest.fail("weights were read"))
         guard.setattr("posenc.hf.load_causal_lm", lambda *a, **k: pytest.fail("weights were read"))
         code, text = _cli("export", llama, "--method", method, "--factor", "2", "--save", tmp_path / "f", *extra,
-                          *dtype)  # fmt: skip
+                          *dtype)
     assert code == 2 and "a method a saved config runs as posenc measures it" in text and "Traceback" not in text
     assert _tree(tmp_path) == []
     python = text[text.index("No folder is needed to run it in Python: ") :].split(": ", 1)[1].strip()
@@ -381,7 +381,7 @@ def test_a_refused_export_names_the_python_that_rebuilds_the_model(llama, tmp_pa
     options = dict(zip(extra[::2], extra[1::2], strict=True))
     original = int(options["--original-len"]) if "--original-len" in options else None
     cfg = ExtendConfig(model=str(llama), methods=(method,), factors=(2.0,), device="cpu",
-                       dtype=options.get("--dtype", "float32"), original_len=original)  # fmt: skip
+                       dtype=options.get("--dtype", "float32"), original_len=original)
     target = load_target(cfg, tmp_path / "out", device="cpu", progress=False)
     measured = load_weights(target.source, device=target.device, dtype=target.dtype, attn=target.attn)
     target._extend(measured, method, 2.0)
@@ -399,7 +399,7 @@ def bloom(tmp_path_factory) -> Path:
 
 
 def test_export_refusals_come_before_anything_is_read_or_written(llama, llama_gguf, bloom, corpus, tmp_path,
-                                                                 no_weights):  # fmt: skip
+                                                                 no_weights):
     work = tmp_path / "work"
     work.mkdir()
     (work / "used").mkdir()
@@ -516,7 +516,7 @@ def test_a_study_without_the_baseline_has_no_none_rows_and_a_report(llama, corpu
     assert "| yarn x2 |" in report and "| none |" not in report
     # A study with the baseline stores the settings as studies made before the setting did: they still resume.
     cfg = ExtendConfig(model=str(llama), methods=("yarn",), factors=(2.0,), lengths=(32, 128), corpus=str(corpus),
-                       **{**TINY, "trials": 1, "depths": (0.5,)})  # fmt: skip
+                       **{**TINY, "trials": 1, "depths": (0.5,)})
     rows = run_extend(cfg, tmp_path / "with", progress=False)
     assert {r["method"] for r in rows} == {"none", "yarn"}
     assert "baseline" not in json.loads((tmp_path / "with" / "extend.json").read_text())

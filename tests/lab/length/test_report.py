@@ -128,7 +128,7 @@ def test_read_missing_file_says_what_to_do(tmp_path):
     ("column", "value", "match"),
     [("eval_len", 64.0, "eval_len=64.0 is invalid: expected an integer"), ("ppl", "3.0", "expected a number"),
      ("status", "failed", "status='failed'"), ("train_len", True, "not a bool")],
-)  # fmt: skip
+)
 def test_write_rejects_bad_values(tmp_path, column, value, match):
     bad = row("rope", "none", 64, 3.0)
     bad[column] = value
@@ -210,7 +210,7 @@ def test_format_table_orders_as_trained_first_and_shows_varying_columns(rows):
 
 def test_format_table_accuracy_best_is_highest():
     rows = [row("rope", "none", 32, None, accuracy=1.0, train_len=32), row("rope", "none", 64, None, accuracy=0.25,
-            train_len=32), row("alibi", "none", 32, None, accuracy=0.5, train_len=32)]  # fmt: skip
+            train_len=32), row("alibi", "none", 32, None, accuracy=0.5, train_len=32)]
     table = format_table(rows, "accuracy")
     assert "| rope     | none    | **100.0%** |   25.0% |" in table
     assert "| alibi    | none    |      50.0% |       - |" in table
@@ -249,7 +249,7 @@ def test_write_report_has_table_figure_config_environment_findings(tmp_path, row
     plot_extrapolation(csv_path, tmp_path / "extrapolation.png")
     env = {"python": "3.x", "torch": "2.x", "git_sha": None}
     path = write_report(tmp_path, results_csv=csv_path, config={"train_len": 64, "encodings": ["rope"]},
-                        environment=env, seconds=125.0, findings=["- rope: 3.00 -> 9.50", "alibi: flat"])  # fmt: skip
+                        environment=env, seconds=125.0, findings=["- rope: 3.00 -> 9.50", "alibi: flat"])
     assert path == tmp_path / "report.md"
     text = path.read_text()
     assert format_table(rows, "ppl") in text
@@ -265,7 +265,7 @@ def test_write_report_without_figure_says_so_and_infers_accuracy(tmp_path):
     rows = [row("rope", "none", 32, None, accuracy=0.5, train_len=32)]
     csv_path = write_csv_atomic(rows, tmp_path / "results.csv")
     text = write_report(tmp_path, results_csv=csv_path, config={"task": "copy"}, environment={}, seconds=1.0,
-                        findings=[]).read_text()  # fmt: skip
+                        findings=[]).read_text()
     assert "Exact-match accuracy (higher is better)" in text and "50.0%" in text
     assert "No figure at `extrapolation.png`" in text and "No findings" in text
 
@@ -301,7 +301,7 @@ def test_plot_reads_only_the_csv_and_draws_lines_and_labels(tmp_path, rows, monk
     assert list(lines) == [
         "rope", "rope + yarn", "rope + yarn, fine-tuned 10 steps", "learned (n/a from 128)", "alibi",
         "nope (off the top from 128)",
-    ]  # fmt: skip
+    ]
     assert list(lines["learned (n/a from 128)"].get_xdata()) == [64]
     assert lines["rope"].get_linestyle() == "-" and lines["rope + yarn"].get_linestyle() == "--"
     assert lines["rope + yarn, fine-tuned 10 steps"].get_linestyle() == "-."
@@ -317,7 +317,7 @@ def test_plot_reads_only_the_csv_and_draws_lines_and_labels(tmp_path, rows, monk
 
 def test_plot_accuracy_is_linear_and_all_na_still_draws(tmp_path):
     rows = [row("rope", "none", 32, None, accuracy=0.9, train_len=32), row("rope", "none", 64, None, accuracy=0.1,
-            train_len=32)]  # fmt: skip
+            train_len=32)]
     out = plot_extrapolation(write_csv_atomic(rows, tmp_path / "a.csv"), tmp_path / "a.png", metric="accuracy")
     assert _png_size(out)[0] > 0
     na = [row("learned", "none", 128, None, status="n/a")]
@@ -349,7 +349,7 @@ def test_every_line_has_its_own_colour_marker_and_style_and_twins_stay_visible(t
 
     lines = [("nope", "none"), ("sinusoidal", "none"), ("learned", "none"), ("learned", "interpolate"),
              ("rope", "none"), ("rope", "linear"), ("rope", "ntk"), ("rope", "dynamic"), ("rope", "yarn"),
-             ("xpos", "none"), ("alibi", "none"), ("alibi", "interpolate"), ("t5", "none")]  # fmt: skip
+             ("xpos", "none"), ("alibi", "none"), ("alibi", "interpolate"), ("t5", "none")]
     rows = []
     for i, (encoding, scaling) in enumerate(lines):
         twin = 6 if scaling == "dynamic" else i  # dynamic: exactly NTK's numbers
@@ -406,11 +406,11 @@ def test_a_narrow_log_axis_still_has_several_labels(tmp_path, monkeypatch):
 
 def test_findings_markdown_has_no_empty_bullet():
     findings = ["Literature check at 8x (512 tokens):", "- ALiBi: 0.99x.", "- sinusoidal: 3.72x.", "", "- nope: 1.22x",
-                "rope: 3.14x", "", ""]  # fmt: skip
+                "rope: 3.14x", "", ""]
     assert report.findings_markdown(findings) == [
         "Literature check at 8x (512 tokens):", "", "- ALiBi: 0.99x.", "- sinusoidal: 3.72x.", "", "- nope: 1.22x",
         "- rope: 3.14x",
-    ]  # fmt: skip
+    ]
     # A lead-in after bullets gets a blank line first: otherwise it would continue the last bullet.
     assert report.findings_markdown(["- a", "Then:", "- b"]) == ["- a", "", "Then:", "", "- b"]
 
@@ -419,7 +419,7 @@ def test_report_findings_render_as_a_heading_then_paragraph_and_bullets(tmp_path
     csv_path = write_csv_atomic(rows, tmp_path / "results.csv")
     findings = ["Literature check at 8x the training length (512 tokens):", "- ALiBi: 0.99x.", "", "- rope: 3.14x"]
     text = write_report(tmp_path, results_csv=csv_path, config={}, environment={}, seconds=1.0,
-                        findings=findings).read_text()  # fmt: skip
+                        findings=findings).read_text()
     assert (
         "## Findings\n\nLiterature check at 8x the training length (512 tokens):\n\n- ALiBi: 0.99x.\n\n- rope: 3.14x\n"
         in text
@@ -441,7 +441,7 @@ def test_committed_lab_report_has_no_empty_bullet():
     # Newcombe (1998), Statistics in Medicine 17:857, Table I, method 3 (Wilson score, no continuity correction).
     [(81, 263, (0.2553, 0.3662)), (15, 148, (0.0624, 0.1605)), (0, 20, (0.0, 0.1611)), (1, 29, (0.0061, 0.1718)),
      (29, 29, (0.8830, 1.0))],
-)  # fmt: skip
+)
 def test_wilson_interval_matches_published_values(successes, n, expected):
     low, high = report.wilson_interval(successes / n, n)
     assert (round(low, 4), round(high, 4)) == expected

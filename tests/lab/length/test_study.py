@@ -20,7 +20,7 @@ from posenc.lab.length.report import read_results
 from posenc.lab.length.study import run_study
 
 TINY = {"train_len": 16, "eval_lens": (16, 32), "steps": 12, "batch_size": 8, "dim": 32, "n_layers": 1,
-        "n_heads": 2, "eval_tokens": 256, "corpus_bytes": 60_000}  # fmt: skip
+        "n_heads": 2, "eval_tokens": 256, "corpus_bytes": 60_000}
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +79,7 @@ def test_resume_finishes_an_interrupted_study_without_redoing_work(corpus, tmp_p
         run_study(cfg, out, progress=False)
     with pytest.raises(ValueError, match=r"--resume=.*differ: \['steps'\]"):
         run_study(StudyConfig(**{**TINY, "steps": 11}, encodings=("nope", "alibi"), corpus=str(corpus)), out,
-                  resume=True, progress=False)  # fmt: skip
+                  resume=True, progress=False)
     resumed = run_study(cfg, out, resume=True, progress=False)
     assert (out / "runs" / "nope" / "done.json").stat().st_mtime_ns == nope_done  # not retrained
     key = lambda r: (r["encoding"], r["scaling"], r["eval_len"])  # noqa: E731
@@ -98,7 +98,7 @@ def test_same_seed_same_numbers(corpus, tmp_path):
 def test_copy_task_reports_accuracy(tmp_path):
     code, text = _cli("lab", "--task", "copy", "--encodings", "nope,alibi", "--train-len", "8", "--eval-lens", "8,16",
                       "--steps", "5", "--batch-size", "8", "--dim", "32", "--layers", "1", "--heads", "2",
-                      "--out", str(tmp_path / "copy"), "--quiet")  # fmt: skip
+                      "--out", str(tmp_path / "copy"), "--quiet")
     assert code == 0, text
     rows = read_results(tmp_path / "copy" / "results.csv")
     assert {r["eval_len"] for r in rows} == {8, 16}
@@ -109,15 +109,15 @@ def test_task_defaults_fill_the_flags_not_given(tmp_path):
     from posenc.lab.length.config import TASK_DEFAULTS
 
     code, text = _cli("lab", "--task", "recall", "--encodings", "nope", "--steps", "2", "--eval-lens", "16",
-                      "--dim", "32", "--layers", "1", "--out", str(tmp_path / "r"), "--quiet")  # fmt: skip
+                      "--dim", "32", "--layers", "1", "--out", str(tmp_path / "r"), "--quiet")
     assert code == 0, text
     study = json.loads((tmp_path / "r" / "study.json").read_text())
     want = TASK_DEFAULTS["recall"]
     assert (study["train_len"], study["batch_size"], study["n_heads"]) == (
-        want["train_len"], want["batch_size"], want["n_heads"])  # fmt: skip
+        want["train_len"], want["batch_size"], want["n_heads"])
     code, text = _cli("lab", "--task", "recall", "--encodings", "nope", "--steps", "2", "--eval-lens", "16",
                       "--batch-size", "4", "--heads", "2", "--dim", "32", "--layers", "1",
-                      "--out", str(tmp_path / "r2"), "--quiet")  # fmt: skip
+                      "--out", str(tmp_path / "r2"), "--quiet")
     assert code == 0, text
     study = json.loads((tmp_path / "r2" / "study.json").read_text())
     assert (study["batch_size"], study["n_heads"], study["steps"]) == (4, 2, 2)
@@ -148,7 +148,7 @@ def test_empty_corpus_and_corrupt_checkpoint(corpus, tmp_path):
     code, text = _cli("lab", "--corpus", str(empty), "--out", str(tmp_path / "o1"), "--quiet")
     assert code == 2 and "--corpus" in text
     base = ["lab", "--corpus", str(corpus), "--encodings", "nope", "--train-len", "16", "--eval-lens", "16",
-            "--steps", "4", "--batch-size", "4", "--dim", "32", "--layers", "1", "--heads", "2", "--quiet"]  # fmt: skip
+            "--steps", "4", "--batch-size", "4", "--dim", "32", "--layers", "1", "--heads", "2", "--quiet"]
     out = tmp_path / "o2"
     assert _cli(*base, "--out", str(out))[0] == 0
     (out / "runs" / "nope" / "done.json").unlink()
@@ -169,7 +169,7 @@ def test_torchrun_two_processes_match_one(corpus, tmp_path):
     """``torchrun --nproc_per_node=2 -m posenc lab`` gives the numbers of one process with the same global batch."""
     args = ["lab", "--corpus", str(corpus), "--encodings", "rope", "--train-len", "16", "--eval-lens", "16,32",
             "--steps", "6", "--batch-size", "8", "--dim", "32", "--layers", "1", "--heads", "2",
-            "--eval-tokens", "256", "--quiet"]  # fmt: skip
+            "--eval-tokens", "256", "--quiet"]
     one_and_two_processes(args, tmp_path / "one", tmp_path / "two")
     a, b = (read_results(tmp_path / d / "results.csv") for d in ("one", "two"))
     assert len(a) == len(b) == 10
@@ -186,7 +186,7 @@ def test_an_interrupted_study_keeps_each_finished_row_and_says_what_it_skips(cor
     from posenc.lab.length import study
 
     cfg = StudyConfig(**{**TINY, "steps": 4, "eval_lens": (16, 32, 64)}, encodings=("nope", "alibi"),
-                      corpus=str(corpus), extensions=False)  # fmt: skip
+                      corpus=str(corpus), extensions=False)
     out = tmp_path / "out"
     real, calls = study._evaluate, []
 
@@ -210,7 +210,7 @@ def test_an_interrupted_study_keeps_each_finished_row_and_says_what_it_skips(cor
     said = capsys.readouterr().out
     for line in ("nope: already trained (4 steps), skipped", "nope: 3 of 3 evaluations done, skipped",
                  "alibi: already trained (4 steps), skipped",
-                 "alibi: 1 of 3 evaluations done, skipped; measuring the other 2"):  # fmt: skip
+                 "alibi: 1 of 3 evaluations done, skipped; measuring the other 2"):
         assert line in said, said
 
     # a signal during training stops the study there; --resume continues that encoding from its checkpoint
@@ -237,7 +237,7 @@ def test_an_interrupted_study_keeps_each_finished_row_and_says_what_it_skips(cor
 
 def test_a_per_layer_hybrid_trains_evaluates_past_l_and_reloads(corpus, tmp_path):
     cfg = StudyConfig(**{**TINY, "n_layers": 2, "eval_lens": (16, 64)}, encodings=("rope/nope_temperature:2",),
-                      corpus=str(corpus))  # fmt: skip
+                      corpus=str(corpus))
     rows = run_study(cfg, tmp_path / "out", progress=False)
     measured = {(r["encoding"], r["scaling"]) for r in rows if r["eval_len"] == 64 and r["status"] == "ok"}
     # the spec is the CSV label; the RoPE scalings act on its RoPE layers
@@ -303,7 +303,7 @@ def test_later_papers_claims_are_checked_against_the_measured_table():
 
     def r(encoding, eval_len, ppl):
         return {"encoding": encoding, "scaling": "none", "finetune_steps": 0, "train_len": 64, "eval_len": eval_len,
-                "stride": 0, "loss": None, "ppl": ppl, "accuracy": None, "tokens": 1, "status": "ok"}  # fmt: skip
+                "stride": 0, "loss": None, "ppl": ppl, "accuracy": None, "tokens": 1, "status": "ok"}
 
     at8 = {"alibi": 8.7, "kerple": 7.4, "fire": 9.0, "t5": 11.5, "rope": 21.8, "rope/nope:2": 23.4, "sandwich": 9.5}
     rows = [r(e, n, 7.0 if n == 64 else v) for e, v in at8.items() for n in (64, 512)]
@@ -356,7 +356,7 @@ def test_ssmax_over_rope_and_nope_trains_evaluates_past_l_and_reloads_its_s(corp
     code, out = _cli("lab", "--encodings", "rope_ssmax,ssmax_bias", "--train-len", "16", "--eval-lens", "16,32",
                      "--steps", "12", "--batch-size", "8", "--dim", "32", "--layers", "2", "--heads", "2",
                      "--eval-tokens", "256", "--corpus", str(corpus), "--quiet",
-                     "--out", str(tmp_path / "out"))  # fmt: skip
+                     "--out", str(tmp_path / "out"))
     assert code == 0, out
     rows = read_results(tmp_path / "out" / "results.csv")
     assert {(r["encoding"], r["scaling"], r["eval_len"]) for r in rows if r["status"] == "ok"} == {
@@ -388,7 +388,7 @@ SUFFIXES = {
     # ``SPEC+sinks`` (GPT-OSS): every layer learns a sink logit per head, from 0
     "sinks": (("nope", "nope+sinks"), "nope-sinks", lambda b: bool(b.attn.sinks.abs().max() > 0), [True, True],
               [("rope+sink", r"SPEC\+sinks"), ("rope+sinks~4", r"SPEC\+sinks")]),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("suffix", SUFFIXES)
@@ -399,7 +399,7 @@ def test_a_spec_suffix_trains_evaluates_and_reloads(corpus, tmp_path, suffix):
 
     specs, folder, value, want, bad = SUFFIXES[suffix]
     cfg = StudyConfig(**{**TINY, "n_layers": 2, "eval_lens": (16, 32)}, encodings=specs, corpus=str(corpus),
-                      extensions=False)  # fmt: skip
+                      extensions=False)
     assert run_name(specs[1]) == folder
     rows = run_study(cfg, tmp_path / "out", progress=False)
     ok = {(r["encoding"], r["eval_len"]): r["ppl"] for r in rows if r["status"] == "ok"}
@@ -416,7 +416,7 @@ def test_suffixes_name_their_model_config_and_run_folder():
     cfg = StudyConfig(**{**TINY, "n_layers": 2}, encodings=("rope",))
     local = _model_config(cfg, "rope/nope_temperature:2@16~8+sinks")
     assert (local.encoding, local.attention_chunk_size, local.sliding_window, local.sinks) == (
-        "rope/nope_temperature:2", 16, 8, True)  # fmt: skip
+        "rope/nope_temperature:2", 16, 8, True)
     plain = _model_config(cfg, "rope/nope:2")
     assert (plain.attention_chunk_size, plain.sliding_window, plain.sinks) == (None, None, False)
     assert run_name("rope@8") == "rope-chunk8" and run_name("rope@16~8") == "rope-chunk16-window8"
@@ -441,7 +441,7 @@ BAD_SPEC_NUMBERS = {
 def test_spec_numbers_are_refused_in_one_line_before_anything_is_written(spec, tmp_path, capsys):
     out = tmp_path / "o"
     args = ["lab", "--encodings", f"ssmax~8,{spec}", "--train-len", "16", "--eval-lens", "16,32", "--steps", "2",
-            "--layers", "2", "--out", str(out)]  # fmt: skip
+            "--layers", "2", "--out", str(out)]
     assert main(args) == 2
     captured = capsys.readouterr()
     assert captured.out == ""
@@ -459,7 +459,7 @@ def test_a_resumed_study_refuses_a_run_trained_with_the_old_ssmax_n_before_writi
     out = tmp_path / "out"
     args = ["lab", "--encodings", "rope,ssmax~4", "--train-len", "16", "--eval-lens", "16", "--steps", "2",
             "--batch-size", "4", "--dim", "32", "--layers", "1", "--heads", "2", "--eval-tokens", "256",
-            "--corpus", str(corpus), "--quiet", "--out", str(out)]  # fmt: skip
+            "--corpus", str(corpus), "--quiet", "--out", str(out)]
     code, text = _cli(*args)
     assert code == 0, text
     code, text = _cli(*args, "--resume")

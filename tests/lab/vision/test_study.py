@@ -184,7 +184,7 @@ def test_torchrun_two_processes_match_one(pictures, tmp_path):
     """``torchrun --nproc_per_node=2 -m posenc vision`` gives the numbers of one process with the same global batch."""
     args = ["vision", "--data", str(pictures), "--encodings", "rope_mixed", "--train-res", "8", "--patch-size", "4",
             "--eval-res", "8,16", "--steps", "4", "--batch-size", "8", "--dim", "16", "--layers", "1", "--heads", "2",
-            "--quiet"]  # fmt: skip
+            "--quiet"]
     one_and_two_processes(args, tmp_path / "one", tmp_path / "two")
     a, b = (read_results(tmp_path / d / "results.csv") for d in ("one", "two"))
     assert [(r["encoding"], r["eval_res"]) for r in a] == [(r["encoding"], r["eval_res"]) for r in b]
@@ -212,7 +212,7 @@ def test_an_interrupted_evaluation_keeps_each_finished_row(pictures, tmp_path, m
 
     calls.clear()
     monkeypatch.setattr(vision, "accuracy", lambda *a, **kw: calls.append((a[1].shape[-1], kw["coordinate_scale"]))
-                        or real(*a, **kw))  # fmt: skip
+                        or real(*a, **kw))
     rows = run_vision(cfg, tmp_path, resume=True, progress=True)
     assert calls == [(12, 1.0), (16, 1.0), (8, 1.0), (12, 8 / 12), (16, 0.5)]  # all but the kept row
     assert rows[0] == kept[0] and len(rows) == 6

@@ -211,7 +211,7 @@ def test_config_round_trip():
 
 
 @pytest.mark.parametrize("encoding, moves", [("rope_axial", True), ("alibi_2d", True), ("sinusoidal", True),
-                                             ("learned", False), ("nope", False)])  # fmt: skip
+                                             ("learned", False), ("nope", False)])
 def test_coordinate_scale_reaches_coordinate_encodings_only(encoding, moves):
     model = ViT(ViTConfig(encoding=encoding, **TINY)).eval()
     x = torch.randn(2, 1, 16, 16)

@@ -372,14 +372,14 @@ def check_key_count_record(
     if not layers:
         if marker is not None:
             fail(f"{where}[{KEY_COUNT_KEY!r}]", marker, f"no such key: encoding={config.encoding!r} has no SSMax layer "
-                 "with a window or chunks")  # fmt: skip
+                 "with a window or chunks")
         return
     if marker == KEY_COUNT_FROM_MASK:
         return
     if marker is not None:
         fail(f"{where}[{KEY_COUNT_KEY!r}]", marker, repr(KEY_COUNT_FROM_MASK))
     local = ", ".join(f"{k}={v}" for k, v in (("attention_chunk_size", config.attention_chunk_size),
-                                               ("sliding_window", config.sliding_window)) if v is not None)  # fmt: skip
+                                               ("sliding_window", config.sliding_window)) if v is not None)
     fail(
         f"{where}[{KEY_COUNT_KEY!r}]",
         None,

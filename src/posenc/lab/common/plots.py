@@ -23,7 +23,7 @@ from posenc.lab.common.files import atomic_open
 PALETTE = (
     "#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#332288", "#999933", "#882255", "#117733",
     "#000000", "#777777", "#8C564B", "#AA4499", "#44AA99", "#1F3A93", "#B8A000", "#CC6677",
-)  # fmt: skip
+)
 #: Marker shapes, most distinct first (15, coprime with the 18 colours: a (colour, marker) pair repeats after 90).
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">", "p", "h", "d", "H", "8")
 #: Colour map of heatmaps: sequential, even in lightness, readable with any colour vision and printed in grey.

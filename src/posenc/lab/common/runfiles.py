@@ -192,6 +192,6 @@ class KeyedCSV:
         writer.writerow(self.columns)
         for row in merged.values():
             writer.writerow([self.cell(c, row.get(c) if row.get(c) is not None else self.defaults.get(c))
-                             for c in self.columns])  # fmt: skip
+                             for c in self.columns])
         write_text_atomic(path, buffer.getvalue())
         return self.read(path)

@@ -107,7 +107,7 @@ class StudyConfig:
                 if given is not None and given > longest:
                     # past every length the study runs, a window or chunk masks nothing: global attention renamed
                     fail("encodings", spec, f"{what} from 1 to {longest}, the longest length this study runs "
-                         "(--eval-lens, default 16 x --train-len): a larger one masks nothing")  # fmt: skip
+                         "(--eval-lens, default 16 x --train-len): a larger one masks nothing")
             for name in (base,) if other is None else (base, other):
                 if name not in posenc.available():
                     fail("encodings", name, f"names from {posenc.available()}")

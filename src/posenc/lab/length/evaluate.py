@@ -42,7 +42,7 @@ def extended_encoding(model, extension: str, *, train_len: int, eval_len: int) -
     if encoding == "rope":
         # dynamic NTK derives its factor from each call's length, so it is built unscaled (factor 1)
         return rope_like(model, rope_scaling(extension, factor=1.0 if extension == "dynamic" else factor,
-                                             original_len=train_len))  # fmt: skip
+                                             original_len=train_len))
     if encoding == "alibi" and extension == "interpolate":
         return alibi_like(model, train_len=train_len, eval_len=eval_len)
     if encoding == "learned" and extension == "interpolate":

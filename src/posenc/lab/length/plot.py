@@ -127,7 +127,7 @@ def _draw(ax: Any, rows: Sequence[Mapping[str, Any]], metric: str) -> None:
             for r in members
             if r["status"] == "ok" and isinstance(r[metric], (int, float)) and math.isfinite(r[metric])
             and r["eval_len"] and (r[metric] > 0 or not log_y)
-        )  # fmt: skip
+        )
         na = [r["eval_len"] for r in members if r["status"] == "n/a" and r["eval_len"]]
         lengths.update(r["eval_len"] for r in members if r["eval_len"])
         if not points:
@@ -153,7 +153,7 @@ def _draw(ax: Any, rows: Sequence[Mapping[str, Any]], metric: str) -> None:
             xs, ys, linestyle=":" if twin else style, marker=MARKERS[i % len(MARKERS)], color=PALETTE[i % len(PALETTE)],
             linewidth=1.8 if style == "-" else 1.4, markersize=9 if twin else 5, label=label, alpha=0.95,
             markerfacecolor="none" if twin else None, markeredgewidth=1.5 if twin else None,
-        )  # fmt: skip
+        )
     if not lengths:
         lengths = {1}
     ax.set_xscale("log", base=2)
@@ -180,9 +180,9 @@ def _draw(ax: Any, rows: Sequence[Mapping[str, Any]], metric: str) -> None:
         # Away from the points at the training length: those sit low for perplexity and loss, high for accuracy.
         y, va = (0.02, "bottom") if metric == "accuracy" else (0.98, "top")
         ax.text(train_len * 1.03, y, text, transform=ax.get_xaxis_transform(), ha="left", va=va, fontsize=9,
-                color="0.25", bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.8, "pad": 1.0})  # fmt: skip
+                color="0.25", bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.8, "pad": 1.0})
     if values:
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8.5, frameon=False, borderaxespad=0.0)
     else:
         ax.text(0.5, 0.5, "nothing to plot: no measured point (every row is n/a)", transform=ax.transAxes,
-                ha="center", va="center", color="0.4")  # fmt: skip
+                ha="center", va="center", color="0.4")

@@ -215,7 +215,7 @@ def plot_resolution(rows: Sequence[Mapping[str, Any]], out_png: str | Path, *, d
         ax.plot(
             xs, ys, marker=MARKERS[i % len(MARKERS)], color=PALETTE[i % len(PALETTE)], label=f"{e} ({how(e, scaling)})",
             linestyle="-" if scaling == "none" else "--", linewidth=1.8 if scaling == "none" else 1.3,
-        )  # fmt: skip
+        )
     res = sorted({r["eval_res"] for r in rows})
     if res:
         ax.xaxis.set_major_locator(FixedLocator(res))

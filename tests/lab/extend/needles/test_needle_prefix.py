@@ -32,7 +32,7 @@ def tiny():
         vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, max_position_embeddings=ORIGINAL, bos_token_id=0, eos_token_id=1,
         initializer_range=0.5,
-    )  # fmt: skip
+    )
     torch.manual_seed(0)
     return transformers.LlamaForCausalLM(config).eval(), tokenizer
 
@@ -77,7 +77,7 @@ def test_passkey_answers_from_a_shared_prefix_equal_the_unshared_ones(tiny, meth
             pk.hf_accuracy(
                 _patched(model, method), tokenizer, length=200, depth=depth, trials=6, seed=1, prompts=prompts,
                 share_prefix=share, answers=answers[share],
-            )  # fmt: skip
+            )
         assert answers[True] == answers[False]
         assert (
             len({tuple(a) for a in answers[False]}) > 1

@@ -69,7 +69,7 @@ def test_ruler_settings_need_task_ruler_and_at_most_what_lm_eval_generates():
 
 def test_cli_refuses_a_network_task_in_one_line_before_anything(tmp_path):
     code, text = _cli("extend", "smollm2", "--task", "ruler", "--ruler-tasks", "niah_single_3", "--out",
-                      str(tmp_path / "out"))  # fmt: skip
+                      str(tmp_path / "out"))
     assert code == 2 and len(text.strip().splitlines()) == 1 and "Traceback" not in text
     assert "niah_single_1" in text and "downloads" in text
     assert not (tmp_path / "out").exists()
@@ -97,7 +97,7 @@ def test_report_names_the_folder_save_wrote_in_its_lm_eval_commands(saved, corpu
     suite = ruler.Suite(
         tasks={TASK: None}, samples={TASK: {n: [n, n + 1] for n in lengths}},
         prompt_tokens={TASK: {n: n - 10 for n in lengths}}, lengths=lengths,
-    )  # fmt: skip
+    )
 
     def build_ruler(self, lengths):
         self.suite = suite
@@ -109,7 +109,7 @@ def test_report_names_the_folder_save_wrote_in_its_lm_eval_commands(saved, corpu
     cfg = ExtendConfig(
         model=str(folder), task="ruler", ruler_tasks=(TASK,), ruler_samples=2, methods=("yarn",), factors=(2.0,),
         lengths=lengths, depths=(0.5,), trials=1, eval_tokens=256, corpus=str(corpus), device="cpu",
-    )  # fmt: skip
+    )
     target = tmp_path / "saved model"  # a space: the command quotes it
     run_extend(cfg, tmp_path / "out", progress=False, save=target if saved else None)
     report = (tmp_path / "out" / "report.md").read_text()
@@ -179,7 +179,7 @@ def tiny(tmp_path_factory, lm_eval_installed):
     config = transformers.LlamaConfig(
         vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, max_position_embeddings=64, bos_token_id=0, eos_token_id=1, initializer_range=0.5,
-    )  # fmt: skip
+    )
     torch.manual_seed(0)
     transformers.LlamaForCausalLM(config).save_pretrained(folder)
     model = transformers.LlamaForCausalLM.from_pretrained(folder).eval()
@@ -228,11 +228,11 @@ def test_study_with_ruler_and_the_lm_eval_cli_on_the_saved_model_agree(tiny, sui
     cfg = ExtendConfig(
         model=str(folder), task="ruler", ruler_tasks=(TASK,), ruler_samples=2, methods=("linear",), factors=(2.0,),
         lengths=LENGTHS, depths=(0.5,), trials=1, corpus=str(corpus), device="cpu",
-    )  # fmt: skip
+    )
     rows = run_extend(cfg, tmp_path / "out", progress=False, save=tmp_path / "saved")
     scored = [r for r in rows if r["metric"] == f"ruler:{TASK}"]
     assert sorted((r["method"], r["length"]) for r in scored) == [("linear", 512), ("linear", 1024),
-                                                                    ("none", 512), ("none", 1024)]  # fmt: skip
+                                                                    ("none", 512), ("none", 1024)]
     for r in scored:
         assert r["n"] == 2 and r["status"] == "ok" and r["accuracy"] == r["hits"] / 2
         assert r["ci_low"] <= r["accuracy"] <= r["ci_high"] and r["ci_high"] - r["ci_low"] > 0.5  # n = 2: wide
@@ -270,7 +270,7 @@ def test_resume_keeps_ruler_rows_and_refuses_changed_tasks(tiny, tmp_path):
     settings = dict(
         model=str(folder), task="ruler", ruler_samples=1, methods=("linear",), factors=(2.0,), lengths=(512,),
         depths=(0.5,), trials=1, corpus=str(corpus), device="cpu",
-    )  # fmt: skip
+    )
     run_extend(ExtendConfig(**settings), tmp_path / "out", progress=False)
     before = read_results(tmp_path / "out" / "results.csv")
     assert [r["metric"] for r in before].count(f"ruler:{TASK}") == 2
@@ -278,7 +278,7 @@ def test_resume_keeps_ruler_rows_and_refuses_changed_tasks(tiny, tmp_path):
         "extend", str(folder), "--task", "ruler", "--ruler-tasks", "ruler_fwe", "--ruler-samples", "1", "--methods",
         "linear", "--factors", "2", "--lengths", "512", "--depths", "0.5", "--trials", "1", "--corpus", str(corpus),
         "--device", "cpu", "--out", str(tmp_path / "out"), "--resume",
-    )  # fmt: skip
+    )
     assert code == 2 and "ruler_tasks" in text and len(text.strip().splitlines()) == 1
     code, text = _cli("extend", str(folder), "--task", "ruler", "--out", str(tmp_path / "out"))
     assert code == 2 and "--resume" in text
@@ -292,7 +292,7 @@ def test_resuming_a_task_lm_study_with_task_ruler_adds_ruler_and_keeps_its_rows(
     settings = dict(
         model=str(folder), methods=("linear",), factors=(2.0,), lengths=(512,), depths=(0.5,), trials=1,
         corpus=str(corpus), device="cpu",
-    )  # fmt: skip
+    )
     out = tmp_path / "out"
     lm = run_extend(ExtendConfig(**settings), out, progress=False)
     assert not any(r["metric"].startswith("ruler:") for r in lm)
@@ -305,7 +305,7 @@ def test_resuming_a_task_lm_study_with_task_ruler_adds_ruler_and_keeps_its_rows(
     with pytest.raises(ValueError, match="--resume"):
         run_extend(ExtendConfig(**{**settings, "task": "ruler", "ruler_samples": 1}), out, progress=False)
     rows = run_extend(ExtendConfig(**{**settings, "task": "ruler", "ruler_samples": 1}), out, resume=True,
-                      progress=False)  # fmt: skip
+                      progress=False)
     assert measured == [TASK, TASK]  # RULER alone, for none and linear x2; nothing else measured again
     key = lambda r: (r["metric"], r["method"], r["length"], r["depth"])  # noqa: E731
     kept = {key(r): r for r in rows}
@@ -318,7 +318,7 @@ def test_resuming_a_task_lm_study_with_task_ruler_adds_ruler_and_keeps_its_rows(
 def _rate_row(metric, method, factor, length, hits, n, depth=None):
     return {"metric": metric, "method": method, "factor": factor, "finetune_steps": 0, "original_len": 8192,
             "length": length, "depth": depth, "loss": None, "ppl": None, "accuracy": hits / n, "hits": float(hits),
-            "n": n, "status": "ok"}  # fmt: skip
+            "n": n, "status": "ok"}
 
 
 def test_findings_call_a_difference_real_only_beyond_noise():
@@ -326,11 +326,11 @@ def test_findings_call_a_difference_real_only_beyond_noise():
 
     rows = []
     for method, factor, found in (("none", 1.0, (6, 0, 4, 0)), ("yarn", 2.0, (6, 3, 4, 3)),
-                                  ("dynamic", 2.0, (6, 6, 4, 4))):  # fmt: skip
+                                  ("dynamic", 2.0, (6, 6, 4, 4))):
         rows += [_rate_row("passkey", method, factor, 4096, found[0], 6, 0.5),
                  _rate_row("passkey", method, factor, 12288, found[1], 6, 0.5),
                  _rate_row(f"ruler:{TASK}", method, factor, 4096, found[2], 4),
-                 _rate_row(f"ruler:{TASK}", method, factor, 12288, found[3], 4)]  # fmt: skip
+                 _rate_row(f"ruler:{TASK}", method, factor, 12288, found[3], 4)]
     text = "\n".join(findings_for(rows, 8192, kind="hf"))
     assert "best dynamic x2 with 6/6 100% [61-100] (above the unpatched model beyond noise)" in text
     assert "yarn x2 3/6 50% [19-81] (within noise of the unpatched model)" in text

@@ -35,7 +35,7 @@ def test_a_half_written_line_is_skipped_and_the_total_counts_every_run(tmp_path)
     assert len(rows) == 2
     text = ledger.total_text(rows, 600.0)
     assert text.startswith("Took 0:10:00 this run; 1:40:00 in all, over 3 runs (runs.jsonl; the first run's plan: "
-                           "at most 2:00:00; 1-minute load averages 0.3-1.1 in earlier runs")  # fmt: skip
+                           "at most 2:00:00; 1-minute load averages 0.3-1.1 in earlier runs")
     assert ledger.total_text([], 61.0) == "Took 0:01:01 this run."
     assert ledger.read(tmp_path / "missing") == []
 

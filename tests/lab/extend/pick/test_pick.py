@@ -42,7 +42,7 @@ def test_bad_targets_are_refused_naming_the_setting(text):
 
 @pytest.mark.parametrize(("text", "seconds"), [("90", 90), ("45s", 45), ("90m", 5400), ("1.5h", 5400),
                                                ("2h30m", 9000), ("1h30", 5400), ("2m30", 150), ("1h 30m", 5400),
-                                               (None, None)])  # fmt: skip
+                                               (None, None)])
 def test_budgets_read_as_seconds(text, seconds):
     assert rules.parse_budget(text) == seconds
 
@@ -58,7 +58,7 @@ def test_candidates_follow_the_model_and_the_save():
     llama, left = rules.candidates(8192, 16384, model_type="llama", remapping=True)
     assert names(llama) == [("linear", 2), ("ntk", 2), ("dynamic", 2), ("yarn", 2), ("yarn", 4), ("llama3", 2),
                             ("self_extend", 2), ("self_extend", 4), ("dca", 2), ("rerope", 2), ("leaky_rerope", 2),
-                            ("lm_infinite", 2), ("yarn+string", 2)]  # fmt: skip
+                            ("lm_infinite", 2), ("yarn+string", 2)]
     assert "longrope" in left and "search" in left["longrope"]
     assert "at most 16256 tokens for STRING" in left["string"] and "cannot retrieve" in left["streaming_llm"]
     near, left = rules.candidates(8192, 12288, model_type="llama", remapping=True)
@@ -68,7 +68,7 @@ def test_candidates_follow_the_model_and_the_save():
     gpt2, _ = rules.candidates(1024, 2048, model_type="gpt2", remapping=False)
     assert {c.method for c in gpt2} == set(rules.FREQUENCY_CANDIDATES)
     folder, left = rules.candidates(8192, 16384, model_type="qwen2", remapping=True,
-                                    savable=lambda m: None if m in ("yarn", "dca_vllm") else "cannot")  # fmt: skip
+                                    savable=lambda m: None if m in ("yarn", "dca_vllm") else "cannot")
     assert names(folder) == [("yarn", 2), ("yarn", 4), ("dca_vllm", 2)] and left["rerope"] == "cannot"
     chosen, _ = rules.candidates(8192, 16384, model_type="llama", remapping=True, methods=("yarn", "dca"))
     assert names(chosen) == [("yarn", 2), ("yarn", 4), ("dca", 2)]
@@ -81,14 +81,14 @@ def test_candidates_follow_the_model_and_the_save():
 def _rows(unit, length, *, ppl=None, keys=None, metric="passkey", depth=0.5):
     method, factor = unit[:2]
     base = {"method": method, "factor": factor, "finetune_steps": 0, "finetune_positions": "plain",
-            "length": length, "status": "ok"}  # fmt: skip
+            "length": length, "status": "ok"}
     out = []
     if ppl is not None:
         out.append({**base, "metric": "ppl_past", "depth": None, "ppl": ppl, "accuracy": None, "hits": None, "n": 1})
     if keys is not None:
         hits, n = keys
         out.append({**base, "metric": metric, "depth": depth if metric == "passkey" else None, "ppl": None,
-                    "accuracy": hits / n, "hits": hits, "n": n})  # fmt: skip
+                    "accuracy": hits / n, "hits": hits, "n": n})
     return out
 
 
@@ -103,7 +103,7 @@ def test_screening_verdicts_name_the_perplexity_and_the_credible_set():
     assert list(broken) == [_u("ntk")] and "2x the best (5)" in broken[_u("ntk")]
     verdicts = {v.unit[0]: v for v in rules.screened(rows, units, target=128, screen=96, broken_units=broken,
                                                       kept=[_u("yarn"), _u("linear")], p_best={_u("yarn"): 0.6},
-                                                      keep=4)}  # fmt: skip
+                                                      keep=4)}
     assert verdicts["ntk"].why == broken[_u("ntk")] and not verdicts["ntk"].kept
     assert verdicts["yarn"].kept and verdicts["yarn"].p_best == 0.6 and "credible set" in verdicts["yarn"].why
     assert not verdicts["dca"].kept
@@ -141,7 +141,7 @@ def llama(tmp_path_factory):
 
 def _cfg(llama, corpus, **settings):
     return ExtendConfig(model=str(llama), corpus=str(corpus), **{**SETTINGS, "depths": (0.5,), "trials": 8,
-                                                                   **settings})  # fmt: skip
+                                                                   **settings})
 
 
 def test_pick_end_to_end_then_resume_and_save(llama, corpus, tmp_path, monkeypatch, capsys):
@@ -250,7 +250,7 @@ def test_a_cheaper_config_is_not_picked_on_a_tie_it_has_not_shown(llama, corpus,
     assert result["pick"] == "self_extend x2" and not result["shown"] and result["ended"] == "cap"
     assert "has the best estimate" in result["reason"] and "not shown better than" in result["reason"]
     assert re.search(r"yarn x2 \(a RoPE config every engine reads\) would cost \+0\.\d\d in rate \[[-+]0\.\d\d to "
-                     r"\+\d\.\d\d\]", result["reason"]), result["reason"]  # fmt: skip
+                     r"\+\d\.\d\d\]", result["reason"]), result["reason"]
     report = (tmp_path / "pick" / "pick.md").read_text()
     assert "(best with probability" in report and "not shown better)" in report
 
@@ -308,7 +308,7 @@ def test_an_interrupted_pick_resumes_to_the_same_answer(llama, corpus, tmp_path,
     assert (final / "results.csv").exists()
     # the reports say what was measured and that the run was interrupted: none is older than its results
     assert "The run was interrupted (Ctrl-C or SIGTERM) during the race's first round" in (
-        tmp_path / "cut" / "pick.md").read_text()  # fmt: skip
+        tmp_path / "cut" / "pick.md").read_text()
     assert (final / "report.md").stat().st_mtime_ns >= (final / "results.csv").stat().st_mtime_ns
     monkeypatch.setattr(HFTarget, "passkey", passkey)
     with pytest.raises(ValueError, match="a new folder, or --resume"):
@@ -319,7 +319,7 @@ def test_an_interrupted_pick_resumes_to_the_same_answer(llama, corpus, tmp_path,
     text = capsys.readouterr().out
     assert sorted((p, p.stat().st_mtime_ns) for p in (tmp_path / "cut").rglob("*")) == before  # nothing written
     assert re.search(r"Resumed from .*: the race: none \d+, .* needles per cell\. Left: at most \d+:\d\d:\d\d$", text,
-                     re.M), text  # fmt: skip
+                     re.M), text
     resumed = run_pick(cfg, "2x", tmp_path / "cut", resume=True, progress=False)
     assert resumed["standings"] == straight["standings"] and resumed["pick"] == straight["pick"]
     # runs.jsonl: one line per measuring run, however it ended (the refused one and --plan wrote none); pick.md sums
@@ -329,7 +329,7 @@ def test_an_interrupted_pick_resumes_to_the_same_answer(llama, corpus, tmp_path,
     assert runs[0]["plan_seconds"] is None  # progress=False: no calibrated plan was made, none is claimed
     total = runs[0]["seconds"] + runs[1]["seconds"]
     took = re.search(r"Took (\d+:\d\d:\d\d) this run; (\d+:\d\d:\d\d) in all, over 2 runs \(runs.jsonl",
-                     (tmp_path / "cut" / "pick.md").read_text())  # fmt: skip
+                     (tmp_path / "cut" / "pick.md").read_text())
     assert took, (tmp_path / "cut" / "pick.md").read_text()
     h, m, sec = map(int, took.group(2).split(":"))
     assert abs(h * 3600 + m * 60 + sec - total) <= 1.5  # whole seconds, from the same two measured runs
@@ -347,7 +347,7 @@ def test_a_round_cut_midway_is_reported_with_every_needle_measured(llama, corpus
     from posenc.lab.extend.study.run import read_results
 
     _scripted(monkeypatch, {("yarn", 2.0): lambda i: 1, ("yarn", 4.0): lambda i: i % 2},
-              screen_found={("yarn", 2.0): lambda i: 1, ("yarn", 4.0): lambda i: 1})  # fmt: skip
+              screen_found={("yarn", 2.0): lambda i: 1, ("yarn", 4.0): lambda i: 1})
     cfg = _cfg(llama, corpus, methods=("yarn",), trials=40)
     out = tmp_path / "pick"
     final = out / "final" / "results.csv"
@@ -371,11 +371,11 @@ def test_a_round_cut_midway_is_reported_with_every_needle_measured(llama, corpus
         with pytest.raises(KeyboardInterrupt):
             run_pick(cfg, "2x", out, progress=False)
     n = {f"{r['method']} x{r['factor']:g}".replace("none x1", "none"): r["n"] for r in read_results(final)
-         if r["metric"] == "passkey"}  # fmt: skip
+         if r["metric"] == "passkey"}
     assert sorted(n.values()) == [4, 4, 8], n  # the cut round measured one model
     text = (out / "pick.md").read_text()
     table = {m.group(1): int(m.group(2)) for m in re.finditer(r"^\| [^|]+ \| ([^|]+) \| [^|]+\(n = (\d+) per cell\)",
-                                                             text, re.M)}  # fmt: skip
+                                                             text, re.M)}
     assert table == n, text
     ended = "the deadline came" if how == "deadline" else "the run was interrupted"
     assert f"({ended})" in text and "The race is not over" in text and "with `--resume` continues it" in text
@@ -386,14 +386,14 @@ def test_a_round_cut_midway_is_reported_with_every_needle_measured(llama, corpus
 
 
 def test_an_interrupt_between_a_models_cells_keeps_every_needle_in_its_cell_columns(llama, corpus, tmp_path,
-                                                                                   monkeypatch):  # fmt: skip
+                                                                                   monkeypatch):
     """Two passkey depths, Ctrl-C after the second round's first cell: that model's first cell has 8 needles, its
     second 4. pick.md's cell columns show each cell's own needles (as results.csv and the stage's report do), the
     pooled rate counts the needles every cell has, and a note names the needles measured past it."""
     from posenc.lab.extend.study.run import read_results
 
     _scripted(monkeypatch, {("yarn", 2.0): lambda i: 1, ("yarn", 4.0): lambda i: i % 2},
-              screen_found={("yarn", 2.0): lambda i: 1, ("yarn", 4.0): lambda i: 1})  # fmt: skip
+              screen_found={("yarn", 2.0): lambda i: 1, ("yarn", 4.0): lambda i: 1})
     cfg = _cfg(llama, corpus, methods=("yarn",), trials=40, depths=(0.25, 0.75))
     out = tmp_path / "pick"
     final = out / "final" / "results.csv"
@@ -410,7 +410,7 @@ def test_an_interrupt_between_a_models_cells_keeps_every_needle_in_its_cell_colu
         run_pick(cfg, "2x", out, progress=False)
     rows = [r for r in read_results(final) if r["metric"] == "passkey"]
     cells = {(f"{r['method']} x{r['factor']:g}".replace("none x1", "none"), f"passkey @{r['depth']:g}"): r["n"]
-             for r in rows}  # fmt: skip
+             for r in rows}
     cut = [key for key, n in cells.items() if n == 8]
     assert len(cut) == 1 and sorted(cells.values()).count(4) == len(cells) - 1, cells  # one cell of one model ahead
     text = (out / "pick.md").read_text()
@@ -424,7 +424,7 @@ def test_an_interrupt_between_a_models_cells_keeps_every_needle_in_its_cell_colu
 
 
 def test_an_interrupt_stays_an_interrupt_when_its_reports_cannot_be_written(llama, corpus, tmp_path, monkeypatch,
-                                                                           capsys):  # fmt: skip
+                                                                           capsys):
     """Rewriting the reports after Ctrl-C fails (a full disk, say): the interrupt still ends the run, and stderr says
     which reports were not rewritten."""
     from posenc.lab.extend.pick import run as pick_run
@@ -441,13 +441,13 @@ def test_an_interrupt_stays_an_interrupt_when_its_reports_cannot_be_written(llam
 
 
 def test_the_plan_writes_nothing_and_estimates_from_the_models_own_speed(llama, corpus, tmp_path, capsys,
-                                                                         monkeypatch):  # fmt: skip
+                                                                         monkeypatch):
     """--plan times the model itself (two forwards, HFTarget.calibrate), writes nothing, and never refuses a budget:
     a budget is a deadline, not a price."""
     calibrated = []
     calibrate = HFTarget.calibrate
     monkeypatch.setattr(HFTarget, "calibrate", lambda self, lengths, report=None: calibrated.append(lengths) or
-                        calibrate(self, lengths, report))  # fmt: skip
+                        calibrate(self, lengths, report))
     cfg = _cfg(llama, corpus, trials=None)
     result = run_pick(cfg, "2x", tmp_path / "pick", progress=False, plan_only=True, budget="1s")
     assert not (tmp_path / "pick").exists() and calibrated == [[128]]
@@ -455,7 +455,7 @@ def test_the_plan_writes_nothing_and_estimates_from_the_models_own_speed(llama, 
     assert plan.cap == rules.DEFAULT_CAP and len(plan.candidates) == 13 and plan.calibrated
     text = capsys.readouterr().out
     assert re.search(r"About \d+:\d\d:\d\d in all \(at most \d+:\d\d:\d\d\), from timed forwards of the model "
-                     "on this machine", text)  # fmt: skip
+                     "on this machine", text)
     assert "the pick and its strongest challenger to the cap, the others a round or two" in text
     assert "sampling stops at the deadline, 0:00:01 from the start (--budget)" in text
     assert plan.screen_seconds > 0 and plan.final_seconds > 0 and plan.seconds_per_unit > 0
@@ -463,7 +463,7 @@ def test_the_plan_writes_nothing_and_estimates_from_the_models_own_speed(llama, 
 
 
 def test_the_plan_prints_the_candidates_before_the_first_timed_forward_then_a_line_per_forward(
-        llama, corpus, tmp_path, capsys, monkeypatch):  # fmt: skip
+        llama, corpus, tmp_path, capsys, monkeypatch):
     """--pick --plan loads the model and times its forwards (minutes each on a loaded CPU; a newcomer once waited 8-16
     minutes on a blank screen): the candidates and the left-out list come first, then a line as each forward ends,
     then the stages and the estimate."""
@@ -486,7 +486,7 @@ def test_the_plan_prints_the_candidates_before_the_first_timed_forward_then_a_li
     assert first[0].startswith("Pick for ") and "candidates (yarn x2" in first[0], first
     assert first[1].startswith("Left out: self_extend: no serving format records self_extend"), first
     assert re.fullmatch(r"Loading .+ \([\d,]+ MiB of weights\) to time its forwards on this machine for the estimate",
-                        first[2]) and len(first) == 3, first  # fmt: skip
+                        first[2]) and len(first) == 3, first
     assert re.fullmatch(r"  timed forward 1 of 2: 64 tokens in [\d.e+-]+ s\n", printed[1]), printed[1]
     lines = rest.splitlines()
     assert re.fullmatch(r"  timed forward 2 of 2: 128 tokens in [\d.e+-]+ s", lines[0]), lines
@@ -509,7 +509,7 @@ def test_the_plan_expects_the_race_on_a_tie_and_every_model_to_the_cap_without_s
         target=100, screen=50, candidates=[rules.Candidate("yarn", 2.0, ""), rules.Candidate("self_extend", 2.0, "")],
         left_out={}, depths=(0.5,), tuned=[], cap=20, seconds_per_unit=0.01, screen_seconds=0.0, final_seconds=0.0,
         finetune_seconds=0.0, budget=None, remap_cost=3.0,
-    )  # fmt: skip
+    )
     got = picking.estimate(decided, costs, cfg)
     cells, mean = 2, (1.0 + 3.0) / 2  # passkey and RULER; the candidates' mean weight
     race_forwards = (1 + cells * 12) + mean * (1 + cells * 20) * 2
@@ -559,7 +559,7 @@ def test_the_plan_measures_a_remapping_forward_against_the_plain_one(llama, corp
 
 
 def test_the_plan_of_a_model_too_big_to_load_quickly_keeps_the_probes_estimate(llama, corpus, tmp_path,
-                                                                               monkeypatch):  # fmt: skip
+                                                                               monkeypatch):
     """--plan loads a model to time it only up to LOAD_FOR_PLAN_BYTES of weights (parameters x bytes per element);
     above, nothing is loaded and the plan says the probe's estimate. (The guard once read an attribute no target has,
     so it never fired.)"""
@@ -607,12 +607,12 @@ def test_bad_pick_settings_fail_before_anything_is_written(llama, corpus, tmp_pa
 def test_cli_pick_plan_and_one_line_errors(llama, corpus, tmp_path):
     out = tmp_path / "pick"
     code, text = _cli("extend", str(llama), "--pick", "--target", "2x", "--plan", "--corpus", str(corpus),
-                      "--depths", "0.5", "--device", "cpu", "--out", str(out))  # fmt: skip
+                      "--depths", "0.5", "--device", "cpu", "--out", str(out))
     assert code == 0 and "Pick for" in text and "About" in text and "(at most" in text and not out.exists()
     for args, match in ((["--target", "2x"], "--target='2x' is invalid: expected a setting of --pick"),
                         (["--pick"], "--target=None is invalid"),
                         (["--pick", "--target", "3"], "target='3' is invalid"),
-                        (["--pick", "--target", "2x", "--budget", "soon"], "budget='soon' is invalid")):  # fmt: skip
+                        (["--pick", "--target", "2x", "--budget", "soon"], "budget='soon' is invalid")):
         code, text = _cli("extend", str(llama), *args, "--corpus", str(corpus), "--out", str(out))
         assert code == 2 and text.count("\n") == 1 and match in text and "Traceback" not in text, text
         assert not out.exists()
@@ -632,7 +632,7 @@ def test_a_gguf_pick_competes_only_with_what_llamacpp_runs_and_writes_the_file(c
     assert "llama.cpp runs no GGUF key" in planned["plan"].left_out["dynamic"]
     assert "llama.cpp runs no GGUF key" in planned["plan"].left_out["self_extend"]
     cfg = ExtendConfig(model=str(gguf), corpus=str(corpus), methods=("yarn", "dynamic"),
-                       **{**SETTINGS, "depths": (0.5,), "trials": 4})  # fmt: skip
+                       **{**SETTINGS, "depths": (0.5,), "trials": 4})
     result = run_pick(cfg, "5x", tmp_path / "pick", progress=False, save=tmp_path / "x.gguf")
     assert result["unit"][0] == "yarn" and result["saved"] == tmp_path / "x.gguf"
     written = inspect_gguf(tmp_path / "x.gguf")
@@ -677,7 +677,7 @@ def test_a_pose_fine_tuned_yarn_joins_the_race(llama, corpus, tmp_path):
     """--finetune-steps adds YaRN at the target fine-tuned with PoSE's positions in a shorter window: it skips
     screening (a fine-tune is the expensive option) and is raced and ranked with the zero-shot survivors."""
     cfg = _cfg(llama, corpus, methods=("ntk",), trials=4, finetune_steps=2, finetune_window=48,
-               finetune_positions=("pose",))  # fmt: skip
+               finetune_positions=("pose",))
     result = run_pick(cfg, "2x", tmp_path / "pick", progress=False)
     final = json.loads((tmp_path / "pick" / "final" / "extend.json").read_text())
     assert ["yarn", 2.0, 2, "pose"] in final["units"] and final["finetune_window"] == 48
@@ -700,7 +700,7 @@ def test_a_ruler_pick_without_lm_eval_fails_first_with_the_pip_command(tmp_path,
 def test_cli_pick_runs_into_a_pick_folder_and_prints_the_pick(llama, corpus, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     code, text = _cli("extend", str(llama), "--pick", "--target", "2x", "--methods", "yarn", "--trials", "4",
-                      "--depths", "0.5", "--corpus", str(corpus), "--device", "cpu")  # fmt: skip
+                      "--depths", "0.5", "--corpus", str(corpus), "--device", "cpu")
     assert code == 0, text
     (folder,) = (tmp_path / "runs").iterdir()
     assert folder.name.startswith("pick-") and (folder / "pick.json").is_file() and (folder / "pick.md").is_file()
@@ -736,15 +736,15 @@ def test_a_pick_by_best_estimate_says_which_method_has_the_higher_p_best_and_why
 
     def standing(unit, estimate, n, p_best, serving):
         return rules.Standing(unit=unit, estimate=estimate, interval=(0.4, 1.0), n=n, by_metric={}, ppl_past=None,
-                              serving=serving, active=True, beaten_by=None, p_best=p_best, loss=0.08)  # fmt: skip
+                              serving=serving, active=True, beaten_by=None, p_best=p_best, loss=0.08)
 
     units = [("none", 1.0, 0, "plain"), ("dynamic", 4.0, 0, "plain"), ("yarn+string", 4.0, 0, "plain")]
     name = lambda u: f"{u[0]} x{u[1]:g}"  # noqa: E731
     verdict = SimpleNamespace(pick=np.array([2]), shown=np.array([False]), low=np.full((1, 3, 3), -0.7),
-                              high=np.full((1, 3, 3), 0.7))  # fmt: skip
+                              high=np.full((1, 3, 3), 0.7))
     for p_dynamic, p_string, said in ((0.45, 0.34, True), (0.3, 0.7, False)):
         standings = [standing(units[2], 15 / 16, 8, p_string, "patch"), standing(units[1], 37 / 40, 20, p_dynamic,
-                     "dynamic"), standing(units[0], 0.0, 12, 0.0, "unpatched")]  # fmt: skip
+                     "dynamic"), standing(units[0], 0.0, 12, 0.0, "unpatched")]
         outcome = rules.decide(standings, verdict, units, name, ended="interrupted")
         assert outcome.pick.unit == units[2] and not outcome.shown
         note = ("dynamic x4 has the higher P(best), 0.45 (with 8 needles per cell against 20, the uniform priors "
@@ -760,7 +760,7 @@ def test_targets_past_the_text_and_saves_under_a_file_are_refused_before_anythin
     cfg = _cfg(llama, corpus)
     for target in ("131072", "1000001x"):
         with pytest.raises(ValueError, match=rf"^target='{target}' is invalid: expected a length the held-out text "
-                                             r"can fill: .* held-out tokens, so at most \d+"):  # fmt: skip
+                                             r"can fill: .* held-out tokens, so at most \d+"):
             run_pick(cfg, target, tmp_path / "pick", progress=False)
         assert not (tmp_path / "pick").exists()
     (tmp_path / "file").write_text("mine")

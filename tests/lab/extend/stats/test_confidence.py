@@ -75,7 +75,7 @@ def test_rate_interval_ends_and_partial_credit():
 
 
 @pytest.mark.parametrize(("pa", "pb", "coupled"), [(0.9, 0.7, True), (0.9, 0.7, False), (0.8, 0.8, False),
-                                                   (0.5, 0.45, True)])  # fmt: skip
+                                                   (0.5, 0.45, True)])
 def test_difference_interval_covers_at_every_look_at_once(pa, pb, coupled):
     reps = 2000
     g = torch.Generator().manual_seed(3)

@@ -37,7 +37,7 @@ def _needles(rates, reps, cap, *, coupled, seed, cells=2):
     m = rates.shape[0]
     g = torch.Generator().manual_seed(seed)
     u = torch.rand(reps, 1, cells, cap, generator=g).expand(reps, m, cells, cap) if coupled else torch.rand(
-        reps, m, cells, cap, generator=g)  # fmt: skip
+        reps, m, cells, cap, generator=g)
     return (u < rates[:, None, None]).to(torch.float64)
 
 
@@ -84,7 +84,7 @@ def test_reported_intervals_cover_wherever_the_race_stopped(name, rates, tiers, 
     covered = ((low <= truth) & (truth <= high)).to(torch.float64).mean()
     assert covered >= 0.95, f"{name}: {float(covered):.3f}"
     cell_low, cell_high = race.rate_interval((x * (torch.arange(CAP) < n[..., None, None])).sum(-1),
-                                             n[..., None].expand(-1, -1, 2))  # fmt: skip
+                                             n[..., None].expand(-1, -1, 2))
     per_cell = ((cell_low <= truth[:, None]) & (truth[:, None] <= cell_high)).to(torch.float64).mean()
     assert per_cell >= 0.95
 
@@ -117,7 +117,7 @@ def _screen(rates, *, coupled, reps, seed=0):
     [("0.9 among twelve 0.6", [0.9] + [0.6] * 12), ("0.9 and 0.8 among eleven 0.6", [0.9, 0.8] + [0.6] * 11),
      ("0.9 among twelve 0.7", [0.9] + [0.7] * 12)],
     ids=["0.9-vs-12x0.6", "0.9-0.8-vs-11x0.6", "0.9-vs-12x0.7"],
-)  # fmt: skip
+)
 def test_screening_keeps_the_best_95_percent(name, rates, coupled):
     """The old screening (four passkeys each, the best four by rank) cut the best of 0.9 among twelve at 0.6 before
     the race in 20.6% of picks."""

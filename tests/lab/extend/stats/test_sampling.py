@@ -32,7 +32,7 @@ def rope_run(tmp_path_factory, corpus) -> Path:
 def _cfg(rope_run, corpus, **settings) -> ExtendConfig:
     base = {**TINY, "depths": (0.0, 0.5, 1.0), "trials": 16}
     return ExtendConfig(model=str(rope_run), methods=("linear",), factors=(2.0,), lengths=(ORIGINAL, LONG),
-                        corpus=str(corpus), **{**base, **settings})  # fmt: skip
+                        corpus=str(corpus), **{**base, **settings})
 
 
 def _scripted(monkeypatch) -> list:
@@ -63,13 +63,13 @@ def _row(method: str, depth: float, hits: float, n: int) -> dict:
     low, high = Rate(hits, n).interval
     return {"metric": "passkey", "method": method, "factor": 2.0, "finetune_steps": 0, "finetune_positions": "plain",
             "length": 128, "depth": depth, "hits": hits, "n": n, "accuracy": hits / n, "ci_low": low,
-            "ci_high": high, "status": "ok"}  # fmt: skip
+            "ci_high": high, "status": "ok"}
 
 
 def test_the_rule_on_rows():
     cfg = ExtendConfig(model="m", trials=20)
     best, apart, close, capped = (_row("none", 0.5, 4, 4), _row("yarn", 0.5, 0, 4), _row("ntk", 0.5, 3, 4),
-                                  _row("linear", 0.5, 1, 20))  # fmt: skip
+                                  _row("linear", 0.5, 1, 20))
     pending = sampling.pending([best, apart, close, capped], cfg)
     # 4/4 [51-100] is the best, still wide; 0/4 [0-49] is disjoint from it; 3/4 overlaps; a cell at its cap is done.
     assert pending == [best, close]
@@ -116,7 +116,7 @@ def test_cells_stop_once_decided_and_undecided_ones_reach_their_cap(rope_run, co
         ("none", 0.5): (16, _n(rows)[("none", 0.5)][1]), ("linear", 0.5): (16, _n(rows)[("none", 0.5)][1]),
         # 0/4 (0-66) overlaps 4/4 (34-100) after one round; 0/8 (0-44) is disjoint from 8/8 (56-100) after two
         ("none", 1.0): (16, 16.0), ("linear", 1.0): (8, 0.0),
-    }  # fmt: skip
+    }
     assert 0 < _n(rows)[("none", 0.5)][1] < 16
     for unpatched in (True, False):  # each cell's keys: its rounds in order, each once, 4 keys each
         for depth in cfg.depths:
@@ -212,7 +212,7 @@ def test_ruler_rounds_take_the_next_documents(corpus, tmp_path, monkeypatch):
     _needs_extend_context()
     task, lengths = "niah_single_1", (64, 128)
     suite = ruler.Suite(tasks={task: None}, samples={task: {n: list(range(n, n + 12)) for n in lengths}},
-                        prompt_tokens={task: {n: n - 10 for n in lengths}}, lengths=lengths)  # fmt: skip
+                        prompt_tokens={task: {n: n - 10 for n in lengths}}, lengths=lengths)
     seen = []
 
     def build_ruler(self, lengths):
@@ -229,7 +229,7 @@ def test_ruler_rounds_take_the_next_documents(corpus, tmp_path, monkeypatch):
     monkeypatch.setattr(HFTarget, "ruler", evaluate)
     cfg = ExtendConfig(model=str(_hf_folder(tmp_path / "llama")), task="ruler", ruler_tasks=(task,), ruler_samples=12,
                        methods=("yarn",), factors=(2.0,), lengths=lengths, depths=(0.5,), trials=1, eval_tokens=256,
-                       corpus=str(corpus), device="cpu")  # fmt: skip
+                       corpus=str(corpus), device="cpu")
     saved = tmp_path / "yarn"
     rows = run_extend(cfg, tmp_path / "out", progress=False, save=saved)
     got = {(r["method"], r["length"]): (r["n"], r["hits"]) for r in rows if r["metric"] == "ruler:" + task}

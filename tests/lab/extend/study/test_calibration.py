@@ -14,7 +14,7 @@ from posenc.lab.extend.targets import cost
     ("longest", "sizes"),
     [(100, (100,)), (2047, (1024,)), (2048, (1024, 2048)), (3000, (1024, 3000)), (4096, (1024, 4096)),
      (8192, (1024, 4096)), (8193, (1024, 4096, 8192)), (32768, (1024, 4096, 8192))],
-)  # fmt: skip
+)
 def test_calibration_times_each_length_at_least_twice_the_last_and_8192_only_beyond_it(longest, sizes):
     assert cost.calibration_lengths(longest) == sizes
 

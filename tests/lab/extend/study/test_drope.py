@@ -32,7 +32,7 @@ def llama(tmp_path_factory) -> Path:
 
 def _cfg(folder: Path, corpus: Path, **kwargs) -> ExtendConfig:
     settings = {"methods": ("drope",), "factors": (2.0,), "lengths": (64, 128), **TINY, "trials": 1,
-                "depths": (0.5,)}  # fmt: skip
+                "depths": (0.5,)}
     return ExtendConfig(model=str(folder), corpus=str(corpus), **{**settings, **kwargs})
 
 
@@ -46,7 +46,7 @@ def test_drope_is_one_model_labelled_drope_whatever_the_factors():
     assert _units(cfg, cfg.methods, "hf") == [
         ("none", 1.0, 0, "plain"), ("yarn", 2.0, 0, "plain"), ("yarn", 4.0, 0, "plain"), ("drope", 1.0, 0, "plain"),
         ("yarn", 2.0, 3, "plain"), ("yarn", 4.0, 3, "plain"), ("drope", 1.0, 3, "plain"),
-    ]  # fmt: skip
+    ]
     assert label("drope", 1.0, 0) == "drope" and label("drope", 1.0, 3) == "drope +ft3"
     ExtendConfig(model="smollm2", methods=("drope",), factors=(8.0,))  # the factor still sets the default lengths
 
@@ -57,7 +57,7 @@ def test_a_drope_study_takes_factor_1_for_its_control_at_the_original_context():
     cfg = ExtendConfig(model="smollm2", methods=("drope",), factors=(1,), finetune_steps=3)
     assert _units(cfg, cfg.methods, "lab") == [
         ("none", 1.0, 0, "plain"), ("drope", 1.0, 0, "plain"), ("none", 1.0, 3, "plain"), ("drope", 1.0, 3, "plain"),
-    ]  # fmt: skip
+    ]
     assert label("none", 1.0, 3) == "none +ft3"
     with pytest.raises(ValueError, match=r"^factors=1 is invalid: expected a factor > 1 for yarn"):
         ExtendConfig(model="smollm2", methods=("drope", "yarn"), factors=(1,))
@@ -75,13 +75,13 @@ def test_a_layer_type_drope_would_ignore_is_refused():
 def test_pose_or_random_positions_with_drope_are_refused_naming_why():
     for kind in ("pose", "random"):
         with pytest.raises(ValueError, match=r"^finetune_positions=.* expected 'plain' with method 'drope': .*no "
-                           "position id reaches attention"):  # fmt: skip
+                           "position id reaches attention"):
             ExtendConfig(model="smollm2", methods=("yarn", "drope"), finetune_steps=2, finetune_window=16,
-                         finetune_positions=("plain", kind))  # fmt: skip
+                         finetune_positions=("plain", kind))
 
 
 def test_a_window_beyond_the_original_context_is_refused_for_drope_before_loading(llama, corpus, tmp_path,
-                                                                                   monkeypatch):  # fmt: skip
+                                                                                   monkeypatch):
     from posenc.lab.extend.targets.hf import HFTarget
 
     loads = []
@@ -94,7 +94,7 @@ def test_a_window_beyond_the_original_context_is_refused_for_drope_before_loadin
 
 
 def test_the_plan_says_zero_shot_drope_is_not_the_authors_and_where_it_is_recalibrated(llama, corpus, tmp_path,
-                                                                                        capsys):  # fmt: skip
+                                                                                        capsys):
     cfg = _cfg(llama, corpus, methods=("yarn", "drope"))
     run_extend(cfg, tmp_path / "zero", progress=False, plan_only=True)
     text = " ".join(capsys.readouterr().out.split())
@@ -115,7 +115,7 @@ def test_yarn_and_drope_recalibrated_at_the_original_context_end_to_end(llama, c
     rows = run_extend(cfg, tmp_path / "out", progress=False)
     models = {(r["method"], r["factor"], r["finetune_steps"], r["finetune_positions"]) for r in rows}
     assert models == {("none", 1.0, 0, "plain"), ("yarn", 2.0, 0, "plain"), ("drope", 1.0, 0, "plain"),
-                      ("yarn", 2.0, 2, "plain"), ("drope", 1.0, 2, "plain")}  # fmt: skip
+                      ("yarn", 2.0, 2, "plain"), ("drope", 1.0, 2, "plain")}
     ppl = {(r["method"], r["finetune_steps"], r["length"]): r["ppl"] for r in rows if r["metric"] == "ppl"}
     assert all(v is not None and v > 0 for v in ppl.values())
     assert ppl[("drope", 0, 128)] != ppl[("none", 0, 128)]  # RoPE really dropped
@@ -135,7 +135,7 @@ def test_yarn_and_drope_recalibrated_at_the_original_context_end_to_end(llama, c
 
 
 def test_save_writes_the_recalibrated_model_and_load_causal_lm_reloads_it_with_identical_logits(llama, corpus,
-                                                                                                tmp_path):  # fmt: skip
+                                                                                                tmp_path):
     from posenc.hf import extend_context, load_causal_lm
     from posenc.hf._drope_patch import dropped
 
@@ -190,7 +190,7 @@ def test_a_lab_rope_model_is_dropped_and_recalibrated_at_its_original_context(tm
     is then a NoPE one with the same weights), recalibrated in windows of its training length."""
     run = _lab_run(tmp_path / "rope", "rope", corpus, steps=2)
     cfg = ExtendConfig(model=str(run), methods=("drope",), factors=(2.0,), lengths=(ORIGINAL, 64), corpus=str(corpus),
-                       finetune_steps=2, finetune_lr=1e-2, **TINY)  # fmt: skip
+                       finetune_steps=2, finetune_lr=1e-2, **TINY)
     rows = run_extend(cfg, tmp_path / "out", progress=False)
     ppl = {(r["method"], r["finetune_steps"], r["length"]): r["ppl"] for r in rows if r["metric"] == "ppl"}
     units = (("none", 0), ("none", 2), ("drope", 0), ("drope", 2))  # none +ft2: RoPE trained as long, the control
@@ -218,7 +218,7 @@ def test_a_lab_passkey_model_is_recalibrated_on_its_task_and_the_report_says_so_
     """A lab model studied with --task passkey is fine-tuned on passkey rows (the loss on the key's digits), not on
     text: the report must not call that the authors' plain LM loss, in the DroPE sentence or the fine-tuning one."""
     cfg = ExtendConfig(model="new", task="passkey", train_len=104, train_steps=1, methods=("drope",), factors=(1.0,),
-                       lengths=(104, 208), finetune_steps=1, **{**TINY, "depths": (0.5,)})  # fmt: skip
+                       lengths=(104, 208), finetune_steps=1, **{**TINY, "depths": (0.5,)})
     rows = run_extend(cfg, tmp_path / "out", progress=False)
     assert {(r["method"], r["finetune_steps"]) for r in rows} == {("none", 0), ("none", 1), ("drope", 0), ("drope", 1)}
     report = " ".join((tmp_path / "out" / "report.md").read_text().split())
@@ -230,7 +230,7 @@ def test_a_lab_passkey_model_is_recalibrated_on_its_task_and_the_report_says_so_
 def test_a_lab_model_without_rope_refuses_drope_clearly(tmp_path, corpus):
     run = _lab_run(tmp_path / "alibi", "alibi", corpus, steps=2)
     cfg = ExtendConfig(model=str(run), methods=("drope",), factors=(2.0,), lengths=(ORIGINAL, 64), corpus=str(corpus),
-                       **TINY)  # fmt: skip
+                       **TINY)
     with pytest.raises(ValueError, match=r"^methods='drope' is invalid: expected a method of this lab model: DroPE"):
         run_extend(cfg, tmp_path / "out", progress=False)
     assert not (tmp_path / "out" / "results.csv").exists()
@@ -250,7 +250,7 @@ def test_pick_and_export_still_refuse_drope(llama, corpus, tmp_path):
 def test_cli_runs_drope_with_yarn_at_a_factor(llama, corpus, tmp_path):
     code, text = _cli("extend", str(llama), "--corpus", str(corpus), "--lengths", "64,128", "--methods", "yarn,drope",
                       "--factors", "2", "--depths", "0.5", "--trials", "1", "--device", "cpu", "--eval-tokens", "256",
-                      "--out", str(tmp_path / "out"), "--quiet")  # fmt: skip
+                      "--out", str(tmp_path / "out"), "--quiet")
     assert code == 0, text
     methods = {(r["method"], r["factor"]) for r in run_rows(tmp_path / "out")}
     assert methods == {("none", 1.0), ("yarn", 2.0), ("drope", 1.0)}

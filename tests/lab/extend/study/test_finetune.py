@@ -99,7 +99,7 @@ def test_lab_model_finetuned_in_a_short_window_sees_positions_up_to_the_target(r
         model=str(rope_run), methods=("yarn",), factors=(4.0,), lengths=(ORIGINAL, 128), corpus=str(corpus),
         finetune_steps=3, finetune_window=16, finetune_positions=("plain", "pose", "random"),
         **{**TINY, "trials": 1, "depths": (0.5,)},
-    )  # fmt: skip
+    )
     out = tmp_path / "out"
     rows = run_extend(cfg, out, progress=False)
     tuned = {(r["method"], r["finetune_positions"]) for r in rows if r["finetune_steps"]}
@@ -125,7 +125,7 @@ def _hf_cfg(folder: Path, corpus: Path, **kwargs) -> ExtendConfig:
     settings = {
         "methods": ("yarn",), "factors": (2.0,), "lengths": (64, 128), "finetune_steps": 4, "finetune_lr": 1e-2,
         "finetune_window": 32, "finetune_positions": ("pose",), **TINY, "trials": 1, "depths": (0.5,),
-    }  # fmt: skip
+    }
     return ExtendConfig(model=str(folder), corpus=str(corpus), **{**settings, **kwargs})
 
 
@@ -218,7 +218,7 @@ def test_a_window_the_targets_or_the_text_cannot_hold_is_refused_before_loading(
     if "finetune_corpus" in kwargs:
         kwargs = {**kwargs, "finetune_corpus": str(tmp_path / "tiny.txt")}
     cfg = ExtendConfig(model=str(rope_run), methods=("yarn",), factors=(2.0,), lengths=(ORIGINAL, 64),
-                       corpus=str(corpus), finetune_steps=2, **kwargs, **TINY)  # fmt: skip
+                       corpus=str(corpus), finetune_steps=2, **kwargs, **TINY)
     with pytest.raises(ValueError, match=match):
         run_extend(cfg, tmp_path / "out", progress=False)
     assert not (tmp_path / "out" / "results.csv").exists()
@@ -226,7 +226,7 @@ def test_a_window_the_targets_or_the_text_cannot_hold_is_refused_before_loading(
 
 def test_finetuning_on_the_evaluation_text_itself_is_refused(rope_run, corpus, tmp_path):
     cfg = ExtendConfig(model=str(rope_run), methods=("yarn",), factors=(2.0,), lengths=(ORIGINAL, 64),
-                       corpus=str(corpus), finetune_steps=2, finetune_corpus=str(corpus), **TINY)  # fmt: skip
+                       corpus=str(corpus), finetune_steps=2, finetune_corpus=str(corpus), **TINY)
     with pytest.raises(ValueError, match=r"^finetune_corpus=.*a text other than --corpus"):
         run_extend(cfg, tmp_path / "out", progress=False)
 
@@ -344,7 +344,7 @@ def test_cli_refuses_pose_and_random_for_a_transformers_alibi_model_in_one_line(
         "extend", str(folder), "--corpus", str(corpus), "--device", "cpu", "--original-len", "32", "--lengths",
         "32,64", "--factors", "2", "--finetune-steps", "2", "--finetune-window", "16", "--finetune-positions",
         positions, "--out", str(out),
-    ])  # fmt: skip
+    ])
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
     listed = positions.split(",")
@@ -356,7 +356,7 @@ def test_cli_refuses_pose_and_random_for_a_transformers_alibi_model_in_one_line(
 def test_library_refuses_pose_and_random_for_a_transformers_alibi_model(corpus, tmp_path, no_weights):
     folder = _bloom_folder(tmp_path / "bloom")
     settings = dict(model=str(folder), corpus=str(corpus), original_len=32, methods=("linear",), factors=(2.0,),
-                    lengths=(32, 64), finetune_steps=2, finetune_window=16, **{**TINY, "depths": (0.5,)})  # fmt: skip
+                    lengths=(32, 64), finetune_steps=2, finetune_window=16, **{**TINY, "depths": (0.5,)})
     cfg = ExtendConfig(**settings, finetune_positions=("random",))
     with pytest.raises(ValueError, match="^" + re.escape(f"finetune_positions=['random'] {ALIBI_REFUSAL}")):
         run_extend(cfg, tmp_path / "out", progress=False)
@@ -401,7 +401,7 @@ def test_a_lab_alibi_model_reads_its_positions_so_pose_stays_allowed(corpus, tmp
     monkeypatch.setattr(GPT, "forward", spy)
     cfg = ExtendConfig(model=str(alibi_run), methods=("linear",), factors=(4.0,), lengths=(ORIGINAL, 128),
                        corpus=str(corpus), finetune_steps=1, finetune_window=16, finetune_positions=("pose",),
-                       **{**TINY, "trials": 1, "depths": (0.5,)})  # fmt: skip
+                       **{**TINY, "trials": 1, "depths": (0.5,)})
     rows = run_extend(cfg, tmp_path / "out", progress=False)
     assert {r["finetune_positions"] for r in rows if r["finetune_steps"]} == {"pose"}
     assert seen and max(seen) >= 16  # the fine-tune's positions went past its 16-byte window
@@ -411,7 +411,7 @@ def test_a_study_written_before_finetune_positions_existed_resumes(rope_run, cor
     """Its results.csv has no finetune_positions column and its extend.json none of the fine-tuning window
     settings: resume reads the rows as plain positions and measures nothing again."""
     cfg = ExtendConfig(model=str(rope_run), methods=("yarn",), factors=(2.0,), lengths=(ORIGINAL, 64),
-                       corpus=str(corpus), finetune_steps=2, **{**TINY, "depths": (0.5,)})  # fmt: skip
+                       corpus=str(corpus), finetune_steps=2, **{**TINY, "depths": (0.5,)})
     out = tmp_path / "out"
     rows = run_extend(cfg, out, progress=False)
     settings = json.loads((out / "extend.json").read_text())
@@ -430,7 +430,7 @@ def test_a_study_written_before_finetune_positions_existed_resumes(rope_run, cor
 def test_resume_with_a_setting_left_out_names_it(rope_run, corpus, tmp_path):
     cfg = ExtendConfig(model=str(rope_run), methods=("yarn",), factors=(2.0,), lengths=(ORIGINAL, 64),
                        corpus=str(corpus), finetune_steps=2, finetune_window=16, **{**TINY, "depths": (0.5,)},
-                       )  # fmt: skip
+                       )
     run_extend(cfg, tmp_path / "out", progress=False)
     plain = ExtendConfig(**{**cfg.to_dict(), "finetune_window": None})
     with pytest.raises(ValueError, match=r"these differ: \['finetune_window'\]"):

