@@ -163,8 +163,6 @@ def save_gguf(
             llama.cpp cannot run (naming what it would need instead: e.g. llama-cli's ``--grp-attn-n/--grp-attn-w``
             for Self-Extend), an unknown ``tensor_type`` or one ``gguf`` cannot produce for a tensor.
     """
-    import gguf
-
     check_choice("tensor_type", tensor_type, TENSOR_TYPES)
     out = check_out(path)
     header = check_source(source)
@@ -174,11 +172,11 @@ def save_gguf(
     weights = llama.state_dict(header, source_config)
     copy = tensor_type == "source" and _unchanged(model, weights)
     del weights
-    reader = gguf.GGUFReader(header.path)
     tensors = None if copy else write.quantized(_gguf_weights(model), header, tensor_type)
-    fields = write.metadata(reader, new_rope, rope.record(model.config), write.file_type(tensor_type))
-    write.write(out, reader, fields, new_rope, tensors)  # an interrupted write leaves no folder it created
-    counts = write.tensor_types(reader, new_rope, tensors)
+    record = rope.record(model.config)
+    fields = write.metadata(write.full_header(header), new_rope, record, write.file_type(tensor_type))
+    write.write(out, header, fields, new_rope, tensors)  # an interrupted write leaves no folder it created
+    counts = write.tensor_types(header, new_rope, tensors)
     rows = print_check(out) if check else None
     return {
         "path": out,
