@@ -48,6 +48,16 @@ def test_header_matches_gguf_reader(tiny):
         else:
             assert value == pytest.approx(field.contents())
     assert header.metadata["tokenizer.ggml.tokens"] == tuple(TOKENS)
+
+
+def test_value_and_element_types_match_gguf_reader(tiny):
+    header = read_gguf_header(tiny)
+    reader = gguf.GGUFReader(tiny)
+    fields = {k: f for k, f in reader.fields.items() if not k.startswith("GGUF.")}
+    assert {k: header.value_types[k] for k in fields} == {k: f.types[0].name.lower() for k, f in fields.items()}
+    arrays = {k: f.types[-1].name.lower() for k, f in fields.items() if f.types[0] == gguf.GGUFValueType.ARRAY}
+    assert header.array_types == arrays and arrays["tokenizer.ggml.tokens"] == "string"
+    assert header.alignment == reader.alignment
     assert header.arch_value("context_length") == 32 and header.arch_value("missing", 7) == 7
 
 

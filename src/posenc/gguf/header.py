@@ -74,6 +74,8 @@ class GGUFHeader:
     file_size: int
     #: each metadata key's value type as the file stores it ("float32", "uint32", "string", ...)
     value_types: dict[str, str] = field(default_factory=dict, repr=False, compare=False)
+    #: each metadata array's element type ("string", "int32", ...), by key
+    array_types: dict[str, str] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def architecture(self) -> str:
@@ -82,6 +84,11 @@ class GGUFHeader:
     def arch_value(self, key: str, default: Any = None) -> Any:
         """The architecture's own key, e.g. ``arch_value("context_length")`` reads ``"llama.context_length"``."""
         return self.metadata.get(f"{self.architecture}.{key}", default)
+
+    @property
+    def alignment(self) -> int:
+        """The tensor data's alignment (``general.alignment``, checked when read; 32 when the file does not set it)."""
+        return self.metadata.get("general.alignment", DEFAULT_ALIGNMENT)
 
 
 class _Corrupt(Exception):
@@ -166,19 +173,25 @@ def _byte_order(buf: mmap.mmap) -> tuple[str, int]:
     return "<", version
 
 
-def _read_metadata(cur: _Cursor, n_kv: int, arrays: Collection[str]) -> tuple[dict[str, Any], dict[str, int]]:
-    """The metadata ``key -> value`` and each key's value type; a key read twice is refused (GGUF keys are unique,
-    and ``gguf.GGUFReader`` and llama.cpp refuse the file: reading on, the second value would replace the first)."""
+def _read_metadata(
+    cur: _Cursor, n_kv: int, arrays: Collection[str]
+) -> tuple[dict[str, Any], dict[str, int], dict[str, int]]:
+    """The metadata ``key -> value``, each key's value type and each array's element type; a key read twice is
+    refused (GGUF keys are unique, and ``gguf.GGUFReader`` and llama.cpp refuse the file: reading on, the second value
+    would replace the first)."""
     metadata: dict[str, Any] = {}
     kinds: dict[str, int] = {}
+    elements: dict[str, int] = {}
     for _ in range(n_kv):  # each entry takes >= 12 bytes, so a corrupt count ends in a short read, not a hang
         start = cur.pos
         key = cur.string()
         if key in metadata:
             raise _Corrupt(f"its metadata holds the key {key!r} twice (again at byte {start}; GGUF keys are unique)")
         (kinds[key],) = cur.take("I")
+        if kinds[key] == _ARRAY and cur.pos + 4 <= cur.size:  # a short read is reported by `value`
+            (elements[key],) = struct.unpack_from(cur.order + "I", cur.buf, cur.pos)
         metadata[key] = cur.value(kinds[key], key in arrays)
-    return metadata, kinds
+    return metadata, kinds, elements
 
 
 def _alignment(metadata: dict[str, Any], kinds: dict[str, int]) -> int:
@@ -198,7 +211,7 @@ def _alignment(metadata: dict[str, Any], kinds: dict[str, int]) -> int:
 
 def _parse(
     buf: mmap.mmap, file_size: int, arrays: Collection[str]
-) -> tuple[int, str, dict, dict, list[GGUFTensor], int]:
+) -> tuple[int, str, dict, dict, dict, list[GGUFTensor], int]:
     if file_size < 8 or buf[:4] != MAGIC:
         raise _Corrupt(f"it does not start with the magic bytes {MAGIC!r} (found {bytes(buf[:4])!r})")
     order, version = _byte_order(buf)
@@ -207,7 +220,7 @@ def _parse(
     cur = _Cursor(buf, order)
     cur.pos = 8
     n_tensors, n_kv = cur.take("QQ")
-    metadata, kinds = _read_metadata(cur, n_kv, arrays)
+    metadata, kinds, element_kinds = _read_metadata(cur, n_kv, arrays)
     if not isinstance(metadata.get("general.architecture"), str):
         raise _Corrupt("its metadata has no general.architecture")
     sizes = _quant_sizes()
@@ -240,7 +253,7 @@ def _parse(
         raise _Corrupt(
             f"its {len(tensors)} tensors end at byte {end} but the file holds {file_size} bytes (truncated download?)"
         )
-    return version, order, metadata, kinds, tensors, data_offset
+    return version, order, metadata, kinds, element_kinds, tensors, data_offset
 
 
 def read_gguf_header(path: str | os.PathLike, *, arrays: Collection[str] = ()) -> GGUFHeader:
@@ -264,7 +277,9 @@ def read_gguf_header(path: str | os.PathLike, *, arrays: Collection[str] = ()) -
             if file_size < 8:
                 raise _Corrupt(f"it holds {file_size} bytes, fewer than a GGUF header's first 8")
             with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-                version, order, metadata, kinds, tensors, data_offset = _parse(buf, file_size, frozenset(arrays))
+                version, order, metadata, kinds, element_kinds, tensors, data_offset = _parse(
+                    buf, file_size, frozenset(arrays)
+                )
     except _Corrupt as e:
         fail("path", str(path), f"a complete GGUF file: {e}")
     except OSError as e:
@@ -278,4 +293,5 @@ def read_gguf_header(path: str | os.PathLike, *, arrays: Collection[str] = ()) -
         data_offset=data_offset,
         file_size=file_size,
         value_types={key: _TYPE_NAMES.get(kind, str(kind)) for key, kind in kinds.items()},
+        array_types={key: _TYPE_NAMES.get(kind, str(kind)) for key, kind in element_kinds.items()},
     )

@@ -17,6 +17,7 @@ llama.cpp ``convert_hf_to_gguf.py`` (``LlamaModel.permute``).
 from __future__ import annotations
 
 import mmap
+from collections.abc import Iterator
 from typing import Any, cast
 
 import torch
@@ -140,8 +141,9 @@ def _dequantize(buf: mmap.mmap, tensor: Any) -> torch.Tensor:
     return torch.from_numpy(values.astype(np.float32, copy=False))
 
 
-def state_dict(header: GGUFHeader, config: Any) -> dict[str, torch.Tensor]:
-    """The file's tensors under transformers' ``LlamaForCausalLM`` names, float32.
+def tensor_names(header: GGUFHeader, config: Any) -> list[tuple[Any, str]]:
+    """``[(tensor, transformers name)]`` for the file's weights (its RoPE factors are in the config), checked
+    before any data is read.
 
     Raises:
         ValueError: naming the file, if a tensor of the file has no place in the model or a model weight is missing
@@ -163,19 +165,39 @@ def state_dict(header: GGUFHeader, config: Any) -> dict[str, torch.Tensor]:
     unknown = [t.name for t in weights if t.name not in to_hf]
     if unknown:
         fail("path", str(header.path), f"a Llama GGUF whose tensors all map to LlamaForCausalLM (not {unknown[:5]})")
-    out = {}
+    found = {to_hf[t.name] for t in weights}
+    missing = [k for k in expected if k not in found and not (k == "lm_head.weight" and config.tie_word_embeddings)]
+    if missing:
+        fail("path", str(header.path), f"a Llama GGUF holding every weight of the model (missing {missing[:5]})")
+    return [(t, to_hf[t.name]) for t in weights]
+
+
+def weights(header: GGUFHeader, config: Any) -> Iterator[tuple[str, torch.Tensor]]:
+    """The file's tensors one at a time, ``(transformers name, float32 tensor)``, in the file's order: what
+    ``state_dict`` holds, for a pass that needs one tensor at a time (the file's names are checked first).
+
+    Raises:
+        ValueError: as ``state_dict``, before any tensor is read.
+    """
+    names = tensor_names(header, config)
     with header.path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-        for tensor in weights:
+        for tensor, hf_name in names:
             w = _dequantize(buf, tensor)
             if ".attn_q." in tensor.name:
                 w = _unpermute(w, config.num_attention_heads)
             elif ".attn_k." in tensor.name:
                 w = _unpermute(w, config.num_key_value_heads)
-            out[to_hf[tensor.name]] = w
-    missing = [k for k in expected if k not in out and not (k == "lm_head.weight" and config.tie_word_embeddings)]
-    if missing:
-        fail("path", str(header.path), f"a Llama GGUF holding every weight of the model (missing {missing[:5]})")
-    return out
+            yield hf_name, w
+
+
+def state_dict(header: GGUFHeader, config: Any) -> dict[str, torch.Tensor]:
+    """The file's tensors under transformers' ``LlamaForCausalLM`` names, float32.
+
+    Raises:
+        ValueError: naming the file, if a tensor of the file has no place in the model or a model weight is missing
+            from the file (a file this loader does not understand is refused rather than loaded half-initialised).
+    """
+    return dict(weights(header, config))
 
 
 def load(

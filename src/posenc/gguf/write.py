@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import numpy as np
@@ -118,36 +118,52 @@ def quantized(weights: dict[str, np.ndarray], header: Any, tensor_type: str) -> 
     return out
 
 
-def metadata(reader: Any, new_rope: Any, record: str, file_type: int | None) -> list[tuple[str, Any, Any, Any]]:
-    """``[(key, value, type, sub_type)]``: the source's fields with the RoPE keys (and ``file_type``) replaced."""
+def full_header(header: Any) -> Any:
+    """``header`` (``check_header``'s) read again with every string array (the vocabulary, the merges), as
+    ``metadata`` carries them over."""
+    from posenc.gguf.header import GGUFArray, read_gguf_header
+
+    return read_gguf_header(header.path, arrays=[k for k, v in header.metadata.items() if isinstance(v, GGUFArray)])
+
+
+def _value_type(name: str) -> Any:
     import gguf
 
-    arch = reader.fields["general.architecture"].contents()
+    return gguf.GGUFValueType[name.upper()]
+
+
+def metadata(header: Any, new_rope: Any, record: str, file_type: int | None) -> list[tuple[str, Any, Any, Any]]:
+    """``[(key, value, type, sub_type)]``: the source's fields (``full_header``) with the RoPE keys (and
+    ``file_type``) replaced."""
+    import gguf
+
+    arch = header.architecture
     new = {k: (v, gguf.GGUFValueType[kind]) for k, (v, kind) in new_rope.metadata(arch).items()}
     new[rope.POSENC_KEY] = (record, gguf.GGUFValueType.STRING)
     if file_type is not None:
         new["general.file_type"] = (file_type, gguf.GGUFValueType.UINT32)
     dropped = (*_replaced_keys(arch), f"{arch}.rope.scaling.")
     out = []
-    for field in reader.fields.values():
-        name = field.name
-        if name == "general.architecture" or name.startswith("GGUF."):  # the writer adds these itself
+    for name, value in header.metadata.items():
+        if name == "general.architecture":  # the writer adds it itself
             continue
         if name in new:
             value, kind = new.pop(name)
             out.append((name, value, kind, None))
         elif not any(name == d or (d.endswith(".") and name.startswith(d)) for d in dropped):
-            kind = field.types[0]
-            sub = field.types[-1] if kind == gguf.GGUFValueType.ARRAY else None
-            out.append((name, field.contents(), kind, sub))
+            kind = _value_type(header.value_types[name])
+            sub = _value_type(header.array_types[name]) if kind == gguf.GGUFValueType.ARRAY else None
+            out.append((name, value, kind, sub))
     out.extend((name, value, kind, None) for name, (value, kind) in new.items())
     return out
 
 
-def tensor_types(reader: Any, new_rope: Any, tensors: list | None) -> dict[str, int]:
+def tensor_types(header: Any, new_rope: Any, tensors: list | None) -> dict[str, int]:
     """``{"Q4_1": 210, ...}``: the types of the tensors a file holds, written from ``tensors`` or (None) copied."""
+    import gguf
+
     if tensors is None:
-        types = [t.tensor_type.name for t in reader.tensors if t.name not in rope.ROPE_TENSORS]
+        types = [gguf.GGMLQuantizationType(t.ggml_type).name for t in header.tensors if t.name not in rope.ROPE_TENSORS]
     else:
         types = [q.name for _, _, q in tensors]
     types += ["F32"] * len(new_rope.tensors())
@@ -166,47 +182,62 @@ def _publish(tmp: Path, out: Path) -> None:
         os.rename(tmp, out)
 
 
-def write(out: Path, reader: Any, fields: list, new_rope: Any, tensors: list | None) -> None:
+def write(out: Path, header: Any, fields: list, new_rope: Any, tensors: list | None) -> None:
     """Write the GGUF file ``out`` (its folder created): ``fields`` (``metadata``), then the source's tensors copied
     byte for byte (``tensors`` None: all but its RoPE factors) or ``tensors`` (``quantized``), then ``new_rope``'s
     factor tensors. An interrupted write leaves neither the file nor a folder it created."""
     with removing_created_folders(out):
         out.parent.mkdir(parents=True, exist_ok=True)
-        _write(out, reader, fields, new_rope, tensors)
+        _write(out, header, fields, new_rope, tensors)
 
 
-def _write(out: Path, reader: Any, fields: list, new_rope: Any, tensors: list | None) -> None:
+def _source_tensors(header: Any) -> list[tuple[str, np.ndarray, Any]]:
+    """``[(gguf name, bytes, GGMLQuantizationType)]``: the source's tensors but its RoPE factors, as read-only views
+    of the mapped file (``gguf.GGUFReader``'s view of a quantized tensor: the map closes with its last view).
+
+    Shapes:
+        each (..., bytes per row) for a tensor of shape (..., columns).
+    """
+    import gguf
+    import numpy as np
+    from gguf.quants import quant_shape_to_byte_shape
+
+    file = np.memmap(header.path, dtype=np.uint8, mode="r")
+    out = []
+    for t in header.tensors:
+        if t.name not in rope.ROPE_TENSORS:
+            qtype = gguf.GGMLQuantizationType(t.ggml_type)
+            raw = file[t.offset : t.offset + t.n_bytes].reshape(quant_shape_to_byte_shape(t.shape, qtype))
+            out.append((t.name, raw, qtype))
+    return out
+
+
+def _write(out: Path, header: Any, fields: list, new_rope: Any, tensors: list | None) -> None:
     """The GGUF file, written under a temporary name beside ``out`` and published as ``out`` once complete."""
     import gguf
 
     fd, tmp_name = create_temp(out)  # the mode a plain open() gives (mkstemp's 0600 would make the model private)
     os.close(fd)
     tmp = Path(tmp_name)
-    copy = tensors is None
+    endian = gguf.GGUFEndian.LITTLE if header.byte_order == "<" else gguf.GGUFEndian.BIG
+    data_endian = None  # tensors from the model: in this machine's byte order
     try:
-        writer = gguf.GGUFWriter(tmp, reader.fields["general.architecture"].contents(), endianess=reader.endianess)
-        writer.data_alignment = reader.alignment
+        if tensors is None:
+            tensors, data_endian = _source_tensors(header), endian
+        writer = gguf.GGUFWriter(tmp, header.architecture, endianess=endian)
+        writer.data_alignment = header.alignment
         for name, value, kind, sub in fields:
             writer.add_key_value(name, value, kind, sub_type=sub)
-        if copy:
-            kept = [t for t in reader.tensors if t.name not in rope.ROPE_TENSORS]
-            for t in kept:
-                writer.add_tensor_info(t.name, t.data.shape, t.data.dtype, t.data.nbytes, t.tensor_type)
-        else:
-            for name, data, qtype in cast(list, tensors):  # given where not copy
-                writer.add_tensor_info(name, data.shape, data.dtype, data.nbytes, qtype)  # uint8: quantized bytes
+        for name, data, qtype in tensors:
+            writer.add_tensor_info(name, data.shape, data.dtype, data.nbytes, qtype)  # uint8: quantized bytes
         extra = new_rope.tensors()
         for name, data in extra.items():
             writer.add_tensor_info(name, data.shape, data.dtype, data.nbytes, gguf.GGMLQuantizationType.F32)
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_ti_data_to_file()
-        if copy:
-            for t in kept:
-                writer.write_tensor_data(t.data, tensor_endianess=reader.endianess)
-        else:
-            for _, data, _ in cast(list, tensors):
-                writer.write_tensor_data(data)
+        for _, data, _ in tensors:
+            writer.write_tensor_data(data, tensor_endianess=data_endian)
         for data in extra.values():
             writer.write_tensor_data(data)
         writer.close()

@@ -103,10 +103,12 @@ def _check_same_architecture(model: torch.nn.Module, source_config: Any, path: A
             fail("source", str(path), f"the GGUF the model was loaded from ({name}: model {ours}, file {theirs})")
 
 
-def _unchanged(model: torch.nn.Module, source: dict[str, torch.Tensor]) -> bool:
-    """Whether every weight equals the source's, dequantized (in the model's dtype)."""
+def _unchanged(model: torch.nn.Module, header: Any, source_config: Any) -> bool:
+    """Whether every weight equals the source's, dequantized (in the model's dtype): one source tensor at a time,
+    stopping at the first that differs."""
     ours = model.state_dict()
-    return all(k in ours and torch.equal(ours[k].cpu(), w.to(ours[k].dtype)) for k, w in source.items())
+    source = llama.weights(header, source_config)
+    return all(k in ours and torch.equal(ours[k].cpu(), w.to(ours[k].dtype)) for k, w in source)
 
 
 def _gguf_weights(model: torch.nn.Module) -> dict[str, np.ndarray]:
@@ -163,22 +165,19 @@ def save_gguf(
             llama.cpp cannot run (naming what it would need instead: e.g. llama-cli's ``--grp-attn-n/--grp-attn-w``
             for Self-Extend), an unknown ``tensor_type`` or one ``gguf`` cannot produce for a tensor.
     """
-    import gguf
-
     check_choice("tensor_type", tensor_type, TENSOR_TYPES)
     out = check_out(path)
     header = check_source(source)
     new_rope = check_model(model)
     source_config = llama.llama_config(header)
     _check_same_architecture(model, source_config, header.path)
-    weights = llama.state_dict(header, source_config)
-    copy = tensor_type == "source" and _unchanged(model, weights)
-    del weights
-    reader = gguf.GGUFReader(header.path)
+    llama.tensor_names(header, source_config)  # a file the loader refuses is refused here too, whatever is written
+    copy = tensor_type == "source" and _unchanged(model, header, source_config)
     tensors = None if copy else write.quantized(_gguf_weights(model), header, tensor_type)
-    fields = write.metadata(reader, new_rope, rope.record(model.config), write.file_type(tensor_type))
-    write.write(out, reader, fields, new_rope, tensors)  # an interrupted write leaves no folder it created
-    counts = write.tensor_types(reader, new_rope, tensors)
+    record = rope.record(model.config)
+    fields = write.metadata(write.full_header(header), new_rope, record, write.file_type(tensor_type))
+    write.write(out, header, fields, new_rope, tensors)  # an interrupted write leaves no folder it created
+    counts = write.tensor_types(header, new_rope, tensors)
     rows = print_check(out) if check else None
     return {
         "path": out,
