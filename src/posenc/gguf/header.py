@@ -32,7 +32,7 @@ _SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: 
 _STRING, _ARRAY = 8, 9
 _UINT32 = 4  # general.alignment's one type
 _TYPE_NAMES = {0: "uint8", 1: "int8", 2: "uint16", 3: "int16", 4: "uint32", 5: "int32", 6: "float32", 7: "bool",
-               8: "string", 9: "array", 10: "uint64", 11: "int64", 12: "float64"}  # fmt: skip
+               8: "string", 9: "array", 10: "uint64", 11: "int64", 12: "float64"}
 
 
 @dataclass(frozen=True)

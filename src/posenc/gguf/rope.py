@@ -167,7 +167,7 @@ def ggml_rope_frequencies(
 def llamacpp_attn_factor(
     freq_scale: float, *, ext_factor: float, rope_attn_factor: float = 1.0, yarn_attn_factor: float = 1.0,
     yarn_log_mul: float = 0.0, mscale: float = 1.0,
-) -> float:  # fmt: skip
+) -> float:
     """The ``attn_factor`` llama.cpp's context passes to ``ggml_rope_ext`` (``llama_context::llama_context``,
     ``src/llama-context.cpp``): with YaRN on (``ext_factor != 0``), ``get_mscale(s, mscale) / get_mscale(s,
     yarn_log_mul)`` when the model has a ``yarn_log_multiplier`` else ``get_mscale(s, 1)``, divided by the ``1 + 0.1
@@ -214,7 +214,7 @@ def llamacpp_frequencies(rope: GGUFRope, *, n_ctx: int | None = None) -> tuple[n
     return ggml_rope_frequencies(
         rope.head_dim, _f32(rope.freq_base), freq_scale, n_ctx_orig=rope.original_context_length or rope.context_length,
         freq_factors=factors, ext_factor=ext, attn_factor=attn, beta_fast=_YARN_BETAS[0], beta_slow=_YARN_BETAS[1],
-    )  # fmt: skip
+    )
 
 
 def _params(config: Any) -> dict[str, Any]:
@@ -275,7 +275,7 @@ def to_gguf(config: Any) -> GGUFRope:
         rope = GGUFRope(context_length=context, freq_base=base, head_dim=d)
     elif rope_type == "linear":
         rope = GGUFRope(context_length=context, freq_base=base, head_dim=d, scaling_type="linear",
-                        factor=float(params["factor"]), original_context_length=original)  # fmt: skip
+                        factor=float(params["factor"]), original_context_length=original)
     elif rope_type == "yarn":
         if (params.get("beta_fast", 32.0), params.get("beta_slow", 1.0)) != _YARN_BETAS:
             _refuse(
@@ -290,7 +290,7 @@ def to_gguf(config: Any) -> GGUFRope:
         attn = scale / (1.0 + 0.1 * math.log(factor))  # llama.cpp multiplies its own 1 + 0.1 ln(factor) back
         rope = GGUFRope(context_length=context, freq_base=base, head_dim=d, scaling_type="yarn", factor=factor,
                         original_context_length=int(original or context),
-                        attn_factor=None if abs(attn - 1.0) < 1e-7 else attn)  # fmt: skip
+                        attn_factor=None if abs(attn - 1.0) < 1e-7 else attn)
     elif rope_type == "llama3":
         rope = GGUFRope(context_length=context, freq_base=base, head_dim=d, freqs=_llama3_divisors(params, d))
     else:  # longrope
@@ -299,7 +299,7 @@ def to_gguf(config: Any) -> GGUFRope:
         rope = GGUFRope(context_length=context, freq_base=base, head_dim=d, scaling_type="longrope",
                         original_context_length=original, attn_factor=None if scale == 1.0 else scale,
                         long_factors=tuple(float(x) for x in params["long_factor"]),
-                        short_factors=tuple(float(x) for x in params["short_factor"]))  # fmt: skip
+                        short_factors=tuple(float(x) for x in params["short_factor"]))
     check_same(config, rope)
     return rope
 
@@ -315,7 +315,7 @@ def _llama3_divisors(params: Mapping[str, Any], d: int) -> tuple[float, ...]:
         d, base=base, factor=float(params["factor"]), low_freq_factor=float(params.get("low_freq_factor", 1.0)),
         high_freq_factor=float(params.get("high_freq_factor", 4.0)),
         original_max_position_embeddings=int(params["original_max_position_embeddings"]),
-    )  # fmt: skip
+    )
     plain = 1.0 / (base ** (torch.arange(0, d, 2).float() / d))  # (d/2,) the same float32 pow as llama3_frequencies
     return tuple((plain.double() / scaled.double()).tolist())
 
@@ -359,7 +359,7 @@ def read_gguf(meta: Mapping[str, Any], tensors: Mapping[str, Any], *, arch: str,
             factors, or factors of the wrong length.
     """
     d = int(meta.get(f"{arch}.rope.dimension_count") or meta[f"{arch}.embedding_length"] //
-            meta[f"{arch}.attention.head_count"])  # fmt: skip
+            meta[f"{arch}.attention.head_count"])
     scaling = meta.get(f"{arch}.rope.scaling.type")
     allowed = ("none", "linear", "yarn", "longrope")
     if scaling is not None and scaling not in allowed:
@@ -401,7 +401,7 @@ def to_hf(rope: GGUFRope) -> tuple[dict[str, Any], int]:
         if rope.scaling_type is not None:
             fail("tensors", [FREQS], f"rope_freqs without a rope.scaling.type (found {rope.scaling_type!r})")
         params.update(rope_type="longrope", long_factor=list(rope.freqs), short_factor=list(rope.freqs),
-                      original_max_position_embeddings=context, attention_factor=rope.attn_factor or 1.0)  # fmt: skip
+                      original_max_position_embeddings=context, attention_factor=rope.attn_factor or 1.0)
     elif rope.scaling_type is None:
         params["rope_type"] = "default"
     elif rope.scaling_type == "linear":
@@ -409,7 +409,7 @@ def to_hf(rope: GGUFRope) -> tuple[dict[str, Any], int]:
     elif rope.scaling_type == "yarn":
         factor = rope.factor or 1.0
         params.update(rope_type="yarn", factor=factor, original_max_position_embeddings=
-                      rope.original_context_length or context)  # fmt: skip
+                      rope.original_context_length or context)
         if rope.attn_factor is not None:
             params["attention_factor"] = rope.attn_factor * (1.0 + 0.1 * math.log(factor))
     else:  # longrope
@@ -417,7 +417,7 @@ def to_hf(rope: GGUFRope) -> tuple[dict[str, Any], int]:
         long = cast("tuple[float, ...]", rope.long_factors)  # a LongRoPE file has them
         short = rope.short_factors or tuple(1.0 for _ in long)
         params.update(rope_type="longrope", long_factor=list(long), short_factor=list(short),
-                      original_max_position_embeddings=original, attention_factor=rope.attn_factor or 1.0)  # fmt: skip
+                      original_max_position_embeddings=original, attention_factor=rope.attn_factor or 1.0)
     return params, context
 
 
@@ -448,7 +448,7 @@ def recorded(meta: Mapping[str, Any]) -> tuple[dict[str, Any], int] | None:
 
 
 def key_fixes(meta: Mapping[str, Any], tensors: Mapping[str, Any], params: Mapping[str, Any], context: int, *,
-              head_dim: int, arch: str = "llama") -> list[str]:  # fmt: skip
+              head_dim: int, arch: str = "llama") -> list[str]:
     """What to change in a file's llama.cpp RoPE keys and factor tensors so that they say ``params`` and ``context``
     again (``to_gguf``): ``"llama.rope.scaling.factor = 2 (the file: 4)"``, ``"remove llama.rope.scaling.attn_factor
     (the file: 0.9)"``; empty where they do, or where ``params`` has no GGUF form."""
@@ -456,7 +456,7 @@ def key_fixes(meta: Mapping[str, Any], tensors: Mapping[str, Any], params: Mappi
 
     try:
         want = to_gguf(LlamaConfig(rope_parameters=dict(params), max_position_embeddings=context, head_dim=head_dim,
-                                   hidden_size=head_dim, num_attention_heads=1))  # fmt: skip
+                                   hidden_size=head_dim, num_attention_heads=1))
     except (ValueError, KeyError, TypeError):
         return []
     keys = {k: v for k, (v, _) in want.metadata(arch).items()}
@@ -492,9 +492,9 @@ def _same_rope(rope: GGUFRope, params: dict[str, Any], context: int, *, d: int) 
 
     try:
         again = to_gguf(LlamaConfig(rope_parameters=params, max_position_embeddings=context, head_dim=d,
-                                    hidden_size=d, num_attention_heads=1))  # fmt: skip
+                                    hidden_size=d, num_attention_heads=1))
     except (ValueError, KeyError, TypeError):
         return False
     return again.metadata() == rope.metadata() and all(
         np.array_equal(a, cast(Any, rope.tensors().get(name))) for name, a in again.tensors().items()  # None: False
-    ) and again.tensors().keys() == rope.tensors().keys()  # fmt: skip
+    ) and again.tensors().keys() == rope.tensors().keys()

