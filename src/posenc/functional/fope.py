@@ -6,24 +6,10 @@ Reference implementation: vLLM ``FourierRotaryEmbedding`` (``model_executor/laye
 serves InternLM / Intern-S1 checkpoints): the same frequencies, coefficient layout and clipping; checked against the
 paper's complex-number form re-derived in ``tests/reference/fope.py``.
 
-FoPE turns each channel pair by a Fourier series instead of RoPE's single frequency. With RoPE's frequencies
-``w_j = base ** (-2j / D)``:
-
-1. Clipping. A frequency whose wavelength ``2 pi / w_j`` is at least the training length ``L`` never completes a
-   period in training, so it is under-trained; FoPE sets it to zero. The ``M`` kept frequencies are those with
-   ``w_j > 2 pi / L`` (a prefix, as ``w`` decreases), or the first ``num_frequencies`` when that is given (vLLM's
-   ``num_inv_freq``).
-2. Fourier series. Pair ``d < M`` of coefficient set ``c`` turns by the two series
-   ``C(p) = sum_j cos_coef[c, j, d] cos(w_j p)`` and ``S(p) = sum_j sin_coef[c, j, d] sin(w_j p)`` (``j < M``) in
-   place of ``cos(w_d p)``, ``sin(w_d p)``: ``(x_a, x_b) -> (x_a C - x_b S, x_b C + x_a S)``. The coefficients
-   start at the identity (the pair's own frequency) plus ``N(0, std^2)`` on every entry, and are trained.
-3. Pairs ``d >= M`` have frequency zero: ``C = 1, S = 0``, they pass through unchanged (vLLM pads sin with 0;
-   SGLang's and XTuner's copies pad it with 1, which mixes the pair's two channels).
-
-With identity coefficients FoPE is RoPE with the clipped frequencies at zero, and ``<q_m, k_n>`` depends on
-``m - n`` only; with cos and sin coefficients equal and diagonal that still holds (each pair's turn is scaled).
-General coefficients break it: products of two frequencies leave terms in ``m + n``. Tables depend on each token's
-own position only, so KV-cache decoding, chunking and packing equal the full forward.
+FoPE turns each channel pair by a Fourier series of RoPE's frequencies ``w_j = base ** (-2j / D)`` instead of a
+single one: frequencies too low to complete a period in training are clipped to zero (:func:`fope_num_frequencies`),
+and pair ``d`` turns by ``C(p) = sum_j cos_coef[c, j, d] cos(w_j p)``, ``S(p) = sum_j sin_coef[c, j, d] sin(w_j p)``
+(:func:`fope_cos_sin`), the coefficients trained from the identity (:func:`init_fope_coefficients`).
 
 Shapes:
     D head dim, F = D / 2 pairs, M kept frequencies (<= F), C coefficient sets (heads, or 1 shared), H heads.
@@ -49,6 +35,9 @@ def fope_num_frequencies(
     head_dim: int, *, base: float = 10000.0, train_len: int | None = None, num_frequencies: int | None = None
 ) -> int:
     """``M``: how many of RoPE's ``head_dim / 2`` frequencies FoPE keeps.
+
+    A frequency whose wavelength ``2 pi / w_j`` is at least the training length ``L`` never completes a period in
+    training, so it is under-trained; FoPE sets it to zero. The kept frequencies are a prefix, as ``w`` decreases.
 
     ``num_frequencies`` if given (vLLM's ``num_inv_freq``, which takes precedence), else the number with wavelength
     below ``train_len``: ``w_j > 2 pi / train_len`` for the float32 frequencies, as vLLM compares them.
@@ -95,6 +84,10 @@ def init_fope_coefficients(
 ) -> torch.Tensor:
     """``I + N(0, std^2)``: each pair starts on its own frequency, with a little of every kept frequency.
 
+    With identity coefficients FoPE is RoPE with the clipped frequencies at zero, and ``<q_m, k_n>`` depends on
+    ``m - n`` only; with cos and sin coefficients equal and diagonal that still holds (each pair's turn is scaled).
+    General coefficients break it: products of two frequencies leave terms in ``m + n``.
+
     The paper draws the other frequencies' weights from ``N(0, sigma)``; its code and XTuner use a Xavier-normal
     draw with gain ``g``, i.e. ``std = g * sqrt(2 / (fan_in + fan_out))``. One ``torch.randn`` call.
 
@@ -120,6 +113,13 @@ def fope_cos_sin(
     dtype: torch.dtype = torch.float32,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """FoPE's per-set cos and sin series at ``positions``, padded with ``(1, 0)`` to ``pairs`` channel pairs.
+
+    Pair ``d < M`` of set ``c`` turns by ``C(p) = sum_j cos_coef[c, j, d] cos(w_j p)`` and
+    ``S(p) = sum_j sin_coef[c, j, d] sin(w_j p)`` (``j < M``) in place of ``cos(w_d p)``, ``sin(w_d p)``:
+    ``(x_a, x_b) -> (x_a C - x_b S, x_b C + x_a S)``. Pairs ``d >= M`` have frequency zero: ``C = 1, S = 0``, they pass
+    through unchanged (vLLM pads sin with 0; SGLang's and XTuner's copies pad it with 1, which mixes the pair's two
+    channels). The tables depend on each token's own position only, so KV-cache decoding, chunking and packing equal
+    the full forward.
 
     Angles are float64 (``rope_angles``); the basis ``cos(w_j p)``, ``sin(w_j p)`` is rounded to ``dtype`` and mixed by
     the coefficients in ``dtype``. Differentiable with respect to the coefficients.

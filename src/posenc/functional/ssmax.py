@@ -1,36 +1,19 @@
 """Scalable-Softmax (SSMax): each query scaled by ``s * log(n) + b``, n the number of keys it attends to.
 
-Softmax over ``n`` scores spreads its weight thinner as ``n`` grows ("attention fading"). SSMax (Nakanishi 2025,
-"Scalable-Softmax Is Superior for Attention", arXiv:2501.19399) replaces it by
+Paper: Nakanishi 2025, "Scalable-Softmax Is Superior for Attention" (arXiv:2501.19399), against the "attention
+fading" of a softmax over ``n`` scores:
 
     SSMax(z)_i = n^(s z_i) / sum_j n^(s z_j) = softmax((s log n) z)_i
 
-with ``s`` a learned scalar per layer and head, so it is one multiplication of the query by ``s log n`` before the
-usual ``q . k / sqrt(D)``. The paper also evaluates a variant with a learned bias ``b`` per layer and head, the
-factor ``s log n + b`` (``b=``, default 0: the form it recommends, and exactly the factor ``s log n``). ``n`` is
-the number of keys the query sees: ``posenc.attention`` counts them from its mask (causal, documents, chunks, window)
-and passes them as ``key_count=``. Without a count, ``n`` is read from the position: in causal attention the query
-at position ``p`` (counted from 0 in its document, as packing and a KV cache give it) sees ``n = p + 1`` keys, and a
-sliding window of ``window`` keys caps it, ``n = min(p + 1, window)``. A query seeing one key gets the factor ``b``
-(0 without a bias) and its single weight 1 either way.
-
-How it differs from Llama 4's temperature tuning (:mod:`posenc.functional.temperature`, which cites SSMax): Llama 4
-multiplies the queries of its NoPE layers by the fixed ``log(1 + floor((p + 1) / floor_scale)) * attn_scale + 1``
--- 1 for the first ``floor_scale - 1`` positions, then growing in steps, and no learned parameter. SSMax's factor is
-``s log(p + 1)`` at every position (below 1 for short contexts, so the logits are rescaled from the first token), with
-``s`` learned, and is meant for every layer, with or without RoPE.
+with ``s`` learned per layer and head (and a learned bias ``b`` in the paper's variant): one multiplication of the
+query by ``s log n + b`` before the usual ``q . k / sqrt(D)``. How ``n`` is counted: :func:`ssmax_key_count`;
+numerics: :func:`ssmax_scale`; how it differs from Llama 4's temperature tuning: :func:`apply_ssmax`.
 
 Reference implementation checked against: axolotl's merged SSMax (axolotl-ai-cloud/axolotl,
 ``src/axolotl/monkeypatch/scaled_softmax_attn.py``, commit 258ce8d4fa04c27ab49e169ba7751d8f4f1a423e, PR #3338):
 a FlexAttention ``score_mod`` ``score * (s * log(clamp(position_ids + 1, min=2)) + b)`` with one number ``s`` and
 one ``b`` (default 0) for the model, here one of each per head; ``tests/reference/ssmax.py`` writes it out in float64
-and ``tests/encodings/test_ssmax.py`` compares on full tensors. Its clamp only changes the factor of a query that sees
-one key, whose output it cannot change; this module follows the paper's ``log n`` there.
-
-Numerics: ``log n`` is taken in float64 (float32 on MPS) and rounded once to float32; the factor ``s log n`` (then
-``+ b``, a second rounding) is float32 (``s`` and ``b`` are cast, so a bfloat16 model keeps its factor in float32 and
-both still get a gradient), float64 for float64 queries; it multiplies ``q`` by torch's type promotion, then the
-result is cast back to ``q``'s dtype. ``b=0`` (the number) adds nothing: the factor is bit for bit ``s log n``.
+and ``tests/encodings/test_ssmax.py`` compares on full tensors.
 
 Shapes:
     positions (S,) or (B, S), integer or float; key_count (S,) or (B, S) integer; s and b each a number or a tensor
@@ -54,6 +37,13 @@ def ssmax_key_count(
 ) -> torch.Tensor:
     """``n``: the number of keys each query sees, at least 1: ``key_count`` where given (``posenc.attention``
     counts it from its mask), else that of a causal query at each position, ``p + 1``, capped at ``window``.
+
+    ``posenc.attention`` counts the keys from its mask (causal, documents, chunks, window) and passes them as
+    ``key_count=``. Without a count, ``n`` is read from the position: in causal attention the query at position ``p``
+    (counted from 0 in its document, as packing and a KV cache give it) sees ``n = p + 1`` keys, and a sliding window
+    of ``window`` keys caps it, ``n = min(p + 1, window)``. A query seeing one key gets the factor ``b`` (0 without a
+    bias) and its single weight 1 either way; axolotl's ``clamp(..., min=2)`` only changes the factor of such a query,
+    whose output it cannot change, so this follows the paper's ``log n`` there.
 
     Shapes:
         positions (S,) or (B, S); key_count (S,) or (B, S) -> (S,) or (B, S) float64 (float32 on MPS)
@@ -80,6 +70,14 @@ def ssmax_scale(
     key_count: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``s * log(n) + b`` in ``dtype``: the factor of each query, per head when ``s`` or ``b`` is ``(H,)``.
+
+    ``b`` (default 0) is the paper's variant with a learned bias per layer and head, the factor ``s log n + b``; 0 is
+    the form it recommends, exactly the factor ``s log n``.
+
+    Numerics: ``log n`` is taken in float64 (float32 on MPS) and rounded once to float32; the factor ``s log n`` (then
+    ``+ b``, a second rounding) is float32 (``s`` and ``b`` are cast, so a bfloat16 model keeps its factor in float32
+    and both still get a gradient), float64 for float64 queries. ``b=0`` (the number) adds nothing: the factor is bit
+    for bit ``s log n``.
 
     Args:
         positions: query positions (exact: integer, float32 or float64), counted from 0 in each document.
@@ -119,6 +117,14 @@ def apply_ssmax(
 ) -> torch.Tensor:
     """Queries multiplied by :func:`ssmax_scale` (``s * log(n) + b``), ``n`` the keys each sees (``key_count``, or
     read from its position), in ``q``'s dtype.
+
+    The factor multiplies ``q`` by torch's type promotion, then the result is cast back to ``q``'s dtype.
+
+    Not Llama 4's temperature tuning (:mod:`posenc.functional.temperature`, which cites SSMax): Llama 4 multiplies the
+    queries of its NoPE layers by the fixed ``log(1 + floor((p + 1) / floor_scale)) * attn_scale + 1`` -- 1 for the
+    first ``floor_scale - 1`` positions, then growing in steps, and no learned parameter. SSMax's factor is
+    ``s log(p + 1)`` at every position (below 1 for short contexts, so the logits are rescaled from the first token),
+    with ``s`` learned, and is meant for every layer, with or without RoPE.
 
     Shapes:
         q (B, H, S, D) (or (H, S, D), (S, D) with positions (S,) and scalar ``s``, ``b``); positions (S,) or (B, S);

@@ -11,7 +11,8 @@ xPos rotates exactly like RoPE and also multiplies both channels of pair ``i`` b
     zeta_i ** (-(n - center) / scale_base)   for a key at position n,    zeta_i = (2i + 0.4 D) / (1.4 D),
 
 so ``<q_m, k_n>`` is a function of ``m - n`` only and, since ``zeta_i < 1``, shrinks as ``m - n`` grows. Both
-factors fold into the cosine/sine tables, so ``apply_rotary`` does the rotation and the scaling in one pass.
+factors fold into the cosine/sine tables (:func:`xpos_cos_sin`); the range of positions a dtype holds:
+:func:`xpos_max_distance`.
 
 Shapes:
     B batch, S positions, D head dim, F = D / 2.
@@ -20,16 +21,6 @@ Shapes:
     positions  (S,) or (B, S)        integer or floating point
     scale      (S, F) or (B, S, F)   float64 (float32 on MPS)
     cos, sin   (S, F) or (B, S, F)   float32 (float64 on request), scale included
-
-Numerics: the exponent ``(p - center) / scale_base * ln(zeta_i)`` is computed in float64 and the scaled tables are
-rounded once. ``ln(zeta_0) = ln(2/7) = -1.25`` for every ``D``, so one of the two factors leaves the normal range
-``[tiny, 1 / tiny]`` of a dtype once ``|p - center| > -ln(tiny) / ln(3.5) * scale_base`` (``xpos_max_distance``):
-float32 and bfloat16 ``69.7 * scale_base`` (35,694 at ``scale_base=512``), float16 ``7.7 * scale_base`` (3,966),
-float64 ``565 * scale_base`` (289,519). Past it the key factors overflow to inf and the query factors underflow to 0,
-and the outputs turn into inf and NaN, so those positions are refused (``check_xpos_positions``; a ``ValueError``
-naming the position). Within it every output pair is its input pair's norm times a factor in ``[tiny, 1 / tiny]``:
-finite for pairs of norm below ``tiny * max``, about 4. ``center`` cancels in ``q . k``: set it near the middle of the
-positions in use (torchscale centres at half the length) to double the usable length.
 """
 
 from __future__ import annotations
@@ -61,6 +52,13 @@ def xpos_max_distance(dim: int, *, scale_base: float = 512.0, dtype: torch.dtype
 
     The steepest pair is ``i = 0``, ``zeta_0 = 2/7`` for every ``dim``: ``-ln(tiny) / ln(7/2) * scale_base``, about
     ``69.7 * scale_base`` for float32 and bfloat16, ``7.7 * scale_base`` for float16, ``565 * scale_base`` for float64.
+
+    Numerics: past it (35,694 for float32 and bfloat16 at ``scale_base=512``, 3,966 for float16, 289,519 for float64)
+    the key factors overflow to inf and the query factors underflow to 0, and the outputs turn into inf and NaN, so
+    those positions are refused (``check_xpos_positions``; a ``ValueError`` naming the position). Within it every output
+    pair is its input pair's norm times a factor in ``[tiny, 1 / tiny]``: finite for pairs of norm below ``tiny * max``,
+    about 4. ``center`` cancels in ``q . k``: set it near the middle of the positions in use (torchscale centres at half
+    the length) to double the usable length.
     """
     check_positive_int("dim", dim)
     check_number("scale_base", scale_base, above=0.0)
@@ -182,6 +180,9 @@ def xpos_cos_sin(
     dtype: torch.dtype = torch.float32,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """RoPE cosine and sine tables with the xPos factor folded in: ``apply_rotary`` then rotates and scales.
+
+    The exponent ``(p - center) / scale_base * ln(zeta_i)`` is computed in float64 and the scaled tables are rounded
+    once, so ``apply_rotary`` does the rotation and the scaling in one pass.
 
     Queries take ``downscale=False``, keys ``downscale=True``. Positions past ``xpos_max_distance`` for ``dtype``
     are refused.
