@@ -1,32 +1,13 @@
 """A transformers RoPE config as the GGUF metadata llama.cpp runs it, and back; and the frequencies each side computes.
 
-llama.cpp reads a Llama GGUF's RoPE from ``llama.context_length``, ``llama.rope.freq_base``,
-``llama.rope.scaling.type`` (``none``, ``linear``, ``yarn``, ``longrope``), ``llama.rope.scaling.factor``,
-``llama.rope.scaling.original_context_length``, ``llama.rope.scaling.attn_factor``, and per-frequency divisors in
-the tensors ``rope_freqs.weight`` (Llama 3.1's scaling) or ``rope_factors_long/short.weight`` (LongRoPE), each of
-``head_dim / 2`` float32 values (``llama_model::load_hparams``, ``src/models/llama.cpp``). What it computes from
-them, per rotating pair ``i`` of ``d = head_dim`` dimensions (``ggml_rope_cache_init`` / ``rope_yarn`` in
-``ggml-cpu/ops.cpp``, ``llama_context``'s YaRN attention factor in ``llama-context.cpp``):
-
-    theta_extrap = base ** (-2 i / d) / ff[i]        ff: rope_freqs, or LongRoPE's long (n_ctx > original) / short
-    theta_interp = theta_extrap / factor             factor: rope.scaling.factor (1 when absent or type none)
-    yarn:  ramp  = 1 - clamp((i - low) / max(0.001, high - low), 0, 1)
-           low   = max(0, floor(corr(32))), high = min(d - 1, ceil(corr(1))),
-           corr(r) = d * ln(original / (2 pi r)) / (2 ln base)
-           theta = theta_interp * (1 - ramp) + theta_extrap * ramp,  mscale = attn_factor * (1 + 0.1 ln factor)
-    else:  theta = theta_interp,                                      mscale = attn_factor
-
-and rotates by ``position * theta`` with ``cos`` and ``sin`` multiplied by ``mscale``. That is transformers'
-``linear`` (Position Interpolation), ``yarn`` (with the default ``beta_fast=32``, ``beta_slow=1``, ``truncate``),
-``llama3`` (as ``rope_freqs``) and ``longrope`` term by term, and posenc's ``ntk`` is a plain new base. Dynamic NTK
-is not expressible (its frequencies change with the sequence length), nor are YaRN's other betas (llama.cpp reads
-them from its command line only: ``--yarn-beta-fast``, ``--yarn-beta-slow``) or the remapping methods.
-
-``to_gguf`` translates and then checks the translation: the frequencies and attention factor llama.cpp would
-compute (``llamacpp_frequencies``, the formula above) must equal transformers' own for the config
-(``hf_frequencies``) up to float32 rounding, or the export is refused. ``from_gguf`` reads the keys back as a
-transformers config; the exact config is also recorded in the file as JSON (``posenc.rope``), which posenc's loader
-prefers when it still describes the same RoPE as the llama.cpp keys, so a reload is bit-equal.
+llama.cpp reads a Llama GGUF's RoPE from ``llama.context_length``, ``llama.rope.freq_base``, ``llama.rope.scaling.*``
+keys and per-frequency divisors in the tensors ``rope_freqs.weight`` (Llama 3.1's scaling) or
+``rope_factors_long/short.weight`` (LongRoPE) (``GGUFRope``). ``to_gguf`` translates and then checks the
+translation: the frequencies and attention factor llama.cpp would compute (``llamacpp_frequencies``, which writes
+out its formula) must equal transformers' own for the config (``hf_frequencies``) up to float32 rounding, or the
+export is refused. ``from_gguf`` reads the keys back as a transformers config; the exact config is also recorded in
+the file as JSON (``posenc.rope``), which posenc's loader prefers when it still describes the same RoPE as the
+llama.cpp keys, so a reload is bit-equal.
 
 Reference: llama.cpp ``src/llama-model.cpp`` (``load_hparams``, ``get_rope_factors``), ``src/llama-context.cpp``
 (``yarn_attn_factor``), ``ggml/src/ggml.c`` (``ggml_rope_yarn_corr_dims``), ``convert_hf_to_gguf.py``
@@ -62,6 +43,11 @@ _RTOL = 1e-5  # float32 keys (base, factor) and float32 arithmetic on either sid
 @dataclass(frozen=True)
 class GGUFRope:
     """What llama.cpp reads about a Llama model's RoPE.
+
+    The keys: ``llama.context_length``, ``llama.rope.freq_base``, ``llama.rope.scaling.type`` (``none``, ``linear``,
+    ``yarn``, ``longrope``), ``llama.rope.scaling.factor``, ``llama.rope.scaling.original_context_length``,
+    ``llama.rope.scaling.attn_factor``, and the tensors ``rope_freqs.weight`` or ``rope_factors_long/short.weight``,
+    each of ``head_dim / 2`` float32 values (``llama_model::load_hparams``, ``src/models/llama.cpp``).
 
     Attributes:
         context_length: ``llama.context_length``, the context the file declares (llama.cpp's default ``n_ctx``).
@@ -188,8 +174,21 @@ def llamacpp_attn_factor(
 
 
 def llamacpp_frequencies(rope: GGUFRope, *, n_ctx: int | None = None) -> tuple[np.ndarray, float]:
-    """The per-pair frequencies and the cos/sin scale llama.cpp computes from ``rope`` for a Llama file (the module
-    docstring's formula: ``llamacpp_attn_factor`` then ``ggml_rope_frequencies``, in float64 from the float32 keys).
+    """The per-pair frequencies and the cos/sin scale llama.cpp computes from ``rope`` for a Llama file (the formula
+    below: ``llamacpp_attn_factor`` then ``ggml_rope_frequencies``, in float64 from the float32 keys).
+
+    Per rotating pair ``i`` of ``d = head_dim`` dimensions (``ggml_rope_cache_init`` / ``rope_yarn`` in
+    ``ggml-cpu/ops.cpp``, ``llama_context``'s YaRN attention factor in ``llama-context.cpp``):
+
+        theta_extrap = base ** (-2 i / d) / ff[i]        ff: rope_freqs, or LongRoPE's long (n_ctx > original) / short
+        theta_interp = theta_extrap / factor             factor: rope.scaling.factor (1 when absent or type none)
+        yarn:  ramp  = 1 - clamp((i - low) / max(0.001, high - low), 0, 1)
+               low   = max(0, floor(corr(32))), high = min(d - 1, ceil(corr(1))),
+               corr(r) = d * ln(original / (2 pi r)) / (2 ln base)
+               theta = theta_interp * (1 - ramp) + theta_extrap * ramp,  mscale = attn_factor * (1 + 0.1 ln factor)
+        else:  theta = theta_interp,                                      mscale = attn_factor
+
+    and rotates by ``position * theta`` with ``cos`` and ``sin`` multiplied by ``mscale``.
 
     Args:
         rope: the file's RoPE keys and tensors.
@@ -250,6 +249,12 @@ def _refuse(config: Any, reason: str) -> None:
 
 def to_gguf(config: Any) -> GGUFRope:
     """The GGUF RoPE that makes llama.cpp run ``config``'s RoPE, checked against transformers' frequencies.
+
+    llama.cpp's formula (``llamacpp_frequencies``) is transformers' ``linear`` (Position Interpolation), ``yarn`` (with
+    the default ``beta_fast=32``, ``beta_slow=1``, ``truncate``), ``llama3`` (as ``rope_freqs``) and ``longrope`` term
+    by term, and posenc's ``ntk`` is a plain new base. Dynamic NTK is not expressible (its frequencies change with the
+    sequence length), nor are YaRN's other betas (llama.cpp reads them from its command line only: ``--yarn-beta-fast``,
+    ``--yarn-beta-slow``) or the remapping methods.
 
     Raises:
         ValueError: naming the model's ``rope_parameters`` and what llama.cpp would need instead, for dynamic NTK,

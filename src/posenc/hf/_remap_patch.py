@@ -1,35 +1,13 @@
 """Remapping methods (Self-Extend, Dual Chunk Attention, ReRoPE, LM-Infinite, STRING, StreamingLLM) on a loaded
 transformers model.
 
-The rotation moves from the model into the attention: every ``*RotaryEmbedding`` module returns the identity
-(``cos = 1``, ``sin = 0``), so the projections' queries and keys reach the attention -- and the KV cache -- un-rotated,
-and the attention (registered with transformers as ``"posenc_remap"``) is ``posenc.remapping.remap_attention``: each
-branch rotates them at its own positions with posenc's ``RotaryEmbedding`` built from the model's config (its
-scaling included: YaRN first, then Self-Extend, is a YaRN-scaled Self-Extend). The reference implementations
-patch the same two places (``LongLM``'s ``self_extend_forward`` re-rotates cached un-rotated keys each step).
-
-Positions are the ones the caller gives: the model's ``position_ids`` (explicit, packed, or -- for a call with an
-``attention_mask`` and none -- derived from the mask as ``generate`` derives them, so a left-padded row equals the
-prompt alone), and for keys written by earlier calls the positions the patched model recorded in the cache
-(``posenc.hf._cache_positions``). Which (query, key) pairs may attend is transformers' own mask (padding, packed
-documents). The length ``S`` of a sequence (for ``dynamic``/``longrope`` frequencies and DCA's factor) is its
-largest position + 1, sequences told apart as transformers tells packed ones apart (a position that does not follow
-its predecessor starts one), so a packed or padded row equals each sequence alone.
-
-Where that length changes what a token computes (``dynamic``/``longrope`` frequencies under the method, DCA's logit
-factor), a KV cache keeps, in every layer past the first, keys and values computed from hidden states of the length
-of the step that wrote them, while the full forward recomputes them at the current one. The cache records the length
-each key was computed at, and the first call at which that moves a cached token's frequencies or factor warns once
-per cache (``posenc.hf.CacheStaleWarning``: each ``generate`` that goes stale says so); a one-layer model, or a
-cache whose tokens were all computed alike, equals the full forward and does not warn.
-
-What the patch cannot carry is refused: ``set_attn_implementation(...)`` on the model or on any transformers model
-inside it (``model.model``, ``get_decoder()``: they share the config; another attention would run the identity rotary
-modules, a model without positions), a forward after the config's attention was changed by other means
-(``config._attn_implementation = ...``, ``PreTrainedModel.set_attn_implementation(model, ...)``: the rotary modules
-check it at every call), and ``save_pretrained(...)`` (it would reload as the unextended model claiming the longer
-context); ``posenc.hf.save_pretrained`` writes what a serving engine runs as measured (``dca_vllm`` on Qwen2/Qwen3 as
-``dual_chunk_attention_config``) and refuses the rest.
+The rotation moves from the model into the attention: every ``*RotaryEmbedding`` module returns the identity, so
+queries and keys reach the attention -- and the KV cache -- un-rotated, and the attention (registered with
+transformers as ``"posenc_remap"``) is ``posenc.remapping.remap_attention``, each branch rotating them at its own
+positions (``apply_remap``). The reference implementations patch the same two places (``LongLM``'s
+``self_extend_forward`` re-rotates cached un-rotated keys each step). Positions and sequence lengths: ``_attention``;
+a cache whose tokens were computed at other lengths: ``_lengths_written``; what the patch refuses:
+``_refuse_switches``.
 """
 
 from __future__ import annotations
@@ -136,6 +114,10 @@ def check_remappable(model: torch.nn.Module) -> None:
 
 def apply_remap(model: torch.nn.Module, method: RemapMethod, **record: Any) -> dict[str, Any]:
     """Patch ``model`` in place to run ``method``; return what changed. ``record``: how it was asked for
+
+    Every ``*RotaryEmbedding`` module returns ``cos = 1``, ``sin = 0``, so the projections' queries and keys reach the
+    attention un-rotated; the ``"posenc_remap"`` attention rotates them per branch with posenc's ``RotaryEmbedding``
+    built from the model's config (its scaling included: YaRN first, then Self-Extend, is a YaRN-scaled Self-Extend).
     (``original``, ``factor``, ``options``), for the error that names the call re-applying it."""
     check_remappable(model)
     encoding = RotaryEmbedding.from_hf(model.config)
@@ -205,6 +187,14 @@ def remove_remap(model: torch.nn.Module, attn_implementation: str = "sdpa") -> N
 def _refuse_switches(model: torch.nn.Module, remap: _Remap) -> None:
     """Refuse what would drop the patch silently -- another attention implementation, a save without the method --
     on the model and on every transformers model inside it (``model.model``, what ``get_decoder()`` returns: it shares
+
+    Refused: ``set_attn_implementation(...)`` on the model or on any transformers model inside it (another attention
+    would run the identity rotary modules, a model without positions), a forward after the config's attention was
+    changed by other means (``config._attn_implementation = ...``, ``PreTrainedModel.set_attn_implementation(model,
+    ...)``: the rotary modules check it at every call, ``_check_implementation``), and ``save_pretrained(...)`` (it
+    would reload as the unextended model claiming the longer context); ``posenc.hf.save_pretrained`` writes what a
+    serving engine runs as measured (``dca_vllm`` on Qwen2/Qwen3 as ``dual_chunk_attention_config``) and refuses the
+    rest.
     the config, so its ``set_attn_implementation`` would switch every layer too)."""
     from transformers import PreTrainedModel
 
@@ -334,7 +324,16 @@ def _attention(
     position_ids: torch.Tensor | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
-    """transformers' attention-function signature: (B, H, S, D) in, (B, S, H, Dv) out."""
+    """transformers' attention-function signature: (B, H, S, D) in, (B, S, H, Dv) out.
+
+    Positions are the ones the caller gives: the model's ``position_ids`` (explicit, packed, or -- for a call with an
+    ``attention_mask`` and none -- derived from the mask as ``generate`` derives them, so a left-padded row equals the
+    prompt alone), and for keys written by earlier calls the positions the patched model recorded in the cache
+    (``posenc.hf._cache_positions``). Which (query, key) pairs may attend is transformers' own mask (padding, packed
+    documents). The length ``S`` of a sequence (for ``dynamic``/``longrope`` frequencies and DCA's factor) is its
+    largest position + 1, sequences told apart as transformers tells packed ones apart (a position that does not follow
+    its predecessor starts one), so a packed or padded row equals each sequence alone.
+    """
     remap: _Remap | None = module.__dict__.get("_posenc_remap")
     if remap is None:
         fail("model", type(module).__name__, "a model patched by posenc (its attention modules lost the patch)")
@@ -392,6 +391,12 @@ def _lengths_written(
     """The sequence length each key of ``layer`` was computed at, ``(B|1, T)``: the cached keys' as recorded, this
     call's its own. Warns once per cache (``CacheStaleWarning``) at the first call where a cached token was computed
     at a length that moves its frequencies or logit factor: its hidden states, so every deeper layer's cached keys
+
+    Where the length changes what a token computes (``dynamic``/``longrope`` frequencies under the method, DCA's logit
+    factor), a KV cache keeps, in every layer past the first, keys and values computed from hidden states of the length
+    of the step that wrote them, while the full forward recomputes them at the current one. Each ``generate`` that goes
+    stale says so; a one-layer model, or a cache whose tokens were all computed alike, equals the full forward and does
+    not warn.
     and values, differ from the full forward's (the first layer's, computed from the embeddings, do not)."""
     earlier = cache_positions.cached_lengths(layer, cached, lengths.shape[0], lengths.device)  # (B|1, T - S)
     rows = max(earlier.shape[0], lengths.shape[0])

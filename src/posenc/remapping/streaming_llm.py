@@ -2,28 +2,8 @@
 Attention Sinks", ICLR 2024, arXiv:2309.17453).
 
 The KV cache keeps the first ``sinks`` tokens (the attention sinks) and the ``window`` most recent ones; everything
-between is evicted. Positions are assigned *within the cache* (the reference's "pos-shift"): a key is rotated at
-its index in the cache and the query at the cache's last index, ``min(i, sinks + window)``. Inside the window that
-shifts queries and keys alike, so distances stay ``i - j``; a sink ``j`` sits right before the window, at distance
-``min(i, sinks + window) - j``. As branches: *window* (``i - j <= window``: the cached recent keys and the query's
-own, plain positions) and *sinks* (``j < sinks``, farther: the query at ``min(i, sinks + window)``, the key at
-``j``); every other pair is masked. Reach unlimited: no distance exceeds ``sinks + window``, and the rule
-``window = L - 1 - sinks`` keeps the attention span (``sinks + window`` cached keys and the new token) within the
-training length ``L``, every position below ``L``.
-
-How it differs from LM-Infinite (``lm_infinite.py``): both mask the middle of a Λ shape. LM-Infinite keeps positions
-un-shifted and caps the distance: its ``global_tokens`` (10) first tokens are all scored at the one distance
-``window`` (query at ``window``, key at 0) once farther than its window (``i - j < window``, ``window = L``);
-StreamingLLM re-indexes the cache, so its ``sinks`` (4) keep distinct, ordered distances (``window + 1`` up to
-``sinks + window`` once the cache is full, their true distances before), its window holds ``window + 1`` keys
-(``i - j <= window``), and the query's own position stops growing at ``sinks + window``.
-
-posenc computes the attention StreamingLLM computes, not its memory bound: the patched model's cache keeps every
-key (un-rotated), and the evicted ones are masked (skipped per query block in ``remap_attention``). Every query is
-scored as the reference's token-by-token loop scores it (``examples/eval_long_ppl.py``: one token per forward, the
-cache evicted after each), so a prefill equals decoding; the reference's ``run_streaming_llama.py`` instead
-prefills each prompt in one forward with no eviction inside it (``evict_for_space`` makes room before), which
-for a prompt longer than the cache is plain attention at positions past ``L``.
+between is evicted. Positions are assigned *within the cache* (the reference's "pos-shift"). The branches, the rule
+for ``window`` and how it differs from LM-Infinite: ``StreamingLLM``.
 
 Reference implementation: ``mit-han-lab/streaming-llm`` (``streaming_llm/kv_cache.py``: ``StartRecentKVCache``,
 ``start_size`` = ``sinks``, ``recent_size`` = ``window``, keeping ``k[:start_size]`` and ``k[seq_len -
@@ -53,6 +33,28 @@ SINKS = 4
 @dataclass(frozen=True, kw_only=True, slots=True)
 class StreamingLLM(RemapMethod):
     """StreamingLLM with ``sinks`` initial tokens (``start_size``; 0: a rolling window alone) and a ``window`` of
+
+    A key is rotated at its index in the cache and the query at the cache's last index, ``min(i, sinks + window)``.
+    Inside the window that shifts queries and keys alike, so distances stay ``i - j``; a sink ``j`` sits right before
+    the window, at distance ``min(i, sinks + window) - j``. As branches: *window* (``i - j <= window``: the cached
+    recent keys and the query's own, plain positions) and *sinks* (``j < sinks``, farther: the query at
+    ``min(i, sinks + window)``, the key at ``j``); every other pair is masked. Reach unlimited: no distance exceeds
+    ``sinks + window``, and the rule ``window = L - 1 - sinks`` (:meth:`for_target`) keeps the attention span
+    (``sinks + window`` cached keys and the new token) within the training length ``L``, every position below ``L``.
+
+    How it differs from LM-Infinite (``lm_infinite.py``): both mask the middle of a Λ shape. LM-Infinite keeps positions
+    un-shifted and caps the distance: its ``global_tokens`` (10) first tokens are all scored at the one distance
+    ``window`` (query at ``window``, key at 0) once farther than its window (``i - j < window``, ``window = L``);
+    StreamingLLM re-indexes the cache, so its ``sinks`` (4) keep distinct, ordered distances (``window + 1`` up to
+    ``sinks + window`` once the cache is full, their true distances before), its window holds ``window + 1`` keys
+    (``i - j <= window``), and the query's own position stops growing at ``sinks + window``.
+
+    posenc computes the attention StreamingLLM computes, not its memory bound: the patched model's cache keeps every
+    key (un-rotated), and the evicted ones are masked (skipped per query block in ``remap_attention``). Every query is
+    scored as the reference's token-by-token loop scores it (``examples/eval_long_ppl.py``: one token per forward, the
+    cache evicted after each), so a prefill equals decoding; the reference's ``run_streaming_llama.py`` instead
+    prefills each prompt in one forward with no eviction inside it (``evict_for_space`` makes room before), which
+    for a prompt longer than the cache is plain attention at positions past ``L``.
     recent tokens (``recent_size``)."""
 
     window: int
