@@ -5,16 +5,9 @@ Paper: Li et al. 2024, "Functional Interpolation for Relative Positions Improves
 
     b(i, j) = f_theta( psi(i - j) / psi(max(L, i)) ),        psi(x) = log(c x + 1),
 
-``f_theta`` an MLP ``1 -> width -> H`` with ReLU, one output per head, ``c`` and the threshold ``L`` learned.
-Parametrisation of the paper's PyTorch listing (appendix): ``psi(x) = log(|c x| + 1)``, ``L = |L_multiplier *
-init_L|`` with ``init_L`` fixed (512) and ``L_multiplier`` learned (init 1), ``c`` init 0.1, ``eps = 1e-6`` added to
-the normaliser, ``width = 32``, ``nn.Linear`` default initialisation. Checked against those equations written out
-as float64 loops in ``tests/reference/fire.py``.
-
-``psi(max(L, i))`` makes the bias depend on the query's position, not only on ``i - j``: below the threshold
-(``i <= L``) it is a function of the distance alone; beyond it distances are interpolated into ``[0, 1]``
-("progressive interpolation"). The paper's FIRE is causal (``j <= i``); through ``|c x|`` keys after the query get
-the bias of ``|i - j|``, so bidirectional attention works too (the normalised distance may then exceed 1).
+``f_theta`` an MLP ``1 -> width -> H`` with ReLU, one output per head, ``c`` and the threshold ``L`` learned
+(parametrised as in the paper's PyTorch listing: ``fire_bias``). Checked against those equations written out as
+float64 loops in ``tests/reference/fire.py``.
 
 Shapes:
     H heads, W MLP width, S query positions, T key positions.
@@ -23,12 +16,6 @@ Shapes:
     w1, b1               (W,), (W,)                           first layer: weight[:, 0] and bias of Linear(1, W)
     w2, b2               (H, W), (H,)                         second layer: Linear(W, H)
     bias                 (B|1, H, S, T)                       float32
-
-Numerics: float32 throughout (positions rounded once: exact for integers below 2**24). ``fire_normalized_distance``
-and ``fire_mlp`` are elementwise; the materialised bias and a FlexAttention ``score_mod`` call them on tensors of
-the same shapes, in the same order, so both agree bit for bit when evaluated eagerly. The MLP is written out as a
-sum over its ``W`` hidden units rather than a matrix product for that reason: a ``score_mod`` sees one score at a
-time. The materialised bias therefore costs ``O(W)`` elementwise passes over ``(B, H, S, T)``.
 """
 
 from __future__ import annotations
@@ -63,6 +50,11 @@ def fire_normalized_distance(
 ) -> torch.Tensor:
     """Elementwise ``log(|c (i - j)| + 1) / (log(|c max(i, L)| + 1) + eps)`` in float32, for broadcastable
     query positions ``i``, key positions ``j``, and 0-d ``c``, ``L`` (float32); ``eps`` a float or (in a
+
+    ``psi(max(L, i))`` makes the bias depend on the query's position, not only on ``i - j``: below the threshold
+    (``i <= L``) it is a function of the distance alone; beyond it distances are interpolated into ``[0, 1]``
+    ("progressive interpolation"). The paper's FIRE is causal (``j <= i``); through ``|c x|`` keys after the query get
+    the bias of ``|i - j|``, so bidirectional attention works too (the normalised distance may then exceed 1).
     ``score_mod``) a float32 0-d tensor."""
     d = alibi_distance(q_pos, k_pos, symmetric=True)  # |i - j|, exact then rounded once to float32
     normaliser = torch.maximum(q_pos.to(torch.float32), threshold)
@@ -74,6 +66,10 @@ def fire_mlp(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: torch.Tens
 
     ``w2`` holds the heads' rows with the width last (``(H, 1, 1, W)`` for a bias grid, ``w2[h]`` in a score_mod),
     ``b2`` broadcasts against ``x`` the same way.
+
+    Written out as a sum over its ``W`` hidden units rather than a matrix product: a ``score_mod`` sees one score at a
+    time, and the materialised bias and a FlexAttention ``score_mod`` call this and ``fire_normalized_distance`` on
+    tensors of the same shapes, in the same order, so both agree bit for bit when evaluated eagerly.
     """
     out = b2
     for u in range(w1.shape[0]):  # W hidden units, unrolled: every step is a pointwise op
@@ -120,6 +116,13 @@ def fire_bias(
 
     Differentiable in every parameter (``c``, ``threshold``, the MLP's). Parameters of any floating dtype are used
     in float32.
+
+    The paper's PyTorch listing (appendix), followed here: ``psi(x) = log(|c x| + 1)``, ``L = |L_multiplier * init_L|``
+    with ``init_L`` fixed (512) and ``L_multiplier`` learned (init 1), ``c`` init 0.1, ``eps = 1e-6`` added to the
+    normaliser, ``width = 32``, ``nn.Linear`` default initialisation.
+
+    Numerics: float32 throughout (positions rounded once: exact for integers below 2**24). The MLP is a sum over its
+    hidden units (``fire_mlp``), so the bias costs ``O(W)`` elementwise passes over ``(B, H, S, T)``.
 
     Shapes:
         q_pos (S,) or (B|1, S); k_pos (T,) or (B|1, T); c, threshold (); w1, b1 (W,); w2 (H, W); b2 (H,)

@@ -5,26 +5,11 @@ let it train on ``W``-token windows (``W < T``) whose position ids are spread ov
 it sees every relative distance up to ``T - 1`` at the cost of ``W``-token forwards.
 
 PoSE, Positional Skip-wisE training (Zhu et al., ICLR 2024, arXiv:2309.10400; reference ``dwzhu-pku/PoSE``,
-``train_preprocess_function_pose``). The window is cut into two chunks; the second chunk's positions skip ahead by
-``u``, and its text is read from farther in the document. With ``L = min(N, W)`` for a document of ``N`` tokens,
-the reference draws (``randint`` bounds inclusive)
-
-    first_length ~ U{1, ..., (L + 1) // 2}          the first chunk: text [0, first_length), positions 0, 1, ...
-    text_end     ~ U{L, ..., N}                     the second chunk's text: [text_end - (L - first_length), text_end)
-    skip         ~ U{0, ..., T - L}                 its positions: first_length + skip, ..., L - 1 + skip
-
-so positions are strictly increasing and contiguous within each chunk, the largest is ``L - 1 + skip <= T - 1``,
-and the distance ``T - 1`` is reached (``skip = T - L``). The first chunk starts at position 0 (the reference's
-revision ``lt = 0``: "makes the coverage possibility more uniform for large relative positions"). Two chunks, as
-the reference trains.
-
-Randomized positional encodings (Ruoss et al., ACL 2023, arXiv:2305.16843): the ``W`` positions of a contiguous
-window are a uniformly drawn subset of ``[0, T)``, sorted (the PoSE reference's
-``train_preprocess_function_randomized``: ``sorted(random.sample(range(T), W))``).
-
-Both are pure functions of their sizes and a ``torch.Generator``: the same generator state gives the same sample.
-``pose_layout`` is the deterministic part of PoSE (the layout for given draws), which the tests compare with the
-reference's slicing written out.
+``train_preprocess_function_pose``): two chunks, the second's positions skipping ahead (its draws: ``PoseDraws``).
+Randomized positional encodings (Ruoss et al., ACL 2023, arXiv:2305.16843): a sorted uniform subset of ``[0, T)``
+(``randomized_positions``). Both are pure functions of their sizes and a ``torch.Generator``: the same generator
+state gives the same sample. ``pose_layout`` is the deterministic part of PoSE (the layout for given draws), which
+the tests compare with the reference's slicing written out.
 
 Shapes:
     PoseSample.text_index, PoseSample.positions    (L,) int64, L = min(document_length, window)
@@ -48,7 +33,21 @@ class PoseSample(NamedTuple):
 
 
 class PoseDraws(NamedTuple):
-    """The three random draws of one PoSE sample (see the module docstring for their ranges)."""
+    """The three random draws of one PoSE sample (their ranges below).
+
+    The window is cut into two chunks; the second chunk's positions skip ahead by ``skip``, and its text is read from
+    farther in the document. With ``L = min(N, W)`` for a document of ``N`` tokens, the reference draws (``randint``
+    bounds inclusive)
+
+        first_length ~ U{1, ..., (L + 1) // 2}  the first chunk: text [0, first_length), positions 0, 1, ...
+        text_end     ~ U{L, ..., N}             the second chunk's text: [text_end - (L - first_length), text_end)
+        skip         ~ U{0, ..., T - L}         its positions: first_length + skip, ..., L - 1 + skip
+
+    so positions are strictly increasing and contiguous within each chunk, the largest is ``L - 1 + skip <= T - 1``,
+    and the distance ``T - 1`` is reached (``skip = T - L``). The first chunk starts at position 0 (the reference's
+    revision ``lt = 0``: "makes the coverage possibility more uniform for large relative positions"). Two chunks, as
+    the reference trains.
+    """
 
     first_length: int
     text_end: int
@@ -110,7 +109,7 @@ def _check_generator(generator: object) -> None:
 
 def pose_sample(*, document_length: int, window: int, target: int, generator: torch.Generator) -> PoseSample:
     """Draw one PoSE window for a document of ``document_length`` tokens, trained in ``window`` tokens for a
-    ``target`` context (Zhu et al. 2024; see the module docstring).
+    ``target`` context (Zhu et al. 2024; the draws: ``PoseDraws``).
 
     Args:
         document_length: tokens available in the document (``N``); the text is read from ``[0, N)``.
@@ -133,6 +132,9 @@ def pose_sample(*, document_length: int, window: int, target: int, generator: to
 
 def randomized_positions(*, length: int, target: int, generator: torch.Generator) -> torch.Tensor:
     """``length`` distinct positions drawn uniformly from ``[0, target)``, sorted (Ruoss et al. 2023).
+
+    The ``length`` positions of a contiguous window, as the PoSE reference's ``train_preprocess_function_randomized``
+    draws them: ``sorted(random.sample(range(T), W))``.
 
     Shapes:
         -> (length,) int64, strictly increasing, in [0, target).

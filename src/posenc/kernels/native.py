@@ -2,30 +2,11 @@
 through ``ctypes``, on torch's own OpenMP threads.
 
 torch ops can't rotate the half layout in one pass over memory: each op reads or writes a whole block. ``rope.c``
-reads every row once and writes it once, so it runs at about the speed of copying q and k (BENCHMARKS.md). It is
-compiled on first use (``cc -O3 -march=native``, under a second) into ``$POSENC_CACHE_DIR`` or
-``~/.cache/posenc``, keyed by the source, compiler, flags, OpenMP runtime and CPU, so later processes just load
-it. With no C compiler, or with ``POSENC_NATIVE=0``, ``available()`` is False, ``error()`` says why, and
-``posenc.kernels.cpu`` uses its blocked torch path instead.
-
-Results are bit-equal either way: the same float32 multiplies and fused multiply-adds as torch's ``mul``,
-``addcmul`` and complex ``mul``, rounded once (``-ffp-contract=off`` keeps the compiler from fusing anything
-else). Without ``-march=native`` on a CPU with FMA, ``fmaf`` is a slow library call.
-
-Tuned to the CPU at run time, never at the cost of a bit: rows use AVX-512 intrinsics where cpuid reports AVX-512
-(bfloat16 rounded by AVX512-BF16's ``vcvtne2ps2bf16`` where present), the compiler's loops elsewhere, with the same
-results (``simd_level``); rows are visited in blocks of positions sized from one core's L2 cache
-(``l2_cache_bytes``, ``block_positions``), so a block's cos/sin rows come from memory once for all its heads; threads
-take chunks on demand; and a fresh output's pages are faulted in a run of rows at a time rather than one trap per
-page (``populate_outputs``, Linux).
-
-It also builds the float32 cos/sin tables (``cos_sin_table``, used by ``rope_cos_sin`` on CPU): float64 angles,
-sin and cos together in one float64 pass, rounded once, so the numbers are torch's float64 ops' (checked bit for
-bit) at about a fifth of the time.
-
-Threads: the kernel is linked to the OpenMP runtime torch has loaded (found in ``/proc/self/maps`` or torch's
-``lib`` folder), so its parallel rows run on torch's thread pool and follow ``torch.set_num_threads``; a second
-pool would fight torch's spinning workers for the cores. Where that fails it builds single-threaded.
+reads every row once and writes it once, so it runs at about the speed of copying q and k (BENCHMARKS.md). Results
+are bit-equal to the torch path (``rotary_into``); how it is built and cached: ``available``; tuned to the CPU:
+``simd_level``, ``block_positions``; threads: ``openmp_runtime``. It also builds the float32 cos/sin tables
+(``cos_sin_table``). With no C compiler, or with ``POSENC_NATIVE=0``, ``available()`` is False, ``error()`` says
+why, and ``posenc.kernels.cpu`` uses its blocked torch path instead.
 
 Paper: Su et al. 2021, "RoFormer" (arXiv:2104.09864). Checked against the blocked torch path and the float64
 formula (``tests/reference/rope_float64.py``) in ``tests/kernels/test_native.py``.
@@ -117,7 +98,12 @@ class TableArgs(ctypes.Structure):
 
 
 def available() -> bool:
-    """The kernel is built (or loaded from the cache) and ready; builds it on the first call."""
+    """The kernel is built (or loaded from the cache) and ready; builds it on the first call.
+
+    It is compiled on first use (``cc -O3 -march=native``, under a second) into ``$POSENC_CACHE_DIR`` or
+    ``~/.cache/posenc``, keyed by the source, compiler, flags, OpenMP runtime and CPU (``_key``), so later processes
+    just load it.
+    """
     return _load() is not None
 
 
@@ -209,6 +195,17 @@ def rotary_into(
     (``posenc.kernels.cpu.rotary``); this only checks what the C code needs: CPU, a supported dtype, unit stride
     along channels, at most 16 leading dims, and tables of the compute dtype (float64 for float64 ``x``, else
     float32). ``simd`` caps the row level (``simd_level``; the tests compare the levels, which give the same bits).
+
+    Results are bit-equal to the torch path: the same float32 multiplies and fused multiply-adds as torch's ``mul``,
+    ``addcmul`` and complex ``mul``, rounded once (``-ffp-contract=off`` keeps the compiler from fusing anything
+    else). Without ``-march=native`` on a CPU with FMA, ``fmaf`` is a slow library call.
+
+    Tuned to the CPU at run time, never at the cost of a bit: rows use AVX-512 intrinsics where cpuid reports AVX-512
+    (bfloat16 rounded by AVX512-BF16's ``vcvtne2ps2bf16`` where present), the compiler's loops elsewhere, with the same
+    results (``simd_level``); rows are visited in blocks of positions sized from one core's L2 cache
+    (``l2_cache_bytes``, ``block_positions``), so a block's cos/sin rows come from memory once for all its heads;
+    threads take chunks on demand; and a fresh output's pages are faulted in a run of rows at a time rather than one
+    trap per page (``populate_outputs``, Linux).
 
     Shapes:
         x, out (..., S, D); cos, sin broadcastable to (..., S, F), 2F <= D
@@ -311,7 +308,12 @@ def cache_dir() -> Path:
 
 
 def openmp_runtime() -> Path | None:
-    """The OpenMP runtime torch uses: the one mapped into this process, else one shipped in torch's ``lib``."""
+    """The OpenMP runtime torch uses: the one mapped into this process, else one shipped in torch's ``lib``.
+
+    The kernel is linked to the OpenMP runtime torch has loaded (found in ``/proc/self/maps`` or torch's ``lib``
+    folder), so its parallel rows run on torch's thread pool and follow ``torch.set_num_threads``; a second pool would
+    fight torch's spinning workers for the cores. Where that fails it builds single-threaded.
+    """
     try:
         with open("/proc/self/maps") as maps:
             for line in maps:
