@@ -50,12 +50,13 @@ def fire_normalized_distance(
 ) -> torch.Tensor:
     """Elementwise ``log(|c (i - j)| + 1) / (log(|c max(i, L)| + 1) + eps)`` in float32, for broadcastable
     query positions ``i``, key positions ``j``, and 0-d ``c``, ``L`` (float32); ``eps`` a float or (in a
+    ``score_mod``) a float32 0-d tensor.
 
     ``psi(max(L, i))`` makes the bias depend on the query's position, not only on ``i - j``: below the threshold
     (``i <= L``) it is a function of the distance alone; beyond it distances are interpolated into ``[0, 1]``
     ("progressive interpolation"). The paper's FIRE is causal (``j <= i``); through ``|c x|`` keys after the query get
     the bias of ``|i - j|``, so bidirectional attention works too (the normalised distance may then exceed 1).
-    ``score_mod``) a float32 0-d tensor."""
+    """
     d = alibi_distance(q_pos, k_pos, symmetric=True)  # |i - j|, exact then rounded once to float32
     normaliser = torch.maximum(q_pos.to(torch.float32), threshold)
     return torch.log1p((c * d).abs()) / (torch.log1p((c * normaliser).abs()) + eps)

@@ -114,11 +114,12 @@ def check_remappable(model: torch.nn.Module) -> None:
 
 def apply_remap(model: torch.nn.Module, method: RemapMethod, **record: Any) -> dict[str, Any]:
     """Patch ``model`` in place to run ``method``; return what changed. ``record``: how it was asked for
+    (``original``, ``factor``, ``options``), for the error that names the call re-applying it.
 
     Every ``*RotaryEmbedding`` module returns ``cos = 1``, ``sin = 0``, so the projections' queries and keys reach the
     attention un-rotated; the ``"posenc_remap"`` attention rotates them per branch with posenc's ``RotaryEmbedding``
     built from the model's config (its scaling included: YaRN first, then Self-Extend, is a YaRN-scaled Self-Extend).
-    (``original``, ``factor``, ``options``), for the error that names the call re-applying it."""
+    """
     check_remappable(model)
     encoding = RotaryEmbedding.from_hf(model.config)
     rotary = rotary_modules(model)
@@ -187,6 +188,7 @@ def remove_remap(model: torch.nn.Module, attn_implementation: str = "sdpa") -> N
 def _refuse_switches(model: torch.nn.Module, remap: _Remap) -> None:
     """Refuse what would drop the patch silently -- another attention implementation, a save without the method --
     on the model and on every transformers model inside it (``model.model``, what ``get_decoder()`` returns: it shares
+    the config, so its ``set_attn_implementation`` would switch every layer too).
 
     Refused: ``set_attn_implementation(...)`` on the model or on any transformers model inside it (another attention
     would run the identity rotary modules, a model without positions), a forward after the config's attention was
@@ -195,7 +197,7 @@ def _refuse_switches(model: torch.nn.Module, remap: _Remap) -> None:
     would reload as the unextended model claiming the longer context); ``posenc.hf.save_pretrained`` writes what a
     serving engine runs as measured (``dca_vllm`` on Qwen2/Qwen3 as ``dual_chunk_attention_config``) and refuses the
     rest.
-    the config, so its ``set_attn_implementation`` would switch every layer too)."""
+    """
     from transformers import PreTrainedModel
 
     from posenc.hf._serving import mark_owner
@@ -391,13 +393,14 @@ def _lengths_written(
     """The sequence length each key of ``layer`` was computed at, ``(B|1, T)``: the cached keys' as recorded, this
     call's its own. Warns once per cache (``CacheStaleWarning``) at the first call where a cached token was computed
     at a length that moves its frequencies or logit factor: its hidden states, so every deeper layer's cached keys
+    and values, differ from the full forward's (the first layer's, computed from the embeddings, do not).
 
     Where the length changes what a token computes (``dynamic``/``longrope`` frequencies under the method, DCA's logit
     factor), a KV cache keeps, in every layer past the first, keys and values computed from hidden states of the length
     of the step that wrote them, while the full forward recomputes them at the current one. Each ``generate`` that goes
     stale says so; a one-layer model, or a cache whose tokens were all computed alike, equals the full forward and does
     not warn.
-    and values, differ from the full forward's (the first layer's, computed from the embeddings, do not)."""
+    """
     earlier = cache_positions.cached_lengths(layer, cached, lengths.shape[0], lengths.device)  # (B|1, T - S)
     rows = max(earlier.shape[0], lengths.shape[0])
     if (

@@ -33,6 +33,7 @@ SINKS = 4
 @dataclass(frozen=True, kw_only=True, slots=True)
 class StreamingLLM(RemapMethod):
     """StreamingLLM with ``sinks`` initial tokens (``start_size``; 0: a rolling window alone) and a ``window`` of
+    recent tokens (``recent_size``).
 
     A key is rotated at its index in the cache and the query at the cache's last index, ``min(i, sinks + window)``.
     Inside the window that shifts queries and keys alike, so distances stay ``i - j``; a sink ``j`` sits right before
@@ -55,7 +56,7 @@ class StreamingLLM(RemapMethod):
     cache evicted after each), so a prefill equals decoding; the reference's ``run_streaming_llama.py`` instead
     prefills each prompt in one forward with no eviction inside it (``evict_for_space`` makes room before), which
     for a prompt longer than the cache is plain attention at positions past ``L``.
-    recent tokens (``recent_size``)."""
+    """
 
     window: int
     sinks: int = SINKS
