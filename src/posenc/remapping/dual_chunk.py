@@ -5,29 +5,11 @@ The sequence is cut into chunks of ``c = chunk_size - local_window`` tokens; eve
 within its chunk, ``j mod c``. The query's position depends on where the key is: the same chunk (*intra*:
 ``i mod c``), the previous chunk (*successive*: ``min(i mod c + c, chunk_size)``, so neighbours across the boundary
 keep their order and distance up to ``chunk_size``), any earlier chunk (*inter*: the constant
-``min(2c - 1, chunk_size)``). No distance exceeds ``chunk_size``, so the reach is unlimited.
-
-Past the pretraining length ``L`` every logit is multiplied by ``m(S)**2``, ``m(S) = max(1, mscale * ln(S / L) + 1)``
-for a sequence of ``S`` tokens (the number of keys, as the reference counts them: a query of a KV-cache step sees
-the length so far, so decoding equals the full forward of each prefix):
-
-- ``mscale=0.05``, ``local_window = L // 8``: ``HKUNLP/ChunkLlama``'s current code (``chunkllama_attn_replace.py`` at
-  847ae71, 2024-06-09: ``replace_with_chunkllama`` sets ``chunk_size = L * 3 // 4`` and ``local_window = L // 8``;
-  ``ChunkLlamaRotaryEmbedding`` multiplies the cos/sin tables of queries and keys by ``get_mscale(S / L)``). The
-  default. Its ``ppl/test_ppl.py`` passes ``local_window = L // 4``.
-- ``mscale=0.1`` (method name ``dca_vllm``): vLLM's and SGLang's dual-chunk attention, which a
-  ``dual_chunk_attention_config`` switches on (``dual_chunk_flash_attn.py``: keys and the softmax scale each times
-  ``clip(0.1 * ln(S / L) + 1, min=1)``). What a saved DCA model is served with (posenc writes no
-  ``sparse_attention_config``, so their sparse MInference path, and its unclamped "critical" query positions, stay off).
-- ``mscale=0``, ``local_window = L // 16``: the paper's equations without the factor, as ChunkLlama before
-  2024-04-25 and its ``chunkqwen_attn_replace.py`` (posenc's DCA before this factor).
-
-The reference keeps its tables for the longest length it has seen in the process (a shorter input after a longer
-one keeps the longer one's factor) and rotates cached keys with the factor of the step that wrote them; vLLM also
-scales each key once, when written. posenc computes the factor from the current length for every key (its cache
-holds un-rotated keys), so prefill equals both and each decoding step equals the full forward of its prefix;
-vLLM's decoding differs from that by at most ``0.1 * ln((S + n) / S)`` in the factor of keys written ``n`` steps
-earlier. Reference implementation: checked in ``tests/reference/remapping.py`` (``dual_chunk``, ``dual_chunk_vllm``).
+``min(2c - 1, chunk_size)``). No distance exceeds ``chunk_size``, so the reach is unlimited. Past the pretraining
+length every logit is multiplied by a factor of the sequence length (``DualChunk.logit_factor``), whose coefficient
+follows ChunkLlama (``HKUNLP/ChunkLlama``, the default), vLLM/SGLang (``dca_vllm``) or the paper (none):
+``DualChunk``. Reference implementation: checked in ``tests/reference/remapping.py`` (``dual_chunk``,
+``dual_chunk_vllm``).
 """
 
 from __future__ import annotations
@@ -51,7 +33,24 @@ VLLM_MSCALE = 0.1
 class DualChunk(RemapMethod):
     """Dual Chunk Attention with ``chunk_size`` and ``local_window`` (vLLM/SGLang: ``chunk_size``, ``local_size``),
     and the logit factor ``max(1, mscale * ln(S / L) + 1) ** 2`` past ``L = original_max_position_embeddings``
-    (``mscale=0``: none, and ``L`` may be None)."""
+    (``mscale=0``: none, and ``L`` may be None).
+
+    The factor is ``m(S)**2``, ``m(S) = max(1, mscale * ln(S / L) + 1)``, for a sequence of ``S`` tokens (the number of
+    keys, as the reference counts them: a query of a KV-cache step sees the length so far, so decoding equals the full
+    forward of each prefix):
+
+    - ``mscale=0.05``, ``local_window = L // 8``: ``HKUNLP/ChunkLlama``'s current code (``chunkllama_attn_replace.py``
+      at 847ae71, 2024-06-09: ``replace_with_chunkllama`` sets ``chunk_size = L * 3 // 4`` and
+      ``local_window = L // 8``; ``ChunkLlamaRotaryEmbedding`` multiplies the cos/sin tables of queries and keys by
+      ``get_mscale(S / L)``). The default. Its ``ppl/test_ppl.py`` passes ``local_window = L // 4``.
+    - ``mscale=0.1`` (method name ``dca_vllm``): vLLM's and SGLang's dual-chunk attention, which a
+      ``dual_chunk_attention_config`` switches on (``dual_chunk_flash_attn.py``: keys and the softmax scale each times
+      ``clip(0.1 * ln(S / L) + 1, min=1)``). What a saved DCA model is served with (posenc writes no
+      ``sparse_attention_config``, so their sparse MInference path, and its unclamped "critical" query positions, stay
+      off).
+    - ``mscale=0``, ``local_window = L // 16``: the paper's equations without the factor, as ChunkLlama before
+      2024-04-25 and its ``chunkqwen_attn_replace.py`` (posenc's DCA before this factor).
+    """
 
     chunk_size: int
     local_window: int
@@ -115,7 +114,15 @@ class DualChunk(RemapMethod):
         return self.mscale > 0
 
     def logit_factor(self, length: torch.Tensor) -> torch.Tensor | None:
-        """``max(1, mscale * ln(S / L) + 1) ** 2`` for lengths ``S`` (float64); None without a factor."""
+        """``max(1, mscale * ln(S / L) + 1) ** 2`` for lengths ``S`` (float64); None without a factor.
+
+        The reference keeps its tables for the longest length it has seen in the process (a shorter input after a longer
+        one keeps the longer one's factor) and rotates cached keys with the factor of the step that wrote them; vLLM
+        also scales each key once, when written. posenc computes the factor from the current length for every key (its
+        cache holds un-rotated keys), so prefill equals both and each decoding step equals the full forward of its
+        prefix; vLLM's decoding differs from that by at most ``0.1 * ln((S + n) / S)`` in the factor of keys written
+        ``n`` steps earlier.
+        """
         if not self.depends_on_length:
             return None
         original = cast(int, self.original_max_position_embeddings)  # set wherever mscale > 0
