@@ -9,6 +9,7 @@ Reference implementations checked against: ofirpress/attention_with_linear_biase
 ``build_alibi_tensor`` (same slopes to 7e-7 relative: BLOOM raises a float32-rounded base to integer powers;
 equal attention weights under a causal mask), antofuller/CROMA ``get_2dalibi`` (to an ulp: the distance is
 rounded to float32 before the product), and the naive float64 loops in ``tests/reference/alibi.py``.
+Numerics: ``alibi_distance``, ``alibi_2d_distance``.
 
 Shapes:
     H heads, S query positions, T key positions.
@@ -16,16 +17,6 @@ Shapes:
     q_pos, k_pos    (S,) or (B|1, S); (T,) or (B|1, T)            integer or floating point
     grid positions  (S, 2) or (B|1, S, 2); (T, 2) or (B|1, T, 2)  columns (x, y), see ``grid_positions``
     bias            (B|1, H, S, T)                                float32
-
-Numerics: distances are taken in the positions' dtype (integers stay exact, float32 and float64 stay as they are;
-float16/bfloat16 positions are refused, see ``posenc._checks.check_positions``), rounded once to float32 and
-multiplied by the float32 slopes. Integer positions (``|q - k| < 2**24``) thus give the correctly rounded
-``-m * (q - k)``; the 2-D distance is an integer's float32 square root, so it is one ulp from the exact product at
-most. float64 throughout would cost float64 arithmetic per score inside FlexAttention kernels for that ulp, so it
-is not done. The same elementwise functions
-(``alibi_distance``, ``alibi_2d_distance``) serve the materialised bias and the FlexAttention ``score_mod``
-closures, so both agree bit for bit when evaluated eagerly (a compiled kernel may fuse the add). Pass float64
-positions to keep fractional distances between large positions exact.
 """
 
 from __future__ import annotations
@@ -76,14 +67,26 @@ def _distance_dtype(a: torch.Tensor, b: torch.Tensor) -> torch.dtype:
 
 
 def alibi_distance(q_pos: torch.Tensor, k_pos: torch.Tensor, *, symmetric: bool = False) -> torch.Tensor:
-    """Elementwise ``q - k`` (causal) or ``|q - k|`` (symmetric) as float32, for broadcastable or 0-d tensors."""
+    """Elementwise ``q - k`` (causal) or ``|q - k|`` (symmetric) as float32, for broadcastable or 0-d tensors.
+
+    Numerics: distances are taken in the positions' dtype (integers stay exact, float32 and float64 stay as they are;
+    float16/bfloat16 positions are refused, see ``posenc._checks.check_positions``), rounded once to float32 and
+    multiplied by the float32 slopes. Integer positions (``|q - k| < 2**24``) thus give the correctly rounded
+    ``-m * (q - k)``. float64 throughout would cost float64 arithmetic per score inside FlexAttention kernels, so it is
+    not done; pass float64 positions to keep fractional distances between large positions exact. The same elementwise
+    functions (this and ``alibi_2d_distance``) serve the materialised bias and the FlexAttention ``score_mod``
+    closures, so both agree bit for bit when evaluated eagerly (a compiled kernel may fuse the add).
+    """
     dtype = _distance_dtype(q_pos, k_pos)
     d = q_pos.to(dtype) - k_pos.to(dtype)
     return (d.abs() if symmetric else d).to(torch.float32)
 
 
 def alibi_2d_distance(qx: torch.Tensor, qy: torch.Tensor, kx: torch.Tensor, ky: torch.Tensor) -> torch.Tensor:
-    """Elementwise Euclidean distance ``sqrt(dx^2 + dy^2)`` as float32, for broadcastable or 0-d tensors."""
+    """Elementwise Euclidean distance ``sqrt(dx^2 + dy^2)`` as float32, for broadcastable or 0-d tensors.
+
+    An integer's float32 square root for integer grids, so the bias is one ulp from the exact product at most.
+    """
     dtype = _distance_dtype(qx, kx)
     dx, dy = qx.to(dtype) - kx.to(dtype), qy.to(dtype) - ky.to(dtype)
     return (dx * dx + dy * dy).to(torch.float32).sqrt()

@@ -9,16 +9,9 @@ key ``j <= i``
     e[p] = (p - floor p) e[ceil p] + (1 - p + floor p) e[floor p]      interpolated embedding (Eq. 5)
     z_ij = q_i . (k_j + e[p_ij])                                       attention logit (Eq. 6)
 
-With every gate 1, ``p_ij = i - j + 1``: token-based relative positions. ``q_i . e[p]`` is computed for the integer
-positions ``0 .. p_max`` first, ``(B, H, S, p_max + 1)``, and the logits are interpolated (Eq. 7 of the paper):
-no ``(S, T, D)`` tensor.
-
 Reference implementation checked against: facebookresearch/RAM ``projects/cope/src/cope/context_position.py``
-(``ContextPosSelfAttn``, default options), whose details the paper leaves out and this module follows: the gate
-logit is the scaled attention logit, ``sigmoid(q . k / sqrt(D))``, and the position term is scaled with it,
-``(q . k + q . e[p]) / sqrt(D)``; here ``scale`` (the attention's) replaces ``1 / sqrt(D)`` in both. Gates of keys
-a query may not see are zeroed before the reverse cumulative sum, so a query never counts another document's
-tokens or the future. The equations are written out with explicit loops in ``tests/reference/cope.py``.
+(``ContextPosSelfAttn``, default options), whose scaling the paper leaves out (``cope_gates``, ``cope_bias``); the
+equations are written out with explicit loops in ``tests/reference/cope.py``.
 
 Shapes:
     q (B, H, S, D); k (B, Hkv, T, D) with H a multiple of Hkv (query head h reads key head h // (H / Hkv));
@@ -91,6 +84,11 @@ def cope_gates(
     ``scale`` defaults to ``1 / sqrt(D)`` (the reference's). Grouped-query keys are read per query group, never
     repeated.
 
+    As the reference (the paper leaves it out), the gate logit is the scaled attention logit, ``sigmoid(q . k /
+    sqrt(D))``; here ``scale`` (the attention's) replaces ``1 / sqrt(D)``. Gates of keys a query may not see are zeroed
+    before the reverse cumulative sum (``cope_positions``), so a query never counts another document's tokens or the
+    future.
+
     Shapes:
         q (B, H, S, D), k (B, Hkv, T, D), mask (B|1, 1|H, S, T) bool or None -> (B, H, S, T),
         float32 (float64 for float64 q)
@@ -119,6 +117,8 @@ def cope_positions(
     """``p_ij = min(sum_{t=j..i} g_it, max_position)``: how many keys from ``j`` to the query itself it counts.
 
     Entries a query does not see hold the clipped count of the visible keys after them (0 for future keys).
+
+    With every gate 1, ``p_ij = i - j + 1``: token-based relative positions.
 
     Shapes:
         q (B, H, S, D), k (B, Hkv, T, D), mask (B|1, 1|H, S, T) bool or None -> (B, H, S, T) in [0, max_position],
@@ -187,6 +187,10 @@ def cope_bias(
     ``p_max`` is read from the table (``embeddings.shape[-2] - 1``). ``scale`` (default ``1 / sqrt(D)``) scales
     both the gate logits and this term, as the reference's ``1 / sqrt(D)`` does. Memory: a few ``(B, H, S, T)``
     tensors and ``(B, H, S, min(p_max, T) + 1)``; never ``(S, T, D)``.
+
+    As the reference, the position term is scaled with the logit, ``(q . k + q . e[p]) / sqrt(D)``. ``q_i . e[p]`` is
+    computed for the integer positions ``0 .. p_max`` first, ``(B, H, S, p_max + 1)``, and the logits are interpolated
+    (Eq. 7 of the paper, ``interpolate_logits``): no ``(S, T, D)`` tensor.
 
     Shapes:
         q (B, H, S, D), k (B, Hkv, T, D), embeddings (p_max + 1, D) or (H, p_max + 1, D),
