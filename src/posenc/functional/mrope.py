@@ -4,18 +4,10 @@ Paper: Wang et al. 2024, "Qwen2-VL: Enhancing Vision-Language Model's Perception
 (arXiv:2409.12191), section 2.1 "Multimodal Rotary Position Embedding".
 Reference implementations checked against: Hugging Face transformers ``Qwen2VLRotaryEmbedding`` (contiguous sections,
 ``recomposition_frequencies``) and ``Qwen3VLTextRotaryEmbedding`` (``interleaved=True``, Qwen3-VL's interleaved
-M-RoPE), each followed by ``apply_rotary_pos_emb``; the other stream layouts below name their own.
+M-RoPE), each followed by ``apply_rotary_pos_emb``; the other stream layouts (``multistream_cos_sin``) name their own.
 
 Every token has N positions, one per stream (M-RoPE: three, temporal, height and width; text tokens: N equal ones).
-Each of the F rotary frequencies rotates by one stream's position: frequency ``f`` by stream ``streams[f]``. The
-layouts of ``streams`` that released models use, each a plain function of its section sizes:
-
-- ``contiguous_streams``: runs of frequencies ``[0..0 1..1 2..2 ...]`` (Qwen2-VL's ``mrope_section``; HunYuan-VL's
-  four-stream XD-RoPE, ``xdrope_section``);
-- Qwen3-VL's interleaved ``[t h w t h w ... t t]`` (``mrope_streams(..., interleaved=True)``), so each stream spans
-  high and low frequencies alike;
-- ``alternating_spatial_streams``: ``[h w h w ... h w t t ... t]``, height and width alternating over the highest
-  frequencies and temporal over the lowest (ERNIE-4.5-VL's 3-D RoPE; Bailing's M-RoPE).
+Each of the F rotary frequencies rotates by one stream's position: frequency ``f`` by stream ``streams[f]``.
 
 Shapes:
     B batch, S positions, D head dim, F = D / 2, N streams.
@@ -165,6 +157,15 @@ def multistream_cos_sin(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Cosine and sine tables for N-stream ``positions``, ready for ``apply_rotary``: frequency ``f`` is picked from
     stream ``streams[f]``'s RoPE tables (an exact gather), so equal streams (text tokens) give exactly RoPE's tables.
+
+    The layouts of ``streams`` that released models use, each a plain function of its section sizes:
+
+    - ``contiguous_streams``: runs of frequencies ``[0..0 1..1 2..2 ...]`` (Qwen2-VL's ``mrope_section``; HunYuan-VL's
+      four-stream XD-RoPE, ``xdrope_section``);
+    - Qwen3-VL's interleaved ``[t h w t h w ... t t]`` (``mrope_streams(..., interleaved=True)``), so each stream spans
+      high and low frequencies alike;
+    - ``alternating_spatial_streams``: ``[h w h w ... h w t t ... t]``, height and width alternating over the highest
+      frequencies and temporal over the lowest (ERNIE-4.5-VL's 3-D RoPE; Bailing's M-RoPE).
 
     Shapes:
         positions (N, S) or (N, B, S); inv_freq (F,); streams F ints < N -> cos, sin (S, F) or (B, S, F)

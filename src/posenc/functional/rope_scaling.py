@@ -1,13 +1,10 @@
 """Context-extension frequency transforms for RoPE: one pure function per method.
 
 Every function takes the rotary dimension ``dim`` (= 2F) and keyword-only scalars, and returns
-``(inv_freq, attention_factor)``: float32 frequencies of shape ``(dim // 2,)`` and the multiplier that Hugging Face
-applies to both cos and sin. Arithmetic is float64, rounded to float32 once at the end. ``seq_len`` may be an int, a
-0-d tensor (so a module can pass ``positions.max() + 1`` without a host sync or a graph break), a tensor of
-lengths of any shape ``(...)`` (one per token: packed documents each with their own length), or None; a shaped
-``seq_len`` gives frequencies of shape ``(..., dim // 2)``.
-
-Reference implementation: ``transformers.modeling_rope_utils.ROPE_INIT_FUNCTIONS`` (tested to 1e-6 relative).
+``(inv_freq, attention_factor)``: float32 frequencies of shape ``(dim // 2,)`` (``(..., dim // 2)`` for a shaped
+``seq_len``, ``SeqLen``) and the multiplier that Hugging Face applies to both cos and sin. Arithmetic is float64,
+rounded to float32 once at the end. Reference implementation: ``transformers.modeling_rope_utils.ROPE_INIT_FUNCTIONS``
+(tested to 1e-6 relative).
 
 Papers:
     linear    Chen et al. 2023, "Extending Context Window of LLMs via Positional Interpolation" (arXiv:2306.15595)
@@ -35,6 +32,9 @@ import torch
 
 from posenc._checks import check_number, check_positive_int, fail
 
+#: A length: an int, a 0-d tensor (so a module can pass ``positions.max() + 1`` without a host sync or a graph
+#: break), a tensor of lengths of any shape ``(...)`` (one per token: packed documents each with their own length),
+#: or None; a shaped ``seq_len`` gives frequencies of shape ``(..., dim // 2)``.
 SeqLen = int | torch.Tensor | None
 _Device = torch.device | str | None  # where the frequencies are built
 

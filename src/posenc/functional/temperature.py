@@ -9,18 +9,9 @@ at the query's position ``p``: 1 for the first ``floor_scale - 1`` positions, th
 ``floor_scale`` tokens, like the log-length factor of Scalable-Softmax (Nakanishi 2025, "Scalable-Softmax Is
 Superior for Attention", arXiv:2501.19399, which Llama 4's code cites). Keys are unchanged.
 
-``p + 1`` is the number of keys such a query sees in Llama 4's NoPE layers, which attend globally and causally over
-positions from 0. ``posenc.attention`` passes the number its mask leaves each query instead (``key_count=``: with
-documents, chunks or a window, which Llama 4 never puts on these layers, the temperature follows the keys the query
-sees, like SSMax's ``n``): ``log(1 + floor(n / floor_scale)) * attn_scale + 1``, the same in Llama 4's setting.
-
 Reference implementation checked against: transformers ``Llama4TextAttention.forward``
 (``models/llama4/modeling_llama4.py``: ``attn_temperature_tuning``, ``floor_scale`` default 8192, ``attn_scale``
 default 0.1), on full tensors in ``tests/encodings/test_nope_temperature.py``.
-
-Numerics: as transformers, the scale is float32 and multiplies ``q`` by torch's type promotion (so a bfloat16 ``q``
-is scaled in float32 and rounded once), then cast back to ``q``'s dtype. The floor is taken in float64 (float32 on
-MPS), which gives transformers' float32 values bit for bit below 2**24 and stays exact beyond.
 
 Shapes:
     positions (S,) or (B, S), integer or float; key_count (S,) or (B, S) integer -> scale (S,) or (B, S) float32;
@@ -44,6 +35,13 @@ def attention_temperature(
 ) -> torch.Tensor:
     """``log1p(floor(n / floor_scale)) * attn_scale + 1`` in float32, one factor per query: ``n = positions + 1``
     (Llama 4), or ``key_count``, the keys each query sees, where given (``posenc.attention`` passes it).
+
+    ``p + 1`` is the number of keys such a query sees in Llama 4's NoPE layers, which attend globally and causally
+    over positions from 0. ``posenc.attention`` passes the number its mask leaves each query instead (``key_count=``:
+    with documents, chunks or a window, which Llama 4 never puts on these layers, the temperature follows the keys the
+    query sees, like SSMax's ``n``): ``log(1 + floor(n / floor_scale)) * attn_scale + 1``, the same in Llama 4's
+    setting. The floor is taken in float64 (float32 on MPS), which gives transformers' float32 values bit for bit below
+    2**24 and stays exact beyond.
 
     Args:
         positions: query positions, exact (integer, float32 or float64) and finite.
@@ -73,6 +71,9 @@ def apply_temperature(
 ) -> torch.Tensor:
     """Queries multiplied by :func:`attention_temperature` (at their positions, or for ``key_count`` keys), in
     ``q``'s dtype.
+
+    As transformers, the float32 scale multiplies ``q`` by torch's type promotion (so a bfloat16 ``q`` is scaled in
+    float32 and rounded once), then the result is cast back to ``q``'s dtype.
 
     Shapes:
         q (B, H, S, D) (or (H, S, D), (S, D) with positions (S,)); positions (S,) or (B, S); key_count (S,) or
