@@ -1,27 +1,9 @@
 """How far a patched model reaches, and a warning, once per model, for an input past it.
 
 A context extension is made for a length; past it the model attends over distances (rotary angles) it never saw,
-in pretraining or through the extension, as an unpatched model past its ``max_position_embeddings``:
-
-- a remapping method reaches ``method.reach(original)`` tokens, the longest sequence whose every (query, key) pair it
-  scores at a distance below the length ``original`` it was derived over (Self-Extend ``G (L - W + W // G)``, STRING
-  ``L + offset - W``, Leaky ReRoPE); DCA, ReRoPE, LM-Infinite and StreamingLLM have no limit;
-- a frequency method with a target (``linear``, ``ntk``, ``yarn``, ``longrope``, ``llama3``; ``linear`` on p-RoPE)
-  reaches the context it extended the model to, the ``max_position_embeddings`` it wrote; ``dynamic`` has no limit
-  (it rescales with the length).
-
-The last ``extend_context`` call sets the model's reach (a remapping method after YaRN: the remapping method's,
-counted over the YaRN model's context). A model with per-layer-type ``rope_parameters`` (Gemma 3/4, MiMo-V2-Flash)
-reaches the least of its layers' reaches (``frequency_reach``): each layer type carries its own context
-(``layer_contexts``: the extended one for the types a call extended, the model's context as loaded for the others,
-none for ``dynamic``), and a sliding-window layer whose window fits in its type's context has no limit (it never
-sees a longer distance); ``max_position_embeddings`` is set to that reach, never more (a ``dynamic`` layer type
-keeps it as its threshold). A model ``posenc.hf.load_causal_lm`` reloads from a folder ``posenc.hf.save_pretrained``
-wrote gets the reach its record and config describe (``watch_config_reach``). A forward pre-hook on each rotary
-module -- which every forward runs once, before any layer, with the call's ``position_ids`` -- warns
-(``ReachExceededWarning``) the first time a sequence is longer (largest position + 1) than the reach: a prefill, or
-the step of ``generate`` that passes it. ALiBi's slope interpolation has no hook here (BLOOM records no training
-length).
+in pretraining or through the extension, as an unpatched model past its ``max_position_embeddings``. What each
+method reaches: ``ReachExceededWarning``; per-layer-type configs: ``frequency_reach``; the hook that warns:
+``watch_reach``; a reloaded folder: ``watch_config_reach``.
 """
 
 from __future__ import annotations
@@ -43,7 +25,19 @@ _HOOK = "_posenc_reach_hook"  # on each rotary module: the id of its pre-hook
 class ReachExceededWarning(UserWarning):
     """An input longer than a patched model reaches (``posenc.hf.extend_context``: a remapping method's reach, a
     frequency method's extended context): past it the model attends over distances it never saw. Given once per
-    model."""
+    model.
+
+    - a remapping method reaches ``method.reach(original)`` tokens, the longest sequence whose every (query, key) pair
+      it scores at a distance below the length ``original`` it was derived over (Self-Extend ``G (L - W + W // G)``,
+      STRING ``L + offset - W``, Leaky ReRoPE); DCA, ReRoPE, LM-Infinite and StreamingLLM have no limit;
+    - a frequency method with a target (``linear``, ``ntk``, ``yarn``, ``longrope``, ``llama3``; ``linear`` on p-RoPE)
+      reaches the context it extended the model to, the ``max_position_embeddings`` it wrote; ``dynamic`` has no limit
+      (it rescales with the length).
+
+    The last ``extend_context`` call sets the model's reach (a remapping method after YaRN: the remapping method's,
+    counted over the YaRN model's context). ALiBi's slope interpolation has no such warning (BLOOM records no training
+    length).
+    """
 
 
 @dataclasses.dataclass
@@ -62,7 +56,12 @@ def rotary_positions(args: tuple, kwargs: dict[str, Any]) -> torch.Tensor | None
 def watch_reach(modules: list[tuple[str, torch.nn.Module]], reach: float | None, what: str) -> None:
     """Warn once (``ReachExceededWarning``) when a forward of the model whose rotary ``modules`` these are runs a
     sequence longer than ``reach`` tokens; ``what`` names the patch (e.g. ``"yarn x2 over 32"``). ``None`` or ``inf``:
-    no limit. Replaces the reach an earlier call set."""
+    no limit. Replaces the reach an earlier call set.
+
+    A forward pre-hook on each rotary module -- which every forward runs once, before any layer, with the call's
+    ``position_ids`` -- warns the first time a sequence is longer (largest position + 1) than the reach: a prefill, or
+    the step of ``generate`` that passes it.
+    """
     state = None if reach is None or math.isinf(reach) else _Reach(int(reach), what)
     for _, module in modules:
         module.__dict__[_STATE] = state  # one object for every module: once per model
@@ -138,7 +137,12 @@ def frequency_reach(config: Any, contexts: Mapping[str, float] | None) -> tuple[
     One ``rope_parameters``: its ``max_position_embeddings`` (``dynamic``: ``inf``). Per layer type (``contexts``,
     from ``layer_contexts``): the least over its RoPE layers of the layer's type context, a sliding-window layer
     (``layer_types[i] == "sliding_attention"``) unlimited where ``sliding_window`` fits in it (its distances stay
-    below the window); ``inf`` where no layer is limited."""
+    below the window); ``inf`` where no layer is limited.
+
+    Each layer type carries its own context (``layer_contexts``: the extended one for the types a call extended, the
+    model's context as loaded for the others, none for ``dynamic``), and ``max_position_embeddings`` is set to the
+    reach (Gemma 3/4, MiMo-V2-Flash), never more (a ``dynamic`` layer type keeps it as its threshold).
+    """
     if contexts is None:
         params = getattr(config, "rope_parameters", None) or {}
         dynamic = isinstance(params, Mapping) and params.get("rope_type") == "dynamic"

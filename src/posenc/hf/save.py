@@ -1,27 +1,10 @@
 """``save_pretrained``: write a (context-extended) transformers model and its tokenizer as a transformers folder.
 
 A frequency method's folder loads back with ``AutoModelForCausalLM.from_pretrained(out_dir)`` and carries the
-extension in its ``config.json`` (``rope_parameters``, ``max_position_embeddings``; ``rope_scaling`` and ``rope_theta``
-beside them for transformers 4, ``with_v4_rope_keys``), so anything that reads
-transformers folders runs the extended model. Remapping methods have no such key: Dual Chunk Attention in vLLM's form
-(``dca_vllm``) on Qwen2/Qwen3 is written as ``dual_chunk_attention_config``, which vLLM's Qwen2/Qwen3 and SGLang's Qwen2
-model files read (SGLang's Qwen3 does not; ``posenc check`` prints what each runtime runs) and transformers ignores (a
-``ServedOnlyWarning`` says so: ``posenc.hf.load_causal_lm(out_dir)`` re-applies it, as does the ``extend_context`` call
-the warning names after a plain transformers load); every other remapping method (ChunkLlama's DCA included, which those
-engines would run with another logit factor) and ALiBi's slope interpolation (a forward hook) are refused, naming every
-``extend_context`` call made since the model was loaded, in order, so that saving the model as loaded and making them
-again rebuilds it. ``config.json`` records those calls under the key ``"posenc"`` (``posenc.hf._record``). Once written,
-the folder is checked as ``posenc check`` checks it and the table printed (``check=True``; ``posenc.runtimes.check``).
-DroPE has no config key anywhere (transformers' Llama-family configs, vLLM and llama.cpp all rotate every layer of
-these architectures): its folder holds the model's weights, reloads with RoPE in plain transformers, and is run as
-DroPE by ``posenc.hf.load_causal_lm`` alone, from the record; a ``PosencOnlyWarning`` says so.
-Two things the plain ``model.save_pretrained`` gets in the way of:
-
-- a model transformers loaded from GGUF keeps ``config.quantization_config`` and ``model.hf_quantizer``, and refuses
-  to save although its weights are plain floats; both are dropped on a copy, the caller's model keeps them;
-- a float32 model saves as float32 (517 MB for SmolLM2-135M); ``dtype=torch.bfloat16`` saves half that.
-
-The caller's model is never changed: the copy shares its parameters (same dtype) or holds converted ones.
+extension in its ``config.json``; a remapping method is written only where a serving engine has a key for it
+(``dca_vllm`` as ``dual_chunk_attention_config``), DroPE only in posenc's record, the rest refused: ``save_pretrained``.
+The caller's model is never changed: the copy shares its parameters (same dtype) or holds converted ones
+(``_copy_for_saving``).
 """
 
 from __future__ import annotations
@@ -45,7 +28,13 @@ from posenc.hf._serving import DCA_SERVED_MODEL_TYPES, rebuild_advice, remap_sav
 def _copy_for_saving(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
     """A copy of ``model`` with its parameters in ``dtype`` (shared when already so), its own config without
     ``quantization_config``, and no ``hf_quantizer``. Buffers are copied as they are (RoPE's float32 ``inv_freq``
-    stays float32; it is rebuilt from the config on load anyway)."""
+    stays float32; it is rebuilt from the config on load anyway).
+
+    Two things the plain ``model.save_pretrained`` gets in the way of: a model transformers loaded from GGUF keeps
+    ``config.quantization_config`` and ``model.hf_quantizer``, and refuses to save although its weights are plain
+    floats (both are dropped on this copy, the caller's model keeps them); a float32 model saves as float32 (517 MB for
+    SmolLM2-135M), ``dtype=torch.bfloat16`` saves half that.
+    """
     memo: dict[int, Any] = {}
     for p in model.parameters():  # tied weights are one parameter: converted once, still tied in the copy
         memo[id(p)] = p if p.dtype == dtype else torch.nn.Parameter(p.detach().to(dtype), p.requires_grad)
@@ -115,6 +104,24 @@ def save_pretrained(
     check: bool = True,
 ) -> Path:
     """Write ``model`` (its weights as safetensors, config, generation config) and ``tokenizer`` into a new folder.
+
+    A frequency method's folder carries the extension in its ``config.json`` (``rope_parameters``,
+    ``max_position_embeddings``; ``rope_scaling`` and ``rope_theta`` beside them for transformers 4,
+    ``with_v4_rope_keys``), so anything that reads transformers folders runs the extended model. Remapping methods have
+    no such key: Dual Chunk Attention in vLLM's form (``dca_vllm``) on Qwen2/Qwen3 is written as
+    ``dual_chunk_attention_config``, which vLLM's Qwen2/Qwen3 and SGLang's Qwen2 model files read (SGLang's Qwen3 does
+    not; ``posenc check`` prints what each runtime runs) and transformers ignores (a ``ServedOnlyWarning`` says so:
+    ``posenc.hf.load_causal_lm(out_dir)`` re-applies it, as does the ``extend_context`` call the warning names after a
+    plain transformers load); every other remapping method (ChunkLlama's DCA included, which those engines would run
+    with another logit factor) and ALiBi's slope interpolation (a forward hook) are refused, naming every
+    ``extend_context`` call made since the model was loaded, in order, so that saving the model as loaded and making
+    them again rebuilds it. ``config.json`` records those calls under the key ``"posenc"`` (``posenc.hf._record``).
+    Once written, the folder is checked as ``posenc check`` checks it and the table printed (``check=True``;
+    ``posenc.runtimes.check``).
+
+    DroPE has no config key anywhere (transformers' Llama-family configs, vLLM and llama.cpp all rotate every layer of
+    these architectures): its folder holds the model's weights, reloads with RoPE in plain transformers, and is run as
+    DroPE by ``posenc.hf.load_causal_lm`` alone, from the record; a ``PosencOnlyWarning`` says so.
 
     Args:
         model: a transformers model, e.g. one ``posenc.hf.extend_context`` patched (its extension is in its config).
