@@ -13,14 +13,7 @@ work in ``run``), the shared parsing in ``posenc.cli.parsing``.
 - ``posenc figures``: explanatory pictures of the encodings.
 - ``posenc demo``: what the RoPE scalings compute, checked live on this machine.
 
-The same rules everywhere: numbers are checked by ``posenc._argtypes`` (0, negatives and NaN refused, never replaced by
-a default), ``--device`` by ``posenc._devices.resolve_device``, ``--out`` by
-``posenc.lab.common.runfiles.check_out`` (a new or empty folder, or the command's own run) before anything is written;
-every failure is one line on stderr and exit status 2; an interrupted study prints the command that continues it and
-exits 130. Parsing imports neither torch nor transformers (``import posenc`` loads the library on first use): each
-command imports what it runs in its own function, after the checks that need no model, so a bad argument is refused
-at once; what parsing needs from modules that import torch is mirrored as "Parsing facts" in the subcommand modules
-and ``posenc.cli.parsing`` (``posenc extend``'s options come from ``posenc.lab.extend.settings.options``, torch-free).
+The rules every command follows (checks, exit statuses, imports): ``main``.
 """
 
 from __future__ import annotations
@@ -60,6 +53,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     Every expected failure is one line on stderr, ``posenc <command>: <message>``, with no traceback; an unexpected
     exception (a bug) keeps its traceback. SIGTERM is turned into KeyboardInterrupt while a command runs, so ``kill``
     stops a study the way Ctrl-C does: finished work kept, and the command that continues it printed.
+
+    The same rules everywhere: numbers are checked by ``posenc._argtypes`` (0, negatives and NaN refused, never
+    replaced by a default), ``--device`` by ``posenc._devices.resolve_device``, ``--out`` by
+    ``posenc.lab.common.runfiles.check_out`` (a new or empty folder, or the command's own run) before anything is
+    written; every failure is one line on stderr and exit status 2; an interrupted study prints the command that
+    continues it and exits 130. Parsing imports neither torch nor transformers (``import posenc`` loads the library on
+    first use): each command imports what it runs in its own function, after the checks that need no model, so a bad
+    argument is refused at once; what parsing needs from modules that import torch is mirrored as "Parsing facts" in
+    the subcommand modules and ``posenc.cli.parsing`` (``posenc extend``'s options come from
+    ``posenc.lab.extend.settings.options``, torch-free).
     """
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser()

@@ -16,11 +16,6 @@ Shapes:
     r1, r2          (H,)                                  any floating dtype; used in float32
     q_pos, k_pos    (S,) or (B|1, S); (T,) or (B|1, T)    integer, float32 or float64
     bias            (B|1, H, S, T)                        float32
-
-Numerics: the distance is taken exactly in the positions' dtype and rounded once to float32 (exact for integer
-distances below 2**24), as in ``posenc.functional.alibi``. ``kerple_kernel`` is elementwise; the materialised bias
-and a FlexAttention ``score_mod`` call it on tensors of the same shapes, so both agree bit for bit when evaluated
-eagerly. ``log1p`` replaces the reference's ``log(1 + x)`` (the same function, better rounded for small ``x``).
 """
 
 from __future__ import annotations
@@ -80,6 +75,11 @@ def kerple_constrained(r1: torch.Tensor, r2: torch.Tensor, *, kernel: str = "log
 
 def kerple_kernel(distance: torch.Tensor, r1: torch.Tensor, r2: torch.Tensor, *, kernel: str = "log") -> torch.Tensor:
     """Elementwise bias of a distance ``d >= 0`` for per-head ``r1``, ``r2`` broadcast against it.
+
+    Numerics: the distance is taken exactly in the positions' dtype and rounded once to float32 (exact for integer
+    distances below 2**24), as in ``posenc.functional.alibi``. Elementwise: the materialised bias and a FlexAttention
+    ``score_mod`` call it on tensors of the same shapes, so both agree bit for bit when evaluated eagerly. ``log1p``
+    replaces the reference's ``log(1 + x)`` (the same function, better rounded for small ``x``).
 
     ``-r1 * log1p(r2 * d)`` (log) or ``-r1 * d ** r2`` (power); ``d ** r2`` is 0 at ``d = 0`` and its gradient with
     respect to ``r2`` is 0 there (torch's ``pow`` special-cases ``0 ** r``).

@@ -4,16 +4,8 @@ Papers: Vaswani et al. 2017, "Attention Is All You Need" (arXiv:1706.03762), sec
 "Masked Autoencoders Are Scalable Vision Learners" (CVPR 2022, arXiv:2111.06377) (2-D sin-cos).
 Reference implementations checked against: Hugging Face DistilBERT ``create_sinusoidal_embeddings`` (1-D) and
 facebookresearch/mae ``util/pos_embed.py`` ``get_2d_sincos_pos_embed`` (2-D), both re-derived in
-``tests/reference/sinusoidal.py``.
-
-The two channel layouts differ, as in the papers' code:
-
-- 1-D (Vaswani), interleaved: ``PE[p, 2i] = sin(p * w_i)``, ``PE[p, 2i + 1] = cos(p * w_i)``,
-  ``w_i = base ** (-2i / dim)``.
-- 2-D (MAE), four blocks of ``dim / 4``: ``[sin(x * w) | cos(x * w) | sin(y * w) | cos(y * w)]``,
-  ``w_i = base ** (-i / (dim / 4))``: each half is MAE's 1-D encoding ``[sin | cos]`` of one coordinate, ``x``
-  (the fastest-varying axis, column 0 of ``grid_positions(W, H)``) first. MAE's code names the first half
-  ``emb_h`` but, through ``np.meshgrid(grid_w, grid_h)``, feeds it the width coordinate ``x``.
+``tests/reference/sinusoidal.py``. The two channel layouts differ, as in the papers' code: interleaved
+``sin, cos`` pairs in 1-D (``sinusoidal_encoding``), four blocks in 2-D (``sinusoidal_2d_encoding``).
 
 Shapes:
     B batch, S positions, D = dim.
@@ -75,6 +67,10 @@ def sinusoidal_2d_encoding(
     positions: torch.Tensor, dim: int, *, base: float = 10000.0, dtype: torch.dtype = torch.float32
 ) -> torch.Tensor:
     """MAE's 2-D sin-cos encoding: ``[sin(x w) | cos(x w) | sin(y w) | cos(y w)]``, ``w_i = base ** (-i / (D/4))``.
+
+    Four blocks of ``dim / 4``: each half is MAE's 1-D encoding ``[sin | cos]`` of one coordinate, ``x`` (the
+    fastest-varying axis, column 0 of ``grid_positions(W, H)``) first. MAE's code names the first half ``emb_h`` but,
+    through ``np.meshgrid(grid_w, grid_h)``, feeds it the width coordinate ``x``.
 
     For ``positions = grid_positions(W, H)`` this is ``get_2d_sincos_pos_embed`` of facebookresearch/mae (square
     grids there), without the cls-token row: pass only the patch tokens.

@@ -5,21 +5,10 @@ transformers computes a RoPE model's angles in float32, then casts cos/sin to th
 tables' rounding (2^-8 relative) plus three more (two products and their sum). posenc's rule is angles and tables
 in float32, cast at the end. Measured on SmolLM2-135M (BENCHMARKS.md, "Where bfloat16's error comes from"): with the
 rotation in float32 the whole-window perplexity shift of a bfloat16 forward fell from +0.17% to -0.04% at 4,096
-tokens and from +0.15% to +0.02% at 12,288.
+tokens and from +0.15% to +0.02% at 12,288. How: :func:`keep_rope_float32`.
 
-:func:`keep_rope_float32` does two things to a loaded model:
-
-- a forward pre-hook on each rotary embedding module hands it float32 hidden states (it reads only their device and
-  dtype), so its cos/sin stay float32;
-- the modeling module's ``apply_rotary_pos_emb`` is wrapped to cast its result back to q's (and k's) dtype. Given
-  float32 tables, torch's type promotion already computes ``q * cos + rotate_half(q) * sin`` in float32 (q's
-  bfloat16 values are exact there); the cast is the one rounding at the end, and the KV cache and attention see the
-  model's dtype as before. For every other model the wrapper changes nothing: its tables already have q's dtype,
-  so the cast is a no-op; under autocast the result is left as transformers returns it.
-
-``posenc.hf.extend_context`` applies it to every RoPE model it patches, so a patched bfloat16 model rotates in
-float32; call it directly to get the same on an unpatched model. Reference: transformers'
-``*RotaryEmbedding.forward`` and ``apply_rotary_pos_emb`` (e.g. ``models/llama/modeling_llama.py``).
+Reference: transformers' ``*RotaryEmbedding.forward`` and ``apply_rotary_pos_emb`` (e.g.
+``models/llama/modeling_llama.py``).
 """
 
 from __future__ import annotations
@@ -70,6 +59,19 @@ def keep_rope_float32(model: torch.nn.Module) -> int:
     """Make a loaded transformers RoPE model compute its cos/sin tables and the q/k rotation in float32, whatever
     its weights' dtype; q and k are cast to that dtype once, after the rotation. Idempotent; a float32 model is
     unchanged (its tables are float32 already).
+
+    Two things are done to the model:
+
+    - a forward pre-hook on each rotary embedding module hands it float32 hidden states (it reads only their device and
+      dtype), so its cos/sin stay float32;
+    - the modeling module's ``apply_rotary_pos_emb`` is wrapped to cast its result back to q's (and k's) dtype. Given
+      float32 tables, torch's type promotion already computes ``q * cos + rotate_half(q) * sin`` in float32 (q's
+      bfloat16 values are exact there); the cast is the one rounding at the end, and the KV cache and attention see the
+      model's dtype as before. For every other model the wrapper changes nothing: its tables already have q's dtype,
+      so the cast is a no-op; under autocast the result is left as transformers returns it.
+
+    ``posenc.hf.extend_context`` applies it to every RoPE model it patches, so a patched bfloat16 model rotates in
+    float32; call it directly to get the same on an unpatched model.
 
     Returns:
         The number of rotary embedding modules hooked (0: no rotary module, nothing done).

@@ -2,13 +2,8 @@
 
 One program rotates ``BLOCK_S`` tokens of one head; the grid's head axis covers the ``H`` query heads and then the
 ``Hkv`` key heads (GQA), so q and k go through one launch. The backward of a rotation is the rotation by the
-negative angle: the same kernel with the sine negated, no saved activations.
-
-Angles come from float32 cos/sin tables built on the host (``rope_cos_sin``: float64 angles rounded once), not from
-``inv_freq`` inside the kernel: float32 angles are ~0.06 rad off at position 1e6 (``test_rotary_properties``
-asserts the float64-reference tolerance catches this), every scaling and attention factor comes for free, and the
-result equals the eager path to float32 round-off. The tables are small next to q and k: ``4F`` bytes per token
-read, against ``(H + Hkv) * D`` elements of q and k read and written.
+negative angle: the same kernel with the sine negated, no saved activations. Why angles come from host-built
+tables: ``rotary_qk``.
 
 Paper: Su et al. 2021, "RoFormer" (arXiv:2104.09864). Checked against ``posenc.apply_rotary`` (itself checked
 against Hugging Face ``apply_rotary_pos_emb`` and GPT-J) in ``tests/kernels/test_triton.py``, forward and gradients.
@@ -218,6 +213,12 @@ def rotary_qk(
     inplace: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotate queries and keys in one launch; differentiable (except ``inplace``), ``torch.compile``-traceable.
+
+    Angles come from float32 cos/sin tables built on the host (``rope_cos_sin``: float64 angles rounded once), not from
+    ``inv_freq`` inside the kernel: float32 angles are ~0.06 rad off at position 1e6 (``test_rotary_properties``
+    asserts the float64-reference tolerance catches this), every scaling and attention factor comes for free, and the
+    result equals the eager path to float32 round-off. The tables are small next to q and k: ``4F`` bytes per token
+    read, against ``(H + Hkv) * D`` elements of q and k read and written.
 
     Args:
         q, k: queries ``(B, H, S, D)`` and keys ``(B, Hkv, T, D)``, same dtype and device.
