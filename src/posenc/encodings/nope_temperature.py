@@ -5,13 +5,8 @@ A NoPE layer attends more uniformly as the context grows; Llama 4's NoPE layers 
 sharpen attention again at long range (Meta 2025, Llama 4; the formula's motivation: Nakanishi 2025,
 "Scalable-Softmax Is Superior for Attention", arXiv:2501.19399). Keys and values are unchanged, so the layer still
 has no positional information inside the first ``floor_scale - 1`` positions. Llama 4 and SmolLM3 use NoPE in every
-4th layer and RoPE in the others (``posenc.hf.layers``; the lab's ``--encodings rope/nope_temperature:4``).
-
-The temperature counts the keys a query sees: ``posenc.attention`` passes them (``key_count=``, from its mask), so
-Llama 4's ``p + 1`` -- the keys of its global, causal NoPE layers over positions from 0 -- becomes ``min(p + 1, W)``
-under a window, ``(p mod C) + 1`` within chunks and the document's own count with ``document_ids``, as SSMax's ``n``
-does (Llama 4 never masks its NoPE layers so; the lab keeps them global). Sinks are not keys. Called directly,
-``n = p + 1``.
+4th layer and RoPE in the others (``posenc.hf.layers``; the lab's ``--encodings rope/nope_temperature:4``). How the
+keys are counted: ``NoPETemperature.rotate``.
 
 Reference implementation checked against: transformers ``Llama4TextAttention.forward`` (the NoPE branch with
 ``attn_temperature_tuning``), on full tensors: ``tests/encodings/test_nope_temperature.py``. Formula and numerics:
@@ -78,7 +73,14 @@ class NoPETemperature(RotaryModule):
         key_count: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The ``Encoding`` hook: queries scaled for ``n`` keys (``key_count``, ``(S,)`` or ``(B, S)``, as
-        ``posenc.attention`` counts them; None: ``q_pos + 1``); keys returned as given (``k_pos`` is only checked)."""
+        ``posenc.attention`` counts them; None: ``q_pos + 1``); keys returned as given (``k_pos`` is only checked).
+
+        The temperature counts the keys a query sees: ``posenc.attention`` passes them (``key_count=``, from its mask),
+        so Llama 4's ``p + 1`` -- the keys of its global, causal NoPE layers over positions from 0 -- becomes ``min(p +
+        1, W)`` under a window, ``(p mod C) + 1`` within chunks and the document's own count with ``document_ids``, as
+        SSMax's ``n`` does (Llama 4 never masks its NoPE layers so; the lab keeps them global). Sinks are not keys.
+        Called directly, ``n = p + 1``.
+        """
         check_qk(q, k)
         check_positions(q_pos, q, "positions")
         check_positions(k_pos, k, "k_positions")

@@ -11,11 +11,6 @@ Reference implementations: Hugging Face transformers ``Ernie4_5_VLMoeTextRotaryE
 ``Ernie4_5_VLRotaryEmbedding`` (``vllm/model_executor/layers/rotary_embedding/ernie45_vl_rope.py``) and
 ``BailingMRotaryEmbedding`` (``bailing_mrope.py``), SGLang's ``BailingMRotaryEmbedding``.
 
-Frequency ``f < 2 s`` (``s`` = the height section = the width section) turns by the height position when ``f`` is
-even and by the width position when odd; the last ``t`` frequencies by the temporal position. Both models pair
-channels ``(2i, 2i + 1)`` (``layout="interleaved"``). It shares ``MRoPE``'s code (``MultiStreamRoPE``) with its own
-stream layout (``posenc.functional.mrope.alternating_spatial_streams``).
-
 Shapes:
     q (B, H, S, D), k (B, Hkv, T, D); positions (3, S) or (3, B, S), rows [temporal, height, width] (both models'
     ``position_ids``; Bailing centres height and width on the image, so they may be negative).
@@ -80,6 +75,11 @@ class RoPE3DConfig(DictConfig):
 class RoPE3D(MultiStreamRoPE):
     """3-D RoPE (ERNIE-4.5-VL; Bailing's M-RoPE): ``[h w h w ... h w t ... t]`` over the frequencies, streams
     [t, h, w].
+
+    Frequency ``f < 2 s`` (``s`` = the height section = the width section) turns by the height position when ``f`` is
+    even and by the width position when odd; the last ``t`` frequencies by the temporal position. Both models pair
+    channels ``(2i, 2i + 1)`` (``layout="interleaved"``). It shares ``MRoPE``'s code (``MultiStreamRoPE``) with its own
+    stream layout (``posenc.functional.mrope.alternating_spatial_streams``).
 
     With three equal streams (text tokens) it is exactly ``RotaryEmbedding(head_dim, base=base, layout=layout)``.
 

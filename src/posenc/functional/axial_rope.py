@@ -4,15 +4,9 @@ Paper: Heo et al. 2024, "Rotary Position Embedding for Vision Transformer" (ECCV
 Reference implementation checked against: naver-ai/rope-vit ``models/vit_rope.py`` (``init_t_xy``,
 ``compute_axial_cis``, ``apply_rotary_emb``), re-derived in ``tests/reference/rope_vit.py``.
 
-Axis order: a token's position is a row of ``n_axes`` coordinates, **fastest-varying axis first**: ``(x, y)`` for
-images, ``(x, y, t)`` for video. ``grid_positions(*sizes)`` takes the sizes in that same order, so
-``grid_positions(W, H)`` lists the tokens of an ``(H, W)`` patch grid flattened row-major (``x`` fastest, exactly
-RoPE-ViT's ``init_t_xy(end_x=W, end_y=H)``), and ``grid_positions(W, H, T)`` those of a ``(T, H, W)`` video.
-
-Channels: the ``F = head_dim / 2`` rotated pairs are split evenly over the axes. Axis ``a`` owns the block of pairs
-``[a * F_a, (a + 1) * F_a)``, ``F_a = F / n_axes``, rotated by ``position[a]`` times the default RoPE frequencies
-of a head of ``head_dim / n_axes`` channels. For 2 axes this is RoPE-ViT's
-``1 / (theta ** (arange(0, dim, 4)[: dim // 4] / dim))`` for both ``x`` and ``y``, ``x`` block first.
+A token's position is a row of ``n_axes`` coordinates, **fastest-varying axis first**: ``(x, y)`` for images,
+``(x, y, t)`` for video (``grid_positions``). The rotated pairs are split evenly over the axes, ``x`` block first
+(``axial_inv_freq``).
 
 Shapes:
     N number of axes, F = head_dim / 2 rotated pairs, F_a = F / N pairs per axis.
@@ -33,6 +27,9 @@ from posenc.functional.rope import angles_of, default_inv_freq
 
 def grid_positions(*sizes: int, device: torch.device | str | None = None) -> torch.Tensor:
     """Integer coordinates of every cell of a grid, fastest-varying axis first, as float32.
+
+    ``grid_positions(W, H)`` lists the tokens of an ``(H, W)`` patch grid flattened row-major (``x`` fastest, exactly
+    RoPE-ViT's ``init_t_xy(end_x=W, end_y=H)``), and ``grid_positions(W, H, T)`` those of a ``(T, H, W)`` video.
 
     Token ``t`` has coordinates ``x = t % sizes[0]``, ``y = (t // sizes[0]) % sizes[1]``, ... : the order of an
     ``(..., sizes[1], sizes[0])`` tensor flattened row-major, and of RoPE-ViT's ``init_t_xy(end_x, end_y)``.
@@ -59,6 +56,11 @@ def axial_inv_freq(
     head_dim: int, *, n_axes: int = 2, base: float = 100.0, device: torch.device | str | None = None
 ) -> torch.Tensor:
     """Per-axis frequencies: each row is ``default_inv_freq(head_dim // n_axes, base=base)``.
+
+    The ``F = head_dim / 2`` rotated pairs are split evenly over the axes. Axis ``a`` owns the block of pairs
+    ``[a * F_a, (a + 1) * F_a)``, ``F_a = F / n_axes``, rotated by ``position[a]`` times the default RoPE frequencies
+    of a head of ``head_dim / n_axes`` channels. For 2 axes this is RoPE-ViT's
+    ``1 / (theta ** (arange(0, dim, 4)[: dim // 4] / dim))`` for both ``x`` and ``y``, ``x`` block first.
 
     ``head_dim`` must be divisible by ``2 * n_axes`` so every axis gets a whole number of channel pairs.
 

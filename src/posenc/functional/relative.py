@@ -7,10 +7,9 @@ and ``T5Attention.compute_bias`` (from Mesh TensorFlow's ``_relative_position_bu
 
 Shaw: Shaw, Uszkoreit, Vaswani 2018, "Self-Attention with Relative Position Representations" (NAACL,
 arXiv:1803.02155): learned vectors ``w^K_r``, ``w^V_r`` for the clipped distance ``r = clip(j - i, -K, K)``, shared
-by all heads, enter as ``e_ij = q_i . (k_j + w^K_r) * scale`` and ``z_i = sum_j alpha_ij (v_j + w^V_r)``. Checked
-against the formulas written out with explicit ``(S, T, D)`` tensors in ``tests/reference/shaw.py``.
-Neither term builds an ``(S, T, D)`` tensor here: ``q . w^K_r`` is ``q @ w^K.T`` ``(B, H, S, 2K+1)`` gathered by
-distance, and ``sum_j alpha_ij w^V_r`` buckets the weights by distance ``(B, H, S, 2K+1)`` before ``@ w^V``.
+by all heads, enter as ``e_ij = q_i . (k_j + w^K_r) * scale`` and ``z_i = sum_j alpha_ij (v_j + w^V_r)``
+(``shaw_bias``, ``shaw_value_term``: neither builds an ``(S, T, D)`` tensor). Checked against the formulas written
+out with explicit ``(S, T, D)`` tensors in ``tests/reference/shaw.py``.
 
 Shapes:
     B batch, H heads, S queries, T keys, D head dim, K = max_distance (Shaw).
@@ -213,6 +212,8 @@ def shaw_bias(
     q: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor, table: torch.Tensor, *, scale: float | None = None
 ) -> torch.Tensor:
     """Shaw's key term ``scale * q_i . w^K_{clip(k_j - q_i)}``, to add to ``scale * q . k``.
+
+    ``q . w^K_r`` is ``q @ w^K.T`` ``(B, H, S, 2K+1)`` (``shaw_query_scores``) gathered by distance.
 
     ``K`` is read from the table. ``scale`` defaults to ``1 / sqrt(D)``. Memory: ``(B, H, S, 2K+1)`` plus the
     output; never ``(S, T, D)``.

@@ -1,24 +1,11 @@
 """What ``posenc.hf.extend_context`` applied to a model: kept on the model, written into the folders
 ``posenc.hf.save_pretrained`` writes, and re-applied by ``posenc.hf.load_causal_lm``.
 
-Every piece of advice posenc prints about re-applying an extension is built here from that record, so that following
-it literally rebuilds the model posenc measured:
-
-- ``replay``: the calls made on the model since it was loaded, as they were made (the same arguments on the same
-  loaded model give the same model): advice for "save the model as loaded and re-apply it after loading".
-- ``reapply``: the calls that a saved folder's config does not carry (a remapping method, ALiBi's slope
-  interpolation), with the original length they were applied over made explicit -- the saved config already holds
-  the extended ``max_position_embeddings``, from which ``extend_context`` would otherwise derive another one.
-
-``extend_context`` keeps the record in the model's config as well, so a folder written by any save of it (posenc's
-or the model's own ``save_pretrained``) carries it, and ``posenc.hf.load_causal_lm`` rebuilds the measured model from
-either.
-
-The record is a list of JSON-able dicts, one per call (``method``, ``factor``, the arguments given, the original
-length and context it resolved to, and ``in_config``: whether a saved ``config.json`` carries it, as frequency
-methods on a RoPE model do; for those also ``rope_parameters``, exactly the parameters the extended model ran with,
-from which ``posenc.runtimes.check`` rebuilds what posenc measured). In ``config.json`` it is the ``"posenc"`` key:
-``{"version": ..., "extensions": [...]}``.
+Every piece of advice posenc prints about re-applying an extension is built here from that record (``replay``,
+``reapply``), so that following it literally rebuilds the model posenc measured. ``extend_context`` keeps the record
+in the model's config as well, so a folder written by any save of it (posenc's or the model's own
+``save_pretrained``) carries it, and ``posenc.hf.load_causal_lm`` rebuilds the measured model from either. The
+record's form: ``entry``.
 """
 
 from __future__ import annotations
@@ -57,7 +44,14 @@ def _jsonable(value: Any) -> Any:
 def entry(
     method: str, factor: float, arguments: Mapping[str, Any], options: Mapping[str, Any], description: Mapping
 ) -> dict[str, Any]:
-    """One call to ``extend_context`` and what it resolved to (``description``: what it returned)."""
+    """One call to ``extend_context`` and what it resolved to (``description``: what it returned).
+
+    The record is a list of JSON-able dicts, one per call (``method``, ``factor``, the arguments given, the original
+    length and context it resolved to, and ``in_config``: whether a saved ``config.json`` carries it, as frequency
+    methods on a RoPE model do; for those also ``rope_parameters``, exactly the parameters the extended model ran with,
+    from which ``posenc.runtimes.check`` rebuilds what posenc measured). In ``config.json`` it is the ``"posenc"`` key:
+    ``{"version": ..., "extensions": [...]}``.
+    """
     context = description.get("max_position_embeddings")
     out = {
         "method": method,
@@ -153,7 +147,11 @@ def call(item: Mapping[str, Any], *, explicit: bool = False) -> str:
 
 
 def replay(model: torch.nn.Module) -> str:
-    """The calls made on ``model`` since it was loaded, in order, separated by ``; ``."""
+    """The calls made on ``model`` since it was loaded, in order, separated by ``; ``.
+
+    The same arguments on the same loaded model give the same model: advice for "save the model as loaded and re-apply
+    it after loading".
+    """
     made = [e for e in extensions(model) if not e.get("loaded")]
     return "; ".join(call(e) for e in made)
 
@@ -164,5 +162,10 @@ def not_in_config(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def reapply(model: torch.nn.Module) -> str:
-    """The calls that rebuild ``model`` on its saved folder loaded by transformers, separated by ``; ``."""
+    """The calls that rebuild ``model`` on its saved folder loaded by transformers, separated by ``; ``.
+
+    The calls that a saved folder's config does not carry (a remapping method, ALiBi's slope interpolation), with the
+    original length they were applied over made explicit -- the saved config already holds the extended
+    ``max_position_embeddings``, from which ``extend_context`` would otherwise derive another one.
+    """
     return "; ".join(call(e, explicit=True) for e in not_in_config(extensions(model)))
