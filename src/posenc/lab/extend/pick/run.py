@@ -380,15 +380,15 @@ def _save(cfg: ExtendConfig, out: Path, unit: tuple, save: str | Path, save_type
     one = dataclasses.replace(cfg, methods=(method,), factors=(factor,), finetune_steps=steps,
                               finetune_positions=(positions,))  # fmt: skip
     final = out / "final"
-    model_target = load_target(one, final, device=device, progress=False)
-    resolved = plan.resolve(one, kind=model_target.kind, original=model_target.original_len,
-                            default_methods=model_target.default_methods, device=device)  # fmt: skip
-    resolved = dataclasses.replace(resolved, dtype=str(model_target.dtype).removeprefix("torch."))
-    model_target.use(resolved)
-    path = check_save(save, resolved, model_target, out, save_type)
-    model_target.load()
-    patched, _, _ = model_for(model_target, unit)
-    write_saved(model_target, patched, path, save_type, progress)  # posenc.deploy's write path, as --save's
+    target = load_target(one, final, device=device, progress=False)
+    resolved = plan.resolve(one, kind=target.kind, original=target.original_len,
+                            default_methods=target.default_methods, device=device)  # fmt: skip
+    resolved = dataclasses.replace(resolved, dtype=str(target.dtype).removeprefix("torch."))
+    target.use(resolved)
+    path = check_save(save, resolved, target, out, save_type)
+    target.load()
+    patched, _, _ = model_for(target, unit)
+    write_saved(target, patched, path, save_type, progress)  # posenc.deploy's write path, as --save's
     if progress:
         print(f"Saved the pick, {label(*unit)}, to {path}")
     return path

@@ -24,6 +24,7 @@ import torch
 
 from posenc._checks import fail
 from posenc.lab.extend.settings.config import ExtendConfig, check_lengths, drops, unit_factors
+from posenc.lab.extend.targets.base import PretrainedTarget, Target
 from posenc.lab.extend.targets.cost import HEAD_CHUNK, ModelDims
 
 DEFAULT_DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
@@ -50,7 +51,9 @@ def plan_name(kind: str, device: str) -> str:
     return "lab" if kind == "lab" else "cuda" if device.startswith("cuda") else "cpu"
 
 
-def resolve(cfg: ExtendConfig, *, kind: str, original: int, default_methods: Sequence[str], device: str) -> Any:
+def resolve(
+    cfg: ExtendConfig, *, kind: str, original: int, default_methods: Sequence[str], device: str
+) -> ExtendConfig:
     """``cfg`` with every setting left out (None) filled in for this model's kind and device; given ones kept.
 
     ``eval_tokens`` left out: the longest length for a pretrained model (each length scores the same tokens, the
@@ -81,7 +84,7 @@ def resolve(cfg: ExtendConfig, *, kind: str, original: int, default_methods: Seq
     )
 
 
-def check(cfg: ExtendConfig, target: Any, *, device: str) -> None:
+def check(cfg: ExtendConfig, target: Target, *, device: str) -> None:
     """Every setting against the others and the machine, before any weight is loaded (``target`` has its config,
     tokenizer and held-out tokens, no weights). Raises ValueError naming the setting to change."""
     lengths = sorted(set(cfg.lengths))
@@ -118,14 +121,14 @@ def check(cfg: ExtendConfig, target: Any, *, device: str) -> None:
         check_finetune_memory(target, window, device)
 
 
-def finetune_targets(cfg: ExtendConfig, target: Any) -> list[int]:
+def finetune_targets(cfg: ExtendConfig, target: Target) -> list[int]:
     """The target contexts the study fine-tunes at, sorted: ``factor * original`` per factor of a scaling method (a
     lab model's unpatched one too), the original context itself for ``drope`` (its recalibration)."""
     methods = [*cfg.methods, *(("none",) if target.kind == "lab" else ())]
     return sorted({round(target.original_len * f) for m in methods for f in unit_factors(cfg, m)})
 
 
-def check_finetune(cfg: ExtendConfig, target: Any) -> None:
+def check_finetune(cfg: ExtendConfig, target: Target) -> None:
     """The fine-tuning positions against the model (``pose`` and ``random`` need one that reads position ids:
     not a transformers ALiBi model), the window against the targets (``factor * original``; ``drope``: at most the
     original context, where it is recalibrated) and the fine-tuning text."""
@@ -252,7 +255,7 @@ def available_memory(device: str) -> int | None:
     return None
 
 
-def check_memory(target: Any, length: int, device: str) -> None:
+def check_memory(target: PretrainedTarget, length: int, device: str) -> None:
     need = memory_needed(target.dims, length, weight_bytes=target.weight_bytes, act_bytes=target.act_bytes)
     _check_fits(need, device, "lengths", length, f"a longest length that fits in memory: {target.name} at {length} "
                 "tokens", "lower --lengths")  # fmt: skip
@@ -285,7 +288,7 @@ def finetune_memory_needed(dims: ModelDims, window: int, *, weight_bytes: int) -
     return parts
 
 
-def check_finetune_memory(target: Any, window: int, device: str) -> None:
+def check_finetune_memory(target: Target, window: int, device: str) -> None:
     if target.kind == "lab":
         return
     need = finetune_memory_needed(target.dims, window, weight_bytes=target.weight_bytes)

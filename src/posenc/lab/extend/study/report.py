@@ -33,7 +33,7 @@ from posenc.lab.extend.study.plot import curves, draw, mean
 LENGTH_DEPENDENT = {"dynamic", *LENGTH_DEPENDENT_REMAP}
 
 if TYPE_CHECKING:
-    from posenc.lab.extend.targets.base import Target
+    from posenc.lab.extend.targets.base import PretrainedTarget, Target
 
 
 def table(rows: Sequence[Mapping[str, Any]], metric: str) -> tuple[list[str], list[list[str]]]:
@@ -482,13 +482,13 @@ PASSKEY_ROWS = (
 )
 
 
-def trains_on_passkey(cfg: ExtendConfig, target: Any) -> bool:
+def trains_on_passkey(cfg: ExtendConfig, target: Target) -> bool:
     """Whether the fine-tuned models learned the passkey task rather than text: a lab model studied with
     ``--task passkey`` is fine-tuned on that task's rows (``LabTarget.finetune``); a pretrained model reads text."""
     return target.kind == "lab" and cfg.task == "passkey"
 
 
-def _finetune_section(out: Path, cfg: ExtendConfig, target: Any) -> list[str]:
+def _finetune_section(out: Path, cfg: ExtendConfig, target: Target) -> list[str]:
     """How the fine-tuned models were trained: steps, window, positions, text, and the loss curve."""
     if not cfg.finetune_steps:
         return []
@@ -520,7 +520,8 @@ def _finetune_section(out: Path, cfg: ExtendConfig, target: Any) -> list[str]:
 
 
 def _ruler_section(
-    rows: Sequence[Mapping[str, Any]], metrics: Sequence[str], cfg: ExtendConfig, target: Any, saved: Path | None
+    rows: Sequence[Mapping[str, Any]], metrics: Sequence[str], cfg: ExtendConfig, target: PretrainedTarget,
+    saved: Path | None,
 ) -> list:
     """The RULER tables, how they were measured, and the ``lm_eval`` commands that rebuild them for a saved model:
     the folder this run saved (``saved``), else a ``DIR`` placeholder for one ``--save DIR`` would write (a GGUF

@@ -66,6 +66,7 @@ from posenc.lab.extend.stats import sampling
 from posenc.lab.extend.stats.rates import RULER_PREFIX, Rate, model_of
 from posenc.lab.extend.study import plan
 from posenc.lab.extend.study.report import finish, label, precision_text
+from posenc.lab.extend.targets.base import PretrainedTarget, Target, Tick
 from posenc.lab.extend.targets.finetune import plot_losses, run_folder
 from posenc.lab.extend.targets.load import load_target, original_len_of
 
@@ -188,7 +189,7 @@ def _keys(unit: Unit, original: int, metric: str, length: int, depth: float | No
     return {result_key(_row(m, unit, original, length, depth)) for m in metrics}
 
 
-def _cost(target: Any, cfg: ExtendConfig, metric: str, length: int, measured: int = 0) -> tuple[float, int]:
+def _cost(target: Target, cfg: ExtendConfig, metric: str, length: int, measured: int = 0) -> tuple[float, int]:
     """(compute in ``plan.forward_cost`` units, forwards) of one measurement, at most (a rate's cap, less the
     ``measured`` samples it already has)."""
     if metric.startswith(RULER_PREFIX):
@@ -199,7 +200,7 @@ def _cost(target: Any, cfg: ExtendConfig, metric: str, length: int, measured: in
 
 
 def check_save(
-    save: str | Path | None, cfg: ExtendConfig, target: Any, out: Path, save_type: str = "source"
+    save: str | Path | None, cfg: ExtendConfig, target: Target, out: Path, save_type: str = "source"
 ) -> Path | None:
     """``--save DIR`` or ``--save FILE.gguf`` checked by ``posenc.deploy.formats.check_save`` with the study's
     values: one patched pretrained RoPE model (exactly one method and one factor; ``drope`` takes no factor and is
@@ -216,7 +217,7 @@ def check_save(
     )
 
 
-def write_saved(target: Any, model: Any, path: Path, save_type: str, check: bool) -> Path:
+def write_saved(target: PretrainedTarget, model: Any, path: Path, save_type: str, check: bool) -> Path:
     """The one patched model written where ``check_save`` said (``posenc.deploy.formats.save``)."""
     from posenc.deploy.formats import save as write
 
@@ -406,7 +407,7 @@ def run_extend(
     return rows
 
 
-def rewrite_report(cfg: ExtendConfig, out: Path, target: Any, seconds: float, *, resumed: int, device: str) -> None:
+def rewrite_report(cfg: ExtendConfig, out: Path, target: Target, seconds: float, *, resumed: int, device: str) -> None:
     """A study's figures and ``report.md`` again from its ``results.csv`` alone -- nothing loaded, nothing measured,
     nothing printed --, as ``run_extend`` writes them when it ends: what ``--pick`` does for its stages after an
     interrupt. ``target``: the model's config and tokenizer (``load_target``); ``seconds``: the run's time so far;
@@ -414,7 +415,7 @@ def rewrite_report(cfg: ExtendConfig, out: Path, target: Any, seconds: float, *,
     finish(out, _resolved(cfg, target, device), target, read_results(out / "results.csv"), {}, seconds, False, resumed)
 
 
-def _resolved(cfg: ExtendConfig, target: Any, device: str) -> ExtendConfig:
+def _resolved(cfg: ExtendConfig, target: Target, device: str) -> ExtendConfig:
     """The settings as the study runs them on ``target``: lengths in tokens ("2x" -> tokens: extend.json and resume
     compare integers), the defaults ``plan.resolve`` fills in, and the dtype ``auto`` resolved (kept on resume)."""
     cfg = resolve_lengths(cfg, target.original_len)
@@ -425,7 +426,7 @@ def _resolved(cfg: ExtendConfig, target: Any, device: str) -> ExtendConfig:
 
 
 @contextlib.contextmanager
-def _said_in_report(target: Any) -> Iterator[None]:
+def _said_in_report(target: Target) -> Iterator[None]:
     """The warnings a study expects while it measures, said once in its report instead of between progress bars:
     ``CacheStaleWarning`` (a length-dependent patch -- dynamic NTK, DCA -- generating with the KV cache) and
     ``ReachExceededWarning`` (a length past what a patch was derived for, which a study measures on purpose)."""
@@ -440,7 +441,7 @@ def _said_in_report(target: Any) -> Iterator[None]:
         yield
 
 
-def _left(cfg: ExtendConfig, target: Any, grid: Sequence[tuple], measured: Sequence[Unit],
+def _left(cfg: ExtendConfig, target: Target, grid: Sequence[tuple], measured: Sequence[Unit],
           rows: Sequence[dict]) -> tuple[set, list, list, list]:  # fmt: skip
     """What a study has left, from the rows already in ``results.csv``: (the keys done; per model, the measurements
     not done; the rate cells under way that need more rounds; every measurement left as ``(metric, length, samples
@@ -452,7 +453,7 @@ def _left(cfg: ExtendConfig, target: Any, grid: Sequence[tuple], measured: Seque
     return done, work, more, left
 
 
-def _print_plan(cfg: ExtendConfig, target: Any, out: Path, grid: list[tuple], lengths: Sequence[int],
+def _print_plan(cfg: ExtendConfig, target: Target, out: Path, grid: list[tuple], lengths: Sequence[int],
                 measured: list[Unit], subset: bool, device: str, save_to: Path | None) -> list[dict]:  # fmt: skip
     """``plan_only``: print what the study would run and an estimate of its time, from the settings, the model's
     dimensions and this machine's matrix-multiply speed (no weight loaded, nothing written); returns the rows
@@ -496,7 +497,7 @@ def _print_plan(cfg: ExtendConfig, target: Any, out: Path, grid: list[tuple], le
     return rows
 
 
-def model_for(target: Any, unit: Unit) -> tuple[Any, dict, Path | None]:
+def model_for(target: Target, unit: Unit) -> tuple[Any, dict, Path | None]:
     """One measured model: (model, its patch's description, its fine-tuning run folder or None). A fine-tune that
     finished before is reloaded, not rerun."""
     method, factor, steps, positions = unit
@@ -510,9 +511,7 @@ def model_for(target: Any, unit: Unit) -> tuple[Any, dict, Path | None]:
     return model, description, tuned
 
 
-#: The old name, still imported by ``pick.run._save`` (rewritten elsewhere for issue 69; dropped after the merge).
-
-def _more_rounds(target: Any, cfg: ExtendConfig, units: Sequence[Unit], grid: Sequence[tuple], results: Path,
+def _more_rounds(target: Target, cfg: ExtendConfig, units: Sequence[Unit], grid: Sequence[tuple], results: Path,
                  study: Any, described: dict, samples: Path | None = None) -> None:  # fmt: skip
     """``stop_width``: further rounds for the rate cells not yet decided (``posenc.lab.extend.stats.sampling``).
 
@@ -537,14 +536,14 @@ def _more_rounds(target: Any, cfg: ExtendConfig, units: Sequence[Unit], grid: Se
         with study.bar(f"{name}: more samples") as tick:
             while cell is not None and model_of(cell) == unit:
                 count = min(sampling.round_size(cfg, cell["metric"]), sampling.cap(cfg, cell["metric"]) - cell["n"])
-                row = _more(target, model, dict(cell), count, tick, samples)
+                row = add_samples(target, model, dict(cell), count, tick, samples)
                 upsert_results(results, [row])
                 rows[result_key(row)] = row
                 cell = next_round()
         del model
 
 
-def _more(target: Any, model: Any, row: dict, count: int, tick: Any, samples: Path | None = None) -> dict:
+def add_samples(target: Target, model: Any, row: dict, count: int, tick: Any, samples: Path | None = None) -> dict:
     """``row`` (a rate cell, ``n`` samples measured) with the next ``count`` samples of its fixed sequence added;
     with ``samples`` (a pretrained model), each one's score is kept there by its index."""
     start, hits = row["n"] or 0, row["hits"] or 0.0
@@ -610,7 +609,7 @@ def _slug(name: str) -> str:
     return name.replace(" ", "-").replace("+", "")
 
 
-def _plan_text(cfg: ExtendConfig, target: Any, work: list, lengths: Sequence[int], forwards: int, study: Any,
+def _plan_text(cfg: ExtendConfig, target: Target, work: list, lengths: Sequence[int], forwards: int, study: Any,
                calibration: tuple[float, int, float] | None, rounds: set = frozenset(),
                grid: Sequence[tuple] | None = None) -> str:  # fmt: skip
     models = [label(*u) for u, todo in work if todo or u in rounds]
@@ -662,7 +661,7 @@ def _count(n: int, noun: str) -> str:
     return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
-def _measure(target, model, unit, metric: str, length: int, depth: float | None, tick,  # noqa: ANN001
+def _measure(target: Target, model: Any, unit: Unit, metric: str, length: int, depth: float | None, tick: Tick,
              samples: Path | None = None) -> list[dict]:  # fmt: skip
     original = target.original_len
     row = _row(metric, unit, original, length, depth)
@@ -676,7 +675,7 @@ def _measure(target, model, unit, metric: str, length: int, depth: float | None,
         return [row, beyond]
     rated = metric.startswith(RULER_PREFIX) or length >= target.min_passkey
     if target.cfg.adaptive and rated:  # the first round; _more_rounds adds the others the cell needs
-        return [_more(target, model, row, sampling.round_size(target.cfg, metric), tick, samples)]
+        return [add_samples(target, model, row, sampling.round_size(target.cfg, metric), tick, samples)]
     if metric.startswith(RULER_PREFIX):
         score = target.ruler(model, metric.removeprefix(RULER_PREFIX), length, tick=tick)
         return [rate(row, score.hits, score.n)]

@@ -29,7 +29,7 @@ from posenc._checks import fail
 from posenc.deploy.formats import save
 from posenc.deploy.methods import parse, rebuild
 from posenc.deploy.patch import apply
-from posenc.deploy.source import load_tokenizer, meta_model, no_transformers_bars, patch_layer_types
+from posenc.deploy.source import load_tokenizer, meta_model, model_error, no_transformers_bars, patch_layer_types
 from posenc.lab.common import evaluate as ev
 from posenc.lab.common.corpus import load_corpus
 from posenc.lab.common.train import TrainConfig, train
@@ -37,7 +37,7 @@ from posenc.lab.extend.needles import passkey as pk
 from posenc.lab.extend.settings import labels
 from posenc.lab.extend.settings.config import ExtendConfig
 from posenc.lab.extend.targets import cost
-from posenc.lab.extend.targets.base import Tick, _model_error, _window_batches, finetune_text, window_scores
+from posenc.lab.extend.targets.base import Tick, finetune_text, window_batches, window_scores
 
 #: Every method a transformers RoPE model takes without extra options (LongRoPE needs searched factors).
 HF_ROPE_METHODS = ("linear", "ntk", "dynamic", "yarn", "llama3")
@@ -115,7 +115,7 @@ class HFTarget:
         try:
             self.tokenizer = load_tokenizer(self.source)
         except (OSError, ValueError) as err:
-            _model_error(cfg.model, f"its tokenizer could not be loaded: {err}")
+            model_error(cfg.model, f"its tokenizer could not be loaded: {err}")
         meta = meta_model(self.config)
         self.class_name = type(meta).__name__
         self.dims = cost.ModelDims.of(self.config, sum(p.numel() for p in meta.parameters()))
@@ -369,7 +369,7 @@ class HFTarget:
         trainer = CausalLMTrainer(model, description)
         run_dir = run_folder(self.out, label)
         where = f"@{target}" + (f" in {window}-token windows" if window != target else "")
-        batches = _window_batches(self.train, window, target, positions, 1, self.cfg.seed + 1)
+        batches = window_batches(self.train, window, target, positions, 1, self.cfg.seed + 1)
         with torch.inference_mode(False):
             train(trainer, batches, tcfg, run_dir, progress=self.progress, description=f"fine-tune {label} {where}")
         model.eval()

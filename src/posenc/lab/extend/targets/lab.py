@@ -25,7 +25,7 @@ from posenc.lab.common.train import TrainConfig, load_model, step_generator, tra
 from posenc.lab.extend.needles import passkey as pk
 from posenc.lab.extend.settings.config import ExtendConfig, drops
 from posenc.lab.extend.targets import cost
-from posenc.lab.extend.targets.base import Tick, _window_batches, finetune_text, window_scores
+from posenc.lab.extend.targets.base import Tick, finetune_text, window_batches, window_scores
 
 
 class LabTarget:
@@ -203,7 +203,7 @@ class LabTarget:
         if self.cfg.task == "passkey":
             batches = self._batches(window, batch, self.cfg.seed + 1)
         else:
-            batches = _window_batches(self.finetune_tokens, window, target, positions, batch, self.cfg.seed + 1)
+            batches = window_batches(self.finetune_tokens, window, target, positions, batch, self.cfg.seed + 1)
         run_dir = run_folder(self.out, label)
         where = f"@{target}" + (f" in {window}-byte windows" if window != target else "")
         train(model, batches, tcfg, run_dir, progress=self.progress, description=f"fine-tune {label} {where}")
