@@ -167,7 +167,7 @@ class PretrainedTarget(Target, Protocol):
     heldout_tokens: int
     corpus_name: str
     attn: str | None
-    suite: Any
+    suite: Suite | None
     remap_notes: dict[str, str]
 
     def calibrate(self, lengths: Sequence[int], report: Callable[[str], None] | None = None
