@@ -157,6 +157,8 @@ class PretrainedTarget(Target, Protocol):
         suite: task ruler: the RULER documents (``needles.ruler.Suite``) ``build_ruler`` built; None before. The
             study swaps in one round's documents around each ``ruler`` call.
         remap_notes: remapping method -> its parameters in words, for the report.
+        tokenizer: the model's tokenizer (transformers'): passkey prompts, RULER's documents, ``--save``.
+        config: the model's ``PretrainedConfig``: ``--save`` writes it.
     """
 
     source: ModelSource
@@ -169,6 +171,8 @@ class PretrainedTarget(Target, Protocol):
     attn: str | None
     suite: Suite | None
     remap_notes: dict[str, str]
+    tokenizer: Any
+    config: Any
 
     def calibrate(self, lengths: Sequence[int], report: Callable[[str], None] | None = None
                   ) -> tuple[float, int, float]:  # fmt: skip
