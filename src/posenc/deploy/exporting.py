@@ -107,20 +107,20 @@ def export(
     name = parsed.label
     if progress:
         print(f"Loading {pretrained.name} ({_name(weights_as)}) to write {name}")
-    weights = load_weights(pretrained.source, device=device, dtype=weights_as, attn=pretrained.attn)
-    description = apply(weights, parsed, factor, **where).description
+    loaded = load_weights(pretrained.source, device=device, dtype=weights_as, attn=pretrained.attn)  # model: its name
+    description = apply(loaded, parsed, factor, **where).description
     if written.suffix.lower() == ".gguf":
-        formats.save(weights, written, source=pretrained.source, tensor_type=save_type, check=False)
+        formats.save(loaded, written, source=pretrained.source, tensor_type=save_type, check=False)
         written_as = "tensors as in the source" if save_type == "source" else f"matrices as {save_type}"
     else:
         from posenc.hf import ServedOnlyWarning
 
         with warnings.catch_warnings():  # not repeated: how_to_run prints the same ways to load it
             warnings.simplefilter("ignore", ServedOnlyWarning)
-            formats.save(weights, written, source=pretrained.source, tokenizer=pretrained.tokenizer,
-                         config=pretrained.config, dtype=weights.dtype, check=False)
-        written_as = f"{_name(weights.dtype)} weights, " + (
-            "as the source holds them" if weights.dtype == source_dtype
+            formats.save(loaded, written, source=pretrained.source, tokenizer=pretrained.tokenizer,
+                         config=pretrained.config, dtype=loaded.dtype, check=False)
+        written_as = f"{_name(loaded.dtype)} weights, " + (
+            "as the source holds them" if loaded.dtype == source_dtype
             else f"converted from the source's {_name(source_dtype)} (--dtype)"
         )
     context = round(original * factor)
@@ -128,7 +128,7 @@ def export(
     result = Exported(
         path=written, label=name, original_len=original, context=context,
         description={k: v for k, v in description.items() if isinstance(v, (str, int, float, bool, list, dict))},
-        how=verify.how_to_run(written, method, factor, context, _record.reapply(weights),
+        how=verify.how_to_run(written, method, factor, context, _record.reapply(loaded),
                               {row.runtime: row.status for row in rows}),
         seconds=time.perf_counter() - start, weights=written_as, check=rows,
     )

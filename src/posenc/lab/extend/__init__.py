@@ -11,7 +11,8 @@ weight is loaded.
 
 Command: ``posenc extend MODEL [--methods yarn,dynamic] [--factors 2,4] [--task ruler --ruler-tasks niah_single_1]
 [--out OUT] [--resume] [--save DIR] [--plan]``; ``posenc extend MODEL --pick --target T [--budget 2h]`` picks the
-method for a length (``pick.run``); ``posenc export MODEL --method M --factor F --save PATH`` writes one (``export``).
+method for a length (``pick.run``); ``posenc export MODEL --method M --factor F --save PATH`` writes one
+(``posenc.deploy``).
 
 Files in ``OUT``:
     extend.json         the settings (``ExtendConfig``, the plan's defaults filled in), checked on ``--resume``
@@ -23,7 +24,7 @@ Files in ``OUT``:
     runs/               training and fine-tuning runs of lab models
 
 Where to change what (folders import one way: ``settings`` below all, ``needles`` and ``stats`` below ``targets``,
-``targets`` below ``study``, ``study`` below ``pick`` and ``export``):
+``targets`` below ``study``, ``study`` below ``pick``):
     ``settings/``   what a study is told
         ``config``      the settings (``ExtendConfig``) and their checks that need no model
         ``lengths``     the lengths ``--lengths``, ``--target`` and the like take
@@ -56,7 +57,7 @@ Where to change what (folders import one way: ``settings`` below all, ``needles`
         ``run``         ``--pick``'s run: three studies in one folder, the decision, the save
         ``report``      ``--pick``'s text: the plan as printed, the summary, ``pick.md``
         ``racing``      ``--pick``'s rounds: screening and the race as ``run_extend`` round policies
-    ``export``      ``posenc export``: one extended model written, nothing measured
+    ``posenc export`` is ``posenc.deploy`` (one extended model written, nothing measured: no target, no study);
     a lab model's GPT, corpus, scoring and RoPE patches are ``posenc.lab.common`` (``gpt``, ``corpus``,
     ``evaluate``, ``scaling``); transformers models are patched by ``posenc.hf``.
 """

@@ -154,11 +154,11 @@ def passkey_batch(
     if depth is not None:
         _check_depth(depth)
     keys = torch.randint(KEY_LOW, KEY_HIGH, (batch,), generator=generator)  # (batch,)
-    depths = torch.rand(batch, generator=generator, dtype=torch.float64) if depth is None else None  # (batch,)
+    # (batch,) depths: drawn, else the one given
+    depths = torch.rand(batch, generator=generator, dtype=torch.float64).tolist() if depth is None else [depth] * batch
     rows = []
     for i in range(batch):
-        d = depth if depths is None else float(depths[i])
-        text = passkey_text(length - DIGITS, d, int(keys[i])) + " " + str(int(keys[i]))
+        text = passkey_text(length - DIGITS, depths[i], int(keys[i])) + " " + str(int(keys[i]))
         rows.append(torch.frombuffer(bytearray(text.encode("ascii")), dtype=torch.uint8))
     seq = torch.stack(rows).long()  # (batch, length + 1)
     mask = torch.zeros(batch, length, dtype=torch.bool)
@@ -166,7 +166,9 @@ def passkey_batch(
     return seq[:, :-1], seq[:, 1:], mask
 
 
-def batch_maker(length: int, depth: float | None) -> Callable[[int, torch.Generator], tuple[torch.Tensor, ...]]:
+def batch_maker(
+    length: int, depth: float | None
+) -> Callable[[int, torch.Generator], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     """``make(n, generator)`` for ``posenc.lab.common.evaluate.task_accuracy``: passkey rows at a length and depth."""
     return lambda n, generator: passkey_batch(n, length, generator=generator, depth=depth)
 

@@ -133,7 +133,7 @@ def estimate(pick_plan: PickPlan, target: PretrainedTarget, cfg: ExtendConfig) -
     cost_t, cost_s = target.forward_cost(pick_plan.target), target.forward_cost(pick_plan.screen)
     weights = sorted((rules.cost_factor(c.method, pick_plan.remap_cost) for c in pick_plan.candidates), reverse=True)
     screen_seconds = (1 + sum(weights)) * (cost_t + len(pick_plan.depths) * racing.SCREEN_CAP * cost_s) * spu
-    window = cfg.finetune_window or pick_plan.target
+    window = cfg.finetune_window_for(pick_plan.target)
     finetune_seconds = len(pick_plan.tuned) * cfg.finetune_steps * 3 * target.forward_cost(window) * spu
     cells = len(pick_plan.depths) + (len(ruler_tasks(cfg)) if cfg.task == "ruler" else 0)
     models = 1 + sum(weights[: racing.KEEP]) + len(pick_plan.tuned)  # in plain-forward units
@@ -209,8 +209,10 @@ def stage_configs(cfg: ExtendConfig, pick_plan: PickPlan, cap: int) -> tuple[Ext
     ``stop_width`` 0 the race's replay takes every raced model to the cap)."""
     methods = tuple(dict.fromkeys(c.method for c in pick_plan.candidates))
     factors = tuple(sorted({c.factor for c in pick_plan.candidates}))
-    common = dict(methods=methods, factors=factors, depths=pick_plan.depths, eval_tokens=pick_plan.target, out=None)
-    zero_shot = dict(
+    common: dict[str, Any] = dict(
+        methods=methods, factors=factors, depths=pick_plan.depths, eval_tokens=pick_plan.target, out=None
+    )
+    zero_shot: dict[str, Any] = dict(
         task="lm", finetune_steps=0, finetune_positions=("plain",), finetune_window=None, finetune_lr=None,
         finetune_corpus=None, ruler_tasks=None, ruler_samples=None,
     )  # fmt: skip

@@ -22,13 +22,17 @@ import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from posenc.lab.extend.pick import rules
 from posenc.lab.extend.stats import race
 from posenc.lab.extend.stats.rates import is_rate_metric, model_of
+
+if TYPE_CHECKING:
+    from posenc.lab.extend.settings.config import ExtendConfig
+    from posenc.lab.extend.targets.base import PretrainedTarget
 
 #: Screening: needles per cell at most (rounds of ``race.ROUND``), and how many candidates the race should get.
 SCREEN_CAP = 12
@@ -187,7 +191,7 @@ def policy(replay: Callable[[Field, torch.Tensor, torch.Tensor], Replay], cap: i
     the replay is done or the deadline passes."""
     from posenc.lab.extend.study.report import label
     from posenc.lab.extend.study.run import (
-        _more,
+        add_samples,
         model_for,
         read_results,
         read_samples,
@@ -195,8 +199,8 @@ def policy(replay: Callable[[Field, torch.Tensor, torch.Tensor], Replay], cap: i
         upsert_results,
     )
 
-    def more_rounds(target: Any, cfg: Any, units: Sequence[tuple], grid: Sequence[tuple], results: Path,
-                    study: Any, described: dict, samples: Path | None) -> None:  # fmt: skip
+    def more_rounds(target: PretrainedTarget, cfg: ExtendConfig, units: Sequence[tuple], grid: Sequence[tuple],
+                    results: Path, study: Any, described: dict, samples: Path | None) -> None:
         if samples is None:
             raise ValueError("--pick races pretrained models only (their needles are kept one by one)")
         field = Field.of(units, grid, cap)
@@ -218,7 +222,7 @@ def policy(replay: Callable[[Field, torch.Tensor, torch.Tensor], Replay], cap: i
                         if row["n"] >= int(counts[i]) + race.ROUND or row["n"] >= cap:
                             continue  # this cell has the round already (a resumed round cut mid-way)
                         count = min(race.ROUND, cap - row["n"])
-                        fresh = _more(target, model, dict(row), count, tick, samples)
+                        fresh = add_samples(target, model, dict(row), count, tick, samples)
                         upsert_results(results, [fresh])
                         rows[result_key(fresh)] = fresh
                         measured = True

@@ -27,7 +27,7 @@ The question: *this model was trained for L tokens; which method makes it work a
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -100,9 +100,12 @@ def parse_target(text: str | int, original: int | None) -> int:
     from posenc.lab.extend.settings.config import length_form, resolve_length
 
     form = length_form("target", text)
-    if isinstance(form, str) and original is None:
-        fail("target", text, "a length in tokens (the model's original context is unknown, so no multiple)")
-    length = resolve_length("target", form, original) if isinstance(form, str) else form
+    if isinstance(form, str):
+        if original is None:
+            fail("target", text, "a length in tokens (the model's original context is unknown, so no multiple)")
+        length = resolve_length("target", form, original)
+    else:
+        length = form
     if original is not None and length <= original:
         fail("target", text, f"a length beyond the original context of {original} tokens")
     return length
@@ -126,7 +129,7 @@ class Candidate:
 
 def candidates(
     original: int, target: int, *, model_type: str | None, remapping: bool, methods: Sequence[str] | None = None,
-    savable: Any = None,
+    savable: Callable[[str], str | None] | None = None,
 ) -> tuple[list[Candidate], dict[str, str]]:
     """The methods that compete, and those left out with why.
 
@@ -150,8 +153,9 @@ def candidates(
         if unknown:
             fail("methods", list(methods), f"candidates --pick can measure on this model: {every}")
         if "longrope" in methods:
-            why = "per-frequency factors come from a search (give them to posenc.hf.extend_context instead)"
-            fail("methods", list(methods), f"training-free methods with a rule for their parameters: longrope's {why}")
+            search = "per-frequency factors come from a search (give them to posenc.hf.extend_context instead)"
+            fail("methods", list(methods), f"training-free methods with a rule for their parameters: longrope's "
+                 f"{search}")
         every = [m for m in every if m in methods]
     else:
         left_out["longrope"] = "its per-frequency factors come from a search, not from a rule"
@@ -275,7 +279,7 @@ class Outcome:
 
 
 def decide(standings: Sequence[Standing], verdict: Any, units: Sequence[tuple], name: Any, *, ended: str,
-           savable: Any = None) -> Outcome:  # fmt: skip
+           savable: Callable[[str], str | None] | None = None) -> Outcome:  # fmt: skip
     """The pick from the race's last look (``posenc.lab.extend.stats.race.verdict`` over ``units``, the unpatched model
     among them), in words. ``savable(method) -> str | None``: why ``--save`` cannot write a method (a save added on
     resume): the pick is then the best estimate among those it can write, reported as such."""

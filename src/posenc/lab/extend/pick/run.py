@@ -56,7 +56,7 @@ from posenc.lab.extend.stats import rates as rates_mod
 from posenc.lab.extend.stats.rates import UNPATCHED, model_of
 from posenc.lab.extend.study import plan
 from posenc.lab.extend.study.report import label
-from posenc.lab.extend.targets.base import PretrainedTarget
+from posenc.lab.extend.targets.base import PretrainedTarget, as_pretrained
 from posenc.lab.extend.targets.load import load_target
 
 
@@ -116,6 +116,7 @@ def run_pick(
     target = load_target(cfg, out / "final", device=device, progress=progress)  # config and tokenizer only
     if target.kind == "lab":
         fail("model", cfg.model, "a pretrained model for --pick (a lab model cannot follow a passkey prompt)")
+    target = as_pretrained(target)
     stored = (before or {}) if resume else {}  # a resumed pick keeps its candidates
     pick_plan = make_plan(cfg, target, target_length, device=device, budget=seconds, save=save, save_type=save_type,
                           out=out, stored=stored.get("candidates"))
@@ -380,15 +381,16 @@ def _save(cfg: ExtendConfig, out: Path, unit: tuple, save: str | Path, save_type
     one = dataclasses.replace(cfg, methods=(method,), factors=(factor,), finetune_steps=steps,
                               finetune_positions=(positions,))  # fmt: skip
     final = out / "final"
-    model_target = load_target(one, final, device=device, progress=False)
-    resolved = plan.resolve(one, kind=model_target.kind, original=model_target.original_len,
-                            default_methods=model_target.default_methods, device=device)  # fmt: skip
-    resolved = dataclasses.replace(resolved, dtype=str(model_target.dtype).removeprefix("torch."))
-    model_target.use(resolved)
-    path = check_save(save, resolved, model_target, out, save_type)
-    model_target.load()
-    patched, _, _ = model_for(model_target, unit)
-    write_saved(model_target, patched, path, save_type, progress)  # posenc.deploy's write path, as --save's
+    target = as_pretrained(load_target(one, final, device=device, progress=False))  # the pick refused a lab model
+    resolved = plan.resolve(one, kind=target.kind, original=target.original_len,
+                            default_methods=target.default_methods, device=device)  # fmt: skip
+    resolved = dataclasses.replace(resolved, dtype=str(target.dtype).removeprefix("torch."))
+    target.use(resolved)
+    path = check_save(save, resolved, target, out, save_type)
+    assert path is not None  # a save was asked for
+    target.load()
+    patched, _, _ = model_for(target, unit)
+    write_saved(target, patched, path, save_type, progress)  # posenc.deploy's write path, as --save's
     if progress:
         print(f"Saved the pick, {label(*unit)}, to {path}")
     return path

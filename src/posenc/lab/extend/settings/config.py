@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import torch
 
@@ -24,8 +25,31 @@ TASKS = ("lm", "passkey", "ruler")
 FINETUNE_POSITIONS = ("plain", "pose", "random")
 #: ``model`` keyword for a fresh lab model (``new`` is RoPE; ``new:alibi`` picks the encoding).
 NEW = "new"
+T = TypeVar("T")
+
 #: ``stop_width``'s default: a rate is clear once its 95% interval is at most this wide (``lab.extend.sampling``).
 STOP_WIDTH = 0.3
+
+
+def filled(value: T | None, name: str) -> T:
+    """A setting the plan fills in (``study.plan.resolve``: ``methods``, ``trials``...) read after it: ``value``.
+    None there is a bug (a setting read before the plan), refused."""
+    if value is None:
+        raise RuntimeError(f"setting {name!r} read before study.plan.resolve filled it in")
+    return value
+
+
+def tokens(value: int | str | None, name: str) -> int:
+    """A length setting read once its multiples are resolved (``resolve_lengths``; ``study.plan.resolve``): tokens.
+    A multiple (``"2x"``) or None there is a bug, refused."""
+    if not isinstance(value, int):
+        raise RuntimeError(f"setting {name!r} is {value!r}, not yet tokens: read before its multiples were resolved")
+    return value
+
+
+def token_lengths(cfg: ExtendConfig) -> tuple[int, ...]:
+    """``cfg.lengths`` in tokens, as the plan filled them in (``filled``, ``tokens``)."""
+    return tuple(tokens(n, "lengths") for n in filled(cfg.lengths, "lengths"))
 
 
 def unit_factors(cfg: ExtendConfig, method: str) -> tuple[float, ...]:
@@ -163,14 +187,14 @@ class ExtendConfig(DictConfig):
         if self.factors is not None:
             from posenc.hf.extend import check_factor
 
-            scaled = [m for m in self.methods or () if not drops(m)] or [None]  # drope takes none: measured once
+            scaled: list[str | None] = [m for m in self.methods or () if not drops(m)] or [None]  # drope: measured once
             # 1 measures the model as trained again (`none`, always measured) but STRING; in a study of drope alone
             # the factors only set the targets `none` is fine-tuned at, and 1 is the original context (the control
             # of a recalibration: RoPE trained as long on the same windows).
             only_drope = bool(self.methods) and scaled == [None]
             for factor in self.factors:
-                for method in scaled:
-                    check_factor(factor, method, name="factors", as_model=not only_drope)
+                for scaled_method in scaled:
+                    check_factor(factor, scaled_method, name="factors", as_model=not only_drope)
             object.__setattr__(self, "factors", tuple(float(f) for f in self.factors))
             if len(set(self.factors)) != len(self.factors):
                 fail("factors", self.factors, "each factor once")
@@ -239,13 +263,14 @@ class ExtendConfig(DictConfig):
                 fail("model", self.model, "a model folder; a fresh model ('new') is only trained by --task passkey")
         if self.lengths is not None and not self.has_multiples:
             known = self.original_len or (self.train_len if self.is_new else None)
+            lengths = token_lengths(self)
             if known is not None:
-                check_lengths(self.lengths, known)
-            if self.eval_tokens is not None and self.eval_tokens < max(self.lengths):
+                check_lengths(lengths, known)
+            if self.eval_tokens is not None and tokens(self.eval_tokens, "eval_tokens") < max(lengths):
                 fail(
                     "eval_tokens",
                     self.eval_tokens,
-                    f"at least the longest length, {max(self.lengths)} (--eval-tokens: one full window per length)",
+                    f"at least the longest length, {max(lengths)} (--eval-tokens: one full window per length)",
                 )
         if not isinstance(self.device, str) or not self.device:
             fail("device", self.device, "'auto', 'cpu', 'cuda' or 'cuda:<index>'")
@@ -313,7 +338,7 @@ class ExtendConfig(DictConfig):
 
     def finetune_window_for(self, target: int) -> int:
         """Tokens per fine-tuning sequence for a ``target`` context: ``finetune_window``, or the target."""
-        return target if self.finetune_window is None else self.finetune_window
+        return target if self.finetune_window is None else tokens(self.finetune_window, "finetune_window")
 
     @property
     def adaptive(self) -> bool:
@@ -352,9 +377,9 @@ def resolve_length(name: str, value: int | str, original: int) -> int:
     return tokens
 
 
-def resolved_forms(cfg: ExtendConfig, original: int) -> dict[str, object]:
+def resolved_forms(cfg: ExtendConfig, original: int) -> dict[str, Any]:
     """The settings of ``cfg`` given as multiples, in tokens of ``original``."""
-    out: dict[str, object] = {}
+    out: dict[str, Any] = {}
     if cfg.lengths is not None:
         out["lengths"] = tuple(resolve_length("lengths", n, original) for n in cfg.lengths)
     for name in ("eval_tokens", "finetune_window"):

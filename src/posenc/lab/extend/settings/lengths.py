@@ -5,6 +5,7 @@ them before the library loads."""
 from __future__ import annotations
 
 import re
+from typing import TypeGuard
 
 from posenc._fail import fail
 
@@ -16,7 +17,8 @@ _MULTIPLE = re.compile(r"(\d+(?:\.\d*)?|\.\d+)x", re.ASCII)
 _KILO = re.compile(r"(\d+(?:\.\d*)?|\.\d+)k", re.ASCII)  # 16k = 16 * 1024 tokens, as the field writes lengths
 
 
-def is_count(value: object) -> bool:
+def is_count(value: object) -> TypeGuard[int]:
+    """A count of tokens: a positive ``int`` (not a bool)."""
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 

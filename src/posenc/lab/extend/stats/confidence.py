@@ -44,7 +44,7 @@ def _log_mixture(s: torch.Tensor, f: torch.Tensor, a: float, b: float) -> torch.
 
 
 def rate_interval(
-    hits: float | torch.Tensor, n: int | torch.Tensor, alpha: float = ALPHA, prior: tuple[float, float] = PRIOR
+    hits: float | torch.Tensor, n: float | torch.Tensor, alpha: float = ALPHA, prior: tuple[float, float] = PRIOR
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The anytime-valid ``1 - alpha`` interval of a rate after ``n`` scores in [0, 1] summing to ``hits``.
 
@@ -54,12 +54,11 @@ def rate_interval(
     Shapes:
         hits, n: () or any shape (broadcast) -> low, high of that shape, float64.
     """
-    s, n = _tensor(hits), _tensor(n)
-    s, n = torch.broadcast_tensors(s, n)
-    f = n - s
+    s, count = torch.broadcast_tensors(_tensor(hits), _tensor(n))
+    f = count - s
     a, b = prior
     level = math.log(1 / alpha)
-    mle = torch.where(n > 0, s / n.clamp_min(1), torch.full_like(n, 0.5))
+    mle = torch.where(count > 0, s / count.clamp_min(1), torch.full_like(count, 0.5))
     threshold = _log_mixture(s, f, a, b) - level  # inside: s log p + f log(1 - p) > threshold
 
     def inside(p: torch.Tensor) -> torch.Tensor:

@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from posenc._checks import fail
-from posenc.lab.extend.settings.config import ExtendConfig
+from posenc.lab.extend.settings.config import ExtendConfig, filled
 from posenc.lab.extend.stats.rates import RULER_PREFIX, Rate, model_of, row_rate, unit_order
 
 #: Samples per round (a cell's first round is ``min(ROUND, cap)``).
@@ -34,7 +34,9 @@ ROUND = 4
 
 def cap(cfg: ExtendConfig, metric: str) -> int:
     """The most samples a cell of ``metric`` gets: ``ruler_samples`` (RULER) or ``trials`` (passkey)."""
-    return cfg.ruler_samples if metric.startswith(RULER_PREFIX) else cfg.trials
+    if metric.startswith(RULER_PREFIX):
+        return filled(cfg.ruler_samples, "ruler_samples")
+    return filled(cfg.trials, "trials")
 
 
 def round_size(cfg: ExtendConfig, metric: str) -> int:
@@ -75,7 +77,8 @@ def decided(rate: Rate, best: Rate, stop_width: float) -> bool:
 
 def pending(rows: Sequence[Mapping[str, Any]], cfg: ExtendConfig) -> list[Mapping[str, Any]]:
     """The rate cells that need another round: measured, under their cap, not decided against their group's best."""
-    if not cfg.adaptive:
+    stop_width = cfg.stop_width
+    if not stop_width:  # not cfg.adaptive: fixed counts
         return []
     rated = [r for r in rows if r["metric"] == "passkey" or r["metric"].startswith(RULER_PREFIX)]
     best = best_of(rated)
@@ -84,7 +87,8 @@ def pending(rows: Sequence[Mapping[str, Any]], cfg: ExtendConfig) -> list[Mappin
         rate = row_rate(row)
         if rate is not None and rate.n < cap(cfg, row["metric"]):
             top = row_rate(best[group_of(row)])  # a cell is never beyond noise of itself: the best stops on its width
-            if not decided(rate, top, cfg.stop_width):
+            assert top is not None  # best_of keeps the rows with a rate only
+            if not decided(rate, top, stop_width):
                 out.append(row)
     return out
 

@@ -23,7 +23,16 @@ from typing import Any
 import torch
 
 from posenc._checks import fail
-from posenc.lab.extend.settings.config import ExtendConfig, check_lengths, drops, unit_factors
+from posenc.lab.extend.settings.config import (
+    ExtendConfig,
+    check_lengths,
+    drops,
+    filled,
+    token_lengths,
+    tokens,
+    unit_factors,
+)
+from posenc.lab.extend.targets.base import PretrainedTarget, Target, as_pretrained
 from posenc.lab.extend.targets.cost import HEAD_CHUNK, ModelDims
 
 DEFAULT_DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
@@ -50,7 +59,9 @@ def plan_name(kind: str, device: str) -> str:
     return "lab" if kind == "lab" else "cuda" if device.startswith("cuda") else "cpu"
 
 
-def resolve(cfg: ExtendConfig, *, kind: str, original: int, default_methods: Sequence[str], device: str) -> Any:
+def resolve(
+    cfg: ExtendConfig, *, kind: str, original: int, default_methods: Sequence[str], device: str
+) -> ExtendConfig:
     """``cfg`` with every setting left out (None) filled in for this model's kind and device; given ones kept.
 
     ``eval_tokens`` left out: the longest length for a pretrained model (each length scores the same tokens, the
@@ -59,7 +70,7 @@ def resolve(cfg: ExtendConfig, *, kind: str, original: int, default_methods: Seq
     lengths = cfg.lengths or tuple(sorted({max(1, round(original * m)) for m in plan["multiples"]}))
     longest = max(lengths)
     eval_tokens = cfg.eval_tokens
-    ruler = {}
+    ruler: dict[str, Any] = {}
     if cfg.task == "ruler":
         from posenc.lab.extend.needles.ruler import DEFAULT_TASKS
 
@@ -81,13 +92,13 @@ def resolve(cfg: ExtendConfig, *, kind: str, original: int, default_methods: Seq
     )
 
 
-def check(cfg: ExtendConfig, target: Any, *, device: str) -> None:
+def check(cfg: ExtendConfig, target: Target, *, device: str) -> None:
     """Every setting against the others and the machine, before any weight is loaded (``target`` has its config,
     tokenizer and held-out tokens, no weights). Raises ValueError naming the setting to change."""
-    lengths = sorted(set(cfg.lengths))
+    lengths = sorted(set(token_lengths(cfg)))
     longest = lengths[-1]
     check_lengths(lengths, target.original_len)
-    if cfg.eval_tokens < longest:
+    if tokens(cfg.eval_tokens, "eval_tokens") < longest:
         fail(
             "eval_tokens",
             cfg.eval_tokens,
@@ -97,13 +108,14 @@ def check(cfg: ExtendConfig, target: Any, *, device: str) -> None:
     check_finetune(cfg, target)
     if target.kind == "lab":
         return  # the corpus was checked in bytes when loaded; lab models are small
-    available = target.heldout_tokens
+    pretrained = as_pretrained(target)
+    available = pretrained.heldout_tokens
     if available < longest + 1:
         fail(
             "lengths",
             lengths,
-            f"lengths the held-out text can fill: {target.corpus_name} gives {available} held-out tokens, so at most "
-            f"{available - 1}; lower --lengths or pass a bigger --corpus",
+            f"lengths the held-out text can fill: {pretrained.corpus_name} gives {available} held-out tokens, so at "
+            f"most {available - 1}; lower --lengths or pass a bigger --corpus",
         )
     if longest < target.min_passkey:
         fail(
@@ -112,20 +124,20 @@ def check(cfg: ExtendConfig, target: Any, *, device: str) -> None:
             f"at least one length of {target.min_passkey} tokens or more, the shortest passkey prompt with this "
             "tokenizer (shorter lengths are reported n/a)",
         )
-    check_memory(target, longest, device)
+    check_memory(pretrained, longest, device)
     if cfg.finetune_steps:
         window = max(cfg.finetune_window_for(t) for t in finetune_targets(cfg, target))
         check_finetune_memory(target, window, device)
 
 
-def finetune_targets(cfg: ExtendConfig, target: Any) -> list[int]:
+def finetune_targets(cfg: ExtendConfig, target: Target) -> list[int]:
     """The target contexts the study fine-tunes at, sorted: ``factor * original`` per factor of a scaling method (a
     lab model's unpatched one too), the original context itself for ``drope`` (its recalibration)."""
-    methods = [*cfg.methods, *(("none",) if target.kind == "lab" else ())]
+    methods = [*filled(cfg.methods, "methods"), *(("none",) if target.kind == "lab" else ())]
     return sorted({round(target.original_len * f) for m in methods for f in unit_factors(cfg, m)})
 
 
-def check_finetune(cfg: ExtendConfig, target: Any) -> None:
+def check_finetune(cfg: ExtendConfig, target: Target) -> None:
     """The fine-tuning positions against the model (``pose`` and ``random`` need one that reads position ids:
     not a transformers ALiBi model), the window against the targets (``factor * original``; ``drope``: at most the
     original context, where it is recalibrated) and the fine-tuning text."""
@@ -134,10 +146,11 @@ def check_finetune(cfg: ExtendConfig, target: Any) -> None:
     if target.kind != "lab":  # a lab model reads its positions, ALiBi included
         from posenc.lab.extend.targets.finetune import check_positions_reach
 
-        check_positions_reach(cfg.finetune_positions, target.model_type)
+        check_positions_reach(cfg.finetune_positions, as_pretrained(target).model_type)
     targets = finetune_targets(cfg, target)
-    window = cfg.finetune_window
-    dropping = [m for m in cfg.methods if drops(m)]
+    window = None if cfg.finetune_window is None else tokens(cfg.finetune_window, "finetune_window")
+    methods = filled(cfg.methods, "methods")
+    dropping = [m for m in methods if drops(m)]
     if dropping and window is not None and window > target.original_len:
         fail(
             "finetune_window",
@@ -160,7 +173,7 @@ def check_finetune(cfg: ExtendConfig, target: Any) -> None:
     if sampled and target.kind != "lab":
         from posenc.lab.extend.settings import composed
 
-        remapped = [m for m in cfg.methods if composed.remapping(m) is not None]
+        remapped = [m for m in methods if composed.remapping(m) is not None]
         if remapped:
             fail(
                 "finetune_positions",
@@ -252,7 +265,7 @@ def available_memory(device: str) -> int | None:
     return None
 
 
-def check_memory(target: Any, length: int, device: str) -> None:
+def check_memory(target: PretrainedTarget, length: int, device: str) -> None:
     need = memory_needed(target.dims, length, weight_bytes=target.weight_bytes, act_bytes=target.act_bytes)
     _check_fits(need, device, "lengths", length, f"a longest length that fits in memory: {target.name} at {length} "
                 "tokens", "lower --lengths")  # fmt: skip
@@ -285,10 +298,11 @@ def finetune_memory_needed(dims: ModelDims, window: int, *, weight_bytes: int) -
     return parts
 
 
-def check_finetune_memory(target: Any, window: int, device: str) -> None:
+def check_finetune_memory(target: Target, window: int, device: str) -> None:
     if target.kind == "lab":
         return
-    need = finetune_memory_needed(target.dims, window, weight_bytes=target.weight_bytes)
+    pretrained = as_pretrained(target)
+    need = finetune_memory_needed(pretrained.dims, window, weight_bytes=pretrained.weight_bytes)
     _check_fits(need, device, "finetune_window", window, f"a fine-tuning window that fits in memory: {target.name} "
                 f"fine-tuned on {window}-token windows", "pass a smaller --finetune-window")  # fmt: skip
 
@@ -335,6 +349,7 @@ class StudyProgress:
 
         def tick(cost: float, forwards: int = 1) -> None:
             now = time.perf_counter()
+            assert self._last is not None  # set while a bar is open
             self.spent += now - self._last
             self._last = now
             self.done += cost
@@ -357,7 +372,8 @@ class StudyProgress:
 
             columns = (TextColumn("[bold]{task.description}"), BarColumn(), TimeElapsedColumn(), Status())
             with Progress(*columns, refresh_per_second=2) as progress:
-                task = progress.add_task(description, total=self.total, completed=self.done)
+                # rich's hint says int; a task's progress is a float (rich.progress.Task.completed)
+                task = progress.add_task(description, total=self.total, completed=self.done)  # type: ignore[arg-type]
                 redraw.append(lambda: progress.update(task, completed=self.done))
                 yield tick
         finally:

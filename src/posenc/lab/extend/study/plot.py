@@ -61,7 +61,7 @@ def plot_extend(
     factors = sorted({u[1] for u in groups if u[0] != "none" and not drops(u[0])})  # drope: no factor, solid
     drawn: dict[tuple, list[tuple[int, float]]] = {}
     for i, (unit_, by_length) in enumerate(groups.items()):
-        points = sorted((n, mean(v)) for n, v in by_length.items() if v)
+        points = sorted((n, sum(v) / len(v)) for n, v in by_length.items() if v)  # the mean of each length
         method, factor, steps, _ = unit_
         twin = next((label(*u) for u, p in drawn.items() if same_points(points, p)), None)
         drawn[unit_] = points
@@ -134,6 +134,7 @@ def plot_passkey(
                 if r is not None and r["status"] == "ok" and r["accuracy"] is not None:
                     grid[i, j] = r["accuracy"]
                     cell = row_rate(r)
+                    assert cell is not None  # an ok row with an accuracy has a rate
                     found[i, j] = f"{cell.hits:g}/{cell.n}"
         image = ax.imshow(grid.numpy(), cmap=cmap, vmin=0.0, vmax=1.0, aspect="auto")
         for i in range(len(depths)):

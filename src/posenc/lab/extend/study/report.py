@@ -13,7 +13,7 @@ from posenc.lab.common.files import write_text_atomic
 from posenc.lab.common.report import config_and_environment, duration, environment, wide_console
 from posenc.lab.extend.needles.shared_prefix import LENGTH_DEPENDENT_REMAP
 from posenc.lab.extend.settings import composed
-from posenc.lab.extend.settings.config import DROPE_ZERO_SHOT, ExtendConfig, drops, unit_factors
+from posenc.lab.extend.settings.config import DROPE_ZERO_SHOT, ExtendConfig, drops, filled, unit_factors
 from posenc.lab.extend.settings.labels import label
 from posenc.lab.extend.stats.rates import (
     RULER_PREFIX,
@@ -48,7 +48,7 @@ def table(rows: Sequence[Mapping[str, Any]], metric: str) -> tuple[list[str], li
     if is_rate_metric(metric):
         for unit, by_rate in rates(rows, metric).items():
             cells.append([label(*unit)] + [
-                "-" if n not in by_rate else "n/a" if by_rate[n] is None else by_rate[n].text() for n in lengths
+                "-" if n not in by_rate else "n/a" if (r := by_rate[n]) is None else r.text() for n in lengths
             ])  # fmt: skip
         return headers, cells
     for unit, by_length in curves(rows, metric).items():
@@ -173,16 +173,17 @@ def findings_for(
             lines.append(
                 f"- Unpatched: perplexity {at_orig:.2f} at {where} -> {at_far:.2f} at {far} ({far / original:g}x)."
             )
-        scored = {u: mean(by.get(far, [])) for u, by in ppl.items() if u[0] != "none" or u[2]}
-        scored = {u: v for u, v in scored.items() if v is not None}
+        scored = {
+            u: v for u, by in ppl.items() if (u[0] != "none" or u[2]) and (v := mean(by.get(far, []))) is not None
+        }
         if scored and not base:  # --no-baseline: the methods against each other only
-            best = min(scored, key=scored.get)
+            best = min(scored, key=scored.__getitem__)
             lines.append(
                 f"- At {far} {units} the best is {label(*best)} with perplexity {scored[best]:.2f} (the unpatched "
                 "model was left out of this study: --no-baseline)."
             )
         elif scored and at_far is not None:
-            best = min(scored, key=scored.get)
+            best = min(scored, key=scored.__getitem__)
             rescued = sorted(label(*u) for u, v in scored.items() if v < at_far)
             lines.append(
                 f"- At {far} {units} the best is {label(*best)} with perplexity {scored[best]:.2f} "
@@ -287,7 +288,7 @@ def _ruler_findings(rows: Sequence[Mapping[str, Any]], original: int, units: str
         base = groups.get(UNPATCHED, {})
         for n in sorted({lengths[-1], *[m for m in lengths if m <= original][-1:]}, reverse=True):
             where = f"past the original {original} {units}" if n > original else "within the original context"
-            scored = [(u, by.get(n)) for u, by in groups.items() if by.get(n) is not None]
+            scored = [(u, r) for u, by in groups.items() if (r := by.get(n)) is not None]
             lines.append(
                 f"- RULER {task} at {n} {units} ({where}): "
                 + ", ".join(
@@ -313,7 +314,7 @@ def _agreement(rows: Sequence[Mapping[str, Any]], metrics: Sequence[str], far: i
             bests[name] = (label(*best), tied) if at[best].hits > 0 else None
     ppl = {u: v for u, by in curves(rows, "ppl").items() if (v := mean(by.get(far, []))) is not None}
     if ppl:
-        bests["perplexity"] = (label(*min(ppl, key=ppl.get)), [])
+        bests["perplexity"] = (label(*min(ppl, key=ppl.__getitem__)), [])
     named = "; ".join(
         f"{m}: " + ("nothing found" if b is None else b[0] + (f" (within noise of {', '.join(b[1])})" if b[1] else ""))
         for m, b in bests.items()
@@ -355,8 +356,8 @@ def write_report(
         "",
         f"Model: {target.name} in {precision_text(cfg.dtype, target.kind)}, original context {original} {unit}s. "
         "Each method patched at factors "
-        f"{', '.join(f'{f:g}' for f in cfg.factors)}"
-        + (" (drope once: it has no factor)" if any(drops(m) for m in cfg.methods) else "")
+        f"{', '.join(f'{f:g}' for f in filled(cfg.factors, 'factors'))}"
+        + (" (drope once: it has no factor)" if any(drops(m) for m in filled(cfg.methods, 'methods')) else "")
         + " and measured at "
         f"{', '.join(map(str, sorted({r['length'] for r in rows})))} {unit}s; {baseline}"
         f"Time taken: {duration(seconds)}"
@@ -440,26 +441,27 @@ def write_report(
             format_table(rows, "ppl_past"),
         ]
     if any(r["metric"] == "passkey" for r in rows):
+        depths = filled(cfg.depths, "depths")
         lines += [
             "## Passkey retrieval",
             "",
             f"Keys found (exact match) of keys tried, pooled over depths "
-            f"{', '.join(f'{d:g}' for d in cfg.depths)} (Mohtashami & Jaggi 2023): `hits/n rate "
+            f"{', '.join(f'{d:g}' for d in depths)} (Mohtashami & Jaggi 2023): `hits/n rate "
             f"[95% {interval_name(cfg)} interval]`. `n/a`: the length is shorter than the prompt "
             f"({target.min_passkey} {unit}s). The heatmaps "
             "give every depth; two rates differ beyond noise only where their intervals are disjoint. Keys: "
-            f"{rule_text(cfg, 'keys', cfg.trials)}; a cell is a model at one length and depth.",
+            f"{rule_text(cfg, 'keys', filled(cfg.trials, 'trials'))}; a cell is a model at one length and depth.",
             "",
             format_table(rows, "passkey"),
         ]
         if cfg.adaptive:
             lines += [
-                f"Keys tried per cell (n at depths {', '.join(f'{d:g}' for d in cfg.depths)}, in that order). Where "
+                f"Keys tried per cell (n at depths {', '.join(f'{d:g}' for d in depths)}, in that order). Where "
                 "a model's depths got different n, its pooled rate above is the mean of its depths' rates, with "
                 "Kish's effective n for equal weights (k^2 / sum 1/n_i), so no depth counts more for having taken "
                 "more keys:",
                 "",
-                format_counts(rows, "passkey", cfg.depths),
+                format_counts(rows, "passkey", depths),
             ]
         if (out / "passkey.png").is_file():
             lines += ["![passkey keys found by length and depth](passkey.png)", ""]
@@ -482,13 +484,13 @@ PASSKEY_ROWS = (
 )
 
 
-def trains_on_passkey(cfg: ExtendConfig, target: Any) -> bool:
+def trains_on_passkey(cfg: ExtendConfig, target: Target) -> bool:
     """Whether the fine-tuned models learned the passkey task rather than text: a lab model studied with
     ``--task passkey`` is fine-tuned on that task's rows (``LabTarget.finetune``); a pretrained model reads text."""
     return target.kind == "lab" and cfg.task == "passkey"
 
 
-def _finetune_section(out: Path, cfg: ExtendConfig, target: Any) -> list[str]:
+def _finetune_section(out: Path, cfg: ExtendConfig, target: Target) -> list[str]:
     """How the fine-tuned models were trained: steps, window, positions, text, and the loss curve."""
     if not cfg.finetune_steps:
         return []
@@ -520,7 +522,7 @@ def _finetune_section(out: Path, cfg: ExtendConfig, target: Any) -> list[str]:
 
 
 def _ruler_section(
-    rows: Sequence[Mapping[str, Any]], metrics: Sequence[str], cfg: ExtendConfig, target: Any, saved: Path | None
+    rows: Sequence[Mapping[str, Any]], metrics: Sequence[str], cfg: ExtendConfig, target: Target, saved: Path | None
 ) -> list:
     """The RULER tables, how they were measured, and the ``lm_eval`` commands that rebuild them for a saved model:
     the folder this run saved (``saved``), else a ``DIR`` placeholder for one ``--save DIR`` would write (a GGUF
@@ -528,6 +530,7 @@ def _ruler_section(
     from posenc.lab.extend.needles import ruler
 
     suite = getattr(target, "suite", None)
+    documents = rule_text(cfg, "documents", filled(cfg.ruler_samples, "ruler_samples"))
     lines = [
         "## RULER (lm-evaluation-harness)",
         "",
@@ -536,7 +539,7 @@ def _ruler_section(
         "longest prompt + the generation bound; a truncated prompt is an error). Score: the share of expected "
         "strings in the answer (lm-eval's `string_match_all`), as `hits/n rate [95% " + interval_name(cfg)
         + " interval]`. Documents: "
-        f"{rule_text(cfg, 'documents', cfg.ruler_samples)}; a cell is a model at one task and length, its n in the "
+        f"{documents}; a cell is a model at one task and length, its n in the "
         "table.",
         "",
     ]
@@ -546,9 +549,11 @@ def _ruler_section(
         lines += [f"### {task} (generation bound {bound} tokens)", "", format_table(rows, metric)]
     if suite is not None:
         suites = {m: suite for m in metrics}
+        folder: Path | str
         if saved is not None and saved.suffix.lower() != ".gguf":
             folder = Path(os.path.abspath(saved))  # the commands run from anywhere
-            unit = (cfg.methods[0], unit_factors(cfg, cfg.methods[0])[0], cfg.finetune_steps, cfg.finetune_positions[0])
+            method = filled(cfg.methods, "methods")[0]
+            unit = (method, unit_factors(cfg, method)[0], cfg.finetune_steps, cfg.finetune_positions[0])
             intro = f"for the model this run saved to `{folder}` (`{label(*unit)}`; the numbers equal its row above):"
             suites = {m: _documents_of(suite, rows, m, unit) for m in metrics}  # the n its cells stopped at
         else:

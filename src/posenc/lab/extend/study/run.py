@@ -43,7 +43,7 @@ import dataclasses
 import json
 import time
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence, Set
 from pathlib import Path
 from typing import Any
 
@@ -59,13 +59,16 @@ from posenc.lab.extend.settings.config import (
     ExtendConfig,
     check_lengths,
     drops,
+    filled,
     resolve_lengths,
+    token_lengths,
     unit_factors,
 )
 from posenc.lab.extend.stats import sampling
 from posenc.lab.extend.stats.rates import RULER_PREFIX, Rate, model_of
 from posenc.lab.extend.study import plan
 from posenc.lab.extend.study.report import finish, label, precision_text
+from posenc.lab.extend.targets.base import PretrainedTarget, Target, Tick, as_pretrained
 from posenc.lab.extend.targets.finetune import plot_losses, run_folder
 from posenc.lab.extend.targets.load import load_target, original_len_of
 
@@ -116,6 +119,7 @@ SAMPLES_FILE = "samples.csv"
 
 
 Unit = tuple[str, float, int, str]  # (method, factor, finetune_steps, finetune_positions): one measured model
+Measurement = tuple[str, int, float | None]  # (metric, length, depth): one measurement of a model
 
 
 def _row(metric: str, unit: Unit, original: int, length: int, depth: float | None) -> dict:
@@ -146,8 +150,9 @@ def _units(cfg: ExtendConfig, methods: Sequence[str], kind: str) -> list[Unit]:
     units = [("none", 1.0, 0, "plain")] + [(m, f, 0, "plain") for m in methods for f in unit_factors(cfg, m)]
     if cfg.finetune_steps:
         tuned = ("none", *methods) if kind == "lab" else tuple(methods)
+        factors = filled(cfg.factors, "factors")
         units += [(m, f, cfg.finetune_steps, p) for p in cfg.finetune_positions for m in tuned
-                  for f in (cfg.factors if m == "none" else unit_factors(cfg, m))]  # fmt: skip
+                  for f in (factors if m == "none" else unit_factors(cfg, m))]  # fmt: skip
     return units if cfg.baseline else [u for u in units if u[0] != "none"]
 
 
@@ -175,11 +180,12 @@ def _only_measurements(grid: list[tuple], asked: Sequence[tuple] | None) -> list
     return [m for m in grid if m in wanted]
 
 
-def _measurements(cfg: ExtendConfig, lengths: Sequence[int]) -> list[tuple[str, int, float | None]]:
+def _measurements(cfg: ExtendConfig, lengths: Sequence[int]) -> list[Measurement]:
     """(metric, length, depth) per model; a ``ppl`` measurement also writes ``ppl_past`` past the original length."""
-    ppl = [("ppl", n, None) for n in lengths] if cfg.task in ("lm", "ruler") else []
-    ruler = [(RULER_PREFIX + t, n, None) for t in cfg.ruler_tasks for n in lengths] if cfg.task == "ruler" else []
-    return ppl + [("passkey", n, d) for n in lengths for d in cfg.depths] + ruler
+    ppl: list[Measurement] = [("ppl", n, None) for n in lengths] if cfg.task in ("lm", "ruler") else []
+    tasks = filled(cfg.ruler_tasks, "ruler_tasks") if cfg.task == "ruler" else ()
+    ruler: list[Measurement] = [(RULER_PREFIX + t, n, None) for t in tasks for n in lengths]
+    return ppl + [("passkey", n, d) for n in lengths for d in filled(cfg.depths, "depths")] + ruler
 
 
 def _keys(unit: Unit, original: int, metric: str, length: int, depth: float | None) -> set:
@@ -188,18 +194,20 @@ def _keys(unit: Unit, original: int, metric: str, length: int, depth: float | No
     return {result_key(_row(m, unit, original, length, depth)) for m in metrics}
 
 
-def _cost(target: Any, cfg: ExtendConfig, metric: str, length: int, measured: int = 0) -> tuple[float, int]:
+def _cost(target: Target, cfg: ExtendConfig, metric: str, length: int, measured: int = 0) -> tuple[float, int]:
     """(compute in ``plan.forward_cost`` units, forwards) of one measurement, at most (a rate's cap, less the
     ``measured`` samples it already has)."""
     if metric.startswith(RULER_PREFIX):
-        n = cfg.ruler_samples - measured
+        n = filled(cfg.ruler_samples, "ruler_samples") - measured
+    elif metric == "ppl":
+        n = target.windows(length)
     else:
-        n = target.windows(length) if metric == "ppl" else cfg.trials - measured if length >= target.min_passkey else 0
+        n = filled(cfg.trials, "trials") - measured if length >= target.min_passkey else 0
     return n * target.forward_cost(length), n
 
 
 def check_save(
-    save: str | Path | None, cfg: ExtendConfig, target: Any, out: Path, save_type: str = "source"
+    save: str | Path | None, cfg: ExtendConfig, target: Target, out: Path, save_type: str = "source"
 ) -> Path | None:
     """``--save DIR`` or ``--save FILE.gguf`` checked by ``posenc.deploy.formats.check_save`` with the study's
     values: one patched pretrained RoPE model (exactly one method and one factor; ``drope`` takes no factor and is
@@ -208,15 +216,17 @@ def check_save(
     from posenc.deploy.formats import check_save as check
 
     pretrained = target.kind != "lab"
+    methods, factors = filled(cfg.methods, "methods"), filled(cfg.factors, "factors")
     return check(
-        save, methods=cfg.methods, factors=cfg.factors, pretrained=pretrained,
-        model_type=target.model_type if pretrained else None, source=target.source if pretrained else None,
-        original_len=target.original_len, rebuild=lambda: target.calls(cfg.methods[0], cfg.factors[0]),
+        save, methods=methods, factors=factors, pretrained=pretrained,
+        model_type=as_pretrained(target).model_type if pretrained else None,
+        source=as_pretrained(target).source if pretrained else None,
+        original_len=target.original_len, rebuild=lambda: as_pretrained(target).calls(methods[0], factors[0]),
         finetune_steps=cfg.finetune_steps, finetune_positions=cfg.finetune_positions, out=out, save_type=save_type,
     )
 
 
-def write_saved(target: Any, model: Any, path: Path, save_type: str, check: bool) -> Path:
+def write_saved(target: PretrainedTarget, model: Any, path: Path, save_type: str, check: bool) -> Path:
     """The one patched model written where ``check_save`` said (``posenc.deploy.formats.save``)."""
     from posenc.deploy.formats import save as write
 
@@ -226,7 +236,7 @@ def write_saved(target: Any, model: Any, path: Path, save_type: str, check: bool
 
 def saved_unit(cfg: ExtendConfig) -> Unit:
     """The model ``--save`` writes: the study's one method at its one factor (``drope``: 1), fine-tuned if it is."""
-    method = cfg.methods[0]
+    method = filled(cfg.methods, "methods")[0]
     return (method, unit_factors(cfg, method)[0], cfg.finetune_steps, cfg.finetune_positions[0])
 
 
@@ -287,9 +297,10 @@ def run_extend(
     start = time.perf_counter()
     if not isinstance(cfg, ExtendConfig):
         fail("cfg", type(cfg).__name__, "a posenc.lab.extend.settings.config.ExtendConfig")
-    if out is None and cfg.out is None:
+    out = out if out is not None else cfg.out
+    if out is None:
         fail("out", None, "an output folder (the out argument or ExtendConfig.out)")
-    out = Path(out if out is not None else cfg.out)
+    out = Path(out)
     before = check_out(out, "extend")  # a folder that is not an extend run is refused before the model is loaded
     device = resolve_device(cfg.device, allow_auto=True)
     if cfg.task == "ruler":
@@ -298,7 +309,7 @@ def run_extend(
         require()  # lm-eval missing: the pip command, before anything is loaded
     torch.manual_seed(cfg.seed)
     if cfg.lengths is not None and (known := original_len_of(cfg)) is not None:
-        check_lengths(resolve_lengths(cfg, known).lengths, known)  # from the config alone, before any weights
+        check_lengths(token_lengths(resolve_lengths(cfg, known)), known)  # from the config alone, before any weights
     target = load_target(cfg, out, device=device, progress=progress)  # pretrained: config and tokenizer only
     cfg = _resolved(cfg, target, device)
     made_before_rounds = before is not None and "stop_width" not in before
@@ -306,9 +317,10 @@ def run_extend(
         cfg = dataclasses.replace(cfg, stop_width=None)  # a study made before rounds resumes with its fixed counts
     target.use(cfg)
     plan.check(cfg, target, device=device)
-    measured = _only(_units(cfg, cfg.methods, target.kind), units)
-    lengths = tuple(sorted(set(cfg.lengths)))
-    for method in cfg.methods:  # every patch is checked before anything is measured (pretrained: on a meta copy)
+    methods = filled(cfg.methods, "methods")
+    measured = _only(_units(cfg, methods, target.kind), units)
+    lengths = tuple(sorted(set(token_lengths(cfg))))
+    for method in methods:  # every patch is checked before anything is measured (pretrained: on a meta copy)
         target.check_patch(method, unit_factors(cfg, method)[0])
     save_to = check_save(save, cfg, target, out, save_type)
     settings = {k: v for k, v in cfg.to_dict().items() if k != "out"}
@@ -333,12 +345,13 @@ def run_extend(
         if not adding_ruler:
             check_resumable(out, settings, resume, command="extend", what="run")  # before the slow build
         if progress:
-            print(f"Building RULER documents with lm-eval: {', '.join(cfg.ruler_tasks)} at lengths {list(lengths)}")
-        target.build_ruler(lengths)
+            tasks = ", ".join(filled(cfg.ruler_tasks, "ruler_tasks"))
+            print(f"Building RULER documents with lm-eval: {tasks} at lengths {list(lengths)}")
+        as_pretrained(target).build_ruler(lengths)
     if adding_ruler:
         write_marker(out, "extend", settings)  # now a task-ruler study; its measured rows stay as they are
         if progress:
-            print(f"Adding RULER {', '.join(cfg.ruler_tasks)} to the task-lm study in {out}")
+            print(f"Adding RULER {', '.join(filled(cfg.ruler_tasks, 'ruler_tasks'))} to the task-lm study in {out}")
     else:
         check_settings(out, settings, resume, command="extend", what="run")
     target.load()
@@ -347,12 +360,12 @@ def run_extend(
         if cfg.finetune_steps:  # written once fine-tuned, below
             save_unit = saved_unit(cfg)
         else:
-            factor = unit_factors(cfg, cfg.methods[0])[0]
-            model, _ = target.patched(cfg.methods[0], factor)
-            write_saved(target, model, save_to, save_type, progress)
+            factor = unit_factors(cfg, methods[0])[0]
+            model, _ = target.patched(methods[0], factor)
+            write_saved(as_pretrained(target), model, save_to, save_type, progress)
             del model
             if progress:
-                print(f"Saved {label(cfg.methods[0], factor, 0)} to {save_to} ({_saved_as(save_to)})")
+                print(f"Saved {label(methods[0], factor, 0)} to {save_to} ({_saved_as(save_to)})")
     target.prepare()
     results = out / "results.csv"
     samples = None if target.kind == "lab" else out / SAMPLES_FILE
@@ -385,8 +398,8 @@ def run_extend(
         model, described[name], tuned_dir = model_for(target, unit)
         if tuned_dir is not None:
             tuned[name] = tuned_dir
-        if unit == save_unit:
-            write_saved(target, model, save_to, save_type, progress)
+        if save_to is not None and unit == save_unit:
+            write_saved(as_pretrained(target), model, save_to, save_type, progress)
             if progress:
                 print(f"Saved {name} to {save_to} ({_saved_as(save_to)})")
         with study.bar(name) as tick, _said_in_report(target):
@@ -406,7 +419,7 @@ def run_extend(
     return rows
 
 
-def rewrite_report(cfg: ExtendConfig, out: Path, target: Any, seconds: float, *, resumed: int, device: str) -> None:
+def rewrite_report(cfg: ExtendConfig, out: Path, target: Target, seconds: float, *, resumed: int, device: str) -> None:
     """A study's figures and ``report.md`` again from its ``results.csv`` alone -- nothing loaded, nothing measured,
     nothing printed --, as ``run_extend`` writes them when it ends: what ``--pick`` does for its stages after an
     interrupt. ``target``: the model's config and tokenizer (``load_target``); ``seconds``: the run's time so far;
@@ -414,7 +427,7 @@ def rewrite_report(cfg: ExtendConfig, out: Path, target: Any, seconds: float, *,
     finish(out, _resolved(cfg, target, device), target, read_results(out / "results.csv"), {}, seconds, False, resumed)
 
 
-def _resolved(cfg: ExtendConfig, target: Any, device: str) -> ExtendConfig:
+def _resolved(cfg: ExtendConfig, target: Target, device: str) -> ExtendConfig:
     """The settings as the study runs them on ``target``: lengths in tokens ("2x" -> tokens: extend.json and resume
     compare integers), the defaults ``plan.resolve`` fills in, and the dtype ``auto`` resolved (kept on resume)."""
     cfg = resolve_lengths(cfg, target.original_len)
@@ -425,7 +438,7 @@ def _resolved(cfg: ExtendConfig, target: Any, device: str) -> ExtendConfig:
 
 
 @contextlib.contextmanager
-def _said_in_report(target: Any) -> Iterator[None]:
+def _said_in_report(target: Target) -> Iterator[None]:
     """The warnings a study expects while it measures, said once in its report instead of between progress bars:
     ``CacheStaleWarning`` (a length-dependent patch -- dynamic NTK, DCA -- generating with the KV cache) and
     ``ReachExceededWarning`` (a length past what a patch was derived for, which a study measures on purpose)."""
@@ -440,7 +453,7 @@ def _said_in_report(target: Any) -> Iterator[None]:
         yield
 
 
-def _left(cfg: ExtendConfig, target: Any, grid: Sequence[tuple], measured: Sequence[Unit],
+def _left(cfg: ExtendConfig, target: Target, grid: Sequence[tuple], measured: Sequence[Unit],
           rows: Sequence[dict]) -> tuple[set, list, list, list]:  # fmt: skip
     """What a study has left, from the rows already in ``results.csv``: (the keys done; per model, the measurements
     not done; the rate cells under way that need more rounds; every measurement left as ``(metric, length, samples
@@ -452,7 +465,7 @@ def _left(cfg: ExtendConfig, target: Any, grid: Sequence[tuple], measured: Seque
     return done, work, more, left
 
 
-def _print_plan(cfg: ExtendConfig, target: Any, out: Path, grid: list[tuple], lengths: Sequence[int],
+def _print_plan(cfg: ExtendConfig, target: Target, out: Path, grid: list[tuple], lengths: Sequence[int],
                 measured: list[Unit], subset: bool, device: str, save_to: Path | None) -> list[dict]:  # fmt: skip
     """``plan_only``: print what the study would run and an estimate of its time, from the settings, the model's
     dimensions and this machine's matrix-multiply speed (no weight loaded, nothing written); returns the rows
@@ -477,10 +490,11 @@ def _print_plan(cfg: ExtendConfig, target: Any, out: Path, grid: list[tuple], le
         if target.kind == "lab":
             lines.append("Time: no estimate before the run for a lab model (small; the study's bar times it)")
         else:
-            spu = plan.probe_seconds_per_unit(target.dims, target.dtype, device)
+            spu = plan.probe_seconds_per_unit(as_pretrained(target).dims, target.dtype, device)
             tuning = sum(cfg.finetune_steps * 3 * target.forward_cost(cfg.finetune_window_for(
                 round(original * u[1]))) for u in tunes)  # fmt: skip
-            caps = [cfg.trials] + ([cfg.ruler_samples] if cfg.task == "ruler" else [])
+            caps = [filled(cfg.trials, "trials")]
+            caps += [filled(cfg.ruler_samples, "ruler_samples")] if cfg.task == "ruler" else []
             most = " at most" if any(_up_to(cfg, cap) for cap in caps) else ""  # rounds may stop a cell early
             lines.append(
                 f"Time:{most} about {plan.duration_text((units + tuning) * spu)} on {device}, estimated from this "
@@ -496,7 +510,7 @@ def _print_plan(cfg: ExtendConfig, target: Any, out: Path, grid: list[tuple], le
     return rows
 
 
-def model_for(target: Any, unit: Unit) -> tuple[Any, dict, Path | None]:
+def model_for(target: Target, unit: Unit) -> tuple[Any, dict, Path | None]:
     """One measured model: (model, its patch's description, its fine-tuning run folder or None). A fine-tune that
     finished before is reloaded, not rerun."""
     method, factor, steps, positions = unit
@@ -510,9 +524,7 @@ def model_for(target: Any, unit: Unit) -> tuple[Any, dict, Path | None]:
     return model, description, tuned
 
 
-#: The old name, still imported by ``pick.run._save`` (rewritten elsewhere for issue 69; dropped after the merge).
-
-def _more_rounds(target: Any, cfg: ExtendConfig, units: Sequence[Unit], grid: Sequence[tuple], results: Path,
+def _more_rounds(target: Target, cfg: ExtendConfig, units: Sequence[Unit], grid: Sequence[tuple], results: Path,
                  study: Any, described: dict, samples: Path | None = None) -> None:  # fmt: skip
     """``stop_width``: further rounds for the rate cells not yet decided (``posenc.lab.extend.stats.sampling``).
 
@@ -524,7 +536,7 @@ def _more_rounds(target: Any, cfg: ExtendConfig, units: Sequence[Unit], grid: Se
     order = {unit: i for i, unit in enumerate(units)}
     place = {m: i for i, m in enumerate(grid)}
 
-    def next_round() -> dict | None:
+    def next_round() -> Mapping[str, Any] | None:
         todo = [r for r in sampling.pending(list(rows.values()), cfg) if model_of(r) in order]
         rank = lambda r: (r["n"], order[model_of(r)], place.get((r["metric"], r["length"], r["depth"]), 0))  # noqa: E731
         return min(todo, key=rank, default=None)
@@ -537,27 +549,30 @@ def _more_rounds(target: Any, cfg: ExtendConfig, units: Sequence[Unit], grid: Se
         with study.bar(f"{name}: more samples") as tick:
             while cell is not None and model_of(cell) == unit:
                 count = min(sampling.round_size(cfg, cell["metric"]), sampling.cap(cfg, cell["metric"]) - cell["n"])
-                row = _more(target, model, dict(cell), count, tick, samples)
+                row = add_samples(target, model, dict(cell), count, tick, samples)
                 upsert_results(results, [row])
                 rows[result_key(row)] = row
                 cell = next_round()
         del model
 
 
-def _more(target: Any, model: Any, row: dict, count: int, tick: Any, samples: Path | None = None) -> dict:
+def add_samples(target: Target, model: Any, row: dict, count: int, tick: Any, samples: Path | None = None) -> dict:
     """``row`` (a rate cell, ``n`` samples measured) with the next ``count`` samples of its fixed sequence added;
     with ``samples`` (a pretrained model), each one's score is kept there by its index."""
     start, hits = row["n"] or 0, row["hits"] or 0.0
     metric, length, depth = row["metric"], row["length"], row["depth"]
     if metric.startswith(RULER_PREFIX):
-        task, suite = metric.removeprefix(RULER_PREFIX), target.suite
+        pretrained = as_pretrained(target)
+        task, suite = metric.removeprefix(RULER_PREFIX), pretrained.suite
+        if suite is None:
+            raise RuntimeError(f"{target.name}: RULER measured before build_ruler() built its documents")
         documents = suite.samples[task][length][start : start + count]  # lm-eval's documents of this length, in order
         chosen = {**suite.samples, task: {**suite.samples[task], length: documents}}
-        target.suite = dataclasses.replace(suite, samples=chosen)  # this round's documents only
+        pretrained.suite = dataclasses.replace(suite, samples=chosen)  # this round's documents only
         try:
-            score = target.ruler(model, task, length, tick=tick)
+            score = pretrained.ruler(model, task, length, tick=tick)
         finally:
-            target.suite = suite
+            pretrained.suite = suite
         _keep_samples(samples, row, start, score.scores)
         return rate(row, hits + score.hits, start + score.n, anytime=True)
     cfg, seed = target.cfg, sampling.round_seed(_passkey_seed(target.cfg, length, depth), start)
@@ -610,24 +625,26 @@ def _slug(name: str) -> str:
     return name.replace(" ", "-").replace("+", "")
 
 
-def _plan_text(cfg: ExtendConfig, target: Any, work: list, lengths: Sequence[int], forwards: int, study: Any,
-               calibration: tuple[float, int, float] | None, rounds: set = frozenset(),
+def _plan_text(cfg: ExtendConfig, target: Target, work: list, lengths: Sequence[int], forwards: int, study: Any,
+               calibration: tuple[float, int, float] | None, rounds: Set[Unit] = frozenset(),
                grid: Sequence[tuple] | None = None) -> str:  # fmt: skip
     models = [label(*u) for u, todo in work if todo or u in rounds]
     metrics = {m for m, _, _ in grid} if grid is not None else None  # None: every measurement of the settings
-    depths = sorted({d for m, _, d in grid if m == "passkey"}) if grid is not None else cfg.depths
-    keys = f"{_count(len(depths), 'depth')} x {_up_to(cfg, cfg.trials)}{_count(cfg.trials, 'key')}"
+    depths = sorted({d for m, _, d in grid if m == "passkey"}) if grid is not None else filled(cfg.depths, "depths")
+    trials = filled(cfg.trials, "trials")
+    keys = f"{_count(len(depths), 'depth')} x {_up_to(cfg, trials)}{_count(trials, 'key')}"
     parts = []
     if cfg.task != "passkey" and (metrics is None or "ppl" in metrics):
         parts.append("perplexity")
     if metrics is None or "passkey" in metrics:
         parts.append(f"passkey ({keys})")
-    most = _up_to(cfg, cfg.trials) if "passkey" in (metrics or {"passkey"}) else ""
+    most = _up_to(cfg, trials) if "passkey" in (metrics or {"passkey"}) else ""
     ruler = [t for t in (cfg.ruler_tasks or ()) if metrics is None or RULER_PREFIX + t in metrics]
     if cfg.task == "ruler" and ruler:
-        documents = _count(cfg.ruler_samples, "document")
-        parts.append(f"RULER {', '.join(ruler)} ({_up_to(cfg, cfg.ruler_samples)}{documents} each)")
-        most = most or _up_to(cfg, cfg.ruler_samples)
+        samples = filled(cfg.ruler_samples, "ruler_samples")
+        documents = _count(samples, "document")
+        parts.append(f"RULER {', '.join(ruler)} ({_up_to(cfg, samples)}{documents} each)")
+        most = most or _up_to(cfg, samples)
     per_length = " and ".join(parts)
     shown = sorted({n for _, n, _ in grid}) if grid is not None else lengths
     text = (
@@ -662,7 +679,7 @@ def _count(n: int, noun: str) -> str:
     return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
-def _measure(target, model, unit, metric: str, length: int, depth: float | None, tick,  # noqa: ANN001
+def _measure(target: Target, model: Any, unit: Unit, metric: str, length: int, depth: float | None, tick: Tick,
              samples: Path | None = None) -> list[dict]:  # fmt: skip
     original = target.original_len
     row = _row(metric, unit, original, length, depth)
@@ -676,12 +693,13 @@ def _measure(target, model, unit, metric: str, length: int, depth: float | None,
         return [row, beyond]
     rated = metric.startswith(RULER_PREFIX) or length >= target.min_passkey
     if target.cfg.adaptive and rated:  # the first round; _more_rounds adds the others the cell needs
-        return [_more(target, model, row, sampling.round_size(target.cfg, metric), tick, samples)]
+        return [add_samples(target, model, row, sampling.round_size(target.cfg, metric), tick, samples)]
     if metric.startswith(RULER_PREFIX):
-        score = target.ruler(model, metric.removeprefix(RULER_PREFIX), length, tick=tick)
+        score = as_pretrained(target).ruler(model, metric.removeprefix(RULER_PREFIX), length, tick=tick)
         return [rate(row, score.hits, score.n)]
     if length >= target.min_passkey:
+        assert depth is not None  # a passkey measurement has a depth
         seed = _passkey_seed(target.cfg, length, depth)  # fixed counts: the keys studies drew before rounds
-        trials = target.cfg.trials
+        trials = filled(target.cfg.trials, "trials")
         rate(row, round(target.passkey(model, length, depth, seed, tick=tick) * trials), trials)
     return [row]

@@ -9,18 +9,18 @@ Those members are written down here, checked by mypy against both targets (``loa
 - ``Target``: what every target has -- ``targets.lab.LabTarget`` (a byte-level lab ``GPT``) and
   ``targets.hf.HFTarget`` (a transformers causal LM).
 - ``PretrainedTarget``: what ``HFTarget`` adds, used only where ``kind != "lab"`` (the study and the plan branch on
-  ``kind``; the pick and export refuse a lab model): its source files, size, RULER, the Python of a patch, saving.
+  ``kind``; the pick refuses a lab model): its source files, size, RULER, the Python of a patch, saving.
 
 ``load.load_target`` picks the target for a model. Both targets measure perplexity through ``window_scores`` (one pass
 over ``posenc.lab.common.corpus.eval_windows``, the per-position losses of each window giving the whole-window score
-and the score past the original context together) and fine-tune on ``finetune_text`` in ``_window_batches``.
+and the score past the original context together) and fine-tune on ``finetune_text`` in ``window_batches``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import torch
 
@@ -40,7 +40,7 @@ Tick = Callable[..., None]  # tick(cost, forwards=1): one measured forward, for 
 
 
 class Target(Protocol):
-    """What the study, its plan and report, the pick and export use of any target (``LabTarget``, ``HFTarget``).
+    """What the study, its plan and report and the pick use of any target (``LabTarget``, ``HFTarget``).
 
     The life of a target in a study (``study.run.run_extend``): built by ``load.load_target`` from the settings (a
     pretrained model: config and tokenizer only, no weights); ``use`` takes the settings with every default filled in
@@ -49,9 +49,9 @@ class Target(Protocol):
     the task needs first; then, per method and factor, ``patched`` (or ``copy`` for the unpatched model, fine-tuned)
     gives the model that ``perplexity`` and ``passkey`` measure and ``finetune`` trains.
 
-    Attributes (read by the study, the plan, the report, the pick and export; ``cfg`` and ``dtype`` are also set):
+    Attributes (read by the study, the plan, the report and the pick; ``cfg`` is also set):
         cfg: the study's settings (``use`` sets it; the study swaps in a copy with ``trials`` set for one round).
-        dtype: the dtype the model is measured in (``export`` sets the source's own before loading).
+        dtype: the dtype the model is measured in.
         model: the loaded model, unpatched (method ``none`` is measured on it); None before ``load`` (pretrained).
         train_tokens: tokens of the fine-tuning text ``use`` read (``study.plan.check_finetune``; a lab model sets it
             for task ``lm`` only, the one where a lab model is fine-tuned on text).
@@ -64,7 +64,7 @@ class Target(Protocol):
 
     @property
     def kind(self) -> str:
-        """``"lab"`` or ``"hf"``: the study, its plan and report, the pick and export branch on it."""
+        """``"lab"`` or ``"hf"``: the study, its plan and report and the pick branch on it."""
 
     @property
     def name(self) -> str:
@@ -140,12 +140,12 @@ class Target(Protocol):
 
 class PretrainedTarget(Target, Protocol):
     """What ``HFTarget`` adds to ``Target``, used where ``kind != "lab"``: by the study (RULER, ``--save``, its
-    plan's time estimate), the plan's checks (held-out tokens, memory), the report, the pick (all of it: a lab model
-    is refused) and export.
+    plan's time estimate), the plan's checks (held-out tokens, memory), the report and the pick (all of it: a lab model
+    is refused).
 
     Attributes:
         source: where the model is (``posenc.hf.ModelSource``: a GGUF file or a transformers folder); ``--save`` to a
-            ``.gguf`` needs a GGUF source; export reads the weights' dtype from it.
+            ``.gguf`` needs a GGUF source.
         model_type: the config's ``model_type`` (``llama``, ``qwen2``, ``bloom``): what ALiBi, the remapping patches
             and the formats that save them support.
         dims: the sizes the memory and time estimates use (``cost.ModelDims``).
@@ -157,6 +157,8 @@ class PretrainedTarget(Target, Protocol):
         suite: task ruler: the RULER documents (``needles.ruler.Suite``) ``build_ruler`` built; None before. The
             study swaps in one round's documents around each ``ruler`` call.
         remap_notes: remapping method -> its parameters in words, for the report.
+        tokenizer: the model's tokenizer (transformers'): passkey prompts, RULER's documents, ``--save``.
+        config: the model's ``PretrainedConfig``: ``--save`` writes it.
     """
 
     source: ModelSource
@@ -167,8 +169,10 @@ class PretrainedTarget(Target, Protocol):
     heldout_tokens: int
     corpus_name: str
     attn: str | None
-    suite: Any
+    suite: Suite | None
     remap_notes: dict[str, str]
+    tokenizer: Any
+    config: Any
 
     def calibrate(self, lengths: Sequence[int], report: Callable[[str], None] | None = None
                   ) -> tuple[float, int, float]:  # fmt: skip
@@ -197,16 +201,20 @@ class PretrainedTarget(Target, Protocol):
         """The Python that rebuilds the model ``patched(method, factor)`` measures, from the model as given (the
         study's and the pick's advice where a format cannot save a patch)."""
 
-    def _extend(self, model: Any, method: str, factor: float) -> dict:
-        """Patch ``model`` itself with ``method`` at ``factor`` (``posenc.hf.extend_context``, every layer type the
-        study patches); returns what changed. Export patches the loaded weights with it, no copy."""
-
     def save(
         self, model: Any, folder: Path, *, tensor_type: str = "source", dtype: torch.dtype | None = None,
         check: bool = True,
     ) -> Path:  # fmt: skip
         """Write ``model`` as a transformers folder (weights in ``dtype``, default the checkpoint's), or a GGUF file
-        when ``folder`` ends in ``.gguf``; returns the path written (``--save``, the pick's save, export)."""
+        when ``folder`` ends in ``.gguf``; returns the path written (``--save``, the pick's save)."""
+
+
+def as_pretrained(target: Target) -> PretrainedTarget:
+    """``target`` as the pretrained target it is where the caller has branched on ``kind`` (``kind != "lab"``: the
+    study, the plan and the report read ``PretrainedTarget``'s members there); a lab target is refused (a bug)."""
+    if target.kind == "lab":
+        raise TypeError(f"{target.name}: a pretrained target's members read from a lab model")
+    return cast("PretrainedTarget", target)
 
 
 @torch.inference_mode()
@@ -253,16 +261,6 @@ def window_scores(
     return whole, ev.Score(loss=float(past_total / past_count), tokens=past_count)
 
 
-def _model_error(model: str, why: str) -> None:
-    fail(
-        "model",
-        model,
-        f"a model ({why}): a .gguf file or a folder holding one, a transformers folder (config.json with a "
-        "'model_type', its weights and tokenizer), 'smollm2', a `posenc lab` run folder (config.json with a 'model' "
-        "section and checkpoint.safetensors), or 'new' / 'new:alibi' with --task passkey",
-    )
-
-
 def finetune_text(cfg: ExtendConfig, train_split: torch.Tensor) -> torch.Tensor:
     """The bytes a study fine-tunes on: all of ``cfg.finetune_corpus``, or else ``train_split``, the training split
     of the evaluation corpus (either way disjoint from the held-out text)."""
@@ -275,7 +273,9 @@ def finetune_text(cfg: ExtendConfig, train_split: torch.Tensor) -> torch.Tensor:
     return torch.cat([text.train, text.val])  # (N,) uint8: all of it
 
 
-def _window_batches(tokens: torch.Tensor, window: int, target: int, positions: str, batch: int, seed: int):  # noqa: ANN202
+def window_batches(tokens: torch.Tensor, window: int, target: int, positions: str, batch: int, seed: int):  # noqa: ANN202
+    """The fine-tuning batches of ``tokens``: ``batch_fn(step, rank, world)`` -> this rank's rows of step ``step``'s
+    windows (``finetune.finetune_batch``), each step drawn from its own generator (resumable, any world size)."""
     from posenc.lab.extend.targets.finetune import finetune_batch
 
     def batch_fn(step: int, rank: int, world: int):  # noqa: ANN202

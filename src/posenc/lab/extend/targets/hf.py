@@ -20,7 +20,7 @@ import copy
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -29,15 +29,20 @@ from posenc._checks import fail
 from posenc.deploy.formats import save
 from posenc.deploy.methods import parse, rebuild
 from posenc.deploy.patch import apply
-from posenc.deploy.source import load_tokenizer, meta_model, no_transformers_bars, patch_layer_types
+from posenc.deploy.source import load_tokenizer, meta_model, model_error, no_transformers_bars, patch_layer_types
 from posenc.lab.common import evaluate as ev
 from posenc.lab.common.corpus import load_corpus
 from posenc.lab.common.train import TrainConfig, train
 from posenc.lab.extend.needles import passkey as pk
 from posenc.lab.extend.settings import labels
-from posenc.lab.extend.settings.config import ExtendConfig
+from posenc.lab.extend.settings.config import ExtendConfig, filled, tokens
 from posenc.lab.extend.targets import cost
-from posenc.lab.extend.targets.base import Tick, _model_error, _window_batches, finetune_text, window_scores
+from posenc.lab.extend.targets.base import Tick, finetune_text, window_batches, window_scores
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+    from posenc.lab.extend.needles.ruler import Score, Suite
 
 #: Every method a transformers RoPE model takes without extra options (LongRoPE needs searched factors).
 HF_ROPE_METHODS = ("linear", "ntk", "dynamic", "yarn", "llama3")
@@ -63,7 +68,7 @@ def _is_alibi(model_type: str) -> bool:
     return model_type in ALIBI_MODEL_TYPES
 
 
-def token_losses(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+def token_losses(model: PreTrainedModel, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """Next-token losses of a transformers causal LM without its full logits: the decoder's last hidden states
     through the output head ``cost.HEAD_CHUNK`` rows at a time (with Gemma's final logit soft-capping).
 
@@ -84,7 +89,7 @@ def token_losses(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> to
     return out.view(y.shape)
 
 
-def logits_losses(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+def logits_losses(model: PreTrainedModel, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """The reference for ``token_losses``: the model's own forward, full logits. Shapes: x, y (B, S) -> (B, S)."""
     logits = model(input_ids=x, use_cache=False).logits  # (B, S, V)
     return F.cross_entropy(logits.flatten(0, 1).float(), y.flatten(), reduction="none").view(y.shape)
@@ -115,7 +120,7 @@ class HFTarget:
         try:
             self.tokenizer = load_tokenizer(self.source)
         except (OSError, ValueError) as err:
-            _model_error(cfg.model, f"its tokenizer could not be loaded: {err}")
+            model_error(cfg.model, f"its tokenizer could not be loaded: {err}")
         meta = meta_model(self.config)
         self.class_name = type(meta).__name__
         self.dims = cost.ModelDims.of(self.config, sum(p.numel() for p in meta.parameters()))
@@ -123,12 +128,13 @@ class HFTarget:
         self.attn = "sdpa" if getattr(type(meta), "_supports_sdpa", False) else None
         self.name = f"{self.class_name} ({self.model_type}) from {label}"
         self.encoding = self.model_type
-        self.original_len = cfg.original_len
-        if self.original_len is None:
+        original = cfg.original_len
+        if original is None:
             try:
-                self.original_len = original_context(self.source, layer_type=self.patch_types[0])
+                original = original_context(self.source, layer_type=self.patch_types[0])
             except ValueError:
                 fail("original_len", None, f"the context {label} was trained for (its config has none): --original-len")
+        self.original_len = original
         params = getattr(self.config, "rope_parameters", None) or {}
         params = params.get(self.patch_types[0], params) if self.patch_types[0] else params
         proportional = isinstance(params, Mapping) and params.get("rope_type") == "proportional"
@@ -138,11 +144,24 @@ class HFTarget:
         self.weight_bytes = self.act_bytes = torch.empty((), dtype=self.dtype).element_size()
         self.layers_note = ""
         self.remap_notes: dict[str, str] = {}  # remapping method -> its parameters, for the report
-        self.model = None
-        self.val = self.train = None
+        self.model: PreTrainedModel | None = None  # ``load`` reads it
+        self.val: torch.Tensor | None = None  # held-out tokens, read by ``use``
+        self.train: torch.Tensor | None = None  # fine-tuning tokens, read by ``use`` where the study fine-tunes
         self._losses = token_losses
         self._prompts: dict = {}
-        self.suite = None  # task ruler: the RULER documents (``build_ruler``)
+        self.suite: Suite | None = None  # task ruler: the RULER documents (``build_ruler``)
+
+    def _heldout(self) -> torch.Tensor:
+        """The held-out tokens ``use`` read; read before it is a bug, refused."""
+        if self.val is None:
+            raise RuntimeError(f"{self.name}: its held-out tokens are read before use() read them")
+        return self.val
+
+    def _loaded(self) -> PreTrainedModel:
+        """The unpatched model ``load`` read; read before it is a bug, refused."""
+        if self.model is None:
+            raise RuntimeError(f"{self.name}: its weights are read before load() read them")
+        return self.model
 
     def _dtype(self) -> torch.dtype:
         """``cfg.dtype``, refused where the device cannot run it fast; None (auto): ``posenc.hf.dtypes.auto_dtype``
@@ -170,9 +189,9 @@ class HFTarget:
         """Take the study's settings with every default filled in; tokenize the corpus (no weights yet)."""
         self.cfg = cfg
         corpus = load_corpus(cfg.corpus, max_bytes=cfg.corpus_bytes)
-        self.val = self._tokens(corpus.val)
+        self.val = val = self._tokens(corpus.val)
         self.train = self._tokens(finetune_text(cfg, corpus.train)) if cfg.finetune_steps else None
-        self.heldout_tokens = self.val.numel()
+        self.heldout_tokens = val.numel()
         self.train_tokens = 0 if self.train is None else self.train.numel()
         self.corpus_name = f"{cfg.corpus or 'the Python standard library'} (first {cfg.corpus_bytes} bytes)"
 
@@ -184,7 +203,7 @@ class HFTarget:
         return cost.forward_cost(length, self.l0)
 
     def windows(self, length: int) -> int:
-        return cost.windows(self.heldout_tokens, length, self.cfg.eval_tokens)
+        return cost.windows(self.heldout_tokens, length, tokens(self.cfg.eval_tokens, "eval_tokens"))
 
     def _extend(self, model: torch.nn.Module, method: str, factor: float) -> dict:
         """Patch ``model`` itself (``posenc.deploy.patch.apply``, every layer type the study patches); the report's
@@ -219,14 +238,15 @@ class HFTarget:
         from posenc.hf import keep_rope_float32, load_causal_lm
 
         with no_transformers_bars():
-            self.model, _ = load_causal_lm(
+            self.model = model = load_causal_lm(
                 self.source, device=self.device, dtype=self.dtype, attn_implementation=self.attn
-            )
-        keep_rope_float32(self.model)  # the unpatched model too: bfloat16 weights, RoPE in float32
+            )[0]
+        keep_rope_float32(model)  # the unpatched model too: bfloat16 weights, RoPE in float32
         n = min(64, self.heldout_tokens - 1)
-        x, y = self.val[None, :n].to(self.device), self.val[None, 1 : n + 1].to(self.device)  # (1, n) each
+        val = self._heldout()
+        x, y = val[None, :n].to(self.device), val[None, 1 : n + 1].to(self.device)  # (1, n) each
         with torch.inference_mode():
-            fast, full = token_losses(self.model, x, y), logits_losses(self.model, x, y)
+            fast, full = token_losses(model, x, y), logits_losses(model, x, y)
         tolerance = 1e-3 if self.dtype == torch.float32 else 5e-2
         if not torch.allclose(fast, full, rtol=tolerance, atol=tolerance):
             self._losses = logits_losses
@@ -283,8 +303,9 @@ class HFTarget:
     def _timed_forward(self, n: int, *, warm_up: bool, model: torch.nn.Module | None = None) -> float:
         """Seconds of one loss forward of ``n`` held-out tokens through ``model`` (default: the unpatched one);
         ``warm_up``: a 128-token forward first, untimed."""
-        model = self.model if model is None else model
-        x, y = self.val[None, :n].to(self.device), self.val[None, 1 : n + 1].to(self.device)  # (1, n) each
+        model = self._loaded() if model is None else model
+        val = self._heldout()
+        x, y = val[None, :n].to(self.device), val[None, 1 : n + 1].to(self.device)  # (1, n) each
         with torch.inference_mode():
             if warm_up:
                 self._losses(model, x[:, :128], y[:, :128])
@@ -317,7 +338,8 @@ class HFTarget:
     def perplexity(self, model, length: int, tick: Tick | None = None) -> tuple[ev.Score, ev.Score | None]:  # noqa: ANN001
         cost = self.forward_cost(length)
         return window_scores(
-            lambda x, y: self._losses(model, x, y), self.val, length=length, max_tokens=self.cfg.eval_tokens,
+            lambda x, y: self._losses(model, x, y), self._heldout(), length=length,
+            max_tokens=tokens(self.cfg.eval_tokens, "eval_tokens"),
             original=self.original_len, batch=1, device=self.device,
             tick=None if tick is None else lambda n: tick(n * cost, n),
         )  # fmt: skip
@@ -327,21 +349,24 @@ class HFTarget:
         """Passkey accuracy over ``cfg.trials`` keys; ``outcomes`` gets each key's score (1.0 or 0.0)."""
         cost = self.forward_cost(length)
         return pk.hf_accuracy(
-            model, self.tokenizer, length=length, depth=depth, trials=self.cfg.trials, seed=seed,
+            model, self.tokenizer, length=length, depth=depth, trials=filled(self.cfg.trials, "trials"), seed=seed,
             prompts=self._prompts, on_trial=None if tick is None else lambda: tick(cost, 1), outcomes=outcomes,
         )  # fmt: skip
 
-    def build_ruler(self, lengths: Sequence[int]) -> Any:
+    def build_ruler(self, lengths: Sequence[int]) -> Suite:
         """Task ruler: lm-eval builds its documents with this model's tokenizer (no weights needed)."""
         from posenc.lab.extend.needles import ruler
 
-        self.suite = ruler.build(self.cfg.ruler_tasks, self.tokenizer, lengths, self.cfg.ruler_samples)
-        return self.suite
+        tasks, samples = filled(self.cfg.ruler_tasks, "ruler_tasks"), filled(self.cfg.ruler_samples, "ruler_samples")
+        self.suite = suite = ruler.build(tasks, self.tokenizer, lengths, samples)
+        return suite
 
-    def ruler(self, model, task: str, length: int, tick: Tick | None = None) -> Any:  # noqa: ANN001
+    def ruler(self, model, task: str, length: int, tick: Tick | None = None) -> Score:  # noqa: ANN001
         """``task``'s documents at ``length`` through lm-eval (``posenc.lab.extend.needles.ruler.evaluate``)."""
         from posenc.lab.extend.needles import ruler
 
+        if self.suite is None:
+            raise RuntimeError(f"{self.name}: RULER measured before build_ruler() built its documents")
         cost = self.forward_cost(length)
         return ruler.evaluate(
             self.suite, model, self.tokenizer, task, length, device=self.device,
@@ -369,7 +394,9 @@ class HFTarget:
         trainer = CausalLMTrainer(model, description)
         run_dir = run_folder(self.out, label)
         where = f"@{target}" + (f" in {window}-token windows" if window != target else "")
-        batches = _window_batches(self.train, window, target, positions, 1, self.cfg.seed + 1)
+        if self.train is None:
+            raise RuntimeError(f"{self.name}: fine-tuned without a text to fine-tune on (use() reads one)")
+        batches = window_batches(self.train, window, target, positions, 1, self.cfg.seed + 1)
         with torch.inference_mode(False):
             train(trainer, batches, tcfg, run_dir, progress=self.progress, description=f"fine-tune {label} {where}")
         model.eval()

@@ -18,14 +18,14 @@ import torch.nn.functional as F
 import posenc
 from posenc._checks import fail
 from posenc.lab.common import evaluate as ev
-from posenc.lab.common.corpus import load_corpus, train_batch
+from posenc.lab.common.corpus import Corpus, load_corpus, train_batch
 from posenc.lab.common.gpt import GPT, ModelConfig
 from posenc.lab.common.scaling import EXTEND_METHODS, scaled_encoding
 from posenc.lab.common.train import TrainConfig, load_model, step_generator, train
 from posenc.lab.extend.needles import passkey as pk
-from posenc.lab.extend.settings.config import ExtendConfig, drops
+from posenc.lab.extend.settings.config import ExtendConfig, drops, filled, token_lengths, tokens
 from posenc.lab.extend.targets import cost
-from posenc.lab.extend.targets.base import Tick, _window_batches, finetune_text, window_scores
+from posenc.lab.extend.targets.base import Tick, finetune_text, window_batches, window_scores
 
 
 class LabTarget:
@@ -69,7 +69,7 @@ class LabTarget:
         self.original_len = cfg.original_len or self.model.config.max_len
         self.default_methods = EXTEND_METHODS[self.encoding]
         self.min_passkey = pk.MIN_CHARS + pk.DIGITS
-        self.corpus = None
+        self.corpus: Corpus | None = None  # task lm: read by ``use``
         config = self.model.config
         params = sum(p.numel() for p in self.model.parameters())
         self.l0 = cost.ModelDims(
@@ -89,8 +89,10 @@ class LabTarget:
         """Take the study's settings with every default filled in, and read the corpus they need."""
         self.cfg = cfg
         if cfg.task == "lm":
-            window = cfg.finetune_window or self.original_len * max(cfg.factors)
-            longest = max(*cfg.lengths, window if cfg.finetune_corpus is None else 1)
+            factors = filled(cfg.factors, "factors")
+            window = tokens(cfg.finetune_window, "finetune_window") if cfg.finetune_window else None
+            window_bytes = window or self.original_len * max(factors)
+            longest = max(*token_lengths(cfg), window_bytes if cfg.finetune_corpus is None else 1)
             self.corpus = load_corpus(cfg.corpus, max_bytes=cfg.corpus_bytes, min_bytes=int(longest) + 1)
             self.train_tokens = 0
             if cfg.finetune_steps:
@@ -100,6 +102,12 @@ class LabTarget:
     def load(self) -> None:
         return  # loaded in __init__ (small)
 
+    def _text(self) -> Corpus:
+        """The corpus ``use`` read (task ``lm``); read before it (or on task ``passkey``) is a bug, refused."""
+        if self.corpus is None:
+            raise RuntimeError(f"{self.name}: its corpus is read before use() read it (task lm only)")
+        return self.corpus
+
     def calibrate(self, lengths: Sequence[int]) -> None:
         return None  # tiny models: no time estimate worth a forward
 
@@ -107,7 +115,7 @@ class LabTarget:
         return cost.forward_cost(length, self.l0)
 
     def windows(self, length: int) -> int:
-        return cost.windows(self.corpus.val.numel(), length, self.cfg.eval_tokens)
+        return cost.windows(self._text().val.numel(), length, tokens(self.cfg.eval_tokens, "eval_tokens"))
 
     def prepare(self) -> None:
         """Task passkey: train the retrieval task at the original length first (resumable, skipped once done)."""
@@ -129,7 +137,7 @@ class LabTarget:
             if self.cfg.task == "passkey":
                 x, y, mask = pk.passkey_batch(batch, length, generator=generator)
             else:
-                (x, y), mask = train_batch(self.corpus.train, length=length, batch=batch, generator=generator), None
+                (x, y), mask = train_batch(self._text().train, length=length, batch=batch, generator=generator), None
             rows = slice(rank, batch, world)
             return x[rows], y[rows], None if mask is None else mask[rows]
 
@@ -176,7 +184,7 @@ class LabTarget:
         cost = self.forward_cost(length)
         try:
             return window_scores(
-                losses_of, self.corpus.val, length=length, max_tokens=self.cfg.eval_tokens,
+                losses_of, self._text().val, length=length, max_tokens=tokens(self.cfg.eval_tokens, "eval_tokens"),
                 original=self.original_len, batch=8, device=self.device,
                 tick=None if tick is None else lambda n: tick(n * cost, n),
             )  # fmt: skip
@@ -184,9 +192,10 @@ class LabTarget:
             model.train(was_training)
 
     def passkey(self, model, length: int, depth: float, seed: int, tick: Tick | None = None) -> float:  # noqa: ANN001
-        accuracy = pk.lab_accuracy(model, length=length, depth=depth, trials=self.cfg.trials, seed=seed)
+        trials = filled(self.cfg.trials, "trials")
+        accuracy = pk.lab_accuracy(model, length=length, depth=depth, trials=trials, seed=seed)
         if tick is not None:
-            tick(self.cfg.trials * self.forward_cost(length), self.cfg.trials)
+            tick(trials * self.forward_cost(length), trials)
         return accuracy
 
     def finetune(self, model, label: str, target: int, positions: str = "plain") -> Path:  # noqa: ANN001
@@ -203,7 +212,7 @@ class LabTarget:
         if self.cfg.task == "passkey":
             batches = self._batches(window, batch, self.cfg.seed + 1)
         else:
-            batches = _window_batches(self.finetune_tokens, window, target, positions, batch, self.cfg.seed + 1)
+            batches = window_batches(self.finetune_tokens, window, target, positions, batch, self.cfg.seed + 1)
         run_dir = run_folder(self.out, label)
         where = f"@{target}" + (f" in {window}-byte windows" if window != target else "")
         train(model, batches, tcfg, run_dir, progress=self.progress, description=f"fine-tune {label} {where}")

@@ -10,34 +10,17 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from posenc.deploy.source import SMOLLM2, is_hf_folder, is_lab_run, model_error, study_runs
 from posenc.lab.extend.settings.config import ExtendConfig
-from posenc.lab.extend.targets.base import _model_error
+from posenc.lab.extend.targets.base import Target
 from posenc.lab.extend.targets.hf import HFTarget
 from posenc.lab.extend.targets.lab import LabTarget
 
 if TYPE_CHECKING:  # mypy checks that each target has the interface its users rely on (``base``)
-    from posenc.lab.extend.targets.base import PretrainedTarget, Target
+    from posenc.lab.extend.targets.base import PretrainedTarget
 
     _LAB: type[Target] = LabTarget
     _HF: type[PretrainedTarget] = HFTarget
-
-SMOLLM2 = "smollm2"
-
-
-def _is_lab_run(folder: Path) -> bool:
-    try:
-        config = json.loads((folder / "config.json").read_text())
-    except (OSError, ValueError):
-        return False
-    return isinstance(config, dict) and "model" in config and (folder / "checkpoint.safetensors").is_file()
-
-
-def _is_hf_folder(folder: Path) -> bool:
-    try:
-        config = json.loads((folder / "config.json").read_text())
-    except (OSError, ValueError):
-        return False
-    return isinstance(config, dict) and "model_type" in config
 
 
 def _hf_original_len(config: Any) -> int | None:
@@ -55,30 +38,23 @@ def _hf_original_len(config: Any) -> int | None:
     return None
 
 
-def load_target(cfg: ExtendConfig, out: Path, *, device: str, progress: bool) -> LabTarget | HFTarget:
+def load_target(cfg: ExtendConfig, out: Path, *, device: str, progress: bool) -> Target:
     """The model ``cfg.model`` names, behind the interface ``run_extend`` measures through. A pretrained model is
     not loaded here (``HFTarget.load``): its config, tokenizer and GGUF header are enough for every check."""
     if cfg.is_new:
         return LabTarget(cfg, out, device, progress)
     path = Path(cfg.model).expanduser()
     if path.is_dir():
-        if _is_lab_run(path):  # a lab run's config.json has no model_type: the lab's, checked first
+        if is_lab_run(path):  # a lab run's config.json has no model_type: the lab's, checked first
             return LabTarget(cfg, out, device, progress)
-        runs = ", ".join(map(str, _study_runs(path)))
+        runs = ", ".join(map(str, study_runs(path)))
         if runs:
-            _model_error(cfg.model, f"this is a posenc lab study folder; pass one of its runs: {runs}")
-        if not _is_hf_folder(path) and not any(p.suffix.lower() == ".gguf" for p in path.iterdir()):
-            _model_error(cfg.model, "this folder holds none of them")
+            model_error(cfg.model, f"this is a posenc lab study folder; pass one of its runs: {runs}")
+        if not is_hf_folder(path) and not any(p.suffix.lower() == ".gguf" for p in path.iterdir()):
+            model_error(cfg.model, "this folder holds none of them")
     elif not path.exists() and cfg.model != SMOLLM2:
-        _model_error(cfg.model, "no such file or folder")
+        model_error(cfg.model, "no such file or folder")
     return HFTarget(cfg, out, device, progress)
-
-
-def _study_runs(folder: Path) -> list[Path]:
-    """The lab runs of a ``posenc lab`` study folder (``study.json`` and ``runs/<encoding>/``); [] for any other."""
-    if not (folder / "study.json").is_file() or not (folder / "runs").is_dir():
-        return []
-    return sorted(run for run in (folder / "runs").iterdir() if _is_lab_run(run))
 
 
 def original_len_of(cfg: ExtendConfig) -> int | None:
