@@ -51,14 +51,14 @@ NETWORK_TASKS = {
     "niah_single_2": _ESSAYS, "niah_single_3": _ESSAYS, "niah_multikey_1": _ESSAYS, "niah_multiquery": _ESSAYS,
     "niah_multivalue": _ESSAYS, "ruler_qa_squad": "SQuAD from its URL", "ruler_qa_hotpot": "HotpotQA from its URL",
     "ruler": "the whole suite, whose essay and QA tasks download data",
-}  # fmt: skip
+}
 #: Tokens generated per answer. lm-eval's own bound for vt (30), cwe (120) and fwe (50); for the needle tasks 32
 #: (one 7-digit number) and 64 (one UUID) instead of lm-eval's 128: the answer is at most ~12 / ~40 tokens in common
 #: tokenizers and the task's generation prefix makes the model say it first, so the extra decode steps only cost time.
 GEN_TOKENS = {
     "niah_single_1": 32, "niah_multikey_2": 32, "niah_multikey_3": 64, "ruler_vt": 30, "ruler_cwe": 120,
     "ruler_fwe": 50,
-}  # fmt: skip
+}
 DEFAULT_TASKS = ("niah_single_1",)
 #: Documents lm-eval generates per task and length (fewer where a sample cannot be fitted).
 DOCUMENTS_PER_LENGTH = 500
@@ -226,7 +226,7 @@ def build(tasks: Sequence[str], tokenizer: Any, lengths: Sequence[int], samples:
             manager = TaskManager(
                 include_path=_ruler_dir(), include_defaults=False,
                 metadata={"max_seq_lengths": list(lengths), "tokenizer": folder},
-            )  # fmt: skip
+            )
             if task == "ruler_cwe":
                 from lm_eval.tasks.ruler import cwe_utils
 
@@ -323,7 +323,7 @@ def language_model(model: torch.nn.Module, tokenizer: Any, max_length: int, devi
     require()
     with _quiet():
         return _whole_prompt_lm()(pretrained=model, tokenizer=tokenizer, max_length=max_length, batch_size=1,
-                                  device=device)  # fmt: skip
+                                  device=device)
 
 
 @dataclass(frozen=True)
@@ -359,7 +359,7 @@ def parse(results: dict, task: str, length: int, expected: Sequence[int]) -> Sco
 def evaluate(
     suite: Suite, model: torch.nn.Module, tokenizer: Any, task: str, length: int, *, device: str,
     on_answer: Callable[[], None] | None = None, share_prefix: bool = False,
-) -> Score:  # fmt: skip
+) -> Score:
     """``task``'s selected documents at ``length`` on ``model``, greedy, batch size 1, each prompt whole.
 
     ``share_prefix``: the documents' common haystack (each one's tokens up to its needle) goes through the model

@@ -150,7 +150,7 @@ class SharedPrefix:
         ids = family["reference"][None, : family["length"]].to(device)  # (1, P)
         with torch.inference_mode():
             self.model(ids, attention_mask=torch.ones_like(ids), use_cache=True, logits_to_keep=1,
-                       **{cache_name(self.model): cache})  # fmt: skip
+                       **{cache_name(self.model): cache})
         layers = getattr(cache, "layers", ())
         if not getattr(cache, "is_croppable", True) or any(type(layer).__name__ != "DynamicLayer" for layer in layers):
             self.reason = "its cache is not one plain, croppable DynamicCache"

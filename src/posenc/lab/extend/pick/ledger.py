@@ -37,7 +37,7 @@ def _load() -> float | None:
 
 @contextlib.contextmanager
 def timed(out: Path, *, plan_seconds: float | None, plan_about_seconds: float | None = None,
-          start: float | None = None) -> Iterator[dict[str, Any]]:  # fmt: skip
+          start: float | None = None) -> Iterator[dict[str, Any]]:
     """Append this invocation's line to ``out/runs.jsonl`` when the block ends. The block sets ``entry["ended"]``
     (default ``picked``); an exception marks it ``interrupted`` (Ctrl-C, SIGTERM) or ``failed: <type>``, and is
     re-raised. ``start``: the invocation's ``time.perf_counter()`` at its beginning (default: now), so the time to

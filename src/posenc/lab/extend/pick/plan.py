@@ -58,7 +58,7 @@ class PickPlan:
         return {
             "target": self.target, "screen": self.screen, "depths": list(self.depths),
             "candidates": [[c.method, c.factor] for c in self.candidates], "tuned": [list(u) for u in self.tuned],
-        }  # fmt: skip
+        }
 
 
 #: The pick's three studies, in the order they run (``stage_configs``).
@@ -92,7 +92,7 @@ def make_plan(
     candidates, left_out = rules.candidates(
         original, length, model_type=target.model_type, remapping=target.model_type in REMAP_MODEL_TYPES,
         methods=cfg.methods, savable=why_not if stored is None else None,
-    )  # fmt: skip
+    )
     if stored is not None:
         kept = {(str(m), float(f)) for m, f in stored}
         candidates = [c for c in candidates if (c.method, c.factor) in kept]
@@ -107,7 +107,7 @@ def make_plan(
     screen = rules.screen_length(original, length)
     if screen < target.min_passkey:
         fail("target", target_length, f"a target whose screening length ({screen}) fits a passkey prompt "
-             f"({target.min_passkey} tokens)")  # fmt: skip
+             f"({target.min_passkey} tokens)")
     depths = tuple(cfg.depths) if cfg.depths is not None else DEPTHS
     factor = length / original
     tuned = (
@@ -146,7 +146,7 @@ def estimate(pick_plan: PickPlan, target: PretrainedTarget, cfg: ExtendConfig) -
         n = racing.tied_race(raced, cells, pick_plan.cap).to(torch.float64)
         race_seconds = float((1 + cells * n[0]) + mean * (1 + cells * n[1:]).sum()) * cost_t * spu
     return dataclasses.replace(pick_plan, screen_seconds=screen_seconds, final_seconds=final_seconds,
-                               finetune_seconds=finetune_seconds, race_seconds=race_seconds)  # fmt: skip
+                               finetune_seconds=finetune_seconds, race_seconds=race_seconds)
 
 
 #: ``--pick --plan`` loads a model to time its forwards only up to this many bytes of weights (in the dtype it runs
@@ -215,15 +215,15 @@ def stage_configs(cfg: ExtendConfig, pick_plan: PickPlan, cap: int) -> tuple[Ext
     zero_shot: dict[str, Any] = dict(
         task="lm", finetune_steps=0, finetune_positions=("plain",), finetune_window=None, finetune_lr=None,
         finetune_corpus=None, ruler_tasks=None, ruler_samples=None,
-    )  # fmt: skip
+    )
     ppl = dataclasses.replace(cfg, **common, **zero_shot, lengths=(pick_plan.target,), trials=1, stop_width=0.0)
     keys = dataclasses.replace(cfg, **common, **zero_shot, lengths=(pick_plan.screen,), trials=racing.SCREEN_CAP,
-                               stop_width=STOP_WIDTH)  # fmt: skip
+                               stop_width=STOP_WIDTH)
     if pick_plan.tuned and FINETUNED_METHOD not in methods:
         common["methods"] = (*methods, FINETUNED_METHOD)
     final = dataclasses.replace(cfg, **common, lengths=(pick_plan.target,), trials=cap,
                                 ruler_samples=cap if cfg.task == "ruler" else None,
-                                stop_width=STOP_WIDTH)  # rounds, needles kept one by one  # fmt: skip
+                                stop_width=STOP_WIDTH)  # rounds, needles kept one by one
     return ppl, keys, final
 
 

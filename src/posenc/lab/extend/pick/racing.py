@@ -107,7 +107,7 @@ class Replay:
 
 
 def replay_race(field: Field, scores: torch.Tensor, counts: torch.Tensor, tier: torch.Tensor,
-                reference: torch.Tensor) -> Replay:  # fmt: skip
+                reference: torch.Tensor) -> Replay:
     """The race's rounds from the first one, as far as the stored needles go."""
     n = torch.full((1, len(field.units)), min(race.ROUND, field.cap), dtype=torch.long)
     if bool((counts < n[0]).any()):  # the first round (run_extend measures it) is not complete

@@ -53,7 +53,7 @@ def stages_text(pick_plan: PickPlan, cfg: ExtendConfig) -> str:
     )
     if pick_plan.tuned:
         lines.append(f"   fine-tuning {', '.join(label(*u) for u in pick_plan.tuned)}: about "
-                     f"{plan.duration_text(pick_plan.finetune_seconds)}")  # fmt: skip
+                     f"{plan.duration_text(pick_plan.finetune_seconds)}")
     lines.append(
         f"2. Race at {pick_plan.target} tokens, the screened set and the unpatched model"
         f"{' and the fine-tuned' if pick_plan.tuned else ''}: {cells}, up to {cap} needles per cell in rounds of "
@@ -62,13 +62,13 @@ def stages_text(pick_plan: PickPlan, cfg: ExtendConfig) -> str:
         f"({_race_expectation(cfg)}; at most {plan.duration_text(pick_plan.final_seconds)})"
     )
     source = ("timed forwards of the model on this machine" if pick_plan.calibrated else
-              "this machine's matrix-multiply speed and the model's size, before any weight is loaded")  # fmt: skip
+              "this machine's matrix-multiply speed and the model's size, before any weight is loaded")
     if any(rules.is_remapping(c.method) for c in pick_plan.candidates):
         source += (f"; a remapping candidate at {pick_plan.remap_cost:.3g}x a frequency one per forward "
                    + (f"({pick_plan.remap_measured})" if pick_plan.remap_measured else
-                      "(not measured here: the ratio on an idle AMD EPYC)"))  # fmt: skip
+                      "(not measured here: the ratio on an idle AMD EPYC)"))
     deadline = (f"; sampling stops at the deadline, {plan.duration_text(pick_plan.budget)} from the start (--budget)"
-                if pick_plan.budget else "")  # fmt: skip
+                if pick_plan.budget else "")
     lines.append(
         f"About {plan.duration_text(pick_plan.about_seconds)} in all (at most "
         f"{plan.duration_text(pick_plan.most_seconds)}), from {source} ({pick_plan.seconds_per_unit * 1e3:.3g} ms "
@@ -120,9 +120,9 @@ def left_text(out: Path, pick_plan: PickPlan, target: PretrainedTarget) -> str:
         if now is None or now.wanted:
             n = counts if now is None else now.n
             left += sum(weight.get(u, 1.0) * len(final) * max(0, pick_plan.cap - int(n[i])) * cost_t
-                        for i, u in enumerate(final_units)) * spu  # fmt: skip
+                        for i, u in enumerate(final_units)) * spu
             state = f"the race: {', '.join(f'{label(*u)} {int(counts[i])}' for i, u in enumerate(final_units))} " \
-                    "needles per cell"  # fmt: skip
+                    "needles per cell"
         else:
             state = "finished (pick.md)"
     return f"Resumed from {out}: {state}. Left: at most {plan.duration_text(max(0.0, left))}"
@@ -138,18 +138,18 @@ def stale_cache_note(units: Sequence[tuple]) -> list[str]:
     names = {p for u in moving for p in composed.parts(u[0])}
     what = (["dynamic NTK's frequencies (posenc re-rotates the cached keys to each step's: dynamic scaling with a "
              "cache, YaRN section 3.3)"] if "dynamic" in names else []) + \
-        (["DCA's logit factor"] if names & set(LENGTH_DEPENDENT_REMAP) else [])  # fmt: skip
+        (["DCA's logit factor"] if names & set(LENGTH_DEPENDENT_REMAP) else [])
     return [f"{', '.join(label(*u) for u in moving)}: answers generated with the KV cache while "
             f"{' and '.join(what)} follow{'s' if len(what) == 1 else ''} each step's length; earlier tokens' hidden "
             "states keep the length of the step that computed them (`posenc.hf.CacheStaleWarning`). The rates "
-            "stand as what a server with a KV cache runs, not as the full forward at each length."]  # fmt: skip
+            "stand as what a server with a KV cache runs, not as the full forward at each length."]
 
 
 def standing_row(s: rules.Standing) -> dict[str, Any]:
     return {
         "model": label(*s.unit), "needles": s.text(), **{m: r.text() for m, r in s.by_metric.items()},
         "p_best": s.p_best, "loss": s.loss, "ppl_past": s.ppl_past, "serving": s.serving, "active": s.active,
-    }  # fmt: skip
+    }
 
 
 def _ranked_table(ranked: list[rules.Standing], outcome: rules.Outcome) -> list[str]:
@@ -159,12 +159,12 @@ def _ranked_table(ranked: list[rules.Standing], outcome: rules.Outcome) -> list[
     for i, s in enumerate(ranked, 1):
         mark = "**pick**" if s is outcome.pick else "runner-up" if s is outcome.runner_up else str(i)
         status = ("to the end" if s.active else f"stopped: {label(*s.beaten_by)} better" if s.beaten_by else
-                  "stopped")  # fmt: skip
+                  "stopped")
         cells = [mark, label(*s.unit), s.text(), *[s.by_metric[m].text() if m in s.by_metric else "n/a"
                                                    for m in metrics],
                  "-" if s.unit[0] == "none" else f"{s.p_best:.2f}",
                  "n/a" if s.ppl_past is None else f"{s.ppl_past:.3g}", status,
-                 "unpatched" if s.unit[0] == "none" else s.serving]  # fmt: skip
+                 "unpatched" if s.unit[0] == "none" else s.serving]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
@@ -172,24 +172,24 @@ def _ranked_table(ranked: list[rules.Standing], outcome: rules.Outcome) -> list[
 def _ahead_note(ranked: list[rules.Standing]) -> list[str]:
     """The cells with needles past their model's pooled n (a round cut between the model's cells), as one line."""
     ahead = [f"{label(*s.unit)}: {r.n - s.n} needles of {m} measured past its pooled n = {s.n}"
-             for s in ranked for m, r in s.by_metric.items() if r.n > s.n]  # fmt: skip
+             for s in ranked for m, r in s.by_metric.items() if r.n > s.n]
     if not ahead:
         return []
     return ["; ".join(ahead) + ". A round was cut between the model's cells: each cell's column counts every needle "
             "it has, the pooled rate and the race the needles every cell has; the same command with `--resume` "
-            "measures the rest of the round."]  # fmt: skip
+            "measures the rest of the round."]
 
 
 def summary(ranked: list[rules.Standing], outcome: rules.Outcome, saved: Path | None) -> str:
     text = "\n\n".join(["\n".join(_ranked_table(ranked, outcome)), *_ahead_note(ranked),
-                        f"Pick: {label(*outcome.pick.unit)}. {outcome.reason}."])  # fmt: skip
+                        f"Pick: {label(*outcome.pick.unit)}. {outcome.reason}."])
     if saved is not None:
         text += f"\nSaved to {saved}"
     return text
 
 
 def commands(target: PretrainedTarget, pick_plan: PickPlan, outcome: rules.Outcome, saved: Path | None,
-             cfg: ExtendConfig) -> list[str]:  # fmt: skip
+             cfg: ExtendConfig) -> list[str]:
     """How to run and evaluate the pick outside posenc."""
     method = outcome.pick.unit[0]
     kind = outcome.pick.serving
@@ -198,7 +198,7 @@ def commands(target: PretrainedTarget, pick_plan: PickPlan, outcome: rules.Outco
     lines = []
     if saved is None:
         lines.append("Write it: the same command with `--resume --save DIR` (a new folder; `FILE.gguf` for llama.cpp "
-                     "where the method has a GGUF key) writes the pick without measuring again.")  # fmt: skip
+                     "where the method has a GGUF key) writes the pick without measuring again.")
     if saved is not None and saved.suffix.lower() == ".gguf":
         return [*lines, "```bash", f"llama-cli -m {shlex.quote(folder)} -c {t}", "```"]
     task = ruler_tasks(cfg)[0]
@@ -206,10 +206,10 @@ def commands(target: PretrainedTarget, pick_plan: PickPlan, outcome: rules.Outco
     shell = []
     if kind in ("config", "dynamic"):
         shell.append(f"lm_eval --model hf --model_args {shlex.quote(f'pretrained={folder},max_length={t}')} "
-                     f"--tasks {task} --metadata {meta} --batch_size 1")  # fmt: skip
+                     f"--tasks {task} --metadata {meta} --batch_size 1")
     if kind in ("config", "dynamic", "dca_vllm"):
         shell.append(f"lm_eval --model vllm --model_args {shlex.quote(f'pretrained={folder},max_model_len={t}')} "
-                     f"--tasks {task} --metadata {meta} --batch_size auto")  # fmt: skip
+                     f"--tasks {task} --metadata {meta} --batch_size auto")
     if shell:
         lines += ["", "```bash", *shell, "```"]
     if kind == "dca_vllm":
@@ -219,7 +219,7 @@ def commands(target: PretrainedTarget, pick_plan: PickPlan, outcome: rules.Outco
         factor = f"{outcome.pick.unit[1]:g}"
         lines.append(f"No saved config runs {method}: in Python, `{target.calls(method, outcome.pick.unit[1])}` "
                      "rebuilds the model measured here; evaluate it with "
-                     f"`posenc extend MODEL --methods {method} --factors {factor} --task ruler`.")  # fmt: skip
+                     f"`posenc extend MODEL --methods {method} --factors {factor} --task ruler`.")
     return lines
 
 
@@ -251,7 +251,7 @@ def pick_text(
     if outcome.ended in ("deadline", "interrupted"):
         how = "the deadline (--budget) came" if outcome.ended == "deadline" else "the run was interrupted"
         lines.append(f"The race is not over ({how}): this is the best estimate from every needle measured; the same "
-                     "command with `--resume` continues it.")  # fmt: skip
+                     "command with `--resume` continues it.")
     if outcome.runner_up is not None:
         r = outcome.runner_up
         lines.append(f"Runner-up: {label(*r.unit)}, {r.text()}, best with probability {r.p_best:.2f}.")
@@ -280,7 +280,7 @@ def pick_text(
         lines.append(f"| {label(*v.unit)} | {ppl} | {v.passkey.text() if v.passkey else 'n/a'} | {p} | {why} |")
     stages = "`screen-ppl/report.md`, `screen-passkey/report.md`, `final/report.md`"
     lines += ["", "## Run it elsewhere", "", *commands(target, pick_plan, outcome, saved, cfg), "",
-              f"The stages' own reports: {stages}. {took}"]  # fmt: skip
+              f"The stages' own reports: {stages}. {took}"]
     return "\n".join(lines) + "\n"
 
 

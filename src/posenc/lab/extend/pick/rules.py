@@ -181,7 +181,7 @@ def candidates(
             out.append(Candidate(method, bigger, f"the paper's rule set for {round(original * bigger)} tokens"))
     if not out:
         fail("methods", list(methods or every), f"at least one candidate for this model, target and save; left out: "
-             f"{left_out}")  # fmt: skip
+             f"{left_out}")
     return out, left_out
 
 
@@ -210,7 +210,7 @@ def broken(rows: Sequence[Mapping[str, Any]], units: Sequence[tuple], *, target:
         return {}
     best = min(finite)
     return {u: f"perplexity past L {'n/a' if p is None else f'{p:.3g}'} > {PPL_BREAK:g}x the best ({best:.3g})"
-            for u, p in ppl.items() if p is None or not math.isfinite(p) or p > PPL_BREAK * best}  # fmt: skip
+            for u, p in ppl.items() if p is None or not math.isfinite(p) or p > PPL_BREAK * best}
 
 
 @dataclass(frozen=True)
@@ -225,13 +225,13 @@ class Screened:
 
 def screened(rows: Sequence[Mapping[str, Any]], units: Sequence[tuple], *, target: int, screen: int,
              broken_units: Mapping[tuple, str], kept: Sequence[tuple], p_best: Mapping[tuple, float],
-             keep: int) -> list[Screened]:  # fmt: skip
+             keep: int) -> list[Screened]:
     """Screening's verdict on each of ``units`` for the report: out by perplexity, or in or out of the credible set
     (``posenc.lab.extend.pick.racing.screen``)."""
     out = []
     for u in units:
         cells = [row_rate(r, anytime=True) for r in rows if r["metric"] == "passkey" and r["length"] == screen
-                 and model_of(r) == u]  # fmt: skip
+                 and model_of(r) == u]
         rate = pool([c for c in cells if c is not None]) if cells else None
         if u in broken_units:
             why = broken_units[u]
@@ -279,7 +279,7 @@ class Outcome:
 
 
 def decide(standings: Sequence[Standing], verdict: Any, units: Sequence[tuple], name: Any, *, ended: str,
-           savable: Callable[[str], str | None] | None = None) -> Outcome:  # fmt: skip
+           savable: Callable[[str], str | None] | None = None) -> Outcome:
     """The pick from the race's last look (``posenc.lab.extend.stats.race.verdict`` over ``units``, the unpatched model
     among them), in words. ``savable(method) -> str | None``: why ``--save`` cannot write a method (a save added on
     resume): the pick is then the best estimate among those it can write, reported as such."""
@@ -296,7 +296,7 @@ def decide(standings: Sequence[Standing], verdict: Any, units: Sequence[tuple], 
         writable = [s for s in methods if not savable(s.unit[0])]
         if not writable:
             fail("save", "--save", "a format one of the measured methods can be written in; "
-                 + ", ".join(f"{name(s.unit)}: {savable(s.unit[0])}" for s in methods))  # fmt: skip
+                 + ", ".join(f"{name(s.unit)}: {savable(s.unit[0])}" for s in methods))
         if pick not in writable:
             pick, shown = max(writable, key=lambda s: (s.estimate, -SERVING[s.serving][0])), False
     i = index[pick.unit]
@@ -304,36 +304,36 @@ def decide(standings: Sequence[Standing], verdict: Any, units: Sequence[tuple], 
     others = sorted((s for s in methods if s is not pick), key=lambda s: -s.estimate)
     runner_up = others[0] if others else None
     costs = [(s, pick.estimate - s.estimate, float(low[i, index[s.unit]]), float(high[i, index[s.unit]]))
-             for s in others if SERVING[s.serving][0] < SERVING[pick.serving][0]]  # fmt: skip
+             for s in others if SERVING[s.serving][0] < SERVING[pick.serving][0]]
     where = SERVING[pick.serving][1]
     if shown and not any(s.active for s in methods if s is not pick):
         reason = (f"{name(pick.unit)} finds {pick.text()} of the needles at the target, better beyond noise than "
-                  f"every other method raced (paired on the same needles); it is served as {where}")  # fmt: skip
+                  f"every other method raced (paired on the same needles); it is served as {where}")
     elif shown:
         reason = (f"{name(pick.unit)}, {pick.text()}, is shown within {DELTA:g} of every model still in the race "
-                  f"and is the cheapest of them to serve: {where}")  # fmt: skip
+                  f"and is the cheapest of them to serve: {where}")
     else:
         endings = {"cap": "the pick and its strongest challenger reached the cap", "deadline": "the deadline came",
-                   "interrupted": "the run was interrupted"}  # fmt: skip
+                   "interrupted": "the run was interrupted"}
         why = endings.get(ended, "sampling ended")
         reason = (f"{name(pick.unit)} has the best estimate, {pick.text()}, but is not shown better than "
                   f"{', '.join(name(s.unit) for s in others if s.beaten_by is None) or 'the others'} ({why}); best "
                   f"with probability {pick.p_best:.2f}, expected loss {pick.loss:.3f} in rate; it is served as "
-                  f"{where}")  # fmt: skip
+                  f"{where}")
         reason += _p_best_note(pick, max(methods, key=lambda s: s.p_best), name)
     for s, cost, lo, hi in costs:
         reason += (f"; {name(s.unit)} ({SERVING[s.serving][1].split(' (')[0]}) would cost {cost:+.2f} in rate "
-                   f"[{lo:+.2f} to {hi:+.2f}]")  # fmt: skip
+                   f"[{lo:+.2f} to {hi:+.2f}]")
     reference = [u for u in units if u[0] == "none"]
     if reference:
         j = index[reference[0]]
         base = by_unit[reference[0]]
         if float(low[i, j]) > 0:
             reason += (f"; the unpatched model finds {base.text()}, shown below it: the method rescues "
-                       "retrieval")  # fmt: skip
+                       "retrieval")
         else:
             reason += (f"; the unpatched model finds {base.text()}, not shown below it: that it rescues retrieval "
-                       "at all is not shown at this n")  # fmt: skip
+                       "at all is not shown at this n")
     if not pick.estimate:
         reason += ". No method found a needle at the target"
     return Outcome(pick, runner_up, shown, ended, reason, costs)
@@ -345,10 +345,10 @@ def _p_best_note(pick: Standing, top: Standing, name: Any) -> str:
         return ""
     if pick.n < top.n:
         why = (f"with {pick.n} needles per cell against {top.n}, the uniform priors behind P(best) pull "
-               f"{name(pick.unit)}'s posterior further toward 50%")  # fmt: skip
+               f"{name(pick.unit)}'s posterior further toward 50%")
     elif pick.n > top.n:
         why = f"its posterior is wider (n = {top.n} per cell against {pick.n}): more chance of being the highest"
     else:
         why = "P(best) weighs each posterior's spread as well as its center"
     return (f"; {name(top.unit)} has the higher P(best), {top.p_best:.2f} ({why}); the pick is the best estimate, "
-            "and neither is shown better than the other")  # fmt: skip
+            "and neither is shown better than the other")

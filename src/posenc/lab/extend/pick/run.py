@@ -101,10 +101,10 @@ def run_pick(
         if drops(method):
             fail("methods", method, "a method --pick races at the target's factor: DroPE has no factor and is only "
                  "DroPE once recalibrated; measure it with posenc extend MODEL --methods drope --finetune-steps N",
-                 )  # fmt: skip
+                 )
     if cfg.trials is not None and cfg.ruler_samples is not None and cfg.trials != cfg.ruler_samples:
         fail("ruler_samples", cfg.ruler_samples, f"left out or equal to --trials ({cfg.trials}): a raced model's "
-             "cells advance together, one cap for all")  # fmt: skip
+             "cells advance together, one cap for all")
     seconds = rules.parse_budget(budget)
     deadline = racing.Deadline.after(seconds)
     before = check_out(out, "pick")
@@ -124,12 +124,12 @@ def run_pick(
     settings.update(pick_plan.settings())
     stages = stage_configs(cfg, pick_plan, pick_plan.cap)
     resolved = [plan.resolve(stage, kind=target.kind, original=target.original_len,
-                             default_methods=target.default_methods, device=device) for stage in stages]  # fmt: skip
+                             default_methods=target.default_methods, device=device) for stage in stages]
     target.use(resolved[-1])  # the corpus once: every stage reads the same text; the race's adds its fine-tuning text
     if target.heldout_tokens < pick_plan.target + 1:
         fail("target", target_length, f"a length the held-out text can fill: {target.corpus_name} gives "
              f"{target.heldout_tokens} held-out tokens, so at most {target.heldout_tokens - 1}; a lower --target or a "
-             "bigger --corpus")  # fmt: skip
+             "bigger --corpus")
     for stage in resolved:  # every stage's settings against the model and the machine, before anything is written
         plan.check(stage, target, device=device)
     if plan_only or progress:  # the candidates at once, a line per timed forward, then the stages and the estimate
@@ -144,9 +144,9 @@ def run_pick(
     timed = pick_plan.calibrated  # a probe's plan is not claimed as this run's
     with ledger.timed(out, plan_seconds=pick_plan.most_seconds if timed else None,
                       plan_about_seconds=pick_plan.about_seconds if timed else None,
-                      start=start) as entry:  # fmt: skip
+                      start=start) as entry:
         result = _measure_and_pick(cfg, target, pick_plan, stages, out, deadline, start, save=save,
-                                   save_type=save_type, device=device, progress=progress)  # fmt: skip
+                                   save_type=save_type, device=device, progress=progress)
         # picked: decided (the race settled), cap or deadline (the best estimate then; a --resume races on);
         # deadline: it came before a pick could be made
         entry["ended"] = "deadline" if result["pick"] is None else f"picked: {result['ended']}"
@@ -181,7 +181,7 @@ def _measure_and_pick(
                       save_type=save_type, device=device, progress=progress)
         except Exception as err:  # the interrupt comes first; a report that could not be written is said, not raised
             print(f"posenc: the reports in {out} were not rewritten after the interrupt ({type(err).__name__}: {err})",
-                  file=sys.stderr)  # fmt: skip
+                  file=sys.stderr)
         raise
     return _conclude(cfg, stages[2], target, pick_plan, out, start, interrupted=False, save=save,
                      save_type=save_type, device=device, progress=progress)
@@ -202,14 +202,14 @@ def _measure(cfg: ExtendConfig, target: PretrainedTarget, pick_plan: PickPlan, s
     ppl_cfg, keys_cfg, final_cfg = stages
     units = [c.unit for c in pick_plan.candidates]
     ppl_rows = run_extend(ppl_cfg, out / "screen-ppl", resume=True, progress=progress, units=units,
-                          measurements=[("ppl", pick_plan.target, None)], stop=deadline.passed)  # fmt: skip
+                          measurements=[("ppl", pick_plan.target, None)], stop=deadline.passed)
     if not {UNPATCHED, *units} <= rules.ppl_measured(ppl_rows, pick_plan.target):  # the deadline came first
         return
     whole = [u for u in units if u not in rules.broken(ppl_rows, units, target=pick_plan.target)]
     run_extend(keys_cfg, out / "screen-passkey", resume=True, progress=progress, units=whole,
                measurements=screening_cells(pick_plan),
                more_rounds=racing.policy(racing.replay_screen, racing.SCREEN_CAP, deadline),
-               stop=deadline.passed)  # fmt: skip
+               stop=deadline.passed)
     screen = _screened(out, pick_plan)
     if screen is None:  # the deadline came first: screening is not over
         return
@@ -224,7 +224,7 @@ def _measure(cfg: ExtendConfig, target: PretrainedTarget, pick_plan: PickPlan, s
     replay = racing.race_replay(final_units, target.model_type, fixed=not cfg.adaptive)
     run_extend(final_cfg, out / "final", resume=True, progress=progress, units=raced,
                measurements=final_measurements(final_cfg, pick_plan),
-               more_rounds=racing.policy(replay, pick_plan.cap, deadline), stop=deadline.passed)  # fmt: skip
+               more_rounds=racing.policy(replay, pick_plan.cap, deadline), stop=deadline.passed)
 
 
 def _screened(out: Path, pick_plan: PickPlan) -> tuple[list[rules.Screened], list[tuple]] | None:
@@ -250,7 +250,7 @@ def _screened(out: Path, pick_plan: PickPlan) -> tuple[list[rules.Screened], lis
     screen_rows = ppl_rows + [r for r in _rows(out, "screen-passkey") if r["metric"] == "passkey"]
     chances = dict(zip(field.units, p_best.tolist(), strict=True))
     verdicts = rules.screened(screen_rows, [UNPATCHED, *units], target=pick_plan.target, screen=pick_plan.screen,
-                              broken_units=broken, kept=kept, p_best=chances, keep=racing.KEEP)  # fmt: skip
+                              broken_units=broken, kept=kept, p_best=chances, keep=racing.KEEP)
     return verdicts, kept + pick_plan.tuned
 
 
@@ -291,7 +291,7 @@ def _conclude(
     if bool((counts > look.n).any()):  # a round under way: the last look at every needle measured
         tier, reference = racing.tiers(final_units, target.model_type)
         look = racing.Replay(counts, look.wanted, race.verdict(scores, counts[None], look.look.active, tier,
-                                                               reference))  # fmt: skip
+                                                               reference))
     final_rows = _rows(out, "final")
     ranked = standings(final_rows, field, look, scores, per_cell, target.model_type, pick_plan.target)
     why_not = savable(target, save, save_type, cfg, out, pick_plan.target) if save is not None else None
@@ -308,7 +308,7 @@ def _conclude(
         "pick": label(*outcome.pick.unit), "unit": outcome.pick.unit, "reason": outcome.reason, "saved": saved,
         "shown": outcome.shown, "ended": ended, "standings": [pick_report.standing_row(s) for s in ranked],
         "plan": pick_plan, "cap": pick_plan.cap,
-    }  # fmt: skip
+    }
 
 
 def _rewrite_stage_reports(stages: Sequence[ExtendConfig], target: PretrainedTarget, out: Path,
@@ -333,7 +333,7 @@ def _unfinished(out: Path, stage: str, progress: bool, interrupted: bool) -> dic
 
 
 def standings(rows: Sequence[dict], field: racing.Field, look: racing.Replay, scores: torch.Tensor,
-              per_cell: torch.Tensor, model_type: str | None, target: int) -> list[rules.Standing]:  # fmt: skip
+              per_cell: torch.Tensor, model_type: str | None, target: int) -> list[rules.Standing]:
     """Each raced model at the target from the race's last look, best estimate first: pooled rate with its
     anytime-valid interval (over the look's n needles per cell), each cell's rate from every needle it has
     (``per_cell``, (M, C): a round cut between a model's cells leaves the first ones ahead of its pooled n), whether it
@@ -358,13 +358,13 @@ def standings(rows: Sequence[dict], field: racing.Field, look: racing.Replay, sc
             by[key] = rates_mod.Rate(float(cell.sum()), k, anytime=True)
         beaten = (v.low[0, :, i] > 0).nonzero()
         ppl = next((float(r["ppl"]) for r in rows if model_of(r) == unit and r["metric"] == "ppl_past"
-                    and r["length"] == target and r["status"] == "ok"), None)  # fmt: skip
+                    and r["length"] == target and r["status"] == "ok"), None)
         out.append(rules.Standing(
             unit=unit, estimate=float(v.estimate[0, i]), interval=(float(low[0, i]), float(high[0, i])), n=int(n[i]),
             by_metric=by, ppl_past=ppl, serving=rules.serving(unit[0], model_type), active=bool(v.active[0, i]),
             beaten_by=field.units[int(beaten[0])] if beaten.numel() else None, p_best=float(p_best[i]),
             loss=float(loss[i]),
-        ))  # fmt: skip
+        ))
     return sorted(out, key=lambda s: (-s.estimate, rules.SERVING[s.serving][0]))
 
 
@@ -373,17 +373,17 @@ def _say(text: str) -> None:
 
 
 def _save(cfg: ExtendConfig, out: Path, unit: tuple, save: str | Path, save_type: str, device: str,
-          progress: bool) -> Path:  # fmt: skip
+          progress: bool) -> Path:
     """Write the pick: the race's model reloaded and patched again (a fine-tuned one from its finished run)."""
     from posenc.lab.extend.study.run import check_save, model_for, write_saved
 
     method, factor, steps, positions = unit
     one = dataclasses.replace(cfg, methods=(method,), factors=(factor,), finetune_steps=steps,
-                              finetune_positions=(positions,))  # fmt: skip
+                              finetune_positions=(positions,))
     final = out / "final"
     target = as_pretrained(load_target(one, final, device=device, progress=False))  # the pick refused a lab model
     resolved = plan.resolve(one, kind=target.kind, original=target.original_len,
-                            default_methods=target.default_methods, device=device)  # fmt: skip
+                            default_methods=target.default_methods, device=device)
     resolved = dataclasses.replace(resolved, dtype=str(target.dtype).removeprefix("torch."))
     target.use(resolved)
     path = check_save(save, resolved, target, out, save_type)

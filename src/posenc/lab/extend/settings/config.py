@@ -245,7 +245,7 @@ class ExtendConfig(DictConfig):
             check_positive_int("ruler_samples", self.ruler_samples)
             if self.ruler_samples > DOCUMENTS_PER_LENGTH:
                 fail("ruler_samples", self.ruler_samples, f"at most {DOCUMENTS_PER_LENGTH}, the documents lm-eval "
-                     "generates per task and length")  # fmt: skip
+                     "generates per task and length")
         if self.stop_width is not None:
             check_number("stop_width", self.stop_width)
             if not 0 <= self.stop_width < 1:
@@ -294,7 +294,7 @@ class ExtendConfig(DictConfig):
             fail("finetune_corpus", self.finetune_corpus, "a text file or folder to fine-tune on")
         if not self.finetune_steps:
             for name, default in (("finetune_window", None), ("finetune_positions", ("plain",)),
-                                  ("finetune_corpus", None), ("finetune_lr", None)):  # fmt: skip
+                                  ("finetune_corpus", None), ("finetune_lr", None)):
                 if getattr(self, name) != default:
                     fail(name, getattr(self, name), "left out unless finetune_steps > 0 (pass --finetune-steps N)")
             return
@@ -317,10 +317,10 @@ class ExtendConfig(DictConfig):
             )
         if sampled and self.task == "passkey":
             fail("finetune_positions", list(self.finetune_positions), "'plain' with task passkey (pose and random "
-                 "cut or spread running text; the passkey task's prompts are trained whole)")  # fmt: skip
+                 "cut or spread running text; the passkey task's prompts are trained whole)")
         if self.dtype in ("bfloat16", "float16"):
             fail("dtype", self.dtype, "float32 (or left out) when fine-tuning: AdamW's small updates are lost in "
-                 f"{self.dtype} weights")  # fmt: skip
+                 f"{self.dtype} weights")
 
     def to_dict(self) -> dict:
         """Every field by name, but ``baseline`` only when False: settings files written before it existed

@@ -40,7 +40,7 @@ def _tensor(x: object) -> torch.Tensor:
 def _log_mixture(s: torch.Tensor, f: torch.Tensor, a: float, b: float) -> torch.Tensor:
     """log of the Beta(a, b) mixture's likelihood, ``B(a + s, b + f) / B(a, b)``."""
     return (torch.lgamma(a + s) + torch.lgamma(b + f) - torch.lgamma(a + b + s + f)
-            - (math.lgamma(a) + math.lgamma(b) - math.lgamma(a + b)))  # fmt: skip
+            - (math.lgamma(a) + math.lgamma(b) - math.lgamma(a + b)))
 
 
 def rate_interval(
@@ -151,7 +151,7 @@ def probability_best(hits: torch.Tensor, n: torch.Tensor, grid: int = GRID) -> t
     hits, n = _tensor(hits).reshape(-1), _tensor(n).reshape(-1)
     # each distinct posterior once, with its multiplicity: identical models get bit-identical answers
     distinct, index, count = torch.unique(torch.stack([hits, n], dim=1), dim=0, return_inverse=True,
-                                          return_counts=True)  # fmt: skip
+                                          return_counts=True)
     a, b, c = distinct[:, 0], distinct[:, 1] - distinct[:, 0], count.to(torch.float64)
     x = (torch.arange(grid, dtype=torch.float64) + 0.5) / grid  # (G,) cell midpoints
     log_pdf = a[:, None] * torch.log(x) + b[:, None] * torch.log1p(-x)  # (U, G), up to a constant

@@ -93,7 +93,7 @@ def pooled_interval(scores: torch.Tensor, n: torch.Tensor, alpha: float = ALPHA)
 
 
 def verdict(scores: torch.Tensor, n: torch.Tensor, active: torch.Tensor, tier: torch.Tensor,
-            reference: torch.Tensor, *, alpha: float = ALPHA, delta: float = DELTA) -> Verdict:  # fmt: skip
+            reference: torch.Tensor, *, alpha: float = ALPHA, delta: float = DELTA) -> Verdict:
     """One look: eliminate the models shown worse than another, then stop where the pick is shown.
 
     ``active`` (R, M): the models sampled until now; ``tier`` (M,): each model's serving cost (lower is cheaper);
@@ -192,7 +192,7 @@ def next_round(v: Verdict, n: torch.Tensor, cap: int, reference: torch.Tensor) -
 def race(
     scores: torch.Tensor, tier: torch.Tensor, reference: torch.Tensor, cap: int, *, first: int = ROUND,
     alpha: float = ALPHA, delta: float = DELTA, rounds: int | None = None,
-) -> tuple[Verdict, torch.Tensor]:  # fmt: skip
+) -> tuple[Verdict, torch.Tensor]:
     """The whole race on needles already drawn (``scores`` (R, M, C, N), N >= ``cap``): every model's first
     ``first`` needles per cell, then rounds of ``ROUND`` for the models ``next_round`` names, until the verdict stops,
     nobody is left below the cap, or after ``rounds`` rounds (a deadline). Deterministic in the scores: a resumed
@@ -222,4 +222,4 @@ def _keep_stopped(old: Verdict, new: Verdict, stopped: torch.Tensor) -> Verdict:
         pick=torch.where(s3, old.pick, new.pick), shown=torch.where(s3, old.shown, new.shown),
         estimate=torch.where(s1, old.estimate, new.estimate), low=torch.where(s2, old.low, new.low),
         high=torch.where(s2, old.high, new.high),
-    )  # fmt: skip
+    )

@@ -158,10 +158,10 @@ def plot_rates(
                 xs, ys, yerr=[low, high], marker=MARKERS[i % len(MARKERS)], color=colour, capsize=3,
                 linestyle="-" if method == "none" else "--", linewidth=1.4, markersize=6,
                 markerfacecolor="white" if unit_[2] else colour, label=label(*unit_),
-            )  # fmt: skip
+            )
         length_axis(ax, lengths, original, margin=1.4)
         ax.text(original * 1.03, 0.02, f"original {original}", transform=ax.get_xaxis_transform(), fontsize=8,
-                color="0.25", va="bottom")  # fmt: skip
+                color="0.25", va="bottom")
         ax.set_ylim(-4, 104)
         ax.set_yticks([0, 25, 50, 75, 100])
         name = "passkey (pooled over depths)" if metric == "passkey" else f"RULER {ruler_task(metric)} (lm-eval)"

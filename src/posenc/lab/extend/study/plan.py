@@ -50,7 +50,7 @@ PLANS: dict[str, dict[str, Any]] = {
         "depths": (0.1, 0.5, 0.9),
         "trials": 2,
         "ruler": 10,
-    },  # fmt: skip
+    },
 }
 _GIB = 2**30
 
@@ -268,7 +268,7 @@ def available_memory(device: str) -> int | None:
 def check_memory(target: PretrainedTarget, length: int, device: str) -> None:
     need = memory_needed(target.dims, length, weight_bytes=target.weight_bytes, act_bytes=target.act_bytes)
     _check_fits(need, device, "lengths", length, f"a longest length that fits in memory: {target.name} at {length} "
-                "tokens", "lower --lengths")  # fmt: skip
+                "tokens", "lower --lengths")
 
 
 def _check_fits(need: dict[str, float], device: str, name: str, value: object, what: str, advice: str) -> None:
@@ -278,7 +278,7 @@ def _check_fits(need: dict[str, float], device: str, name: str, value: object, w
         return
     parts = ", ".join(f"{k} {v / _GIB:.2f}" for k, v in need.items() if k != "total" and v)
     fail(name, value, f"{what} needs about {need['total'] / _GIB:.1f} GiB ({parts} GiB) and {free / _GIB:.1f} GiB is "
-         f"free on {device}; {advice}")  # fmt: skip
+         f"free on {device}; {advice}")
 
 
 def finetune_memory_needed(dims: ModelDims, window: int, *, weight_bytes: int) -> dict[str, float]:
@@ -304,7 +304,7 @@ def check_finetune_memory(target: Target, window: int, device: str) -> None:
     pretrained = as_pretrained(target)
     need = finetune_memory_needed(pretrained.dims, window, weight_bytes=pretrained.weight_bytes)
     _check_fits(need, device, "finetune_window", window, f"a fine-tuning window that fits in memory: {target.name} "
-                f"fine-tuned on {window}-token windows", "pass a smaller --finetune-window")  # fmt: skip
+                f"fine-tuned on {window}-token windows", "pass a smaller --finetune-window")
 
 
 def duration_text(seconds: float) -> str:

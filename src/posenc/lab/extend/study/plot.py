@@ -73,12 +73,12 @@ def plot_extend(
             linewidth=2.2 if method == "none" else 1.5, markersize=9 if twin else 6,
             markerfacecolor="white" if steps and not twin else "none" if twin else colour,
             label=label(*unit_) + (f" (= {twin})" if twin else ""),
-        )  # fmt: skip
+        )
     lengths = sorted({n for by in groups.values() for n, v in by.items() if v})
     length_axis(ax, lengths, original, margin=1.3)
     box = {"facecolor": "white", "edgecolor": "none", "alpha": 0.8, "pad": 1.0}
     ax.text(original * 1.03, 0.98, f"original length {original}", transform=ax.get_xaxis_transform(), fontsize=9,
-            color="0.25", va="top", bbox=box)  # fmt: skip
+            color="0.25", va="top", bbox=box)
     ax.set_yscale("log")
     values = [y for p in drawn.values() for _, y in p]
     low, high = min(values) / 1.08, max(values) * 1.08
@@ -148,7 +148,7 @@ def plot_passkey(
         past = [j for j, n in enumerate(lengths) if n > original]
         if past and past[0] > 0:  # left of it: up to the original length; white on a black edge shows on any cell
             ax.axvline(past[0] - 0.5, color="white", linewidth=1.6,
-                       path_effects=[pe.Stroke(linewidth=3.2, foreground="black"), pe.Normal()])  # fmt: skip
+                       path_effects=[pe.Stroke(linewidth=3.2, foreground="black"), pe.Normal()])
         ax.set_title(label(*unit_), fontsize=9)
         if k + cols >= len(groups):  # the lowest panel of its column
             ax.set_xlabel(f"length ({unit}s)", fontsize=8)

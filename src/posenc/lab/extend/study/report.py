@@ -49,7 +49,7 @@ def table(rows: Sequence[Mapping[str, Any]], metric: str) -> tuple[list[str], li
         for unit, by_rate in rates(rows, metric).items():
             cells.append([label(*unit)] + [
                 "-" if n not in by_rate else "n/a" if (r := by_rate[n]) is None else r.text() for n in lengths
-            ])  # fmt: skip
+            ])
         return headers, cells
     for unit, by_length in curves(rows, metric).items():
         line = [label(*unit)]
@@ -261,7 +261,7 @@ def _passkey_findings(
         why = _passkey_advice(None if within is None else within.value, original, cfg, kind, tried_within=tried)
         if not base and not any(r["method"] == "none" for r in rows):
             why = ("the unpatched model was left out (--no-baseline), so whether the model retrieves at all is not "
-                   "in this study")  # fmt: skip
+                   "in this study")
         lines.append(f"- Passkey past the original length: no method retrieved a single key ({why}).")
     elif past:
         best, tied = _best(past)
@@ -350,7 +350,7 @@ def write_report(
     original = target.original_len
     unit = unit_of(target)
     baseline = "`none` is the model as trained. " if any(r["method"] == "none" for r in rows) else (
-        "the unpatched model was left out (`--no-baseline`). ")  # fmt: skip
+        "the unpatched model was left out (`--no-baseline`). ")
     lines = [
         "# posenc extend: context extension",
         "",
@@ -410,7 +410,7 @@ def write_report(
             "",
         ]
     if target.kind != "lab" and any(r["length"] > r["original_len"] * r["factor"] for r in rows
-                                    if r["method"] not in ("none", "dynamic") and not drops(r["method"])):  # fmt: skip
+                                    if r["method"] not in ("none", "dynamic") and not drops(r["method"])):
         lines += [
             "Some lengths are past the context a patch was derived for (its factor x the original context; "
             "`posenc.hf.ReachExceededWarning`, not printed during the study): those rows measure each method beyond "
@@ -600,7 +600,7 @@ def unit_of(target: Target) -> str:
 
 
 def finish(out: Path, cfg: ExtendConfig, target, rows, described, seconds: float, progress: bool,  # noqa: ANN001
-           resumed: int = 0, saved: Path | None = None) -> None:  # fmt: skip
+           resumed: int = 0, saved: Path | None = None) -> None:
     """Draw the figures (only those with something to show), write the report, print the tables and findings.
     ``saved``: what ``--save`` wrote this run, named in the report."""
     original = target.original_len

@@ -80,7 +80,7 @@ METRICS = ("ppl", "ppl_past", "passkey")
 COLUMNS = [
     "metric", "method", "factor", "finetune_steps", "finetune_positions", "original_len", "length", "depth",
     "loss", "ppl", "accuracy", "hits", "n", "ci_low", "ci_high", "status", "interval",
-]  # fmt: skip
+]
 KEY_COLUMNS = ("metric", "method", "factor", "finetune_steps", "finetune_positions", "length", "depth")
 #: The settings that differ when a task-lm study is resumed with ``--task ruler`` to add RULER to it.
 RULER_SETTINGS = ("task", "ruler_tasks", "ruler_samples")
@@ -128,7 +128,7 @@ def _row(metric: str, unit: Unit, original: int, length: int, depth: float | Non
         "metric": metric, "method": method, "factor": factor, "finetune_steps": steps,
         "finetune_positions": positions, "original_len": original, "length": length, "depth": depth, "loss": None,
         "ppl": None, "accuracy": None, "hits": None, "n": 0, "ci_low": None, "ci_high": None, "status": "n/a",
-    }  # fmt: skip
+    }
 
 
 def rate(row: dict, hits: float, n: int, anytime: bool = False) -> dict:
@@ -137,7 +137,7 @@ def rate(row: dict, hits: float, n: int, anytime: bool = False) -> dict:
     ``interval`` says which."""
     low, high = Rate(hits, n, anytime).interval
     row.update(accuracy=hits / n, hits=hits, n=n, ci_low=low, ci_high=high, status="ok",
-               interval="anytime" if anytime else "wilson")  # fmt: skip
+               interval="anytime" if anytime else "wilson")
     return row
 
 
@@ -152,7 +152,7 @@ def _units(cfg: ExtendConfig, methods: Sequence[str], kind: str) -> list[Unit]:
         tuned = ("none", *methods) if kind == "lab" else tuple(methods)
         factors = filled(cfg.factors, "factors")
         units += [(m, f, cfg.finetune_steps, p) for p in cfg.finetune_positions for m in tuned
-                  for f in (factors if m == "none" else unit_factors(cfg, m))]  # fmt: skip
+                  for f in (factors if m == "none" else unit_factors(cfg, m))]
     return units if cfg.baseline else [u for u in units if u[0] != "none"]
 
 
@@ -378,7 +378,7 @@ def run_extend(
     if progress and forwards:
         rounds = {model_of(r) for r in more}  # models with only further rounds left (a resumed study)
         print(_plan_text(cfg, target, work, lengths, forwards, study, calibration, rounds,
-                         grid if measurements is not None else None))  # fmt: skip
+                         grid if measurements is not None else None))
     described: dict[str, Any] = {}
     tuned: dict[str, Path] = {}
     stopped = False
@@ -454,7 +454,7 @@ def _said_in_report(target: Target) -> Iterator[None]:
 
 
 def _left(cfg: ExtendConfig, target: Target, grid: Sequence[tuple], measured: Sequence[Unit],
-          rows: Sequence[dict]) -> tuple[set, list, list, list]:  # fmt: skip
+          rows: Sequence[dict]) -> tuple[set, list, list, list]:
     """What a study has left, from the rows already in ``results.csv``: (the keys done; per model, the measurements
     not done; the rate cells under way that need more rounds; every measurement left as ``(metric, length, samples
     already measured)``, what ``_cost`` takes)."""
@@ -466,7 +466,7 @@ def _left(cfg: ExtendConfig, target: Target, grid: Sequence[tuple], measured: Se
 
 
 def _print_plan(cfg: ExtendConfig, target: Target, out: Path, grid: list[tuple], lengths: Sequence[int],
-                measured: list[Unit], subset: bool, device: str, save_to: Path | None) -> list[dict]:  # fmt: skip
+                measured: list[Unit], subset: bool, device: str, save_to: Path | None) -> list[dict]:
     """``plan_only``: print what the study would run and an estimate of its time, from the settings, the model's
     dimensions and this machine's matrix-multiply speed (no weight loaded, nothing written); returns the rows
     already measured in ``out`` (a resumed study's), else []."""
@@ -486,13 +486,13 @@ def _print_plan(cfg: ExtendConfig, target: Target, out: Path, grid: list[tuple],
         lines.append(_plan_text(cfg, target, work, lengths, forwards, study, None, rounds, grid if subset else None))
         if target.kind == "lab" and cfg.task == "passkey":
             lines.append(f"First: the passkey task trained for {cfg.train_steps} steps at {original} bytes "
-                         f"({out / 'runs' / 'passkey'}; resumed or skipped where a run is there)")  # fmt: skip
+                         f"({out / 'runs' / 'passkey'}; resumed or skipped where a run is there)")
         if target.kind == "lab":
             lines.append("Time: no estimate before the run for a lab model (small; the study's bar times it)")
         else:
             spu = plan.probe_seconds_per_unit(as_pretrained(target).dims, target.dtype, device)
             tuning = sum(cfg.finetune_steps * 3 * target.forward_cost(cfg.finetune_window_for(
-                round(original * u[1]))) for u in tunes)  # fmt: skip
+                round(original * u[1]))) for u in tunes)
             caps = [filled(cfg.trials, "trials")]
             caps += [filled(cfg.ruler_samples, "ruler_samples")] if cfg.task == "ruler" else []
             most = " at most" if any(_up_to(cfg, cap) for cap in caps) else ""  # rounds may stop a cell early
@@ -525,7 +525,7 @@ def model_for(target: Target, unit: Unit) -> tuple[Any, dict, Path | None]:
 
 
 def _more_rounds(target: Target, cfg: ExtendConfig, units: Sequence[Unit], grid: Sequence[tuple], results: Path,
-                 study: Any, described: dict, samples: Path | None = None) -> None:  # fmt: skip
+                 study: Any, described: dict, samples: Path | None = None) -> None:
     """``stop_width``: further rounds for the rate cells not yet decided (``posenc.lab.extend.stats.sampling``).
 
     The next round always goes to the undecided cell with the fewest samples (then the first model, then the first
@@ -627,7 +627,7 @@ def _slug(name: str) -> str:
 
 def _plan_text(cfg: ExtendConfig, target: Target, work: list, lengths: Sequence[int], forwards: int, study: Any,
                calibration: tuple[float, int, float] | None, rounds: Set[Unit] = frozenset(),
-               grid: Sequence[tuple] | None = None) -> str:  # fmt: skip
+               grid: Sequence[tuple] | None = None) -> str:
     models = [label(*u) for u, todo in work if todo or u in rounds]
     metrics = {m for m, _, _ in grid} if grid is not None else None  # None: every measurement of the settings
     depths = sorted({d for m, _, d in grid if m == "passkey"}) if grid is not None else filled(cfg.depths, "depths")
@@ -680,7 +680,7 @@ def _count(n: int, noun: str) -> str:
 
 
 def _measure(target: Target, model: Any, unit: Unit, metric: str, length: int, depth: float | None, tick: Tick,
-             samples: Path | None = None) -> list[dict]:  # fmt: skip
+             samples: Path | None = None) -> list[dict]:
     original = target.original_len
     row = _row(metric, unit, original, length, depth)
     if metric == "ppl":

@@ -122,7 +122,7 @@ class Target(Protocol):
         returns what changed."""
 
     def patched(self, method: str, factor: float) -> tuple[Any, dict]:
-        """A fresh copy of the model patched with ``method`` at ``factor`` (``targets.composed`` names included), and
+        """A fresh copy of the model patched with ``method`` at ``factor`` (``yarn+string`` names included), and
         what changed; a patch that changes nothing is refused."""
 
     def perplexity(self, model: Any, length: int, tick: Tick | None = None) -> tuple[ev.Score, ev.Score | None]:
@@ -135,7 +135,7 @@ class Target(Protocol):
 
     def finetune(self, model: Any, label: str, target: int, positions: str = "plain") -> Path:
         """Fine-tune ``model`` (in place) for a ``target`` context, windows read at ``positions``
-        (``study.finetune``); returns its resumable run folder, ``OUT/runs/finetune-<label>``."""
+        (``targets.finetune``); returns its resumable run folder, ``OUT/runs/finetune-<label>``."""
 
 
 class PretrainedTarget(Target, Protocol):
@@ -175,19 +175,19 @@ class PretrainedTarget(Target, Protocol):
     config: Any
 
     def calibrate(self, lengths: Sequence[int], report: Callable[[str], None] | None = None
-                  ) -> tuple[float, int, float]:  # fmt: skip
+                  ) -> tuple[float, int, float]:
         """Seconds per ``forward_cost`` unit, tokens of the longest timed forward and its seconds, from timed
         forwards on this machine (the pick's estimate; ``load`` first); ``report`` gets a line per timed forward."""
 
     def remap_cost(self, method: str, factor: float, length: int, report: Callable[[str], None] | None = None
-                   ) -> tuple[float, str] | None:  # fmt: skip
+                   ) -> tuple[float, str] | None:
         """A remapping method's forward time over the plain one at ``length`` tokens, and how it was measured (the
         pick's estimate); None before ``calibrate`` timed a long enough forward; ``report`` gets a line for it."""
 
     def passkey(
         self, model: Any, length: int, depth: float, seed: int, tick: Tick | None = None,
         outcomes: list[float] | None = None,
-    ) -> float:  # fmt: skip
+    ) -> float:
         """As ``Target.passkey``; ``outcomes`` gets each key's score (1.0 or 0.0): ``samples.csv``, which the pick's
         rounds replay."""
 
@@ -204,7 +204,7 @@ class PretrainedTarget(Target, Protocol):
     def save(
         self, model: Any, folder: Path, *, tensor_type: str = "source", dtype: torch.dtype | None = None,
         check: bool = True,
-    ) -> Path:  # fmt: skip
+    ) -> Path:
         """Write ``model`` as a transformers folder (weights in ``dtype``, default the checkpoint's), or a GGUF file
         when ``folder`` ends in ``.gguf``; returns the path written (``--save``, the pick's save)."""
 

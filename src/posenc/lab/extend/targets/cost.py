@@ -48,7 +48,7 @@ class ModelDims:
         return cls(
             params=int(params), layers=int(text.num_hidden_layers), hidden=hidden, intermediate=intermediate,
             heads=heads, kv_heads=kv_heads, head_dim=head_dim, vocab=int(text.vocab_size), masked=masked,
-        )  # fmt: skip
+        )
 
 
 def forward_cost(length: int, l0: float) -> float:

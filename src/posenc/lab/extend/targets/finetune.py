@@ -168,7 +168,7 @@ def plot_losses(runs: Mapping[str, Path], path: Path, *, unit: str = "token") ->
     for i, (name, curve) in enumerate(curves.items()):
         steps, losses = zip(*curve, strict=True)
         ax.plot(steps, losses, color=PALETTE[i % len(PALETTE)], marker=MARKERS[i % len(MARKERS)] if len(steps) < 30
-                else None, markersize=3, label=name)  # fmt: skip
+                else None, markersize=3, label=name)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("fine-tuning step")
     ax.set_ylabel(f"training loss (nats per {unit})")

@@ -229,7 +229,7 @@ class HFTarget:
             fail("methods", "longrope", "methods whose parameters follow from the factor: LongRoPE's per-frequency "
                  "long_factor comes from a search (no option of posenc extend sets it); in Python, "
                  "posenc.hf.extend_context(model, 'longrope', F, long_factor=[...]) applies a searched one",
-                 )  # fmt: skip
+                 )
         return self._extend(meta_model(self.config), method, factor)
 
     def load(self) -> None:
@@ -254,7 +254,7 @@ class HFTarget:
                 print(f"{self.class_name}: its head is not the plain output layer; measuring through full logits")
 
     def calibrate(self, lengths: Sequence[int], report: Callable[[str], None] | None = None
-                  ) -> tuple[float, int, float]:  # fmt: skip
+                  ) -> tuple[float, int, float]:
         """Seconds per ``forward_cost`` unit, and the cost model's crossover length ``l0``, from timed forwards on
         this machine (after a warm-up: the first forward pays kernel set-up and page faults).
 
@@ -277,7 +277,7 @@ class HFTarget:
         return times[-1] / self.forward_cost(sizes[-1]), sizes[-1], times[-1]
 
     def remap_cost(self, method: str, factor: float, length: int, report: Callable[[str], None] | None = None
-                   ) -> tuple[float, str] | None:  # fmt: skip
+                   ) -> tuple[float, str] | None:
         """A remapping method's forward time over the plain one, and how it was measured: one forward with
         ``method`` patched at the longest length ``calibrate`` timed (8192 tokens for a target beyond it), against
         the plain one there, not extrapolated to ``length``: the ratio levels off as attention comes to dominate both
@@ -342,16 +342,16 @@ class HFTarget:
             max_tokens=tokens(self.cfg.eval_tokens, "eval_tokens"),
             original=self.original_len, batch=1, device=self.device,
             tick=None if tick is None else lambda n: tick(n * cost, n),
-        )  # fmt: skip
+        )
 
     def passkey(self, model, length: int, depth: float, seed: int, tick: Tick | None = None,  # noqa: ANN001
-                outcomes: list[float] | None = None) -> float:  # fmt: skip
+                outcomes: list[float] | None = None) -> float:
         """Passkey accuracy over ``cfg.trials`` keys; ``outcomes`` gets each key's score (1.0 or 0.0)."""
         cost = self.forward_cost(length)
         return pk.hf_accuracy(
             model, self.tokenizer, length=length, depth=depth, trials=filled(self.cfg.trials, "trials"), seed=seed,
             prompts=self._prompts, on_trial=None if tick is None else lambda: tick(cost, 1), outcomes=outcomes,
-        )  # fmt: skip
+        )
 
     def build_ruler(self, lengths: Sequence[int]) -> Suite:
         """Task ruler: lm-eval builds its documents with this model's tokenizer (no weights needed)."""
@@ -371,7 +371,7 @@ class HFTarget:
         return ruler.evaluate(
             self.suite, model, self.tokenizer, task, length, device=self.device,
             on_answer=None if tick is None else lambda: tick(cost, 1),
-        )  # fmt: skip
+        )
 
     def finetune(self, model, label: str, target: int, positions: str = "plain") -> Path:  # noqa: ANN001
         """AdamW (no weight decay, warmup over ``finetune.warmup_steps``, then constant; gradients clipped at 1) on one
@@ -388,9 +388,9 @@ class HFTarget:
             steps=steps, batch_size=1, length=window, lr=self.cfg.finetune_lr or 2e-5, min_lr_ratio=1.0,
             warmup=warmup_steps(steps), weight_decay=0.0, seed=self.cfg.seed + 1, log_every=1, checkpoint_every=0,
             checkpoint_seconds=300.0,
-        )  # fmt: skip
+        )
         description = {"model": self.name, "fine-tune": label, "target": target, "window": window,
-                       "positions": positions, "dtype": str(self.dtype)}  # fmt: skip
+                       "positions": positions, "dtype": str(self.dtype)}
         trainer = CausalLMTrainer(model, description)
         run_dir = run_folder(self.out, label)
         where = f"@{target}" + (f" in {window}-token windows" if window != target else "")

@@ -75,7 +75,7 @@ class LabTarget:
         self.l0 = cost.ModelDims(
             params=params, layers=config.n_layers, hidden=config.dim, intermediate=4 * config.dim,
             heads=config.n_heads, kv_heads=config.n_heads, head_dim=config.dim // config.n_heads, vocab=256,
-        ).l0  # fmt: skip
+        ).l0
         self.layers_note = f"all {config.n_layers} layers (the model's one {self.encoding} encoding)"
         if cfg.task == "passkey" and self.original_len < self.min_passkey:
             fail(
@@ -129,7 +129,7 @@ class LabTarget:
         train(
             self.model, self._batches(self.original_len, 32, self.cfg.seed), tcfg, self.out / "runs" / "passkey",
             progress=self.progress, description="passkey",
-        )  # fmt: skip
+        )
 
     def _batches(self, length: int, batch: int, seed: int):  # noqa: ANN202
         def batch_fn(step: int, rank: int, world: int):  # noqa: ANN202
@@ -151,7 +151,7 @@ class LabTarget:
         if drops(method) and (self.model.config.encoding != "rope"):
             fail("methods", method, "a method of this lab model: DroPE (drope) drops RoPE from a model that has one "
                  f"in every layer, and this one was trained with {self.model.config.encoding!r} (train one with "
-                 "--encodings rope)")  # fmt: skip
+                 "--encodings rope)")
         return self.patched(method, factor)[1]
 
     def patched(self, method: str, factor: float) -> tuple[Any, dict]:
@@ -187,7 +187,7 @@ class LabTarget:
                 losses_of, self._text().val, length=length, max_tokens=tokens(self.cfg.eval_tokens, "eval_tokens"),
                 original=self.original_len, batch=8, device=self.device,
                 tick=None if tick is None else lambda n: tick(n * cost, n),
-            )  # fmt: skip
+            )
         finally:
             model.train(was_training)
 
