@@ -9,6 +9,7 @@ per module imported, then the command's own line.
 from __future__ import annotations
 
 import ast
+import importlib
 import os
 import subprocess
 import sys
@@ -88,11 +89,15 @@ def test_import_posenc_loads_the_library_on_first_use():
     assert set(posenc.__all__) <= set(dir(posenc))
 
 
-def test_the_api_module_binds_exactly_the_public_names():
-    """``posenc._api`` imports each name of ``posenc.__all__`` and nothing else (read from its source)."""
-    tree = ast.parse(Path(posenc.__file__).with_name("_api.py").read_text())
+@pytest.mark.parametrize("package", ["posenc", "posenc.hf"])
+def test_the_api_module_binds_exactly_the_public_names(package):
+    """``posenc._api`` (``posenc.hf._api``) imports each name of the package's ``__all__`` and nothing else (read from
+    its source), and the package binds them all on first use."""
+    module = importlib.import_module(package)
+    tree = ast.parse(Path(module.__file__).with_name("_api.py").read_text())
     names = [a.asname or a.name for node in tree.body if isinstance(node, ast.ImportFrom) for a in node.names]
-    assert sorted(names) == sorted(posenc.__all__)
+    assert sorted(names) == sorted(module.__all__)
+    assert all(getattr(module, n) is not None for n in module.__all__)
 
 
 def test_the_parsing_facts_are_their_sources():

@@ -1,4 +1,7 @@
-"""The names ``posenc.hf`` exports, imported together on first use (``posenc.hf.__getattr__``)."""
+"""The names ``posenc.hf`` exports (``posenc.hf.__all__``), imported together on first use (``posenc.hf.__getattr__``),
+each from the module that defines it."""
+
+# ruff: noqa: F401
 
 from posenc.hf._cache_guard import CacheStaleWarning
 from posenc.hf._reach import ReachExceededWarning
@@ -17,35 +20,3 @@ from posenc.hf.rotary import (
 )
 from posenc.hf.save import PosencOnlyWarning, ServedOnlyWarning, save_pretrained
 from posenc.hf.setup import ROPE_MODEL_TYPES, positional_setup, supported_model_types
-
-__all__ = [
-    "ALIBI_MODEL_TYPES",
-    "CacheStaleWarning",
-    "METHODS",
-    "METHOD_OPTIONS",
-    "ModelSource",
-    "PosencOnlyWarning",
-    "REMAP_METHODS",
-    "ROPE_MODEL_TYPES",
-    "ReachExceededWarning",
-    "ServedOnlyWarning",
-    "alibi_config_from_hf",
-    "alibi_config_to_hf",
-    "extend_context",
-    "inspect_gguf",
-    "keep_rope_float32",
-    "load_causal_lm",
-    "load_config",
-    "original_context",
-    "positional_setup",
-    "resolve_model",
-    "rope_3d_config_from_hf",
-    "rope_3d_config_to_hf",
-    "rotary_config_from_hf",
-    "rotary_config_to_hf",
-    "save_gguf",
-    "save_pretrained",
-    "supported_model_types",
-    "xdrope_config_from_hf",
-    "xdrope_config_to_hf",
-]
