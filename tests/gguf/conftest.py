@@ -2,15 +2,8 @@
 which run on one thread."""
 
 import pytest
-import torch
 
 pytest.importorskip("transformers")
 
+from one_thread import one_thread  # noqa: E402, F401  (autouse: tiny models on one thread)
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """The tiny models' ops are far too small to split: extra intra-op threads only spin on a shared machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
