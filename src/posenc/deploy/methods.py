@@ -27,8 +27,6 @@ KNOWN_METHODS = (
     "linear", "ntk", "dynamic", "yarn", "longrope", "llama3", "self_extend", "dca", "dca_vllm", "rerope",
     "leaky_rerope", "lm_infinite", "string", "streaming_llm", "drope",
 )
-#: ``posenc.hf._methods.DROP_METHODS``, mirrored (no torch): methods that remove RoPE instead of scaling it.
-DROP_METHODS = ("drope",)
 
 #: Methods posenc extend measures that export refuses whatever the model, and why.
 REFUSED = {
@@ -70,6 +68,8 @@ def parts(method: str) -> tuple[str, str | None]:
 def drops(method: str) -> bool:
     """Whether ``method`` drops RoPE instead of scaling it (``drope``, ``posenc.hf._drope_patch``): no factor, one
     model per study, recalibrated at the original context when fine-tuned."""
+    from posenc.hf._methods import DROP_METHODS  # imports nothing heavy (posenc.hf binds its API on first use)
+
     return method in DROP_METHODS
 
 
