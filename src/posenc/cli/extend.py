@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from posenc import _argtypes as A
 from posenc._fail import fail
 from posenc.cli.parsing import TENSOR_TYPES, Subparsers, add_run_options, wrote
 from posenc.lab.extend.pick.budget import parse_budget
@@ -20,7 +21,8 @@ from posenc.lab.extend.settings.options import OPTIONS, config_settings
 def _check(args: argparse.Namespace) -> None:
     """The settings that need no model, checked before anything is imported: --pick's own, and those it refuses."""
     if not args.pick:
-        for flag, value in (("--target", args.target), ("--budget", args.budget)):
+        for flag, value in (("--target", args.target), ("--budget", args.budget), ("--keys", args.keys),
+                            ("--delta", args.delta), ("--keep-short", args.keep_short or None)):
             if value is not None:
                 fail(flag, value, "a setting of --pick (add --pick --target T)")
     elif args.target is None:
@@ -50,7 +52,8 @@ def run(args: argparse.Namespace) -> int:
         check_out(args.out, "pick")
         run_pick(
             cfg, args.target, Path(args.out), budget=args.budget, resume=args.resume, progress=not args.quiet,
-            save=args.save, save_type=args.save_type, plan_only=args.plan,
+            save=args.save, save_type=args.save_type, plan_only=args.plan, keys=args.keys, delta=args.delta,
+            keep_short=args.keep_short,
         )
         if args.quiet and not args.plan:
             wrote(args.out)
@@ -100,10 +103,13 @@ def _add_pick(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--pick",
         action="store_true",
-        help="answer 'which method makes this model work at --target, and how sure?': screen every training-free "
-        "method (perplexity at the target, passkeys at a shorter length), race the best at the target in rounds "
-        "until each needle rate is decided, rank them with 95%% intervals, pick (tied: the cheapest to serve); a "
-        "plan with a time estimate is printed before any weight is loaded; --save writes the pick",
+        help="answer 'which method makes this model work at --target, and how sure?': every training-free method's "
+        "perplexity at the target (a broken one is out), its cost inside the original context (perplexity at L/4 "
+        "and L, keys at L), then a race at the target on documents of --keys passkeys each (one forward per "
+        "document, every key scored), paired on the same documents, until one is shown better, the cheapest "
+        "to serve is shown within --delta of every model, or no candidate is shown to retrieve; --trials is the "
+        "documents per model at most; a plan with a time estimate is printed before any weight is loaded; --save "
+        "writes the pick",
     )
     p.add_argument(
         "--target", help="--pick: the length to work at, in tokens (32768 or 32k) or a multiple of the context (4x)"
@@ -112,6 +118,18 @@ def _add_pick(p: argparse.ArgumentParser) -> None:
         "--budget",
         help="--pick: a deadline for this run (5400, 90m, 1.5h, 1h30): sampling stops when it passes and the pick "
         "is made from what was measured (--resume continues); none by default",
+    )
+    p.add_argument(
+        "--keys", type=A.positive_int, help="--pick: passkeys per document at the target and inside the context "
+        "(default 8)"
+    )
+    p.add_argument(
+        "--delta", type=A.fraction, help="--pick: the margin in answer probability within which the cheapest to serve "
+        "counts as as good as the best (default 0.05)"
+    )
+    p.add_argument(
+        "--keep-short", action="store_true", help="--pick: a candidate that costs short prompts (perplexity inside "
+        "the original context more than 2%% above the unpatched model's, or keys there shown below it) is not raced"
     )
     p.add_argument(
         "--plan",

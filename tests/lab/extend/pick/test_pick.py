@@ -1,10 +1,13 @@
-"""``posenc extend MODEL --target T --pick``: the rules on made-up rows (candidates, screening's verdicts, durations),
-then the whole pick end to end on a tiny transformers Llama made here: plan, stages, resume, deadline, save, CLI.
-The statistics themselves are simulated in ``test_race_simulation.py``."""
+"""``posenc extend MODEL --target T --pick`` as folders made before the deciding race run it (``design="rounds"``:
+screening by passkeys at a shorter length, then binary needles at T in rounds; a resumed old folder takes this path):
+the rules on made-up rows (candidates, screening's verdicts, durations), then the whole pick end to end on a tiny
+transformers Llama made here: plan, stages, resume, deadline, save, CLI. The statistics themselves are simulated in
+``test_race_simulation.py``; the deciding race (every new pick) is ``test_pick_keys.py``."""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import re
 
@@ -14,12 +17,13 @@ import torch
 from lab.extend.study.test_study import TINY, _cli, _hf_folder
 from markdown_table import markdown_table
 from posenc.lab.extend.pick import rules
-from posenc.lab.extend.pick.run import run_pick
+from posenc.lab.extend.pick.run import run_pick as _run_pick
 from posenc.lab.extend.settings.config import ExtendConfig
 from posenc.lab.extend.stats.rates import Rate
 from posenc.lab.extend.targets.hf import HFTarget
 
 pytestmark = pytest.mark.usefixtures("one_thread")
+run_pick = functools.partial(_run_pick, design="rounds")
 SETTINGS = {k: v for k, v in TINY.items() if k not in ("trials", "eval_tokens")}
 
 

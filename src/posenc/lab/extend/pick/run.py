@@ -71,6 +71,10 @@ def run_pick(
     save: str | Path | None = None,
     save_type: str = "source",
     plan_only: bool = False,
+    keys: int | None = None,
+    delta: float | None = None,
+    keep_short: bool = False,
+    design: str | None = None,
 ) -> dict[str, Any]:
     """Pick the method that makes ``cfg.model`` work at ``target_length`` tokens (``--target``: or ``"4x"``,
     ``"32k"``); returns the outcome.
@@ -118,10 +122,17 @@ def run_pick(
         fail("model", cfg.model, "a pretrained model for --pick (a lab model cannot follow a passkey prompt)")
     target = as_pretrained(target)
     stored = (before or {}) if resume else {}  # a resumed pick keeps its candidates
+    if design not in (None, *DESIGNS):
+        fail("design", design, f"one of {DESIGNS} or None (a new pick: keys; a resumed one: as it began)")
+    # a folder made before the deciding race resumes as it began
+    deciding = design == "keys" if design else (not stored or stored.get("design") == "keys")
+    settings_keys = _keys_settings(cfg, keys, delta, keep_short, deciding)
     pick_plan = make_plan(cfg, target, target_length, device=device, budget=seconds, save=save, save_type=save_type,
                           out=out, stored=stored.get("candidates"))
     settings = {k: v for k, v in cfg.to_dict().items() if k != "out"}
     settings.update(pick_plan.settings())
+    if settings_keys is not None:
+        settings.update(settings_keys.stored())
     stages = stage_configs(cfg, pick_plan, pick_plan.cap)
     resolved = [plan.resolve(stage, kind=target.kind, original=target.original_len,
                              default_methods=target.default_methods, device=device) for stage in stages]
@@ -135,8 +146,13 @@ def run_pick(
     if plan_only or progress:  # the candidates at once, a line per timed forward, then the stages and the estimate
         print(pick_report.candidates_text(pick_plan, target), flush=True)
         pick_plan = calibrated(pick_plan, target, plan_only, report=_say)
-        print(pick_report.stages_text(pick_plan, cfg))
-    if plan_only and resume and before:
+        if settings_keys is None:
+            print(pick_report.stages_text(pick_plan, cfg))
+        else:
+            from posenc.lab.extend.pick.keys_report import stages_text
+
+            print(stages_text(pick_plan, target, settings_keys))
+    if plan_only and resume and before and settings_keys is None:
         print(pick_report.left_text(out, pick_plan, target))
     if plan_only:
         return {"plan": pick_plan}
@@ -145,12 +161,51 @@ def run_pick(
     with ledger.timed(out, plan_seconds=pick_plan.most_seconds if timed else None,
                       plan_about_seconds=pick_plan.about_seconds if timed else None,
                       start=start) as entry:
-        result = _measure_and_pick(cfg, target, pick_plan, stages, out, deadline, start, save=save,
-                                   save_type=save_type, device=device, progress=progress)
+        if settings_keys is not None:
+            from posenc.lab.extend.pick.keys_run import measure_and_pick
+
+            result = measure_and_pick(cfg, target, pick_plan, settings_keys, out, deadline, start, save=save,
+                                      save_type=save_type, device=device, progress=progress)
+        else:
+            result = _measure_and_pick(cfg, target, pick_plan, stages, out, deadline, start, save=save,
+                                       save_type=save_type, device=device, progress=progress)
         # picked: decided (the race settled), cap or deadline (the best estimate then; a --resume races on);
         # deadline: it came before a pick could be made
         entry["ended"] = "deadline" if result["pick"] is None else f"picked: {result['ended']}"
     return result
+
+
+#: How a pick measures: ``keys``, the deciding race on documents of K keys (``keys_run``, every new pick); ``rounds``,
+#: screening by passkeys at a shorter length then binary needles at T in rounds (the folders made before it).
+DESIGNS = ("keys", "rounds")
+
+
+def _keys_settings(cfg: ExtendConfig, keys: int | None, delta: float | None, keep_short: bool,
+                   deciding: bool) -> Any:  # noqa: ANN401
+    """The deciding race's settings (``keys_run.Settings``), or None for a folder made before it (which refuses
+    them)."""
+    from posenc._checks import check_positive_int
+    from posenc.lab.extend.pick.keys_run import Settings
+
+    if not deciding:
+        for name, value in (("keys", keys), ("delta", delta), ("keep_short", keep_short or None)):
+            if value is not None:
+                fail(name, value, "left out when resuming a pick made before the deciding race (its folder has no "
+                     "documents of keys; start a new --out for them)")
+        return None
+    if cfg.task == "ruler" or cfg.ruler_samples is not None:
+        fail("task", cfg.task, "lm or passkey with a new --pick: its race measures documents of --keys passkeys at the "
+             "target (RULER: posenc extend MODEL --task ruler --methods M)")
+    if keys is not None:
+        check_positive_int("keys", keys)
+    if delta is not None and (isinstance(delta, bool) or not isinstance(delta, (int, float)) or not 0 < delta < 1):
+        fail("delta", delta, "a margin in rate between 0 and 1 (0.05: within 5 points of the best)")
+    if cfg.trials is not None and cfg.trials < 2:
+        fail("trials", cfg.trials, "at least 2 documents per model with --pick (the race pairs documents)")
+    defaults = Settings()
+    return Settings(keys=keys if keys is not None else defaults.keys,
+                    documents=cfg.trials if cfg.trials is not None else defaults.documents,
+                    delta=float(delta) if delta is not None else defaults.delta, keep_short=keep_short)
 
 
 def _measure_and_pick(

@@ -184,6 +184,11 @@ class PretrainedTarget(Target, Protocol):
         """A remapping method's forward time over the plain one at ``length`` tokens, and how it was measured (the
         pick's estimate); None before ``calibrate`` timed a long enough forward; ``report`` gets a line for it."""
 
+    def perplexity(self, model: Any, length: int, tick: Tick | None = None, max_tokens: int | None = None
+                   ) -> tuple[ev.Score, ev.Score | None]:
+        """As ``Target.perplexity``, over ``max_tokens`` held-out tokens where given (the pick's cost inside the
+        context: L tokens at L/4 and at L) instead of ``cfg.eval_tokens``."""
+
     def passkey(
         self, model: Any, length: int, depth: float, seed: int, tick: Tick | None = None,
         outcomes: list[float] | None = None,

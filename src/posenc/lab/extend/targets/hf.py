@@ -335,11 +335,13 @@ class HFTarget:
         return save(model, folder, source=self.source, tokenizer=self.tokenizer, config=self.config,
                     tensor_type=tensor_type, dtype=dtype, check=check)
 
-    def perplexity(self, model, length: int, tick: Tick | None = None) -> tuple[ev.Score, ev.Score | None]:  # noqa: ANN001
+    def perplexity(self, model, length: int, tick: Tick | None = None,  # noqa: ANN001
+                   max_tokens: int | None = None) -> tuple[ev.Score, ev.Score | None]:
+        """Perplexity over ``max_tokens`` held-out tokens (default ``cfg.eval_tokens``) in windows of ``length``."""
         cost = self.forward_cost(length)
         return window_scores(
             lambda x, y: self._losses(model, x, y), self._heldout(), length=length,
-            max_tokens=tokens(self.cfg.eval_tokens, "eval_tokens"),
+            max_tokens=max_tokens if max_tokens is not None else tokens(self.cfg.eval_tokens, "eval_tokens"),
             original=self.original_len, batch=1, device=self.device,
             tick=None if tick is None else lambda n: tick(n * cost, n),
         )

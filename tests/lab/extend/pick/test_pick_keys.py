@@ -1,0 +1,191 @@
+"""The deciding pick (every new ``--pick``): the perplexity screen, the cost inside the context and the race on
+documents of keys, end to end on a tiny transformers Llama, with each model's answers scripted per document and key
+(``HFTarget.keys`` replaced) so that the truth is known: shown better, shown within delta (the cheapest picked), no
+candidate retrieving, a deadline and an interrupt resumed to the same answer, ``--keep-short``. The statistics are
+simulated in ``tests/lab/extend/stats/test_paired.py``; the documents themselves in ``needles/test_keys.py``."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from types import SimpleNamespace
+
+import pytest
+
+from lab.extend.study.test_study import TINY, _cli, _hf_folder
+from posenc.lab.common import evaluate as ev
+from posenc.lab.extend.pick import evidence, inside
+from posenc.lab.extend.pick.run import run_pick
+from posenc.lab.extend.settings.config import ExtendConfig
+from posenc.lab.extend.targets.hf import HFTarget
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+SETTINGS = {k: v for k, v in TINY.items() if k not in ("trials", "eval_tokens")}
+TARGET = 128  # "2x" of the tiny Llama's 64
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    return _hf_folder(tmp_path_factory.mktemp("llama"))
+
+
+def _cfg(llama, corpus, **settings):
+    return ExtendConfig(model=str(llama), corpus=str(corpus), **{**SETTINGS, "trials": 16, **settings})
+
+
+def _scripted(monkeypatch, at_target, *, inside_ppl=None, calls=None):
+    """``at_target[(method, factor)] = (mean, spread)``: each key's answer probability at T is uniform in ``mean +-
+    spread`` (clipped to [0, 1]), drawn from the document's seed and the key, so every run sees the same answers.
+    Inside L every model finds every key; ``inside_ppl[(method, factor)]``: its perplexity there (default: the
+    unpatched model's, 10)."""
+    which = {}
+    patched = HFTarget.patched
+
+    def tagged(self, method, factor):
+        model, described = patched(self, method, factor)
+        which[id(model)] = (method, factor)
+        return model, described
+
+    def keys(self, model, length, k, seed, tick=None):
+        method = which.get(id(model), ("none", 1.0))
+        if calls is not None:
+            calls.append((method, length))
+        mean, spread = at_target.get(method, (0.0, 0.0)) if length == TARGET else (1.0, 0.0)
+        draw = random.Random(seed * 31 + sum(map(ord, method[0])))
+        probs = [min(1.0, max(0.0, mean + spread * (2 * draw.random() - 1))) for _ in range(k)]
+        return SimpleNamespace(found=[p > 0.5 for p in probs], logprob=[math.log(max(p, 1e-300)) for p in probs],
+                               tokens=[2] * k, depths=[(i + 0.5) / k for i in range(k)], seconds=0.0)
+
+    perplexity = HFTarget.perplexity
+
+    def scripted_ppl(self, model, length, tick=None, max_tokens=None):
+        if length >= TARGET:
+            return perplexity(self, model, length, tick, max_tokens)
+        method = which.get(id(model), ("none", 1.0))
+        ppl = (inside_ppl or {}).get(method, 10.0)
+        return ev.Score(loss=math.log(ppl), tokens=64), None
+
+    monkeypatch.setattr(HFTarget, "patched", tagged)
+    monkeypatch.setattr(HFTarget, "keys", keys, raising=False)
+    monkeypatch.setattr(HFTarget, "perplexity", scripted_ppl)
+
+
+def test_a_clear_winner_is_shown_better_with_its_cost_inside_the_context(llama, corpus, tmp_path, monkeypatch,
+                                                                       capsys):
+    _scripted(monkeypatch, {("ntk", 2.0): (0.97, 0.03), ("rerope", 2.0): (0.3, 0.2)},
+              inside_ppl={("ntk", 2.0): 10.5})
+    out = tmp_path / "pick"
+    result = run_pick(_cfg(llama, corpus, methods=("ntk", "rerope")), "2x", out, progress=True)
+    printed = capsys.readouterr().out
+    assert result["pick"] == "ntk x2" and result["verdict"] == "better", result["reason"]
+    assert "shown better than every other model raced" in result["reason"]
+    assert "shown above the unpatched model" in result["reason"]
+    settings = json.loads((out / "pick.json").read_text())
+    assert settings["design"] == "keys" and settings["keys"] == 8 and settings["documents"] == 16
+    rows = inside.read(out / inside.INSIDE_FILE)
+    assert {r["length"] for r in rows} == {16, 64} and len(rows) == 6  # L/4 and L, unpatched + 2 candidates
+    needles = evidence.read(out / evidence.NEEDLES_FILE)
+    assert {r["length"] for r in needles} == {64, TARGET}
+    report = (out / "pick.md").read_text()
+    assert "## The pick: ntk x2 (shown better)" in report and "## Inside the original context" in report
+    assert "perplexity +5.0% at L/4" in report  # 10.5 against the unpatched model's 10: beyond the 2% margin
+    assert "document 1," in printed and "Inside the context (64 tokens)" in printed
+    # resumed: nothing measured again, the same answer
+    calls = []
+    _scripted(monkeypatch, {("ntk", 2.0): (0.97, 0.03), ("rerope", 2.0): (0.3, 0.2)},
+              inside_ppl={("ntk", 2.0): 10.5}, calls=calls)
+    again = run_pick(_cfg(llama, corpus, methods=("ntk", "rerope")), "2x", out, resume=True, progress=False)
+    assert calls == [] and again["pick"] == result["pick"] and again["reason"] == result["reason"]
+
+
+def test_a_tie_picks_the_cheapest_to_serve_once_shown_within_delta(llama, corpus, tmp_path, monkeypatch):
+    """ReRoPE (a run-time patch) and NTK (a config every engine reads) answer alike: NTK is picked, shown within
+    0.05 of every model raced, not merely not shown different."""
+    _scripted(monkeypatch, {("ntk", 2.0): (0.985, 0.015), ("rerope", 2.0): (0.985, 0.015)})
+    result = run_pick(_cfg(llama, corpus, methods=("ntk", "rerope"), trials=32), "2x", tmp_path / "pick",
+                      progress=False)
+    assert result["pick"] == "ntk x2" and result["verdict"] == "within", result["reason"]
+    assert "shown within 0.05 of every model raced and is the cheapest" in result["reason"]
+
+
+def test_when_nothing_retrieves_the_verdict_says_so(llama, corpus, tmp_path, monkeypatch):
+    _scripted(monkeypatch, {("ntk", 2.0): (0.01, 0.01), ("rerope", 2.0): (0.0, 0.0)})
+    result = run_pick(_cfg(llama, corpus, methods=("ntk", "rerope"), trials=32), "2x", tmp_path / "pick",
+                      progress=False)
+    assert result["pick"] is None and result["verdict"] == "none", result["reason"]
+    assert "no candidate retrieves at the target" in (tmp_path / "pick" / "pick.md").read_text()
+
+
+def test_keep_short_leaves_out_a_candidate_that_costs_short_prompts(llama, corpus, tmp_path, monkeypatch):
+    """NTK answers best at T but is 5% worse inside L: with --keep-short it is not raced, and ReRoPE is picked."""
+    _scripted(monkeypatch, {("ntk", 2.0): (0.99, 0.01), ("rerope", 2.0): (0.8, 0.1)},
+              inside_ppl={("ntk", 2.0): 10.5})
+    result = run_pick(_cfg(llama, corpus, methods=("ntk", "rerope")), "2x", tmp_path / "pick", progress=False,
+                      keep_short=True)
+    assert result["pick"] == "rerope x2", result["reason"]
+    report = (tmp_path / "pick" / "pick.md").read_text()
+    assert "was not raced (--keep-short)" in report and "| ntk x2 |" not in report.split("## At the target")[1]
+
+
+@pytest.mark.parametrize("how", ["deadline", "interrupt"])
+def test_a_race_cut_resumes_to_the_same_answer(llama, corpus, tmp_path, monkeypatch, how):
+    table = {("ntk", 2.0): (0.97, 0.03), ("rerope", 2.0): (0.6, 0.3)}
+    _scripted(monkeypatch, table)
+    cfg = _cfg(llama, corpus, methods=("ntk", "rerope"))
+    straight = run_pick(cfg, "2x", tmp_path / "straight", progress=False)
+    calls = []
+    _scripted(monkeypatch, table, calls=calls)
+    keys = HFTarget.keys
+
+    def cut(self, model, length, k, seed, tick=None):
+        if sum(1 for _, n in calls if n == TARGET) == 3:
+            if how == "interrupt":
+                raise KeyboardInterrupt
+            cut.deadline[0] = True
+        return keys(self, model, length, k, seed, tick)
+
+    cut.deadline = [False]
+    monkeypatch.setattr(HFTarget, "keys", cut)
+    if how == "interrupt":
+        with pytest.raises(KeyboardInterrupt):
+            run_pick(cfg, "2x", tmp_path / "cut", progress=False)
+    else:
+        from posenc.lab.extend.pick import racing
+
+        monkeypatch.setattr(racing.Deadline, "passed", lambda self: cut.deadline[0])
+        first = run_pick(cfg, "2x", tmp_path / "cut", progress=False, budget=3600)
+        assert first["ended"] in ("deadline", "decided")
+        monkeypatch.setattr(racing.Deadline, "passed", lambda self: False)
+    text = (tmp_path / "cut" / "pick.md").read_text()
+    assert "# Which method" in text or "not finished" in text
+    monkeypatch.setattr(HFTarget, "keys", keys)
+    resumed = run_pick(cfg, "2x", tmp_path / "cut", resume=True, progress=False)
+    assert resumed["pick"] == straight["pick"] and resumed["reason"] == straight["reason"]
+
+
+@pytest.mark.parametrize(("settings", "extra", "match"), [
+    ({}, {"keys": 0}, "keys=0 is invalid"),
+    ({}, {"delta": 1.5}, "delta=1.5 is invalid"),
+    ({"trials": 1}, {}, "trials=1 is invalid"),
+    ({"task": "ruler"}, {}, "task='ruler' is invalid"),
+])
+def test_bad_deciding_settings_fail_before_anything_is_written(llama, corpus, tmp_path, settings, extra, match,
+                                                              monkeypatch):
+    import posenc.lab.extend.needles.ruler as ruler
+
+    monkeypatch.setattr(ruler, "require", lambda: None)
+    with pytest.raises(ValueError, match=match):
+        run_pick(_cfg(llama, corpus, **settings), "2x", tmp_path / "pick", progress=False, **extra)
+    assert not (tmp_path / "pick").exists()
+
+
+def test_cli_pick_flags_are_pick_settings(llama, corpus, tmp_path):
+    out = tmp_path / "study"
+    for args, match in ((["--keys", "4"], "--keys=4 is invalid: expected a setting of --pick"),
+                        (["--keep-short"], "--keep-short=True is invalid")):
+        code, text = _cli("extend", str(llama), *args, "--corpus", str(corpus), "--out", str(out))
+        assert code == 2 and text.count("\n") == 1 and match in text, text
+    code, text = _cli("extend", str(llama), "--pick", "--target", "2x", "--plan", "--keys", "4", "--corpus",
+                      str(corpus), "--device", "cpu", "--out", str(tmp_path / "pick"))
+    assert code == 0 and "documents of 4 keys" in text and not (tmp_path / "pick").exists(), text
