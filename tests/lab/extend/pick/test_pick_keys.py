@@ -91,6 +91,13 @@ def test_a_clear_winner_is_shown_better_with_its_cost_inside_the_context(llama, 
     assert "## The pick: ntk x2 (shown better)" in report and "## Inside the original context" in report
     assert "perplexity +5.0% at L/4" in report  # 10.5 against the unpatched model's 10: beyond the 2% margin
     assert "document 1," in printed and "Inside the context (64 tokens)" in printed
+    # --plan --resume says where the folder stands and writes nothing
+    before = sorted((p, p.stat().st_mtime_ns) for p in out.rglob("*"))
+    run_pick(_cfg(llama, corpus, methods=("ntk", "rerope")), "2x", out, resume=True, progress=False, plan_only=True)
+    left = capsys.readouterr().out
+    assert "perplexity at the target for 3 of 3 models; the cost inside the context for 3; documents at the " \
+        "target: none 4, ntk x2 4, rerope x2 4" in left, left
+    assert sorted((p, p.stat().st_mtime_ns) for p in out.rglob("*")) == before
     # resumed: nothing measured again, the same answer
     calls = []
     _scripted(monkeypatch, {("ntk", 2.0): (0.97, 0.03), ("rerope", 2.0): (0.3, 0.2)},

@@ -203,3 +203,26 @@ def stages_text(pick_plan: PickPlan, target: PretrainedTarget, settings: Any) ->
         "race that decides stops sooner",
     ]
     return "\n".join(lines)
+
+
+def left_text(out: Path, pick_plan: PickPlan, target: PretrainedTarget, settings: Any) -> str:  # noqa: ANN401
+    """``--plan --resume``: where the folder stands, stage by stage (read from its files; nothing written)."""
+    from posenc.lab.extend.pick import evidence
+    from posenc.lab.extend.pick.run import _rows
+    from posenc.lab.extend.stats.rates import UNPATCHED
+
+    if (out / "pick.md").is_file() and (out / "pick.md").read_text(encoding="utf-8").startswith("# Which method"):
+        done = " (pick.md holds a verdict; --resume replays it and measures only what its race still wants)"
+    else:
+        done = ""
+    units = [UNPATCHED, *(c.unit for c in pick_plan.candidates)]
+    ppl = rules.ppl_measured(_rows(out, "screen-ppl"), pick_plan.target)
+    needles = evidence.read(out / evidence.NEEDLES_FILE)
+    quarter, whole = inside.lengths(target.original_len)
+    rows = inside.read(out / inside.INSIDE_FILE)
+    inner = sum(1 for u in units if inside.ppl_of(rows, u, quarter) is not None and inside.ppl_of(rows, u, whole)
+                is not None and evidence.documents_of(needles, u, whole, settings.keys) >= inside.DOCUMENTS)
+    at_t = {u: evidence.documents_of(needles, u, pick_plan.target, settings.keys) for u in units}
+    race = ", ".join(f"{label(*u)} {n}" for u, n in at_t.items() if n)
+    return (f"Resumed from {out}{done}: perplexity at the target for {len(ppl & set(units))} of {len(units)} models; "
+            f"the cost inside the context for {inner}; documents at the target: {race or 'none yet'}")

@@ -152,8 +152,13 @@ def run_pick(
             from posenc.lab.extend.pick.keys_report import stages_text
 
             print(stages_text(pick_plan, target, settings_keys))
-    if plan_only and resume and before and settings_keys is None:
-        print(pick_report.left_text(out, pick_plan, target))
+    if plan_only and resume and before:
+        if settings_keys is None:
+            print(pick_report.left_text(out, pick_plan, target))
+        else:
+            from posenc.lab.extend.pick.keys_report import left_text
+
+            print(left_text(out, pick_plan, target, settings_keys))
     if plan_only:
         return {"plan": pick_plan}
     check_settings(out, {**settings, "cap": pick_plan.cap}, resume, command="pick", what="pick")
