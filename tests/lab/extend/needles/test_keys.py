@@ -202,7 +202,7 @@ def test_one_forward_scores_as_the_full_logits_of_the_same_model(kind, method):
     assert [scores.asked[i] for i in doc.order] == [0, 1, 2]
 
 
-def test_found_is_greedy_decoding_of_the_first_question(monkeypatch):
+def test_found_is_greedy_decoding_of_the_first_question():
     """Greedy ``generate`` from the prefix before the first asked answer: its tokens are the teacher-forced argmax up
     to and including the first miss (the inputs are the same until then), and it reproduces the key exactly when
     ``found`` says so."""
