@@ -28,7 +28,7 @@ import contextlib
 import logging
 import re
 from collections.abc import Callable, Iterator
-from itertools import cycle
+from itertools import cycle, islice
 
 import torch
 
@@ -59,16 +59,29 @@ def _check_key(key: object) -> int:
     return key
 
 
+def filler_sentences(count: int) -> list[str]:
+    """The last ``count`` sentences of an endless :data:`FILLER`, in reading order: built backwards, so the filler
+    ends on "There and back again." and a longer filler only adds sentences at its front."""
+    return list(islice(cycle(reversed(_SENTENCES)), count))[::-1]
+
+
+def sentence_gap(depth: float, sentences: int) -> int:
+    """The sentence boundary nearest ``depth`` of a filler of ``sentences`` sentences: a needle at ``depth`` goes
+    before sentence ``sentence_gap(depth, n)`` (0: first, ``n``: after the last)."""
+    return round(depth * sentences)
+
+
 def _body(chars: int, depth: float, key: int) -> str:
     """Filler with the needle inside, exactly ``chars`` characters (``chars >= len(needle)``)."""
     needle = NEEDLE.format(key=key)
     budget = chars - len(needle)  # filler characters, counting the spaces that join units
-    units: list[str] = []
-    for sentence in cycle(reversed(_SENTENCES)):  # built backwards: the filler ends on "There and back again."
-        if budget <= sum(len(u) + 1 for u in units):
+    count = filled = 0
+    for sentence in cycle(reversed(_SENTENCES)):  # the fewest sentences that fill the budget
+        if budget <= filled:
             break
-        units.insert(0, sentence)
-    gap = round(depth * len(units))  # the needle goes before units[gap]
+        count, filled = count + 1, filled + len(sentence) + 1
+    units = filler_sentences(count)
+    gap = sentence_gap(depth, len(units))  # the needle goes before units[gap]
     units.insert(gap, needle)
     excess = sum(len(u) for u in units) + len(units) - 1 - chars
     first = 1 if gap == 0 else 0  # trim filler, never the needle

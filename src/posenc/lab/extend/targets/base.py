@@ -32,6 +32,7 @@ from posenc.lab.extend.settings.config import ExtendConfig
 
 if TYPE_CHECKING:
     from posenc.hf.load import ModelSource
+    from posenc.lab.extend.needles.keys import KeyScores
     from posenc.lab.extend.needles.ruler import Score as RulerScore
     from posenc.lab.extend.needles.ruler import Suite
     from posenc.lab.extend.targets.cost import ModelDims
@@ -195,6 +196,11 @@ class PretrainedTarget(Target, Protocol):
     ) -> float:
         """As ``Target.passkey``; ``outcomes`` gets each key's score (1.0 or 0.0): ``samples.csv``, which the pick's
         rounds replay."""
+
+    def keys(self, model: Any, length: int, k: int, seed: int, tick: Tick | None = None) -> KeyScores:
+        """``model``'s answers to the document of ``k`` keys at ``length`` tokens drawn from ``seed``
+        (``needles.keys.key_document``, the same for every method), scored in one forward
+        (``needles.keys.score_document``); ``tick(cost, 1)`` after it."""
 
     def build_ruler(self, lengths: Sequence[int]) -> Suite:
         """Task ruler: build lm-eval's documents at ``lengths`` with the tokenizer (no weights), kept in ``suite``."""

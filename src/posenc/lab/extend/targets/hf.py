@@ -33,6 +33,7 @@ from posenc.deploy.source import load_tokenizer, meta_model, model_error, no_tra
 from posenc.lab.common import evaluate as ev
 from posenc.lab.common.corpus import load_corpus
 from posenc.lab.common.train import TrainConfig, train
+from posenc.lab.extend.needles import keys as kd
 from posenc.lab.extend.needles import passkey as pk
 from posenc.lab.extend.settings import labels
 from posenc.lab.extend.settings.config import ExtendConfig, filled, tokens
@@ -149,6 +150,7 @@ class HFTarget:
         self.train: torch.Tensor | None = None  # fine-tuning tokens, read by ``use`` where the study fine-tunes
         self._losses = token_losses
         self._prompts: dict = {}
+        self._documents: dict[tuple[int, int, int], kd.KeyDocument] = {}  # (length, k, seed): built once, every method
         self.suite: Suite | None = None  # task ruler: the RULER documents (``build_ruler``)
 
     def _heldout(self) -> torch.Tensor:
@@ -354,6 +356,15 @@ class HFTarget:
             model, self.tokenizer, length=length, depth=depth, trials=filled(self.cfg.trials, "trials"), seed=seed,
             prompts=self._prompts, on_trial=None if tick is None else lambda: tick(cost, 1), outcomes=outcomes,
         )
+
+    def keys(self, model, length: int, k: int, seed: int, tick: Tick | None = None) -> kd.KeyScores:  # noqa: ANN001
+        """``model``'s answers to the ``k``-key document of ``length`` tokens drawn from ``seed``
+        (``needles.keys``): one forward; the document is built once with the tokenizer and reused by every method."""
+        slot = (length, k, seed)
+        if slot not in self._documents:
+            self._documents[slot] = kd.key_document(self.tokenizer, length, k, seed)
+        cost = self.forward_cost(length)
+        return kd.score_document(model, self._documents[slot], tick=None if tick is None else lambda: tick(cost, 1))
 
     def build_ruler(self, lengths: Sequence[int]) -> Suite:
         """Task ruler: lm-eval builds its documents with this model's tokenizer (no weights needed)."""
