@@ -66,6 +66,9 @@ def _scripted(monkeypatch, at_target, *, inside_ppl=None, calls=None):
         ppl = (inside_ppl or {}).get(method, 10.0)
         return ev.Score(loss=math.log(ppl), tokens=64), None
 
+    from posenc.lab.extend.pick import keys_run
+
+    monkeypatch.setattr(keys_run, "check", lambda *args: None)  # documents scripted: K keys need not fit in 64 tokens
     monkeypatch.setattr(HFTarget, "patched", tagged)
     monkeypatch.setattr(HFTarget, "keys", keys, raising=False)
     monkeypatch.setattr(HFTarget, "perplexity", scripted_ppl)
@@ -176,6 +179,8 @@ def test_a_race_cut_resumes_to_the_same_answer(llama, corpus, tmp_path, monkeypa
     ({}, {"delta": 1.5}, "delta=1.5 is invalid"),
     ({"trials": 1}, {}, "trials=1 is invalid"),
     ({"task": "ruler"}, {}, "task='ruler' is invalid"),
+    ({}, {"keys": 41}, "keys=41 is invalid: expected at most 40 keys"),
+    ({}, {"keys": 2}, "keys=2 is invalid: expected fewer keys per document"),  # 64 tokens hold one key
 ])
 def test_bad_deciding_settings_fail_before_anything_is_written(llama, corpus, tmp_path, settings, extra, match,
                                                               monkeypatch):
@@ -187,12 +192,39 @@ def test_bad_deciding_settings_fail_before_anything_is_written(llama, corpus, tm
     assert not (tmp_path / "pick").exists()
 
 
-def test_cli_pick_flags_are_pick_settings(llama, corpus, tmp_path):
+def test_cli_pick_flags_are_pick_settings(llama, llama128, corpus, tmp_path):
     out = tmp_path / "study"
     for args, match in ((["--keys", "4"], "--keys=4 is invalid: expected a setting of --pick"),
                         (["--keep-short"], "--keep-short=True is invalid")):
         code, text = _cli("extend", str(llama), *args, "--corpus", str(corpus), "--out", str(out))
         assert code == 2 and text.count("\n") == 1 and match in text, text
-    code, text = _cli("extend", str(llama), "--pick", "--target", "2x", "--plan", "--keys", "4", "--corpus",
+    code, text = _cli("extend", str(llama128), "--pick", "--target", "2x", "--plan", "--keys", "1", "--corpus",
                       str(corpus), "--device", "cpu", "--out", str(tmp_path / "pick"))
-    assert code == 0 and "documents of 4 keys" in text and not (tmp_path / "pick").exists(), text
+    assert code == 0 and "documents of 1 key" in text and not (tmp_path / "pick").exists(), text
+
+
+@pytest.fixture(scope="module")
+def llama128(llama, tmp_path_factory):
+    """The tiny Llama said to be trained for 128 tokens: a document of one key and its question fits inside L."""
+    import shutil
+
+    folder = tmp_path_factory.mktemp("llama128") / "model"
+    shutil.copytree(llama, folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 128}))
+    return folder
+
+
+def test_a_real_pick_on_documents_of_keys_runs_end_to_end(llama128, corpus, tmp_path):
+    """No answer scripted: the tiny Llama's own documents at 128 and 256 tokens (one key each), its verdict whatever
+    it is, every document kept with its scores, and a resume that measures nothing more."""
+    out = tmp_path / "pick"
+    cfg = _cfg(llama128, corpus, methods=("ntk",), trials=4)
+    result = run_pick(cfg, "2x", out, progress=False, keys=1)
+    assert result["verdict"] in ("better", "within", "none", "open"), result
+    needles = evidence.read(out / evidence.NEEDLES_FILE)
+    assert {(r["length"], r["method"]) for r in needles} == {(128, "none"), (128, "ntk"), (256, "none"), (256, "ntk")}
+    assert all(r["logprob"] <= 0 and r["tokens"] >= 1 and r["found"] in (0, 1) for r in needles)
+    assert len([r for r in needles if r["length"] == 256]) == 8  # the first look: 4 documents each
+    again = run_pick(cfg, "2x", out, progress=False, keys=1, resume=True)
+    assert again["reason"] == result["reason"] and evidence.read(out / evidence.NEEDLES_FILE) == needles

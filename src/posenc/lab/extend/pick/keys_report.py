@@ -142,7 +142,7 @@ def pick_text(cfg: ExtendConfig, target: PretrainedTarget, pick_plan: PickPlan, 
     f = state.found_decision
     lines += [
         "",
-        f"Documents of {settings.keys} keys each ({state.documents and max(state.documents.values())} at most per "
+        f"Documents of {keys_text(settings.keys)} each ({state.documents and max(state.documents.values())} at most per "
         f"model), the same documents for every model in the same order; one forward per document. Scores: {SCORE}; "
         f"{FOUND}. {INTERVALS}",
         "",
@@ -194,8 +194,8 @@ def stages_text(pick_plan: PickPlan, target: PretrainedTarget, settings: Any) ->
         f"1. Perplexity past L at {t} tokens, each candidate and the unpatched model (a candidate above "
         f"{rules.PPL_BREAK:g}x the best is out): about {duration_text(screen)}",
         f"2. Inside the context: perplexity at {original // 4} and {original} tokens and {inside.DOCUMENTS} documents "
-        f"of {settings.keys} keys at {original}, each model left: about {duration_text(inner)}",
-        f"3. The race at {t} tokens: documents of {settings.keys} keys (one forward each), looks at "
+        f"of {keys_text(settings.keys)} at {original}, each model left: about {duration_text(inner)}",
+        f"3. The race at {t} tokens: documents of {keys_text(settings.keys)} (one forward each), looks at "
         f"{', '.join(map(str, looks))} documents per model still sampled, delta {settings.delta:g}: the first look "
         f"for every model about {duration_text(first)}; to the cap with three tied about {duration_text(about)}, "
         f"at most {duration_text(most)}",
@@ -226,3 +226,7 @@ def left_text(out: Path, pick_plan: PickPlan, target: PretrainedTarget, settings
     race = ", ".join(f"{label(*u)} {n}" for u, n in at_t.items() if n)
     return (f"Resumed from {out}{done}: perplexity at the target for {len(ppl & set(units))} of {len(units)} models; "
             f"the cost inside the context for {inner}; documents at the target: {race or 'none yet'}")
+
+
+def keys_text(k: int) -> str:
+    return f"{k} key" if k == 1 else f"{k} keys"

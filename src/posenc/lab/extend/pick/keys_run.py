@@ -37,6 +37,22 @@ class Settings:
         return {"design": "keys", **dataclasses.asdict(self)}
 
 
+def check(target: PretrainedTarget, settings: Settings, seed: int) -> None:
+    """Before anything is written: the documents of ``settings.keys`` keys the cost inside the original context is
+    measured on (the first ``inside.DOCUMENTS`` at L, drawn as they will be) fit in it."""
+    from posenc._checks import fail
+    from posenc.lab.extend.needles.keys import LABELS, min_length
+
+    if settings.keys > len(LABELS):
+        fail("keys", settings.keys, f"at most {len(LABELS)} keys per document (one label each)")
+    whole = target.original_len
+    need = max(min_length(target.tokenizer, settings.keys, evidence.document_seed(seed, whole, d))
+               for d in range(inside.DOCUMENTS))
+    if need > whole:
+        fail("keys", settings.keys, f"fewer keys per document: {settings.keys} keys and their questions take "
+             f"{need} tokens, more than the original context ({whole} tokens) the cost inside it is measured in")
+
+
 def measure_and_pick(cfg: ExtendConfig, target: PretrainedTarget, pick_plan: PickPlan, settings: Settings, out: Path,
                      deadline: racing.Deadline, start: float, *, save: str | Path | None, save_type: str, device: str,
                      progress: bool) -> dict[str, Any]:
@@ -99,7 +115,7 @@ def _measure(cfg: ExtendConfig, target: PretrainedTarget, pick_plan: PickPlan, s
 
     if say is not None:
         say(f"Inside the context ({target.original_len} tokens): perplexity at L/4 and L, "
-            f"{inside.DOCUMENTS} documents of {settings.keys} keys at L, per model")
+            f"{inside.DOCUMENTS} documents of {text.keys_text(settings.keys)} at L, per model")
     done = deciding.measure_inside(out / inside.INSIDE_FILE, out / evidence.NEEDLES_FILE, target, whole, model_of,
                                    settings.keys, seed=cfg.seed, stop=deadline.passed, say=say)
     if not done:
@@ -169,3 +185,4 @@ def conclude(cfg: ExtendConfig, target: PretrainedTarget, pick_plan: PickPlan, s
     return {"pick": None if verdict.pick is None else label(*verdict.pick), "unit": verdict.pick,
             "verdict": verdict.status, "reason": verdict.reason, "ended": how, "saved": saved, "plan": pick_plan,
             "shown": verdict.status in ("better", "within")}
+

@@ -143,6 +143,10 @@ def run_pick(
              "bigger --corpus")
     for stage in resolved:  # every stage's settings against the model and the machine, before anything is written
         plan.check(stage, target, device=device)
+    if settings_keys is not None:
+        from posenc.lab.extend.pick.keys_run import check
+
+        check(target, settings_keys, cfg.seed)
     if plan_only or progress:  # the candidates at once, a line per timed forward, then the stages and the estimate
         print(pick_report.candidates_text(pick_plan, target), flush=True)
         pick_plan = calibrated(pick_plan, target, plan_only, report=_say)
