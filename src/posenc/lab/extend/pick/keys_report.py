@@ -142,7 +142,7 @@ def pick_text(cfg: ExtendConfig, target: PretrainedTarget, pick_plan: PickPlan, 
     f = state.found_decision
     lines += [
         "",
-        f"Documents of {keys_text(settings.keys)} each ({state.documents and max(state.documents.values())} at most per "
+        f"Documents of {keys_text(settings.keys)} each ({max(state.documents.values(), default=0)} at most per "
         f"model), the same documents for every model in the same order; one forward per document. Scores: {SCORE}; "
         f"{FOUND}. {INTERVALS}",
         "",
