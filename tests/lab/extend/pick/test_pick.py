@@ -608,11 +608,8 @@ def test_bad_pick_settings_fail_before_anything_is_written(llama, corpus, tmp_pa
     assert not (tmp_path / "pick").exists()
 
 
-def test_cli_pick_plan_and_one_line_errors(llama, corpus, tmp_path):
-    out = tmp_path / "pick"
-    code, text = _cli("extend", str(llama), "--pick", "--target", "2x", "--plan", "--corpus", str(corpus),
-                      "--depths", "0.5", "--device", "cpu", "--out", str(out))
-    assert code == 0 and "Pick for" in text and "About" in text and "(at most" in text and not out.exists()
+def test_cli_pick_one_line_errors(llama, corpus, tmp_path):
+    out = tmp_path / "pick"  # the plan of a new (deciding) pick through the command line: test_pick_keys.py
     for args, match in ((["--target", "2x"], "--target='2x' is invalid: expected a setting of --pick"),
                         (["--pick"], "--target=None is invalid"),
                         (["--pick", "--target", "3"], "target='3' is invalid"),
@@ -699,16 +696,6 @@ def test_a_ruler_pick_without_lm_eval_fails_first_with_the_pip_command(tmp_path,
     with pytest.raises(ValueError, match=r'pip install "lm-eval\[ruler\]==0.4.13"'):
         run_pick(cfg, "2x", tmp_path / "pick", progress=False)
     assert not (tmp_path / "pick").exists()
-
-
-def test_cli_pick_runs_into_a_pick_folder_and_prints_the_pick(llama, corpus, tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    code, text = _cli("extend", str(llama), "--pick", "--target", "2x", "--methods", "yarn", "--trials", "4",
-                      "--depths", "0.5", "--corpus", str(corpus), "--device", "cpu")
-    assert code == 0, text
-    (folder,) = (tmp_path / "runs").iterdir()
-    assert folder.name.startswith("pick-") and (folder / "pick.json").is_file() and (folder / "pick.md").is_file()
-    assert "Pick: yarn x" in text and "| **pick** |" in text
 
 
 def test_pick_md_says_once_that_length_dependent_answers_come_from_cached_generation():

@@ -99,7 +99,7 @@ def test_a_clear_winner_is_shown_better_with_its_cost_inside_the_context(llama, 
     run_pick(_cfg(llama, corpus, methods=("ntk", "rerope")), "2x", out, resume=True, progress=False, plan_only=True)
     left = capsys.readouterr().out
     assert "perplexity at the target for 3 of 3 models; the cost inside the context for 3; documents at the " \
-        "target: none 4, ntk x2 4, rerope x2 4" in left, left
+        "target: none 8, ntk x2 8, rerope x2 8" in left, left
     assert sorted((p, p.stat().st_mtime_ns) for p in out.rglob("*")) == before
     # resumed: nothing measured again, the same answer
     calls = []
@@ -219,12 +219,22 @@ def test_a_real_pick_on_documents_of_keys_runs_end_to_end(llama128, corpus, tmp_
     """No answer scripted: the tiny Llama's own documents at 128 and 256 tokens (one key each), its verdict whatever
     it is, every document kept with its scores, and a resume that measures nothing more."""
     out = tmp_path / "pick"
-    cfg = _cfg(llama128, corpus, methods=("ntk",), trials=4)
+    cfg = _cfg(llama128, corpus, methods=("ntk",), trials=8)
     result = run_pick(cfg, "2x", out, progress=False, keys=1)
     assert result["verdict"] in ("better", "within", "none", "open"), result
     needles = evidence.read(out / evidence.NEEDLES_FILE)
     assert {(r["length"], r["method"]) for r in needles} == {(128, "none"), (128, "ntk"), (256, "none"), (256, "ntk")}
     assert all(r["logprob"] <= 0 and r["tokens"] >= 1 and r["found"] in (0, 1) for r in needles)
-    assert len([r for r in needles if r["length"] == 256]) == 8  # the first look: 4 documents each
+    assert len([r for r in needles if r["length"] == 256]) == 16  # the first look: 8 documents each
     again = run_pick(cfg, "2x", out, progress=False, keys=1, resume=True)
     assert again["reason"] == result["reason"] and evidence.read(out / evidence.NEEDLES_FILE) == needles
+
+
+def test_cli_pick_runs_into_a_pick_folder_and_prints_the_pick(llama128, corpus, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, text = _cli("extend", str(llama128), "--pick", "--target", "2x", "--methods", "yarn", "--trials", "8",
+                      "--keys", "1", "--corpus", str(corpus), "--device", "cpu")
+    assert code == 0, text
+    (folder,) = (tmp_path / "runs").iterdir()
+    assert folder.name.startswith("pick-") and (folder / "pick.json").is_file() and (folder / "pick.md").is_file()
+    assert "Pick: " in text and "About" in text and "(at most" in text

@@ -35,7 +35,7 @@ from posenc.lab.extend.targets.base import PretrainedTarget
 KEYS = 8
 DOCUMENTS = 32
 #: Documents per model at the race's first look (``plan_of``).
-FIRST_LOOK = 4
+FIRST_LOOK = 8
 
 Unit = tuple[str, float, int, str]
 
@@ -65,7 +65,7 @@ def serving_costs(units: Sequence[Unit], model_type: str | None) -> list[int]:
 
 
 def plan_of(cap: int) -> paired.Plan:
-    """The looks: 4, 8, 16, ... documents per model still sampled, then the cap (``--trials``)."""
+    """The looks: 8, 16, 32, ... documents per model still sampled, then the cap (``--trials``)."""
     return paired.Plan.doubling(first=min(FIRST_LOOK, cap), cap=cap)
 
 

@@ -18,7 +18,7 @@ from posenc.lab.extend.targets.base import PretrainedTarget
 SCORE = ("answer probability: the teacher-forced probability of the whole key, exp(log-probability), averaged over a "
          "document's keys -- the chance that sampling at temperature 1 writes the key")
 FOUND = "keys found: every answer token the argmax (greedy decoding's exact match), averaged over a document's keys"
-RULE = ("after each look (documents 4, 8, 16, ... per model still sampled), a model shown worse than another (paired "
+RULE = ("after each look (documents 8, 16, 32, ... per model still sampled), a model shown worse than another (paired "
         "on the same documents) leaves the set that could be the best; one shown more than {delta:g} worse stops being "
         "sampled; the pick is the cheapest to serve among the models shown within {delta:g} of every model -- "
         "*better* when it is the only one not shown worse --, or, when every model's upper bound is below the "

@@ -158,7 +158,8 @@ def _ranked_table(ranked: list[rules.Standing], outcome: rules.Outcome) -> list[
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for i, s in enumerate(ranked, 1):
         mark = "**pick**" if s is outcome.pick else "runner-up" if s is outcome.runner_up else str(i)
-        status = ("to the end" if s.active else f"stopped: {label(*s.beaten_by)} better" if s.beaten_by else
+        status = (f"sampled when the race ended (n = {s.n})" if s.active else
+                  f"stopped: {label(*s.beaten_by)} better" if s.beaten_by else
                   "stopped")
         cells = [mark, label(*s.unit), s.text(), *[s.by_metric[m].text() if m in s.by_metric else "n/a"
                                                    for m in metrics],
@@ -263,9 +264,13 @@ def pick_text(
     lines += [
         f"Needles: up to {cap} per cell in rounds of {sampling.ROUND}, the same needles (keys, documents) for every "
         "model in the same order; a model's cells advance together, and its pooled rate weighs each cell the same. "
-        "Intervals are anytime-valid 95% intervals (`posenc.lab.extend.stats.confidence`): valid wherever sampling "
-        "stopped, so wider than Wilson's fixed-n ones. P(best): the posterior chance of the highest pooled rate "
-        "among the methods (independent Beta posteriors). Served as: "
+        "Intervals: each model's pooled rate and each cell has its own anytime-valid 95% interval "
+        "(`posenc.lab.extend.stats.confidence`): valid wherever sampling stopped, so wider than Wilson's fixed-n "
+        "ones, but 95% each, not jointly, and not for the model the race selected; what the race claims jointly "
+        "(shown better, shown within 0.05) rests on its pairwise intervals, Bonferroni-split over the pairs. "
+        "P(best): the posterior chance of the highest pooled rate among the methods (independent Beta posteriors); "
+        "after a race cut early it is not a calibrated chance (an audit's simulations: P(best) near 0.34 after one or "
+        "two rounds where the pick was the best 17-23% of the time). Served as: "
         + "; ".join(f"{k}: {where}" for k, (_, where) in rules.SERVING.items()),
         "",
         "## Screening",
