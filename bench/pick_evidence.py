@@ -120,11 +120,11 @@ def main() -> None:
         for d in range(len(entry["documents"]), args.documents):
             start = time.perf_counter()
             s = target.keys(model, length, args.keys, evidence.document_seed(seed, length, d))
+            seconds = time.perf_counter() - start
             entry["documents"].append({"document": d, "found": [bool(x) for x in s.found],
-                                       "prob": [math.exp(x) for x in s.logprob], "seconds": time.perf_counter() - start})
+                                       "prob": [math.exp(x) for x in s.logprob], "seconds": seconds})
             _atomic(path, data)
-            print(name, "document", d, sum(entry["documents"][-1]["found"]), f"{entry['documents'][-1]['seconds']:.1f}s",
-                  flush=True)
+            print(name, "document", d, sum(entry["documents"][-1]["found"]), f"{seconds:.1f}s", flush=True)
         del model
     print(json.dumps(data, indent=1))
 
