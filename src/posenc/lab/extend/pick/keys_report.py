@@ -123,7 +123,7 @@ def pick_text(cfg: ExtendConfig, target: PretrainedTarget, pick_plan: PickPlan, 
               verdict: Verdict, costs: dict, ppl_rows: Sequence[dict], saved: Path | None, took: str) -> str:
     from posenc.lab.extend.pick.report import candidates_text
 
-    ppl = {u: rules._ppl_past(ppl_rows, u, pick_plan.target) for u in state.units}
+    ppl = {u: rules.ppl_past_of(ppl_rows, u, pick_plan.target) for u in state.units}
     head = {"better": "shown better", "within": f"shown within {settings.delta:g}, the cheapest to serve",
             "open": "could not tell", "none": "no candidate retrieves"}[verdict.status]
     title = "no candidate retrieves" if verdict.pick is None else label(*verdict.pick)
@@ -208,7 +208,7 @@ def stages_text(pick_plan: PickPlan, target: PretrainedTarget, settings: Any) ->
 def left_text(out: Path, pick_plan: PickPlan, target: PretrainedTarget, settings: Any) -> str:  # noqa: ANN401
     """``--plan --resume``: where the folder stands, stage by stage (read from its files; nothing written)."""
     from posenc.lab.extend.pick import evidence
-    from posenc.lab.extend.pick.run import _rows
+    from posenc.lab.extend.pick.stages import stage_rows
     from posenc.lab.extend.stats.rates import UNPATCHED
 
     if (out / "pick.md").is_file() and (out / "pick.md").read_text(encoding="utf-8").startswith("# Which method"):
@@ -216,7 +216,7 @@ def left_text(out: Path, pick_plan: PickPlan, target: PretrainedTarget, settings
     else:
         done = ""
     units = [UNPATCHED, *(c.unit for c in pick_plan.candidates)]
-    ppl = rules.ppl_measured(_rows(out, "screen-ppl"), pick_plan.target)
+    ppl = rules.ppl_measured(stage_rows(out, "screen-ppl"), pick_plan.target)
     needles = evidence.read(out / evidence.NEEDLES_FILE)
     quarter, whole = inside.lengths(target.original_len)
     rows = inside.read(out / inside.INSIDE_FILE)

@@ -81,10 +81,10 @@ def _candidates(pick_plan: PickPlan) -> list[Unit]:
 
 def _whole(out: Path, pick_plan: PickPlan) -> list[Unit] | None:
     """The candidates whose perplexity at T is not broken; None while the perplexity screen is not over."""
-    from posenc.lab.extend.pick.run import _rows
+    from posenc.lab.extend.pick.stages import stage_rows
 
     units = [c.unit for c in pick_plan.candidates]
-    rows = _rows(out, "screen-ppl")
+    rows = stage_rows(out, "screen-ppl")
     if not {UNPATCHED, *units} <= rules.ppl_measured(rows, pick_plan.target):
         return None
     broken = rules.broken(rows, units, target=pick_plan.target)
@@ -147,11 +147,11 @@ def conclude(cfg: ExtendConfig, target: PretrainedTarget, pick_plan: PickPlan, s
              progress: bool) -> dict[str, Any]:
     """The pick from what the folder holds (nothing measured): the race replayed, the verdict, the save, ``pick.md``.
     ``ended``: "interrupted", or None (the deadline or the race's end, read from the state)."""
-    from posenc.lab.extend.pick.run import _rows, _save
+    from posenc.lab.extend.pick.stages import save_pick, stage_rows
 
     took = ledger.total_text(ledger.read(out), time.perf_counter() - start)
     whole = _whole(out, pick_plan)
-    ppl_rows = _rows(out, "screen-ppl")
+    ppl_rows = stage_rows(out, "screen-ppl")
     if whole is not None and not whole:
         body = text.nothing_whole(target, pick_plan, ppl_rows)
         text.write(out, body + took + "\n")
@@ -176,7 +176,7 @@ def conclude(cfg: ExtendConfig, target: PretrainedTarget, pick_plan: PickPlan, s
     verdict = text.Verdict.of(state, how, target.model_type, settings.delta)
     saved = None
     if save is not None and verdict.pick is not None and how != "interrupted":
-        saved = _save(stage_configs(cfg, pick_plan, settings.documents)[2], out, verdict.pick, save, save_type,
+        saved = save_pick(stage_configs(cfg, pick_plan, settings.documents)[2], out, verdict.pick, save, save_type,
                       device, progress)
     body = text.pick_text(cfg, target, pick_plan, settings, state, verdict, costs, ppl_rows, saved, took)
     text.write(out, body)

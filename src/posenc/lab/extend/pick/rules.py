@@ -189,7 +189,7 @@ def candidates(
 # Screening
 
 
-def _ppl_past(rows: Sequence[Mapping[str, Any]], unit: tuple, length: int) -> float | None:
+def ppl_past_of(rows: Sequence[Mapping[str, Any]], unit: tuple, length: int) -> float | None:
     for r in rows:
         if r["metric"] == "ppl_past" and r["length"] == length and model_of(r) == unit and r["status"] == "ok":
             return float(r["ppl"])
@@ -204,7 +204,7 @@ def ppl_measured(rows: Sequence[Mapping[str, Any]], target: int) -> set[tuple]:
 def broken(rows: Sequence[Mapping[str, Any]], units: Sequence[tuple], *, target: int) -> dict[tuple, str]:
     """The candidates whose perplexity past the original context at ``target`` is more than ``PPL_BREAK`` times the
     best candidate's (or not finite): unit -> why. They get no passkeys."""
-    ppl = {u: _ppl_past(rows, u, target) for u in units}
+    ppl = {u: ppl_past_of(rows, u, target) for u in units}
     finite = [p for p in ppl.values() if p is not None and math.isfinite(p)]
     if not finite:
         return {}
@@ -239,7 +239,7 @@ def screened(rows: Sequence[Mapping[str, Any]], units: Sequence[tuple], *, targe
             why = "goes on: in the 98% credible set of the best"
         else:
             why = f"out: outside the 98% credible set of the best after {rate.n if rate else 0} keys"
-        out.append(Screened(u, _ppl_past(rows, u, target), rate, p_best.get(u), u in kept, why))
+        out.append(Screened(u, ppl_past_of(rows, u, target), rate, p_best.get(u), u in kept, why))
     return out
 
 

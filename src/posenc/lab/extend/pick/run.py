@@ -26,7 +26,6 @@ contender to the cap) come from timed forwards of the model itself and of a rema
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 import time
 from collections.abc import Sequence
@@ -50,6 +49,7 @@ from posenc.lab.extend.pick.plan import (
     screening_cells,
     stage_configs,
 )
+from posenc.lab.extend.pick.stages import save_pick, stage_rows
 from posenc.lab.extend.settings.config import ExtendConfig, drops
 from posenc.lab.extend.stats import confidence, race
 from posenc.lab.extend.stats import rates as rates_mod
@@ -235,7 +235,7 @@ def _measure_and_pick(
     line gives this run's seconds since ``start`` (``time.perf_counter()``) beside the earlier runs' in
     ``runs.jsonl`` (``ledger``). Ctrl-C or SIGTERM while measuring: the stages' reports and ``pick.md`` are rewritten
     from everything measured, saying the run was interrupted (nothing is saved), and the interrupt goes on."""
-    made = {name: _rows(out, name) for name in STAGES}  # what each stage held before this run
+    made = {name: stage_rows(out, name) for name in STAGES}  # what each stage held before this run
     try:
         _measure(cfg, target, pick_plan, stages, out, deadline, progress)
     except KeyboardInterrupt:
@@ -249,13 +249,6 @@ def _measure_and_pick(
         raise
     return _conclude(cfg, stages[2], target, pick_plan, out, start, interrupted=False, save=save,
                      save_type=save_type, device=device, progress=progress)
-
-
-def _rows(out: Path, stage: str) -> list[dict]:
-    from posenc.lab.extend.study.run import read_results
-
-    path = out / stage / "results.csv"
-    return read_results(path) if path.is_file() else []
 
 
 def _measure(cfg: ExtendConfig, target: PretrainedTarget, pick_plan: PickPlan, stages: Sequence[ExtendConfig],
@@ -297,7 +290,7 @@ def _screened(out: Path, pick_plan: PickPlan) -> tuple[list[rules.Screened], lis
     from posenc.lab.extend.study.run import read_samples
 
     units = [c.unit for c in pick_plan.candidates]
-    ppl_rows = _rows(out, "screen-ppl")
+    ppl_rows = stage_rows(out, "screen-ppl")
     if not {UNPATCHED, *units} <= rules.ppl_measured(ppl_rows, pick_plan.target):
         return None
     broken = rules.broken(ppl_rows, units, target=pick_plan.target)
@@ -311,7 +304,7 @@ def _screened(out: Path, pick_plan: PickPlan) -> tuple[list[rules.Screened], lis
     hits = torch.stack([screen_scores[0, i, :, : n_screen[i]].sum() / len(screening) for i in range(len(field.units))])
     p_best, _ = confidence.probability_best(hits, n_screen.to(torch.float64))
     kept = [u for u, k in zip(field.units, kept_mask.tolist(), strict=True) if k and u != UNPATCHED]
-    screen_rows = ppl_rows + [r for r in _rows(out, "screen-passkey") if r["metric"] == "passkey"]
+    screen_rows = ppl_rows + [r for r in stage_rows(out, "screen-passkey") if r["metric"] == "passkey"]
     chances = dict(zip(field.units, p_best.tolist(), strict=True))
     verdicts = rules.screened(screen_rows, [UNPATCHED, *units], target=pick_plan.target, screen=pick_plan.screen,
                               broken_units=broken, kept=kept, p_best=chances, keep=racing.KEEP)
@@ -356,11 +349,11 @@ def _conclude(
         tier, reference = racing.tiers(final_units, target.model_type)
         look = racing.Replay(counts, look.wanted, race.verdict(scores, counts[None], look.look.active, tier,
                                                                reference))
-    final_rows = _rows(out, "final")
+    final_rows = stage_rows(out, "final")
     ranked = standings(final_rows, field, look, scores, per_cell, target.model_type, pick_plan.target)
     why_not = savable(target, save, save_type, cfg, out, pick_plan.target) if save is not None else None
     outcome = rules.decide(ranked, look.look, final_units, lambda u: label(*u), ended=ended, savable=why_not)
-    saved = _save(final_cfg, out, outcome.pick.unit, save, save_type, device, progress) if save else None
+    saved = save_pick(final_cfg, out, outcome.pick.unit, save, save_type, device, progress) if save else None
     took = ledger.total_text(ledger.read(out), time.perf_counter() - start)
     pick_report.write_pick(out, pick_report.pick_text(cfg, target, pick_plan, pick_plan.cap, verdicts, ranked, outcome,
                                                       saved, took))
@@ -382,7 +375,7 @@ def _rewrite_stage_reports(stages: Sequence[ExtendConfig], target: PretrainedTar
     from posenc.lab.extend.study.run import rewrite_report
 
     for name, stage in zip(STAGES, stages, strict=True):
-        rows = _rows(out, name)
+        rows = stage_rows(out, name)
         if rows != made[name]:
             rewrite_report(stage, out / name, target, seconds, resumed=len(made[name]), device=device)
 
@@ -434,27 +427,3 @@ def standings(rows: Sequence[dict], field: racing.Field, look: racing.Replay, sc
 
 def _say(text: str) -> None:
     print(text, flush=True)
-
-
-def _save(cfg: ExtendConfig, out: Path, unit: tuple, save: str | Path, save_type: str, device: str,
-          progress: bool) -> Path:
-    """Write the pick: the race's model reloaded and patched again (a fine-tuned one from its finished run)."""
-    from posenc.lab.extend.study.run import check_save, model_for, write_saved
-
-    method, factor, steps, positions = unit
-    one = dataclasses.replace(cfg, methods=(method,), factors=(factor,), finetune_steps=steps,
-                              finetune_positions=(positions,))
-    final = out / "final"
-    target = as_pretrained(load_target(one, final, device=device, progress=False))  # the pick refused a lab model
-    resolved = plan.resolve(one, kind=target.kind, original=target.original_len,
-                            default_methods=target.default_methods, device=device)
-    resolved = dataclasses.replace(resolved, dtype=str(target.dtype).removeprefix("torch."))
-    target.use(resolved)
-    path = check_save(save, resolved, target, out, save_type)
-    assert path is not None  # a save was asked for
-    target.load()
-    patched, _, _ = model_for(target, unit)
-    write_saved(target, patched, path, save_type, progress)  # posenc.deploy's write path, as --save's
-    if progress:
-        print(f"Saved the pick, {label(*unit)}, to {path}")
-    return path
