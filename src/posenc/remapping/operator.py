@@ -296,7 +296,7 @@ def _narrow(positions: torch.Tensor) -> torch.Tensor:
 
 def _merge(parts: list[tuple[torch.Tensor, torch.Tensor]], like: torch.Tensor) -> torch.Tensor:
     """One softmax from per-call (values in the spans' dtype, log-sum-exp in ``like``'s): weight each by
-    ``exp(lse_p - lse)``, all calls at once, in ``like``'s dtype.
+    ``exp(lse_p - lse)`` and add them up in ``like``'s dtype.
 
     Shapes:
         parts [(values (B, H, Sb, Dv), lse (B, H, Sb))], like (B, H, Sb, Dv) -> (B, H, Sb, Dv).
@@ -307,7 +307,9 @@ def _merge(parts: list[tuple[torch.Tensor, torch.Tensor]], like: torch.Tensor) -
     total = torch.logsumexp(lse, dim=0)  # (B, H, Sb)
     finite = torch.isfinite(total)
     weights = torch.exp(lse - torch.where(finite, total, 0.0))  # (P, B, H, Sb)
-    out = (weights[..., None] * torch.stack([values for values, _ in parts]).to(like.dtype)).sum(dim=0)
+    out = torch.zeros_like(like)
+    for weight, (values, _) in zip(weights, parts, strict=True):
+        out.addcmul_(weight[..., None], values)  # in like's dtype
     return torch.where(finite[..., None], out, 0.0)
 
 
