@@ -14,9 +14,17 @@ from hypothesis import strategies as st
 from torch.testing import assert_close
 
 import posenc
-from posenc.remapping import METHODS, WITHIN_TRAINING, DualChunk, ReRoPE, SelfExtend, StreamingLLM, remap_method
+from posenc.remapping import (
+    METHODS,
+    WITHIN_TRAINING,
+    DualChunk,
+    KeyInterval,
+    ReRoPE,
+    SelfExtend,
+    StreamingLLM,
+    remap_method,
+)
 from posenc.remapping import operator as remap_operator
-from posenc.remapping._branch import KeyInterval
 from posenc.remapping._tiles import (
     BOUNDARY,
     CAUSAL,
