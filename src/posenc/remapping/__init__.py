@@ -2,7 +2,8 @@
 vLLM's as ``dca_vllm``), ReRoPE (and Leaky ReRoPE), LM-Infinite, STRING, StreamingLLM.
 
 Each method is a frozen description of its branches (``Branch``: a query position map, a key position map, a
-region of (query, key) pairs); ``remap_attention`` runs any of them with one exact softmax and memory linear in the
+region of (query, key) pairs, a ``KeyInterval`` where it is one interval of keys per query, so that tiles wholly inside
+it run without a mask); ``remap_attention`` runs any of them with one exact softmax and memory linear in the
 length; ``posenc.attention(..., remap=method)`` routes to it. ``remap_method(name, original=, target=, **options)``
 builds a method with its paper's parameters for a pretraining length and a target length (options override them).
 STRING (``WITHIN_TRAINING``) also takes a target at or within the pretraining length, where it is meant to run.
@@ -13,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from posenc._checks import check_choice, check_positive_int, fail
-from posenc.remapping._branch import Branch, RemapMethod
+from posenc.remapping._branch import Branch, KeyInterval, RemapMethod
 from posenc.remapping.dual_chunk import CHUNKLLAMA_MSCALE, VLLM_MSCALE, DualChunk
 from posenc.remapping.lm_infinite import LMInfinite
 from posenc.remapping.operator import remap_attention
@@ -62,6 +63,7 @@ __all__ = [
     "METHODS",
     "Branch",
     "DualChunk",
+    "KeyInterval",
     "LMInfinite",
     "ReRoPE",
     "RemapMethod",

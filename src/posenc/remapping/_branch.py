@@ -7,10 +7,12 @@ pair is masked) scores the pair, as ``q_i`` rotated at ``branch.query(i)`` dotte
 ``branch.key(j)``, times ``branch.query_scale(i)`` where the method scales logits and ``logit_factor(S)`` where it
 scales them by the sequence's length ``S``. One softmax runs over every
 scored pair of a query. ``posenc.remapping.remap_attention`` executes any such description without an L x L matrix.
+A region written as a ``KeyInterval`` (every built-in method's) also tells the operator which tiles of keys it covers
+wholly, so those run without a mask (``posenc.remapping._tiles``); any other callable region is masked everywhere.
 
 Shapes:
     position maps: positions (..., N) -> (..., N) (integer or float); regions: i (..., S, 1), j (..., 1, T) ->
-    bool (..., S, T); query_scale: i (..., S) -> (..., S) float.
+    bool (..., S, T); query_scale: i (..., S) -> (..., S) float; KeyInterval bounds: i (...) -> (...) integer.
 """
 
 from __future__ import annotations
@@ -27,6 +29,34 @@ PositionMap = Callable[[torch.Tensor], torch.Tensor]
 Region = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
+@dataclass(frozen=True, slots=True)
+class KeyInterval:
+    """A region that is, for each query position ``i``, an interval of key positions: ``first(i) <= j < end(i)``
+    (``None``: no bound on that side), ``first`` and ``end`` both nondecreasing in ``i``.
+
+    Distances and chunks are such intervals (``j > i - w`` is ``first = i - w + 1``; "the chunk before" is
+    ``c (i // c - 1) <= j < c (i // c)``). Monotone bounds make a box of pairs decidable from its corners: every
+    ``(i, j)`` with ``i`` in ``[i_lo, i_hi]`` and ``j`` in ``[j_lo, j_hi]`` is inside when ``first(i_hi) <= j_lo`` and
+    ``j_hi < end(i_lo)``, and outside when ``j_hi < first(i_lo)`` or ``end(i_hi) <= j_lo``
+    (``posenc.remapping._tiles.classify``).
+
+    Shapes:
+        region: i (..., S, 1), j (..., 1, T) -> bool (..., S, T); first, end: i (...) -> (...) integer.
+    """
+
+    first: PositionMap | None = None
+    end: PositionMap | None = None
+
+    def __call__(self, i: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
+        if self.first is None and self.end is None:
+            return torch.ones(torch.broadcast_shapes(i.shape, j.shape), dtype=torch.bool, device=j.device)
+        if self.end is None:
+            return j >= self.first(i)  # type: ignore[misc]  # first is set where end is not
+        if self.first is None:
+            return j < self.end(i)
+        return (j >= self.first(i)) & (j < self.end(i))
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Branch:
     """One branch of a remapping method.
@@ -36,8 +66,9 @@ class Branch:
         query: the position query ``i`` is rotated at.
         key: the position key ``j`` is rotated at.
         region: which pairs ``(i, j)`` (with ``j <= i``) this branch scores; the branches' regions are disjoint.
-            Distance regions compare each key with a per-query bound (``j > i - w``, not ``(i - j) < w``): the same
-            booleans for integer positions without an integer difference over every pair of a block.
+            A ``KeyInterval`` where it is one (distances, chunks: each key compared with a per-query bound, no
+            integer difference over every pair of a block), which lets the operator skip the mask on tiles of keys
+            wholly inside it; any callable ``(i, j) -> bool`` otherwise.
         query_scale: a per-query logit factor (ReRoPE's ``log`` scaling), or None.
     """
 

@@ -21,7 +21,7 @@ from typing import cast
 import torch
 
 from posenc._checks import check_number, check_positive_int, fail
-from posenc.remapping._branch import Branch, RemapMethod
+from posenc.remapping._branch import Branch, KeyInterval, RemapMethod
 
 #: ``get_mscale``'s coefficient in ChunkLlama's current code.
 CHUNKLLAMA_MSCALE = 0.05
@@ -132,24 +132,26 @@ class DualChunk(RemapMethod):
     def branches(self) -> tuple[Branch, ...]:
         c, size = self.chunk_len, self.chunk_size
 
-        def chunk(x: torch.Tensor) -> torch.Tensor:
-            return torch.div(x, c, rounding_mode="floor")
+        def start(x: torch.Tensor, back: int = 0) -> torch.Tensor:  # where the chunk ``back`` chunks before x's starts
+            return (torch.div(x, c, rounding_mode="floor") - back) * c
 
         def key(j: torch.Tensor) -> torch.Tensor:
             return torch.remainder(j, c)
 
         return (
-            Branch(name="intra", query=key, key=key, region=lambda i, j: chunk(i) == chunk(j)),
+            Branch(  # the same chunk
+                name="intra", query=key, key=key, region=KeyInterval(first=start, end=lambda i: start(i) + c)
+            ),
             Branch(
                 name="successive",
                 query=lambda i: torch.clamp(torch.remainder(i, c) + c, max=size),
                 key=key,
-                region=lambda i, j: chunk(j) == chunk(i) - 1,
+                region=KeyInterval(first=lambda i: start(i, 1), end=start),  # the chunk before
             ),
             Branch(
                 name="inter",
                 query=lambda i: torch.full_like(i, min(2 * c - 1, size)),
                 key=key,
-                region=lambda i, j: chunk(j) <= chunk(i) - 2,
+                region=KeyInterval(end=lambda i: start(i, 1)),  # two chunks back or more
             ),
         )

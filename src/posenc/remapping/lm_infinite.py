@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from posenc._checks import check_positive_int, fail
-from posenc.remapping._branch import Branch, RemapMethod, identity
+from posenc.remapping._branch import Branch, KeyInterval, RemapMethod, identity
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -54,11 +54,12 @@ class LMInfinite(RemapMethod):
     def branches(self) -> tuple[Branch, ...]:
         w, n = self.window, self.global_tokens
         return (
-            Branch(name="local", query=identity, key=identity, region=lambda i, j: j > i - w),
+            # local j > i - w; global j <= i - w and j < n
+            Branch(name="local", query=identity, key=identity, region=KeyInterval(first=lambda i: i - w + 1)),
             Branch(
                 name="global",
                 query=lambda i: torch.full_like(i, w),
                 key=torch.zeros_like,
-                region=lambda i, j: (j <= i - w) & (j < n),
+                region=KeyInterval(end=lambda i: torch.clamp(i - w + 1, max=n)),
             ),
         )

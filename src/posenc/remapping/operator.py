@@ -9,6 +9,13 @@ and the merge rescales them to one common maximum -- the same numbers as one sof
 (Milakov & Gimelshein 2018, "Online normalizer calculation for softmax"; FlashAttention's merge). Memory is
 ``O(block * T)`` per branch, linear in the length.
 
+Only the tiles of keys a branch's region cuts are masked: keys come in tiles of ``block``, each query block's diagonal
+one square tile, and a branch whose region is a ``KeyInterval`` (every built-in method's) sorts each (query block, key
+tile) pair from the least and largest positions in it (``posenc.remapping._tiles``): wholly inside the region and
+uncut by documents, key mask or pair mask -> one kernel call without a mask (the kernel's own causal mask on the
+diagonal), wholly outside -> skipped, anything else -> masked as a whole run. The calls of a branch are merged like
+branches, so the result is the same softmax.
+
 Masks are built from indices as in ``posenc.attention``: queries are the last ``S`` of the ``T`` keys, query index
 ``a`` sees key index ``b <= a + T - S``; the method's regions are functions of *positions* (which default to the
 indices), so KV-cache decoding, chunked prefill and packed rows are "pass the right positions".
@@ -30,10 +37,24 @@ from posenc._checks import check_choice, check_positions, check_positive_int, ch
 from posenc.documents import document_lengths
 from posenc.encodings.rotary import RotaryEmbedding, check_seq_len
 from posenc.remapping._branch import Branch, RemapMethod
+from posenc.remapping._tiles import (
+    BOUNDARY,
+    CAUSAL,
+    apply_causality,
+    calls,
+    classify,
+    demote,
+    diagonal_tile,
+    key_edges,
+    key_pad,
+    tile_range,
+    uniform_tiles,
+)
 
-#: Query rows per block. Per block and branch: a ``block x span`` float32 mask (16 MiB at 16k keys), and on the
-#: ``eager`` path the ``B * H * block * span`` scores (151 MiB for SmolLM2's 9 heads at 16k keys); the ``sdpa`` path's
-#: fused kernel keeps its scores in tiles.
+#: Query rows per block, and keys per tile. Per block and branch: a ``block x span`` float32 mask over the tiles the
+#: region cuts (at most 16 MiB at 16k keys; a tile or two for the built-in methods), and on the ``eager`` path the
+#: ``B * H * block * span`` scores (151 MiB for SmolLM2's 9 heads at 16k keys); the ``sdpa`` path's fused kernel
+#: keeps its scores in tiles.
 DEFAULT_BLOCK = 256
 
 BACKENDS = ("auto", "sdpa", "eager")
@@ -133,33 +154,96 @@ def remap_attention(
     offset = t - s
     # The regions compare positions block by block over (Sb, T) pairs: in int32 where they fit, half the bytes.
     q_near, k_near = _narrow(q_pos), _narrow(k_pos)
+    plans = _plans(branches, q_near, k_near, docs, keep, pairs, block)  # per branch, block and key tile: a state
+    edges = key_edges(s, t, block)
     keys = torch.arange(t, device=q.device, dtype=torch.int32)
     out = torch.empty(b, h, s, v.shape[-1], dtype=work, device=q.device)
-    for r0 in range(0, s, block):
+    for n, r0 in enumerate(range(0, s, block)):
         r1 = min(s, r0 + block)
-        hi = r1 + offset  # keys at index < hi are the block's causal past
         i = q_near[:, r0:r1, None]  # (B|1, Sb, 1)
-        j = k_near[:, None, :hi]  # (B|1, 1, hi)
-        allowed = keys[r0 + offset : hi, None] >= keys[None, :hi]
-        if docs is not None:
-            allowed = allowed & (docs[:, r0 + offset : hi, None] == docs[:, None, :hi])  # (B|1, Sb, hi)
-        if keep is not None:
-            allowed = allowed & keep[:, None, :hi]
-        if pairs is not None:
-            allowed = allowed & pairs[:, r0:r1, :hi]
         parts = []
-        for branch, (qb, kb) in zip(branches, rotated, strict=True):
-            region = branch.region(i, j) & allowed  # (B|1, Sb, hi)
-            cols = region.any(dim=(0, 1)).nonzero()
-            if cols.numel() == 0:
-                continue
-            lo, up = int(cols[0]), int(cols[-1]) + 1  # the span of keys this branch scores for the block
-            region = region[:, None, :, lo:up]  # (B|1, 1, Sb, n)
-            values, lse = _span(backend, qb[:, :, r0:r1], kb[:, :, lo:up], v[:, :, lo:up], region, scale, work)
-            lse = lse.to(work).masked_fill(~region.any(dim=-1), -math.inf)  # rows with no key: weight 0
-            parts.append((values.to(work), lse))
+        for branch, (qb, kb), plan in zip(branches, rotated, plans, strict=True):
+            qs = qb[:, :, r0:r1]
+            for state, a, e in calls(plan[n], edges):  # keys a..e: wholly inside (no mask), diagonal, or masked
+                if state != BOUNDARY:
+                    diagonal = state == CAUSAL
+                    values, lse = _span(backend, qs, kb[:, :, a:e], v[:, :, a:e], None, scale, work, causal=diagonal)
+                    parts.append((values, lse.to(work)))
+                    continue
+                region = branch.region(i, k_near[:, None, a:e])  # (B|1, Sb, e - a)
+                allowed = _allowed(keys, r0 + offset, r1 + offset, a, e, docs, keep, pairs, offset)
+                region = region if allowed is None else region & allowed
+                cols = region.any(dim=(0, 1)).nonzero()
+                if cols.numel() == 0:
+                    continue
+                c0, c1 = int(cols[0]), int(cols[-1]) + 1  # the keys this branch scores in the run
+                region = region[:, None, :, c0:c1]  # (B|1, 1, Sb, n)
+                lo, up = a + c0, a + c1
+                values, lse = _span(backend, qs, kb[:, :, lo:up], v[:, :, lo:up], region, scale, work)
+                lse = lse.to(work).masked_fill(~region.any(dim=-1), -math.inf)  # rows with no key: weight 0
+                parts.append((values, lse))
         out[:, :, r0:r1] = _merge(parts, out[:, :, r0:r1])
     return out.to(q.dtype)
+
+
+def _plans(
+    branches: tuple[Branch, ...],
+    q_pos: torch.Tensor,
+    k_pos: torch.Tensor,
+    docs: torch.Tensor | None,
+    keep: torch.Tensor | None,
+    pairs: torch.Tensor | None,
+    block: int,
+) -> list[list[list[int]]]:
+    """For each branch, query block and key tile: ``OUTSIDE``, ``INSIDE``, ``CAUSAL`` or ``BOUNDARY``
+    (``posenc.remapping._tiles``), from the positions each block and tile holds.
+
+    Shapes:
+        q_pos (B|1, S), k_pos (B|1, T), docs, keep (B|1, T), pairs (B|1, S, T) -> [branch][block][tile].
+    """
+    s, t = q_pos.shape[-1], k_pos.shape[-1]
+    if s == 0:
+        return [[] for _ in branches]
+    pad = key_pad(s, t, block)
+    q_lo, q_hi = tile_range(q_pos, block)  # (B|1, nq)
+    k_lo, k_hi = tile_range(k_pos, block, pad)  # (B|1, nk)
+    uniform = uniform_tiles(block, pad, t - s, docs, keep, pairs)
+    diagonal = torch.tensor([diagonal_tile(r0, s, t, block) for r0 in range(0, s, block)], device=q_pos.device)
+    return [
+        apply_causality(demote(classify(branch.region, q_lo, q_hi, k_lo, k_hi), uniform), diagonal).tolist()
+        for branch in branches
+    ]
+
+
+def _allowed(
+    keys: torch.Tensor,
+    first_query: int,
+    query_end: int,
+    lo: int,
+    up: int,
+    docs: torch.Tensor | None,
+    keep: torch.Tensor | None,
+    pairs: torch.Tensor | None,
+    offset: int,
+) -> torch.Tensor | None:
+    """Which pairs of the queries at key indices ``first_query..query_end`` and the keys ``lo..up`` causality,
+    documents, the key mask and the pair mask allow; None where nothing cuts them (keys all in the past).
+
+    Shapes:
+        -> (B|1, Sb, up - lo) bool.
+    """
+    allowed = None
+    if up > first_query + 1:  # some key after some query
+        allowed = keys[first_query:query_end, None] >= keys[None, lo:up]
+    if docs is not None:
+        same = docs[:, first_query:query_end, None] == docs[:, None, lo:up]  # (B|1, Sb, n)
+        allowed = same if allowed is None else allowed & same
+    if keep is not None:
+        allowed = keep[:, None, lo:up] if allowed is None else allowed & keep[:, None, lo:up]
+    if pairs is not None:
+        rows = pairs[:, first_query - offset : query_end - offset, lo:up]
+        allowed = rows if allowed is None else allowed & rows
+    return allowed
 
 
 def _span(
@@ -167,21 +251,28 @@ def _span(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    region: torch.Tensor,
+    region: torch.Tensor | None,
     scale: float,
     work: torch.dtype,
+    *,
+    causal: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Attention of a block of queries over a span of keys where ``region`` is True: ``(values, log-sum-exp)``,
-    the values in q's dtype, the log-sum-exp in ``work`` (float32 for half inputs).
+    """Attention of a block of queries over a span of keys where ``region`` is True (None: every key; ``causal``:
+    a square diagonal tile, query ``a`` sees keys ``<= a``): ``(values, log-sum-exp)``, the values in q's dtype, the
+    log-sum-exp in ``work`` (float32 for half inputs).
 
     ``sdpa``: PyTorch's fused CPU flash-attention kernel, which also returns the log-sum-exp; ``eager``: written
     out, the scores and softmax in ``work``, the weights cast to q's dtype before they weigh the values (as the
     fused kernel does). A row with no True gets values 0 (the caller gives it weight 0).
     """
     if backend == "sdpa":
-        return _CPU_FLASH(q, k, v, attn_mask=_additive(region, q.dtype), scale=scale)
-    mask = _additive(region, work)
-    scores = (q @ k.transpose(-1, -2)).to(work) * scale + mask  # (B, H, Sb, n)
+        mask = None if region is None else _additive(region, q.dtype)
+        return _CPU_FLASH(q, k, v, is_causal=causal, attn_mask=mask, scale=scale)
+    if causal:
+        region = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()
+    scores = (q @ k.transpose(-1, -2)).to(work) * scale  # (B, H, Sb, n)
+    if region is not None:
+        scores = scores + _additive(region, work)
     lse = torch.logsumexp(scores, dim=-1)  # (B, H, Sb)
     weights = torch.exp(scores - lse.clamp_min(torch.finfo(work).min)[..., None])
     return weights.to(v.dtype) @ v, lse
@@ -204,15 +295,21 @@ def _narrow(positions: torch.Tensor) -> torch.Tensor:
 
 
 def _merge(parts: list[tuple[torch.Tensor, torch.Tensor]], like: torch.Tensor) -> torch.Tensor:
-    """One softmax from per-branch (values, log-sum-exp): weight each branch by ``exp(lse_b - lse)``."""
+    """One softmax from per-call (values in the spans' dtype, log-sum-exp in ``like``'s): weight each by
+    ``exp(lse_p - lse)`` and add them up in ``like``'s dtype.
+
+    Shapes:
+        parts [(values (B, H, Sb, Dv), lse (B, H, Sb))], like (B, H, Sb, Dv) -> (B, H, Sb, Dv).
+    """
     if not parts:
         return torch.zeros_like(like)
-    total = torch.logsumexp(torch.stack([lse for _, lse in parts]), dim=0)  # (B, H, Sb)
+    lse = torch.stack([lse for _, lse in parts])  # (P, B, H, Sb)
+    total = torch.logsumexp(lse, dim=0)  # (B, H, Sb)
     finite = torch.isfinite(total)
-    total = torch.where(finite, total, 0.0)
+    weights = torch.exp(lse - torch.where(finite, total, 0.0))  # (P, B, H, Sb)
     out = torch.zeros_like(like)
-    for values, lse in parts:
-        out = out + torch.exp(lse - total)[..., None] * values
+    for weight, (values, _) in zip(weights, parts, strict=True):
+        out.addcmul_(weight[..., None], values)  # in like's dtype
     return torch.where(finite[..., None], out, 0.0)
 
 

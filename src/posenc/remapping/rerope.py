@@ -18,7 +18,7 @@ from typing import cast
 import torch
 
 from posenc._checks import check_number, check_positive_int, fail
-from posenc.remapping._branch import Branch, RemapMethod, identity
+from posenc.remapping._branch import Branch, KeyInterval, RemapMethod, identity
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -82,18 +82,19 @@ class ReRoPE(RemapMethod):
 
     def branches(self) -> tuple[Branch, ...]:
         w, leak = self.window, self.leak
+        near_keys, far_keys = KeyInterval(first=lambda i: i - w + 1), KeyInterval(end=lambda i: i - w + 1)
         scale = None if self.log_scale_length is None else _log_scale(self.log_scale_length)
         if leak is None:
             far = Branch(
                 name="clamped", query=lambda i: torch.full_like(i, w), key=torch.zeros_like,
-                region=lambda i, j: j <= i - w, query_scale=scale,
+                region=far_keys, query_scale=scale,
             )
         else:
             far = Branch(
                 name="leaky", query=lambda i: w + (i.double() - w) / leak, key=lambda j: j.double() / leak,
-                region=lambda i, j: j <= i - w, query_scale=scale,
+                region=far_keys, query_scale=scale,
             )
-        near = Branch(name="window", query=identity, key=identity, region=lambda i, j: j > i - w, query_scale=scale)
+        near = Branch(name="window", query=identity, key=identity, region=near_keys, query_scale=scale)
         return near, far
 
 

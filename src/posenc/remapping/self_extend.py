@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from posenc._checks import check_positive_int, fail
-from posenc.remapping._branch import Branch, RemapMethod, identity
+from posenc.remapping._branch import Branch, KeyInterval, RemapMethod, identity
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -71,11 +71,12 @@ class SelfExtend(RemapMethod):
         w, g = self.window, self.group
         shift = w - w // g
         return (
-            Branch(name="neighbor", query=identity, key=identity, region=lambda i, j: j > i - w),
+            # neighbours j > i - w, grouped j <= i - w
+            Branch(name="neighbor", query=identity, key=identity, region=KeyInterval(first=lambda i: i - w + 1)),
             Branch(
                 name="grouped",
                 query=lambda i: torch.div(i, g, rounding_mode="floor") + shift,
                 key=lambda j: torch.div(j, g, rounding_mode="floor"),
-                region=lambda i, j: j <= i - w,
+                region=KeyInterval(end=lambda i: i - w + 1),
             ),
         )

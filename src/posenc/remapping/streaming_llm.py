@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from posenc._checks import check_positive_int, fail
-from posenc.remapping._branch import Branch, RemapMethod, identity
+from posenc.remapping._branch import Branch, KeyInterval, RemapMethod, identity
 
 #: The reference's ``--start_size`` (``run_streaming_llama.py``; the paper's 4 attention sinks).
 SINKS = 4
@@ -92,11 +92,12 @@ class StreamingLLM(RemapMethod):
     def branches(self) -> tuple[Branch, ...]:
         w, n = self.window, self.sinks
         return (
-            Branch(name="window", query=identity, key=identity, region=lambda i, j: j >= i - w),
+            # window j >= i - w; sinks j < i - w and j < n
+            Branch(name="window", query=identity, key=identity, region=KeyInterval(first=lambda i: i - w)),
             Branch(
                 name="sinks",
                 query=lambda i: torch.clamp(i, max=n + w),
                 key=identity,
-                region=lambda i, j: (j < i - w) & (j < n),
+                region=KeyInterval(end=lambda i: torch.clamp(i - w, max=n)),
             ),
         )

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from posenc._checks import check_number, check_positive_int, fail
-from posenc.remapping._branch import Branch, RemapMethod, identity
+from posenc.remapping._branch import Branch, KeyInterval, RemapMethod, identity
 
 #: The reference's ``attention_factor``: YaRN's ``0.1 ln(s) + 1`` at ``s = 2``, on the cos/sin tables.
 STRING_MSCALE = 0.1 * math.log(2) + 1
@@ -137,14 +137,20 @@ class String(RemapMethod):
         s, w = self.shifted_offset, self.local_window
         scale = None if self.mscale == 1.0 else _constant(self.mscale**2)
         return (
-            Branch(name="diagonal", query=identity, key=identity, region=lambda i, j: j > i - s, query_scale=scale),
+            Branch(  # j > i - s
+                name="diagonal",
+                query=identity,
+                key=identity,
+                region=KeyInterval(first=lambda i: i - s + 1),
+                query_scale=scale,
+            ),
             Branch(
                 # Only queries i >= S score this branch (at i - S + W >= W); the clamp keeps the others' unused
                 # rotations at valid positions.
                 name="shifted",
                 query=lambda i: torch.clamp(i - s + w, min=0),
                 key=identity,
-                region=lambda i, j: j <= i - s,
+                region=KeyInterval(end=lambda i: i - s + 1),  # j <= i - s
                 query_scale=scale,
             ),
         )
