@@ -33,6 +33,10 @@ def _check(args: argparse.Namespace) -> None:
         for flag, value in (("--finetune-window", args.finetune_window), ("--eval-tokens", args.eval_tokens)):
             if isinstance(value, str):
                 fail(flag, value, "tokens with --pick (a multiple of the context is resolved by a study, not a pick)")
+        if getattr(args, "task", None) == "ruler" and not args.resume:
+            fail("--task", "ruler", "lm or passkey with a new --pick: its race measures documents of --keys passkeys "
+                 "at the target (RULER: posenc extend MODEL --task ruler --methods M; a pick folder made before "
+                 "resumes with its own task)")
         length_form("target", args.target)  # its form now; beyond the model's context once its config is read
         parse_budget(args.budget)
 

@@ -93,6 +93,7 @@ def test_a_clear_winner_is_shown_better_with_its_cost_inside_the_context(llama, 
     report = (out / "pick.md").read_text()
     assert "## The pick: ntk x2 (shown better)" in report and "## Inside the original context" in report
     assert "perplexity +5.0% at L/4" in report  # 10.5 against the unpatched model's 10: beyond the 2% margin
+    assert "The score and the retrieval rate" in report and "ntk x2: keys found 100%" in report
     assert "document 1," in printed and "Inside the context (64 tokens)" in printed
     # --plan --resume says where the folder stands and writes nothing
     before = sorted((p, p.stat().st_mtime_ns) for p in out.rglob("*"))
@@ -195,7 +196,8 @@ def test_bad_deciding_settings_fail_before_anything_is_written(llama, corpus, tm
 def test_cli_pick_flags_are_pick_settings(llama, llama128, corpus, tmp_path):
     out = tmp_path / "study"
     for args, match in ((["--keys", "4"], "--keys=4 is invalid: expected a setting of --pick"),
-                        (["--keep-short"], "--keep-short=True is invalid")):
+                        (["--keep-short"], "--keep-short=True is invalid"),
+                        (["--pick", "--target", "2x", "--task", "ruler"], "--task='ruler' is invalid: expected lm")):
         code, text = _cli("extend", str(llama), *args, "--corpus", str(corpus), "--out", str(out))
         assert code == 2 and text.count("\n") == 1 and match in text, text
     code, text = _cli("extend", str(llama128), "--pick", "--target", "2x", "--plan", "--keys", "1", "--corpus",

@@ -49,6 +49,7 @@ class Race:
     decision: Any  # paired.Decision on the answer probability at that look (what decides), None before the first
     found_decision: Any  # the same rule on keys found (reported beside)
     documents: dict[Unit, int]  # documents each model has at T
+    arrays: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None  # (found, prob, present), each (M, D, K)
     wanted: dict[Unit, int]  # documents each model needs for the next look (0: none)
     over: bool  # decided, or every look done
 
@@ -88,7 +89,7 @@ def replay(rows: Sequence[dict[str, Any]], units: Sequence[Unit], target: int, k
             if cut and done:
                 decision, found_decision = _decisions(found, prob, present, units, have, done, cost, delta, keys,
                                                       plan, final=True)
-            return Race(units, done, decision, found_decision, have, need, False)
+            return Race(units, done, decision, found_decision, have, (found, prob, present), need, False)
         last = index == len(plan.looks) - 1
         decision, found_decision = _decisions(found, prob, present, units, have, n, cost, delta, keys, plan,
                                               final=last)
@@ -96,7 +97,7 @@ def replay(rows: Sequence[dict[str, Any]], units: Sequence[Unit], target: int, k
         sampled = decision.sampled & sampled
         if decision.status != "open" or not bool(sampled.any()):
             break
-    return Race(units, done, decision, found_decision, have, dict.fromkeys(units, 0), True)
+    return Race(units, done, decision, found_decision, have, (found, prob, present), dict.fromkeys(units, 0), True)
 
 
 def _decisions(found: torch.Tensor, prob: torch.Tensor, present: torch.Tensor, units: Sequence[Unit],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -146,6 +147,8 @@ def pick_text(cfg: ExtendConfig, target: PretrainedTarget, pick_plan: PickPlan, 
         f"model), the same documents for every model in the same order; one forward per document. Scores: {SCORE}; "
         f"{FOUND}. {INTERVALS}",
         "",
+        *relation_lines(state, settings),
+        "",
         f"On keys found, the same rule says: {f.status}"
         + ("" if f.status in ("open", "none", "reference") else f" ({label(*state.units[int(f.pick)])})") + ".",
         "",
@@ -163,6 +166,28 @@ def pick_text(cfg: ExtendConfig, target: PretrainedTarget, pick_plan: PickPlan, 
     if saved is not None:
         lines += [f"Saved to `{saved}`.", ""]
     return "\n".join(lines)
+
+
+def relation_lines(state: Any, settings: Any) -> list[str]:  # noqa: ANN401
+    """How the answer probability the race decides on relates to the retrieval rate (keys found), model by model,
+    over the documents each has at the target (``paired.rate_relation``)."""
+    if state.arrays is None:
+        return []
+    found, prob, present = state.arrays
+    rel = paired.rate_relation(found, prob, present)
+    lines = ["The score and the retrieval rate (every document each model has at the target): "]
+    parts = []
+    for i, u in enumerate(state.units):
+        if not bool(present[i].any()):
+            continue
+        on_found = "n/a" if math.isnan(float(rel.prob_found[i])) else f"{float(rel.prob_found[i]):.2f}"
+        on_missed = "n/a" if math.isnan(float(rel.prob_missed[i])) else f"{float(rel.prob_missed[i]):.2f}"
+        parts.append(f"{label(*u)}: keys found {100 * float(rel.found[i]):.0f}%, answer probability "
+                     f"{100 * float(rel.prob[i]):.0f}% (difference {100 * float(rel.difference[i]):+.0f} points "
+                     f"[{100 * float(rel.low[i]):+.0f} to {100 * float(rel.high[i]):+.0f}]; mean probability "
+                     f"{on_found} on keys found, {on_missed} on keys missed)")
+    lines[0] += "; ".join(parts) + "."
+    return lines
 
 
 def summary(verdict: Verdict, state: Any, costs: dict) -> str:  # noqa: ANN401
