@@ -245,7 +245,7 @@ NUMERIC = _numeric_options()
 def test_every_subcommand_has_its_numbers_checked():
     options = {(c, o) for c, o, _ in NUMERIC}
     assert {c for c, _ in options} == {"lab", "vision", "extend", "export", "check", "bench", "demo"}
-    assert len(options) == 13 + 12 + 14 + 2 + 1 + 4 + 4  # lab, vision, extend, export, check, bench, demo
+    assert len(options) == 13 + 12 + 16 + 2 + 1 + 4 + 4  # lab, vision, extend, export, check, bench, demo
     for command, option in [("lab", "--steps"), ("lab", "--lr"), ("vision", "--crop-scale"), ("extend", "--depths"),
                             ("bench", "--min-run-time"), ("demo", "--head-dim"), ("demo", "--base")]:
         assert (command, option) in options
