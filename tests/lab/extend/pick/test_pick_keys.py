@@ -240,3 +240,21 @@ def test_cli_pick_runs_into_a_pick_folder_and_prints_the_pick(llama128, corpus, 
     (folder,) = (tmp_path / "runs").iterdir()
     assert folder.name.startswith("pick-") and (folder / "pick.json").is_file() and (folder / "pick.md").is_file()
     assert "Pick: " in text and "About" in text and "(at most" in text
+
+
+def test_a_pose_fine_tuned_yarn_is_measured_inside_and_raced(llama, corpus, tmp_path, monkeypatch):
+    """--finetune-steps adds YaRN at the target fine-tuned with PoSE's positions: it skips the perplexity screen,
+    is fine-tuned once (its run folder reused), and gets the cost inside L and the race like every candidate."""
+    _scripted(monkeypatch, {("ntk", 2.0): (0.9, 0.05), ("yarn", 2.0): (0.95, 0.05)})
+    cfg = _cfg(llama, corpus, methods=("ntk",), trials=8, finetune_steps=2, finetune_window=48,
+               finetune_positions=("pose",))
+    out = tmp_path / "pick"
+    result = run_pick(cfg, "2x", out, progress=False)
+    tuned = ("yarn", 2.0, 2, "pose")
+    inner = {(r["method"], r["factor"], r["finetune_steps"], r["finetune_positions"]) for r in
+             inside.read(out / inside.INSIDE_FILE)}
+    assert tuned in inner
+    raced = {evidence.unit_of(r) for r in evidence.read(out / evidence.NEEDLES_FILE) if r["length"] == TARGET}
+    assert tuned in raced and ("ntk", 2.0, 0, "plain") in raced
+    assert "yarn x2 +ft2 pose" in (out / "pick.md").read_text() and result["verdict"], result
+    assert (out / "final" / "runs").is_dir()
