@@ -126,6 +126,8 @@ def test_when_nothing_retrieves_the_verdict_says_so(llama, corpus, tmp_path, mon
                       progress=False)
     assert result["pick"] is None and result["verdict"] == "none", result["reason"]
     assert "no candidate retrieves at the target" in (tmp_path / "pick" / "pick.md").read_text()
+    runs = [json.loads(line) for line in (tmp_path / "pick" / "runs.jsonl").read_text().splitlines()]
+    assert [r["ended"] for r in runs] == ["no candidate retrieves"]
 
 
 def test_keep_short_leaves_out_a_candidate_that_costs_short_prompts(llama, corpus, tmp_path, monkeypatch):

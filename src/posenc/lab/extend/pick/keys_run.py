@@ -178,6 +178,8 @@ def conclude(cfg: ExtendConfig, target: PretrainedTarget, pick_plan: PickPlan, s
     if save is not None and verdict.pick is not None and how != "interrupted":
         saved = save_pick(stage_configs(cfg, pick_plan, settings.documents)[2], out, verdict.pick, save, save_type,
                       device, progress)
+    if save is not None and verdict.pick is None and progress:
+        print(f"Not saved to {save}: {verdict.reason}")
     body = text.pick_text(cfg, target, pick_plan, settings, state, verdict, costs, ppl_rows, saved, took)
     text.write(out, body)
     if progress:

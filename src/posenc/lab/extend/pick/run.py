@@ -179,8 +179,11 @@ def run_pick(
             result = _measure_and_pick(cfg, target, pick_plan, stages, out, deadline, start, save=save,
                                        save_type=save_type, device=device, progress=progress)
         # picked: decided (the race settled), cap or deadline (the best estimate then; a --resume races on);
-        # deadline: it came before a pick could be made
-        entry["ended"] = "deadline" if result["pick"] is None else f"picked: {result['ended']}"
+        # deadline: it came before a pick could be made; no candidate: the verdict is that none retrieves
+        if result.get("verdict") == "none":
+            entry["ended"] = "no candidate retrieves"
+        else:
+            entry["ended"] = "deadline" if result["pick"] is None else f"picked: {result['ended']}"
     return result
 
 
