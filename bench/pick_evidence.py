@@ -9,8 +9,8 @@ teacher-forced -- the answer's log-probability and whether every answer token is
 exact match of greedy ``generate``; then ``--documents`` documents of ``--keys`` keys at the same length
 (``needles.keys``), one forward each. Prints each needle, each model's rates (committed exact match, teacher-forced
 found, mean answer probability, keys found and answer probability in the documents) and the seconds: a committed
-needle's forward with ``generate`` (the first model's) and without, and a document's forward, so information per forward-second can be
-set beside today's. Writes ``OUT/evidence.json`` (atomically) as it goes and resumes from it.
+needle's forward with ``generate`` (the first model's) and without, and a document's forward, so information per
+forward-second can be set beside today's. Writes ``OUT/evidence.json`` (atomically) as it goes and resumes from it.
 """
 
 from __future__ import annotations
