@@ -125,7 +125,8 @@ def _add_pick(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--keys", type=A.positive_int, help="--pick: passkeys per document at the target and inside the context "
-        "(default 8)"
+        "(default 1: the single passkey, teacher-forced; more keys give more evidence per forward but measure "
+        "multi-key retrieval, which can rank methods differently)"
     )
     p.add_argument(
         "--delta", type=A.fraction, help="--pick: the margin in answer probability within which the cheapest to serve "

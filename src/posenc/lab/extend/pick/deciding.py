@@ -31,8 +31,13 @@ from posenc.lab.extend.stats.rates import UNPATCHED
 from posenc.lab.extend.study.report import label
 from posenc.lab.extend.targets.base import PretrainedTarget
 
-#: Keys per document, and documents per model at most at the target, where the user gives neither.
-KEYS = 8
+#: Keys per document, and documents per model at most at the target, where the user gives neither. One key: the
+#: passkey the committed picks measured, teacher-forced (no generate). More keys per forward are the race's faster
+#: option (``--keys``), but documents of several labelled keys measure multi-key retrieval, which on SmolLM2 did not
+#: rank methods as single passkeys do (experiments/picking-a-method/README.md, "The deciding race: the evidence
+#: checked"): Self-Extend x2 found 6 of 16 door keys at 12k where it finds no single passkey, YaRN x4 4 of 16 where
+#: it finds 12 of 12.
+KEYS = 1
 DOCUMENTS = 32
 #: Documents per model at the race's first look (``plan_of``).
 FIRST_LOOK = 8
