@@ -51,8 +51,8 @@ class Race:
 
     units: list[Unit]
     look: int  # documents of the last completed look (0: before the first)
-    decision: Any  # paired.Decision on the answer probability at that look (what decides), None before the first
-    found_decision: Any  # the same rule on keys found (reported beside)
+    decision: Any  # paired.Decision on keys found at that look (what decides), None before the first
+    prob_decision: Any  # the same rule on the answer probability (reported beside)
     documents: dict[Unit, int]  # documents each model has at T
     arrays: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None  # (found, prob, present), each (M, D, K)
     wanted: dict[Unit, int]  # documents each model needs for the next look (0: none)
@@ -86,34 +86,36 @@ def replay(rows: Sequence[dict[str, Any]], units: Sequence[Unit], target: int, k
     found, prob, present = evidence.tensors(rows, units, target, keys, max([cap, *have.values()]))
     cost = serving_costs(units, model_type)
     sampled = torch.ones(len(units), dtype=torch.bool)
-    decision = found_decision = None
+    decision = prob_decision = None
     done = 0
     for index, n in enumerate(plan.looks):
         need = {u: n if bool(sampled[i]) and have[u] < n else 0 for i, u in enumerate(units)}
         if any(need.values()):
             if cut and done:
-                decision, found_decision = _decisions(found, prob, present, units, have, done, cost, delta, keys,
+                decision, prob_decision = _decisions(found, prob, present, units, have, done, cost, delta, keys,
                                                       plan, final=True)
-            return Race(units, done, decision, found_decision, have, (found, prob, present), need, False)
+            return Race(units, done, decision, prob_decision, have, (found, prob, present), need, False)
         last = index == len(plan.looks) - 1
-        decision, found_decision = _decisions(found, prob, present, units, have, n, cost, delta, keys, plan,
+        decision, prob_decision = _decisions(found, prob, present, units, have, n, cost, delta, keys, plan,
                                               final=last)
         done = n
         sampled = decision.sampled & sampled
         if decision.status != "open" or not bool(sampled.any()):
             break
-    return Race(units, done, decision, found_decision, have, (found, prob, present), dict.fromkeys(units, 0), True)
+    return Race(units, done, decision, prob_decision, have, (found, prob, present), dict.fromkeys(units, 0), True)
 
 
 def _decisions(found: torch.Tensor, prob: torch.Tensor, present: torch.Tensor, units: Sequence[Unit],
                have: dict[Unit, int], n: int, cost: list[int], delta: float, keys: int, plan: paired.Plan, *,
                final: bool) -> tuple[Any, Any]:
-    """The look at ``n`` documents: on the answer probability (what decides) and on keys found (reported)."""
+    """The look at ``n`` documents: on keys found (what decides: the retrieval rate itself) and on the answer
+    probability (reported beside: on the committed needles it ranked methods as exact match does, but a key found
+    can have a low probability -- YaRN x4's at 12k, 0.16 -- so it does not decide)."""
     measured = torch.zeros(len(units), present.shape[1], dtype=torch.bool)  # (M, D): the documents each has of n
     for i, u in enumerate(units):
         measured[i, : min(have[u], n)] = True
     return tuple(paired.decide(paired.cluster_means(scores, present), measured, cost=cost, reference=0, delta=delta,
-                               plan=plan, keys=keys, final=final) for scores in (prob, found))  # type: ignore[return-value]
+                               plan=plan, keys=keys, final=final) for scores in (found, prob))  # type: ignore[return-value]
 
 
 def run_race(

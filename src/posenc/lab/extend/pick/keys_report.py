@@ -46,7 +46,7 @@ class Verdict:
         d, units = state.decision, state.units
         contenders = [u for u, c in zip(units, d.contenders.tolist(), strict=True) if c and u[0] != "none"]
         if d.status == "none":
-            return cls("none", None, f"no candidate retrieves at the target: every model's answer probability is "
+            return cls("none", None, f"no candidate retrieves at the target: every model's rate of keys found is "
                        f"below {paired.FLOOR:g} beyond noise (upper bounds: {_bounds(d, units)})", [])
         if d.status == "reference":
             return cls("none", None, "no candidate retrieves at the target: the unpatched model is the only one not "
@@ -57,10 +57,10 @@ class Verdict:
         where = rules.SERVING[rules.serving(pick[0], model_type)][1]
         est = _mean(d, i)
         if d.status == "better":
-            reason = (f"{label(*pick)} ({est} answer probability) is shown better than every other model raced, paired "
+            reason = (f"{label(*pick)} ({est} of keys found) is shown better than every other model raced, paired "
                       f"on the same documents; it is served as {where}")
         elif d.status == "within":
-            reason = (f"{label(*pick)} ({est} answer probability) is shown within {delta:g} of every model raced and "
+            reason = (f"{label(*pick)} ({est} of keys found) is shown within {delta:g} of every model raced and "
                       f"is the cheapest of those to serve: {where}")
         else:
             endings = {"cap": "every look was made", "deadline": "the deadline came",
@@ -102,7 +102,7 @@ def nothing_whole(target: PretrainedTarget, pick_plan: PickPlan, ppl_rows: Seque
 
 def _row(i: int, u: tuple, state: Any, costs: dict, ppl: dict, model_type: str | None,  # noqa: ANN401
          delta: float) -> list[str]:
-    d, f = state.decision, state.found_decision
+    d, f = state.decision, state.prob_decision
     n = state.documents.get(u, 0)
     cost = costs.get(u)
     if n < state.look:
@@ -133,23 +133,23 @@ def pick_text(cfg: ExtendConfig, target: PretrainedTarget, pick_plan: PickPlan, 
         f"## The pick: {title} ({head})", "", verdict.reason + ".", "",
         f"The rule: {RULE.format(delta=settings.delta)}", "",
         f"## At the target, {pick_plan.target} tokens", "",
-        "| model | documents | answer probability | keys found | ppl past L at T | inside L (vs unpatched) | costs "
+        "| model | documents | keys found | answer probability | ppl past L at T | inside L (vs unpatched) | costs "
         "short prompts | raced | served as |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     order = sorted(range(len(state.units)), key=lambda i: -float(state.decision.mean[i]))
     lines += ["| " + " | ".join(_row(i, state.units[i], state, costs, ppl, target.model_type, settings.delta)) + " |"
               for i in order]
-    f = state.found_decision
+    f = state.prob_decision
     lines += [
         "",
         f"Documents of {keys_text(settings.keys)} each ({max(state.documents.values(), default=0)} at most per "
-        f"model), the same documents for every model in the same order; one forward per document. Scores: {SCORE}; "
-        f"{FOUND}. {INTERVALS}",
+        f"model), the same documents for every model in the same order; one forward per document. Scores: {FOUND} "
+        f"(what decides); {SCORE} (reported beside). {INTERVALS}",
         "",
         *relation_lines(state, settings),
         "",
-        f"On keys found, the same rule says: {f.status}"
+        f"On the answer probability, the same rule says: {f.status}"
         + ("" if f.status in ("open", "none", "reference") else f" ({label(*state.units[int(f.pick)])})") + ".",
         "",
         f"## Inside the original context ({target.original_len} tokens)", "",
@@ -169,8 +169,8 @@ def pick_text(cfg: ExtendConfig, target: PretrainedTarget, pick_plan: PickPlan, 
 
 
 def relation_lines(state: Any, settings: Any) -> list[str]:  # noqa: ANN401
-    """How the answer probability the race decides on relates to the retrieval rate (keys found), model by model,
-    over the documents each has at the target (``paired.rate_relation``)."""
+    """How the answer probability reported beside relates to the retrieval rate the race decides on (keys found),
+    model by model, over the documents each has at the target (``paired.rate_relation``)."""
     if state.arrays is None:
         return []
     found, prob, present = state.arrays
