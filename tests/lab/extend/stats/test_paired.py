@@ -212,7 +212,18 @@ def test_every_claim_holds_against_the_truth(name, icc, score):
     """(1) every reported interval (each pair's, each model's) covers the truth wherever the race stopped; (2) a pick
     not truly best is never "better", (3) one more than delta below the best never "within", and a "useful" pick is
     truly above the floor -- each at most alpha, within the Monte Carlo tolerance; the reference is never picked."""
-    truth, d = _race(name, icc, score)
+    _check_claims(*_race(name, icc, score))
+
+
+@pytest.mark.parametrize("score", ["found", "prob"])
+@pytest.mark.parametrize("name", list(SCENARIOS))
+def test_every_claim_holds_with_one_key_per_document(name, score):
+    """The same claims with one key per document (the pick's default): each document a single needle, the floor at
+    its most conservative (1 / K = 1); no correlation within a document to speak of."""
+    _check_claims(*_race(name, 0.0, score, keys=1))
+
+
+def _check_claims(truth: torch.Tensor, d: paired.Decision) -> None:
     races = d.code.shape[0]
     tol = tolerance(races)
     pairs, means = _covered(truth, d)
