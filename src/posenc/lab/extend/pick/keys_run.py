@@ -75,10 +75,6 @@ def _say(line: str) -> None:
     print(line, flush=True)
 
 
-def _candidates(pick_plan: PickPlan) -> list[Unit]:
-    return [c.unit for c in pick_plan.candidates] + [tuple(u) for u in pick_plan.tuned]
-
-
 def _whole(out: Path, pick_plan: PickPlan) -> list[Unit] | None:
     """The candidates whose perplexity at T is not broken; None while the perplexity screen is not over."""
     from posenc.lab.extend.pick.stages import stage_rows
@@ -124,7 +120,7 @@ def _measure(cfg: ExtendConfig, target: PretrainedTarget, pick_plan: PickPlan, s
     raced = deciding.race_units(whole, costs, settings.keep_short)
     if say is not None:
         say(f"The race at {pick_plan.target} tokens: {', '.join(label(*u) for u in raced)}; documents of "
-            f"{settings.keys} keys, looks at {', '.join(map(str, _looks(settings)))} documents")
+            f"{text.keys_text(settings.keys)}, looks at {', '.join(map(str, _looks(settings)))} documents")
 
     def scorer(unit: Unit) -> Any:  # noqa: ANN401
         return deciding.scoring(target, model_of(unit), pick_plan.target, settings.keys, cfg.seed)
