@@ -14,6 +14,7 @@ import re
 import pytest
 import torch
 
+from lab.extend.pick.tagged import tag_patched
 from lab.extend.study.test_study import TINY, _cli, _hf_folder
 from markdown_table import markdown_table
 from posenc.lab.extend.pick import rules
@@ -198,13 +199,7 @@ def test_pick_end_to_end_then_resume_and_save(llama, corpus, tmp_path, monkeypat
 def _scripted(monkeypatch, found, screen_found=None):
     """Passkey answers scripted by model: ``found[(method, factor)](index)`` is key ``index``'s score at the target,
     ``screen_found`` at the screening length (default: the same)."""
-    which = {}
-    patched = HFTarget.patched
-
-    def tagged(self, method, factor):
-        model, described = patched(self, method, factor)
-        which[id(model)] = (method, factor)
-        return model, described
+    which = tag_patched(monkeypatch)
 
     def passkey(self, model, length, depth, seed, tick=None, outcomes=None):
         method = which.get(id(model), ("none", 1.0))
@@ -217,7 +212,6 @@ def _scripted(monkeypatch, found, screen_found=None):
         return sum(scores) / len(scores)
 
     passkey.start = {}
-    monkeypatch.setattr(HFTarget, "patched", tagged)
     monkeypatch.setattr(HFTarget, "passkey", passkey)
 
 

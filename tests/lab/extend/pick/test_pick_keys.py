@@ -14,6 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from lab.extend.pick.tagged import tag_patched
 from lab.extend.study.test_study import TINY, _cli, _hf_folder
 from posenc.lab.common import evaluate as ev
 from posenc.lab.extend.pick import evidence, inside
@@ -42,13 +43,7 @@ def _scripted(monkeypatch, at_target, *, inside_ppl=None, calls=None):
     spread`` (clipped to [0, 1]), drawn from the document's seed and the key, so every run sees the same answers.
     Inside L every model finds every key; ``inside_ppl[(method, factor)]``: its perplexity there (default: the
     unpatched model's, 10)."""
-    which = {}
-    patched = HFTarget.patched
-
-    def tagged(self, method, factor):
-        model, described = patched(self, method, factor)
-        which[id(model)] = (method, factor)
-        return model, described
+    which = tag_patched(monkeypatch)
 
     def keys(self, model, length, k, seed, tick=None):
         method = which.get(id(model), ("none", 1.0))
@@ -72,7 +67,6 @@ def _scripted(monkeypatch, at_target, *, inside_ppl=None, calls=None):
     from posenc.lab.extend.pick import keys_run
 
     monkeypatch.setattr(keys_run, "check", lambda *args: None)  # documents scripted: K keys need not fit in 64 tokens
-    monkeypatch.setattr(HFTarget, "patched", tagged)
     monkeypatch.setattr(HFTarget, "keys", keys, raising=False)
     monkeypatch.setattr(HFTarget, "perplexity", scripted_ppl)
 
