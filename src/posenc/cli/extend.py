@@ -37,6 +37,8 @@ def _check(args: argparse.Namespace) -> None:
             fail("--task", "ruler", "lm or passkey with a new --pick: its race measures documents of --keys passkeys "
                  "at the target (RULER: posenc extend MODEL --task ruler --methods M; a pick folder made before "
                  "resumes with its own task)")
+        if args.delta is not None and args.delta >= 1:
+            fail("--delta", args.delta, "a margin in rate below 1 (0.05: within 5 points of the best)")
         length_form("target", args.target)  # its form now; beyond the model's context once its config is read
         parse_budget(args.budget)
 
@@ -129,8 +131,8 @@ def _add_pick(p: argparse.ArgumentParser) -> None:
         "multi-key retrieval, which can rank methods differently)"
     )
     p.add_argument(
-        "--delta", type=A.fraction, help="--pick: the margin in answer probability within which the cheapest to serve "
-        "counts as as good as the best (default 0.05)"
+        "--delta", type=A.fraction, help="--pick: the margin in the rate of keys found within which the cheapest to "
+        "serve counts as as good as the best (default 0.05)"
     )
     p.add_argument(
         "--keep-short", action="store_true", help="--pick: a candidate that costs short prompts (perplexity inside "

@@ -112,11 +112,3 @@ def tensors(rows: Sequence[dict[str, Any]], units: Sequence[Unit], length: int, 
         found[at], prob[at], present[at] = float(r["found"]), math.exp(r["logprob"]), True
     return found, prob, present
 
-
-def document_seconds(rows: Sequence[dict[str, Any]], unit: Unit, length: int) -> list[float]:
-    """The forward seconds of each document ``unit`` has at ``length`` (for the plan of a resumed pick)."""
-    seen: dict[int, float] = {}
-    for r in rows:
-        if unit_of(r) == unit and r["length"] == length:
-            seen[r["document"]] = r["seconds"]
-    return list(seen.values())

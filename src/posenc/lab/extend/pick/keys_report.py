@@ -24,7 +24,8 @@ RULE = ("after each look (documents 8, 16, 32, ... per model still sampled), a m
         "sampled; the pick is the cheapest to serve among the models shown within {delta:g} of every model -- "
         "*better* when it is the only one not shown worse --, or, when every model's upper bound is below the "
         f"floor of {paired.FLOOR:g}, no candidate retrieves; at the cap or a deadline, if nothing is shown, the best "
-        "estimate among the cheapest, said not to be decided, with the models that could still be the best")
+        "estimate among the models not shown worse, said not to be decided, with those models (they could still be "
+        "the best)")
 INTERVALS = ("Intervals: each model's mean at 95% over its documents, clustered by document (Student's t on the "
              "document means, floored at what the keys resolve; Miller 2024); the race's claims hold jointly at 95%: "
              "each pair's interval spends its error over the planned looks and across the models (Bonferroni), so "
@@ -66,7 +67,8 @@ class Verdict:
             endings = {"cap": "every look was made", "deadline": "the deadline came",
                        "interrupted": "the run was interrupted"}
             reason = (f"could not tell ({endings.get(ended, 'sampling ended')}): {label(*pick)} has the best estimate "
-                      f"among the cheapest, {est}; the best is among {', '.join(label(*u) for u in contenders)} "
+                      f"among the models not shown worse, {est}; the best is among "
+                      f"{', '.join(label(*u) for u in contenders)} "
                       f"(none of them shown worse than another); served as {where}")
         if bool(d.above_reference):
             reason += "; shown above the unpatched model (the method rescues retrieval)"
