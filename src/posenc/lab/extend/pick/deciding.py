@@ -35,8 +35,8 @@ from posenc.lab.extend.targets.base import PretrainedTarget
 #: passkey the committed picks measured, teacher-forced (no generate). More keys per forward are the race's faster
 #: option (``--keys``), but documents of several labelled keys measure multi-key retrieval, which on SmolLM2 did not
 #: rank methods as single passkeys do (experiments/picking-a-method/README.md, "The deciding race: the evidence
-#: checked"): Self-Extend x2 found 6 of 16 door keys at 12k where it finds no single passkey, YaRN x4 4 of 16 where
-#: it finds 12 of 12.
+#: checked"): at 12k YaRN x4 found 4 of 16 door keys where it finds 12 of 12 single passkeys (beyond noise), and
+#: Self-Extend x2, which finds no single passkey, 6 of 16 (within noise of YaRN's 4 at two documents each).
 KEYS = 1
 DOCUMENTS = 32
 #: Documents per model at the race's first look (``plan_of``).
