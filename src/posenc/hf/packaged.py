@@ -205,7 +205,7 @@ def _check_cached(path: Path, model: PackagedModel) -> None:
     if size != model.size:
         fail("model", model.name, f"the joined file of {model.size} bytes; {path} has {size}: delete it to rejoin")
     try:
-        recorded = stamp.read_text().split(maxsplit=1)
+        recorded = stamp.read_text().strip().split(maxsplit=1)
     except OSError:
         recorded = []
     if recorded == [model.sha256, _stamp(path)]:
