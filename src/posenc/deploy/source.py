@@ -90,12 +90,10 @@ def load_tokenizer(source: Any) -> Any:
         return AutoTokenizer.from_pretrained(source.folder, local_files_only=True)
     from posenc.gguf import llama as gguf_llama
     from posenc.gguf.header import read_gguf_header
+    from posenc.hf.gguf_tokenizer import gguf_tokenizer
 
-    if gguf_llama.handles(read_gguf_header(source.path)):
-        from transformers import TokenizersBackend
-
-        return TokenizersBackend.from_pretrained(str(source.folder), gguf_file=source.gguf_file, local_files_only=True)
-    return AutoTokenizer.from_pretrained(source.folder, gguf_file=source.gguf_file, local_files_only=True)
+    llama = gguf_llama.handles(read_gguf_header(source.path))
+    return gguf_tokenizer(source.path, kind="TokenizersBackend" if llama else "AutoTokenizer")
 
 
 def meta_model(config: Any) -> torch.nn.Module:

@@ -265,11 +265,14 @@ def load_config(source: ModelSource | str | os.PathLike) -> Any:
     source = _as_source(source)
     if source.kind == "transformers":
         return AutoConfig.from_pretrained(source.folder, local_files_only=True)
+    from posenc.gguf import config as gguf_config
     from posenc.gguf import llama as gguf_llama
 
     header = _gguf_header(source)
     if gguf_llama.handles(header):
         return gguf_llama.llama_config(header)
+    if gguf_config.handles(header):  # transformers' config in milliseconds, not its 30 s read of the vocabulary
+        return gguf_config.hf_config(header)
     return AutoConfig.from_pretrained(source.folder, gguf_file=source.gguf_file, local_files_only=True)
 
 
@@ -397,18 +400,23 @@ def load_causal_lm(
         warnings.warn(f"load_causal_lm(dtype={dtype}): {reason}; float32 is faster here", stacklevel=2)
     kwargs: dict[str, Any] = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
     if source.kind == "gguf":
+        from posenc.gguf import config as gguf_config
         from posenc.gguf import llama as gguf_llama
 
         header = _gguf_header(source)
         if gguf_llama.handles(header):
             return gguf_llama.load(header, dtype=dtype, device=device, attn_implementation=attn_implementation)
         kwargs["gguf_file"] = source.gguf_file
+        if gguf_config.handles(header):  # spares transformers one of its reads of the file
+            kwargs["config"] = gguf_config.hf_config(header)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model: Any = AutoModelForCausalLM.from_pretrained(source.folder, local_files_only=True, dtype=dtype, **kwargs)
     tokenizer: Any = None  # a folder saved without one (``save_pretrained(model, None, ...)``) has none to load
     if source.gguf_file is not None:
-        tokenizer = AutoTokenizer.from_pretrained(source.folder, local_files_only=True, gguf_file=source.gguf_file)
+        from posenc.hf.gguf_tokenizer import gguf_tokenizer
+
+        tokenizer = gguf_tokenizer(source.path)
     elif any((Path(source.folder) / name).is_file() for name in TOKENIZER_FILES):
         tokenizer = AutoTokenizer.from_pretrained(source.folder, local_files_only=True)
     model = model.to(device).eval()
