@@ -216,7 +216,10 @@ def test_bad_paths_sources_and_types(sources, tmp_path):
     tiny_model("llama").save_pretrained(folder)
     _refused(tmp_path, lambda: save_gguf(model, tmp_path / "x.gguf", source=folder), "convert_hf_to_gguf.py")
     qwen = write_llama(tmp_path / "q" / "qwen.gguf", tiny_model("qwen2"), weights="f32", arch="qwen2")
-    _refused(tmp_path, lambda: save_gguf(model, tmp_path / "x.gguf", source=qwen), "this one is 'qwen2'")
+    _refused(tmp_path, lambda: save_gguf(model, tmp_path / "x.gguf", source=qwen),
+             "model='llama' is invalid: expected a model of the source's architecture 'qwen2'")
+    qwen3 = write_llama(tmp_path / "q3" / "qwen3.gguf", tiny_model("qwen3"), weights="f32", arch="qwen3")
+    _refused(tmp_path, lambda: save_gguf(model, tmp_path / "x.gguf", source=qwen3), "this one is 'qwen3'")
     other = write_llama(tmp_path / "o" / "other.gguf", tiny_model("llama", intermediate_size=96), weights="f32")
     _refused(tmp_path, lambda: save_gguf(model, tmp_path / "x.gguf", source=other),
              "intermediate_size: model 64, file 96")

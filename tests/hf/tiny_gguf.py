@@ -136,3 +136,99 @@ def broken_copy(src: Path, dst: Path, *, keep: int | None = None, at: int = 0, p
     data[at : at + len(patch)] = patch
     dst.write_bytes(bytes(data))
     return dst
+
+
+#: A Gemma 3 of llama.cpp's layer pattern: every 6th layer full (the tiny config's own two layers would both be
+#: sliding in llama.cpp and in transformers' GGUF loader, which read no layer types).
+GEMMA3_LAYERS = 6
+
+
+def tiny_gemma3(**overrides):
+    """The tiny Gemma 3 of ``hf.tiny`` with ``GEMMA3_LAYERS`` layers in llama.cpp's pattern (full at layer 5)."""
+    from hf.tiny import tiny_model
+
+    types = ["sliding_attention"] * (GEMMA3_LAYERS - 1) + ["full_attention"]
+    return tiny_model("gemma3_text", num_hidden_layers=GEMMA3_LAYERS, layer_types=types, **overrides)
+
+
+def write_gemma3(path: Path, model, **kv) -> Path:
+    """The F32 GGUF llama.cpp's converter writes for a tiny Gemma 3 (``Gemma3Model.modify_tensors``: every norm weight
+    plus 1; no q/k permutation; a tied head left out), with a SentencePiece-style (``llama``) vocabulary as Gemma's
+    GGUFs hold, and extra metadata ``kv``."""
+    config = model.config
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.GEMMA3, config.num_hidden_layers)
+    tensors = {}
+    for key, value in model.state_dict().items():
+        base, _, suffix = key.rpartition(".")
+        name = names.get_name(base)
+        if name is None or (name == "output" and config.tie_word_embeddings):
+            continue
+        w = value.detach().numpy().astype(np.float32)
+        tensors[f"{name}.{suffix}"] = w + 1 if key.endswith("norm.weight") else w
+    meta = {
+        "general.name": "tiny gemma3",
+        "gemma3.context_length": config.max_position_embeddings,
+        "gemma3.embedding_length": config.hidden_size,
+        "gemma3.block_count": config.num_hidden_layers,
+        "gemma3.feed_forward_length": config.intermediate_size,
+        "gemma3.attention.head_count": config.num_attention_heads,
+        "gemma3.attention.head_count_kv": config.num_key_value_heads,
+        "gemma3.attention.key_length": config.head_dim,
+        "gemma3.attention.value_length": config.head_dim,
+        "gemma3.rope.freq_base": float(config.rope_parameters["full_attention"]["rope_theta"]),
+        "gemma3.attention.sliding_window": config.sliding_window,
+        "gemma3.attention.layer_norm_rms_epsilon": float(config.rms_norm_eps),
+        **kv,
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    w = gguf.GGUFWriter(path, "gemma3")
+    for key, value in meta.items():
+        if isinstance(value, str):
+            w.add_string(key, value)
+        elif isinstance(value, (list, tuple)):
+            w.add_array(key, list(value))
+        elif isinstance(value, float):
+            w.add_float32(key, value)
+        else:
+            w.add_uint32(key, value)
+    w.add_tokenizer_model("llama")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(["<pad>", "<eos>", "<bos>", "<unk>"] + [f"▁{t}" for t in TOKENS[:60]])
+    w.add_token_scores([0.0] * 4 + [-float(i) for i in range(60)])
+    w.add_token_types([3, 3, 3, 2] + [1] * 60)
+    w.add_bos_token_id(2)
+    w.add_eos_token_id(1)
+    w.add_unk_token_id(3)
+    w.add_pad_token_id(0)
+    for name, array in tensors.items():
+        w.add_tensor(name, array)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def edited_copy(src: Path, dst: Path, *, drop: tuple[str, ...] = (), put: dict | None = None) -> Path:
+    """A copy of the GGUF ``src`` with the metadata keys ``drop`` removed and ``put`` (``{key: (value, "FLOAT32")}``)
+    set, its tensors copied byte for byte: what a converter or an editor that drops or rewrites keys leaves."""
+    from posenc.gguf import write
+    from posenc.gguf.header import read_gguf_header
+
+    header = write.full_header(read_gguf_header(src))
+    fields = []
+    for name, value in header.metadata.items():
+        if name == "general.architecture" or name in drop or name in (put or {}):
+            continue
+        kind = gguf.GGUFValueType[header.value_types[name].upper()]
+        sub = gguf.GGUFValueType[header.array_types[name].upper()] if kind == gguf.GGUFValueType.ARRAY else None
+        fields.append((name, value, kind, sub))
+    fields += [(name, value, gguf.GGUFValueType[kind], None) for name, (value, kind) in (put or {}).items()]
+
+    class _NoFactors:
+        @staticmethod
+        def tensors() -> dict:
+            return {}
+
+    write.write(dst, header, fields, _NoFactors(), None)
+    return dst

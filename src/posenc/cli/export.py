@@ -29,12 +29,13 @@ def add(sub: Subparsers) -> None:
         help="write a pretrained model extended by one method as a transformers folder or a GGUF file (no study)",
         description="Load a pretrained model, extend its context with one method and factor, and write it: a "
         "transformers folder (a new or empty DIR; the extension in its config, so from_pretrained and vLLM load it "
-        "extended) or, for a name ending in .gguf, a GGUF file llama.cpp runs with the extension (a GGUF source; "
-        "linear, ntk, yarn, llama3). The weights are written as the source holds them (see --dtype). The same "
-        "checks as posenc extend --save, all before any weight is read; nothing else is written, nothing is "
-        "overwritten, and an interrupted export leaves nothing behind. Seconds for SmolLM2-135M. It ends with posenc "
-        "check's table: what transformers, vLLM, SGLang and llama.cpp run from what was written. To measure what a "
-        "method does first: posenc extend MODEL --methods M --factors F (--plan to see its cost).",
+        "extended) or, for a name ending in .gguf, a GGUF file llama.cpp runs with the extension (a Llama, Qwen2 or "
+        "Gemma 3 GGUF source, its tensors copied; linear, ntk, yarn, and llama3 for Llama). The weights are written "
+        "as the source holds them (see --dtype). The same checks as posenc extend --save, all before any weight is "
+        "read; nothing else is written, nothing is overwritten, and an interrupted export leaves nothing behind. "
+        "Seconds for SmolLM2-135M. It ends with posenc check's table: what transformers, vLLM, SGLang and llama.cpp "
+        "run from what was written. To measure what a method does first: posenc extend MODEL --methods M --factors F "
+        "(--plan to see its cost).",
     )
     p.add_argument(
         "model",
@@ -70,7 +71,9 @@ def add(sub: Subparsers) -> None:
         "--original-len", type=A.positive_int, help="the model's original context length; default: read from its config"
     )
     p.add_argument(
-        "--layer-type", help="per-layer-type RoPE (Gemma 3): the layer type to extend, or all; default full_attention"
+        "--layer-type",
+        help="per-layer-type RoPE (Gemma 3): the layer type to extend, or all; default full_attention (the only one "
+        "a .gguf carries: llama.cpp runs Gemma 3's sliding layers unscaled)",
     )
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:<index>, mps or auto, where the model is patched")
     p.add_argument(

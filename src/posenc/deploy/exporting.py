@@ -103,7 +103,10 @@ def export(
     assert written is not None
     layers = layer_count(pretrained.config)
     where = dict(original=original, layer_types=pretrained.patch_types, config=pretrained.config, layers=layers)
-    apply(meta_model(pretrained.config), parsed, factor, **where)  # on a weight-free copy: refused before the load
+    meta = meta_model(pretrained.config)
+    apply(meta, parsed, factor, **where)  # on a weight-free copy: refused before the load
+    if written.suffix.lower() == ".gguf":
+        formats.check_gguf_model(meta, pretrained.source)  # what llama.cpp cannot run, refused before the load too
     name = parsed.label
     if progress:
         print(f"Loading {pretrained.name} ({_name(weights_as)}) to write {name}")

@@ -85,7 +85,7 @@ def check_save(
             f"{list(finetune_positions)})",
         )
     if folder.suffix.lower() == ".gguf":
-        return _check_gguf(save, methods[0], factors, source, original_len)
+        return _check_gguf(save, methods[0], factors, source, original_len, save_type)
     from posenc.hf.save import remap_save_problem
 
     remap = parse(methods[0]).remapping
@@ -108,8 +108,10 @@ def check_save(
     return folder
 
 
-def _check_gguf(save: str | Path, method: str, factors: Sequence[float], source: Any, original_len: int | None) -> Path:
-    """``save`` ending in ``.gguf``: a Llama GGUF source, a method llama.cpp runs, a new file."""
+def _check_gguf(save: str | Path, method: str, factors: Sequence[float], source: Any, original_len: int | None,
+                save_type: str = "source") -> Path:
+    """``save`` ending in ``.gguf``: a GGUF source posenc writes (Llama, Qwen2, Gemma 3), a method llama.cpp runs
+    for its architecture, a new file."""
     from posenc.hf import gguf_export
 
     if method not in GGUF_METHODS:
@@ -130,8 +132,23 @@ def _check_gguf(save: str | Path, method: str, factors: Sequence[float], source:
     if source.kind != "gguf":
         fail("save", str(save), "a GGUF model to start from (a transformers folder: --save DIR writes a folder that "
              "llama.cpp's convert_hf_to_gguf.py converts with its RoPE scaling)")
-    gguf_export.check_source(source.path)
+    header = gguf_export.check_source(source.path)
+    factor_tensors = ("llama3", "longrope")  # rope_freqs / rope_factors_*: read by llama.cpp's llama graph only
+    if method in factor_tensors and header.architecture != "llama":
+        fail("save", str(save), f"a method llama.cpp's {header.architecture} runs from a GGUF "
+             f"({', '.join(m for m in GGUF_METHODS if m not in factor_tensors)}): {method} needs per-frequency "
+             "factor tensors, which only its llama graph reads; save a transformers folder (--save DIR) instead")
+    if save_type != "source" and header.architecture != "llama":
+        gguf_export.refuse_written(header, "save_type", save_type)
     return gguf_export.check_out(save, name="save")
+
+
+def check_gguf_model(model: torch.nn.Module, source: Any) -> None:
+    """Refuse, on a patched weight-free copy of the model (before its weights load), what ``save`` would refuse for
+    a GGUF: the RoPE llama.cpp cannot run from the source's architecture (Gemma 3's sliding layers extended, ...)."""
+    from posenc.hf import gguf_export
+
+    gguf_export.check_model(model, gguf_export.check_source(source.path))
 
 
 def save(

@@ -126,7 +126,7 @@ def permute(w: torch.Tensor, heads: int) -> torch.Tensor:
     return w.reshape(heads, 2, rows // heads // 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
 
 
-def _dequantize(buf: mmap.mmap, tensor: Any) -> torch.Tensor:
+def dequantize(buf: mmap.mmap, tensor: Any) -> torch.Tensor:
     """One tensor of the file as float32 (a fresh array: the map is read-only)."""
     import numpy as np  # only here: `import posenc` needs torch alone
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
@@ -182,7 +182,7 @@ def weights(header: GGUFHeader, config: Any) -> Iterator[tuple[str, torch.Tensor
     names = tensor_names(header, config)
     with header.path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
         for tensor, hf_name in names:
-            w = _dequantize(buf, tensor)
+            w = dequantize(buf, tensor)
             if ".attn_q." in tensor.name:
                 w = _unpermute(w, config.num_attention_heads)
             elif ".attn_k." in tensor.name:

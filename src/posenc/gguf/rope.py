@@ -36,6 +36,17 @@ FREQS, LONG, SHORT = "rope_freqs.weight", "rope_factors_long.weight", "rope_fact
 ROPE_TENSORS = (FREQS, LONG, SHORT)
 #: ``rope_type`` values llama.cpp can run (``default`` includes posenc's ``ntk``, a plain new base).
 EXPRESSIBLE = ("default", "linear", "yarn", "llama3", "longrope")
+#: The GGUF architectures posenc writes RoPE keys for, and the ``rope_type`` values llama.cpp runs from each one's
+#: keys: only Llama's graph passes per-frequency factor tensors (``rope_freqs``, LongRoPE's ``rope_factors_*``;
+#: ``src/models/qwen2.cpp`` and ``gemma3.cpp`` pass none, and a file holding one fails their load).
+WRITES = {"llama": EXPRESSIBLE, "qwen2": ("default", "linear", "yarn"), "gemma3": ("default", "linear", "yarn")}
+#: Per-layer-type RoPE: ``(the layer type the architecture's rope.* keys describe, the sliding type)``. llama.cpp's
+#: Gemma 3 rotates its sliding layers at ``rope.freq_base_swa`` (default 10000) with ``freq_scale`` 1 whatever the
+#: scaling keys say (``load_arch_hparams``: ``rope_freq_scale_train_swa = 1``; llama.cpp #14367), and passes them the
+#: same ``ext_factor`` and ``attn_factor`` as the full layers (``src/models/gemma3.cpp``).
+LAYER_TYPES = {"gemma3": ("full_attention", "sliding_attention")}
+#: llama.cpp's Gemma 3 default base for its sliding layers (``rope_freq_base_train_swa``).
+GEMMA3_BASE_SWA = 10000.0
 _YARN_BETAS = (32.0, 1.0)  # llama.cpp's yarn_beta_fast / yarn_beta_slow defaults (llama-hparams.h)
 _RTOL = 1e-5  # float32 keys (base, factor) and float32 arithmetic on either side; a wrong mapping is off by >1e-3
 
@@ -173,7 +184,9 @@ def llamacpp_attn_factor(
     return factor * rope_attn_factor
 
 
-def llamacpp_frequencies(rope: GGUFRope, *, n_ctx: int | None = None) -> tuple[np.ndarray, float]:
+def llamacpp_frequencies(
+    rope: GGUFRope, *, n_ctx: int | None = None, sliding_base: float | None = None
+) -> tuple[np.ndarray, float]:
     """The per-pair frequencies and the cos/sin scale llama.cpp computes from ``rope`` for a Llama file (the formula
     below: ``llamacpp_attn_factor`` then ``ggml_rope_frequencies``, in float64 from the float32 keys).
 
@@ -194,6 +207,8 @@ def llamacpp_frequencies(rope: GGUFRope, *, n_ctx: int | None = None) -> tuple[n
         rope: the file's RoPE keys and tensors.
         n_ctx: llama.cpp's context size; it picks LongRoPE's long factors when it exceeds the original context.
             Default the file's ``context_length``.
+        sliding_base: for a Gemma 3 sliding layer, its base (``rope.freq_base_swa``): rotated with ``freq_scale`` 1
+            and no factor tensor, but the context's ``ext_factor`` and ``attn_factor`` of the file's scaling.
 
     Returns:
         ``(theta, mscale)``: theta ``(head_dim / 2,)`` radians per position.
@@ -210,27 +225,45 @@ def llamacpp_frequencies(rope: GGUFRope, *, n_ctx: int | None = None) -> tuple[n
     freq_scale = 1.0 / _f32(cast(float, rope.factor)) if scaled else 1.0
     ext = 1.0 if rope.scaling_type == "yarn" else 0.0
     attn = llamacpp_attn_factor(freq_scale, ext_factor=ext, rope_attn_factor=_f32(rope.attn_factor or 1.0))
+    base = _f32(rope.freq_base)
+    if sliding_base is not None:  # get_rope_freq_base / _scale of a sliding layer; the context's ext and attn
+        base, freq_scale, factors = _f32(sliding_base), 1.0, None
     return ggml_rope_frequencies(
-        rope.head_dim, _f32(rope.freq_base), freq_scale, n_ctx_orig=rope.original_context_length or rope.context_length,
+        rope.head_dim, base, freq_scale, n_ctx_orig=rope.original_context_length or rope.context_length,
         freq_factors=factors, ext_factor=ext, attn_factor=attn, beta_fast=_YARN_BETAS[0], beta_slow=_YARN_BETAS[1],
     )
 
 
-def _params(config: Any) -> dict[str, Any]:
+def _params(config: Any, layer_type: str | None = None) -> dict[str, Any]:
+    """The config's ``rope_parameters`` (one dict for every layer), or one layer type's entry."""
     params = getattr(config, "rope_parameters", None)
+    if layer_type is not None:
+        entry = params.get(layer_type) if isinstance(params, Mapping) else None
+        if not isinstance(entry, Mapping):
+            fail("model", type(config).__name__, f"a config whose rope_parameters has a {layer_type!r} entry")
+        return dict(entry)
     if not isinstance(params, Mapping) or any(isinstance(v, Mapping) for v in params.values()):
         fail("model", type(config).__name__, "a Llama config with one rope_parameters dict")
     return dict(params)
+
+
+def nested(config: Any) -> bool:
+    """Whether the config's ``rope_parameters`` is per layer type (``{"full_attention": {...}, ...}``)."""
+    params = getattr(config, "rope_parameters", None)
+    return isinstance(params, Mapping) and any(isinstance(v, Mapping) for v in params.values())
 
 
 def _head_dim(config: Any) -> int:
     return int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
 
 
-def hf_frequencies(config: Any, *, seq_len: int | None = None) -> tuple[np.ndarray, float]:
+def hf_frequencies(
+    config: Any, *, seq_len: int | None = None, layer_type: str | None = None
+) -> tuple[np.ndarray, float]:
     """transformers' own ``(inv_freq, attention_scaling)`` for ``config`` (``ROPE_INIT_FUNCTIONS``; ``default``:
-    ``base ** (-2 i / d)``), float64. ``seq_len`` picks LongRoPE's long or short factors as transformers does."""
-    params = _params(config)
+    ``base ** (-2 i / d)``), float64; ``layer_type``: one entry of a per-layer-type config (Gemma 3), as its
+    rotary module computes it. ``seq_len`` picks LongRoPE's long or short factors as transformers does."""
+    params = _params(config, layer_type)
     rope_type = params.get("rope_type", "default")
     if rope_type == "default":
         d = _head_dim(config)
@@ -239,16 +272,24 @@ def hf_frequencies(config: Any, *, seq_len: int | None = None) -> tuple[np.ndarr
     else:
         from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-        inv_freq, scale = ROPE_INIT_FUNCTIONS[rope_type](config, "cpu", seq_len=seq_len)
+        kwargs = {} if layer_type is None else {"layer_type": layer_type}
+        inv_freq, scale = ROPE_INIT_FUNCTIONS[rope_type](config, "cpu", seq_len=seq_len, **kwargs)
     return inv_freq.double().numpy(), float(scale)
 
 
 def _refuse(config: Any, reason: str) -> None:
-    fail("model", f"RoPE {_params(config)}", f"a RoPE llama.cpp can run from GGUF metadata: {reason}")
+    fail("model", f"RoPE {dict(getattr(config, 'rope_parameters', None) or {})}",
+         f"a RoPE llama.cpp can run from GGUF metadata: {reason}")
 
 
-def to_gguf(config: Any) -> GGUFRope:
+def to_gguf(config: Any, *, arch: str = "llama", sliding_base: float = GEMMA3_BASE_SWA) -> GGUFRope:
     """The GGUF RoPE that makes llama.cpp run ``config``'s RoPE, checked against transformers' frequencies.
+
+    ``arch``: the file's architecture, one of ``WRITES`` (Qwen2 and Gemma 3 run no factor tensor: no ``llama3``,
+    ``longrope``). For Gemma 3 the keys describe the ``full_attention`` layers; its ``sliding_attention`` layers must
+    be what llama.cpp runs for them: the default RoPE at ``sliding_base`` (the source file's ``rope.freq_base_swa``,
+    10000 when absent) -- a model extended on its sliding layers is refused, llama.cpp would leave them unscaled --
+    and their frequencies and cos/sin scale under the full layers' ``ext_factor`` / ``attn_factor`` are checked too.
 
     llama.cpp's formula (``llamacpp_frequencies``) is transformers' ``linear`` (Position Interpolation), ``yarn`` (with
     the default ``beta_fast=32``, ``beta_slow=1``, ``truncate``), ``llama3`` (as ``rope_freqs``) and ``longrope`` term
@@ -258,10 +299,18 @@ def to_gguf(config: Any) -> GGUFRope:
 
     Raises:
         ValueError: naming the model's ``rope_parameters`` and what llama.cpp would need instead, for dynamic NTK,
-            YaRN with other betas or without truncation, partial rotary, per-layer-type RoPE; or when llama.cpp's
-            frequencies would differ from transformers' (the check below).
+            YaRN with other betas or without truncation, partial rotary, per-layer-type RoPE on an architecture
+            without it, Gemma 3's sliding layers extended; or when llama.cpp's frequencies would differ from
+            transformers' (the check below).
     """
-    params = _params(config)
+    if arch not in WRITES:
+        fail("arch", arch, f"one of {sorted(WRITES)} (the GGUF architectures posenc writes RoPE keys for)")
+    main, sliding = LAYER_TYPES.get(arch, (None, None))
+    if nested(config) and main is None:
+        _refuse(config, f"per-layer-type rope_parameters: llama.cpp's {arch} runs one RoPE for every layer")
+    if main is not None and not nested(config):
+        _refuse(config, f"{arch}'s per-layer-type rope_parameters ({main!r} and {sliding!r} entries)")
+    params = _params(config, main)
     rope_type = params.get("rope_type", "default")
     d = _head_dim(config)
     base, context = float(params["rope_theta"]), int(config.max_position_embeddings)
@@ -273,6 +322,10 @@ def to_gguf(config: Any) -> GGUFRope:
         )
     if rope_type not in EXPRESSIBLE:
         _refuse(config, f"rope_type {rope_type!r} has no GGUF form (llama.cpp runs {list(EXPRESSIBLE)})")
+    if rope_type not in WRITES[arch]:
+        _refuse(config, f"rope_type {rope_type!r} needs per-frequency factor tensors (rope_freqs, rope_factors_long/"
+                f"short), which llama.cpp's {arch} graph does not pass (src/models/{arch}.cpp; its load fails on "
+                f"them): {arch} runs {list(WRITES[arch])} (ntk as a new base)")
     if params.get("partial_rotary_factor", 1.0) != 1.0:
         _refuse(config, "llama.cpp rotates every dimension of a Llama head (no partial rotary)")
     original = params.get("original_max_position_embeddings")
@@ -291,7 +344,7 @@ def to_gguf(config: Any) -> GGUFRope:
         if not params.get("truncate", True):
             _refuse(config, "YaRN with truncate=False: llama.cpp always rounds the correction range to whole dims")
         factor = float(params["factor"])
-        _, scale = hf_frequencies(config)
+        _, scale = hf_frequencies(config, layer_type=main)
         attn = scale / (1.0 + 0.1 * math.log(factor))  # llama.cpp multiplies its own 1 + 0.1 ln(factor) back
         rope = GGUFRope(context_length=context, freq_base=base, head_dim=d, scaling_type="yarn", factor=factor,
                         original_context_length=int(original or context),
@@ -300,13 +353,44 @@ def to_gguf(config: Any) -> GGUFRope:
         rope = GGUFRope(context_length=context, freq_base=base, head_dim=d, freqs=_llama3_divisors(params, d))
     else:  # longrope
         original = int(original or context)
-        _, scale = hf_frequencies(config, seq_len=original + 1)
+        _, scale = hf_frequencies(config, seq_len=original + 1, layer_type=main)
         rope = GGUFRope(context_length=context, freq_base=base, head_dim=d, scaling_type="longrope",
                         original_context_length=original, attn_factor=None if scale == 1.0 else scale,
                         long_factors=tuple(float(x) for x in params["long_factor"]),
                         short_factors=tuple(float(x) for x in params["short_factor"]))
-    check_same(config, rope)
+    check_same(config, rope, layer_type=main)
+    if sliding is not None:
+        _check_sliding(config, rope, sliding, sliding_base)
     return rope
+
+
+def _check_sliding(config: Any, rope: GGUFRope, layer_type: str, base: float) -> None:
+    """Refuse a Gemma 3 model whose ``layer_type`` (sliding) layers llama.cpp would run otherwise than transformers:
+    extended (llama.cpp leaves them unscaled), at another base than ``base``, or with another cos/sin scale."""
+    import numpy as np  # only here: `import posenc` needs torch alone
+
+    params = _params(config, layer_type)
+    kind = params.get("rope_type", "default")
+    instead = ("extend the full_attention layers only (posenc export's default --layer-type; Google's long-context "
+               "Gemma 3 configs scale the global layers only), or save a transformers folder (--save DIR), which "
+               "transformers and vLLM run per layer type")
+    if kind != "default":
+        _refuse(config, f"llama.cpp's gemma3 rotates the {layer_type} layers at rope.freq_base_swa ({base:g}) "
+                f"unscaled (freq_scale 1 whatever the rope.scaling keys say: src/llama-model.cpp, llama.cpp #14367), "
+                f"so a model extended there (rope_type {kind!r}) would run them unscaled: {instead}")
+    theta = float(params.get("rope_theta", base))
+    if _f32(theta) != _f32(base):
+        _refuse(config, f"llama.cpp's gemma3 rotates the {layer_type} layers at base {base:g} (the source's "
+                f"rope.freq_base_swa, 10000 when absent; releases before it read the key hard-code 10000), not "
+                f"{theta:g} (a new base there, ntk, is not carried): {instead}")
+    if params.get("partial_rotary_factor", 1.0) != 1.0:
+        _refuse(config, f"llama.cpp rotates every dimension of Gemma 3's {layer_type} heads (no partial rotary)")
+    ours, ours_scale = llamacpp_frequencies(rope, sliding_base=base)
+    theirs, their_scale = hf_frequencies(config, layer_type=layer_type)
+    if not (np.allclose(ours, theirs, rtol=_RTOL, atol=0) and math.isclose(ours_scale, their_scale, rel_tol=_RTOL)):
+        _refuse(config, f"llama.cpp passes Gemma 3's {layer_type} layers the full layers' ext_factor and "
+                f"attn_factor: it would scale their cos/sin by {ours_scale:.6g} where transformers does by "
+                f"{their_scale:.6g} (a YaRN attention_factor of the full layers reaches them in llama.cpp)")
 
 
 def _llama3_divisors(params: Mapping[str, Any], d: int) -> tuple[float, ...]:
@@ -325,16 +409,16 @@ def _llama3_divisors(params: Mapping[str, Any], d: int) -> tuple[float, ...]:
     return tuple((plain.double() / scaled.double()).tolist())
 
 
-def check_same(config: Any, rope: GGUFRope) -> None:
-    """Refuse ``rope`` unless llama.cpp's frequencies and cos/sin scale from it equal transformers' for ``config``,
-    past the original context and (LongRoPE) within it."""
+def check_same(config: Any, rope: GGUFRope, *, layer_type: str | None = None) -> None:
+    """Refuse ``rope`` unless llama.cpp's frequencies and cos/sin scale from it equal transformers' for ``config``
+    (its ``layer_type`` entry), past the original context and (LongRoPE) within it."""
     import numpy as np  # only here: `import posenc` needs torch alone
     lengths = [rope.context_length]
     if rope.scaling_type == "longrope":  # llama.cpp picks the factors by n_ctx, transformers by the sequence length
         lengths.append(cast(int, rope.original_context_length))  # a LongRoPE file has one
     for n in lengths:
         ours, ours_scale = llamacpp_frequencies(rope, n_ctx=n)
-        theirs, their_scale = hf_frequencies(config, seq_len=n)
+        theirs, their_scale = hf_frequencies(config, seq_len=n, layer_type=layer_type)
         if not (np.allclose(ours, theirs, rtol=_RTOL, atol=0) and math.isclose(ours_scale, their_scale, rel_tol=_RTOL)):
             worst = int(np.argmax(np.abs(ours / theirs - 1)))
             _refuse(
@@ -345,7 +429,12 @@ def check_same(config: Any, rope: GGUFRope) -> None:
 
 
 def record(config: Any) -> str:
-    """The JSON ``posenc.rope`` value: the config's exact ``rope_parameters`` and ``max_position_embeddings``."""
+    """The JSON ``posenc.rope`` value: the config's exact ``rope_parameters`` and ``max_position_embeddings``, and
+    for per-layer-type RoPE (Gemma 3) its ``layer_types``."""
+    if nested(config):
+        params = {k: dict(v) for k, v in config.rope_parameters.items() if isinstance(v, Mapping)}
+        return json.dumps({"rope_parameters": params, "max_position_embeddings": int(config.max_position_embeddings),
+                           "layer_types": list(config.layer_types)})
     params = _params(config)
     return json.dumps({"rope_parameters": params, "max_position_embeddings": int(config.max_position_embeddings)})
 
@@ -363,8 +452,8 @@ def read_gguf(meta: Mapping[str, Any], tensors: Mapping[str, Any], *, arch: str,
         ValueError: naming the key, for a scaling type llama.cpp does not define, a LongRoPE file without its
             factors, or factors of the wrong length.
     """
-    d = int(meta.get(f"{arch}.rope.dimension_count") or meta[f"{arch}.embedding_length"] //
-            meta[f"{arch}.attention.head_count"])
+    d = int(meta.get(f"{arch}.rope.dimension_count") or meta.get(f"{arch}.attention.key_length") or
+            meta[f"{arch}.embedding_length"] // meta[f"{arch}.attention.head_count"])
     scaling = meta.get(f"{arch}.rope.scaling.type")
     allowed = ("none", "linear", "yarn", "longrope")
     if scaling is not None and scaling not in allowed:
@@ -439,6 +528,15 @@ def from_gguf(
     return params, context, False
 
 
+def recorded_layer_types(meta: Mapping[str, Any]) -> list[str] | None:
+    """The ``layer_types`` of the file's ``posenc.rope`` record (per-layer-type RoPE); None without them."""
+    try:
+        types = json.loads(meta[POSENC_KEY])["layer_types"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return list(types) if isinstance(types, list) and all(isinstance(t, str) for t in types) else None
+
+
 def recorded(meta: Mapping[str, Any]) -> tuple[dict[str, Any], int] | None:
     """``(rope_parameters, max_position_embeddings)`` of the file's ``posenc.rope`` record: what posenc measured,
     whatever the llama.cpp keys say now; None without a readable record."""
@@ -452,19 +550,59 @@ def recorded(meta: Mapping[str, Any]) -> tuple[dict[str, Any], int] | None:
         return None
 
 
+def sliding_layers(meta: Mapping[str, Any], arch: str, n_layer: int) -> list[bool]:
+    """Which layers llama.cpp runs as sliding for a file of ``arch`` (Gemma 3: every 6th layer full, or the file's
+    ``attention.sliding_window_pattern``, a number or a per-layer array; none without ``attention.sliding_window``;
+    ``load_arch_hparams``, ``llama_hparams::set_swa_pattern``); all False for an architecture without sliding layers
+    posenc writes."""
+    if arch not in LAYER_TYPES or not meta.get(f"{arch}.attention.sliding_window"):
+        return [False] * n_layer
+    value = meta.get(f"{arch}.attention.sliding_window_pattern")
+    if isinstance(value, tuple):  # load_hparams zero-fills the rest: missing layers are full
+        return [bool(v) for v in value[:n_layer]] + [False] * (n_layer - len(value))
+    n = 6 if value is None else int(value)
+    return [n == 0 or il % n < n - 1 for il in range(n_layer)]
+
+
+def _record_rope(params: Mapping[str, Any], context: int, *, d: int, arch: str) -> tuple[GGUFRope, float | None]:
+    """The keys ``to_gguf`` writes for a record's ``rope_parameters`` (Gemma 3: its full layers'), and the base its
+    sliding layers rotate at (None without them).
+
+    Raises:
+        ValueError, KeyError, TypeError: a record no GGUF of ``arch`` carries.
+    """
+    from transformers import LlamaConfig
+
+    flat, slide = dict(params), None
+    if arch in LAYER_TYPES:
+        main, sliding = LAYER_TYPES[arch]
+        if not isinstance(params.get(main), Mapping) or not isinstance(params.get(sliding), Mapping):
+            raise ValueError(f"no {main!r} and {sliding!r} entries")
+        flat, other = dict(params[main]), params[sliding]
+        if other.get("rope_type", "default") != "default" or other.get("partial_rotary_factor", 1.0) != 1.0:
+            raise ValueError(f"{sliding!r} extended")
+        slide = _f32(float(other.get("rope_theta", GEMMA3_BASE_SWA)))
+    rope = to_gguf(LlamaConfig(rope_parameters=flat, max_position_embeddings=context, head_dim=d, hidden_size=d,
+                               num_attention_heads=1))  # the keys' translation is the same for every architecture
+    if flat.get("rope_type", "default") not in WRITES.get(arch, ()):
+        raise ValueError(f"rope_type {flat.get('rope_type')!r} has no {arch} form")
+    if slide is not None and not math.isclose(llamacpp_frequencies(rope, sliding_base=slide)[1], 1.0, rel_tol=_RTOL):
+        raise ValueError("the full layers' attention factor reaches the sliding ones")
+    return rope, slide
+
+
 def key_fixes(meta: Mapping[str, Any], tensors: Mapping[str, Any], params: Mapping[str, Any], context: int, *,
               head_dim: int, arch: str = "llama") -> list[str]:
     """What to change in a file's llama.cpp RoPE keys and factor tensors so that they say ``params`` and ``context``
     again (``to_gguf``): ``"llama.rope.scaling.factor = 2 (the file: 4)"``, ``"remove llama.rope.scaling.attn_factor
     (the file: 0.9)"``; empty where they do, or where ``params`` has no GGUF form."""
-    from transformers import LlamaConfig
-
     try:
-        want = to_gguf(LlamaConfig(rope_parameters=dict(params), max_position_embeddings=context, head_dim=head_dim,
-                                   hidden_size=head_dim, num_attention_heads=1))
+        want, slide = _record_rope(params, context, d=head_dim, arch=arch)
     except (ValueError, KeyError, TypeError):
         return []
     keys = {k: v for k, (v, _) in want.metadata(arch).items()}
+    if slide is not None and _f32(meta.get(f"{arch}.rope.freq_base_swa", GEMMA3_BASE_SWA)) != slide:
+        keys[f"{arch}.rope.freq_base_swa"] = slide
 
     def shown(value: Any) -> str:
         return f"{value:.7g}" if isinstance(value, float) else repr(value)  # a float32 key to its 7 digits
@@ -490,16 +628,41 @@ def key_fixes(meta: Mapping[str, Any], tensors: Mapping[str, Any], params: Mappi
     return out
 
 
-def _same_rope(rope: GGUFRope, params: dict[str, Any], context: int, *, d: int) -> bool:
-    """Whether posenc's record, translated again, gives exactly the keys and tensors the file holds."""
+def _same_rope(rope: GGUFRope, params: dict[str, Any], context: int, *, d: int, arch: str = "llama",
+               sliding_base: float = GEMMA3_BASE_SWA) -> bool:
+    """Whether posenc's record, translated again, gives exactly the keys and tensors the file holds (``rope``;
+    ``sliding_base``: its Gemma 3 sliding layers' base)."""
     import numpy as np  # only here: `import posenc` needs torch alone
-    from transformers import LlamaConfig
 
     try:
-        again = to_gguf(LlamaConfig(rope_parameters=params, max_position_embeddings=context, head_dim=d,
-                                    hidden_size=d, num_attention_heads=1))
+        again, slide = _record_rope(params, context, d=d, arch=arch)
     except (ValueError, KeyError, TypeError):
+        return False
+    if slide is not None and slide != _f32(sliding_base):
         return False
     return again.metadata() == rope.metadata() and all(
         np.array_equal(a, cast(Any, rope.tensors().get(name))) for name, a in again.tensors().items()  # None: False
     ) and again.tensors().keys() == rope.tensors().keys()
+
+
+def agrees(meta: Mapping[str, Any], tensors: Mapping[str, Any], *, arch: str, path: str) -> bool:
+    """Whether the file's llama.cpp RoPE keys and factor tensors still say what its ``posenc.rope`` record says (its
+    Gemma 3 layer types included: the record's ``layer_types`` are llama.cpp's sliding pattern for the file); False
+    without a record."""
+    saved = recorded(meta)
+    if saved is None or arch not in WRITES:
+        return False
+    try:
+        rope = read_gguf(meta, tensors, arch=arch, path=path)
+    except (ValueError, KeyError, TypeError):
+        return False
+    if not _same_rope(rope, saved[0], saved[1], d=rope.head_dim, arch=arch,
+                      sliding_base=float(meta.get(f"{arch}.rope.freq_base_swa", GEMMA3_BASE_SWA))):
+        return False
+    if arch in LAYER_TYPES:
+        types = recorded_layer_types(meta)
+        n = int(meta.get(f"{arch}.block_count", -1))
+        if types is None or len(types) != n:
+            return False
+        return [t == LAYER_TYPES[arch][1] for t in types] == sliding_layers(meta, arch, n)
+    return True

@@ -1,6 +1,6 @@
-"""Writing a Llama GGUF file from a source GGUF: the source's metadata with new RoPE keys, its tensors copied byte for
-byte or new ones quantized with ``gguf.quants``, written atomically. What a loaded model contributes (its RoPE, its
-weights as numpy arrays) is ``posenc.hf.save_gguf``'s part (``posenc.hf.gguf_export``).
+"""Writing a GGUF file from a source GGUF: the source's metadata with new RoPE keys, its tensors copied byte for byte
+(Llama, Qwen2, Gemma 3) or new ones quantized with ``gguf.quants`` (Llama), written atomically. What a loaded model
+contributes (its RoPE, its weights as numpy arrays) is ``posenc.hf.save_gguf``'s part (``posenc.hf.gguf_export``).
 
 Nothing is overwritten and no partial file remains: the file is written under a temporary name in the same folder
 and linked to its name only when complete (refused if the name appeared meanwhile); an error or an interruption
@@ -41,8 +41,9 @@ def _replaced_keys(arch: str) -> tuple[str, ...]:
 
 
 def check_header(path: str | os.PathLike) -> Any:
-    """The header of the GGUF file ``path``, if posenc writes GGUFs from it: a Llama GGUF posenc's loader reads
-    (byte-level BPE).
+    """The header of the GGUF file ``path``, if posenc writes GGUFs from it: a little-endian Llama GGUF posenc's
+    loader reads (byte-level BPE), Qwen2 or Gemma 3 one (``posenc.gguf.rope.WRITES``; their tensors are copied, their
+    tokenizer metadata carried over whatever its kind).
 
     Raises:
         ValueError: naming ``source`` and what is written instead.
@@ -50,12 +51,15 @@ def check_header(path: str | os.PathLike) -> Any:
     from posenc.gguf.header import read_gguf_header
 
     header = read_gguf_header(path)
-    if not llama.handles(header):
+    other = header.architecture in rope.WRITES and header.architecture != "llama" and header.byte_order == "<"
+    if not (llama.handles(header) or other):
         fail(
             "source",
             str(path),
-            f"a little-endian Llama GGUF with a byte-level BPE vocabulary, the architecture posenc writes (this one "
-            f"is {header.architecture!r}, tokenizer {header.metadata.get('tokenizer.ggml.model')!r})",
+            f"a little-endian GGUF of an architecture posenc writes: llama with a byte-level BPE vocabulary, "
+            f"{', '.join(a for a in rope.WRITES if a != 'llama')} (this one is {header.architecture!r}, tokenizer "
+            f"{header.metadata.get('tokenizer.ggml.model')!r}, {'little' if header.byte_order == '<' else 'big'}-"
+            f"endian)",
         )
     return header
 

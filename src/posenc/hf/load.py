@@ -197,9 +197,13 @@ def _check_gguf(header: GGUFHeader) -> None:
         rope = gguf_rope.read_gguf(header.metadata, gguf_llama.rope_tensors(header), arch=arch, path=str(path))
         gguf_rope.to_hf(rope)  # a scaling type or factor tensor llama.cpp would not read is refused here
         return
+    if _posenc_record(header) is not None:  # a file posenc wrote (save_gguf) whose keys still say its record
+        return
     dropped = (
         f"a GGUF without RoPE scaling: transformers' GGUF loader drops it, so the loaded model would not be the one "
-        f"the file describes (posenc reads it only for Llama files with a byte-level BPE vocabulary; file {path})"
+        f"the file describes (posenc reads it for Llama files with a byte-level BPE vocabulary, and from the "
+        f"posenc.rope record of a file posenc.hf.save_gguf wrote while the llama.cpp keys still say the same; "
+        f"file {path})"
     )
     if header.arch_value("rope.scaling.type") not in (None, "none"):
         fail(f"{arch}.rope.scaling.type", header.arch_value("rope.scaling.type"), dropped)
@@ -208,6 +212,32 @@ def _check_gguf(header: GGUFHeader) -> None:
     factors = [t.name for t in header.tensors if t.name.startswith("rope_")]  # Llama 3.1's rope_freqs, LongRoPE's
     if factors:
         fail("tensors", factors, f"no per-frequency RoPE factors: {dropped}")
+
+
+def _posenc_record(header: GGUFHeader) -> tuple[dict[str, Any], int] | None:
+    """``(rope_parameters, max_position_embeddings)`` of a Qwen2 / Gemma 3 file's ``posenc.rope`` record
+    (``posenc.hf.save_gguf``), where its llama.cpp keys still say the same (``posenc.gguf.rope.agrees``); None
+    otherwise (no record, a Llama file, keys edited after the export)."""
+    from posenc.gguf import llama as gguf_llama
+    from posenc.gguf import rope as gguf_rope
+
+    arch = header.architecture
+    if arch == "llama" or arch not in gguf_rope.WRITES:
+        return None
+    tensors = gguf_llama.rope_tensors(header)
+    if not gguf_rope.agrees(header.metadata, tensors, arch=arch, path=str(header.path)):
+        return None
+    return gguf_rope.recorded(header.metadata)
+
+
+def _with_record(config: Any, header: GGUFHeader) -> Any:
+    """transformers' config of a GGUF file, with the RoPE posenc recorded in it (``_posenc_record``), which
+    transformers' GGUF loader drops with the ``rope.scaling.*`` keys."""
+    saved = _posenc_record(header)
+    if saved is not None:
+        config.rope_parameters = {k: dict(v) if isinstance(v, Mapping) else v for k, v in saved[0].items()}
+        config.max_position_embeddings = saved[1]
+    return config
 
 
 def inspect_gguf(path: str | os.PathLike) -> dict[str, Any]:
@@ -272,8 +302,10 @@ def load_config(source: ModelSource | str | os.PathLike) -> Any:
     if gguf_llama.handles(header):
         return gguf_llama.llama_config(header)
     if gguf_config.handles(header):  # transformers' config in milliseconds, not its 30 s read of the vocabulary
-        return gguf_config.hf_config(header)
-    return AutoConfig.from_pretrained(source.folder, gguf_file=source.gguf_file, local_files_only=True)
+        config = gguf_config.hf_config(header)
+    else:
+        config = AutoConfig.from_pretrained(source.folder, gguf_file=source.gguf_file, local_files_only=True)
+    return _with_record(config, header)
 
 
 def original_context(source: ModelSource | str | os.PathLike, *, layer_type: str | None = None) -> int:
@@ -378,13 +410,14 @@ def load_causal_lm(
         ``(model, tokenizer)``; the tokenizer is None for a folder with none of ``TOKENIZER_FILES`` (one saved with
         ``posenc.hf.save_pretrained(model, None, ...)``). A Llama GGUF with a byte-level BPE vocabulary comes back as a
         plain ``LlamaForCausalLM`` (no ``quantization_config``) equal to transformers' own GGUF load; other GGUF files
-        as transformers loads them (``posenc.hf.save_pretrained`` saves either). A folder ``posenc.hf.save_pretrained``
-        wrote comes back as the model it saved: its ``config.json`` records every ``extend_context`` call (key
-        ``"posenc"``), and what the config does not carry itself -- Dual Chunk Attention in vLLM's form, which
-        transformers ignores -- is applied again over the original length it was applied over; a frequency method (in
-        the config) gets the run-time parts ``extend_context`` adds (cached keys re-rotated for
-        ``dynamic``/``longrope``, RoPE in float32 in a half-precision model, the ``ReachExceededWarning`` past its
-        extended context).
+        as transformers loads them, with the RoPE posenc recorded in a Qwen2 / Gemma 3 file it wrote
+        (``posenc.hf.save_gguf``; transformers' loader drops ``rope.scaling.*``); ``posenc.hf.save_pretrained`` saves
+        either. A folder ``posenc.hf.save_pretrained`` wrote comes back as the model it saved: its ``config.json``
+        records every ``extend_context`` call (key ``"posenc"``), and what the config does not carry itself -- Dual
+        Chunk Attention in vLLM's form, which transformers ignores -- is applied again over the original length it was
+        applied over; a frequency method (in the config) gets the run-time parts ``extend_context`` adds (cached keys
+        re-rotated for ``dynamic``/``longrope``, RoPE in float32 in a half-precision model, the ``ReachExceededWarning``
+        past its extended context).
 
     Raises:
         ValueError: a bad ``dtype`` or ``device``, or a folder whose ``"posenc"`` record is malformed (naming the key,
@@ -407,8 +440,10 @@ def load_causal_lm(
         if gguf_llama.handles(header):
             return gguf_llama.load(header, dtype=dtype, device=device, attn_implementation=attn_implementation)
         kwargs["gguf_file"] = source.gguf_file
-        if gguf_config.handles(header):  # spares transformers one of its reads of the file
-            kwargs["config"] = gguf_config.hf_config(header)
+        # the RoPE posenc wrote, which transformers' loader drops; and one read of the file spared where posenc
+        # builds the config itself
+        if gguf_config.handles(header) or _posenc_record(header) is not None:
+            kwargs["config"] = load_config(source)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model: Any = AutoModelForCausalLM.from_pretrained(source.folder, local_files_only=True, dtype=dtype, **kwargs)

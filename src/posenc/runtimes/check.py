@@ -264,6 +264,8 @@ def _gguf_reference(source: Source, transformers: RuntimeView) -> Reference:
 
     header = source.gguf
     if not gguf_llama.handles(header):
+        if header.architecture in gguf_rope.WRITES and gguf_rope.recorded(header.metadata) is not None:
+            return _written_gguf_reference(header, transformers)
         return _runtime_reference(transformers, "the GGUF as transformers' loader reads it (posenc loads this "
                                   "architecture with it)", None)
     params, context, exact = gguf_llama.rope_config(header)
@@ -291,6 +293,46 @@ def _gguf_reference(source: Source, transformers: RuntimeView) -> Reference:
         None if kind == "dynamic" else context,
         notes=tuple(notes),
         original=params.get("original_max_position_embeddings") or context,
+        gguf_fixes=fixes,
+    )
+
+
+def _written_gguf_reference(header: Any, transformers: RuntimeView) -> Reference:
+    """A Qwen2 / Gemma 3 GGUF posenc wrote (``posenc.hf.save_gguf``): its ``posenc.rope`` record, per layer type with
+    the record's ``layer_types`` (else transformers' reading of the file's); the layout is the file's own (these
+    converters do not permute q/k rows)."""
+    from posenc.gguf import llama as gguf_llama
+    from posenc.gguf import rope as gguf_rope
+
+    meta, arch = header.metadata, header.architecture
+    saved = gguf_rope.recorded(meta)
+    assert saved is not None  # the caller checked
+    params, context = saved
+    head_dim = int(meta.get(f"{arch}.rope.dimension_count") or meta.get(f"{arch}.attention.key_length") or
+                   meta[f"{arch}.embedding_length"] // meta[f"{arch}.attention.head_count"])
+    cfg: dict[str, Any] = {"rope_parameters": params, "max_position_embeddings": context, "head_dim": head_dim,
+                           "num_hidden_layers": int(meta[f"{arch}.block_count"]),
+                           "model_type": {"gemma3": "gemma3_text"}.get(arch, arch)}
+    types = gguf_rope.recorded_layer_types(meta)
+    if types is not None:
+        cfg["layer_types"] = types
+    notes: list[str] = []
+    fixes: tuple[str, ...] = ()
+    tensors = gguf_llama.rope_tensors(header)
+    if not gguf_rope.agrees(meta, tensors, arch=arch, path=str(header.path)):
+        fixes = tuple(gguf_rope.key_fixes(meta, tensors, params, context, head_dim=head_dim, arch=arch))
+        notes.append("the file's llama.cpp RoPE keys no longer say what posenc's posenc.rope record says (edited "
+                     "after the export, or its layer pattern is not the record's); the record is the reference")
+    main = gguf_rope.LAYER_TYPES.get(arch, (None,))[0]
+    own = params.get(main) if main is not None else params
+    kind = own.get("rope_type", "default") if isinstance(own, Mapping) else "default"
+    where = f" on {main}" if main is not None else ""
+    return Reference(
+        f"posenc's posenc.rope record in the GGUF ({kind}{where})",
+        _posenc_layers(cfg, transformers),
+        None if kind == "dynamic" else context,
+        notes=tuple(notes),
+        original=(own.get("original_max_position_embeddings") if isinstance(own, Mapping) else None) or context,
         gguf_fixes=fixes,
     )
 
@@ -324,9 +366,10 @@ def reference(source: Source, transformers: RuntimeView | None = None) -> Refere
       ``rotary_config_from_hf``) from the ``rope_parameters`` the record holds (older records: from the config's,
       noted), per layer type; the extensions the config does not carry (a remapping method: ``dca_vllm`` as
       ``dual_chunk_attention_config``) and the context the model was extended to come from the record too.
-    - A GGUF file posenc wrote: its ``posenc.rope`` record, also where the llama.cpp keys were edited after the
-      export (each runtime is compared with what was measured; llama.cpp's fix names the keys that say the record
-      again); another Llama GGUF: the llama.cpp keys as posenc's loader reads them.
+    - A GGUF file posenc wrote (Llama, Qwen2, Gemma 3 per layer type): its ``posenc.rope`` record, also where the
+      llama.cpp keys were edited after the export (each runtime is compared with what was measured; llama.cpp's fix
+      names the keys that say the record again); another Llama GGUF: the llama.cpp keys as posenc's loader reads
+      them; another GGUF: transformers' reading.
     - Anything else: the config as transformers reads it (``posenc.runtimes.transformers``), with the extension keys
       it carries for other runtimes (``dual_chunk_attention_config``: for transformers, the ``extend_context`` call
       that runs it as vLLM serves it, since no loader applies it without posenc's record).
@@ -583,6 +626,9 @@ def compare(view: RuntimeView, ref: Reference, length: int | None = None) -> Row
             if not keys and not gguf:
                 problems.append(f"{view.runtime} reads the same parameters and computes other frequencies from them")
             fixes += keys
+        if gguf and view.runtime in ("vllm", "sglang") and not ref.gguf_fixes:
+            fixes.append(f"serve a transformers folder of the model with {view.runtime} instead (posenc export ... "
+                         "--save DIR writes one; its config.json carries the extension)")
         if view.runtime == "transformers" and gguf:
             edited = ("set the file's llama.cpp keys back to what posenc measured (" + ", ".join(ref.gguf_fixes) +
                       ") and " if ref.gguf_fixes else "")  # load_causal_lm reads the keys

@@ -514,7 +514,7 @@ def _record_note(meta: Mapping[str, Any], layers: tuple[LayerRope, ...], n_ctx_s
     recorded = meta.get(gguf_rope.POSENC_KEY)
     rotating = [layer for layer in layers if layer.inv_freq is not None]
     if not isinstance(recorded, str) or not rotating or meta.get("general.architecture") != "llama":
-        return None  # posenc writes its record into Llama files only (posenc.hf.save_gguf)
+        return None  # Llama files; a Qwen2 / Gemma 3 record is the check's reference (runtimes.check)
     import numpy as np
 
     try:
