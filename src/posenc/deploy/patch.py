@@ -114,7 +114,15 @@ def _layers_text(description: Mapping[str, Any], changed: list[int], config: Any
                  layer_types: tuple[str | None, ...], n: int, alibi: bool) -> str:
     names = ", ".join(description.get("module_names", ())[:3])
     if "parameters" in description:
-        return f"all {n} layers (remapping: the rotary module returns the identity, each attention remaps)"
+        remapped = description.get("layer_type")
+        if remapped is None:
+            return f"all {n} layers (remapping: the rotary module returns the identity, each attention remaps)"
+        kept = sorted({t for t in (getattr(config, "layer_types", None) or ()) if t != remapped})
+        layers = description.get("layers", changed)
+        shown = ", ".join(map(str, layers[:12])) + (", ..." if len(layers) > 12 else "")
+        return (f"the {remapped} layers only: {len(layers)} of {n} (layers {shown}; remapping: their rotary output is "
+                f"the identity, their attention remaps); {', '.join(kept)} layers unchanged (their own RoPE, "
+                "window and SDPA attention)")
     if layer_types == (None,):
         how = "a hook on each block" if alibi else f"rotary embedding {names}"
         return f"all {n} layers ({how})"

@@ -8,6 +8,13 @@ positions (``apply_remap``). The reference implementations patch the same two pl
 ``self_extend_forward`` re-rotates cached un-rotated keys each step). Positions and sequence lengths: ``_attention``;
 a cache whose tokens were computed at other lengths: ``_lengths_written``; what the patch refuses:
 ``_refuse_switches``.
+
+Gemma 3 (per-layer-type RoPE: sliding-window layers at base 1e4, global layers at 1e6) takes a remapping method on
+one layer type, ``layer_type="full_attention"``: only that type's rotary output becomes the identity and only its
+attention remaps, with that type's RoPE (its scaling included); every other layer runs transformers' SDPA attention
+with its own RoPE, window and mask, as the model as loaded does (``posenc.hf.load_causal_lm`` loads it with SDPA).
+The sliding layers are left alone, not remapped: a layer that sees at most ``sliding_window`` tokens back never
+meets a distance its RoPE was not trained on.
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ from posenc.encodings.rotary import RotaryEmbedding
 from posenc.hf import _cache_positions as cache_positions
 from posenc.hf._cache_guard import CacheStaleWarning
 from posenc.hf._common import architecture, model_type, rotary_modules
-from posenc.hf._reach import watch_reach
+from posenc.hf._reach import frequency_reach, layer_contexts, type_context, watch_reach
 from posenc.remapping import WITHIN_TRAINING, RemapMethod, remap_attention, remap_method
 
 IMPLEMENTATION = "posenc_remap"
@@ -40,9 +47,14 @@ _STALE_WARNED = "_posenc_stale_warned"  # on the cache layer of the first remapp
 
 #: Architectures whose attention is the plain pattern the patch relies on: ``apply_rotary_pos_emb(q, k, cos, sin)``
 #: from the model's rotary module, then ``ALL_ATTENTION_FUNCTIONS`` with no logit soft-capping and one RoPE for every
-#: layer (each checked in ``tests/hf/test_extend_remap.py``). Gemma 2/3/4 (soft-capping, sliding layers with their
-#: own RoPE) are refused.
+#: layer (each checked in ``tests/hf/test_extend_remap.py``). Gemma 2 and 4 (soft-capping; p-RoPE and shared KV) are
+#: refused.
 REMAP_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gpt_neox", "gemma")
+#: Architectures with per-layer-type ``rope_parameters`` that take a remapping method on one layer type (its
+#: ``layer_type``), the plain pattern above in every layer and no soft-capping; the other layer types keep
+#: transformers' SDPA attention (``tests/hf/test_extend_remap_layer_type.py``, ``tests/hf/test_gemma3_extend.py``).
+LAYER_TYPE_REMAP_MODEL_TYPES = ("gemma3_text",)
+_KEPT = "_posenc_remap_kept"  # on an attention module a layer-type patch leaves alone: the model's _Remap
 
 
 class _Remap:
@@ -57,10 +69,12 @@ class _Remap:
         factor: float = 1.0,
         options: Mapping[str, Any] | None = None,
         layers: tuple[int, ...] = (),
+        layer_type: str | None = None,
     ) -> None:
         self.method, self.encoding, self.original, self.factor = method, encoding, original, factor
         self.options = dict(options or {})
-        self.layers = layers  # the attention modules' layer_idx
+        self.layers = layers  # the remapped attention modules' layer_idx
+        self.layer_type = layer_type  # the layer type remapped (None: every layer)
 
     @property
     def depends_on_length(self) -> bool:
@@ -89,39 +103,71 @@ class _Remap:
     def call(self) -> str:
         """The ``extend_context`` call that applies this method again."""
         options = "".join(f", {k}={v!r}" for k, v in self.options.items())
+        if self.layer_type is not None:
+            options = f", layer_type={self.layer_type!r}{options}"
         return f"posenc.hf.extend_context(model, {self.method.name!r}, {self.factor:g}{options})"
 
 
-def check_remappable(model: torch.nn.Module) -> None:
-    """Refuse, naming the architecture, a model the remapping patch cannot serve."""
+def check_remappable(model: torch.nn.Module, layer_type: str | None = None) -> None:
+    """Refuse, naming the architecture, a model the remapping patch cannot serve, and a ``layer_type`` it cannot
+    remap alone (required, and only a type without a sliding window, for ``LAYER_TYPE_REMAP_MODEL_TYPES``; None
+    elsewhere)."""
     kind = model_type(model.config)
-    if kind not in REMAP_MODEL_TYPES:
+    config: Any = model.config
+    params = getattr(config, "rope_parameters", None) or {}
+    nested = sorted(k for k, v in params.items() if isinstance(v, Mapping))
+    if kind in LAYER_TYPE_REMAP_MODEL_TYPES:
+        if getattr(config, "attn_logit_softcapping", None) is not None:
+            fail("model", architecture(model), "a model without attention logit soft-capping (attn_logit_softcapping "
+                 "is set; remapped attention does not cap)")
+        windowed = sorted({t for t in config.layer_types if t == "sliding_attention"})
+        allowed = [t for t in nested if t not in windowed]
+        if layer_type not in allowed:
+            why = (
+                f"its {layer_type} layers see at most sliding_window={config.sliding_window} tokens back, distances "
+                "their RoPE was trained on, so there is nothing to remap there; they keep their window and RoPE"
+                if layer_type in windowed
+                else "a remapping method on this per-layer-type model runs on one layer type (the global layers), "
+                "the others keep their own RoPE and attention"
+            )
+            fail("layer_type", layer_type, f"one of {allowed} for {architecture(model)}: {why}")
+    elif kind not in REMAP_MODEL_TYPES:
         fail(
             "model",
             architecture(model),
-            f"a RoPE model of a type in {list(REMAP_MODEL_TYPES)}: remapping methods change the positions RoPE "
-            "rotates by (ALiBi and NoPE models have none; Gemma 2/3/4 attention is not handled)",
+            f"a RoPE model of a type in {list(REMAP_MODEL_TYPES)}, or {list(LAYER_TYPE_REMAP_MODEL_TYPES)} with "
+            "layer_type: remapping methods change the positions RoPE rotates by (ALiBi and NoPE models have none; "
+            "Gemma 2 and 4 attention is not handled)",
         )
-    if getattr(model.config, "sliding_window", None) and getattr(model.config, "use_sliding_window", True):
-        fail("model", architecture(model), "a model without sliding-window attention (its config sets sliding_window)")
-    params = getattr(model.config, "rope_parameters", None) or {}
-    if any(isinstance(v, Mapping) for v in params.values()):
-        fail("model", architecture(model), "a model with one RoPE for every layer (not per-layer-type rope_parameters)")
+    else:
+        if layer_type is not None:
+            fail("layer_type", layer_type, f"None for {architecture(model)}: it has one RoPE for every layer, and a "
+                 "remapping method applies to every layer")
+        if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
+            fail("model", architecture(model), "a model without sliding-window attention (its config sets "
+                 "sliding_window)")
+        if nested:
+            fail("model", architecture(model), "a model with one RoPE for every layer (not per-layer-type "
+                 "rope_parameters)")
     remap = getattr(model, "_posenc_remap", None)
     if remap is not None:
         fail("method", remap.method.name, "one remapping method per model (load it again for another)")
 
 
-def apply_remap(model: torch.nn.Module, method: RemapMethod, **record: Any) -> dict[str, Any]:
+def apply_remap(
+    model: torch.nn.Module, method: RemapMethod, *, layer_type: str | None = None, **record: Any
+) -> dict[str, Any]:
     """Patch ``model`` in place to run ``method``; return what changed. ``record``: how it was asked for
     (``original``, ``factor``, ``options``), for the error that names the call re-applying it.
 
     Every ``*RotaryEmbedding`` module returns ``cos = 1``, ``sin = 0``, so the projections' queries and keys reach the
     attention un-rotated; the ``"posenc_remap"`` attention rotates them per branch with posenc's ``RotaryEmbedding``
     built from the model's config (its scaling included: YaRN first, then Self-Extend, is a YaRN-scaled Self-Extend).
+    With ``layer_type`` (Gemma 3) only that type's rotary output is the identity and only its layers remap, with that
+    type's RoPE; the other layers' attention calls go to transformers' SDPA with their own cos/sin and mask.
     """
-    check_remappable(model)
-    encoding = RotaryEmbedding.from_hf(model.config)
+    check_remappable(model, layer_type)
+    encoding = RotaryEmbedding.from_hf(model.config, layer_type=layer_type)
     rotary = rotary_modules(model)
     if not rotary:
         fail("model", architecture(model), "a model with a rotary embedding module (inv_freq buffer)")
@@ -136,16 +182,24 @@ def apply_remap(model: torch.nn.Module, method: RemapMethod, **record: Any) -> d
     _register()
     attention = []
     modules = []
+    kept = []
+    types = list(getattr(model.config, "layer_types", None) or ())
     for name, module in model.named_modules():
         if hasattr(module, "layer_idx") and any(hasattr(module, p) for p in ("q_proj", "query_key_value", "qkv_proj")):
+            if layer_type is not None and types[module.layer_idx] != layer_type:
+                kept.append(module)
+                continue
             modules.append(module)
             attention.append(name)
     if not attention:
         fail("model", architecture(model), "a model whose attention modules transformers dispatches by layer_idx")
-    remap = _Remap(method, encoding, **record, layers=tuple(sorted(m.layer_idx for m in modules)))
+    remap = _Remap(method, encoding, **record, layers=tuple(sorted(m.layer_idx for m in modules)),
+                   layer_type=layer_type)
     for module in modules:
         module.__dict__["_posenc_remap"] = remap
         cache_positions.watch_cache(module)
+    for module in kept:
+        module.__dict__[_KEPT] = remap
     for _, module in rotary:
         module.__dict__["_posenc_remap"] = remap
         _identity_rotation(module)
@@ -162,6 +216,8 @@ def apply_remap(model: torch.nn.Module, method: RemapMethod, **record: Any) -> d
         "attn_implementation": {"old": old, "new": IMPLEMENTATION},
         "modules_patched": len(attention) + len(rotary),
         "module_names": [*attention, *(n for n, _ in rotary)],
+        "layer_type": layer_type,
+        "layers": list(remap.layers),
     }
 
 
@@ -171,6 +227,7 @@ def remove_remap(model: torch.nn.Module, attn_implementation: str = "sdpa") -> N
     for module in model.modules():
         if module.__dict__.pop("_posenc_remap", None) is not None:
             cache_positions.unwatch_cache(module)
+        module.__dict__.pop(_KEPT, None)
         if (
             module.__dict__.get("forward") is not None
             and getattr(module.forward, "__func__", None) is _identity_forward
@@ -304,6 +361,9 @@ def _identity_rotation(module: torch.nn.Module) -> None:
 def _identity_forward(self: torch.nn.Module, x: torch.Tensor, position_ids: torch.Tensor, *args: Any, **kwargs: Any):  # noqa: ANN202
     _check_implementation(self)
     cos, sin = type(self).forward(self, x, position_ids, *args, **kwargs)
+    remapped = self.__dict__["_posenc_remap"].layer_type
+    if remapped is not None and kwargs.get("layer_type", args[0] if args else None) != remapped:
+        return cos, sin  # a layer type the method leaves alone (Gemma 3's sliding layers): its own RoPE
     return torch.ones_like(cos), torch.zeros_like(sin)
 
 
@@ -337,6 +397,11 @@ def _attention(
     its predecessor starts one), so a packed or padded row equals each sequence alone.
     """
     remap: _Remap | None = module.__dict__.get("_posenc_remap")
+    if remap is None and module.__dict__.get(_KEPT) is not None:  # a layer type the method leaves alone
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      position_ids=position_ids, **kwargs)
     if remap is None:
         fail("model", type(module).__name__, "a model patched by posenc (its attention modules lost the patch)")
     if dropout:
@@ -434,18 +499,22 @@ def extend_remap(
     original: int | None,
     target: int | None,
     options: Mapping[str, Any],
+    layer_type: str | None = None,
 ) -> dict[str, Any]:
     """``extend_context`` for a remapping method: its parameters from the paper's rule for ``original`` ->
     ``target`` (``ceil(original * factor)`` unless given), overridden by ``options``; checked before anything
     changes; then the patch, and ``max_position_embeddings`` raised to the target.
 
-    ``original`` defaults to the context the model has now (``max_position_embeddings``), so the rule of every
-    second call holds: the context grows by ``factor`` (YaRN x2 then Self-Extend x2 reaches 4x the pretraining
-    length, Self-Extend's groups counted over the YaRN model's context). ``dynamic`` keeps the pretraining length
-    there (it has no fixed reach), so dynamic x2 then a remapping method x2 reaches 2x."""
-    check_remappable(model)
+    ``original`` defaults to the context the model has now (``max_position_embeddings``; with ``layer_type``, the
+    context that type carries, ``posenc.hf._reach.type_context``), so the rule of every second call holds: the
+    context grows by ``factor`` (YaRN x2 then Self-Extend x2 reaches 4x the pretraining length, Self-Extend's groups
+    counted over the YaRN model's context). ``dynamic`` keeps the pretraining length there (it has no fixed reach), so
+    dynamic x2 then a remapping method x2 reaches 2x. With ``layer_type`` the model reaches as far as the method and
+    its other layer types do (a sliding-window layer has no limit, ``posenc.hf._reach.frequency_reach``)."""
+    check_remappable(model, layer_type)
     config: Any = model.config  # a transformers PretrainedConfig
-    original = int(config.max_position_embeddings) if original is None else original
+    if original is None:
+        original = int(config.max_position_embeddings) if layer_type is None else type_context(model, layer_type)
     target = math.ceil(original * factor) if target is None else target
     if target <= original and name not in WITHIN_TRAINING:  # STRING is meant to run at the training length too
         fail(
@@ -455,15 +524,25 @@ def extend_remap(
         )
     method = remap_method(name, original=original, target=target, **options)
     old = int(config.max_position_embeddings)
-    description = apply_remap(model, method, original=original, factor=factor, options=options)
-    config.max_position_embeddings = max(old, target)
+    reach = float(method.reach(original))
     what = f"{name} x{factor:g} ({method!r} over {original} tokens)"
-    watch_reach(rotary_modules(model), method.reach(original), what)  # replaces a frequency method's
+    if layer_type is not None:  # the other layer types reach as far as their RoPE carries them
+        contexts = layer_contexts(model) or {}
+        others, limiting = frequency_reach(config, {**contexts, layer_type: math.inf})
+        what = f"{what} on the {layer_type} layers"
+        if others < reach:
+            reach = others
+            what = f"{what} (the model reaches as far as its {limiting} layers: {int(others)} tokens)"
+    description = apply_remap(model, method, layer_type=layer_type, original=original, factor=factor,
+                              options=options)
+    config.max_position_embeddings = max(old, target)
+    watch_reach(rotary_modules(model), reach, what)  # replaces a frequency method's
     description.update(
         factor=factor,
         original_max_position_embeddings=original,
         max_position_embeddings={"old": old, "new": int(config.max_position_embeddings)},
         rule="new",
-        description=f"{method!r}: reaches {method.reach(original):g} tokens from {original}",
+        description=f"{method!r}: reaches {method.reach(original):g} tokens from {original}"
+        + ("" if layer_type is None else f", on the {layer_type} layers"),
     )
     return description

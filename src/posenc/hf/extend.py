@@ -155,11 +155,13 @@ def extend_context(
     Args:
         model: a transformers model (e.g. ``LlamaForCausalLM``) of a type in ``supported_model_types()``.
         method: one of ``METHODS``, or ``FREQUENCY+REMAP`` (``"yarn+string"``: the frequency method at ``factor``,
-            then the remapping method within the stretched context at 1, as two calls would; no options or
-            ``layer_type``); ALiBi models take ``"linear"`` only (slope interpolation). A remapping method
+            then the remapping method within the stretched context at 1, as two calls would, both on ``layer_type``
+            if given; no options); ALiBi models take ``"linear"`` only (slope interpolation). A remapping method
             (``REMAP_METHODS``) patches the rotary modules to the identity and the attention to
             ``posenc.remapping.remap_attention`` with the model's own RoPE (scaling included), for the
-            architectures in ``posenc.hf._remap_patch.REMAP_MODEL_TYPES``; ``factor`` gives the target length
+            architectures in ``posenc.hf._remap_patch.REMAP_MODEL_TYPES``, and on one layer type (``layer_type``,
+            required: ``"full_attention"``) for Gemma 3 (``LAYER_TYPE_REMAP_MODEL_TYPES``), whose sliding layers
+            keep their RoPE, window and SDPA attention; ``factor`` gives the target length
             ``ceil(original * factor)`` its parameters are derived for (``posenc.remapping.remap_method``). It is
             a run-time patch: ``posenc.hf.save_pretrained`` writes ``dca_vllm`` on Qwen2/Qwen3 as
             ``dual_chunk_attention_config`` (what vLLM reads for Qwen2/Qwen3, SGLang for Qwen2) and refuses the others;
@@ -189,6 +191,8 @@ def extend_context(
         layer_type: for per-layer-type ``rope_parameters`` (Gemma 3, Gemma 4, MiMo-V2-Flash: each type keeps its
             base and partial rotary), the layer type to extend, from the context it carries (its original length and
             ``factor`` apply to that type's context, not to the model's); the other types are left as they are.
+            A remapping method takes it on Gemma 3 (required there; ``"full_attention"`` only: a sliding layer sees
+            at most ``sliding_window`` tokens back, nothing to remap).
             Granite-SWA has one ``rope_parameters`` for all its RoPE layers, each at its own base
             (``layer_rope_theta``; 0: NoPE): the scaling reaches every RoPE layer (static NTK grows every base), its
             NoPE layers stay without positions, and ``layer_type`` is refused (no transformers config scales one
@@ -250,7 +254,7 @@ def _compose(
     ``replace``), then the remapping method at 1 within the stretched context -- two ``extend_context`` calls, each
     recorded. Checked before either runs, so a refused name leaves the model unchanged. Returns the remapping
     call's description with the frequency call's as ``frequency``."""
-    from posenc.hf._remap_patch import REMAP_MODEL_TYPES
+    from posenc.hf._remap_patch import LAYER_TYPE_REMAP_MODEL_TYPES, REMAP_MODEL_TYPES
     from posenc.remapping import WITHIN_TRAINING
 
     first, _, second = method.partition(COMPOSE)
@@ -260,16 +264,21 @@ def _compose(
         fail("method", method, allowed)
     for name, value in options.items():
         fail(name, value, f"no option with the composed {method!r} (call extend_context once per part to pass one)")
-    if layer_type is not None:
-        fail("layer_type", layer_type, f"None for {method!r} (its remapping method applies to every layer)")
     if not isinstance(model, torch.nn.Module) or getattr(model, "config", None) is None:
         fail("model", type(model).__name__, "a transformers model (a torch.nn.Module with a .config)")
-    if model_type(model.config) not in REMAP_MODEL_TYPES:
+    kind = model_type(model.config)
+    if kind not in REMAP_MODEL_TYPES and kind not in LAYER_TYPE_REMAP_MODEL_TYPES:
         fail("method", method, f"a method of {architecture(model)}: {second} remaps the attention of "
-             f"{list(REMAP_MODEL_TYPES)} only")
+             f"{list(REMAP_MODEL_TYPES)} (and of {list(LAYER_TYPE_REMAP_MODEL_TYPES)} on one layer type) only")
+    if kind in LAYER_TYPE_REMAP_MODEL_TYPES:
+        from posenc.hf._remap_patch import check_remappable
+
+        check_remappable(model, layer_type)  # before the frequency method changes anything
+    elif layer_type is not None:
+        fail("layer_type", layer_type, f"None for {method!r} on {architecture(model)} (one RoPE for every layer)")
     frequency = extend_context(model, first, factor, original_max_position_embeddings=original,
-                               max_position_embeddings=target, replace=replace)
-    description = dict(extend_context(model, second, 1.0))
+                               max_position_embeddings=target, layer_type=layer_type, replace=replace)
+    description = dict(extend_context(model, second, 1.0, layer_type=layer_type))
     description["frequency"] = frequency
     return description
 
@@ -344,15 +353,12 @@ def _extend(
             fail(
                 "method", method, f"a frequency method: {architecture(model)} is ALiBi, which has no positions to remap"
             )
-        if layer_type is not None or replace:
-            fail(
-                "layer_type" if layer_type is not None else "replace",
-                layer_type or replace,
-                f"None/False for {method!r} (it applies to every layer)",
-            )
+        if replace:
+            fail("replace", replace, f"False for {method!r} (it keeps the frequencies the model has)")
         from posenc.hf._remap_patch import extend_remap
 
-        return extend_remap(model, method, scale, original=original, target=max_position_embeddings, options=options)
+        return extend_remap(model, method, scale, original=original, target=max_position_embeddings, options=options,
+                            layer_type=layer_type)
     if kind in ALIBI_MODEL_TYPES:
         if method != "linear":
             fail("method", method, f"'linear' (slope interpolation) for the ALiBi model {architecture(model)}")
