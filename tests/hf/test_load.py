@@ -22,8 +22,18 @@ pytest.importorskip("accelerate")  # transformers' GGUF loader, the reference he
 import transformers  # noqa: E402 - after the skips
 
 from hf.tiny import ORIGINAL, logits, tiny_model  # noqa: E402
-from hf.tiny_gguf import broken_copy, llama_kv, llama_tensors, write_gguf, write_llama, write_other  # noqa: E402
+from hf.tiny_gguf import (  # noqa: E402
+    broken_copy,
+    llama_kv,
+    llama_tensors,
+    tiny_gemma3,
+    write_gemma3,
+    write_gguf,
+    write_llama,
+    write_other,
+)
 from posenc.gguf import llama as gguf_llama  # noqa: E402
+from posenc.gguf import native as gguf_native  # noqa: E402
 from posenc.gguf.header import read_gguf_header  # noqa: E402
 from posenc.hf import (  # noqa: E402
     ModelSource,
@@ -300,19 +310,60 @@ def test_gguf_load_options(llama):
         torch.testing.assert_close(ours, theirs.to(torch.bfloat16), rtol=0, atol=0, msg=key)
 
 
-def test_gguf_other_than_llama_goes_through_transformers(tmp_path):
-    """A Qwen2 GGUF: loaded by transformers' own GGUF loader; config read by transformers without the weights."""
-    source = tiny_model("qwen2")
-    path = write_llama(tmp_path / "q.gguf", source, weights="f32", arch="qwen2")
-    assert not gguf_llama.handles(read_gguf_header(path))
-    model, tokenizer = load_causal_lm(path, attn_implementation="eager")
-    assert type(model).__name__ == "Qwen2ForCausalLM" and not model.training
+def _write(tmp_path, arch: str, weights: str):
+    if arch == "gemma3":  # llama.cpp's converter's F32 file: norms stored plus one, a SentencePiece vocabulary
+        source = tiny_gemma3()
+        return write_gemma3(tmp_path / "tiny.gguf", source), source
+    source = tiny_model(arch)
+    return write_llama(tmp_path / "tiny.gguf", source, weights=weights, arch=arch), source
+
+
+@pytest.mark.parametrize(("arch", "weights"), [("qwen2", "f16"), ("qwen2", "quantized"), ("gemma3", "f32")])
+def test_qwen2_and_gemma3_load_equals_transformers(tmp_path, arch, weights):
+    """posenc.gguf.native: transformers' own class, config and every weight bit for bit (Gemma's norms stored plus
+    one, taken back), without transformers' reader."""
+    path, source = _write(tmp_path, arch, weights)
+    header = read_gguf_header(path)
+    assert gguf_native.handles(header) and not gguf_llama.handles(header)
+    model, tokenizer = load_causal_lm(path)
+    reference, ref_tokenizer = _reference(path)
+    assert type(model) is type(reference) and not model.training
+    assert not hasattr(model.config, "quantization_config")
+    assert _config_dict(model.config) == _config_dict(reference.config)
+    ours, theirs = model.state_dict(), reference.state_dict()
+    assert ours.keys() == theirs.keys()
+    for key in ours:
+        torch.testing.assert_close(ours[key], theirs[key], rtol=0, atol=0, msg=key)
+    assert model.generation_config.to_dict() == reference.generation_config.to_dict()
+    assert tokenizer(TEXT)["input_ids"] == ref_tokenizer(TEXT)["input_ids"]
+    # and the norms are the source model's: (w + 1) - 1 in float32 is w within one rounding of 1 + |w|
+    for (key, loaded), (_, own) in zip(model.state_dict().items(), source.state_dict().items(), strict=False):
+        if "norm" in key:
+            atol = float(torch.finfo(torch.float32).eps * (1 + own.abs().max())) if arch == "gemma3" else 0.0
+            torch.testing.assert_close(loaded, own, rtol=0, atol=atol, msg=key)
+
+
+def test_qwen2_gguf_forward_is_the_source_model(tmp_path):
+    path, source = _write(tmp_path, "qwen2", "f32")
+    model, _ = load_causal_lm(path, attn_implementation="eager")
     ids = torch.randint(0, 64, (2, ORIGINAL))
     torch.testing.assert_close(logits(model, ids), logits(source, ids), rtol=0, atol=0)
-    assert tokenizer(TEXT)["input_ids"] == _reference(path)[1](TEXT)["input_ids"]
     assert positional_setup(load_config(path)) == positional_setup(source.config)
     assert original_context(path) == ORIGINAL
     assert inspect_gguf(path)["model_type"] == "qwen2"
+
+
+def test_gguf_of_another_architecture_goes_through_transformers(tmp_path):
+    """A Qwen3 GGUF: neither posenc loader reads its weights; transformers' does, with posenc's config."""
+    source = tiny_model("qwen3", head_dim=128)  # transformers' GGUF reader leaves Qwen3's head_dim at its default
+    path = write_llama(tmp_path / "q.gguf", source, weights="f32", arch="qwen3")
+    header = read_gguf_header(path)
+    assert not gguf_native.handles(header) and not gguf_llama.handles(header)
+    model, tokenizer = load_causal_lm(path, attn_implementation="eager")
+    assert type(model).__name__ == "Qwen3ForCausalLM" and not model.training
+    ids = torch.randint(0, 64, (2, ORIGINAL))
+    torch.testing.assert_close(logits(model, ids), logits(source, ids), rtol=0, atol=0)
+    assert tokenizer(TEXT)["input_ids"] == _reference(path)[1](TEXT)["input_ids"]
 
 
 def test_fast_path_scope(tmp_path, llama):

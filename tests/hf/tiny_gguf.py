@@ -109,11 +109,12 @@ def llama_tensors(model, *, weights: str = "f16", arch: str = "llama") -> dict[s
             w = permute(w, config.num_attention_heads)
         elif arch == "llama" and ".k_proj" in key:
             w = permute(w, config.num_key_value_heads)
+        matrix = w.ndim == 2  # biases (Qwen2's q/k/v) stay float32, as llama.cpp keeps 1-D tensors
         qtype = next((q for part, q in quantized.items() if part in key), None)
-        if weights == "quantized" and qtype is not None:
+        if weights == "quantized" and qtype is not None and matrix:
             out[f"{name}.{suffix}"] = (gguf.quants.quantize(w, qtype), qtype)
         else:
-            out[f"{name}.{suffix}"] = w.astype(np.float16) if weights == "f16" and "proj" in key else w
+            out[f"{name}.{suffix}"] = w.astype(np.float16) if weights == "f16" and "proj" in key and matrix else w
     return out
 
 

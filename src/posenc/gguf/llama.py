@@ -16,7 +16,6 @@ llama.cpp ``convert_hf_to_gguf.py`` (``LlamaModel.permute``).
 
 from __future__ import annotations
 
-import mmap
 from collections.abc import Iterator
 from typing import Any, cast
 
@@ -24,7 +23,12 @@ import torch
 
 from posenc._checks import fail
 from posenc.gguf import rope
-from posenc.gguf.header import GGUFHeader
+from posenc.gguf import weights as gguf_weights
+from posenc.gguf.header import GGUFHeader, GGUFTensor
+from posenc.gguf.weights import dequantize
+
+__all__ = ["dequantize", "handles", "llama_config", "load", "permute", "rope_config", "rope_tensors", "state_dict",
+           "tensor_names", "weights"]
 
 #: (GGUF key under the architecture, config key) as in transformers' GGUF_CONFIG_MAPPING["llama"].
 _CONFIG_KEYS = (
@@ -126,50 +130,26 @@ def permute(w: torch.Tensor, heads: int) -> torch.Tensor:
     return w.reshape(heads, 2, rows // heads // 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
 
 
-def dequantize(buf: mmap.mmap, tensor: Any) -> torch.Tensor:
-    """One tensor of the file as float32 (a fresh array: the map is read-only)."""
-    import numpy as np  # only here: `import posenc` needs torch alone
-    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-    from gguf.quants import dequantize
-
-    qtype = GGMLQuantizationType(tensor.ggml_type)
-    block, block_bytes = GGML_QUANT_SIZES[qtype]
-    raw = np.frombuffer(buf, dtype=np.uint8, count=tensor.n_bytes, offset=tensor.offset)
-    raw = raw.reshape(*tensor.shape[:-1], tensor.shape[-1] // block * block_bytes)  # (..., bytes per row)
-    values = dequantize(raw, qtype)
-    values = values if values.flags.writeable else values.copy()  # F32 comes back as a view of the map
-    return torch.from_numpy(values.astype(np.float32, copy=False))
-
-
 def tensor_names(header: GGUFHeader, config: Any) -> list[tuple[Any, str]]:
     """``[(tensor, transformers name)]`` for the file's weights (its RoPE factors are in the config), checked
-    before any data is read.
+    before any data is read (``posenc.gguf.weights.tensor_names`` for ``LlamaForCausalLM``).
 
     Raises:
         ValueError: naming the file, if a tensor of the file has no place in the model or a model weight is missing
             from the file (a file this loader does not understand is refused rather than loaded half-initialised).
     """
-    import gguf
     from transformers import LlamaForCausalLM
 
-    with torch.device("meta"):  # only the parameter names are needed; building on meta costs nothing
-        expected = LlamaForCausalLM(config).state_dict()
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, config.num_hidden_layers)
-    to_hf = {}
-    for hf_name in expected:
-        base, _, suffix = hf_name.rpartition(".")
-        gguf_name = names.get_name(base)
-        if gguf_name is not None:
-            to_hf[f"{gguf_name}.{suffix}"] = hf_name
-    weights = [t for t in header.tensors if t.name not in rope.ROPE_TENSORS]  # RoPE factors: in the config
-    unknown = [t.name for t in weights if t.name not in to_hf]
-    if unknown:
-        fail("path", str(header.path), f"a Llama GGUF whose tensors all map to LlamaForCausalLM (not {unknown[:5]})")
-    found = {to_hf[t.name] for t in weights}
-    missing = [k for k in expected if k not in found and not (k == "lm_head.weight" and config.tie_word_embeddings)]
-    if missing:
-        fail("path", str(header.path), f"a Llama GGUF holding every weight of the model (missing {missing[:5]})")
-    return [(t, to_hf[t.name]) for t in weights]
+    return gguf_weights.tensor_names(header, config, LlamaForCausalLM, "llama", skip=rope.ROPE_TENSORS)
+
+
+def _fix(tensor: GGUFTensor, w: torch.Tensor, config: Any) -> torch.Tensor:
+    """llama.cpp's converter permutes the query and key rows; transformers' Llama wants them unpermuted."""
+    if ".attn_q." in tensor.name:
+        return _unpermute(w, config.num_attention_heads)
+    if ".attn_k." in tensor.name:
+        return _unpermute(w, config.num_key_value_heads)
+    return w
 
 
 def weights(header: GGUFHeader, config: Any) -> Iterator[tuple[str, torch.Tensor]]:
@@ -179,15 +159,7 @@ def weights(header: GGUFHeader, config: Any) -> Iterator[tuple[str, torch.Tensor
     Raises:
         ValueError: as ``state_dict``, before any tensor is read.
     """
-    names = tensor_names(header, config)
-    with header.path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-        for tensor, hf_name in names:
-            w = dequantize(buf, tensor)
-            if ".attn_q." in tensor.name:
-                w = _unpermute(w, config.num_attention_heads)
-            elif ".attn_k." in tensor.name:
-                w = _unpermute(w, config.num_key_value_heads)
-            yield hf_name, w
+    return gguf_weights.weights(header, config, tensor_names(header, config), _fix)
 
 
 def state_dict(header: GGUFHeader, config: Any) -> dict[str, torch.Tensor]:

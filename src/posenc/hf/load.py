@@ -12,7 +12,8 @@ A length study must refuse a bad model before spending minutes on it, so everyth
 header (``inspect_gguf``: architecture, trained context, RoPE base, heads, layers; a cut or corrupt file) or from
 ``config.json`` (``load_config``, ``original_context``), with no weight read. ``load_causal_lm`` then dequantizes a
 GGUF in memory (nothing is converted on disk): Llama-architecture files through posenc's one-pass loader
-(``posenc.gguf.llama``, ~5x faster than transformers' and equal to it weight for weight), the others through
+(``posenc.gguf.llama``, ~5x faster than transformers' and equal to it weight for weight), Qwen2 and Gemma 3 through
+``posenc.gguf.native`` (the same, with transformers' configs: Gemma 3 270M in 9 s, not 27 s), the others through
 ``from_pretrained(..., gguf_file=...)``. ``posenc lab`` run folders are the lab's business, not claimed here.
 """
 
@@ -409,7 +410,8 @@ def load_causal_lm(
     Returns:
         ``(model, tokenizer)``; the tokenizer is None for a folder with none of ``TOKENIZER_FILES`` (one saved with
         ``posenc.hf.save_pretrained(model, None, ...)``). A Llama GGUF with a byte-level BPE vocabulary comes back as a
-        plain ``LlamaForCausalLM`` (no ``quantization_config``) equal to transformers' own GGUF load; other GGUF files
+        plain ``LlamaForCausalLM`` (no ``quantization_config``) equal to transformers' own GGUF load, a Qwen2 or Gemma 3
+        GGUF as transformers' own class, equal to its GGUF load (``posenc.gguf.native``); other GGUF files
         as transformers loads them, with the RoPE posenc recorded in a Qwen2 / Gemma 3 file it wrote
         (``posenc.hf.save_gguf``; transformers' loader drops ``rope.scaling.*``); ``posenc.hf.save_pretrained`` saves
         either. A folder ``posenc.hf.save_pretrained`` wrote comes back as the model it saved: its ``config.json``
@@ -435,10 +437,18 @@ def load_causal_lm(
     if source.kind == "gguf":
         from posenc.gguf import config as gguf_config
         from posenc.gguf import llama as gguf_llama
+        from posenc.gguf import native as gguf_native
 
         header = _gguf_header(source)
         if gguf_llama.handles(header):
             return gguf_llama.load(header, dtype=dtype, device=device, attn_implementation=attn_implementation)
+        if gguf_native.handles(header):
+            from posenc.hf.gguf_tokenizer import gguf_tokenizer
+
+            native = gguf_native.load(
+                header, load_config(source), dtype=dtype, device=device, attn_implementation=attn_implementation
+            )
+            return native, gguf_tokenizer(source.path)
         kwargs["gguf_file"] = source.gguf_file
         # the RoPE posenc wrote, which transformers' loader drops; and one read of the file spared where posenc
         # builds the config itself
