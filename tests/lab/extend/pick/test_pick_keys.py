@@ -258,3 +258,25 @@ def test_a_pose_fine_tuned_yarn_is_measured_inside_and_raced(llama, corpus, tmp_
     assert tuned in raced and ("ntk", 2.0, 0, "plain") in raced
     assert "yarn x2 +ft2 pose" in (out / "pick.md").read_text() and result["verdict"], result
     assert (out / "final" / "runs").is_dir()
+
+
+def test_a_pick_resumed_where_auto_means_another_dtype_goes_on_in_its_own(llama, corpus, tmp_path, monkeypatch):
+    """``--dtype auto`` resolves per machine (bfloat16 on a CPU with units for it): a pick begun in float32 and
+    resumed on such a machine goes on in float32, so its stored needles stay comparable, and pick.json keeps what
+    was asked."""
+    import torch
+
+    from posenc.hf import dtypes
+
+    table = {("ntk", 2.0): (0.97, 0.03), ("rerope", 2.0): (0.6, 0.3)}
+    _scripted(monkeypatch, table)
+    cfg = _cfg(llama, corpus, methods=("ntk", "rerope"), dtype=None)
+    out = tmp_path / "pick"
+    first = run_pick(cfg, "2x", out, progress=False)
+    stage = json.loads((out / "screen-ppl" / "extend.json").read_text())
+    assert stage["dtype"] == "float32"
+    monkeypatch.setattr(dtypes, "auto_dtype", lambda device, checkpoint=None: torch.bfloat16)
+    resumed = run_pick(cfg, "2x", out, resume=True, progress=False)
+    assert resumed["pick"] == first["pick"] and resumed["reason"] == first["reason"]
+    assert json.loads((out / "screen-ppl" / "extend.json").read_text())["dtype"] == "float32"
+    assert json.loads((out / "pick.json").read_text())["dtype"] is None

@@ -387,9 +387,13 @@ def test_an_interruption_keeps_each_finished_row_and_resume_says_what_it_skips(
     assert len(rows) == 10  # (ppl + passkey) x 2 lengths + ppl_past at 64, for none and linear x2
     said = capsys.readouterr().out
     assert "none: 1 of 4 measurements done, skipped; measuring the other 3" in said
+    report = (out / "report.md").read_bytes()
     run_extend(cfg, out, resume=True, progress=True)
     said = capsys.readouterr().out
     assert "none: 4 of 4 measurements done, skipped" in said and "linear x2: 4 of 4 measurements done, skipped" in said
+    # nothing left: the report of the runs that measured (their time, their patches) stands
+    assert f"Nothing left to measure in {out}: its report.md stands" in said
+    assert (out / "report.md").read_bytes() == report
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -26,6 +26,8 @@ contender to the cap) come from timed forwards of the model itself and of a rema
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import sys
 import time
 from collections.abc import Sequence
@@ -122,6 +124,11 @@ def run_pick(
         fail("model", cfg.model, "a pretrained model for --pick (a lab model cannot follow a passkey prompt)")
     target = as_pretrained(target)
     stored = (before or {}) if resume else {}  # a resumed pick keeps its candidates
+    asked_dtype = cfg.dtype
+    if stored and cfg.dtype in (None, "auto") and (measured := _measured_dtype(out)) is not None:
+        # --dtype auto picks per machine (bfloat16 where the CPU has units for it): a pick resumed on another machine
+        # goes on in the dtype its stages were measured in, so its needles stay comparable
+        cfg = dataclasses.replace(cfg, dtype=measured)
     if design not in (None, *DESIGNS):
         fail("design", design, f"one of {DESIGNS} or None (a new pick: keys; a resumed one: as it began)")
     # a folder made before the deciding race resumes as it began
@@ -130,6 +137,7 @@ def run_pick(
     pick_plan = make_plan(cfg, target, target_length, device=device, budget=seconds, save=save, save_type=save_type,
                           out=out, stored=stored.get("candidates"))
     settings = {k: v for k, v in cfg.to_dict().items() if k != "out"}
+    settings["dtype"] = asked_dtype  # what was asked (auto resolved per machine: above)
     settings.update(pick_plan.settings())
     if settings_keys is not None:
         settings.update(settings_keys.stored())
@@ -190,6 +198,17 @@ def run_pick(
 #: How a pick measures: ``keys``, the deciding race on documents of K keys (``keys_run``, every new pick); ``rounds``,
 #: screening by passkeys at a shorter length then binary needles at T in rounds (the folders made before it).
 DESIGNS = ("keys", "rounds")
+
+
+def _measured_dtype(out: Path) -> str | None:
+    """The dtype a pick's stages ran in (each stage's extend.json records it resolved), None before any ran."""
+    for stage in ("screen-ppl", "screen-passkey", "final", "inside"):
+        path = out / stage / "extend.json"
+        if path.is_file():
+            dtype = json.loads(path.read_text(encoding="utf-8")).get("dtype")
+            if isinstance(dtype, str) and dtype != "auto":
+                return dtype
+    return None
 
 
 def _keys_settings(cfg: ExtendConfig, keys: int | None, delta: float | None, keep_short: bool,

@@ -345,7 +345,8 @@ def run_extend(
     target.prepare()
     results = out / "results.csv"
     samples = None if target.kind == "lab" else out / SAMPLES_FILE
-    done, work, more, left = _left(cfg, target, grid, measured, read_results(results) if results.exists() else [])
+    before = read_results(results) if results.exists() else []
+    done, work, more, left = _left(cfg, target, grid, measured, before)
     resumed = len(done)
     forwards = sum(_cost(target, cfg, *m)[1] for m in left)
     calibration = target.calibrate(lengths) if progress and forwards else None  # may refit the cost model
@@ -390,6 +391,12 @@ def run_extend(
         with _said_in_report(target):
             (more_rounds or _more_rounds)(target, cfg, measured, grid, results, study, described, samples)
     rows = read_results(results)
+    if rows and rows == before and save_to is None and (out / "report.md").is_file():
+        # a resumed study with nothing left: its report already tells every row, with the time and patches of the
+        # runs that measured them (rewritten now it would say 2 s and no patches)
+        if progress:
+            print(f"Nothing left to measure in {out}: its report.md stands")
+        return rows
     plot_losses(tuned, out / "finetune.png", unit="byte" if target.kind == "lab" else "token")
     finish(out, cfg, target, rows, described, time.perf_counter() - start, progress, resumed, saved=save_to)
     return rows
