@@ -70,8 +70,9 @@ def test_candidates_follow_the_model_and_the_save():
     assert ("string", 1.5) in names(near) and "string" not in left and ("yarn+string", 1.5) in names(near)
     qwen, _ = rules.candidates(8192, 32768, model_type="qwen2", remapping=True)
     assert ("dca_vllm", 4) in names(qwen) and ("dca_vllm", 4) not in names(llama)
-    gpt2, _ = rules.candidates(1024, 2048, model_type="gpt2", remapping=False)
+    gpt2, left = rules.candidates(1024, 2048, model_type="gpt2", remapping=False)
     assert {c.method for c in gpt2} == set(rules.FREQUENCY_CANDIDATES)
+    assert "not gpt2" in left["remapping methods"] and "gemma3_text" in left["remapping methods"]
     folder, left = rules.candidates(8192, 16384, model_type="qwen2", remapping=True,
                                     savable=lambda m: None if m in ("yarn", "dca_vllm") else "cannot")
     assert names(folder) == [("yarn", 2), ("yarn", 4), ("dca_vllm", 2)] and left["rerope"] == "cannot"
@@ -755,3 +756,15 @@ def test_targets_past_the_text_and_saves_under_a_file_are_refused_before_anythin
     with pytest.raises(ValueError, match=r"lengths='1000001x0' is invalid"):
         ExtendConfig(model="m", lengths=("1000001x0",))
     assert ExtendConfig(model="m", lengths=("1000001x",)).lengths == ("1000001x",)
+
+
+def test_a_gemma3_pick_races_remapping_methods_on_its_global_layers(corpus, tmp_path):
+    """Gemma 3 takes remapping methods on its full_attention layers (the sliding ones keep their window): the pick
+    offers them beside the frequency methods, each checked on a weight-free copy of the model."""
+    gemma = _hf_folder(tmp_path / "gemma3", kind="gemma3")
+    cfg = ExtendConfig(model=str(gemma), corpus=str(corpus), **{**SETTINGS, "trials": 4})
+    plan = run_pick(cfg, "2x", tmp_path / "pick", progress=False, plan_only=True)["plan"]
+    methods = {c.method for c in plan.candidates}
+    assert set(rules.FREQUENCY_CANDIDATES) <= methods
+    assert {"self_extend", "dca", "rerope", "leaky_rerope", "lm_infinite"} <= methods
+    assert "remapping methods" not in plan.left_out

@@ -280,3 +280,18 @@ def test_a_pick_resumed_where_auto_means_another_dtype_goes_on_in_its_own(llama,
     assert resumed["pick"] == first["pick"] and resumed["reason"] == first["reason"]
     assert json.loads((out / "screen-ppl" / "extend.json").read_text())["dtype"] == "float32"
     assert json.loads((out / "pick.json").read_text())["dtype"] is None
+
+
+def test_a_real_gemma3_pick_runs_a_remapping_method_on_its_global_layers(corpus, tmp_path):
+    """A tiny Gemma 3 (one sliding layer, window 16; one global) said to be trained for 128 tokens: Self-Extend on
+    the global layer and YaRN on it race the unpatched model at 256 tokens with real documents, end to end."""
+    folder = _hf_folder(tmp_path / "gemma3", kind="gemma3")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 128}))
+    out = tmp_path / "pick"
+    result = run_pick(_cfg(folder, corpus, methods=("yarn", "self_extend"), trials=8), "2x", out, progress=False,
+                      keys=1)
+    assert result["verdict"] in ("better", "within", "none", "open"), result
+    needles = evidence.read(out / evidence.NEEDLES_FILE)
+    assert {r["method"] for r in needles if r["length"] == 256} == {"none", "yarn", "self_extend"}
+    assert all(r["logprob"] <= 0 and r["found"] in (0, 1) for r in needles)

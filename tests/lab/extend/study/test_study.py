@@ -284,6 +284,13 @@ def _hf_folder(folder: Path, kind: str = "llama") -> Path:
             bos_token_id=0, eos_token_id=1,
         )
         model = model_class(config)
+    elif kind == "gemma3":  # a sliding layer (window 16, base 1e4) then a global one (base 1e6), as Gemma 3's 5:1
+        config = transformers.Gemma3TextConfig(
+            vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=64, sliding_window=16,
+            layer_types=["sliding_attention", "full_attention"], bos_token_id=0, eos_token_id=1, pad_token_id=1,
+        )
+        model = transformers.Gemma3ForCausalLM(config)
     else:
         config = transformers.GPT2Config(vocab_size=len(tokenizer), n_embd=32, n_layer=1, n_head=2, n_positions=64)
         model = transformers.GPT2LMHeadModel(config)

@@ -84,13 +84,11 @@ def make_plan(
     """The candidates, the lengths, the cap and an upper bound of the time, from the model's config alone (the
     speed: a matrix-multiply probe until ``calibrated`` times the model itself). ``stored``: the candidates of the
     pick being resumed (a ``--save`` added on resume then chooses among those it can write)."""
-    from posenc.hf._remap_patch import REMAP_MODEL_TYPES
-
     original = target.original_len
     length = rules.parse_target(target_length, original)
     why_not = savable(target, save, save_type, cfg, out, length) if save is not None else None
     candidates, left_out = rules.candidates(
-        original, length, model_type=target.model_type, remapping=target.model_type in REMAP_MODEL_TYPES,
+        original, length, model_type=target.model_type, remapping=target.model_type in rules.remapping_model_types(),
         methods=cfg.methods, savable=why_not if stored is None else None,
     )
     if stored is not None:

@@ -127,13 +127,22 @@ class Candidate:
         return (self.method, self.factor, 0, "plain")
 
 
+def remapping_model_types() -> tuple[str, ...]:
+    """The model types whose attention posenc's remapping methods patch: every layer
+    (``posenc.hf._remap_patch.REMAP_MODEL_TYPES``), or the layers of one type (``LAYER_TYPE_REMAP_MODEL_TYPES``:
+    Gemma 3's global layers, its sliding ones keeping their window)."""
+    from posenc.hf._remap_patch import LAYER_TYPE_REMAP_MODEL_TYPES, REMAP_MODEL_TYPES
+
+    return (*REMAP_MODEL_TYPES, *LAYER_TYPE_REMAP_MODEL_TYPES)
+
+
 def candidates(
     original: int, target: int, *, model_type: str | None, remapping: bool, methods: Sequence[str] | None = None,
     savable: Callable[[str], str | None] | None = None,
 ) -> tuple[list[Candidate], dict[str, str]]:
     """The methods that compete, and those left out with why.
 
-    ``remapping``: whether the model takes remapping methods (``posenc.hf._remap_patch.REMAP_MODEL_TYPES``).
+    ``remapping``: whether the model takes remapping methods (:func:`remapping_model_types`).
     ``methods``: the user's list (``--methods``) instead of every method. ``savable(method) -> str | None``: why
     ``--save`` could not write a method (None: it can)."""
     from posenc.hf.save import DCA_SERVED_MODEL_TYPES
@@ -161,6 +170,10 @@ def candidates(
         left_out["longrope"] = "its per-frequency factors come from a search, not from a rule"
         if remapping:
             left_out.update(NOT_CANDIDATES)
+        else:
+            left_out["remapping methods"] = (
+                f"posenc remaps the attention of {', '.join(remapping_model_types())} models, not {model_type}"
+            )
     out = []
     for method in every:
         if method == "string":  # STRING shifts distances into the training length: it reaches at most 2L - W
