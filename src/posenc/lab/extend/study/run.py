@@ -345,8 +345,8 @@ def run_extend(
     target.prepare()
     results = out / "results.csv"
     samples = None if target.kind == "lab" else out / SAMPLES_FILE
-    before = read_results(results) if results.exists() else []
-    done, work, more, left = _left(cfg, target, grid, measured, before)
+    rows_before = read_results(results) if results.exists() else []
+    done, work, more, left = _left(cfg, target, grid, measured, rows_before)
     resumed = len(done)
     forwards = sum(_cost(target, cfg, *m)[1] for m in left)
     calibration = target.calibrate(lengths) if progress and forwards else None  # may refit the cost model
@@ -391,7 +391,7 @@ def run_extend(
         with _said_in_report(target):
             (more_rounds or _more_rounds)(target, cfg, measured, grid, results, study, described, samples)
     rows = read_results(results)
-    if rows and rows == before and save_to is None and (out / "report.md").is_file():
+    if rows and rows == rows_before and save_to is None and (out / "report.md").is_file():
         # a resumed study with nothing left: its report already tells every row, with the time and patches of the
         # runs that measured them (rewritten now it would say 2 s and no patches)
         if progress:
