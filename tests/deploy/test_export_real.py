@@ -4,9 +4,10 @@ a transformers folder and to a GGUF. Skipped unless the model is at hand (``pose
 each (a load of the model, its weights compared with the source's for a GGUF).
 
 What each row must say (the runtime releases of ``posenc.runtimes``): a folder runs as measured in transformers, vLLM
-and llama.cpp (converted), SGLang's Gemma 3 file is not read (not verified); a GGUF runs as measured in llama.cpp,
-transformers' own GGUF loader drops the scaling (differs, naming posenc's loader), vLLM has no GGUF loader, SGLang
-builds the config with transformers' loader (Qwen2: differs) or is not read (Gemma 3).
+and llama.cpp (converted), SGLang too (its gemma3_causal.py read from the 0.5.23 wheel: the global layers through
+transformers' init function); a GGUF runs as measured in llama.cpp, transformers' own GGUF loader drops the scaling
+(differs, naming posenc's loader), vLLM has no GGUF loader, SGLang builds the config with transformers' loader, which
+drops it too (differs).
 """
 
 from __future__ import annotations
@@ -34,9 +35,8 @@ LONG = os.environ.get("POSENC_LONG_TESTS") == "1"
 
 #: model -> (method, factor, expected status per runtime: folder, GGUF)
 CASES = {
-    "gemma3-270m": ("linear", 8, {"transformers": "same", "vllm": "same", "sglang": "not verified", "llamacpp": "same"},
-                    {"transformers": "differs", "vllm": "cannot run this", "sglang": "not verified",
-                     "llamacpp": "same"}),
+    "gemma3-270m": ("linear", 8, {"transformers": "same", "vllm": "same", "sglang": "same", "llamacpp": "same"},
+                    {"transformers": "differs", "vllm": "cannot run this", "sglang": "differs", "llamacpp": "same"}),
     "qwen2.5-coder-0.5b": ("yarn", 4, {"transformers": "same", "vllm": "same", "sglang": "same", "llamacpp": "same"},
                            {"transformers": "differs", "vllm": "cannot run this", "sglang": "differs",
                             "llamacpp": "same"}),

@@ -284,24 +284,80 @@ def test_nested_per_layer_type_dict_breaks_get_rope_config(tmp_path):
     assert all(layer.method == "default" and layer.params["rope_theta"] == 1e6 for layer in vllm.layers)
 
 
-def test_gemma3_is_not_verified(tmp_path):
-    config = {
-        "model_type": "gemma3_text",
-        "architectures": ["Gemma3ForCausalLM"],
-        "hidden_size": 256,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": HEAD,
-        "num_hidden_layers": 6,
-        "max_position_embeddings": 131072,
-        "vocab_size": 128,
-        "rope_theta": 1e6,
-        "rope_local_base_freq": 1e4,
-        "rope_scaling": {"rope_type": "linear", "factor": 8.0},
-    }
+GEMMA3 = {
+    "model_type": "gemma3_text",
+    "architectures": ["Gemma3ForCausalLM"],
+    "hidden_size": 256,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": HEAD,
+    "num_hidden_layers": 6,  # transformers' 5:1 pattern: layers 0-4 sliding, 5 global
+    "max_position_embeddings": 131072,
+    "vocab_size": 128,
+}
+
+
+def _gemma3(rope: dict) -> dict:
+    return {**GEMMA3, "rope_parameters": {"full_attention": {"rope_theta": 1e6, **rope},
+                                          "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}}
+
+
+def test_gemma3_is_read_per_layer_type_as_gemma3_causal_builds_it(tmp_path):
+    """Google's linear x8 on the global layers, written in the transformers 4 form (rope_theta, rope_local_base_freq,
+    rope_scaling) as the hub's Gemma 3 4B-27B configs are: SGLang's sliding layers run default RoPE at 1e4, its
+    global layer linear x8 at 1e6 -- the reference formulas -- and its context is max_position_embeddings."""
+    config = {**GEMMA3, "rope_theta": 1e6, "rope_local_base_freq": 1e4,
+              "rope_scaling": {"rope_type": "linear", "factor": 8.0}}
     view = read(folder(tmp_path, config), "sglang")
-    assert view.layers == () and view.refused is None and view.notes[0].startswith("not verified")
+    assert view.refused is None and len(view.layers) == 6
+    local, _ = ref.default(HEAD, 1e4)
+    scaled, _ = ref.linear(HEAD, 1e6, 8.0)
+    for i, layer in enumerate(view.layers):
+        want = scaled if i == 5 else local
+        # the global rotary is transformers' init function, in float32 as SGLang runs it; the local one a formula
+        torch.testing.assert_close(layer.inv_freq, want, **(ulps(8, torch.float32) if i == 5 else F64))
+        assert layer.attention_factor == 1.0 and layer.rotary_dim == HEAD and layer.layout == "half"
+        assert layer.method == ("linear" if i == 5 else "default")
     assert view.context == 131072  # get_context_length on the nested dict: no top-level factor
+    assert any("forward_cpu" in n and "linear scaling is not applied" in n for n in view.notes)
+
+
+@pytest.mark.parametrize("rope", [
+    {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768},
+    {"rope_type": "dynamic", "factor": 4.0},
+    {"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+     "original_max_position_embeddings": 32768},
+])
+def test_gemma3_global_layers_run_transformers_formulas(tmp_path, rope):
+    """gemma3_causal.py's global rotary is transformers' ROPE_INIT_FUNCTIONS on the full_attention dict (not SGLang's
+    own get_rope, whose YaRN and dynamic NTK differ): every layer equals what transformers' Gemma 3 reads, dynamic
+    also past the context."""
+    path = folder(tmp_path, _gemma3(rope))
+    sglang, transformers_view = read(path, "sglang"), read(path, "transformers")
+    assert sglang.refused is None and len(sglang.layers) == len(transformers_view.layers) == 6
+    for ours, theirs in zip(sglang.layers, transformers_view.layers, strict=True):
+        torch.testing.assert_close(ours.inv_freq, theirs.inv_freq, **ulps(8, torch.float32))
+        assert ours.attention_factor == pytest.approx(theirs.attention_factor, rel=1e-12)
+        assert ours.length_dependent == theirs.length_dependent
+        if ours.length_dependent:
+            for n in (131072, 200000, 400000):
+                (a, fa), (b, fb) = ours.at_length(n), theirs.at_length(n)
+                torch.testing.assert_close(a, b, **ulps(8, torch.float32))
+                assert fa == pytest.approx(fb, rel=1e-12)
+    if rope["rope_type"] == "dynamic":
+        assert any("largest position of the whole forward batch" in n for n in sglang.notes)
+
+
+def test_gemma3_without_per_layer_type_rope_is_refused():
+    from types import SimpleNamespace
+
+    from posenc.runtimes import vllm as v
+    from posenc.runtimes.sglang import _gemma3_layers
+
+    flat = SimpleNamespace(rope_parameters={"rope_type": "default", "rope_theta": 1e6}, head_dim=HEAD,
+                           layer_types=["sliding_attention", "full_attention"])
+    with pytest.raises(v._Refused, match="KeyError in Gemma3TextModel"):
+        _gemma3_layers(flat)
 
 
 def test_gguf_drops_the_rope_scaling_keys(tmp_path):

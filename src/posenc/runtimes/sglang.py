@@ -34,8 +34,8 @@ FOLLOWS = (
     "_get_rope_param), base.py, yarn.py, rope_variant.py; sglang/srt/utils/hf_transformers/common.py "
     "(get_rope_config), config.py (get_config: transformers' AutoConfig, GGUF through gguf_file or a config.json "
     "beside the file), gguf_native.py; sglang/srt/configs/model_config.py (get_context_length); "
-    "sglang/srt/models/llama.py, qwen2.py, qwen3.py; sglang/srt/model_loader/loader.py (GGUFModelLoader) and "
-    "weight_utils.py (gguf_quant_weights_iterator)"
+    "sglang/srt/models/llama.py, qwen2.py, qwen3.py, gemma3_causal.py; sglang/srt/model_loader/loader.py "
+    "(GGUFModelLoader) and weight_utils.py (gguf_quant_weights_iterator)"
 )
 
 #: ``DeepseekScalingRotaryEmbedding``'s keyword arguments ``get_rope`` passes on, with its defaults.
@@ -248,8 +248,6 @@ def get_rope_config(config: Any, raw: Mapping[str, Any]) -> tuple[float, dict | 
 
 #: Model types whose SGLang model file builds RoPE its own way and was not read at a transformers-5 version.
 _UNREAD = (
-    "gemma3",
-    "gemma3_text",
     "gemma4",
     "gemma4_text",
     "llama4",
@@ -267,10 +265,11 @@ def _sglang_layers(parsed: _v.ParsedConfig) -> tuple[list[_v.Built], list[str], 
     Dual Chunk Attention: ``qwen3.py`` (01b5f572) passes no ``dual_chunk_attention_config`` to ``get_rope``, so a
     Qwen3 model runs plain RoPE; Qwen2 / Qwen2-MoE pass it (seen in an unpinned excerpt of ``qwen2_moe.py``: not
     verified at a commit). Not verified (said in the views' notes): SGLang's model files other than ``qwen3.py`` at a
-    transformers-5 version (the stored ``llama.py``, ``qwen2.py`` and ``gemma3_causal.py`` predate it: ``llama.py``
+    transformers-5 version (the stored ``llama.py`` and ``qwen2.py`` predate it: ``llama.py``
     reads ``config.rope_theta``, which a transformers-5 ``LlamaConfig`` no longer has, the default-θ fallback of
-    sglang #14745); generic models are read with ``get_rope_config`` as ``qwen3.py`` does; Gemma 3 / Gemma 4 / Llama
-    4 / gpt-oss layers are not read (no view layers); ``hf_transformers/gguf_native.py`` (not read).
+    sglang #14745); generic models are read with ``get_rope_config`` as ``qwen3.py`` does; Gemma 4 / Llama 4 /
+    gpt-oss layers are not read (no view layers); Gemma 3 is read from the wheel's ``gemma3_causal.py``
+    (``_gemma3_layers``); ``hf_transformers/gguf_native.py`` (not read).
     """
     text = parsed.text
     raw = dict(parsed.raw.get("text_config") or parsed.raw)
@@ -279,16 +278,12 @@ def _sglang_layers(parsed: _v.ParsedConfig) -> tuple[list[_v.Built], list[str], 
     ignored: list[str] = []
     n = int(text.num_hidden_layers)
     mpe = int(_v.attr(text, raw, "max_position_embeddings", 32768))
+    if model_type in ("gemma3", "gemma3_text"):
+        return _gemma3_layers(text)
     if model_type in _UNREAD:
-        stored = (
-            " (the stored gemma3_causal.py@8dac1b72 reads config.rope_theta, rope_local_base_freq and rope_scaling, "
-            "which a transformers-5 Gemma3TextConfig no longer has, and transformers' ROPE_INIT_FUNCTIONS)"
-            if model_type.startswith("gemma3")
-            else ""
-        )
         raise _v._Refused(
             f"not verified: SGLang's model file for {model_type} builds its RoPE its own way and was not read "
-            f"(SGLang {SGLANG_VERSION}){stored}"
+            f"(SGLang {SGLANG_VERSION})"
         )
     theta, rp = get_rope_config(text, raw)
     dca = _v.attr(text, raw, "dual_chunk_attention_config")
@@ -355,6 +350,87 @@ def _sglang_layers(parsed: _v.ParsedConfig) -> tuple[list[_v.Built], list[str], 
     return [built] * n, notes, ignored
 
 
+def _gemma3_layers(text: Any) -> tuple[list[_v.Built], list[str], list[str]]:
+    """Gemma 3 as ``models/gemma3_causal.py`` (``SGLANG_VERSION``'s wheel) builds it: ``Gemma3TextModel`` makes two
+    rotary modules, a copy of transformers' rotary class (``Gemma3RotaryEmbedding``) -- the global one from
+    ``rope_parameters["full_attention"]`` (its rope type through transformers' ``ROPE_INIT_FUNCTIONS`` on a config
+    whose ``rope_parameters`` is that dict, flat; ``attention_scaling`` multiplies cos and sin; ``dynamic`` grows
+    past ``max_position_embeddings`` and resets below it, as transformers' ``dynamic_rope_update``), the local one
+    default RoPE at ``rope_parameters["sliding_attention"]["rope_theta"]`` -- and each decoder layer takes the
+    global cos/sin on a ``full_attention`` layer, the local on a ``sliding_attention`` one (window
+    ``sliding_window - 1`` exclusive, i.e. transformers' inclusive ``sliding_window``).
+
+    Where it differs: on a CPU with AMX (``_is_cpu and _is_cpu_amx_available``) the attention runs ``forward_cpu``,
+    whose ``get_rope`` is called with ``{"rope_type": "default"}`` on both layer types: a scaled global layer runs
+    unscaled there. A flat ``rope_parameters`` (no ``full_attention`` entry) makes ``Gemma3TextModel.__init__`` raise
+    ``KeyError``.
+    """
+    import copy
+
+    import torch
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    rp = getattr(text, "rope_parameters", None)
+    if not (isinstance(rp, Mapping) and "full_attention" in rp and "sliding_attention" in rp):
+        raise _v._Refused(
+            "gemma3_causal.py reads rope_parameters['full_attention'] and ['sliding_attention'] (transformers 5's "
+            f"per-layer-type form); this config's is {rp!r}: KeyError in Gemma3TextModel.__init__"
+        )
+    head = int(getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads)
+    notes: list[str] = []
+    ignored: list[str] = []
+    full = dict(rp["full_attention"])
+    theta_global = float(full.get("rope_theta", 1000000.0))
+    theta_local = float(rp["sliding_attention"].get("rope_theta", 10000.0))
+    if rp["sliding_attention"].get("rope_type", "default") != "default":
+        ignored.append(
+            f"rope_parameters['sliding_attention'] rope_type={rp['sliding_attention'].get('rope_type')!r} "
+            "(gemma3_causal.py builds the local rotary as default RoPE at its rope_theta)"
+        )
+    local_freq = 1.0 / (theta_local ** (torch.arange(0, head, 2, dtype=torch.float64) / head))
+    local = _v.Built(LayerRope(local_freq, 1.0, head, "half", "default", {"rope_theta": theta_local}), None, [], [])
+    rope_type = full.get("rope_type", full.get("type", "default")) or "default"
+    if rope_type == "default":
+        inv_freq, factor = 1.0 / (theta_global ** (torch.arange(0, head, 2, dtype=torch.float64) / head)), 1.0
+        at_length = None
+    else:
+        if rope_type not in ROPE_INIT_FUNCTIONS:
+            raise _v._Refused(f"gemma3_causal.py: ROPE_INIT_FUNCTIONS has no {rope_type!r} (KeyError)")
+        flat = copy.deepcopy(text)
+        flat.rope_parameters = {**full, "rope_theta": theta_global}
+        init = ROPE_INIT_FUNCTIONS[rope_type]
+        freq32, scaling = init(flat, "cpu")
+        inv_freq, factor = freq32.to(torch.float64), float(scaling)
+        at_length = None
+        if "dynamic" in rope_type:
+            start = int(text.max_position_embeddings)
+            original = inv_freq
+
+            def at_length(n: int) -> tuple[torch.Tensor, float]:
+                if n > start:  # grown past the cached length; reset below the original
+                    grown, f = init(flat, "cpu", seq_len=n)
+                    return grown.to(torch.float64), float(f)
+                return original, factor
+
+            notes.append(
+                "SGLang Gemma 3, dynamic: the global frequencies follow the largest position of the whole forward "
+                "batch (all requests' tokens flattened), so a request batched with a longer one runs that one's "
+                "frequencies; cached keys keep the frequencies they were written with"
+            )
+    global_layer = LayerRope(inv_freq, factor, head, "half", rope_type, {**full, "rope_theta": theta_global},
+                             length_dependent=at_length is not None, at_length=at_length)
+    glob = _v.Built(global_layer, None, [], [])
+    if rope_type != "default":
+        notes.append(
+            f"SGLang Gemma 3 on a CPU with AMX runs forward_cpu, whose get_rope is called with rope_type 'default': "
+            f"the full_attention layers' {rope_type} scaling is not applied there (GPUs: applied, as read here)"
+        )
+    if getattr(text, "partial_rotary_factor", 1) not in (None, 1, 1.0):
+        notes.append("not verified: partial_rotary_factor on Gemma 3 (gemma3_causal.py's GPU path rotates head_dim)")
+    built = [glob if kind == "full_attention" else local for kind in text.layer_types]
+    return built, notes, ignored
+
+
 _CONTEXT_KEYS = ("max_sequence_length", "seq_length", "max_seq_len", "model_max_length", "max_position_embeddings")
 
 
@@ -401,7 +477,7 @@ def read_sglang(source: Source) -> RuntimeView:
             return RuntimeView("sglang", follows, (), context, notes=(message,), version=RELEASE)
         return RuntimeView("sglang", follows, (), context, refused=message, version=RELEASE)
     notes = [*parsed.notes, *notes]
-    if source.kind == "gguf":
+    if source.kind == "gguf" and parsed.text.model_type == "llama":  # llama.cpp permutes only Llama's q/k rows
         notes.append(
             "GGUF: SGLang's GGUFModelLoader loads the file's q/k rows as they are (gguf_quant_weights_iterator does "
             "not undo the converter's permutation) and the model file rotates them with its own layout"
