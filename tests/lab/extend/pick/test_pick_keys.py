@@ -6,6 +6,7 @@ simulated in ``tests/lab/extend/stats/test_paired.py``; the documents themselves
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import math
@@ -280,6 +281,10 @@ def test_a_pick_resumed_where_auto_means_another_dtype_goes_on_in_its_own(llama,
     assert resumed["pick"] == first["pick"] and resumed["reason"] == first["reason"]
     assert json.loads((out / "screen-ppl" / "extend.json").read_text())["dtype"] == "float32"
     assert json.loads((out / "pick.json").read_text())["dtype"] is None
+    named = run_pick(dataclasses.replace(cfg, dtype="float32"), "2x", out, resume=True, progress=False)
+    assert named["pick"] == first["pick"]  # the dtype it ran in, named, is the same pick
+    with pytest.raises(ValueError, match="dtype"):
+        run_pick(dataclasses.replace(cfg, dtype="bfloat16"), "2x", out, resume=True, progress=False)
 
 
 def test_a_real_gemma3_pick_runs_a_remapping_method_on_its_global_layers(corpus, tmp_path):

@@ -125,10 +125,13 @@ def run_pick(
     target = as_pretrained(target)
     stored = (before or {}) if resume else {}  # a resumed pick keeps its candidates
     asked_dtype = cfg.dtype
-    if stored and cfg.dtype in (None, "auto") and (measured := _measured_dtype(out)) is not None:
+    measured = _measured_dtype(out) if stored else None
+    if measured is not None and cfg.dtype in (None, "auto"):
         # --dtype auto picks per machine (bfloat16 where the CPU has units for it): a pick resumed on another machine
         # goes on in the dtype its stages were measured in, so its needles stay comparable
         cfg = dataclasses.replace(cfg, dtype=measured)
+    if measured is not None and stored.get("dtype") is None and asked_dtype == measured:
+        asked_dtype = None  # naming the dtype an auto pick ran in is resuming it as it began
     if design not in (None, *DESIGNS):
         fail("design", design, f"one of {DESIGNS} or None (a new pick: keys; a resumed one: as it began)")
     # a folder made before the deciding race resumes as it began
