@@ -22,6 +22,7 @@ import posenc  # noqa: E402
 from posenc.runtimes import Source, read  # noqa: E402
 from posenc.runtimes.sglang import sglang_get_rope  # noqa: E402
 from reference import sglang_rope as ref  # noqa: E402
+from runtimes.test_vllm import GEMMA3 as VLLM_GEMMA3  # noqa: E402
 from tolerances import ulps  # noqa: E402
 
 F64 = ulps(8, torch.float64)
@@ -284,17 +285,7 @@ def test_nested_per_layer_type_dict_breaks_get_rope_config(tmp_path):
     assert all(layer.method == "default" and layer.params["rope_theta"] == 1e6 for layer in vllm.layers)
 
 
-GEMMA3 = {
-    "model_type": "gemma3_text",
-    "architectures": ["Gemma3ForCausalLM"],
-    "hidden_size": 256,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": HEAD,
-    "num_hidden_layers": 6,  # transformers' 5:1 pattern: layers 0-4 sliding, 5 global
-    "max_position_embeddings": 131072,
-    "vocab_size": 128,
-}
+GEMMA3 = VLLM_GEMMA3  # six layers in transformers' 5:1 pattern: 0-4 sliding, 5 global; head_dim HEAD
 
 
 def _gemma3(rope: dict) -> dict:
