@@ -41,9 +41,9 @@ def handles(header: GGUFHeader) -> bool:
 
 def model_class(config: Any) -> Any:
     """The causal-LM class transformers' ``AutoModelForCausalLM`` picks for ``config``."""
-    from transformers import AutoModelForCausalLM
+    from transformers import MODEL_FOR_CAUSAL_LM_MAPPING
 
-    return AutoModelForCausalLM._model_mapping[type(config)]
+    return MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
 
 
 def state_dict(header: GGUFHeader, config: Any) -> dict[str, torch.Tensor]:
