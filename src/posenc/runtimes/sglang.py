@@ -387,11 +387,14 @@ def _gemma3_layers(text: Any) -> tuple[list[_v.Built], list[str], list[str]]:
             f"rope_parameters['sliding_attention'] rope_type={rp['sliding_attention'].get('rope_type')!r} "
             "(gemma3_causal.py builds the local rotary as default RoPE at its rope_theta)"
         )
-    local_freq = 1.0 / (theta_local ** (torch.arange(0, head, 2, dtype=torch.float64) / head))
-    local = _v.Built(LayerRope(local_freq, 1.0, head, "half", "default", {"rope_theta": theta_local}), None, [], [])
+    def default(theta: float) -> torch.Tensor:  # compute_default_rope_parameters, in float64
+        return 1.0 / (theta ** (torch.arange(0, head, 2, dtype=torch.float64) / head))
+
+    local = _v.Built(LayerRope(default(theta_local), 1.0, head, "half", "default", {"rope_theta": theta_local}), None,
+                     [], [])
     rope_type = full.get("rope_type", full.get("type", "default")) or "default"
     if rope_type == "default":
-        inv_freq, factor = 1.0 / (theta_global ** (torch.arange(0, head, 2, dtype=torch.float64) / head)), 1.0
+        inv_freq, factor = default(theta_global), 1.0
         at_length = None
     else:
         if rope_type not in ROPE_INIT_FUNCTIONS:
