@@ -336,6 +336,19 @@ def test_hf_llama_end_to_end_matches_transformers_own_linear_scaling(corpus, tmp
     assert "Layers changed by each patch: all 2 layers (rotary embedding model.rotary_emb)" in report
 
 
+def test_a_study_resumed_where_auto_means_another_dtype_goes_on_in_its_own(corpus, tmp_path, monkeypatch):
+    """``--dtype auto`` resolves per machine: a study begun in float32, resumed where auto means bfloat16, goes on
+    in float32 (it was refused: 'these differ: dtype')."""
+    from posenc.hf import dtypes
+
+    cfg = ExtendConfig(model=str(_hf_folder(tmp_path / "llama")), methods=("linear",), factors=(2.0,),
+                       lengths=(64, 128), corpus=str(corpus), **{**TINY, "trials": 1})
+    first = run_extend(cfg, tmp_path / "out", progress=False)
+    assert json.loads((tmp_path / "out" / "extend.json").read_text())["dtype"] == "float32"
+    monkeypatch.setattr(dtypes, "auto_dtype", lambda device, checkpoint=None: torch.bfloat16)
+    assert run_extend(cfg, tmp_path / "out", resume=True, progress=False) == first
+
+
 def test_hf_model_without_known_positions_is_an_error_naming_it(corpus, tmp_path):
     _needs_extend_context()
     folder = _hf_folder(tmp_path / "gpt2", kind="gpt2")

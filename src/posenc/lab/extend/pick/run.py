@@ -126,9 +126,9 @@ def run_pick(
     stored = (before or {}) if resume else {}  # a resumed pick keeps its candidates
     asked_dtype = cfg.dtype
     measured = _measured_dtype(out) if stored else None
-    if measured is not None and cfg.dtype in (None, "auto"):
-        # --dtype auto picks per machine (bfloat16 where the CPU has units for it): a pick resumed on another machine
-        # goes on in the dtype its stages were measured in, so its needles stay comparable
+    if measured is not None and cfg.dtype is None:
+        # --dtype auto picks per machine (as a study's resume, study.run): the pick's own target, which scores the
+        # race's documents, goes on in the dtype its stages were measured in, so its needles stay comparable
         cfg = dataclasses.replace(cfg, dtype=measured)
     if measured is not None and stored.get("dtype") is None and asked_dtype == measured:
         asked_dtype = None  # naming the dtype an auto pick ran in is resuming it as it began
@@ -209,7 +209,7 @@ def _measured_dtype(out: Path) -> str | None:
         path = out / stage / "extend.json"
         if path.is_file():
             dtype = json.loads(path.read_text(encoding="utf-8")).get("dtype")
-            if isinstance(dtype, str) and dtype != "auto":
+            if isinstance(dtype, str):
                 return dtype
     return None
 

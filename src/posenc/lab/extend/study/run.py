@@ -286,6 +286,10 @@ def run_extend(
     torch.manual_seed(cfg.seed)
     if cfg.lengths is not None and (known := original_len_of(cfg)) is not None:
         check_lengths(token_lengths(resolve_lengths(cfg, known)), known)  # from the config alone, before any weights
+    if resume and before is not None and cfg.dtype is None and isinstance(before.get("dtype"), str):
+        # --dtype auto resolves per machine (bfloat16 where the CPU has units for it): a study resumed on another
+        # machine goes on in the dtype it was measured in
+        cfg = dataclasses.replace(cfg, dtype=before["dtype"])
     target = load_target(cfg, out, device=device, progress=progress)  # pretrained: config and tokenizer only
     cfg = _resolved(cfg, target, device)
     made_before_rounds = before is not None and "stop_width" not in before
