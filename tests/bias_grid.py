@@ -3,10 +3,13 @@ tensors over it, and the position layouts every bias must handle."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 EXACT = {"rtol": 0.0, "atol": 0.0}
 B, H, S, T = 2, 4, 5, 7
+#: ``(backend, device)`` of ``check_compiled_attention``: one compile each (the GPU case skips without CUDA).
+COMPILED = [("sdpa", "cpu"), ("flex", "cpu"), pytest.param("flex", "cuda", marks=pytest.mark.gpu)]
 
 
 def indices(b: int, h: int, s: int, t: int) -> tuple[torch.Tensor, ...]:
@@ -36,12 +39,15 @@ def positions(kind: str, *, high: int = 1000, shared: tuple[int, int] = (10, 8))
     }[kind]
 
 
-def check_compiled_flex_matches_bias(enc, device: str, *, t: int = 16, q_offset: int = 8) -> None:  # noqa: ANN001
-    """Compiled FlexAttention with ``enc.score_mod`` equals softmax attention with ``enc.bias`` added, for two rows
-    whose queries sit at different offsets (q_offset and 3) over keys 0..t-1."""
-    from torch.nn.attention.flex_attention import flex_attention
+def check_compiled_attention(enc, backend: str, device: str = "cpu", *, t: int = 16, q_offset: int = 8) -> None:  # noqa: ANN001
+    """``posenc.attention`` with ``enc``, compiled as one graph (``fullgraph=True``: no graph break), equals softmax
+    attention with ``enc.bias`` added, for two rows whose queries sit at different offsets (q_offset and 3) over keys
+    0..t-1. On ``flex`` this is the compiled FlexAttention kernel running ``enc.score_mod``, so the score_mod must
+    capture parameters, not tensors computed in the graph (CPU inductor cannot lower those); one compile checks both
+    (BENCHMARKS.md, "Time of CI")."""
     from torch.testing import assert_close
 
+    import posenc
     from encoding_cases import attention_tol
 
     # qk head dim >= 24: torch 2.13's compiled CPU FlexAttention is wrong at 16 and below on AVX2-only CPUs
@@ -51,28 +57,14 @@ def check_compiled_flex_matches_bias(enc, device: str, *, t: int = 16, q_offset:
     enc = enc.to(device)
     q_pos = torch.stack((torch.arange(s) + q_offset, torch.arange(s) + 3)).to(device)  # per-row query offsets
     k_pos = torch.arange(t, device=device)
+
+    def step(q, k, v):  # noqa: ANN001, ANN202
+        return posenc.attention(q, k, v, encoding=enc, backend=backend, q_positions=q_pos, k_positions=k_pos,
+                                causal=False)
+
     with torch.no_grad():
-        got = torch.compile(flex_attention, dynamic=False)(q, k, v, score_mod=enc.score_mod(q_pos, k_pos))
+        got = torch.compile(step, fullgraph=True, dynamic=False)(q, k, v)
         scores = q @ k.transpose(-1, -2) * d**-0.5 + enc.bias(q_pos, k_pos)
     # score_mod and bias may sum their terms apart (encoding_cases.score_error), on top of the attention's rounding
     tol = attention_tol(q, k, v, encoding=enc, q_positions=q_pos, k_positions=k_pos)
     assert_close(got, torch.softmax(scores, dim=-1) @ v, **tol)
-
-
-def check_attention_compiles(enc, backend: str) -> None:  # noqa: ANN001
-    """``posenc.attention`` with ``enc`` compiles as one graph and equals the eager call. For flex the score_mod must
-    capture parameters, not tensors computed in the graph (CPU inductor cannot lower those)."""
-    from torch.testing import assert_close
-
-    import posenc
-    from encoding_cases import attention_tol
-
-    q, k, v = torch.randn(3, B, H, 32, 16).unbind(0)
-    pos = torch.arange(40, 72)
-
-    def step(q, k, v):  # noqa: ANN001, ANN202
-        return posenc.attention(q, k, v, encoding=enc, backend=backend, q_positions=pos)
-
-    with torch.no_grad():
-        compiled = torch.compile(step, fullgraph=True, dynamic=False)
-        assert_close(compiled(q, k, v), step(q, k, v), **attention_tol(q, k, v, encoding=enc, q_positions=pos))

@@ -28,9 +28,9 @@ def _flex_uncompiled(request, monkeypatch):
     cache (a fresh CI venv), and a decode loop compiles once per step (BENCHMARKS.md, "Time of CI": the 139 flex
     and compile tests took 9:33 before this fixture, 5:40 after). Tests of posenc's masks, positions and score_mods
     run torch's uncompiled FlexAttention -- the same score_mod and block mask, an ``S x T`` matrix -- and the tests
-    marked ``flex_compiled`` run the kernels users run: every score_mod (each encoding's
-    ``test_score_mod_in_compiled_flex_attention``, ``..._compiles_without_graph_breaks``), windows, chunks and sinks,
-    narrow head dims, low precision and the linear memory of the compiled path."""
+    marked ``flex_compiled`` run the kernels users run: windows, chunks and sinks, narrow head dims, low precision and
+    the linear memory of the compiled path. Every score_mod is compiled by its own test
+    (``test_score_mod_in_compiled_flex_attention``, ``test_compiled_attention_is_the_bias_without_graph_breaks``)."""
     if "flex_compiled" not in request.keywords:
         monkeypatch.setattr(sys.modules["posenc.attention"], "FLEX_COMPILED", False)
 

@@ -154,3 +154,19 @@ def test_export_lists_only_the_methods_it_accepts(capsys, tmp_path):
         check_export_method("longrope")
     with pytest.raises(ValueError, match="nothing to export before that fine-tune"):
         check_export_method("drope")
+
+
+@pytest.mark.parametrize("first", ["from posenc.attention import BACKENDS", "import posenc.attention", ""])
+def test_posenc_attention_is_the_function_whatever_was_imported_first(first):
+    """``posenc.attention`` is the function also where the submodule of the same name was imported before the first
+    ``posenc.<name>`` (the import system binds a submodule on its package; an eager import would have bound the
+    function over it); the module stays ``sys.modules["posenc.attention"]``."""
+    code = (
+        f"{first}\nimport sys, types, torch, posenc\nq = torch.randn(1, 1, 4, 8)\n"
+        "print(posenc.attention(q, q, q).shape == q.shape, "
+        "isinstance(sys.modules['posenc.attention'], types.ModuleType))"
+    )
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True", "True"]

@@ -7,6 +7,8 @@ library as an eager import would, and the command line (``posenc.cli``) refuses 
 
 # ruff: noqa: F405  (the names of __all__ come from posenc._api, star-imported for type checkers only)
 
+import sys
+import types
 from typing import TYPE_CHECKING
 
 from posenc import _save_check
@@ -136,6 +138,23 @@ def _print_check(path: "Path") -> "list | None":
 
 
 _save_check.PRINT_CHECK = _print_check  # posenc.hf's writers print it without importing posenc.runtimes
+
+
+class _Package(types.ModuleType):
+    """The package's module type: ``posenc.attention`` is the function, as an eager ``from posenc._api import *``
+    leaves it, also after ``import posenc.attention`` (or ``from posenc.attention import BACKENDS``) before the first
+    ``posenc.<name>``: the import system binds the submodule ``posenc.attention`` on the package once it has run, which
+    would hide the function of the same name. The module stays ``sys.modules["posenc.attention"]``."""
+
+    def __setattr__(self, name: str, value: object) -> None:
+        if name == "attention" and isinstance(value, types.ModuleType):
+            if "posenc._api" not in sys.modules:  # a plain import of the submodule: bind the API now
+                _load()
+            return  # else posenc._api is binding the API (its _load sets the function) or has bound it
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
 
 
 def __getattr__(name: str) -> object:

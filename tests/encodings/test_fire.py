@@ -13,13 +13,13 @@ from torch.testing import assert_close
 
 import posenc
 from bias_grid import (
+    COMPILED,
     EXACT,
     B,
     H,
     S,
     T,
-    check_attention_compiles,
-    check_compiled_flex_matches_bias,
+    check_compiled_attention,
     positions,
     score_mod_grid,
 )
@@ -180,14 +180,9 @@ def test_beyond_the_threshold_the_bias_follows_the_query_position():
     assert_close(first[2], first[0], rtol=0, atol=atol)
 
 
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
-def test_score_mod_in_compiled_flex_attention(device):
-    check_compiled_flex_matches_bias(_fire(), device, t=24, q_offset=16)
-
-
-@pytest.mark.parametrize("backend", ["sdpa", "flex"])
-def test_attention_compiles_without_graph_breaks(backend):
-    check_attention_compiles(_fire(mlp_width=4), backend)
+@pytest.mark.parametrize(("backend", "device"), COMPILED)
+def test_compiled_attention_is_the_bias_without_graph_breaks(backend, device):
+    check_compiled_attention(_fire(), backend, device, t=24, q_offset=16)
 
 
 def test_low_precision_model_keeps_float32_math():

@@ -9,7 +9,7 @@ import torch
 from torch.testing import assert_close
 
 import posenc
-from bias_grid import EXACT, B, H, check_attention_compiles, check_compiled_flex_matches_bias, positions, score_mod_grid
+from bias_grid import COMPILED, EXACT, B, H, check_compiled_attention, positions, score_mod_grid
 from posenc.encodings.sandwich import Sandwich, SandwichConfig
 from posenc.functional.sandwich import sandwich_bias, sandwich_frequencies
 from reference.sandwich import sandwich
@@ -69,14 +69,9 @@ def test_bias_and_score_mod(kind, kwargs):
     assert_close(enc(q_pos), enc.bias(q_pos, q_pos), **EXACT)
 
 
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
-def test_score_mod_in_compiled_flex_attention(device):
-    check_compiled_flex_matches_bias(Sandwich(H, pe_dim=32), device)
-
-
-@pytest.mark.parametrize("backend", ["sdpa", "flex"])
-def test_attention_compiles_without_graph_breaks(backend):
-    check_attention_compiles(Sandwich(H, pe_dim=16), backend)
+@pytest.mark.parametrize(("backend", "device"), COMPILED)
+def test_compiled_attention_is_the_bias_without_graph_breaks(backend, device):
+    check_compiled_attention(Sandwich(H, pe_dim=32), backend, device)
 
 
 @pytest.mark.parametrize("cast", [lambda m: m.to(torch.bfloat16), lambda m: m.half(), lambda m: m.double()])
