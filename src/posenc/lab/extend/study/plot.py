@@ -77,8 +77,12 @@ def plot_extend(
     lengths = sorted({n for by in groups.values() for n, v in by.items() if v})
     length_axis(ax, lengths, original, margin=1.3)
     box = {"facecolor": "white", "edgecolor": "none", "alpha": 0.8, "pad": 1.0}
-    ax.text(original * 1.03, 0.98, f"original length {original}", transform=ax.get_xaxis_transform(), fontsize=9,
-            color="0.25", va="top", bbox=box)
+    low_x, high_x = ax.get_xlim()
+    room = math.log(high_x / original) / math.log(high_x / low_x)  # the share of the x axis right of the line
+    right = room > 0.3  # else the label would run past the axes into the legend: it goes left of the line
+    ax.text(original * (1.03 if right else 1 / 1.03), 0.98, f"original length {original}",
+            transform=ax.get_xaxis_transform(), fontsize=9, color="0.25", va="top", ha="left" if right else "right",
+            bbox=box)
     ax.set_yscale("log")
     values = [y for p in drawn.values() for _, y in p]
     low, high = min(values) / 1.08, max(values) * 1.08
