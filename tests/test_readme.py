@@ -307,8 +307,8 @@ def test_the_which_method_answer_links_every_cpu_pick(where):
     text, base = _which_method()[where]
 
     def running(pick: Path) -> bool:
-        text = pick.read_text(encoding="utf-8")
-        return "not finished" in text.splitlines()[0] or "(the run was interrupted)" in text
+        body = pick.read_text(encoding="utf-8")
+        return "not finished" in body.splitlines()[0] or "(the run was interrupted)" in body
 
     finished = [p.resolve() for p in PICKS.glob("cpu-*/pick/pick.md") if not running(p)]
     assert sorted(set(_linked_picks(text, base))) == sorted(finished)

@@ -78,3 +78,8 @@ class Cost:
         parts = [f"{'n/a' if r is None else f'{100 * (r - 1):+.1f}%'}" for r in self.ratios]
         keys = "n/a" if self.found is None else f"{100 * self.found:.0f}% of {self.n_keys}"
         return f"ppl {parts[0]} at L/4, {parts[1]} at L; keys at L {keys}"
+
+    def sentence(self) -> str:
+        """What was measured inside L, then whether it costs short prompts (the report's and the summary's line)."""
+        return f"{self.text()}; " + (f"costs short prompts ({self.worse})" if self.worse else
+                                     "no cost shown beyond the margin")

@@ -163,7 +163,7 @@ def pick_text(cfg: ExtendConfig, target: PretrainedTarget, pick_plan: PickPlan, 
         "",
     ]
     if verdict.pick is not None and (c := costs.get(verdict.pick)) is not None:
-        lines += [f"The pick inside L: {c.text()}; {c.worse or 'no cost shown beyond the margin'}.", ""]
+        lines += [f"The pick inside L: {c.sentence()}.", ""]
     lines += [took, ""]
     if saved is not None:
         lines += [f"Saved to `{saved}`.", ""]
@@ -195,7 +195,7 @@ def relation_lines(state: Any, settings: Any) -> list[str]:  # noqa: ANN401
 def summary(verdict: Verdict, state: Any, costs: dict) -> str:  # noqa: ANN401
     lines = [f"Pick: {'none' if verdict.pick is None else label(*verdict.pick)} ({verdict.status}). {verdict.reason}."]
     if verdict.pick is not None and (c := costs.get(verdict.pick)) is not None:
-        lines.append(f"Inside the original context: {c.text()}; {c.worse or 'no cost shown beyond the margin'}.")
+        lines.append(f"Inside the original context: {c.sentence()}.")
     return "\n".join(lines)
 
 
