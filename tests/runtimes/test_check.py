@@ -307,7 +307,7 @@ def test_a_length_past_the_extension_or_a_reader_that_gives_one_length(tmp_path)
 def test_a_missing_reader_is_not_verified_and_not_same(tmp_path, monkeypatch):
     import posenc.runtimes as R
 
-    monkeypatch.setattr(R, "_load_readers", lambda: None)
+    monkeypatch.setattr(R, "_load_reader", lambda runtime: None)
     monkeypatch.setattr(R, "_READERS", {k: v for k, v in R._READERS.items() if k == "transformers"})
     rows = check(_saved(tmp_path, "llama", ("linear", 2.0)))
     assert [r.status for r in rows] == ["same", "not verified", "not verified", "not verified"]

@@ -60,7 +60,7 @@ def test_a_length_past_the_extension_exits_1(folders, capsys):
 def test_every_runtime_by_default_and_a_missing_reader_is_not_same(folders, capsys, monkeypatch):
     import posenc.runtimes as R
 
-    monkeypatch.setattr(R, "_load_readers", lambda: None)
+    monkeypatch.setattr(R, "_load_reader", lambda runtime: None)
     monkeypatch.setattr(R, "_READERS", {k: v for k, v in R._READERS.items() if k == "transformers"})
     code, out, _ = _run(capsys, folders["linear"], "--json")
     rows = json.loads(out)
@@ -193,3 +193,34 @@ def test_a_bad_gguf_key_exits_2_naming_file_key_and_value(tmp_path, capsys, edit
     code, out, err = _run(capsys, path)
     assert code == 2 and out == "" and "Traceback" not in err and err.count("\n") == 1, err
     assert str(path) in err
+
+
+def test_a_llama_gguf_checked_for_llamacpp_alone_never_imports_transformers(tmp_path):
+    """Each reader imports what it needs, when it needs it: llama.cpp's reading of a Llama GGUF and its reference
+    (the file's own keys) need no transformers, so ``--runtimes llamacpp`` starts without importing it (about 2 s
+    less); the default, with transformers' row, imports it."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import posenc
+
+    path = _gguf(tmp_path, "plain", {})
+    src = str(Path(posenc.__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
+
+    def run(*args):
+        done = subprocess.run([sys.executable, "-X", "importtime", "-m", "posenc", "check", str(path), "--json", *args],
+                              capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+        imported = {line.split("|")[-1].strip().split(".")[0] for line in done.stderr.splitlines()
+                    if line.startswith("import time:")}
+        return done.returncode, json.loads(done.stdout), imported
+
+    code, rows, imported = run("--runtimes", "llamacpp")
+    assert code == 0 and [(r["runtime"], r["status"]) for r in rows] == [("llamacpp", "same")], rows
+    assert "transformers" not in imported and "torch" in imported
+    code, rows, imported = run()  # exit 1: vLLM 0.33 has no GGUF loader
+    assert [(r["runtime"], r["status"]) for r in rows] == [("transformers", "same"), ("vllm", "cannot run this"),
+                                                           ("sglang", "differs"), ("llamacpp", "same")], rows
+    assert code == 1 and "transformers" in imported

@@ -137,7 +137,7 @@ def read(path: str | os.PathLike | Source, runtime: str) -> RuntimeView:
     """What ``runtime`` will run for the model at ``path`` (``Source.open``)."""
     check_choice("runtime", runtime, RUNTIMES)
     source = path if isinstance(path, Source) else Source.open(path)
-    _load_readers()
+    _load_reader(runtime)
     if runtime not in _READERS:
         return RuntimeView(runtime, "not implemented", (), None, refused=None,
                            notes=(f"not verified: posenc has no {runtime} reader yet",))
@@ -150,26 +150,27 @@ def release(runtime: str) -> str:
     ``RELEASE`` ("vLLM 0.33.0"); for transformers, the version installed here (posenc reads with it)."""
     import importlib
 
-    if runtime == "transformers":
+    if runtime == "transformers":  # its distribution's metadata: the version, without importing transformers
+        from importlib.metadata import PackageNotFoundError, version
+
         try:
-            import transformers
-        except ImportError:
+            return f"transformers {version('transformers')} (installed)"
+        except PackageNotFoundError:
             return "transformers (not installed)"
-        return f"transformers {transformers.__version__} (installed)"
     try:
         return str(getattr(importlib.import_module(f"posenc.runtimes.{runtime}"), "RELEASE", ""))
     except ModuleNotFoundError:
         return ""
 
 
-def _load_readers() -> None:
-    """Import the reader modules (each registers itself); a missing module leaves its runtime unread."""
+def _load_reader(runtime: str) -> None:
+    """Import ``runtime``'s reader module (it registers itself), and only it: a check of llama.cpp alone never
+    imports transformers. A missing module leaves the runtime unread."""
     import importlib
 
-    for runtime in RUNTIMES:
-        if runtime not in _READERS:
-            try:
-                importlib.import_module(f"posenc.runtimes.{runtime}")
-            except ModuleNotFoundError as err:
-                if err.name != f"posenc.runtimes.{runtime}":
-                    raise
+    if runtime not in _READERS:
+        try:
+            importlib.import_module(f"posenc.runtimes.{runtime}")
+        except ModuleNotFoundError as err:
+            if err.name != f"posenc.runtimes.{runtime}":
+                raise

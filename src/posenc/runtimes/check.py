@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -149,9 +149,10 @@ def _text(cfg: Mapping[str, Any]) -> Mapping[str, Any]:
     return text if isinstance(text, Mapping) and "num_hidden_layers" in text else cfg
 
 
-def _posenc_layers(cfg: Mapping[str, Any], structure: RuntimeView | None) -> tuple[LayerRope, ...]:
+def _posenc_layers(cfg: Mapping[str, Any], structure: Callable[[], RuntimeView] | None) -> tuple[LayerRope, ...]:
     """Every layer as posenc computes it: which layer has which RoPE type and which has none from the config
-    (``layer_types``; ``posenc.hf.layers.rope_layers`` for NoPE), else from the runtime view given as ``structure``."""
+    (``layer_types``; ``posenc.hf.layers.rope_layers`` for NoPE), else from the runtime view ``structure()`` (read
+    only then)."""
     from posenc.hf.layers import layer_thetas, rope_layers
 
     cfg = _text(cfg)
@@ -161,8 +162,9 @@ def _posenc_layers(cfg: Mapping[str, Any], structure: RuntimeView | None) -> tup
     types: list[str | None] = [None] * n
     if nested:
         types = list(cfg.get("layer_types") or [])
-        if len(types) != n and structure is not None and len(structure.layers) == n:
-            types = [layer.params.get("layer_type") for layer in structure.layers]
+        view = structure() if len(types) != n and structure is not None else None
+        if view is not None and len(view.layers) == n:
+            types = [layer.params.get("layer_type") for layer in view.layers]
         if len(types) != n:
             fail("config", "{...}", f"'layer_types' for its {n} layers (it has per-layer-type rope_parameters)")
     uses = rope_layers(cfg)
@@ -181,7 +183,7 @@ def _posenc_layers(cfg: Mapping[str, Any], structure: RuntimeView | None) -> tup
     return tuple(layers)
 
 
-def _record_reference(source: Source, structure: RuntimeView | None) -> Reference | None:
+def _record_reference(source: Source, structure: Callable[[], RuntimeView] | None) -> Reference | None:
     """What posenc measured, from the ``"posenc"`` record of a folder it wrote; None without one."""
     from posenc.hf import _record
 
@@ -256,7 +258,7 @@ def _dca_call(dca: Mapping[str, Any], context: Any) -> str:
             f"original_max_position_embeddings={original}, chunk_size={chunk}, local_window={local})")
 
 
-def _gguf_reference(source: Source, transformers: RuntimeView) -> Reference:
+def _gguf_reference(source: Source, transformers: Callable[[], RuntimeView]) -> Reference:
     """A GGUF file: posenc's own record, or the llama.cpp keys as posenc's loader reads them (Llama), else
     transformers' reading (posenc loads the other architectures with transformers' GGUF loader)."""
     from posenc.gguf import llama as gguf_llama
@@ -266,7 +268,7 @@ def _gguf_reference(source: Source, transformers: RuntimeView) -> Reference:
     if not gguf_llama.handles(header):
         if header.architecture in gguf_rope.WRITES and gguf_rope.recorded(header.metadata) is not None:
             return _written_gguf_reference(header, transformers)
-        return _runtime_reference(transformers, "the GGUF as transformers' loader reads it (posenc loads this "
+        return _runtime_reference(transformers(), "the GGUF as transformers' loader reads it (posenc loads this "
                                   "architecture with it)", None)
     params, context, exact = gguf_llama.rope_config(header)
     meta = header.metadata
@@ -297,7 +299,7 @@ def _gguf_reference(source: Source, transformers: RuntimeView) -> Reference:
     )
 
 
-def _written_gguf_reference(header: Any, transformers: RuntimeView) -> Reference:
+def _written_gguf_reference(header: Any, transformers: Callable[[], RuntimeView]) -> Reference:
     """A Qwen2 / Gemma 3 GGUF posenc wrote (``posenc.hf.save_gguf``): its ``posenc.rope`` record, per layer type with
     the record's ``layer_types`` (else transformers' reading of the file's); the layout is the file's own (these
     converters do not permute q/k rows)."""
@@ -381,16 +383,21 @@ def reference(source: Source, transformers: RuntimeView | None = None) -> Refere
         ValueError: naming the path, where nothing can serve as the reference (transformers cannot read the model and
             posenc wrote no record).
     """
-    if transformers is None:
-        transformers = read(source, "transformers")
+    views = [] if transformers is None else [transformers]
+
+    def reading() -> RuntimeView:  # transformers' view, read once, only where the reference needs it
+        if not views:
+            views.append(read(source, "transformers"))
+        return views[0]
+
     if source.kind == "gguf":
-        ref = _gguf_reference(source, transformers)
+        ref = _gguf_reference(source, reading)
     else:
-        ref = _record_reference(source, transformers) or _runtime_reference(
-            transformers, "the config as transformers reads it (no posenc record)", source.config
+        ref = _record_reference(source, reading) or _runtime_reference(
+            reading(), "the config as transformers reads it (no posenc record)", source.config
         )
     if not ref.layers:
-        why = transformers.refused or "; ".join(transformers.notes) or "no layers read"
+        why = reading().refused or "; ".join(reading().notes) or "no layers read"
         fail("path", str(source.path), f"a model posenc wrote or transformers reads (transformers: {why})")
     return dataclasses.replace(ref, path=str(source.path), kind=source.kind)
 
@@ -749,8 +756,8 @@ def check(
         check_positive_int("length", length)
     source = open_source(path)
     inputs.check_source(source)
-    views = {name: read(source, name) for name in dict.fromkeys(("transformers", *names))}
-    ref = reference(source, views["transformers"])
+    views = {name: read(source, name) for name in names}  # each reader imports what it needs (transformers' does)
+    ref = reference(source, views.get("transformers"))
     return [compare(views[name], ref, length) for name in names]
 
 
