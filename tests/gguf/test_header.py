@@ -195,3 +195,25 @@ def test_bad_alignment(tmp_path, alignment, vtype, shown):
     allowed = "a non-zero power of two stored as a uint32"
     with pytest.raises(ValueError, match=re.escape(f"its general.alignment={shown} is invalid: expected {allowed}")):
         read_gguf_header(bad)
+
+
+def test_a_header_read_again_is_the_same_and_an_edit_in_place_is_seen(tiny, tmp_path):
+    """Headers are kept per process (a load reads one several times): a second read equals the first, mutating what
+    a read returned changes no later read, and a header edited in place -- same file, same size, within the file
+    system's timestamp granularity -- is parsed again (the cache compares a digest of the header's bytes)."""
+    import shutil
+
+    path = shutil.copy(tiny, tmp_path / "edited.gguf")
+    first = read_gguf_header(path)
+    first.metadata["general.architecture"] = "changed by the caller"
+    again = read_gguf_header(path)
+    assert again.architecture == "llama" and again.tensors == first.tensors
+    assert again.metadata == read_gguf_header(tiny).metadata
+    data = bytearray(path.read_bytes())
+    at = data.index(b"{{ messages }}")
+    data[at : at + 2] = b"[["  # the chat template's first bytes, the file's size unchanged
+    with open(path, "r+b") as f:  # in place: the same inode
+        f.write(data)
+    edited = read_gguf_header(path)
+    assert edited.metadata["tokenizer.chat_template"].startswith("[[ messages }}")
+    assert edited.data_offset == again.data_offset and edited.file_size == again.file_size

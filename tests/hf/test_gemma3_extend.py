@@ -58,7 +58,7 @@ def gemma():
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        model = load_causal_lm(packaged.GEMMA3_270M)[0]
+        model = load_causal_lm(packaged.GEMMA3_270M, tokenizer=False)[0]  # no tokenizer needed here
     assert model.config.rope_parameters == AS_LOADED and model.config.sliding_window == 512  # what this file assumes
     assert model.config.max_position_embeddings == ORIGINAL and model.dtype == torch.float32
     return model

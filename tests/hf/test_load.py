@@ -463,3 +463,22 @@ def test_a_folder_saved_without_a_tokenizer_loads_with_none(tmp_path):
         torch.testing.assert_close(ours[key], theirs[key], rtol=0, atol=0, msg=key)
     ids = torch.randint(0, 64, (1, ORIGINAL))
     torch.testing.assert_close(logits(loaded, ids), logits(model, ids), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3"])
+def test_tokenizer_false_loads_the_same_weights_without_building_one(arch, tmp_path):
+    """``load_causal_lm(..., tokenizer=False)``: the same model, None in the tokenizer's place (a caller holding the
+    tokenizer already is spared its build), for the three GGUF loaders and the folder posenc saves."""
+    from posenc.hf import save_pretrained
+
+    path = (write_gemma3(tmp_path / "g.gguf", tiny_gemma3()) if arch == "gemma3" else
+            write_llama(tmp_path / f"{arch}.gguf", tiny_model(arch), weights="f32", arch=arch))
+    folder = save_pretrained(load_causal_lm(path)[0], None, tmp_path / "saved", check=False)
+    for source in (path, folder):
+        model, tokenizer = load_causal_lm(source)
+        alone, none = load_causal_lm(source, tokenizer=False)
+        assert none is None and (tokenizer is not None) == (source == path)
+        assert type(alone) is type(model)
+        theirs = alone.state_dict()
+        for name, tensor in model.state_dict().items():
+            assert torch.equal(theirs[name], tensor), name

@@ -200,6 +200,6 @@ def load_weights(source: Any, *, device: str, dtype: torch.dtype, attn: str | No
 
     with no_transformers_bars(), warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r"load_causal_lm\(dtype=")  # its speed: no forward runs here
-        model, _ = load_causal_lm(source, device=device, dtype=dtype, attn_implementation=attn)
+        model, _ = load_causal_lm(source, device=device, dtype=dtype, attn_implementation=attn, tokenizer=False)
     keep_rope_float32(model)
     return model

@@ -173,9 +173,11 @@ def state_dict(header: GGUFHeader, config: Any) -> dict[str, torch.Tensor]:
 
 
 def load(
-    header: GGUFHeader, *, dtype: torch.dtype, device: torch.device, attn_implementation: str | None
+    header: GGUFHeader, *, dtype: torch.dtype, device: torch.device, attn_implementation: str | None,
+    tokenizer: bool = True,
 ) -> tuple[Any, Any]:
-    """``(model, tokenizer)`` from the file: the model in ``dtype`` on ``device``, in eval mode."""
+    """``(model, tokenizer)`` from the file: the model in ``dtype`` on ``device``, in eval mode (``tokenizer``
+    False: None in its place, not built)."""
     from transformers import LlamaForCausalLM, TokenizersBackend
 
     config = llama_config(header)
@@ -186,7 +188,8 @@ def load(
     model = model.to(device).eval()
     # The class AutoTokenizer picks for a byte-level BPE GGUF, built from the same file without re-deriving the
     # config (which costs a full GGUFReader pass in transformers 5).
-    tokenizer = TokenizersBackend.from_pretrained(
+    if not tokenizer:
+        return model, None
+    return model, TokenizersBackend.from_pretrained(
         str(header.path.parent), gguf_file=header.path.name, local_files_only=True
     )
-    return model, tokenizer

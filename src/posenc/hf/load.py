@@ -396,6 +396,7 @@ def load_causal_lm(
     device: str | torch.device = "cpu",
     dtype: torch.dtype | str | None = None,
     attn_implementation: str | None = None,
+    tokenizer: bool = True,
 ) -> tuple[Any, Any]:
     """Load a causal LM and its tokenizer, offline, in eval mode.
 
@@ -406,6 +407,8 @@ def load_causal_lm(
             on a CPU without units for it (``posenc.hf.dtypes``) warns: its forwards are several times slower
             than float32 there.
         attn_implementation: transformers' attention (``"sdpa"``, its default; ``"eager"``; ...).
+        tokenizer: False: the weights alone, the tokenizer not built (None in its place): a caller holding the
+            tokenizer already is spared its build (seconds for Gemma 3's 262k-token vocabulary).
 
     Returns:
         ``(model, tokenizer)``; the tokenizer is None for a folder with none of ``TOKENIZER_FILES`` (one saved with
@@ -441,14 +444,15 @@ def load_causal_lm(
 
         header = _gguf_header(source)
         if gguf_llama.handles(header):
-            return gguf_llama.load(header, dtype=dtype, device=device, attn_implementation=attn_implementation)
+            return gguf_llama.load(header, dtype=dtype, device=device, attn_implementation=attn_implementation,
+                                   tokenizer=tokenizer)
         if gguf_native.handles(header):
             from posenc.hf.gguf_tokenizer import gguf_tokenizer
 
             native = gguf_native.load(
                 header, load_config(source), dtype=dtype, device=device, attn_implementation=attn_implementation
             )
-            return native, gguf_tokenizer(source.path)
+            return native, gguf_tokenizer(source.path) if tokenizer else None
         kwargs["gguf_file"] = source.gguf_file
         # the RoPE posenc wrote, which transformers' loader drops; and one read of the file spared where posenc
         # builds the config itself
@@ -457,17 +461,19 @@ def load_causal_lm(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model: Any = AutoModelForCausalLM.from_pretrained(source.folder, local_files_only=True, dtype=dtype, **kwargs)
-    tokenizer: Any = None  # a folder saved without one (``save_pretrained(model, None, ...)``) has none to load
-    if source.gguf_file is not None:
+    built: Any = None  # a folder saved without one (``save_pretrained(model, None, ...)``) has none to load
+    if not tokenizer:
+        pass
+    elif source.gguf_file is not None:
         from posenc.hf.gguf_tokenizer import gguf_tokenizer
 
-        tokenizer = gguf_tokenizer(source.path)
+        built = gguf_tokenizer(source.path)
     elif any((Path(source.folder) / name).is_file() for name in TOKENIZER_FILES):
-        tokenizer = AutoTokenizer.from_pretrained(source.folder, local_files_only=True)
+        built = AutoTokenizer.from_pretrained(source.folder, local_files_only=True)
     model = model.to(device).eval()
     if source.kind == "transformers":
         apply_saved(model)
-    return model, tokenizer
+    return model, built
 
 
 def apply_saved(model: torch.nn.Module) -> list[dict[str, Any]]:

@@ -240,8 +240,8 @@ class HFTarget:
         from posenc.hf import keep_rope_float32, load_causal_lm
 
         with no_transformers_bars():
-            self.model = model = load_causal_lm(
-                self.source, device=self.device, dtype=self.dtype, attn_implementation=self.attn
+            self.model = model = load_causal_lm(  # the tokenizer: the target's own (Pretrained.tokenizer)
+                self.source, device=self.device, dtype=self.dtype, attn_implementation=self.attn, tokenizer=False
             )[0]
         keep_rope_float32(model)  # the unpatched model too: bfloat16 weights, RoPE in float32
         n = min(64, self.heldout_tokens - 1)
