@@ -462,13 +462,11 @@ def load_causal_lm(
 
     model: Any = AutoModelForCausalLM.from_pretrained(source.folder, local_files_only=True, dtype=dtype, **kwargs)
     built: Any = None  # a folder saved without one (``save_pretrained(model, None, ...)``) has none to load
-    if not tokenizer:
-        pass
-    elif source.gguf_file is not None:
+    if tokenizer and source.gguf_file is not None:
         from posenc.hf.gguf_tokenizer import gguf_tokenizer
 
         built = gguf_tokenizer(source.path)
-    elif any((Path(source.folder) / name).is_file() for name in TOKENIZER_FILES):
+    elif tokenizer and any((Path(source.folder) / name).is_file() for name in TOKENIZER_FILES):
         built = AutoTokenizer.from_pretrained(source.folder, local_files_only=True)
     model = model.to(device).eval()
     if source.kind == "transformers":
