@@ -146,3 +146,23 @@ def test_autocast_is_left_as_transformers_has_it(monkeypatch):
     for a, b in zip(got, want, strict=True):
         for x, y in zip(a, b, strict=True):
             assert x.dtype == y.dtype and torch.equal(x, y)
+
+
+def test_a_module_for_apply_rotary_pos_emb_is_wrapped_without_its_state():
+    """transformers 5.25 with ``kernels`` makes ``apply_rotary_pos_emb`` a callable ``nn.Module`` (kernels' ``Func``):
+    the cast-back wrapper calls it, casts its float32 results to q's dtype and copies none of its module state."""
+    from posenc.hf.rope_float32 import _casting_back
+
+    class Func(torch.nn.Module):
+        def forward(self, q, k, cos, sin):  # noqa: ANN001, ANN202
+            return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+
+    g = torch.Generator().manual_seed(0)
+    q, k = (torch.randn(1, 2, 5, 8, generator=g).to(torch.bfloat16) for _ in range(2))
+    cos, sin = torch.randn(1, 1, 5, 8, generator=g), torch.randn(1, 1, 5, 8, generator=g)
+    wrapped = _casting_back(Func())
+    assert not hasattr(wrapped, "_parameters") and not hasattr(wrapped, "training")
+    q_out, k_out = wrapped(q, k, cos, sin)
+    assert q_out.dtype == k_out.dtype == torch.bfloat16
+    assert torch.equal(q_out, (q.float() * cos + _rotate_half(q.float()) * sin).to(torch.bfloat16))
+    assert torch.equal(k_out, (k.float() * cos + _rotate_half(k.float()) * sin).to(torch.bfloat16))

@@ -39,9 +39,11 @@ def _float32_tables(module: torch.nn.Module, args: tuple, kwargs: dict) -> tuple
 def _casting_back(apply: Callable[..., Any]) -> Callable[..., Any]:
     """``apply_rotary_pos_emb`` whose rotated tensors come back in the dtype of its first tensor argument (q, or x
     where it rotates one tensor a call) when that is bfloat16/float16; signatures differ between architectures
-    (``(q, k, cos, sin)``, ``(x, cos, sin)``, ...), so any is passed through as it is."""
+    (``(q, k, cos, sin)``, ``(x, cos, sin)``, ...), so any is passed through as it is. From transformers 5.25 with
+    ``kernels`` installed ``apply`` is a kernels ``Func`` module: it is called as before (inside an attention forward
+    it dispatches to that model's kernel), and its module state is not copied onto the wrapper (``updated=()``)."""
 
-    @functools.wraps(apply)
+    @functools.wraps(apply, updated=())
     def apply_rotary_pos_emb(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202 - transformers' signatures
         out = apply(*args, **kwargs)
         first = next((a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)), None)
