@@ -7,6 +7,10 @@ from hypothesis import settings
 
 import posenc.attention  # noqa: F401 - the module, for _flex_uncompiled
 
+# posenc check keeps its rows by what they are computed from (posenc._check_cache); tests monkeypatch readers, so the
+# cache is off for the whole session (subprocesses inherit it) and on only in the tests of the cache itself.
+os.environ["POSENC_CHECK_CACHE"] = ""
+
 # Under pytest-xdist (`-n auto`: one worker per core) each worker gets its share of the cores' threads, so the
 # workers do not oversubscribe the CPU (tests that pin their own thread count still do).
 if (workers := os.environ.get("PYTEST_XDIST_WORKER_COUNT")) is not None:

@@ -96,3 +96,12 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+def cache_dir() -> Path:
+    """posenc's cache folder: ``$POSENC_CACHE``, else ``$XDG_CACHE_HOME/posenc``, else ``~/.cache/posenc`` (not
+    created here): joined models (``posenc.hf.packaged``), ``posenc check``'s rows (``posenc._check_cache``)."""
+    if os.environ.get("POSENC_CACHE"):
+        return Path(os.environ["POSENC_CACHE"]).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base).expanduser() / "posenc"

@@ -13,10 +13,15 @@ from typing import Any
 
 def check_written(path: Path) -> tuple[Any, ...]:
     """``posenc.runtimes.check.Row`` per runtime: what each runs from ``path`` (its ``config.json`` or GGUF header)
-    against what posenc measured."""
+    against what posenc measured; kept for ``posenc check path`` (``posenc._check_cache``)."""
+    from posenc import _check_cache
+    from posenc.runtimes import RUNTIMES
     from posenc.runtimes.check import check
 
-    return tuple(check(path))
+    digest = _check_cache.key(path, RUNTIMES, None)  # posenc check PATH then prints these rows without reading again
+    rows = tuple(check(path))
+    _check_cache.store(digest, rows)
+    return rows
 
 
 def print_check(rows: tuple[Any, ...], path: Path) -> None:

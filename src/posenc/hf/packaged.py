@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from posenc._checks import fail
+from posenc._files import cache_dir as cache_dir  # $POSENC_CACHE, else $XDG_CACHE_HOME/posenc, else ~/.cache/posenc
 
 SMOLLM2 = "smollm2"
 GEMMA3_270M = "gemma3-270m"
@@ -110,14 +111,6 @@ NAMES = (SMOLLM2, *MODELS)
 def is_name(spec: object) -> bool:
     """Whether ``spec`` is one of :data:`NAMES` (a path of that name that exists wins over it: the caller checks)."""
     return isinstance(spec, str) and spec in NAMES
-
-
-def cache_dir() -> Path:
-    """``$POSENC_CACHE``, else ``$XDG_CACHE_HOME/posenc``, else ``~/.cache/posenc`` (not created here)."""
-    if os.environ.get("POSENC_CACHE"):
-        return Path(os.environ["POSENC_CACHE"]).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base).expanduser() / "posenc"
 
 
 def wheel_dir() -> Path:
