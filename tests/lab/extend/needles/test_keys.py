@@ -291,3 +291,122 @@ def test_the_target_scores_its_patched_model_on_a_document_built_once(corpus, tm
         assert scores == dataclasses.replace(expected, seconds=scores.seconds)  # all but the wall time
     assert len(built) == 1 and ticks == [(target.forward_cost(300), 1)] * 2
 
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Branches: each key asked in its own branch, blind to the other needles
+
+
+@pytest.mark.parametrize("kind", ["bpe", "digits", "metaspace"])
+@pytest.mark.parametrize("k", [1, 3, 5])
+def test_the_branches_hold_the_haystack_then_each_question_blind_to_the_other_needles(kind, k):
+    tokenizer = _tokenizer(kind)
+    doc = kd.key_document(tokenizer, 900, k, 2)
+    if not doc.questions:  # a tokenizer that merges a line break with what precedes it: refused, never guessed
+        with pytest.raises(ValueError, match="^doc="):
+            kd.branches(doc)
+        return
+    tree = kd.branches(doc)
+    ids, allowed = doc.ids[0].tolist(), tree.allowed
+    head = min(a for a, _ in doc.questions)
+    sizes = [b - a for a, b in doc.questions]
+    total = head + sum(sizes)
+    assert tree.ids.shape == tree.positions.shape == (1, total) and allowed.shape == (total, total)
+    assert tree.ids[0, :head].tolist() == ids[:head] and sorted(doc.questions)[-1][1] == doc.length
+    assert torch.equal(allowed[:head, :head], torch.ones(head, head, dtype=torch.bool).tril())
+    assert not allowed[:head, head:].any()  # the haystack is computed as in the document
+    for i, (start, end) in enumerate(doc.needles):
+        assert tokenizer.decode(ids[start:end]).strip() == kd.NEEDLE.format(label=doc.labels[i], key=doc.keys[i])
+        assert start == round(doc.depths[i] * doc.length)
+    at = head
+    for i, (start, end) in enumerate(doc.questions):
+        n = end - start
+        line = tokenizer.decode(tree.ids[0, at + 1 : at + n].tolist())  # after its line break's token
+        assert line.strip() == kd.ANSWER.format(label=doc.labels[i], key=doc.keys[i]), line
+        assert tree.positions[0, at : at + n].tolist() == list(range(head, head + n))  # right after the haystack
+        rows = allowed[at : at + n]
+        own = torch.ones(n, n, dtype=torch.bool).tril()
+        assert torch.equal(rows[:, at : at + n], own) and rows[:, head:at].sum() == rows[:, at + n :].sum() == 0
+        hidden = torch.zeros(head, dtype=torch.bool)
+        for j, (a, b) in enumerate(doc.needles):
+            hidden[a:b] = j != i
+        assert torch.equal(rows[:, :head], ~hidden.expand(n, -1))  # the haystack less the other needles
+        a, b = tree.answers[i]
+        assert tree.ids[0, a:b].tolist() == ids[doc.answers[i][0] : doc.answers[i][1]] and at < a < b <= at + n
+        at += n
+
+
+def _double(kind: str, method: str):  # noqa: ANN202
+    model = copy.deepcopy(_tiny(kind)).double()
+    if method != "none":
+        from posenc.hf import extend_context
+
+        extend_context(model, method, 8.0, original_max_position_embeddings=ORIGINAL)
+    return model
+
+
+@pytest.mark.parametrize("method", ["none", "yarn", "self_extend", "rerope"])
+def test_each_branch_equals_its_question_asked_after_the_cached_haystack(method):
+    """An independent construction of a branch: the haystack prefilled into a KV cache, then the question alone
+    with a padding mask hiding the other needles, at positions right after the haystack. Float64 models, so the two
+    paths' other summation orders do not count beside the float32 log-softmax the score takes."""
+    doc = kd.key_document(_tokenizer(), 400, 3, 6)
+    model = _double("llama", method)
+    scores = kd.score_branches(model, doc)
+    head = min(a for a, _ in doc.questions)
+    with torch.inference_mode():
+        prefix = model(input_ids=doc.ids[:, :head], use_cache=True).past_key_values
+        for i, (start, end) in enumerate(doc.questions):
+            keep = torch.ones(1, head + end - start, dtype=torch.long)
+            for j, (a, b) in enumerate(doc.needles):
+                keep[0, a:b] = int(j == i)
+            logits = model(input_ids=doc.ids[:, start:end], past_key_values=copy.deepcopy(prefix), attention_mask=keep,
+                           position_ids=torch.arange(head, head + end - start)[None]).logits[0]  # (n, V)
+            a, b = doc.answers[i]
+            truth = doc.ids[0, a:b]
+            rows = torch.arange(a, b) - 1 - start
+            picked = logits.log_softmax(-1)[rows, truth]
+            # score_branches takes float32 logits (log-softmax in float32): each logit within half an ulp, so each
+            # log-probability within 2 EPS of the largest logit's size, plus the float32 rounding of the result
+            bound = float((EPS * (2 * logits[rows].abs().amax(-1) + picked.abs())).sum())
+            assert scores.logprob[i] == pytest.approx(float(picked.sum()), abs=bound)
+            assert scores.found[i] == bool((logits[torch.arange(a, b) - 1 - start].argmax(-1) == truth).all())
+    assert scores.asked == (0, 0, 0) and scores.tokens == tuple(b - a for a, b in doc.answers)
+    assert len(set(scores.logprob)) == 3
+
+
+@pytest.mark.parametrize("method", ["none", "yarn", "dynamic", "self_extend", "dca"])
+def test_one_key_in_branches_is_the_document_itself(method):
+    doc = kd.key_document(_tokenizer(), 300, 1, 9)
+    model = _double("qwen2", method)
+    branch, whole = kd.score_branches(model, doc), kd.score_document(model, doc)
+    with torch.inference_mode():
+        top = float(model(input_ids=doc.ids).logits.abs().max())
+    # both the float32 log-softmax of float64 logits ~1e-12 apart: each token within 2 EPS of the largest logit
+    bound = 2 * EPS * (abs(whole.logprob[0]) + 2 * top * whole.tokens[0])
+    assert branch.found == whole.found and branch.logprob == pytest.approx(whole.logprob, abs=bound)
+
+
+def test_branches_need_a_document_whose_needles_and_questions_are_located():
+    doc = dataclasses.replace(kd.key_document(_tokenizer(), 300, 2, 0), needles=(), questions=())
+    with pytest.raises(ValueError, match="^doc='a document of 2 keys' is invalid: expected a key_document whose"):
+        kd.branches(doc)
+
+
+def test_branches_whose_filler_never_reads_a_needle():
+    doc = kd.key_document(_tokenizer(), 900, 4, 3)
+    seen, blind = kd.branches(doc), kd.branches(doc, filler_sees_needles=False)
+    head = min(a for a, _ in doc.questions)
+    needle = torch.zeros(head, dtype=torch.bool)
+    for a, b in doc.needles:
+        needle[a:b] = True
+    causal = torch.ones(head, head, dtype=torch.bool).tril()
+    rows = blind.allowed[:head, :head]
+    assert torch.equal(rows[~needle], causal[~needle] & ~needle)  # filler: the filler before it, no needle
+    for a, b in doc.needles:  # a needle: the filler before it and itself
+        own = torch.zeros(head, dtype=torch.bool)
+        own[a:b] = True
+        assert torch.equal(rows[a:b], causal[a:b] & (~needle | own))
+    assert torch.equal(blind.allowed[head:], seen.allowed[head:])  # the questions see what they saw
+    assert torch.equal(seen.allowed[:head, :head], causal)
+    assert torch.equal(blind.ids, seen.ids) and torch.equal(blind.positions, seen.positions)

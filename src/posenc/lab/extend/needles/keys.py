@@ -57,6 +57,9 @@ class KeyDocument:
         order: the keys in the order they are asked: ``order[0]`` is the first question, whose context holds no
             answer.
         seed: the seed everything was drawn from.
+        needles: the token span ``[start, end)`` of each needle sentence (() where not located: ``branches``
+            needs them).
+        questions: the token span of each key's question line, its line break first (() where not located).
     """
 
     ids: torch.Tensor
@@ -66,6 +69,8 @@ class KeyDocument:
     answers: tuple[tuple[int, int], ...]
     order: tuple[int, ...]
     seed: int
+    needles: tuple[tuple[int, int], ...] = ()
+    questions: tuple[tuple[int, int], ...] = ()
 
     @property
     def length(self) -> int:
@@ -115,6 +120,8 @@ class _Text:
     head: int  # characters of the head, the filler the front cut may remove
     needles: tuple[int, ...]  # each needle's first character
     digits: tuple[int, ...]  # each answer's first digit
+    needle_ends: tuple[int, ...] = ()  # each needle's end (the character after its period)
+    lines: tuple[int, ...] = ()  # each question's line break (the character before its line)
 
 
 def _draw(k: int, seed: int) -> _Draw:
@@ -135,18 +142,19 @@ def _text(draw: _Draw, head: int, body: int) -> _Text:
         pieces += [(NEEDLE.format(label=draw.labels[i], key=draw.keys[i]), i) for i in range(len(gaps)) if gaps[i] == j]
         if j < body:
             pieces.append((sentences[head + j], None))
-    needles = [0] * len(gaps)
+    needles, ends = [0] * len(gaps), [0] * len(gaps)
     at, parts = 0, []
     for n, (piece, needle) in enumerate(pieces):
         at += n > 0  # the joining space
         if needle is not None:
-            needles[needle] = at
+            needles[needle], ends[needle] = at, at + len(piece)
         parts.append(piece)
         at += len(piece)
     head_chars = len(" ".join(sentences[:head]))
-    digits = [0] * len(gaps)
+    digits, breaks = [0] * len(gaps), [0] * len(gaps)
     lines = []
     for i in draw.order:
+        breaks[i] = at
         at += 1  # the line break
         line = ANSWER.format(label=draw.labels[i], key=draw.keys[i])
         digits[i] = at + line.rindex(str(draw.keys[i]))
@@ -154,7 +162,7 @@ def _text(draw: _Draw, head: int, body: int) -> _Text:
         at += len(line)
     text = "\n".join([" ".join(parts), *lines])
     assert len(text) == at, (len(text), at)  # noqa: S101 - construction invariant
-    return _Text(text, head_chars, tuple(needles), tuple(digits))
+    return _Text(text, head_chars, tuple(needles), tuple(digits), tuple(ends), tuple(breaks))
 
 
 def _count(tokenizer, text: str) -> int:  # noqa: ANN001
@@ -253,9 +261,15 @@ def _fitted(tokenizer, draw: _Draw, text: _Text, length: int, seed: int) -> KeyD
     needles = [bisect_right(ends, c) for c in text.needles]  # the first token ending past the needle's start
     answers = tuple((bisect_right(ends, c), bisect_left(starts, c + DIGITS)) for c in text.digits)
     assert len(ids) == length and all(0 < a < b for a, b in answers), (len(ids), answers)  # noqa: S101
+    spans = tuple((n, bisect_left(starts, e)) for n, e in zip(needles, text.needle_ends, strict=True))
+    breaks = [bisect_right(ends, c) for c in text.lines]  # the token holding each question's line break
+    clean = all(starts[b] == c for b, c in zip(breaks, text.lines, strict=True))  # not merged with what precedes it
+    following = sorted(breaks) + [length]
+    questions = tuple((b, following[following.index(b) + 1]) for b in breaks) if clean else ()
     return KeyDocument(
         ids=torch.tensor([ids], dtype=torch.long), keys=draw.keys, labels=draw.labels,
         depths=tuple(n / length for n in needles), answers=answers, order=draw.order, seed=seed,
+        needles=spans if clean else (), questions=questions,
     )
 
 
@@ -305,6 +319,125 @@ def score_document(model, doc: KeyDocument, *, tick: Callable[[], None] | None =
         asked[i] = rank
     return KeyScores(
         keys=doc.keys, depths=doc.depths, asked=tuple(asked),
+        found=tuple(bool(h.all()) for h in torch.split(hit, sizes)),
+        logprob=tuple(float(lp.sum()) for lp in torch.split(logprob, sizes)),
+        tokens=tuple(sizes), seconds=seconds,
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class Branches:
+    """A :class:`KeyDocument` asked one key at a time in one forward: the haystack, then every question as a branch
+    that sees the haystack without the other keys' needles.
+
+    Shapes:
+        ids, positions (1, T), T = the haystack's tokens + every question line's; allowed (T, T) bool, True where a
+        query (row) may attend to a key (column).
+
+    Attributes:
+        ids: the haystack's tokens (every needle in it, as the document's), then each key's question line.
+        positions: the haystack's 0..H-1, each question's H..H+n-1: every question sits right after the haystack.
+        allowed: the haystack causal; a question's tokens attend to the haystack less the other keys' needles, and
+            to their own line causally (never to another question).
+        answers: each key's answer digits in ``ids``, by the document's key order.
+    """
+
+    ids: torch.Tensor
+    positions: torch.Tensor
+    allowed: torch.Tensor
+    answers: tuple[tuple[int, int], ...]
+
+
+def branches(doc: KeyDocument, *, filler_sees_needles: bool = True) -> Branches:
+    """``doc`` as :class:`Branches`: each key asked in its own branch, blind to the other needles.
+
+    In the document every question's context holds every needle (and the answers asked before it): keys told apart
+    by their door's name, RULER's multi-key task, a harder one than the single passkey. Here question ``i`` attends
+    to the haystack with needle ``i`` in it and the other needles masked: the same tokens at the same positions
+    (those of a question right after the haystack), the haystack's own tokens computed as in the document (they
+    see every needle before them: what a needle leaves in the filler after it stays in the context). With one key
+    it is the document itself.
+
+    ``filler_sees_needles=False``: no haystack token attends to a needle either (each needle's tokens attend to the
+    filler before them and to themselves): question ``i``'s context is then exactly the haystack with needle ``i``
+    alone in it, except that the filler after the needle has not read it (what a method that reaches far tokens
+    only through nearer ones, as LM-Infinite, needs).
+
+    Raises:
+        ValueError: ``doc`` whose needles or questions were not located (a tokenizer merging a line break with the
+            character before it, or a document built by hand).
+    """
+    if not doc.questions or len(doc.questions) != len(doc.keys) or len(doc.needles) != len(doc.keys):
+        fail("doc", f"a document of {len(doc.keys)} keys", "a key_document whose needles and questions are located "
+             "(its tokenizer keeps a line break a token of its own)")
+    head = min(start for start, _ in doc.questions)  # H: the haystack is everything before the first question
+    sizes = [end - start for start, end in doc.questions]
+    total = head + sum(sizes)
+    allowed = torch.ones(total, total, dtype=torch.bool).tril_()  # (T, T)
+    allowed[head:, head:] = False  # a question sees no other question ...
+    if not filler_sees_needles:
+        for a, b in doc.needles:
+            allowed[b:head, a:b] = False  # the filler after a needle never reads it ...
+            allowed[a:b, :a] &= ~_needle_columns(doc.needles, a)  # ... nor a needle an earlier one
+    pieces, positions, answers = [doc.ids[0, :head]], [torch.arange(head)], []
+    at = head
+    for i, (start, end) in enumerate(doc.questions):
+        n = end - start
+        allowed[at : at + n, at : at + n] = torch.ones(n, n, dtype=torch.bool).tril_()  # ... but its own line
+        for j, (a, b) in enumerate(doc.needles):
+            if j != i:
+                allowed[at : at + n, a:b] = False  # nor another key's needle
+        pieces.append(doc.ids[0, start:end])
+        positions.append(torch.arange(head, head + n))
+        a, b = doc.answers[i]
+        answers.append((at + a - start, at + b - start))
+        at += n
+    return Branches(ids=torch.cat(pieces)[None], positions=torch.cat(positions)[None], allowed=allowed,
+                    answers=tuple(answers))
+
+
+def _needle_columns(needles: tuple[tuple[int, int], ...], before: int) -> torch.Tensor:
+    """``(before,)`` bool: True on the tokens of the needles that end at or before ``before``."""
+    columns = torch.zeros(before, dtype=torch.bool)
+    for a, b in needles:
+        if b <= before:
+            columns[a:b] = True
+    return columns
+
+
+@torch.inference_mode()
+def score_branches(model, doc: KeyDocument, *, filler_sees_needles: bool = True,  # noqa: ANN001
+                   tick: Callable[[], None] | None = None) -> KeyScores:
+    """A transformers causal LM's answers to ``doc`` asked one key at a time (:func:`branches`), in one forward:
+    the explicit positions and the ``(1, 1, T, T)`` mask go to the model (transformers takes a 4-D mask as given;
+    posenc's remapped attention reads its pairs), logits only where they predict an answer token. Scored as
+    :func:`score_document`: teacher-forced exact match and the answer's log-probability; ``asked`` is 0 for every
+    key (each is asked first).
+
+    Shapes:
+        the branches' ids (1, T); the mask (1, 1, T, T) bool; the kept logits (N, V).
+    """
+    if "logits_to_keep" not in inspect.signature(model.forward).parameters:
+        fail("model", type(model).__name__, "a transformers causal LM whose forward takes logits_to_keep")
+    tree = branches(doc, filler_sees_needles=filler_sees_needles)
+    device = next(model.parameters()).device
+    ids = tree.ids.to(device)  # (1, T)
+    targets = torch.cat([torch.arange(a, b) for a, b in tree.answers]).to(device)  # (N,)
+    was_training = model.training
+    model.eval()
+    start = time.perf_counter()
+    logits = model(input_ids=ids, position_ids=tree.positions.to(device), attention_mask=tree.allowed[None, None].to(
+        device), use_cache=False, logits_to_keep=targets - 1).logits[0].float()  # (N, V)
+    truth = ids[0, targets]  # (N,)
+    logprob = logits.log_softmax(-1).gather(1, truth[:, None])[:, 0].double().cpu()  # (N,)
+    hit = (logits.argmax(-1) == truth).cpu()  # (N,)
+    seconds = time.perf_counter() - start
+    model.train(was_training)
+    if tick is not None:
+        tick()
+    sizes = [b - a for a, b in tree.answers]
+    return KeyScores(
+        keys=doc.keys, depths=doc.depths, asked=(0,) * len(doc.keys),
         found=tuple(bool(h.all()) for h in torch.split(hit, sizes)),
         logprob=tuple(float(lp.sum()) for lp in torch.split(logprob, sizes)),
         tokens=tuple(sizes), seconds=seconds,
