@@ -8,7 +8,8 @@ per forward does, and at what cost?
 For each model (``PICK_FOLDER``'s model, loaded as the pick loads it, in the dtype its stages ran): ``--documents``
 documents of ``--keys`` keys at ``--length`` (drawn at seeds the race never uses, so no key is one the pick saw), each
 scored in one forward per way asked (``--ways``: ``apart``, each question blind to the other needles; ``blind``, also no
-filler token reading a needle; ``together``, RULER's multi-key task), beside the pick's own one-key documents at that
+filler token reading a needle; ``together``, RULER's multi-key task; ``one``, a one-key document of the same seed,
+as the race reads, for the time of its forward on this machine), beside the pick's own one-key documents at that
 length (``needles.csv``: keys found over documents). Each document's keys found, mean answer probability and seconds go
 to ``OUT/branches.json`` (written atomically after each document, resumed from it). Measurements only; the comparison's
 statistics are in the experiment's README.
@@ -97,7 +98,9 @@ def main() -> None:
                                           evidence.document_seed(seed, args.length, OFFSET + d))
             row: dict = {"document": d, "depths": list(docs[d].depths)}
             scorers = {"apart": kd.score_branches, "together": kd.score_document,
-                       "blind": lambda m, doc: kd.score_branches(m, doc, filler_sees_needles=False)}
+                       "blind": lambda m, doc: kd.score_branches(m, doc, filler_sees_needles=False),
+                       "one": lambda m, doc: kd.score_document(m, kd.key_document(  # its first key alone: the time
+                           target.tokenizer, args.length, 1, doc.seed))}
             row = next((r for r in entry["documents"] if r["document"] == d), row)
             for how in args.ways.split(","):
                 if how in row:
