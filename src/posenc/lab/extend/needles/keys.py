@@ -273,6 +273,40 @@ def _fitted(tokenizer, draw: _Draw, text: _Text, length: int, seed: int) -> KeyD
     )
 
 
+def _answers(model, ids: torch.Tensor, answers: tuple[tuple[int, int], ...], tick: Callable[[], None] | None,  # noqa: ANN001
+             *, positions: torch.Tensor | None = None, allowed: torch.Tensor | None = None,
+             ) -> tuple[tuple[bool, ...], tuple[float, ...], float]:
+    """One forward of ``ids`` (with explicit ``positions`` and an ``allowed`` (T, T) mask where given), logits only
+    where they predict an answer token, log-softmax in float32: per answer span, (every token the argmax, the sum of
+    the tokens' log-probabilities), and the forward's seconds (the logits read back included).
+
+    Shapes:
+        ids, positions (1, T); allowed (T, T) bool, passed as (1, 1, T, T); the kept logits (N, V).
+    """
+    if "logits_to_keep" not in inspect.signature(model.forward).parameters:
+        fail("model", type(model).__name__, "a transformers causal LM whose forward takes logits_to_keep")
+    device = next(model.parameters()).device
+    ids = ids.to(device)  # (1, T)
+    targets = torch.cat([torch.arange(a, b) for a, b in answers]).to(device)  # (N,)
+    given = {} if positions is None else {"position_ids": positions.to(device)}
+    if allowed is not None:
+        given["attention_mask"] = allowed[None, None].to(device)  # (1, 1, T, T)
+    was_training = model.training
+    model.eval()
+    start = time.perf_counter()
+    logits = model(input_ids=ids, use_cache=False, logits_to_keep=targets - 1, **given).logits[0].float()  # (N, V)
+    truth = ids[0, targets]  # (N,)
+    logprob = logits.log_softmax(-1).gather(1, truth[:, None])[:, 0].double().cpu()  # (N,)
+    hit = (logits.argmax(-1) == truth).cpu()  # (N,): argmax of the float32 logits, as generate's greedy step
+    seconds = time.perf_counter() - start
+    model.train(was_training)
+    if tick is not None:
+        tick()
+    sizes = [b - a for a, b in answers]
+    return (tuple(bool(h.all()) for h in torch.split(hit, sizes)),
+            tuple(float(lp.sum()) for lp in torch.split(logprob, sizes)), seconds)
+
+
 @torch.inference_mode()
 def score_document(model, doc: KeyDocument, *, tick: Callable[[], None] | None = None) -> KeyScores:  # noqa: ANN001
     """A transformers causal LM's answers to ``doc``: one forward of the whole document, logits only where they
@@ -297,32 +331,12 @@ def score_document(model, doc: KeyDocument, *, tick: Callable[[], None] | None =
         doc: a :func:`key_document` of the model's tokenizer.
         tick: called once after the forward, for progress.
     """
-    if "logits_to_keep" not in inspect.signature(model.forward).parameters:
-        fail("model", type(model).__name__, "a transformers causal LM whose forward takes logits_to_keep")
-    device = next(model.parameters()).device
-    ids = doc.ids.to(device)  # (1, L)
-    targets = torch.cat([torch.arange(a, b) for a, b in doc.answers]).to(device)  # (N,)
-    was_training = model.training
-    model.eval()
-    start = time.perf_counter()
-    logits = model(input_ids=ids, use_cache=False, logits_to_keep=targets - 1).logits[0].float()  # (N, V)
-    truth = ids[0, targets]  # (N,)
-    logprob = logits.log_softmax(-1).gather(1, truth[:, None])[:, 0].double().cpu()  # (N,)
-    hit = (logits.argmax(-1) == truth).cpu()  # (N,): argmax of the float32 logits, as generate's greedy step
-    seconds = time.perf_counter() - start
-    model.train(was_training)
-    if tick is not None:
-        tick()
-    sizes = [b - a for a, b in doc.answers]
+    found, logprob, seconds = _answers(model, doc.ids, doc.answers, tick)
     asked = [0] * len(doc.keys)
     for rank, i in enumerate(doc.order):
         asked[i] = rank
-    return KeyScores(
-        keys=doc.keys, depths=doc.depths, asked=tuple(asked),
-        found=tuple(bool(h.all()) for h in torch.split(hit, sizes)),
-        logprob=tuple(float(lp.sum()) for lp in torch.split(logprob, sizes)),
-        tokens=tuple(sizes), seconds=seconds,
-    )
+    return KeyScores(keys=doc.keys, depths=doc.depths, asked=tuple(asked), found=found, logprob=logprob,
+                     tokens=tuple(e - s for s, e in doc.answers), seconds=seconds)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)
@@ -417,28 +431,8 @@ def score_branches(model, doc: KeyDocument, *, filler_sees_needles: bool = True,
     Shapes:
         the branches' ids (1, T); the mask (1, 1, T, T) bool; the kept logits (N, V).
     """
-    if "logits_to_keep" not in inspect.signature(model.forward).parameters:
-        fail("model", type(model).__name__, "a transformers causal LM whose forward takes logits_to_keep")
     tree = branches(doc, filler_sees_needles=filler_sees_needles)
-    device = next(model.parameters()).device
-    ids = tree.ids.to(device)  # (1, T)
-    targets = torch.cat([torch.arange(a, b) for a, b in tree.answers]).to(device)  # (N,)
-    was_training = model.training
-    model.eval()
-    start = time.perf_counter()
-    logits = model(input_ids=ids, position_ids=tree.positions.to(device), attention_mask=tree.allowed[None, None].to(
-        device), use_cache=False, logits_to_keep=targets - 1).logits[0].float()  # (N, V)
-    truth = ids[0, targets]  # (N,)
-    logprob = logits.log_softmax(-1).gather(1, truth[:, None])[:, 0].double().cpu()  # (N,)
-    hit = (logits.argmax(-1) == truth).cpu()  # (N,)
-    seconds = time.perf_counter() - start
-    model.train(was_training)
-    if tick is not None:
-        tick()
-    sizes = [b - a for a, b in tree.answers]
-    return KeyScores(
-        keys=doc.keys, depths=doc.depths, asked=(0,) * len(doc.keys),
-        found=tuple(bool(h.all()) for h in torch.split(hit, sizes)),
-        logprob=tuple(float(lp.sum()) for lp in torch.split(logprob, sizes)),
-        tokens=tuple(sizes), seconds=seconds,
-    )
+    found, logprob, seconds = _answers(model, tree.ids, tree.answers, tick, positions=tree.positions,
+                                       allowed=tree.allowed)
+    return KeyScores(keys=doc.keys, depths=doc.depths, asked=(0,) * len(doc.keys), found=found, logprob=logprob,
+                     tokens=tuple(e - s for s, e in tree.answers), seconds=seconds)
