@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from posenc._check_rows import Row
-from posenc._files import cache_dir, create_temp
+from posenc._files import atomic_open, cache_dir
 
 #: Bumped when a row's meaning or the key's recipe changes: older entries are then never read.
 SCHEMA = 1
@@ -107,9 +107,9 @@ def key(path: str | os.PathLike, runtimes: Sequence[str], length: int | None) ->
     a file that is neither JSON nor GGUF: the check itself says what is wrong)."""
     p = Path(path).expanduser()
     try:
-        if not p.exists() or (model := _model(p.resolve())) is None:
+        if not p.exists() or (model := _model(p := p.resolve())) is None:
             return None
-        parts = [SCHEMA, str(p.resolve()), list(runtimes), length, model, sys.version, sys.platform,
+        parts = [SCHEMA, str(p), list(runtimes), length, model, sys.version, sys.platform,
                  [str(entry) for entry in sys.path], _package_files("posenc"), _package_files("transformers"),
                  _distributions()]
     except OSError:  # a file that cannot be read: the check itself says so
@@ -155,21 +155,12 @@ def store(digest: str | None, rows: Iterable[Row]) -> None:
         return
     data = {"schema": SCHEMA, "key": digest, "computed": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "rows": [row.to_dict() for row in rows]}
-    tmp = None
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = create_temp(path)
-        with os.fdopen(fd, "w") as f:
+        with atomic_open(path) as f:
             json.dump(data, f, indent=1)
-        os.replace(tmp, path)
-        tmp = None
         _prune(path.parent)
     except OSError:
         pass
-    finally:
-        if tmp is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
 
 
 def _prune(folder: Path) -> None:

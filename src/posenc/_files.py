@@ -1,7 +1,7 @@
 """Writing files and folders that appear whole or not at all: a temporary file next to the file it will become, with
 the mode a plain ``open`` gives (what every atomic write in posenc starts from: results, checkpoints, exported
-models), a folder written beside its name and renamed into place, and the checks before either. Standard library
-only."""
+models; ``atomic_open``), a folder written beside its name and renamed into place, and the checks before either.
+Standard library only."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import IO, Any
 
 from posenc._fail import fail
 
@@ -39,6 +40,32 @@ def create_temp(path: str | Path) -> tuple[int, str]:
             raise
         return fd, str(tmp)
     raise FileExistsError(f"no free temporary name next to {path}")
+
+
+@contextlib.contextmanager
+def atomic_open(path: str | Path, mode: str = "w", **kwargs: Any) -> Iterator[IO]:
+    """Open a temporary file next to ``path`` for writing; on success it replaces ``path`` in one ``os.replace``.
+
+    On an exception the temporary file is removed and ``path`` is left as it was. ``mode`` is ``"w"`` or ``"wb"``;
+    ``kwargs`` go to ``open`` (text mode defaults to UTF-8 and ``newline=""``-free line endings of the platform).
+    """
+    if mode not in ("w", "wb"):
+        fail("mode", mode, "'w' or 'wb' (atomic_open only writes)")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if mode == "w":
+        kwargs.setdefault("encoding", "utf-8")
+    fd, tmp = create_temp(path)
+    try:
+        with os.fdopen(fd, mode, **kwargs) as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
 
 
 def check_new_path(name: str, path: str | os.PathLike) -> None:

@@ -7,41 +7,15 @@ would give (``tempfile.mkstemp``'s 0600 would make results private).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from posenc._checks import fail
+from posenc._files import atomic_open as atomic_open  # part of this module's interface, torch-free in the core
 from posenc._files import create_temp  # noqa: F401 - part of this module's interface
-
-
-@contextlib.contextmanager
-def atomic_open(path: str | Path, mode: str = "w", **kwargs: Any) -> Iterator[IO]:
-    """Open a temporary file next to ``path`` for writing; on success it replaces ``path`` in one ``os.replace``.
-
-    On an exception the temporary file is removed and ``path`` is left as it was. ``mode`` is ``"w"`` or ``"wb"``;
-    ``kwargs`` go to ``open`` (text mode defaults to UTF-8 and ``newline=""``-free line endings of the platform).
-    """
-    if mode not in ("w", "wb"):
-        fail("mode", mode, "'w' or 'wb' (atomic_open only writes)")
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if mode == "w":
-        kwargs.setdefault("encoding", "utf-8")
-    fd, tmp = create_temp(path)
-    try:
-        with os.fdopen(fd, mode, **kwargs) as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
 
 
 def write_text_atomic(path: str | Path, text: str) -> Path:
