@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import os
 import platform
 import time
 from pathlib import Path
@@ -29,12 +28,6 @@ import torch
 
 #: Documents are drawn at ``evidence.document_seed(seed, length, OFFSET + d)``: the race draws d = 0, 1, 2, ...
 OFFSET = 10_000
-
-
-def _atomic(path: Path, data: dict) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    os.replace(tmp, path)
 
 
 def one_key(folder: Path, length: int) -> dict[str, list[int]]:
@@ -59,6 +52,10 @@ def main() -> None:
                         "needles), blind (apart, and no filler token reads a needle), together (RULER's multi-key)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
+    ways = args.ways.split(",")
+    if unknown := [w for w in ways if w not in ("apart", "blind", "together", "one")]:
+        parser.error(f"--ways: {unknown} is not among apart, blind, together, one")
+    from posenc.lab.common.files import write_json_atomic
     from posenc.lab.extend.needles import keys as kd
     from posenc.lab.extend.pick import evidence
     from posenc.lab.extend.settings.config import ExtendConfig
@@ -82,11 +79,14 @@ def main() -> None:
     target.use(cfg)
     target.load()
     docs = {}
+    scorers = {"apart": kd.score_branches, "together": kd.score_document,
+               "blind": lambda m, doc: kd.score_branches(m, doc, filler_sees_needles=False),
+               "one": lambda m, doc: kd.score_document(m, kd.key_document(  # its first key alone: the time
+                   target.tokenizer, args.length, 1, doc.seed))}
     for item in args.methods.split(","):
         method, factor = item.split(":")[0], float(item.split(":")[1])
         name = f"{method} x{factor:g}"
         entry = data["models"].setdefault(name, {"documents": []})
-        ways = args.ways.split(",")
         todo = [d for d in range(args.documents)
                 if not any(r["document"] == d and all(w in r for w in ways) for r in entry["documents"])]
         if not todo:
@@ -96,34 +96,27 @@ def main() -> None:
             if d not in docs:
                 docs[d] = kd.key_document(target.tokenizer, args.length, args.keys,
                                           evidence.document_seed(seed, args.length, OFFSET + d))
-            row: dict = {"document": d, "depths": list(docs[d].depths)}
-            scorers = {"apart": kd.score_branches, "together": kd.score_document,
-                       "blind": lambda m, doc: kd.score_branches(m, doc, filler_sees_needles=False),
-                       "one": lambda m, doc: kd.score_document(m, kd.key_document(  # its first key alone: the time
-                           target.tokenizer, args.length, 1, doc.seed))}
-            row = next((r for r in entry["documents"] if r["document"] == d), row)
-            for how in args.ways.split(","):
-                if how in row:
-                    continue
-                score = scorers[how]
+            row = next((r for r in entry["documents"] if r["document"] == d), None)
+            if row is None:
+                row = {"document": d, "depths": list(docs[d].depths)}
+                entry["documents"].append(row)
+            for how in (w for w in ways if w not in row):
                 start = time.perf_counter()
-                s = score(model, docs[d])
+                s = scorers[how](model, docs[d])
                 row[how] = {"found": [int(x) for x in s.found], "prob": list(s.prob),
                             "seconds": time.perf_counter() - start}
-            if row not in entry["documents"]:
-                entry["documents"].append(row)
-            _atomic(path, data)
+            write_json_atomic(path, data)
             told = {how: f"{sum(row[how]['found'])}/{args.keys} in {row[how]['seconds']:.0f} s"
                     for how in scorers if how in row}
             print(name, "document", d, told, flush=True)
         del model
     committed = one_key(args.pick, args.length)
-    ways = ["apart", "blind", "together"]
-    print("\n| model | " + " | ".join(f"asked {w}: keys found (per document)" for w in ways)
+    shown = ["apart", "blind", "together"]
+    print("\n| model | " + " | ".join(f"asked {w}: keys found (per document)" for w in shown)
           + " | one-key documents of the pick |\n|---|---|---|---|---|")
     for name, entry in data["models"].items():
         cells = []
-        for w in ways:
+        for w in shown:
             found = [sum(r[w]["found"]) for r in entry["documents"] if w in r]
             cells.append(f"{sum(found)}/{args.keys * len(found)} ({', '.join(map(str, found))})" if found else "-")
         mine = committed.get(name, [])

@@ -19,18 +19,11 @@ import argparse
 import csv
 import json
 import math
-import os
 import platform
 import time
 from pathlib import Path
 
 import torch
-
-
-def _atomic(path: Path, data: dict) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    os.replace(tmp, path)
 
 
 def committed(folder: Path, length: int) -> dict[tuple[str, float], dict[int, float]]:
@@ -77,6 +70,7 @@ def main() -> None:
     parser.add_argument("--documents", type=int, default=1)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
+    from posenc.lab.common.files import write_json_atomic
     from posenc.lab.extend.needles.keys import score_document
     from posenc.lab.extend.needles.passkey import hf_accuracy
     from posenc.lab.extend.pick import evidence
@@ -110,20 +104,20 @@ def main() -> None:
             entry["needles"].append({"index": i, "key": keys[i], "committed": found.get((method, factor), {}).get(i),
                                      "found": bool(s.found[0]), "logprob": s.logprob[0],
                                      "seconds": time.perf_counter() - start})
-            _atomic(path, data)
+            write_json_atomic(path, data)
             print(name, entry["needles"][-1], flush=True)
         if "generate_seconds" not in entry and item == args.methods.split(",")[0]:  # today's needle, one key
             start = time.perf_counter()
             hf_accuracy(model, target.tokenizer, length=length, depth=depth, trials=1, seed=12345)
             entry["generate_seconds"] = time.perf_counter() - start
-            _atomic(path, data)
+            write_json_atomic(path, data)
         for d in range(len(entry["documents"]), args.documents):
             start = time.perf_counter()
             s = target.keys(model, length, args.keys, evidence.document_seed(seed, length, d))
             seconds = time.perf_counter() - start
             entry["documents"].append({"document": d, "found": [bool(x) for x in s.found],
                                        "prob": [math.exp(x) for x in s.logprob], "seconds": seconds})
-            _atomic(path, data)
+            write_json_atomic(path, data)
             print(name, "document", d, sum(entry["documents"][-1]["found"]), f"{seconds:.1f}s", flush=True)
         del model
     print(json.dumps(data, indent=1))
