@@ -3,16 +3,17 @@ against the one-key documents a deciding pick measured: does the evidence of one
 per forward does, and at what cost?
 
     python bench/branch_evidence.py PICK_FOLDER --length 16384 --keys 16 --documents 2 \\
-        --methods none:1,yarn:4,rerope:2 [--ways apart,blind,together] --out DIR
+        --methods none:1,yarn:4,rerope:2 [--ways apart,blind,split,together] --out DIR
 
 For each model (``PICK_FOLDER``'s model, loaded as the pick loads it, in the dtype its stages ran): ``--documents``
 documents of ``--keys`` keys at ``--length`` (drawn at seeds the race never uses, so no key is one the pick saw), each
 scored in one forward per way asked (``--ways``: ``apart``, each question blind to the other needles; ``blind``, also no
-filler token reading a needle; ``together``, RULER's multi-key task; ``one``, a one-key document of the same seed,
-as the race reads, for the time of its forward on this machine), beside the pick's own one-key documents at that
-length (``needles.csv``: keys found over documents). Each document's keys found, mean answer probability and seconds go
-to ``OUT/branches.json`` (written atomically after each document, resumed from it). Measurements only; the comparison's
-statistics are in the experiment's README.
+filler token reading a needle; ``split``, the same blind branches as a causal prefill of the filler and one
+masked suffix, ``needles.blind.score_blind``; ``together``, RULER's multi-key task; ``one``, a one-key document of the
+same seed, as the race reads, for the time of its forward on this machine), beside the pick's own one-key documents at
+that length (``needles.csv``: keys found over documents). Each document's keys found, mean answer probability and
+seconds go to ``OUT/branches.json`` (written atomically after each document, resumed from it). Measurements only; the
+comparison's statistics are in the experiment's README.
 """
 
 from __future__ import annotations
@@ -49,13 +50,16 @@ def main() -> None:
     parser.add_argument("--documents", type=int, default=1)
     parser.add_argument("--methods", default="none:1,yarn:4,rerope:2")
     parser.add_argument("--ways", default="apart", help="comma-separated: apart (each question blind to the other "
-                        "needles), blind (apart, and no filler token reads a needle), together (RULER's multi-key)")
+                        "needles), blind (apart, and no filler token reads a needle), split (blind, as a causal "
+                        "prefill and a masked suffix), together (RULER's multi-key), one (a one-key document: its "
+                        "time)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     ways = args.ways.split(",")
-    if unknown := [w for w in ways if w not in ("apart", "blind", "together", "one")]:
-        parser.error(f"--ways: {unknown} is not among apart, blind, together, one")
+    if unknown := [w for w in ways if w not in ("apart", "blind", "split", "together", "one")]:
+        parser.error(f"--ways: {unknown} is not among apart, blind, split, together, one")
     from posenc.lab.common.files import write_json_atomic
+    from posenc.lab.extend.needles import blind as bl
     from posenc.lab.extend.needles import keys as kd
     from posenc.lab.extend.pick import evidence
     from posenc.lab.extend.settings.config import ExtendConfig
@@ -81,6 +85,7 @@ def main() -> None:
     docs = {}
     scorers = {"apart": kd.score_branches, "together": kd.score_document,
                "blind": lambda m, doc: kd.score_branches(m, doc, filler_sees_needles=False),
+               "split": bl.score_blind,
                "one": lambda m, doc: kd.score_document(m, kd.key_document(  # its first key alone: the time
                    target.tokenizer, args.length, 1, doc.seed))}
     for item in args.methods.split(","):
@@ -106,14 +111,15 @@ def main() -> None:
                 row[how] = {"found": [int(x) for x in s.found], "prob": list(s.prob),
                             "seconds": time.perf_counter() - start}
             write_json_atomic(path, data)
-            told = {how: f"{sum(row[how]['found'])}/{args.keys} in {row[how]['seconds']:.0f} s"
+            told = {how: f"{sum(row[how]['found'])}/{len(row[how]['found'])} in {row[how]['seconds']:.0f} s"
                     for how in scorers if how in row}
             print(name, "document", d, told, flush=True)
         del model
     committed = one_key(args.pick, args.length)
-    shown = ["apart", "blind", "together"]
+    shown = [w for w in ("apart", "blind", "split", "together") if any(
+        w in r for e in data["models"].values() for r in e["documents"])]
     print("\n| model | " + " | ".join(f"asked {w}: keys found (per document)" for w in shown)
-          + " | one-key documents of the pick |\n|---|---|---|---|---|")
+          + " | one-key documents of the pick |\n|---|" + "---|" * (len(shown) + 1))
     for name, entry in data["models"].items():
         cells = []
         for w in shown:

@@ -27,6 +27,7 @@ import torch
 
 from posenc._checks import check_positive_int, fail
 from posenc.lab.extend.needles.passkey import DIGITS, KEY_HIGH, KEY_LOW, filler_sentences, sentence_gap
+from posenc.lab.extend.needles.shared_prefix import cache_name
 
 NEEDLE = "The pass key for door {label} is {key}. Remember it. {key} is the pass key for door {label}."
 ANSWER = "What is the pass key for door {label}? The pass key for door {label} is {key}."
@@ -273,28 +274,32 @@ def _fitted(tokenizer, draw: _Draw, text: _Text, length: int, seed: int) -> KeyD
     )
 
 
-def _answers(model, ids: torch.Tensor, answers: tuple[tuple[int, int], ...], tick: Callable[[], None] | None,  # noqa: ANN001
+def score_answers(model, ids: torch.Tensor, answers: tuple[tuple[int, int], ...], tick: Callable[[], None] | None,  # noqa: ANN001
              *, positions: torch.Tensor | None = None, allowed: torch.Tensor | None = None,
-             ) -> tuple[tuple[bool, ...], tuple[float, ...], float]:
-    """One forward of ``ids`` (with explicit ``positions`` and an ``allowed`` (T, T) mask where given), logits only
-    where they predict an answer token, log-softmax in float32: per answer span, (every token the argmax, the sum of
-    the tokens' log-probabilities), and the forward's seconds (the logits read back included).
+             cache: object | None = None) -> tuple[tuple[bool, ...], tuple[float, ...], float]:
+    """One forward of ``ids`` (with explicit ``positions``, an ``allowed`` (T, C + T) mask and a KV ``cache`` of C
+    tokens where given), logits only where they predict an answer token, log-softmax in float32: per answer span
+    (indices into ``ids``), (every token the argmax, the sum of the tokens' log-probabilities), and the forward's
+    seconds (the logits read back included).
 
     Shapes:
-        ids, positions (1, T); allowed (T, T) bool, passed as (1, 1, T, T); the kept logits (N, V).
+        ids, positions (1, T); allowed (T, C + T) bool, passed as (1, 1, T, C + T); the kept logits (N, V).
     """
     if "logits_to_keep" not in inspect.signature(model.forward).parameters:
         fail("model", type(model).__name__, "a transformers causal LM whose forward takes logits_to_keep")
     device = next(model.parameters()).device
     ids = ids.to(device)  # (1, T)
     targets = torch.cat([torch.arange(a, b) for a, b in answers]).to(device)  # (N,)
-    given = {} if positions is None else {"position_ids": positions.to(device)}
+    given: dict[str, object] = {} if positions is None else {"position_ids": positions.to(device)}
     if allowed is not None:
-        given["attention_mask"] = allowed[None, None].to(device)  # (1, 1, T, T)
+        given["attention_mask"] = allowed[None, None].to(device)  # (1, 1, T, C + T)
+    if cache is not None:
+        given[cache_name(model)] = cache
     was_training = model.training
     model.eval()
     start = time.perf_counter()
-    logits = model(input_ids=ids, use_cache=False, logits_to_keep=targets - 1, **given).logits[0].float()  # (N, V)
+    logits = model(input_ids=ids, use_cache=cache is not None, logits_to_keep=targets - 1,
+                   **given).logits[0].float()  # (N, V)
     truth = ids[0, targets]  # (N,)
     logprob = logits.log_softmax(-1).gather(1, truth[:, None])[:, 0].double().cpu()  # (N,)
     hit = (logits.argmax(-1) == truth).cpu()  # (N,): argmax of the float32 logits, as generate's greedy step
@@ -331,7 +336,7 @@ def score_document(model, doc: KeyDocument, *, tick: Callable[[], None] | None =
         doc: a :func:`key_document` of the model's tokenizer.
         tick: called once after the forward, for progress.
     """
-    found, logprob, seconds = _answers(model, doc.ids, doc.answers, tick)
+    found, logprob, seconds = score_answers(model, doc.ids, doc.answers, tick)
     asked = [0] * len(doc.keys)
     for rank, i in enumerate(doc.order):
         asked[i] = rank
@@ -432,7 +437,7 @@ def score_branches(model, doc: KeyDocument, *, filler_sees_needles: bool = True,
         the branches' ids (1, T); the mask (1, 1, T, T) bool; the kept logits (N, V).
     """
     tree = branches(doc, filler_sees_needles=filler_sees_needles)
-    found, logprob, seconds = _answers(model, tree.ids, tree.answers, tick, positions=tree.positions,
+    found, logprob, seconds = score_answers(model, tree.ids, tree.answers, tick, positions=tree.positions,
                                        allowed=tree.allowed)
     return KeyScores(keys=doc.keys, depths=doc.depths, asked=(0,) * len(doc.keys), found=found, logprob=logprob,
                      tokens=tuple(e - s for s, e in tree.answers), seconds=seconds)
