@@ -118,15 +118,16 @@ def score_blind(model, doc: KeyDocument, *, tick: Callable[[], None] | None = No
             warnings.simplefilter("error", CacheStaleWarning)  # the suffix would not see what the one forward sees
             out = model(input_ids=ids, position_ids=split.prefill_positions.to(device),
                         attention_mask=torch.ones_like(ids), use_cache=True, logits_to_keep=1)
-            prefill = time.perf_counter() - start  # transformers 5.24 returns the cache as "cache", earlier ones not
-            model.train(was_training)
+            prefill = time.perf_counter() - start
+            cache = out.get("cache", out.get("past_key_values"))  # transformers 5.24 names it "cache", earlier not
             found, logprob, seconds = score_answers(
                 model, split.suffix_ids, split.answers, tick, positions=split.suffix_positions,
-                allowed=split.suffix_allowed, cache=out.get("cache", out.get("past_key_values")))
+                allowed=split.suffix_allowed, cache=cache)
     except CacheStaleWarning as stale:
-        model.train(was_training)
         fail("model", type(model).__name__, "a model that computes the cached filler as the suffix reads it (posenc.hf "
              "warned CacheStaleWarning, as for DCA, whose logit factor follows the tokens in a forward); "
              f"score_branches(doc, filler_sees_needles=False) runs these branches in one forward [{stale}]")
+    finally:
+        model.train(was_training)
     return KeyScores(keys=doc.keys, depths=doc.depths, asked=(0,) * len(doc.keys), found=found, logprob=logprob,
                      tokens=tuple(b - a for a, b in split.answers), seconds=prefill + seconds)

@@ -275,8 +275,8 @@ def _fitted(tokenizer, draw: _Draw, text: _Text, length: int, seed: int) -> KeyD
 
 
 def score_answers(model, ids: torch.Tensor, answers: tuple[tuple[int, int], ...], tick: Callable[[], None] | None,  # noqa: ANN001
-             *, positions: torch.Tensor | None = None, allowed: torch.Tensor | None = None,
-             cache: object | None = None) -> tuple[tuple[bool, ...], tuple[float, ...], float]:
+                  *, positions: torch.Tensor | None = None, allowed: torch.Tensor | None = None,
+                  cache: object | None = None) -> tuple[tuple[bool, ...], tuple[float, ...], float]:
     """One forward of ``ids`` (with explicit ``positions``, an ``allowed`` (T, C + T) mask and a KV ``cache`` of C
     tokens where given), logits only where they predict an answer token, log-softmax in float32: per answer span
     (indices into ``ids``), (every token the argmax, the sum of the tokens' log-probabilities), and the forward's
@@ -438,6 +438,6 @@ def score_branches(model, doc: KeyDocument, *, filler_sees_needles: bool = True,
     """
     tree = branches(doc, filler_sees_needles=filler_sees_needles)
     found, logprob, seconds = score_answers(model, tree.ids, tree.answers, tick, positions=tree.positions,
-                                       allowed=tree.allowed)
+                                            allowed=tree.allowed)
     return KeyScores(keys=doc.keys, depths=doc.depths, asked=(0,) * len(doc.keys), found=found, logprob=logprob,
                      tokens=tuple(e - s for s, e in tree.answers), seconds=seconds)
