@@ -22,7 +22,7 @@ def _check(args: argparse.Namespace) -> None:
     """The settings that need no model, checked before anything is imported: --pick's own, and those it refuses."""
     if not args.pick:
         for flag, value in (("--target", args.target), ("--budget", args.budget), ("--keys", args.keys),
-                            ("--delta", args.delta), ("--keep-short", args.keep_short or None)):
+                            ("--delta", args.delta), ("--keep-short", args.keep_short or None), ("--ask", args.ask)):
             if value is not None:
                 fail(flag, value, "a setting of --pick (add --pick --target T)")
     elif args.target is None:
@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
         run_pick(
             cfg, args.target, Path(args.out), budget=args.budget, resume=args.resume, progress=not args.quiet,
             save=args.save, save_type=args.save_type, plan_only=args.plan, keys=args.keys, delta=args.delta,
-            keep_short=args.keep_short,
+            keep_short=args.keep_short, ask=args.ask,
         )
         if args.quiet and not args.plan:
             wrote(args.out)
@@ -127,8 +127,15 @@ def _add_pick(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--keys", type=A.positive_int, help="--pick: passkeys per document at the target and inside the context "
-        "(default 1: the single passkey, teacher-forced; more keys give more evidence per forward but measure "
-        "multi-key retrieval, which can rank methods differently)"
+        "(default 16, asked blind: see --ask; a resumed pick keeps its own)"
+    )
+    p.add_argument(
+        "--ask", choices=("blind", "document"), help="--pick: how a document's keys are asked: blind (the default "
+        "for more than one key) asks each in its own branch that sees the haystack with its own needle alone, so "
+        "every key is a single passkey (LM-Infinite, which reaches far tokens only through nearer ones, gets "
+        "one-key documents); document asks every question after the document, keys told apart by their door "
+        "(RULER's multi-key task, which can rank methods differently; the default for --keys 1: the single "
+        "passkey); a resumed pick keeps its own"
     )
     p.add_argument(
         "--delta", type=A.fraction, help="--pick: the margin in the rate of keys found within which the cheapest to "

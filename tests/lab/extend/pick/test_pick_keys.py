@@ -39,17 +39,19 @@ def _cfg(llama, corpus, **settings):
     return ExtendConfig(model=str(llama), corpus=str(corpus), **{**SETTINGS, "trials": 16, **settings})
 
 
-def _scripted(monkeypatch, at_target, *, inside_ppl=None, calls=None):
+def _scripted(monkeypatch, at_target, *, inside_ppl=None, calls=None, asked=None):
     """``at_target[(method, factor)] = (mean, spread)``: each key's answer probability at T is uniform in ``mean +-
     spread`` (clipped to [0, 1]), drawn from the document's seed and the key, so every run sees the same answers.
     Inside L every model finds every key; ``inside_ppl[(method, factor)]``: its perplexity there (default: the
-    unpatched model's, 10)."""
+    unpatched model's, 10). ``asked`` gets each ``(method, keys, how)`` a document was scored with."""
     which = tag_patched(monkeypatch)
 
-    def keys(self, model, length, k, seed, tick=None):
+    def keys(self, model, length, k, seed, tick=None, how="document"):
         method = which.get(model, ("none", 1.0))
         if calls is not None:
             calls.append((method, length))
+        if asked is not None:
+            asked.add((method[0], k, how))
         mean, spread = at_target.get(method, (0.0, 0.0)) if length == TARGET else (1.0, 0.0)
         draw = random.Random(seed * 31 + sum(map(ord, method[0])))
         probs = [min(1.0, max(0.0, mean + spread * (2 * draw.random() - 1))) for _ in range(k)]
@@ -149,12 +151,12 @@ def test_a_race_cut_resumes_to_the_same_answer(llama, corpus, tmp_path, monkeypa
     _scripted(monkeypatch, table, calls=calls)
     keys = HFTarget.keys
 
-    def cut(self, model, length, k, seed, tick=None):
+    def cut(self, model, length, k, seed, tick=None, how_=None, **kwargs):
         if sum(1 for _, n in calls if n == TARGET) == 3:
             if how == "interrupt":
                 raise KeyboardInterrupt
             cut.deadline[0] = True
-        return keys(self, model, length, k, seed, tick)
+        return keys(self, model, length, k, seed, tick, **kwargs)
 
     cut.deadline = [False]
     monkeypatch.setattr(HFTarget, "keys", cut)
@@ -175,6 +177,61 @@ def test_a_race_cut_resumes_to_the_same_answer(llama, corpus, tmp_path, monkeypa
     assert resumed["pick"] == straight["pick"] and resumed["reason"] == straight["reason"]
 
 
+def test_a_blind_race_asks_each_model_the_way_its_attention_allows(llama, corpus, tmp_path, monkeypatch):
+    """Blind (the default for several keys): the unpatched model and NTK in the split, DCA in the one forward, and
+    LM-Infinite on one-key documents, paired with the others' by document; pick.json says so, and the race decides
+    on the mixed key counts."""
+    asked: set = set()
+    table = {("ntk", 2.0): (0.97, 0.03), ("lm_infinite", 2.0): (0.3, 0.2), ("dca", 2.0): (0.5, 0.3)}
+    _scripted(monkeypatch, table, asked=asked)
+    out = tmp_path / "pick"
+    result = run_pick(_cfg(llama, corpus, methods=("ntk", "lm_infinite", "dca")), "2x", out, progress=False)
+    assert asked == {("none", 8, "split"), ("ntk", 8, "split"), ("dca", 8, "branches"), ("lm_infinite", 1, "document")}
+    settings = json.loads((out / "pick.json").read_text())
+    assert settings["ask"] == "blind" and settings["keys"] == 8
+    needles = evidence.read(out / evidence.NEEDLES_FILE)
+    per_document = {(r["method"], r["length"], r["document"]) for r in needles}
+    for method in ("none", "ntk", "dca", "lm_infinite"):
+        rows = [r for r in needles if r["method"] == method]
+        docs = {(r["length"], r["document"]) for r in rows}
+        assert len(rows) == len(docs) * (1 if method == "lm_infinite" else 8), method
+        assert {(method, *d) for d in docs} <= per_document
+    assert result["pick"] == "ntk x2" and result["verdict"] == "better", result["reason"]
+    assert "asked blind" in (out / "pick.md").read_text()
+
+
+def test_a_folder_asked_in_the_document_resumes_as_it_began(llama, corpus, tmp_path, monkeypatch):
+    """A folder made before ``ask`` (its pick.json has none): resumed with no --keys or --ask it goes on asking in the
+    document with its own key count; asked to go on blind it is refused before anything is measured."""
+    table = {("ntk", 2.0): (0.97, 0.03), ("rerope", 2.0): (0.6, 0.3)}
+    _scripted(monkeypatch, table)
+    out = tmp_path / "pick"
+    cfg = _cfg(llama, corpus, methods=("ntk", "rerope"))
+    first = _run_pick(cfg, "2x", out, progress=False, keys=4, ask="document")
+    stored = json.loads((out / "pick.json").read_text())
+    assert "ask" not in stored and stored["keys"] == 4
+    calls: list = []
+    _scripted(monkeypatch, table, calls=calls)
+    again = _run_pick(cfg, "2x", out, progress=False, resume=True)
+    assert calls == [] and again["reason"] == first["reason"]
+    with pytest.raises(ValueError, match="ask"):
+        _run_pick(cfg, "2x", out, progress=False, resume=True, ask="blind")
+    assert calls == []
+
+
+def test_a_new_pick_asks_sixteen_keys_blind_and_one_key_in_the_document(llama, corpus, tmp_path, monkeypatch):
+    asked: set = set()
+    _scripted(monkeypatch, {("ntk", 2.0): (0.97, 0.03)}, asked=asked)
+    cfg = _cfg(llama, corpus, methods=("ntk",), trials=8)
+    _run_pick(cfg, "2x", tmp_path / "new", progress=False)
+    stored = json.loads((tmp_path / "new" / "pick.json").read_text())
+    assert (stored["keys"], stored["ask"]) == (16, "blind") and asked == {("none", 16, "split"), ("ntk", 16, "split")}
+    asked.clear()
+    _run_pick(cfg, "2x", tmp_path / "one", progress=False, keys=1)
+    assert "ask" not in json.loads((tmp_path / "one" / "pick.json").read_text())
+    assert asked == {("none", 1, "document"), ("ntk", 1, "document")}
+
+
 @pytest.mark.parametrize(("settings", "extra", "match"), [
     ({}, {"keys": 0}, "keys=0 is invalid"),
     ({}, {"delta": 1.5}, "delta=1.5 is invalid"),
@@ -182,6 +239,7 @@ def test_a_race_cut_resumes_to_the_same_answer(llama, corpus, tmp_path, monkeypa
     ({"task": "ruler"}, {}, "task='ruler' is invalid"),
     ({}, {"keys": 41}, "keys=41 is invalid: expected at most 40 keys"),
     ({}, {"keys": 2}, "keys=2 is invalid: expected fewer keys per document"),  # 64 tokens hold none
+    ({}, {"ask": "apart"}, r"ask='apart' is invalid: expected one of \['blind', 'document'\]"),
 ])
 def test_bad_deciding_settings_fail_before_anything_is_written(llama, corpus, tmp_path, settings, extra, match,
                                                               monkeypatch):
@@ -300,3 +358,17 @@ def test_a_real_gemma3_pick_runs_a_remapping_method_on_its_global_layers(corpus,
     needles = evidence.read(out / evidence.NEEDLES_FILE)
     assert {r["method"] for r in needles if r["length"] == 256} == {"none", "yarn", "self_extend"}
     assert all(r["logprob"] <= 0 and r["found"] in (0, 1) for r in needles)
+
+
+def test_a_real_blind_pick_runs_every_scorer(llama128, corpus, tmp_path):
+    """No answer scripted, asked blind: the split (NTK, the unpatched model), the one forward with the T x T mask
+    (DCA) and a one-key document (LM-Infinite) on the tiny Llama's own documents; a resume measures nothing more."""
+    out = tmp_path / "pick"
+    cfg = _cfg(llama128, corpus, methods=("ntk", "dca", "lm_infinite"), trials=8)
+    result = _run_pick(cfg, "2x", out, progress=False, keys=1, ask="blind")
+    assert result["verdict"] in ("better", "within", "none", "open"), result
+    needles = evidence.read(out / evidence.NEEDLES_FILE)
+    assert {r["method"] for r in needles if r["length"] == 256} == {"none", "ntk", "dca", "lm_infinite"}
+    assert all(r["logprob"] <= 0 and r["tokens"] >= 1 and r["found"] in (0, 1) for r in needles)
+    again = _run_pick(cfg, "2x", out, progress=False, resume=True)
+    assert again["reason"] == result["reason"] and evidence.read(out / evidence.NEEDLES_FILE) == needles

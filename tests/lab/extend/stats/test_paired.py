@@ -223,6 +223,40 @@ def test_every_claim_holds_with_one_key_per_document(name, score):
     _check_claims(*_race(name, 0.0, score, keys=1))
 
 
+@functools.cache
+def _mixed_race(name, icc, one_key, deadline=None, seed=0):  # noqa: ANN001, ANN202
+    """A blind race (``posenc.lab.extend.pick.asking``): 16 keys per document for every model but ``one_key``'s
+    (LM-Infinite's one-key documents: its own draws, independent of the others' documents), the key counts given to
+    the race per model and document."""
+    rates, cost = SCENARIOS[name]
+    found, _, truth = documents(rates, races=RACES, docs=32, keys=16, icc=icc, seed=seed)
+    single, _, _ = documents(rates, races=RACES, docs=32, keys=1, icc=icc, seed=seed + 1)
+    means = paired.cluster_means(found)  # (R, M, D)
+    means[:, one_key] = single[:, one_key, :, 0]
+    keys = torch.full(means.shape[1:], 16, dtype=torch.long)  # (M, D)
+    keys[one_key] = 1
+    return truth, paired.replay(means, cost=cost, reference=0, keys=keys, deadline=deadline)
+
+
+@pytest.mark.parametrize("icc", ICCS)
+@pytest.mark.parametrize(("name", "one_key"), [("gap 0.2", 1), ("gap 0.2", 2), ("ties at 0.98", 2),
+                                               ("cheaper 0.06 below", 2), ("cheaper 0.02 below", 1),
+                                               ("none retrieves", 3)])
+def test_every_claim_holds_when_one_model_reads_one_key_documents(name, one_key, icc):
+    """The same claims where one model's documents hold one key and the others' sixteen (the best or a worse one;
+    its documents paired with the others' by index only)."""
+    _check_claims(*_mixed_race(name, icc, one_key))
+
+
+@pytest.mark.parametrize("deadline", [1, 2, 3])
+def test_a_deadline_holds_the_best_when_one_model_reads_one_key_documents(deadline):
+    truth, d = _mixed_race("gap 0.2", 0.3, 1, deadline=deadline)
+    tol = tolerance(d.code.shape[0])
+    held = (d.contenders & (truth >= truth.max() - 1e-9)).any(-1).to(torch.float64).mean()
+    pairs, means = _covered(truth, d)
+    assert held >= 1 - ALPHA - tol and min(pairs.min(), means.min()) >= 1 - ALPHA - tol, (held, pairs, means)
+
+
 def _check_claims(truth: torch.Tensor, d: paired.Decision) -> None:
     races = d.code.shape[0]
     tol = tolerance(races)

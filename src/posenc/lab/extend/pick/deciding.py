@@ -26,18 +26,20 @@ from typing import Any
 import torch
 
 from posenc.lab.extend.pick import evidence, inside, rules
+from posenc.lab.extend.pick.asking import Asking, scorer
 from posenc.lab.extend.stats import paired
 from posenc.lab.extend.stats.rates import UNPATCHED
 from posenc.lab.extend.study.report import label
 from posenc.lab.extend.targets.base import PretrainedTarget
 
-#: Keys per document, and documents per model at most at the target, where the user gives neither. One key: the
-#: passkey the committed picks measured, teacher-forced (no generate). More keys per forward are the race's faster
-#: option (``--keys``), but documents of several labelled keys measure multi-key retrieval, which on SmolLM2 did not
-#: rank methods as single passkeys do (experiments/picking-a-method/README.md, "The deciding race: the evidence
-#: checked"): at 12k YaRN x4 found 4 of 16 door keys where it finds 12 of 12 single passkeys (beyond noise), and
-#: Self-Extend x2, which finds no single passkey, 6 of 16 (within noise of YaRN's 4 at two documents each).
-KEYS = 1
+#: Keys per document, how they are asked (``asking``), and documents per model at most at the target, for a new pick
+#: where the user gives none. Sixteen keys asked blind: sixteen single passkeys for about the cost of one one-key
+#: forward (15.7x the keys per forward-second at 16k, experiments/picking-a-method/README.md, "Blind branches without
+#: the T x T mask"). Asked in the document instead (``--ask document``, and ``--keys 1`` where no ``--ask`` is given:
+#: the single passkey, teacher-forced), several labelled keys measure multi-key retrieval, which on SmolLM2 did not
+#: rank methods as single passkeys do (README, "The deciding race: the evidence checked").
+KEYS = 16
+ASK = "blind"
 DOCUMENTS = 32
 #: Documents per model at the race's first look (``plan_of``).
 FIRST_LOOK = 8
@@ -75,15 +77,16 @@ def plan_of(cap: int) -> paired.Plan:
     return paired.Plan.doubling(first=min(FIRST_LOOK, cap), cap=cap)
 
 
-def replay(rows: Sequence[dict[str, Any]], units: Sequence[Unit], target: int, keys: int, cap: int,
+def replay(rows: Sequence[dict[str, Any]], units: Sequence[Unit], target: int, asking: Asking, cap: int,
            model_type: str | None, delta: float, *, cut: bool = False) -> Race:
     """The race as the stored needles have it: look after look, the models each look sampled (the first look: every
     model), until a look is incomplete (``wanted`` says what it needs) or the race is over. ``cut``: the race ends
     here (a deadline, an interrupt): the last complete look is decided as final (``paired.decide``'s ``final``)."""
     units = list(units)
     plan = plan_of(cap)
-    have = {u: evidence.documents_of(rows, u, target, keys) for u in units}
-    found, prob, present = evidence.tensors(rows, units, target, keys, max([cap, *have.values()]))
+    have = {u: evidence.documents_of(rows, u, target, asking.keys_of(u)) for u in units}
+    found, prob, present = evidence.tensors(rows, units, target, asking.keys, max([cap, *have.values()]))
+    keys = asking.counts(units, present.shape[1])
     cost = serving_costs(units, model_type)
     sampled = torch.ones(len(units), dtype=torch.bool)
     decision = prob_decision = None
@@ -106,7 +109,7 @@ def replay(rows: Sequence[dict[str, Any]], units: Sequence[Unit], target: int, k
 
 
 def _decisions(found: torch.Tensor, prob: torch.Tensor, present: torch.Tensor, units: Sequence[Unit],
-               have: dict[Unit, int], n: int, cost: list[int], delta: float, keys: int, plan: paired.Plan, *,
+               have: dict[Unit, int], n: int, cost: list[int], delta: float, keys: torch.Tensor, plan: paired.Plan, *,
                final: bool) -> tuple[Any, Any]:
     """The look at ``n`` documents: on keys found (what decides: the retrieval rate itself) and on the answer
     probability (reported beside: on the committed needles it ranked methods as exact match does, but a key found
@@ -122,7 +125,7 @@ def run_race(
     path: Path,
     units: Sequence[Unit],
     target_length: int,
-    keys: int,
+    asking: Asking,
     cap: int,
     model_type: str | None,
     delta: float,
@@ -135,7 +138,7 @@ def run_race(
     """Measure look after look until the race is over or ``stop()`` (the deadline); returns the race replayed.
     ``scorer(unit)`` gives a model's ``score(document) -> KeyScores`` (loading and patching it once per look)."""
     while True:
-        state = replay(evidence.read(path), units, target_length, keys, cap, model_type, delta)
+        state = replay(evidence.read(path), units, target_length, asking, cap, model_type, delta)
         if state.over or stop():
             return state
         for unit, n in state.wanted.items():
@@ -146,13 +149,14 @@ def run_race(
 
 
 def inside_costs(rows_inside: Sequence[dict[str, Any]], needle_rows: Sequence[dict[str, Any]],
-                 units: Sequence[Unit], original: int, keys: int) -> dict[Unit, inside.Cost]:
+                 units: Sequence[Unit], original: int, asking: Asking) -> dict[Unit, inside.Cost]:
     """Each model's cost inside L against the unpatched model (which must be measured), from the stored rows."""
     quarter, whole = inside.lengths(original)
     base = [inside.ppl_of(rows_inside, UNPATCHED, n) for n in (quarter, whole)]
     everyone = [UNPATCHED, *[u for u in units if u != UNPATCHED]]
     n_docs = inside.DOCUMENTS
-    found, _, present = evidence.tensors(needle_rows, everyone, whole, keys, n_docs)
+    found, _, present = evidence.tensors(needle_rows, everyone, whole, asking.keys, n_docs)
+    keys = asking.counts(everyone, n_docs)
     means = paired.cluster_means(found, present)  # (M, D)
     measured = present.any(dim=-1)
     level = 1 - paired.ALPHA / max(1, len(everyone) - 1)  # one comparison per candidate, against the unpatched model
@@ -171,13 +175,15 @@ def inside_costs(rows_inside: Sequence[dict[str, Any]], needle_rows: Sequence[di
     return out
 
 
-def scoring(target: PretrainedTarget, model: Any, length: int, keys: int, seed: int) -> Callable[[int], Any]:  # noqa: ANN401
-    """Document ``d`` at ``length`` scored by ``model``: ``HFTarget.keys`` at ``evidence.document_seed``."""
-    return lambda d: target.keys(model, length, keys, evidence.document_seed(seed, length, d))
+def scoring(target: PretrainedTarget, model: Any, unit: Unit, length: int, asking: Asking,  # noqa: ANN401
+            seed: int) -> Callable[[int], Any]:
+    """Document ``d`` at ``length`` scored by ``model`` (``unit``'s), asked as ``asking`` says: ``HFTarget.keys`` at
+    ``evidence.document_seed``."""
+    return scorer(target, model, unit, length, asking, lambda d: evidence.document_seed(seed, length, d))
 
 
 def measure_inside(path_inside: Path, path_needles: Path, target: PretrainedTarget, units: Sequence[Unit],
-                   model_for: Callable[[Unit], Any], keys: int, *, seed: int, stop: Callable[[], bool],
+                   model_for: Callable[[Unit], Any], asking: Asking, *, seed: int, stop: Callable[[], bool],
                    say: Callable[[str], None] | None) -> bool:
     """Perplexity at L/4 and L and ``inside.DOCUMENTS`` documents of keys at L for each model missing them; True
     when every model has them all."""
@@ -185,7 +191,7 @@ def measure_inside(path_inside: Path, path_needles: Path, target: PretrainedTarg
     for unit in [UNPATCHED, *[u for u in units if u != UNPATCHED]]:
         rows = inside.read(path_inside)
         ppl_missing = [n for n in (quarter, whole) if inside.ppl_of(rows, unit, n) is None]
-        have = evidence.documents_of(evidence.read(path_needles), unit, whole, keys)
+        have = evidence.documents_of(evidence.read(path_needles), unit, whole, asking.keys_of(unit))
         if not ppl_missing and have >= inside.DOCUMENTS:
             continue
         if stop():
@@ -199,7 +205,7 @@ def measure_inside(path_inside: Path, path_needles: Path, target: PretrainedTarg
             if say is not None:
                 ppl = "n/a" if score.ppl is None else f"{score.ppl:.3f}"
                 say(f"  {label(*unit)}: perplexity {ppl} at {n} tokens (inside the context)")
-        evidence.measure(path_needles, scoring(target, model, whole, keys, seed), unit, whole,
+        evidence.measure(path_needles, scoring(target, model, unit, whole, asking, seed), unit, whole,
                          range(have, inside.DOCUMENTS), stop=stop, say=say, name=label(*unit))
-    return all(evidence.documents_of(evidence.read(path_needles), u, whole, keys) >= inside.DOCUMENTS
+    return all(evidence.documents_of(evidence.read(path_needles), u, whole, asking.keys_of(u)) >= inside.DOCUMENTS
                for u in [UNPATCHED, *units])

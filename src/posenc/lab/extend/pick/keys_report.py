@@ -145,8 +145,9 @@ def pick_text(cfg: ExtendConfig, target: PretrainedTarget, pick_plan: PickPlan, 
     f = state.prob_decision
     lines += [
         "",
-        f"Documents of {keys_text(settings.keys)} each ({max(state.documents.values(), default=0)} at most per "
-        f"model), the same documents for every model in the same order; one forward per document. Scores: {FOUND} "
+        f"Documents of {settings.asking.text()} each ({max(state.documents.values(), default=0)} at most per "
+        f"model), the same documents for every model in the same order; one forward per document"
+        f"{_asked(settings)}. Scores: {FOUND} "
         f"(what decides); {SCORE} (reported beside). {INTERVALS}",
         "",
         *relation_lines(state, settings),
@@ -221,8 +222,8 @@ def stages_text(pick_plan: PickPlan, target: PretrainedTarget, settings: Any) ->
         f"1. Perplexity past L at {t} tokens, each candidate and the unpatched model (a candidate above "
         f"{rules.PPL_BREAK:g}x the best is out): about {duration_text(screen)}",
         f"2. Inside the context: perplexity at {original // 4} and {original} tokens and {inside.DOCUMENTS} documents "
-        f"of {keys_text(settings.keys)} at {original}, each model left: about {duration_text(inner)}",
-        f"3. The race at {t} tokens: documents of {keys_text(settings.keys)} (one forward each), looks at "
+        f"of {settings.asking.text()} at {original}, each model left: about {duration_text(inner)}",
+        f"3. The race at {t} tokens: documents of {settings.asking.text()} (one forward each), looks at "
         f"{', '.join(map(str, looks))} documents per model still sampled, delta {settings.delta:g}: the first look "
         f"for every model about {duration_text(first)}; to the cap with three tied about {duration_text(about)}, "
         f"at most {duration_text(most)}",
@@ -248,12 +249,18 @@ def left_text(out: Path, pick_plan: PickPlan, target: PretrainedTarget, settings
     quarter, whole = inside.lengths(target.original_len)
     rows = inside.read(out / inside.INSIDE_FILE)
     inner = sum(1 for u in units if inside.ppl_of(rows, u, quarter) is not None and inside.ppl_of(rows, u, whole)
-                is not None and evidence.documents_of(needles, u, whole, settings.keys) >= inside.DOCUMENTS)
-    at_t = {u: evidence.documents_of(needles, u, pick_plan.target, settings.keys) for u in units}
+                is not None and evidence.documents_of(needles, u, whole, settings.asking.keys_of(u))
+                >= inside.DOCUMENTS)
+    at_t = {u: evidence.documents_of(needles, u, pick_plan.target, settings.asking.keys_of(u)) for u in units}
     race = ", ".join(f"{label(*u)} {n}" for u, n in at_t.items() if n)
     return (f"Resumed from {out}{done}: perplexity at the target for {len(ppl & set(units))} of {len(units)} models; "
             f"the cost inside the context for {inner}; documents at the target: {race or 'none yet'}")
 
 
-def keys_text(k: int) -> str:
-    return f"{k} key" if k == 1 else f"{k} keys"
+def _asked(settings: Any) -> str:  # noqa: ANN401
+    """How the keys were asked, where not in the document (``asking``)."""
+    if settings.ask == "document":
+        return ""
+    return (" (asked blind: each key in a branch that sees the haystack with its own needle alone, so each is a "
+            "single passkey, not told apart by its door; run as a causal prefill of the filler and one masked "
+            "suffix, DCA's in one forward with the T x T mask; posenc.lab.extend.pick.asking)")

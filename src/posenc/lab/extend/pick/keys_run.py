@@ -15,6 +15,7 @@ from typing import Any
 
 from posenc.lab.extend.pick import deciding, evidence, inside, ledger, racing, rules
 from posenc.lab.extend.pick import keys_report as text
+from posenc.lab.extend.pick.asking import Asking
 from posenc.lab.extend.pick.plan import PickPlan, stage_configs
 from posenc.lab.extend.settings.config import ExtendConfig
 from posenc.lab.extend.stats.rates import UNPATCHED
@@ -32,9 +33,19 @@ class Settings:
     documents: int = deciding.DOCUMENTS
     delta: float = 0.05
     keep_short: bool = False
+    ask: str = deciding.ASK
+
+    @property
+    def asking(self) -> Asking:
+        return Asking(self.keys, self.ask)
 
     def stored(self) -> dict[str, Any]:
-        return {"design": "keys", **dataclasses.asdict(self)}
+        """As ``pick.json`` holds them; ``ask`` only where it is not "document", as folders made before it have
+        them (they resume as they began)."""
+        fields = dataclasses.asdict(self)
+        if self.ask == "document":
+            del fields["ask"]
+        return {"design": "keys", **fields}
 
 
 def check(target: PretrainedTarget, settings: Settings, seed: int) -> None:
@@ -111,21 +122,21 @@ def _measure(cfg: ExtendConfig, target: PretrainedTarget, pick_plan: PickPlan, s
 
     if say is not None:
         say(f"Inside the context ({target.original_len} tokens): perplexity at L/4 and L, "
-            f"{inside.DOCUMENTS} documents of {text.keys_text(settings.keys)} at L, per model")
+            f"{inside.DOCUMENTS} documents of {settings.asking.text()} at L, per model")
     done = deciding.measure_inside(out / inside.INSIDE_FILE, out / evidence.NEEDLES_FILE, target, whole, model_of,
-                                   settings.keys, seed=cfg.seed, stop=deadline.passed, say=say)
+                                   settings.asking, seed=cfg.seed, stop=deadline.passed, say=say)
     if not done:
         return
     costs = _costs(out, target, whole, settings)
     raced = deciding.race_units(whole, costs, settings.keep_short)
     if say is not None:
         say(f"The race at {pick_plan.target} tokens: {', '.join(label(*u) for u in raced)}; documents of "
-            f"{text.keys_text(settings.keys)}, looks at {', '.join(map(str, _looks(settings)))} documents")
+            f"{settings.asking.text()}, looks at {', '.join(map(str, _looks(settings)))} documents")
 
     def scorer(unit: Unit) -> Any:  # noqa: ANN401
-        return deciding.scoring(target, model_of(unit), pick_plan.target, settings.keys, cfg.seed)
+        return deciding.scoring(target, model_of(unit), unit, pick_plan.target, settings.asking, cfg.seed)
 
-    deciding.run_race(out / evidence.NEEDLES_FILE, raced, pick_plan.target, settings.keys, settings.documents,
+    deciding.run_race(out / evidence.NEEDLES_FILE, raced, pick_plan.target, settings.asking, settings.documents,
                       target.model_type, settings.delta, scorer, seed=cfg.seed, stop=deadline.passed, say=say)
 
 
@@ -135,7 +146,7 @@ def _looks(settings: Settings) -> list[int]:
 
 def _costs(out: Path, target: PretrainedTarget, whole: Sequence[Unit], settings: Settings) -> dict[Unit, inside.Cost]:
     return deciding.inside_costs(inside.read(out / inside.INSIDE_FILE), evidence.read(out / evidence.NEEDLES_FILE),
-                                 whole, target.original_len, settings.keys)
+                                 whole, target.original_len, settings.asking)
 
 
 def conclude(cfg: ExtendConfig, target: PretrainedTarget, pick_plan: PickPlan, settings: Settings, out: Path,
@@ -154,7 +165,7 @@ def conclude(cfg: ExtendConfig, target: PretrainedTarget, pick_plan: PickPlan, s
         return {"pick": None, "ended": "none", "verdict": "none", "reason": body}
     needles = evidence.read(out / evidence.NEEDLES_FILE)
     costs = _costs(out, target, whole, settings) if whole is not None else {}
-    if whole is None or not all(evidence.documents_of(needles, u, target.original_len, settings.keys)
+    if whole is None or not all(evidence.documents_of(needles, u, target.original_len, settings.asking.keys_of(u))
                                 >= inside.DOCUMENTS for u in [UNPATCHED, *whole]):
         stage = "the perplexity screen" if whole is None else "the cost inside the context"
         text.write(out, text.unfinished(out, stage, ended == "interrupted"))
@@ -163,7 +174,7 @@ def conclude(cfg: ExtendConfig, target: PretrainedTarget, pick_plan: PickPlan, s
                   "--resume")
         return {"pick": None, "ended": ended or "deadline", "stage": stage}
     raced = deciding.race_units(whole, costs, settings.keep_short)
-    state = deciding.replay(needles, raced, pick_plan.target, settings.keys, settings.documents, target.model_type,
+    state = deciding.replay(needles, raced, pick_plan.target, settings.asking, settings.documents, target.model_type,
                             settings.delta, cut=True)
     if state.decision is None:
         text.write(out, text.unfinished(out, "the race's first look", ended == "interrupted"))

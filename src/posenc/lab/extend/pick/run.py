@@ -77,6 +77,7 @@ def run_pick(
     delta: float | None = None,
     keep_short: bool = False,
     design: str | None = None,
+    ask: str | None = None,
 ) -> dict[str, Any]:
     """Pick the method that makes ``cfg.model`` work at ``target_length`` tokens (``--target``: or ``"4x"``,
     ``"32k"``); returns the outcome.
@@ -136,7 +137,7 @@ def run_pick(
         fail("design", design, f"one of {DESIGNS} or None (a new pick: keys; a resumed one: as it began)")
     # a folder made before the deciding race resumes as it began
     deciding = design == "keys" if design else (not stored or stored.get("design") == "keys")
-    settings_keys = _keys_settings(cfg, keys, delta, keep_short, deciding)
+    settings_keys = _keys_settings(cfg, keys, delta, keep_short, deciding, ask, stored)
     pick_plan = make_plan(cfg, target, target_length, device=device, budget=seconds, save=save, save_type=save_type,
                           out=out, stored=stored.get("candidates"))
     settings = {k: v for k, v in cfg.to_dict().items() if k != "out"}
@@ -215,14 +216,16 @@ def _measured_dtype(out: Path) -> str | None:
 
 
 def _keys_settings(cfg: ExtendConfig, keys: int | None, delta: float | None, keep_short: bool,
-                   deciding: bool) -> Any:  # noqa: ANN401
+                   deciding: bool, ask: str | None, stored: dict[str, Any]) -> Any:  # noqa: ANN401
     """The deciding race's settings (``keys_run.Settings``), or None for a folder made before it (which refuses
-    them)."""
-    from posenc._checks import check_positive_int
+    them). Left out: a resumed folder's own (``keys``; ``ask``, "document" where it has none: it was made before
+    ``ask``), else the defaults (``ask`` "document" for one key)."""
+    from posenc._checks import check_choice, check_positive_int
+    from posenc.lab.extend.pick.asking import ASKS
     from posenc.lab.extend.pick.keys_run import Settings
 
     if not deciding:
-        for name, value in (("keys", keys), ("delta", delta), ("keep_short", keep_short or None)):
+        for name, value in (("keys", keys), ("delta", delta), ("keep_short", keep_short or None), ("ask", ask)):
             if value is not None:
                 fail(name, value, "left out when resuming a pick made before the deciding race (its folder has no "
                      "documents of keys; start a new --out for them)")
@@ -232,14 +235,20 @@ def _keys_settings(cfg: ExtendConfig, keys: int | None, delta: float | None, kee
              "target (RULER: posenc extend MODEL --task ruler --methods M)")
     if keys is not None:
         check_positive_int("keys", keys)
+    if ask is not None:
+        check_choice("ask", ask, ASKS)
     if delta is not None and (isinstance(delta, bool) or not isinstance(delta, (int, float)) or not 0 < delta < 1):
         fail("delta", delta, "a margin in rate between 0 and 1 (0.05: within 5 points of the best)")
     if cfg.trials is not None and cfg.trials < 2:
         fail("trials", cfg.trials, "at least 2 documents per model with --pick (the race pairs documents)")
     defaults = Settings()
-    return Settings(keys=keys if keys is not None else defaults.keys,
-                    documents=cfg.trials if cfg.trials is not None else defaults.documents,
-                    delta=float(delta) if delta is not None else defaults.delta, keep_short=keep_short)
+    if stored.get("design") == "keys":  # resumed: what it began with
+        keys = keys if keys is not None else stored.get("keys")
+        ask = ask if ask is not None else stored.get("ask", "document")
+    keys = keys if keys is not None else defaults.keys
+    ask = ask if ask is not None else (defaults.ask if keys > 1 else "document")
+    return Settings(keys=keys, documents=cfg.trials if cfg.trials is not None else defaults.documents,
+                    delta=float(delta) if delta is not None else defaults.delta, keep_short=keep_short, ask=ask)
 
 
 def _measure_and_pick(

@@ -197,10 +197,12 @@ class PretrainedTarget(Target, Protocol):
         """As ``Target.passkey``; ``outcomes`` gets each key's score (1.0 or 0.0): ``samples.csv``, which the pick's
         rounds replay."""
 
-    def keys(self, model: Any, length: int, k: int, seed: int, tick: Tick | None = None) -> KeyScores:
+    def keys(self, model: Any, length: int, k: int, seed: int, tick: Tick | None = None,
+             how: str = "document") -> KeyScores:
         """``model``'s answers to the document of ``k`` keys at ``length`` tokens drawn from ``seed``
         (``needles.keys.key_document``, the same for every method), scored in one forward
-        (``needles.keys.score_document``); ``tick(cost, 1)`` after it."""
+        (``needles.keys.score_document``) or, by ``how``, each key in a blind branch ("split":
+        ``needles.blind.score_blind``; "branches": ``needles.keys.score_branches``); ``tick(cost, 1)`` after it."""
 
     def build_ruler(self, lengths: Sequence[int]) -> Suite:
         """Task ruler: build lm-eval's documents at ``lengths`` with the tokenizer (no weights), kept in ``suite``."""

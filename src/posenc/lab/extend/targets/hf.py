@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 
-from posenc._checks import fail
+from posenc._checks import check_choice, fail
 from posenc.deploy.formats import save
 from posenc.deploy.methods import parse, rebuild
 from posenc.deploy.patch import apply
@@ -33,6 +33,7 @@ from posenc.deploy.source import load_tokenizer, meta_model, model_error, no_tra
 from posenc.lab.common import evaluate as ev
 from posenc.lab.common.corpus import load_corpus
 from posenc.lab.common.train import TrainConfig, train
+from posenc.lab.extend.needles import blind
 from posenc.lab.extend.needles import keys as kd
 from posenc.lab.extend.needles import passkey as pk
 from posenc.lab.extend.settings import labels
@@ -357,14 +358,23 @@ class HFTarget:
             prompts=self._prompts, on_trial=None if tick is None else lambda: tick(cost, 1), outcomes=outcomes,
         )
 
-    def keys(self, model, length: int, k: int, seed: int, tick: Tick | None = None) -> kd.KeyScores:  # noqa: ANN001
+    def keys(self, model, length: int, k: int, seed: int, tick: Tick | None = None,  # noqa: ANN001
+             how: str = "document") -> kd.KeyScores:
         """``model``'s answers to the ``k``-key document of ``length`` tokens drawn from ``seed``
-        (``needles.keys``): one forward; the document is built once with the tokenizer and reused by every method."""
+        (``needles.keys``); the document is built once with the tokenizer and reused by every method. ``how``:
+        "document" (every question after the document, one forward: ``keys.score_document``), "split" (each key in
+        a blind branch, a causal prefill of the filler and one suffix: ``blind.score_blind``) or "branches" (the
+        same branches in one forward with the T x T mask: ``keys.score_branches``)."""
+        scorers: dict[str, Callable[..., kd.KeyScores]] = {
+            "document": kd.score_document, "split": blind.score_blind,
+            "branches": lambda m, d, tick: kd.score_branches(m, d, filler_sees_needles=False, tick=tick),
+        }
+        check_choice("how", how, tuple(scorers))
         slot = (length, k, seed)
         if slot not in self._documents:
             self._documents[slot] = kd.key_document(self.tokenizer, length, k, seed)
         cost = self.forward_cost(length)
-        return kd.score_document(model, self._documents[slot], tick=None if tick is None else lambda: tick(cost, 1))
+        return scorers[how](model, self._documents[slot], tick=None if tick is None else lambda: tick(cost, 1))
 
     def build_ruler(self, lengths: Sequence[int]) -> Suite:
         """Task ruler: lm-eval builds its documents with this model's tokenizer (no weights needed)."""
