@@ -197,7 +197,9 @@ def test_a_blind_race_asks_each_model_the_way_its_attention_allows(llama, corpus
         assert len(rows) == len(docs) * (1 if method == "lm_infinite" else 8), method
         assert {(method, *d) for d in docs} <= per_document
     assert result["pick"] == "ntk x2" and result["verdict"] == "better", result["reason"]
-    assert "asked blind" in (out / "pick.md").read_text()
+    report = (out / "pick.md").read_text()
+    assert "asked blind" in report and "Keys within a document (3 models of 8 keys" in report, report
+    assert "independent keys (intra-document correlation about" in report
 
 
 def test_a_folder_asked_in_the_document_resumes_as_it_began(llama, corpus, tmp_path, monkeypatch):

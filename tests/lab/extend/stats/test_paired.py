@@ -352,3 +352,17 @@ def test_a_document_of_keys_carries_the_information_of_many_single_needle_forwar
         assert min(ratios) >= goal, rows[-1]
     with capsys.disabled():
         print("\n" + "\n".join(rows))
+
+
+@pytest.mark.parametrize("keys", [4, 16])
+def test_clustering_reads_what_a_document_of_keys_is_worth(keys):
+    """Simulated documents of known law: keys independent (ICC 0) give ``f`` = 1 / K (a document worth K keys);
+    correlated ones more, rising with the latent ICC toward 1 (a document found or lost whole). ``f`` for the
+    binary keys depends on the rate as well, so only its order is checked there. 20,000 documents per model."""
+    values = []
+    for icc in (0.0, 0.3, 0.8):
+        found, _, _ = documents([0.5, 0.8], races=1, docs=20_000, keys=keys, icc=icc, seed=3)
+        means = paired.cluster_means(found)[0]  # (M, D)
+        values.append(float(paired.clustering(means, torch.ones_like(means, dtype=torch.bool))))
+    assert values[0] == pytest.approx(1 / keys, rel=0.1) and values[0] < values[1] < values[2] < 1
+    assert math.isnan(float(paired.clustering(torch.ones(2, 5), torch.ones(2, 5, dtype=torch.bool))))

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from posenc.lab.common.files import write_text_atomic
 from posenc.lab.extend.pick import inside, rules
 from posenc.lab.extend.pick.plan import PickPlan
@@ -152,6 +154,7 @@ def pick_text(cfg: ExtendConfig, target: PretrainedTarget, pick_plan: PickPlan, 
         "",
         *relation_lines(state, settings),
         "",
+        *clustering_lines(state, settings),
         f"On the answer probability, the same rule says: {f.status}"
         + ("" if f.status in ("open", "none", "reference") else f" ({label(*state.units[int(f.pick)])})") + ".",
         "",
@@ -191,6 +194,27 @@ def relation_lines(state: Any, settings: Any) -> list[str]:  # noqa: ANN401
                      f"{on_found} on keys found, {on_missed} on keys missed)")
     lines[0] += "; ".join(parts) + "."
     return lines
+
+
+def clustering_lines(state: Any, settings: Any) -> list[str]:  # noqa: ANN401
+    """What a document of several keys was worth at the target (``paired.clustering`` over the models of
+    ``settings.keys`` keys): none for one key per document."""
+    k = settings.keys
+    rows = [i for i, u in enumerate(state.units) if settings.asking.keys_of(u) == k]
+    if k < 2 or state.arrays is None or not rows:
+        return []
+    found, _, present = state.arrays
+    index = torch.tensor(rows)
+    means, mask = paired.cluster_means(found[index], present[index]), present[index].any(-1)
+    f = float(paired.clustering(means, mask))
+    if math.isnan(f):
+        return [f"Keys within a document: no model of {k} keys varies between its documents yet, so how much a "
+                "document is worth in independent keys is not read off them.", ""]
+    rho = (f * k - 1) / (k - 1)
+    return [f"Keys within a document ({len(rows)} models of {k} keys, {int(mask.sum())} documents at the target): "
+            f"the document means vary as {f:.2f} times one key's variance, so a document of {k} keys was worth about "
+            f"{1 / f:.1f} independent keys (intra-document correlation about {rho:.2f}); every interval counts each "
+            "document once.", ""]
 
 
 def summary(verdict: Verdict, state: Any, costs: dict) -> str:  # noqa: ANN401

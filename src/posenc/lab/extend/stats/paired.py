@@ -624,3 +624,23 @@ def rate_relation(
     on_hit = torch.where(hit, prob, 0.0).sum((-2, -1)) / hit.sum((-2, -1))
     on_miss = torch.where(miss, prob, 0.0).sum((-2, -1)) / miss.sum((-2, -1))
     return RateRelation(rate_found, rate_prob, diff, low, high, on_hit, on_miss)
+
+
+def clustering(means: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """How much a document's keys move together, pooled over models: ``f = sum s^2 / sum mean (1 - mean)`` (the
+    variance of the document means over one key's, each model's weighted by its documents less one; ``_design``'s
+    pooled part). With ``K`` keys and an intra-document correlation ``rho`` it is ``(1 + (K - 1) rho) / K``, so
+    ``1 / f`` is what a document is worth in independent keys (Kish's effective sample size); NaN where no model
+    varies. Pass the models with the same ``K``.
+
+    Shapes:
+        means, mask (..., M, D) -> (...).
+    """
+    means = torch.as_tensor(means, dtype=_F64)
+    mask = torch.as_tensor(mask, dtype=torch.bool).expand_as(means)
+    n = mask.sum(-1).to(_F64)
+    mean = torch.where(mask, means, 0.0).sum(-1) / n.clamp(min=1)
+    squares = torch.where(mask, (means - mean[..., None]) ** 2, 0.0).sum(-1)
+    needle = (n - 1).clamp(min=0) * mean * (1 - mean)
+    total = needle.sum(-1)
+    return torch.where(total > 0, squares.sum(-1) / total.clamp(min=1e-300), math.nan)
