@@ -257,6 +257,7 @@ def test_cli_pick_flags_are_pick_settings(llama, llama128, corpus, tmp_path):
     out = tmp_path / "study"
     for args, match in ((["--keys", "4"], "--keys=4 is invalid: expected a setting of --pick"),
                         (["--keep-short"], "--keep-short=True is invalid"),
+                        (["--ask", "blind"], "--ask='blind' is invalid: expected a setting of --pick"),
                         (["--pick", "--target", "2x", "--task", "ruler"], "--task='ruler' is invalid: expected lm"),
                         (["--pick", "--target", "2x", "--delta", "1"], "--delta=1.0 is invalid: expected a margin")):
         code, text = _cli("extend", str(llama), *args, "--corpus", str(corpus), "--out", str(out))
