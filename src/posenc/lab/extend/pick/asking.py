@@ -84,6 +84,4 @@ def scorer(target: Any, model: Any, unit: Sequence[Any], length: int, asking: As
            seed_of: Callable[[int], int]) -> Callable[[int], Any]:
     """Document ``d`` at ``length`` scored by ``model`` (``unit``'s): ``target.keys`` at ``seed_of(d)``."""
     k, how = asking.keys_of(unit), asking.how(str(unit[0]))
-    if how == "document":  # the target's own call, as every folder before ``ask`` measured
-        return lambda d: target.keys(model, length, k, seed_of(d))
     return lambda d: target.keys(model, length, k, seed_of(d), how=how)
