@@ -10,6 +10,7 @@ import os
 import secrets
 import shutil
 import tempfile
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -126,9 +127,19 @@ def _umask() -> int:
 
 
 def cache_dir() -> Path:
-    """posenc's cache folder: ``$POSENC_CACHE``, else ``$XDG_CACHE_HOME/posenc``, else ``~/.cache/posenc`` (not
-    created here): joined models (``posenc.hf.packaged``), ``posenc check``'s rows (``posenc._check_cache``)."""
+    """posenc's one cache folder: ``$POSENC_CACHE``, else ``$XDG_CACHE_HOME/posenc``, else ``~/.cache/posenc`` (not
+    created here): joined models (``posenc.hf.packaged``), ``posenc check``'s rows (``posenc._check_cache``), built
+    CPU kernels (``posenc.kernels.native``). ``$POSENC_CACHE_DIR``, the name the kernels read until 2026-12-08, is
+    still read where ``$POSENC_CACHE`` is unset, with a ``FutureWarning``."""
     if os.environ.get("POSENC_CACHE"):
         return Path(os.environ["POSENC_CACHE"]).expanduser()
+    if os.environ.get("POSENC_CACHE_DIR"):
+        warnings.warn(
+            "POSENC_CACHE_DIR is the old name of POSENC_CACHE (one cache folder for kernels, joined models and "
+            "posenc check); set POSENC_CACHE instead",
+            FutureWarning,
+            stacklevel=2,
+        )
+        return Path(os.environ["POSENC_CACHE_DIR"]).expanduser()
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base).expanduser() / "posenc"

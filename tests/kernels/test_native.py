@@ -209,7 +209,7 @@ def test_declines_what_it_cannot_take():
 @pytest.fixture
 def fresh(monkeypatch, tmp_path):
     monkeypatch.setattr(native, "_state", {})
-    monkeypatch.setenv("POSENC_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("POSENC_CACHE", str(tmp_path / "cache"))
     monkeypatch.delenv("POSENC_NATIVE", raising=False)
     return tmp_path
 
@@ -287,15 +287,27 @@ def test_any_other_build_failure_is_reported_not_raised(fresh, monkeypatch):
 def test_unwritable_cache_dir_is_reported(fresh, monkeypatch):
     blocker = fresh / "a file"
     blocker.write_text("")
-    monkeypatch.setenv("POSENC_CACHE_DIR", str(blocker / "cache"))
+    monkeypatch.setenv("POSENC_CACHE", str(blocker / "cache"))
     monkeypatch.setattr(native, "_compiler", lambda: sys.executable)  # never run: the cache dir fails first
     assert not native.available()
-    assert "POSENC_CACHE_DIR" in native.error()
+    assert "POSENC_CACHE" in native.error()
 
 
 def test_cache_dir_follows_the_environment(monkeypatch):
-    monkeypatch.setenv("POSENC_CACHE_DIR", "/somewhere/posenc")
+    monkeypatch.delenv("POSENC_CACHE_DIR", raising=False)
+    monkeypatch.setenv("POSENC_CACHE", "/somewhere/posenc")
     assert native.cache_dir() == Path("/somewhere/posenc")
-    monkeypatch.delenv("POSENC_CACHE_DIR")
+    monkeypatch.delenv("POSENC_CACHE")
     monkeypatch.setenv("XDG_CACHE_HOME", "/xdg")
     assert native.cache_dir() == Path("/xdg/posenc")
+
+
+def test_kernels_share_the_one_cache_folder_and_read_the_old_name_with_a_warning(monkeypatch):
+    from posenc import _files
+
+    monkeypatch.setenv("POSENC_CACHE", "/one/cache")
+    monkeypatch.setenv("POSENC_CACHE_DIR", "/old/name")
+    assert native.cache_dir() == _files.cache_dir() == Path("/one/cache")  # the new name wins, no warning
+    monkeypatch.delenv("POSENC_CACHE")
+    with pytest.warns(FutureWarning, match="POSENC_CACHE_DIR is the old name of POSENC_CACHE"):
+        assert native.cache_dir() == Path("/old/name")

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from posenc import kernels
+from posenc import _files, kernels
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +100,7 @@ class TableArgs(ctypes.Structure):
 def available() -> bool:
     """The kernel is built (or loaded from the cache) and ready; builds it on the first call.
 
-    It is compiled on first use (``cc -O3 -march=native``, under a second) into ``$POSENC_CACHE_DIR`` or
+    It is compiled on first use (``cc -O3 -march=native``, under a second) into ``$POSENC_CACHE`` or
     ``~/.cache/posenc``, keyed by the source, compiler, flags, OpenMP runtime and CPU (``_key``), so later processes
     just load it.
     """
@@ -300,11 +300,9 @@ def _plain(*tensors: torch.Tensor) -> bool:
 
 
 def cache_dir() -> Path:
-    """Where built kernels live: ``$POSENC_CACHE_DIR``, else ``$XDG_CACHE_HOME/posenc``, else ``~/.cache/posenc``."""
-    if os.environ.get("POSENC_CACHE_DIR"):
-        return Path(os.environ["POSENC_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "posenc"
+    """Where built kernels live: posenc's cache folder (``posenc._files.cache_dir``: ``$POSENC_CACHE``, else
+    ``$XDG_CACHE_HOME/posenc``, else ``~/.cache/posenc``)."""
+    return _files.cache_dir()
 
 
 def openmp_runtime() -> Path | None:
@@ -426,7 +424,7 @@ def _build(compiler: str, flags: tuple[str, ...], link: tuple[str, ...], path: P
         path.parent.mkdir(parents=True, exist_ok=True)
         work = Path(tempfile.mkdtemp(prefix=".build-", dir=path.parent))
     except OSError as exc:
-        return f"cannot write to {path.parent}: {exc} (set POSENC_CACHE_DIR)"
+        return f"cannot write to {path.parent}: {exc} (set POSENC_CACHE)"
     obj, lib = work / "rope.o", work / "rope.so"
     steps = ([*flags, "-c", str(SOURCE), "-o", str(obj)], ["-shared", str(obj), *link, "-o", str(lib)])
     try:
