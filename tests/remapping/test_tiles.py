@@ -32,6 +32,8 @@ from posenc.remapping._tiles import (
     OUTSIDE,
     apply_causality,
     calls,
+    causal_lag,
+    causal_lead,
     classify,
     diagonal_tile,
     key_edges,
@@ -154,10 +156,8 @@ def test_documents_key_mask_and_pair_mask_leave_only_uniform_tiles():
     assert pairs.tolist() == [[m < n for m in range(4)] for n in range(4)]
 
 
-def test_the_operator_runs_interior_tiles_without_a_mask(monkeypatch):
-    """Counted at the kernel: Self-Extend (W = 4 blocks) over 16 blocks of 32 queries makes 2 masked calls per block
-    from block 4 on (tile n-4, one per branch), 16 causal diagonals, and one unmasked run per branch and block where
-    one exists (neighbours from block 1: 15; grouped from block 5: 11)."""
+def count_kernel_calls(monkeypatch, *, one_call_branches):
+    """Self-Extend (W = 4 blocks) over 16 blocks of 32 queries, the kernel calls counted by kind."""
     block, s = 32, 512
     seen = collections.Counter()
     kernel = remap_operator._CPU_FLASH
@@ -167,11 +167,75 @@ def test_the_operator_runs_interior_tiles_without_a_mask(monkeypatch):
         return kernel(q, k, v, is_causal=is_causal, attn_mask=attn_mask, scale=scale)
 
     monkeypatch.setattr(remap_operator, "_CPU_FLASH", counting)
+    if not one_call_branches:
+        monkeypatch.setattr(remap_operator, "causal_lag", no_lag)
+        monkeypatch.setattr(remap_operator, "causal_lead", no_lead)
     q, k, v = qkv(1, 2, 1, s, 8, dtype=torch.float32)
     remap_operator.remap_attention(
         q, k, v, method=SelfExtend(window=4 * block, group=3), encoding=rope(8), block=block, backend="sdpa"
     )
-    assert seen == {"masked": 24, "causal": 16, "unmasked": 26}
+    return seen
+
+
+def test_the_operator_runs_interior_tiles_without_a_mask(monkeypatch):
+    """In query blocks: 2 masked calls per block from block 4 on (tile n-4, one per branch), 16 causal diagonals,
+    and one unmasked run per branch and block where one exists (neighbours from block 1: 15; grouped from block 5:
+    11)."""
+    assert count_kernel_calls(monkeypatch, one_call_branches=False) == {"masked": 24, "causal": 16, "unmasked": 26}
+
+
+def test_the_grouped_branch_and_the_first_neighbour_blocks_of_a_prefill_are_one_causal_call_each(monkeypatch):
+    """The grouped keys ``j <= i - W`` are causal attention shifted by W: one causal call replaces the grouped
+    branch's 12 masked tiles and 11 unmasked runs. The neighbours ``j > i - W`` of the first W queries are every
+    earlier key: one causal call replaces blocks 0-3's 4 diagonals and 3 runs; blocks 4-15 keep theirs (12 masked,
+    12 unmasked, 12 diagonals)."""
+    assert count_kernel_calls(monkeypatch, one_call_branches=True) == {"masked": 12, "causal": 14, "unmasked": 12}
+
+
+@pytest.mark.parametrize("name", sorted(METHODS))
+def test_causal_lead_is_whole_blocks_of_rows_that_see_every_earlier_key(name):
+    """For every built-in branch at the actual positions of a prefill: the rows ``causal_lead`` gives see exactly
+    the keys ``j <= i`` (checked over every pair), they are whole blocks, and the next block does not (else the lead
+    would be longer); 0 for positions that are not 0..T-1 in order, and for a chunk after a cache."""
+    t, block = 120, 8
+    keys = torch.arange(t)[None]
+    for branch in method_for(name, 40, 120).branches():
+        lead = causal_lead(branch.region, keys, keys, block)
+        assert lead % block == 0 and 0 <= lead <= t
+        region = branch.region(keys[..., None], keys[:, None, :]) & (keys[:, None, :] <= keys[..., None])
+        causal = keys[:, None, :] <= keys[..., None]
+        assert torch.equal(region[:, :lead], causal[:, :lead]), branch.name
+        if lead + block <= t:  # the lead is the longest run of such whole blocks
+            assert not torch.equal(region[:, lead : lead + block], causal[:, lead : lead + block]), branch.name
+        assert causal_lead(branch.region, keys * 2, keys * 2, block) == 0
+        assert causal_lead(branch.region, keys[:, 60:], keys, block) == 0
+
+
+@pytest.mark.parametrize("name", sorted(METHODS))
+def test_causal_lag_is_found_only_where_a_branch_is_shifted_causal_attention(name):
+    """Read off each built-in branch at the actual positions: the region ``j <= i - c`` holds for exactly the pairs
+    the lag says (checked over every pair), and None wherever positions are not 0..T-1 in order."""
+    method = method_for(name, 40, 120)
+    t = 120
+    keys = torch.arange(t)[None]
+    for s in (t, 37, 1):
+        queries = keys[:, t - s :]
+        for branch in method.branches():
+            lag = causal_lag(branch.region, queries, keys)
+            if lag is None:
+                continue
+            region = branch.region(queries[..., None], keys[:, None, :])  # (1, S, T)
+            shifted = keys[:, None, :] <= queries[..., None] - lag
+            assert torch.equal(region, shifted), (name, branch.name, s)
+            assert lag >= t - s
+    far = [b for b in method.branches() if b.name in ("grouped", "clamped", "leaky", "shifted")]
+    for branch in far:  # the far branch of Self-Extend, ReRoPE, leaky ReRoPE and STRING in a prefill
+        assert causal_lag(branch.region, keys, keys) is not None, branch.name
+        assert causal_lag(branch.region, keys * 2, keys * 2) is None  # positions with gaps
+        assert causal_lag(branch.region, keys[:, 1:], keys[:, 1:] + 7) is None  # not from 0
+    for branch in method.branches():
+        if branch.name not in ("grouped", "clamped", "leaky", "shifted"):
+            assert causal_lag(branch.region, keys, keys) is None, branch.name
 
 
 # -- the fast path equals the masked one -------------------------------------------------------------------------
@@ -196,10 +260,21 @@ def masked_everywhere(region, q_lo, q_hi, k_lo, k_hi):
     return torch.full((q_lo.shape[-1], k_lo.shape[-1]), BOUNDARY, dtype=torch.int8, device=q_lo.device)
 
 
+def no_lag(region, q_pos, k_pos):
+    """The operator before the one-call branches: every branch in query blocks."""
+    return None
+
+
+def no_lead(region, q_pos, k_pos, block):
+    return 0
+
+
 def both_paths(monkeypatch, q, k, v, method, **kw):
     fast = remap_operator.remap_attention(q, k, v, method=method, encoding=rope(q.shape[-1]), **kw)
     with monkeypatch.context() as patch:
         patch.setattr(remap_operator, "classify", masked_everywhere)
+        patch.setattr(remap_operator, "causal_lag", no_lag)
+        patch.setattr(remap_operator, "causal_lead", no_lead)
         masked = remap_operator.remap_attention(q, k, v, method=method, encoding=rope(q.shape[-1]), **kw)
     return fast, masked
 

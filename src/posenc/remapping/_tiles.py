@@ -10,9 +10,16 @@ diagonal an ``INSIDE`` tile becomes ``CAUSAL`` (the kernel's own causal mask; sq
 causality agree). Anything that may cut a tile unevenly -- a region that is not a ``KeyInterval``, documents, a
 key mask, an explicit pair mask -- leaves it ``BOUNDARY`` unless that tile is proven uniform.
 
+A branch whose region is ``j <= i - c`` for every query, over keys in order from position 0 (``causal_lag``: the
+far branch of Self-Extend, ReRoPE and STRING in a prefill), needs no tiles at all: it is one square causal call over
+the queries from ``c`` on and the first keys, as plain attention is shifted by ``c``. A band ``j > i - c``
+(``causal_lead``: their near branch; DCA's first chunk) is plain causal attention for the queries before ``c``: one
+causal call for the whole query blocks there, tiles for the rest.
+
 Shapes:
     positions (B|1, N) -> per tile (B|1, n) (``tile_range``); q_lo, q_hi (B|1, nq), k_lo, k_hi (B|1, nk) ->
-    states (nq, nk) int8 (``classify``); a row of states (nk,) -> calls [(state, start, stop)] (``calls``).
+    states (nq, nk) int8 (``classify``); a row of states (nk,) -> calls [(state, start, stop)] (``calls``);
+    q_pos (B|1, S), k_pos (B|1, T) -> int or None (``causal_lag``), int (``causal_lead``).
 """
 
 from __future__ import annotations
@@ -153,3 +160,48 @@ def calls(row: list[int], edges: list[int]) -> list[tuple[int, int, int]]:
         else:
             out.append((state, edges[m], edges[m + 1]))
     return out
+
+
+def causal_lag(region: Region, q_pos: torch.Tensor, k_pos: torch.Tensor) -> int | None:
+    """The ``c`` of a region that is ``j <= i - c`` (``KeyInterval(end=i - c + 1)``) at every query, where the keys
+    sit at positions ``0..T-1`` in order and the ``S`` queries are the last of them, ``c >= T - S``: query row ``r``
+    (at ``i = r + T - S``) then sees keys ``0..r - (c - T + S)``, a square causal attention of the rows from
+    ``c - T + S`` over the first keys. None for any other region or positions (explicit, packed, per-row, decoding
+    past ``c``). Read from the region's own bound at the actual positions, never assumed from the method."""
+    if not isinstance(region, KeyInterval) or region.first is not None or region.end is None:
+        return None
+    s, t = q_pos.shape[-1], k_pos.shape[-1]
+    if s == 0:
+        return None
+    if not _in_order(q_pos, k_pos):
+        return None
+    lag = q_pos + 1 - region.end(q_pos)  # (B|1, S): i - end(i) + 1, constant for such a region
+    c = int(lag.reshape(-1)[0])
+    if not bool((lag == c).all()) or c < t - s:
+        return None
+    return c
+
+
+def causal_lead(region: Region, q_pos: torch.Tensor, k_pos: torch.Tensor, block: int) -> int:
+    """How many leading query rows, in whole blocks, a ``KeyInterval`` leaves plain causal -- ``first(i) <= 0`` and
+    ``end(i) > i``: every key up to the query's own -- where queries and keys are the same positions ``0..T-1`` in
+    order (a prefill): those rows are one square causal call. 0 for any other region or positions."""
+    if not isinstance(region, KeyInterval):
+        return 0
+    s, t = q_pos.shape[-1], k_pos.shape[-1]
+    if s != t or s == 0 or not _in_order(q_pos, k_pos):
+        return 0
+    full = torch.ones(q_pos.shape, dtype=torch.bool, device=q_pos.device)  # (B|1, S)
+    if region.first is not None:
+        full &= region.first(q_pos) <= 0
+    if region.end is not None:
+        full &= region.end(q_pos) > q_pos
+    rows = int(full.all(dim=0).to(torch.int64).cumprod(dim=0).sum())  # the leading run of such rows
+    return rows // block * block
+
+
+def _in_order(q_pos: torch.Tensor, k_pos: torch.Tensor) -> bool:
+    """Keys at positions ``0..T-1`` in order in every row, the queries the last ``S`` of them."""
+    s, t = q_pos.shape[-1], k_pos.shape[-1]
+    order = torch.arange(t, device=k_pos.device).to(k_pos.dtype)
+    return bool((k_pos == order).all()) and bool((q_pos == order[t - s :]).all())

@@ -14,7 +14,11 @@ one square tile, and a branch whose region is a ``KeyInterval`` (every built-in 
 tile) pair from the least and largest positions in it (``posenc.remapping._tiles``): wholly inside the region and
 uncut by documents, key mask or pair mask -> one kernel call without a mask (the kernel's own causal mask on the
 diagonal), wholly outside -> skipped, anything else -> masked as a whole run. The calls of a branch are merged like
-branches, so the result is the same softmax.
+branches, so the result is the same softmax. On the fused CPU path, where positions are the indices and nothing
+else cuts the pairs, a branch that is causal attention shifted by a lag (``j <= i - c``: the far keys of
+Self-Extend, ReRoPE, STRING) is one causal call for all its queries, and a branch's first query blocks that see
+every earlier key (a window's queries nearer the start than its width; DCA's first chunk) one causal call
+(``_tiles.causal_lag``, ``_tiles.causal_lead``): the long calls plain attention makes, where most of the pairs are.
 
 Masks are built from indices as in ``posenc.attention``: queries are the last ``S`` of the ``T`` keys, query index
 ``a`` sees key index ``b <= a + T - S``; the method's regions are functions of *positions* (which default to the
@@ -42,6 +46,8 @@ from posenc.remapping._tiles import (
     CAUSAL,
     apply_causality,
     calls,
+    causal_lag,
+    causal_lead,
     classify,
     demote,
     diagonal_tile,
@@ -158,11 +164,26 @@ def remap_attention(
     edges = key_edges(s, t, block)
     keys = torch.arange(t, device=q.device, dtype=torch.int32)
     out = torch.empty(b, h, s, v.shape[-1], dtype=work, device=q.device)
+    # Where a branch is plain causal attention, shifted by a lag (far keys in a prefill) or over its first query
+    # blocks (a band's queries closer to the start than its width), those rows come from one call, not per block.
+    whole: dict[int, tuple[torch.Tensor, torch.Tensor, int]] = {}  # branch -> (values, lse, rows they cover)
+    if backend == "sdpa" and docs is None and keep is None and pairs is None:
+        for index, (branch, (qb, kb)) in enumerate(zip(branches, rotated, strict=True)):
+            lag = causal_lag(branch.region, q_near, k_near)
+            lead = causal_lead(branch.region, q_near, k_near, block)
+            if lag is not None:
+                whole[index] = (*_lagged(qb, kb, v, lag - offset, scale, work), s)
+            elif lead:
+                whole[index] = (*_lagged(qb[:, :, :lead], kb, v, 0, scale, work), lead)
     for n, r0 in enumerate(range(0, s, block)):
         r1 = min(s, r0 + block)
         i = q_near[:, r0:r1, None]  # (B|1, Sb, 1)
         parts = []
-        for branch, (qb, kb), plan in zip(branches, rotated, plans, strict=True):
+        for index, (branch, (qb, kb), plan) in enumerate(zip(branches, rotated, plans, strict=True)):
+            if index in whole and r1 <= whole[index][2]:
+                values, lse, _ = whole[index]
+                parts.append((values[:, :, r0:r1], lse[:, :, r0:r1]))
+                continue
             qs = qb[:, :, r0:r1]
             for state, a, e in calls(plan[n], edges):  # keys a..e: wholly inside (no mask), diagonal, or masked
                 if state != BOUNDARY:
@@ -276,6 +297,27 @@ def _span(
     lse = torch.logsumexp(scores, dim=-1)  # (B, H, Sb)
     weights = torch.exp(scores - lse.clamp_min(torch.finfo(work).min)[..., None])
     return weights.to(v.dtype) @ v, lse
+
+
+def _lagged(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, first: int, scale: float, work: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A branch where query row ``r`` sees keys ``0..r - first`` (``causal_lag``) as one fused causal call over the
+    rows from ``first`` and the first ``S - first`` keys: ``(values, log-sum-exp)`` for every row, the rows before
+    ``first`` (no key) with values 0 and log-sum-exp ``-inf`` (weight 0 in the merge).
+
+    Shapes:
+        q (B, H, S, D), k (B, H, T, D), v (B, H, T, Dv) -> values (B, H, S, Dv), lse (B, H, S).
+    """
+    b, h, s, _ = q.shape
+    values = torch.zeros(b, h, s, v.shape[-1], dtype=v.dtype, device=q.device)
+    lse = torch.full((b, h, s), -math.inf, dtype=work, device=q.device)
+    n = s - first
+    if n > 0:
+        rows, part = _CPU_FLASH(q[:, :, first:], k[:, :, :n], v[:, :, :n], is_causal=True, scale=scale)[:2]
+        values[:, :, first:] = rows
+        lse[:, :, first:] = part.to(work)
+    return values, lse
 
 
 def _additive(region: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
