@@ -170,7 +170,7 @@ def remap_attention(
     if backend == "sdpa" and docs is None and keep is None and pairs is None:
         for index, (branch, (qb, kb)) in enumerate(zip(branches, rotated, strict=True)):
             lag = causal_lag(branch.region, q_near, k_near)
-            lead = causal_lead(branch.region, q_near, k_near, block)
+            lead = 0 if lag is not None else causal_lead(branch.region, q_near, k_near, block)
             if lag is not None:
                 whole[index] = (*_lagged(qb, kb, v, lag - offset, scale, work), s)
             elif lead:
@@ -314,7 +314,7 @@ def _lagged(
     lse = torch.full((b, h, s), -math.inf, dtype=work, device=q.device)
     n = s - first
     if n > 0:
-        rows, part = _CPU_FLASH(q[:, :, first:], k[:, :, :n], v[:, :, :n], is_causal=True, scale=scale)[:2]
+        rows, part = _span("sdpa", q[:, :, first:], k[:, :, :n], v[:, :, :n], None, scale, work, causal=True)
         values[:, :, first:] = rows
         lse[:, :, first:] = part.to(work)
     return values, lse
